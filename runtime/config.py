@@ -1,0 +1,102 @@
+"""The model configuration we rely on, read from a Hugging Face `config.json`.
+
+This module knows which architectures Duet runs and validates a checkpoint
+directory before any backend touches its weights. It does not load weights.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runtime.errors import DuetError
+
+# model_type -> (needs q/k RMSNorm, has q/k/v bias by default)
+SUPPORTED = {"llama": (False, False), "qwen2": (False, True), "qwen3": (True, False)}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The fields of config.json that the runtime uses, validated."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_context: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    qk_norm: bool
+    eos_token_ids: tuple[int, ...] = ()
+    rope_scaling: dict | None = None
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, cfg: dict, where: str = "config.json") -> ModelConfig:
+        mt = cfg.get("model_type")
+        if mt not in SUPPORTED:
+            raise DuetError(
+                f"{where}: unsupported architecture model_type={mt!r}; "
+                f"Duet runs {', '.join(sorted(SUPPORTED))}"
+            )
+        qk_norm, default_bias = SUPPORTED[mt]
+        try:
+            hidden = int(cfg["hidden_size"])
+            heads = int(cfg["num_attention_heads"])
+            eos = cfg.get("eos_token_id")
+            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+            return cls(
+                model_type=mt,
+                vocab_size=int(cfg["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(cfg["intermediate_size"]),
+                num_layers=int(cfg["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
+                max_context=int(cfg.get("max_position_embeddings", 2048)),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                attention_bias=bool(cfg.get("attention_bias", default_bias)),
+                qk_norm=qk_norm,
+                eos_token_ids=eos_ids,
+                rope_scaling=cfg.get("rope_scaling"),
+                raw=cfg,
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise DuetError(f"{where}: malformed config ({type(e).__name__}: {e})") from None
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> ModelConfig:
+        p = Path(path)
+        if not p.exists():
+            raise DuetError(f"checkpoint not found: {p}")
+        if not p.is_dir():
+            raise DuetError(f"{p}: expected a checkpoint directory (config.json + *.safetensors)")
+        cfg_path = p / "config.json"
+        if not cfg_path.is_file():
+            raise DuetError(f"{p}: no config.json; is this a Hugging Face or MLX checkpoint directory?")
+        try:
+            cfg = json.loads(cfg_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DuetError(f"{cfg_path}: not valid JSON ({e})") from None
+        if not isinstance(cfg, dict):
+            raise DuetError(f"{cfg_path}: expected a JSON object")
+        return cls.from_dict(cfg, where=str(cfg_path))
+
+
+def weight_files(path: str | Path) -> list[Path]:
+    """The safetensors files of a checkpoint directory, or a DuetError naming what is missing."""
+    p = Path(path)
+    files = sorted(p.glob("*.safetensors"))
+    if not files:
+        raise DuetError(f"{p}: no *.safetensors weights found")
+    return files
