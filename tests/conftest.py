@@ -1,0 +1,28 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny import ARCHS, make_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """Factory: tiny_dir(model_type, **overrides) -> cached checkpoint directory."""
+    made = {}
+
+    def get(model_type: str = "qwen3", **kw):
+        key = (model_type, tuple(sorted(kw.items())))
+        if key not in made:
+            d = tmp_path_factory.mktemp(f"{model_type}")
+            made[key] = make_checkpoint(d, model_type, **kw)
+        return made[key]
+
+    return get
+
+
+@pytest.fixture(params=ARCHS)
+def arch(request):
+    return request.param
