@@ -68,7 +68,7 @@ class ModelConfig:
                 attention_bias=bool(cfg.get("attention_bias", default_bias)),
                 qk_norm=qk_norm,
                 eos_token_ids=eos_ids,
-                rope_scaling=cfg.get("rope_scaling"),
+                rope_scaling=_rope_scaling(cfg),
                 raw=cfg,
             )
         except (KeyError, TypeError, ValueError) as e:
@@ -91,6 +91,18 @@ class ModelConfig:
         if not isinstance(cfg, dict):
             raise DuetError(f"{cfg_path}: expected a JSON object")
         return cls.from_dict(cfg, where=str(cfg_path))
+
+
+def _rope_scaling(cfg: dict) -> dict | None:
+    """The RoPE variant as a dict with "rope_type", or None for plain RoPE.
+
+    transformers >= 5 writes `rope_parameters`; older configs write `rope_scaling`.
+    """
+    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if not isinstance(rs, dict):
+        return None
+    kind = rs.get("rope_type") or rs.get("type") or "default"
+    return None if kind == "default" else {**rs, "rope_type": kind}
 
 
 def weight_files(path: str | Path) -> list[Path]:

@@ -11,10 +11,19 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from functools import wraps
+from pathlib import Path
 
 
 class DuetError(Exception):
     """An error the user can fix; its message names the problem and what to do."""
+
+
+def _prog() -> str:
+    """`runtime.generate` for `python -m runtime.generate`, `converters` for a package's __main__."""
+    parts = Path(sys.argv[0] or "duet").with_suffix("").parts
+    if parts and parts[-1] == "__main__":
+        return parts[-2] if len(parts) > 1 else "duet"
+    return ".".join(parts[-2:]) if len(parts) > 1 else parts[-1]
 
 
 def cli_main(fn: Callable[..., int | None]) -> Callable[..., int]:
@@ -25,8 +34,7 @@ def cli_main(fn: Callable[..., int | None]) -> Callable[..., int]:
         try:
             return fn(*args, **kwargs) or 0
         except DuetError as e:
-            prog = (sys.argv[0].rsplit("/", 1)[-1] or "duet").removesuffix(".py")
-            print(f"{prog}: error: {e}", file=sys.stderr)
+            print(f"{_prog()}: error: {e}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)

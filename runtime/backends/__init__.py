@@ -1,0 +1,86 @@
+"""Backends behind the CausalLM protocol, and `load_model` which picks one.
+
+  mlx    mlx-lm model classes, our forward loop (the target's home)
+  torch  the plain PyTorch reference
+  onnx   ONNX Runtime over an exported .onnx (the draft's home off Apple)
+  coreml Core ML .mlpackage (the draft on the Neural Engine; predicts on macOS only)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runtime.errors import DuetError
+
+BACKENDS = ("mlx", "torch", "onnx", "coreml")
+
+
+def backend_for_path(path) -> str:
+    """The backend a path implies: .onnx -> onnx, .mlpackage -> coreml, a directory -> mlx."""
+    p = Path(path)
+    if p.suffix == ".onnx":
+        return "onnx"
+    if p.suffix in (".mlpackage", ".mlmodelc"):
+        return "coreml"
+    return "mlx"
+
+
+def load_model(path, backend: str | None = None, **kw):
+    """Load a checkpoint (directory, .onnx or .mlpackage) as a CausalLM.
+
+    backend: one of BACKENDS; default from the path. For "onnx" given a
+    checkpoint directory, the directory's `model.onnx` is used if present,
+    otherwise it is exported on the fly into a cache folder beside it.
+    Keyword arguments go to the backend (threads, provider, dtype).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise DuetError(f"model not found: {p}")
+    backend = backend or backend_for_path(p)
+    if backend not in BACKENDS:
+        raise DuetError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    if backend == "mlx":
+        from runtime.backends.mlx_backend import MLXCausalLM
+
+        _need_dir(p, backend)
+        return MLXCausalLM.load(p, **kw)
+    if backend == "torch":
+        from runtime.backends.torch_backend import TorchCausalLM
+
+        _need_dir(p, backend)
+        return TorchCausalLM.load(p, **kw)
+    if backend == "onnx":
+        from runtime.backends.onnx_backend import OnnxCausalLM
+
+        if p.is_dir():
+            p = onnx_for_dir(p)
+        return OnnxCausalLM.load(p, **kw)
+    from runtime.backends.coreml_backend import CoreMLCausalLM  # noqa: PLC0415 (macOS-only deps)
+
+    return CoreMLCausalLM.load(p, **kw)
+
+
+def _need_dir(p: Path, backend: str) -> None:
+    if not p.is_dir():
+        raise DuetError(f"{p}: the {backend} backend needs a checkpoint directory (config.json + *.safetensors)")
+
+
+def onnx_for_dir(d: Path) -> Path:
+    """`d/model.onnx` if shipped, else an export cached under `d/.duet/` (made once)."""
+    shipped = d / "model.onnx"
+    if shipped.is_file():
+        return shipped
+    from runtime.config import ModelConfig
+
+    ModelConfig.from_dir(d)  # fail on a bad checkpoint before exporting
+    out = d / ".duet" / "model.onnx"
+    newest = max(f.stat().st_mtime for f in d.glob("*.safetensors")) if any(d.glob("*.safetensors")) else 0
+    if not out.is_file() or out.stat().st_mtime < newest:
+        from converters.onnx_export import export_onnx
+
+        try:
+            export_onnx(d, out)
+        except OSError as e:
+            raise DuetError(f"{d}: cannot write the on-the-fly ONNX export ({e}); export it with "
+                            f"`python -m converters export --model {d} --format onnx --out FILE`") from None
+    return out

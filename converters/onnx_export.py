@@ -1,0 +1,74 @@
+"""Export a checkpoint to ONNX with the KV cache as explicit inputs and outputs.
+
+I/O names follow optimum and onnxruntime-genai, so their tools and ours read
+the same file:
+  inputs  input_ids (B, T) int64, attention_mask (B, past + T) int64,
+          position_ids (B, T) int64, past_key_values.{i}.key / .value (B, KV, past, D)
+  outputs logits (B, T, V), present.{i}.key / .value (B, KV, past + T, D)
+The graph is our PyTorch reference (runtime/backends/torch_ref.py) traced with
+the TorchScript exporter; shapes are dynamic in batch, sequence and past.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from runtime.backends.torch_ref import TorchLM, load_torch_lm
+
+OPSET = 17
+
+
+def io_names(num_layers: int) -> tuple[list[str], list[str]]:
+    """(input names, output names) in graph order."""
+    ins = ["input_ids", "attention_mask", "position_ids"]
+    outs = ["logits"]
+    for i in range(num_layers):
+        ins += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+        outs += [f"present.{i}.key", f"present.{i}.value"]
+    return ins, outs
+
+
+class OnnxGraph(nn.Module):
+    """TorchLM with the optimum calling convention: a 2-D padding mask, flat past tensors."""
+
+    def __init__(self, lm: TorchLM):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids, attention_mask, position_ids, *past_flat):
+        T, S = input_ids.shape[1], attention_mask.shape[1]
+        q = torch.arange(T, device=input_ids.device)[:, None] + (S - T)
+        k = torch.arange(S, device=input_ids.device)[None, :]
+        mask = (k <= q)[None, None] & attention_mask[:, None, None, :].bool()  # (B, 1, T, S)
+        past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
+        logits, presents = self.lm(input_ids, position_ids, mask, past)
+        return (logits, *[t for kv in presents for t in kv])
+
+
+def export_onnx(model_dir: str | Path, out: str | Path, *, dtype: torch.dtype = torch.float32) -> dict:
+    """Export `model_dir` to the ONNX file `out`; returns {path, seconds, bytes}."""
+    t0 = time.perf_counter()
+    lm = load_torch_lm(model_dir, dtype)
+    cfg = lm.cfg
+    B, T, P = 1, 2, 3  # dummy sizes; every axis below is declared dynamic
+    ids = torch.zeros(B, T, dtype=torch.int64)
+    am = torch.ones(B, P + T, dtype=torch.int64)
+    pos = torch.arange(P, P + T, dtype=torch.int64)[None]
+    past = [torch.zeros(B, cfg.num_kv_heads, P, cfg.head_dim, dtype=dtype) for _ in range(2 * cfg.num_layers)]
+    ins, outs = io_names(cfg.num_layers)
+    dyn = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"},
+           "position_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}
+    for n in ins[3:]:
+        dyn[n] = {0: "batch", 2: "past"}
+    for n in outs[1:]:
+        dyn[n] = {0: "batch", 2: "total"}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with torch.inference_mode():
+        torch.onnx.export(OnnxGraph(lm), (ids, am, pos, *past), str(out), input_names=ins,
+                          output_names=outs, dynamic_axes=dyn, opset_version=OPSET, dynamo=False)
+    return {"path": str(out), "seconds": time.perf_counter() - t0, "bytes": out.stat().st_size}

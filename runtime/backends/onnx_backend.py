@@ -1,0 +1,101 @@
+"""The ONNX Runtime backend: a draft exported by `converters`, KV cache as explicit I/O.
+
+The execution provider and thread counts are arguments (the device profile
+chooses them). Only the full forward is available: an exported graph has no
+layer range, so this backend is for drafts, not for an early-exit target.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from runtime.cache import ConcatKVCache
+from runtime.config import ModelConfig
+from runtime.errors import DuetError
+from runtime.model import check_tokens, default_positions
+
+PROVIDERS = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "coreml": "CoreMLExecutionProvider",
+    "qnn": "QNNExecutionProvider",
+}
+
+
+class OnnxCausalLM:
+    """CausalLM over an ONNX file with optimum/onnxruntime-genai I/O names."""
+
+    backend = "onnx"
+    supports_layer_range = False
+
+    def __init__(self, path, config: ModelConfig, provider: str = "cpu", intra_threads: int = 1,
+                 inter_threads: int = 1):
+        import onnxruntime as ort
+
+        if provider not in PROVIDERS:
+            raise DuetError(f"unknown ONNX Runtime provider {provider!r}; choose from {', '.join(PROVIDERS)}")
+        ep = PROVIDERS[provider]
+        if ep not in ort.get_available_providers():
+            raise DuetError(
+                f"ONNX Runtime provider {provider!r} ({ep}) is not available in this build; "
+                f"available: {', '.join(ort.get_available_providers())}"
+            )
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = intra_threads
+        so.inter_op_num_threads = inter_threads
+        try:
+            self.session = ort.InferenceSession(str(path), so, providers=[ep])
+        except Exception as e:  # ORT raises its own types for a bad file
+            raise DuetError(f"{path}: ONNX Runtime could not load it ({str(e).splitlines()[0]})") from None
+        self.config = config
+        self.provider = provider
+        self.threads = (intra_threads, inter_threads)
+        names = {i.name: i for i in self.session.get_inputs()}
+        missing = {"input_ids", "attention_mask", "position_ids", "past_key_values.0.key"} - set(names)
+        if missing:
+            raise DuetError(f"{path}: not a Duet/optimum decoder export (missing inputs {sorted(missing)})")
+        self._kv_dtype = np.float16 if "float16" in names["past_key_values.0.key"].type else np.float32
+        self._outputs = [o.name for o in self.session.get_outputs()]
+
+    @classmethod
+    def load(cls, onnx_path, config_dir=None, **kw) -> OnnxCausalLM:
+        """Load `onnx_path`; the config comes from `config_dir` or the ONNX file's folder."""
+        p = Path(onnx_path)
+        if not p.is_file():
+            raise DuetError(f"ONNX draft not found: {p}")
+        return cls(p, ModelConfig.from_dir(config_dir or p.parent), **kw)
+
+    def new_cache(self, batch: int = 1) -> ConcatKVCache:
+        c = self.config
+        return ConcatKVCache(
+            c.num_layers, batch, lambda b: np.zeros((b, c.num_kv_heads, 0, c.head_dim), self._kv_dtype)
+        )
+
+    def forward(self, tokens, cache, *, positions=None, mask=None) -> np.ndarray:
+        if mask is not None:
+            raise DuetError("the ONNX backend takes no explicit attention mask (tree verification needs mlx or torch)")
+        ids = check_tokens(tokens, self.config.vocab_size)
+        B, T = ids.shape
+        off = cache.offset
+        feed = {
+            "input_ids": ids,
+            "attention_mask": np.ones((B, off + T), np.int64),
+            "position_ids": default_positions(off, B, T) if positions is None else np.asarray(positions, np.int64),
+        }
+        for i in range(self.config.num_layers):
+            k, v = cache.get(i)
+            feed[f"past_key_values.{i}.key"] = np.ascontiguousarray(k)
+            feed[f"past_key_values.{i}.value"] = np.ascontiguousarray(v)
+        res = self.session.run(self._outputs, feed)
+        for i in range(self.config.num_layers):
+            cache.put(i, res[1 + 2 * i], res[2 + 2 * i])
+        return res[0].astype(np.float32, copy=False)
+
+    def forward_layers(self, x, cache, start, stop, *, positions=None, mask=None):
+        raise DuetError("the ONNX backend runs whole models only; use --draft-backend mlx or torch for layer ranges")
+
+    def head(self, hidden):
+        raise DuetError("the ONNX backend runs whole models only; it has no separate LM head")

@@ -1,0 +1,182 @@
+"""A plain PyTorch Llama / Qwen2 / Qwen3 with the KV cache as explicit tensors.
+
+This is the reference every other backend is checked against and the graph
+that `converters` exports to ONNX. Attribute names are the Hugging Face weight
+names, so loading is `load_state_dict`. Attention is written out (no fused
+kernel) so it traces to plain ONNX ops. It knows nothing about caching policy:
+callers pass the past keys/values in and get the presents back.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from runtime.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * xf).to(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies (D/2,) for plain, linear or Llama-3 scaled RoPE."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    rs = cfg.rope_scaling
+    if rs is None:
+        return inv.float()
+    kind = rs["rope_type"]
+    if kind == "linear":
+        return (inv / float(rs["factor"])).float()
+    if kind == "llama3":
+        factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+        old = float(rs["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        smooth = (old / wavelen - lo) / (hi - lo)
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        mid = (wavelen <= old / lo) & (wavelen >= old / hi)
+        return torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled).float()
+    from runtime.errors import DuetError
+
+    raise DuetError(f"unsupported rope_type {kind!r} (supported: default, linear, llama3)")
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE. x (B, H, T, D), positions (B, T)."""
+    ang = positions[:, None, :, None].float() * inv_freq  # (B, 1, T, D/2)
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    x1, x2 = x[..., : x.shape[-1] // 2].float(), x[..., x.shape[-1] // 2 :].float()
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h, d, kv = cfg.num_heads, cfg.head_dim, cfg.num_kv_heads
+        self.n_heads, self.n_kv, self.head_dim = h, kv, d
+        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:  # Qwen3: per-head RMSNorm on q and k before RoPE
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def forward(self, x, positions, mask, past_k, past_v, inv_freq):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), positions, inv_freq)  # (B, H, T, D)
+        k = apply_rope(k.transpose(1, 2), positions, inv_freq)  # (B, KV, T, D)
+        k = torch.cat([past_k, k], dim=2)  # (B, KV, S, D)
+        v = torch.cat([past_v, v], dim=2)
+        rep = self.n_heads // self.n_kv
+        kk = k.repeat_interleave(rep, dim=1) if rep > 1 else k
+        vv = v.repeat_interleave(rep, dim=1) if rep > 1 else v
+        scores = (q.float() @ kk.float().transpose(-1, -2)) / math.sqrt(self.head_dim)
+        scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)  # mask (B, 1, T, S)
+        out = torch.softmax(scores, dim=-1).to(vv.dtype) @ vv
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1)), k, v
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, h, positions, mask, past_k, past_v, inv_freq):
+        a, k, v = self.self_attn(self.input_layernorm(h), positions, mask, past_k, past_v, inv_freq)
+        h = h + a
+        return h + self.mlp(self.post_attention_layernorm(h)), k, v
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class TorchLM(nn.Module):
+    """Causal LM with explicit KV tensors: past/present are lists of (B, KV, S, D)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def run_layers(self, h, start, stop, positions, mask, past):
+        """Layers [start, stop): h (B, T, C) or ids when start == 0; returns h and presents."""
+        if start == 0 and not torch.is_floating_point(h):
+            h = self.model.embed_tokens(h)
+        presents = []
+        for i, layer in enumerate(self.model.layers[start:stop]):
+            h, k, v = layer(h, positions, mask, past[i][0], past[i][1], self.inv_freq)
+            presents.append((k, v))
+        return h, presents
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head on any hidden state (Mirror-SD eq. 6)."""
+        h = self.model.norm(h)
+        w = self.model.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
+        return h @ w.T
+
+    def forward(self, input_ids, positions, mask, past):
+        h, presents = self.run_layers(input_ids, 0, self.cfg.num_layers, positions, mask, past)
+        return self.head(h), presents
+
+
+def load_torch_lm(path, dtype: torch.dtype = torch.float32) -> TorchLM:
+    """Build a TorchLM from a Hugging Face checkpoint directory."""
+    from safetensors.torch import load_file
+
+    from runtime.config import weight_files
+    from runtime.errors import DuetError
+
+    cfg = ModelConfig.from_dir(path)
+    model = TorchLM(cfg)
+    state = {}
+    for f in weight_files(path):
+        state.update(load_file(str(f)))
+    state = {k: v for k, v in state.items() if "rotary_emb" not in k}
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise DuetError(
+            f"{path}: weights do not match a {cfg.model_type} model "
+            f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
+        )
+    return model.to(dtype).eval()

@@ -1,0 +1,60 @@
+"""KV caches for the host-array backends (PyTorch reference, ONNX Runtime).
+
+One object holds every layer's keys and values as (B, KV, S, D) arrays of the
+backend's type (torch.Tensor or np.ndarray). Rollback is moving an offset: the
+arrays are sliced lazily on read, so `trim` is O(1). Rows are branches:
+`select` keeps, reorders or repeats rows. The MLX backend has its own
+preallocated cache (runtime/backends/mlx_cache.py) with the same interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+class ConcatKVCache:
+    """Per-layer (keys, values) with per-layer offsets, so a layer range can run ahead."""
+
+    is_trimmable = True
+
+    def __init__(self, num_layers: int, batch: int, empty: Callable[[int], Any]):
+        self._empty = empty  # batch -> an empty (B, KV, 0, D) array
+        self._batch = batch
+        self._kv: list[tuple[Any, Any]] = [(empty(batch), empty(batch)) for _ in range(num_layers)]
+        self._offsets = [0] * num_layers
+
+    @property
+    def offset(self) -> int:
+        return self._offsets[-1]
+
+    @property
+    def batch(self) -> int:
+        return self._batch
+
+    def layer_offset(self, i: int) -> int:
+        return self._offsets[i]
+
+    def get(self, i: int) -> tuple[Any, Any]:
+        """Layer i's live (keys, values), each (B, KV, offset_i, D)."""
+        k, v = self._kv[i]
+        n = self._offsets[i]
+        if k.shape[2] != n:
+            k, v = k[:, :, :n], v[:, :, :n]
+            self._kv[i] = (k, v)
+        return k, v
+
+    def put(self, i: int, k: Any, v: Any) -> None:
+        """Replace layer i with (past + new) keys and values."""
+        self._kv[i] = (k, v)
+        self._offsets[i] = k.shape[2]
+
+    def trim(self, n: int) -> int:
+        n = max(0, min(n, min(self._offsets)))
+        self._offsets = [o - n for o in self._offsets]
+        return n
+
+    def select(self, rows: Sequence[int]) -> None:
+        rows = list(rows)
+        self._kv = [(k[rows], v[rows]) for k, v in (self.get(i) for i in range(len(self._kv)))]
+        self._batch = len(rows)
