@@ -49,6 +49,18 @@ class OnnxGraph(nn.Module):
         return (logits, *[t for kv in presents for t in kv])
 
 
+def _embed_config(path: Path, cfg) -> None:
+    """Store config.json in the file's metadata_props so the .onnx is self-describing."""
+    import json
+
+    import onnx
+
+    m = onnx.load(str(path))
+    entry = m.metadata_props.add()
+    entry.key, entry.value = "duet.config", json.dumps(cfg.raw)
+    onnx.save(m, str(path))
+
+
 def export_onnx(model_dir: str | Path, out: str | Path, *, dtype: torch.dtype = torch.float32) -> dict:
     """Export `model_dir` to the ONNX file `out`; returns {path, seconds, bytes}."""
     t0 = time.perf_counter()
@@ -71,4 +83,5 @@ def export_onnx(model_dir: str | Path, out: str | Path, *, dtype: torch.dtype = 
     with torch.inference_mode():
         torch.onnx.export(OnnxGraph(lm), (ids, am, pos, *past), str(out), input_names=ins,
                           output_names=outs, dynamic_axes=dyn, opset_version=OPSET, dynamo=False)
+    _embed_config(out, cfg)
     return {"path": str(out), "seconds": time.perf_counter() - t0, "bytes": out.stat().st_size}

@@ -53,7 +53,7 @@ def load_model(path, backend: str | None = None, **kw):
         from runtime.backends.onnx_backend import OnnxCausalLM
 
         if p.is_dir():
-            p = onnx_for_dir(p)
+            return OnnxCausalLM.load(onnx_for_dir(p), config_dir=p, **kw)
         return OnnxCausalLM.load(p, **kw)
     from runtime.backends.coreml_backend import CoreMLCausalLM  # noqa: PLC0415 (macOS-only deps)
 

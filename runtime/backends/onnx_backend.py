@@ -7,6 +7,7 @@ layer range, so this backend is for drafts, not for an early-exit target.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ class OnnxCausalLM:
     backend = "onnx"
     supports_layer_range = False
 
-    def __init__(self, path, config: ModelConfig, provider: str = "cpu", intra_threads: int = 1,
+    def __init__(self, path, config: ModelConfig | None, provider: str = "cpu", intra_threads: int = 1,
                  inter_threads: int = 1):
         import onnxruntime as ort
 
@@ -50,7 +51,7 @@ class OnnxCausalLM:
             self.session = ort.InferenceSession(str(path), so, providers=[ep])
         except Exception as e:  # ORT raises its own types for a bad file
             raise DuetError(f"{path}: ONNX Runtime could not load it ({str(e).splitlines()[0]})") from None
-        self.config = config
+        self.config = config  # None until `load` reads it from the file's metadata
         self.provider = provider
         self.threads = (intra_threads, inter_threads)
         names = {i.name: i for i in self.session.get_inputs()}
@@ -62,11 +63,20 @@ class OnnxCausalLM:
 
     @classmethod
     def load(cls, onnx_path, config_dir=None, **kw) -> OnnxCausalLM:
-        """Load `onnx_path`; the config comes from `config_dir` or the ONNX file's folder."""
+        """Load `onnx_path`. The config comes from `config_dir`, else the `duet.config`
+        metadata our exporter embeds, else a config.json beside the file."""
         p = Path(onnx_path)
         if not p.is_file():
             raise DuetError(f"ONNX draft not found: {p}")
-        return cls(p, ModelConfig.from_dir(config_dir or p.parent), **kw)
+        if config_dir is not None:
+            return cls(p, ModelConfig.from_dir(config_dir), **kw)
+        model = cls(p, None, **kw)
+        meta = model.session.get_modelmeta().custom_metadata_map
+        if "duet.config" in meta:
+            model.config = ModelConfig.from_dict(json.loads(meta["duet.config"]), where=f"{p} metadata")
+        else:
+            model.config = ModelConfig.from_dir(p.parent)
+        return model
 
     def new_cache(self, batch: int = 1) -> ConcatKVCache:
         c = self.config

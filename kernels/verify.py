@@ -1,0 +1,57 @@
+"""Verification of a drafted window (NumPy reference; MLX twin in verify_mlx.py).
+
+Both functions take a window of γ draft tokens and the target's γ + 1
+distributions over the positions `[last committed, d1..dγ]`, and return
+(A, c): the number of accepted draft tokens and the token committed after
+them (the correction at the first rejection, or the bonus token if all γ were
+accepted). Each step therefore commits A + 1 tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kernels.sampling import sample
+
+
+def verify_greedy(target_logits: np.ndarray, draft_tokens: np.ndarray) -> tuple[int, int]:
+    """Greedy rule: accept d_i while d_i == argmax p_i; c = argmax p_A.
+
+    target_logits (γ+1, V), draft_tokens (γ,). The committed tokens are exactly
+    the target's own greedy tokens, so the output equals target-alone decoding.
+    """
+    best = np.asarray(target_logits).argmax(-1)
+    d = np.asarray(draft_tokens)
+    miss = np.nonzero(best[: len(d)] != d)[0]
+    a = int(miss[0]) if miss.size else len(d)
+    return a, int(best[a])
+
+
+def verify_sampling(
+    p: np.ndarray, q: np.ndarray, draft_tokens: np.ndarray, u_accept: np.ndarray, u_resample: float
+) -> tuple[int, int]:
+    """Leviathan et al. / Chen et al. speculative sampling.
+
+    Rule: accept d_i (i = 1..γ, in order) iff u_i < p_i(d_i) / q_i(d_i). At the
+    first rejection i, c ~ norm(max(p_i - q_i, 0)) (residual resampling); if all
+    are accepted, c ~ p_{γ+1} (bonus). With d_i ~ q_i this commits tokens whose
+    law is exactly the target's p, provided q is *exactly* the distribution each
+    d_i was drawn from.
+
+    p (γ+1, V) target probs; q (γ, V) draft probs; u_accept (γ,); u_resample scalar.
+    """
+    p = np.asarray(p, dtype=np.float32)
+    q = np.asarray(q, dtype=np.float32)
+    d = np.asarray(draft_tokens)
+    g = len(d)
+    rows = np.arange(g)
+    pd, qd = p[rows, d], q[rows, d]
+    ok = np.asarray(u_accept, dtype=np.float32) * qd < pd  # u < p/q without dividing by q = 0
+    miss = np.nonzero(~ok)[0]
+    if miss.size == 0:
+        return g, int(sample(p[g], u_resample))
+    a = int(miss[0])
+    residual = np.maximum(p[a] - q[a], 0.0)
+    if residual.sum() <= 0:  # only when p_a == q_a up to rounding; then p_a is the residual's limit
+        residual = p[a]
+    return a, int(sample(residual, u_resample))

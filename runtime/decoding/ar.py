@@ -1,0 +1,42 @@
+"""`ar`: the target alone, one token per step. The baseline every method must equal."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from kernels.sampling import sample
+from runtime.decoding.events import Sampling, StepEvent, pending, rewind
+
+
+def ar_steps(
+    target,
+    seq: list[int],
+    *,
+    max_new: int,
+    sampling: Sampling = Sampling(),
+    rng: np.random.Generator | None = None,
+    target_cache=None,
+) -> Iterator[StepEvent]:
+    """Yield one StepEvent per generated token, continuing `seq` (a copy is kept).
+
+    `target_cache` may hold a prefix of `seq` (a chat's earlier turns); on exit it
+    holds only tokens of the final sequence.
+    """
+    rng = rng or np.random.default_rng(0)
+    seq = list(seq)
+    cache = target_cache if target_cache is not None else target.new_cache()
+    try:
+        for _ in range(max_new):
+            t0 = time.perf_counter()
+            logits = target.forward(np.array([pending(cache, seq)]), cache)[0, -1]
+            if sampling.greedy:
+                tok = int(logits.argmax())
+            else:
+                tok = int(sample(sampling.probs(logits), rng.random()))
+            seq.append(tok)
+            yield StepEvent(tokens=[tok], verify_s=time.perf_counter() - t0)
+    finally:
+        rewind(cache, len(seq))

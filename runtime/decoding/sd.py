@@ -1,0 +1,87 @@
+"""`sd`: serial speculative decoding — the draft proposes γ tokens, the target verifies.
+
+One step: the draft runs γ times autoregressively, sampling d_i ~ q_i; the
+target scores `[last committed, d1..dγ]` in one forward; `kernels.verify`
+accepts a prefix A and gives the correction/bonus token c; both caches are
+rolled back to the committed sequence. Lossless by construction (see
+kernels/verify.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from kernels.sampling import sample
+from kernels.verify import verify_greedy, verify_sampling
+from runtime.decoding.events import Sampling, StepEvent, pending, rewind
+from runtime.errors import DuetError
+
+
+def draft_window(draft, cache, seq: list[int], gamma: int, sampling: Sampling, rng) -> tuple[list[int], np.ndarray]:
+    """Draft γ tokens after `seq`; returns (tokens, q (γ, V)), q the law each was drawn from.
+
+    On return the draft cache holds seq + d1..d(γ-1) (dγ is fed next step if accepted).
+    """
+    toks, qs = [], []
+    feed = pending(cache, seq)
+    for _ in range(gamma):
+        logits = draft.forward(np.array([feed]), cache)[0, -1]
+        q = sampling.probs(logits)
+        d = int(logits.argmax()) if sampling.greedy else int(sample(q, rng.random()))
+        toks.append(d)
+        qs.append(q)
+        feed = [d]
+    return toks, (np.stack(qs) if qs else np.zeros((0, draft.config.vocab_size), np.float32))
+
+
+def sd_steps(
+    target,
+    draft,
+    seq: list[int],
+    *,
+    max_new: int,
+    gamma: int = 4,
+    sampling: Sampling = Sampling(),
+    rng: np.random.Generator | None = None,
+    target_cache=None,
+    draft_cache=None,
+) -> Iterator[StepEvent]:
+    """Yield one StepEvent per draft-then-verify step, continuing `seq`.
+
+    Never commits more than `max_new` tokens; the window shrinks near the end and
+    near the context limit. Caches hold only committed tokens on exit.
+    """
+    if gamma < 1:
+        raise DuetError(f"--gamma must be at least 1 for speculative decoding (got {gamma})")
+    rng = rng or np.random.default_rng(0)
+    seq = list(seq)
+    tc = target_cache if target_cache is not None else target.new_cache()
+    dc = draft_cache if draft_cache is not None else draft.new_cache()
+    ctx = min(target.config.max_context, draft.config.max_context)
+    produced = 0
+    try:
+        while produced < max_new:
+            g = max(0, min(gamma, max_new - produced - 1, ctx - len(seq) - 1))
+            t0 = time.perf_counter()
+            drafts, q = draft_window(draft, dc, seq, g, sampling, rng)
+            t1 = time.perf_counter()
+            window = pending(tc, seq) + drafts
+            logits = target.forward(np.array([window]), tc)[0, -(g + 1) :]  # (γ+1, V)
+            d = np.array(drafts, dtype=np.int64)
+            if sampling.greedy:
+                a, c = verify_greedy(logits, d)
+            else:
+                a, c = verify_sampling(sampling.probs(logits), q, d, rng.random(g), rng.random())
+            t2 = time.perf_counter()
+            committed = drafts[:a] + [c]
+            seq += committed
+            produced += len(committed)
+            rewind(tc, len(seq) - 1)  # target saw the window; keep the accepted prefix
+            rewind(dc, len(seq) - 1)
+            yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=t1 - t0, verify_s=t2 - t1)
+    finally:
+        rewind(tc, len(seq))
+        rewind(dc, len(seq))
