@@ -39,7 +39,9 @@ def edge_time(k: int, alpha_edge: float, beta: float) -> float:
     return alpha_edge * k + beta  # FlexSpec §IV-B linear approximation of T_edge(K)
 
 
-def uplink_time(k: int, rate_bps: float, t_prop: float, bits_per_token: float, header_bits: float) -> float:
+def uplink_time(
+    k: int, rate_bps: float, t_prop: float, bits_per_token: float, header_bits: float
+) -> float:
     """FlexSpec eq. (8): T_up(K, R_n) = T_prop + (K·b + O_header) / R_n."""
     return t_prop + (k * bits_per_token + header_bits) / rate_bps  # eq. (8)
 
@@ -71,8 +73,12 @@ def flexspec_terms(p: FlexSpecParams, rate_bps: float, rtt_s: float) -> tuple[fl
     T_fixed = T_prop + T_base + T_down + O_header/R_n + β;
     T_marginal(n) = α_edge + b/R_n + δ_cloud.
     """
-    t_fixed = rtt_s / 2 + p.t_base + rtt_s / 2 + p.header_bits / rate_bps + p.beta  # eq. (10) T_fixed
-    t_marginal = p.alpha_edge + p.bits_per_token / rate_bps + p.delta_cloud  # eq. (10) T_marginal(n)
+    t_fixed = (
+        rtt_s / 2 + p.t_base + rtt_s / 2 + p.header_bits / rate_bps + p.beta
+    )  # eq. (10) T_fixed
+    t_marginal = (
+        p.alpha_edge + p.bits_per_token / rate_bps + p.delta_cloud
+    )  # eq. (10) T_marginal(n)
     return t_fixed, t_marginal
 
 
@@ -92,10 +98,15 @@ def expected_accepted(k: int, gamma_hat: float, model: str = "alg2") -> float:
     raise ValueError(f"unknown acceptance model {model!r}; use 'alg2' or 'geometric'")
 
 
-def k_star(t_fixed: float, t_marginal: float, gamma_hat: float, k_max: int = 8, model: str = "alg2") -> int:
+def k_star(
+    t_fixed: float, t_marginal: float, gamma_hat: float, k_max: int = 8, model: str = "alg2"
+) -> int:
     """FlexSpec eq. (11): K*_n = argmax_{K ∈ [1, K_max]} E[τ|K] / (T_fixed + K·T_marginal(n)).
 
-    Ties go to the smaller K (less work for the same rate).
+    Ties go to the smaller K (less work for the same rate). K* depends only on
+    T_marginal / T_fixed; as R_n grows that ratio falls (so K* is non-decreasing
+    in the rate) exactly when b·(T_prop + T_base + T_down + β) ≥ O_header·(α_edge + δ_cloud),
+    i.e. unless the header, paid once per round, weighs more than the token bits.
     """
     best_k, best = 1, -math.inf
     for k in range(1, k_max + 1):
@@ -129,7 +140,9 @@ def draft_gen_time(gamma: int, t_draft_step: float, eta_bar: float = 1.0) -> flo
     return math.ceil(gamma / eta_bar) * t_draft_step  # App. C, J ≤ ⌈γ/η̄⌉ internal steps
 
 
-def mirror_step_time(t_prefix: float, t_suffix: float, t_draft: float, t_rv_ee: float, t_rv_fv: float) -> float:
+def mirror_step_time(
+    t_prefix: float, t_suffix: float, t_draft: float, t_rv_ee: float, t_rv_fv: float
+) -> float:
     """Mirror-SD eq. (10) = (14):
     T_Mirror = T_target^{1:ℓe} + T_rv^(ee) + max{T_target^{ℓe+1:N}, T_draft^gen(γ)} + T_rv^(fv).
     """
@@ -194,21 +207,25 @@ def window_time(
     peak: float | None,
     *,
     context: int = 0,
-    layers: tuple[int, int] | None = None,
+    layers: tuple[float, float] | None = None,
     head: bool = True,
+    batch: int = 1,
 ) -> float:
     """Roofline time of one forward of `n_tokens` new positions over `context` cached ones.
 
-    layers: run only decoder layers [start, stop) (default all); head: include
-    final norm + LM head. Per-token decode time is `window_time(m, 1, ...)`.
+    layers: run only decoder layers [start, stop) (default all; fractional
+    bounds scale the layer share); head: include final norm + LM head; batch:
+    rows (branches) sharing one pass over the weights. Per-token decode time is
+    `window_time(m, 1, ...)`.
     """
     start, stop = layers if layers is not None else (0, m.num_layers)
     n_layers = stop - start
-    n_bytes = n_layers * (m.layer_weight_bytes() + m.kv_bytes_per_layer(context + n_tokens))
-    flops = n_layers * m.layer_flops(n_tokens, context)
+    # weights are streamed once per pass; KV and FLOPs scale with the rows
+    n_bytes = n_layers * (m.layer_weight_bytes() + batch * m.kv_bytes_per_layer(context + n_tokens))
+    flops = n_layers * batch * m.layer_flops(n_tokens, context)
     if head:
         n_bytes += m.head_weight_bytes()
-        flops += m.head_flops(n_tokens)
+        flops += batch * m.head_flops(n_tokens)
     return roofline_time(n_bytes, flops, bandwidth, peak)
 
 
@@ -217,7 +234,9 @@ def per_token_time(m: ModelSize, bandwidth: float, peak: float | None, context: 
     return window_time(m, 1, bandwidth, peak, context=context)
 
 
-def roofline_layer_params(m: ModelSize, bandwidth: float, peak: float | None) -> tuple[float, float]:
+def roofline_layer_params(
+    m: ModelSize, bandwidth: float, peak: float | None
+) -> tuple[float, float]:
     """(c_layer, c_layer_per_token): the affine per-layer time c(T) ≈ c0 + c1·T the roofline implies.
 
     c0 = one layer's weight bytes / bandwidth (the memory-bound floor);

@@ -60,9 +60,14 @@ class Link:
 
     def to_dict(self) -> dict:
         return {
-            "name": self.name, "description": self.description, "rate_bps": self.rate_bps,
-            "rtt_s": self.rtt_s, "mean_snr_db": self.mean_snr_db, "fading": self.fading,
-            "rician_k_db": self.rician_k_db, "sources": dict(self.sources),
+            "name": self.name,
+            "description": self.description,
+            "rate_bps": self.rate_bps,
+            "rtt_s": self.rtt_s,
+            "mean_snr_db": self.mean_snr_db,
+            "fading": self.fading,
+            "rician_k_db": self.rician_k_db,
+            "sources": dict(self.sources),
         }
 
 
@@ -85,13 +90,20 @@ def _rtt(cloud_only_ms: float) -> float:
     return cloud_only_ms / 1e3 - A800_T_BASE_S
 
 
-_RTT_SOURCE = ("derived: FlexSpec Table III Cloud-Only latency (GSM8K, T=0) {co} ms minus the cloud "
-               "decode step 8.43 ms (roofline, devices/profiles/a800.toml t_base)")
+_RTT_SOURCE = (
+    "derived: FlexSpec Table III Cloud-Only latency (GSM8K, T=0) {co} ms minus the cloud "
+    "decode step 8.43 ms (roofline, devices/profiles/a800.toml t_base)"
+)
 
 LINKS: dict[str, Link] = {
     "5g": Link(
-        name="5g", description="5G (Strong), FlexSpec §V", rate_bps=300e6, rtt_s=_rtt(432.0),
-        mean_snr_db=10.0, fading="rician", rician_k_db=10.0,
+        name="5g",
+        description="5G (Strong), FlexSpec §V",
+        rate_bps=300e6,
+        rtt_s=_rtt(432.0),
+        mean_snr_db=10.0,
+        fading="rician",
+        rician_k_db=10.0,
         sources={
             "rate_bps": "FlexSpec Table I: 5G Mid-Band 300 Mbps",
             "rtt_s": _RTT_SOURCE.format(co=432.0),
@@ -100,8 +112,12 @@ LINKS: dict[str, Link] = {
         },
     ),
     "4g": Link(
-        name="4g", description="4G (Avg), FlexSpec §V", rate_bps=50e6, rtt_s=_rtt(595.0),
-        mean_snr_db=10.0, fading="rayleigh",
+        name="4g",
+        description="4G (Avg), FlexSpec §V",
+        rate_bps=50e6,
+        rtt_s=_rtt(595.0),
+        mean_snr_db=10.0,
+        fading="rayleigh",
         sources={
             "rate_bps": "FlexSpec Table I: 4G LTE 50 Mbps",
             "rtt_s": _RTT_SOURCE.format(co=595.0),
@@ -110,8 +126,12 @@ LINKS: dict[str, Link] = {
         },
     ),
     "wifi-weak": Link(
-        name="wifi-weak", description="WiFi (Weak), FlexSpec §V", rate_bps=10e6, rtt_s=_rtt(1220.0),
-        mean_snr_db=5.0, fading="rayleigh",
+        name="wifi-weak",
+        description="WiFi (Weak), FlexSpec §V",
+        rate_bps=10e6,
+        rtt_s=_rtt(1220.0),
+        mean_snr_db=5.0,
+        fading="rayleigh",
         sources={
             "rate_bps": "FlexSpec Table I: Public WiFi 10 Mbps",
             "rtt_s": _RTT_SOURCE.format(co=1220.0),

@@ -73,7 +73,9 @@ class ModelSize:
     def params(self) -> int:
         """Total stored parameters (a tied head is not counted twice)."""
         head_matrix = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
-        return self.embed_params + self.num_layers * self.layer_params + self.hidden_size + head_matrix
+        return (
+            self.embed_params + self.num_layers * self.layer_params + self.hidden_size + head_matrix
+        )
 
     # -- bytes and FLOPs of one forward ------------------------------------
     def layer_weight_bytes(self) -> float:
@@ -103,46 +105,93 @@ class ModelSize:
 # Public configs (config.json of each checkpoint on the Hugging Face Hub; param totals from the model cards).
 _PRESETS = {
     "qwen3-0.6b": dict(
-        num_layers=28, hidden_size=1024, intermediate_size=3072, num_heads=16, num_kv_heads=8,
-        head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+        num_layers=28,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
         source="https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json (card: 0.6B params)",
     ),
     "qwen3-1.7b": dict(
-        num_layers=28, hidden_size=2048, intermediate_size=6144, num_heads=16, num_kv_heads=8,
-        head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+        num_layers=28,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
         source="https://huggingface.co/Qwen/Qwen3-1.7B/blob/main/config.json (card: 1.7B params)",
     ),
     "qwen3-8b": dict(
-        num_layers=36, hidden_size=4096, intermediate_size=12288, num_heads=32, num_kv_heads=8,
-        head_dim=128, vocab_size=151936, tie_word_embeddings=False,
+        num_layers=36,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=False,
         source="https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json (card: 8.2B params)",
     ),
     "llama-3.2-1b": dict(
-        num_layers=16, hidden_size=2048, intermediate_size=8192, num_heads=32, num_kv_heads=8,
-        head_dim=64, vocab_size=128256, tie_word_embeddings=True,
+        num_layers=16,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        vocab_size=128256,
+        tie_word_embeddings=True,
         source="https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json (card: 1.23B params)",
     ),
     "llama-3.1-8b": dict(
-        num_layers=32, hidden_size=4096, intermediate_size=14336, num_heads=32, num_kv_heads=8,
-        head_dim=128, vocab_size=128256, tie_word_embeddings=False,
+        num_layers=32,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        vocab_size=128256,
+        tie_word_embeddings=False,
         source="https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json (card: 8.03B params)",
     ),
     "llama-2-7b": dict(
-        num_layers=32, hidden_size=4096, intermediate_size=11008, num_heads=32, num_kv_heads=32,
-        head_dim=128, vocab_size=32000, tie_word_embeddings=False,
+        num_layers=32,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_heads=32,
+        num_kv_heads=32,
+        head_dim=128,
+        vocab_size=32000,
+        tie_word_embeddings=False,
         source="https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json (FlexSpec's Std. SD draft)",
     ),
     "llama-2-70b": dict(
-        num_layers=80, hidden_size=8192, intermediate_size=28672, num_heads=64, num_kv_heads=8,
-        head_dim=128, vocab_size=32000, tie_word_embeddings=False,
+        num_layers=80,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        vocab_size=32000,
+        tie_word_embeddings=False,
         source="https://huggingface.co/meta-llama/Llama-2-70b-hf/blob/main/config.json (FlexSpec's target)",
     ),
 }
 
 # The totals the model cards state, to check the arithmetic above (tests/test_devices_models.py).
 CARD_PARAMS = {
-    "qwen3-0.6b": 0.6e9, "qwen3-1.7b": 1.7e9, "qwen3-8b": 8.2e9, "llama-3.2-1b": 1.23e9,
-    "llama-3.1-8b": 8.03e9, "llama-2-7b": 6.74e9, "llama-2-70b": 69.0e9,
+    "qwen3-0.6b": 0.6e9,
+    "qwen3-1.7b": 1.7e9,
+    "qwen3-8b": 8.2e9,
+    "llama-3.2-1b": 1.23e9,
+    "llama-3.1-8b": 8.03e9,
+    "llama-2-7b": 6.74e9,
+    "llama-2-70b": 69.0e9,
 }
 
 
@@ -158,7 +207,11 @@ def model_size(spec: str) -> ModelSize:
     try:
         weight_bits = int(bits) if bits else 16
     except ValueError:
-        raise DuetError(f"model size {spec!r}: weight bits after '@' must be an integer, e.g. qwen3-8b@4") from None
+        raise DuetError(
+            f"model size {spec!r}: weight bits after '@' must be an integer, e.g. qwen3-8b@4"
+        ) from None
     if weight_bits not in (2, 3, 4, 6, 8, 16, 32):
-        raise DuetError(f"model size {spec!r}: weight bits {weight_bits} not one of 2,3,4,6,8,16,32")
+        raise DuetError(
+            f"model size {spec!r}: weight bits {weight_bits} not one of 2,3,4,6,8,16,32"
+        )
     return ModelSize(name=spec, weight_bits=weight_bits, **_PRESETS[name])

@@ -13,7 +13,8 @@ an optional `r2` for fitted values):
     name = "m3-max"                      # = the file's stem for shipped profiles
     description = "..."
     kind = "edge" | "cloud" | "host"     # host: calibrated on a machine at hand
-    count = { value = 8, unit = "devices", source = "..." }   # optional, default 1
+    count = { value = 8, unit = "devices", source = "..." }   # optional, default 1: devices the
+                                         # target is sharded over (the draft runs on one)
 
     [memory]
     capacity  = { value, unit = "GB",   source }
@@ -42,24 +43,43 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtime.errors import DuetError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pyproject allows 3.10, whose stdlib has no tomllib; tomli is the same parser
+    import tomli as tomllib
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
 KINDS = ("edge", "cloud", "host")
 ACCEL_KINDS = ("cpu", "gpu", "npu")
 PROVIDERS = {
-    "onnx": ("cpu", "cuda", "tensorrt", "coreml", "qnn"),  # runtime/backends/onnx_backend.py PROVIDERS
+    "onnx": (
+        "cpu",
+        "cuda",
+        "tensorrt",
+        "coreml",
+        "qnn",
+    ),  # runtime/backends/onnx_backend.py PROVIDERS
     "coreml": ("all", "cpu_only", "cpu_and_gpu", "cpu_and_ne"),  # coremltools ComputeUnit
     "mlx": ("gpu", "cpu"),
     "torch": ("cpu", "cuda", "mps"),
     "remote": (),  # provider = a cloud profile's name
 }
-LATENCY_FIELDS = ("alpha_edge", "beta", "delta_cloud", "t_base", "c_layer", "c_layer_per_token", "t_rv")
+LATENCY_FIELDS = (
+    "alpha_edge",
+    "beta",
+    "delta_cloud",
+    "t_base",
+    "c_layer",
+    "c_layer_per_token",
+    "t_rv",
+)
 UNIT_SCALE = {"GB": 1e9, "GB/s": 1e9, "TFLOPS": 1e12, "TOPS": 1e12, "s": 1.0, "devices": 1.0}
 
 
@@ -120,24 +140,30 @@ class Profile:
 
     def sources(self) -> dict[str, str]:
         """Every figure's dotted field name -> its source."""
-        out = {"count": self.count.source, "memory.capacity": self.capacity.source,
-               "memory.bandwidth": self.bandwidth.source}
+        out = {
+            "count": self.count.source,
+            "memory.capacity": self.capacity.source,
+            "memory.bandwidth": self.bandwidth.source,
+        }
         for a in self.accelerators.values():
-            out[f"accelerators.{a.id}.peak"] = a.peak.source if a.peak else f"unpublished: {a.peak_unpublished}"
+            out[f"accelerators.{a.id}.peak"] = (
+                a.peak.source if a.peak else f"unpublished: {a.peak_unpublished}"
+            )
         out.update({f"latency.{k}": f.source for k, f in self.latency.items()})
         return out
 
     def hardware(self, role: str) -> tuple[float, float | None]:
         """(bandwidth bytes/s, peak ops/s or None) that runs `role` ("draft" or "target").
 
-        Bandwidth is the device's memory bandwidth times `count` (ideal tensor
-        parallelism); a remote target uses its cloud profile's hardware.
+        The target is sharded over `count` devices (ideal tensor parallelism:
+        bandwidth and peak times count); the draft runs on one. A remote target
+        uses its cloud profile's hardware.
         """
         placement = {"draft": self.draft, "target": self.target}[role]
         if placement.remote:
             return load_profile(placement.provider).hardware(role)
         acc = self.accelerators[placement.accelerator]
-        n = self.count.value
+        n = self.count.value if role == "target" else 1.0
         return self.bandwidth.si * n, (acc.peak.si * n if acc.peak else None)
 
     def param(self, name: str) -> float:
@@ -175,7 +201,9 @@ def _figure(d: dict, key: str, where: str, units: tuple[str, ...], prefix: str =
     f = _table(d, key, where, prefix)
     extra = set(f) - {"value", "unit", "source", "r2"}
     if extra:
-        raise _err(where, name, f"unknown keys {sorted(extra)}; a figure is {{value, unit, source[, r2]}}")
+        raise _err(
+            where, name, f"unknown keys {sorted(extra)}; a figure is {{value, unit, source[, r2]}}"
+        )
     if "value" not in f:
         raise _err(where, name, "missing 'value'")
     v = f["value"]
@@ -186,7 +214,11 @@ def _figure(d: dict, key: str, where: str, units: tuple[str, ...], prefix: str =
         raise _err(where, name, f"unit must be one of {', '.join(units)}, got {unit!r}")
     src = f.get("source")
     if not isinstance(src, str) or len(src.strip()) < 5:
-        raise _err(where, name, "every figure needs a 'source' (a URL, a paper table, or 'calibrated on ...')")
+        raise _err(
+            where,
+            name,
+            "every figure needs a 'source' (a URL, a paper table, or 'calibrated on ...')",
+        )
     r2 = f.get("r2")
     if r2 is not None and (isinstance(r2, bool) or not isinstance(r2, (int, float))):
         raise _err(where, name, f"r2 must be a number, got {r2!r}")
@@ -203,12 +235,18 @@ def _placement(d: dict, role: str, where: str, accelerators: dict) -> Placement:
         acc = t.get("accelerator", "")
     else:
         if provider not in PROVIDERS[backend]:
-            raise _err(where, f"{role}.provider", f"{provider!r} is not a {backend} provider "
-                       f"({', '.join(PROVIDERS[backend])})")
+            raise _err(
+                where,
+                f"{role}.provider",
+                f"{provider!r} is not a {backend} provider ({', '.join(PROVIDERS[backend])})",
+            )
         acc = _str(t, "accelerator", where, f"{role}.")
         if acc not in accelerators:
-            raise _err(where, f"{role}.accelerator", f"{acc!r} is not one of [accelerators]: "
-                       f"{', '.join(accelerators)}")
+            raise _err(
+                where,
+                f"{role}.accelerator",
+                f"{acc!r} is not one of [accelerators]: {', '.join(accelerators)}",
+            )
     return Placement(acc, backend, provider)
 
 
@@ -219,8 +257,11 @@ def parse_profile(data: dict, where: str) -> Profile:
     name = _str(data, "name", where)
     description = _str(data, "description", where)
     kind = _str(data, "kind", where, choices=KINDS)
-    count = (_figure(data, "count", where, ("devices",)) if "count" in data
-             else Figure(1.0, "devices", "a single device"))
+    count = (
+        _figure(data, "count", where, ("devices",))
+        if "count" in data
+        else Figure(1.0, "devices", "a single device")
+    )
     mem = _table(data, "memory", where)
     capacity = _figure(mem, "capacity", where, ("GB",), "memory.")
     bandwidth = _figure(mem, "bandwidth", where, ("GB/s",), "memory.")
@@ -240,7 +281,9 @@ def parse_profile(data: dict, where: str) -> Profile:
         elif "peak_unpublished" in a:
             peak, why = None, _str(a, "peak_unpublished", where, pre)
         else:
-            raise _err(where, pre + "peak", "missing (give a figure, or 'peak_unpublished' saying why)")
+            raise _err(
+                where, pre + "peak", "missing (give a figure, or 'peak_unpublished' saying why)"
+            )
         accelerators[aid] = Accelerator(aid, akind, peak, why)
     draft = _placement(data, "draft", where, accelerators)
     target = _placement(data, "target", where, accelerators)
@@ -250,9 +293,26 @@ def parse_profile(data: dict, where: str) -> Profile:
     latency = {k: _figure(lat, k, where, ("s",), "latency.") for k in LATENCY_FIELDS}
     unknown = set(lat) - set(LATENCY_FIELDS) - {"reference_draft", "reference_target"}
     if unknown:
-        raise _err(where, "latency", f"unknown parameters {sorted(unknown)}; expected {', '.join(LATENCY_FIELDS)}")
-    return Profile(name, description, kind, count, capacity, bandwidth, accelerators, draft, target,
-                   latency, ref_d, ref_t, raw=data)
+        raise _err(
+            where,
+            "latency",
+            f"unknown parameters {sorted(unknown)}; expected {', '.join(LATENCY_FIELDS)}",
+        )
+    return Profile(
+        name,
+        description,
+        kind,
+        count,
+        capacity,
+        bandwidth,
+        accelerators,
+        draft,
+        target,
+        latency,
+        ref_d,
+        ref_t,
+        raw=data,
+    )
 
 
 def read_profile_file(path: str | Path) -> Profile:
@@ -266,7 +326,9 @@ def read_profile_file(path: str | Path) -> Profile:
         else:
             data = tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ProfileError(f"{p}: not valid {p.suffix.lstrip('.').upper() or 'TOML'} ({e})") from None
+        raise ProfileError(
+            f"{p}: not valid {p.suffix.lstrip('.').upper() or 'TOML'} ({e})"
+        ) from None
     prof = parse_profile(data, str(p))
     if p.parent == PROFILES_DIR and prof.name != p.stem:
         raise _err(str(p), "name", f"{prof.name!r} must equal the file name {p.stem!r}")
@@ -286,8 +348,10 @@ def load_profile(name_or_path: str | Path) -> Profile:
         return read_profile_file(p)
     shipped = PROFILES_DIR / f"{s}.toml"
     if not shipped.is_file():
-        raise DuetError(f"unknown device profile {s!r}; choose from {', '.join(profile_names())} "
-                        f"or give a .toml/.json path")
+        raise DuetError(
+            f"unknown device profile {s!r}; choose from {', '.join(profile_names())} "
+            f"or give a .toml/.json path"
+        )
     return read_profile_file(shipped)
 
 
@@ -297,8 +361,12 @@ def load_all() -> list[Profile]:
     clouds = {p.name for p in profiles if p.kind == "cloud"}
     for p in profiles:
         if p.target.remote and p.target.provider not in clouds:
-            raise _err(str(p.path), "target.provider", f"remote target {p.target.provider!r} is not a "
-                       f"shipped cloud profile ({', '.join(sorted(clouds))})")
+            raise _err(
+                str(p.path),
+                "target.provider",
+                f"remote target {p.target.provider!r} is not a "
+                f"shipped cloud profile ({', '.join(sorted(clouds))})",
+            )
     return profiles
 
 
