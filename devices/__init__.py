@@ -1,0 +1,15 @@
+"""Devices: profiles, calibration, latency models and emulation.
+
+profile.py        the profile schema; load_profile(name or path), load_all()
+profiles/*.toml   one sourced profile per device (Apple M1-M4, A17 Pro, Snapdragon 8 Gen 3,
+                  Jetson AGX Orin, Raspberry Pi 5, cloud A800/H800/V100)
+model_sizes.py    bytes and FLOPs of public model configs (qwen3-8b, llama-3.1-8b, ...)
+latency.py        FlexSpec eq. (7)-(11), Mirror-SD eq. (10)/(14) and App. C, CU-HLM eq. (5)-(6),
+                  roofline; pure functions
+links.py          named link conditions 5g / 4g / wifi-weak and block fading
+fit.py            least squares with R²
+calibrate.py      measure this machine with the real backends
+tiny_checkpoint.py  a random checkpoint to calibrate on when no model is at hand
+emulation.py      Emulator: pad real stages to a profile's predicted times
+__main__.py       python -m devices list | show | calibrate | latency
+"""

@@ -101,7 +101,7 @@ def calibrate(
     target_backend: str = "mlx",
     draft_backend: str = "mlx",
     k_max: int = 8,
-    repeats: int = 3,
+    repeats: int = 5,
     name: str | None = None,
     progress: bool = True,
 ) -> dict:
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--target-backend", default="mlx", choices=("mlx", "torch"))
     s.add_argument("--draft-backend", default="mlx", choices=("mlx", "torch", "onnx"))
     s.add_argument("--k-max", type=int, default=8)
-    s.add_argument("--repeats", type=int, default=3)
+    s.add_argument("--repeats", type=int, default=5)
     s.add_argument("--name", help="profile name (default: the output file's stem)")
     s.add_argument("--no-progress", action="store_true")
     s.add_argument("--json", action="store_true", help="print the written profile as JSON")

@@ -157,7 +157,7 @@ def measure_rendezvous(*, trials: int = 500, kappa: int = 4, gamma: int = 7) -> 
     return statistics.median(times)
 
 
-def measure_bandwidth(n_bytes: int = 64 << 20, repeats: int = 5) -> float:
+def measure_bandwidth(n_bytes: int = 32 << 20, repeats: int = 3) -> float:
     """Copy bandwidth (bytes/s): best of `repeats` numpy copies, counting the read and the write."""
     src = np.ones(n_bytes // 8, dtype=np.float64)
     dst = np.empty_like(src)

@@ -43,10 +43,13 @@ def write_tiny_checkpoint(
         eos_token_id=None,
         pad_token_id=None,
     )
+    from transformers.utils import logging as hf_logging
+
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg).eval()
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
+    hf_logging.disable_progress_bar()  # calibrate's own bar is the one the user watches
     model.save_pretrained(p, safe_serialization=True)
 
     vocab = {ch: i for i, ch in enumerate(sorted(ByteLevel.alphabet()))}  # 256 byte symbols
