@@ -12,6 +12,7 @@ the TorchScript exporter; shapes are dynamic in batch, sequence and past.
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -80,7 +81,8 @@ def export_onnx(model_dir: str | Path, out: str | Path, *, dtype: torch.dtype = 
         dyn[n] = {0: "batch", 2: "total"}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with torch.inference_mode():
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter is the one that keeps our I/O names
         torch.onnx.export(OnnxGraph(lm), (ids, am, pos, *past), str(out), input_names=ins,
                           output_names=outs, dynamic_axes=dyn, opset_version=OPSET, dynamo=False)
     _embed_config(out, cfg)

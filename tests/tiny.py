@@ -47,6 +47,7 @@ def make_checkpoint(
     tie_word_embeddings: bool = False,
     initializer_range: float = 0.3,
     seed: int = 0,
+    tokenizer: bool = True,
 ) -> Path:
     """Write a random checkpoint of `model_type` to `path` and return it."""
     import torch
@@ -81,5 +82,6 @@ def make_checkpoint(
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(p, safe_serialization=True)
-    byte_tokenizer(vocab_size).save(str(p / "tokenizer.json"))
+    if tokenizer:  # a byte tokenizer needs vocab_size >= 259; tiny-vocabulary models go without
+        byte_tokenizer(vocab_size).save(str(p / "tokenizer.json"))
     return p

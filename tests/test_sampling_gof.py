@@ -1,0 +1,83 @@
+"""At temperature > 0, sd's output law is the target's: a chi-square goodness-of-fit test
+on the joint law of the first two generated tokens, with a negative control that must fail."""
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from kernels.sampling import probs_from_logits
+from runtime.backends import load_model
+from runtime.decoding import Sampling
+from runtime.decoding import sd as sd_module
+
+V = 8
+PROMPT = [1, 2, 3]
+N = 1500  # the negative control fails at p ~ 1e-30 with this many; the real test passes at p ~ 0.8
+ALPHA = 1e-3  # the test passes at p > ALPHA; the negative control must give p < ALPHA
+SAMPLING = Sampling(temp=1.0, top_p=0.95)
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_dir):
+    kw = dict(vocab_size=V, tokenizer=False, initializer_range=0.12)
+    target = load_model(tiny_dir("qwen3", seed=1, **kw), "mlx")
+    draft = load_model(tiny_dir("qwen3", num_layers=1, seed=2, **kw), "onnx")
+    return target, draft
+
+
+def exact_joint(target) -> np.ndarray:
+    """P(t1, t2) from the target's logits: p(t1 | prompt) * p(t2 | prompt, t1)."""
+    c = target.new_cache()
+    p1 = SAMPLING.probs(target.forward(np.array([PROMPT]), c)[0, -1])
+    joint = np.zeros((V, V))
+    for t1 in range(V):
+        c.trim(c.offset - len(PROMPT))
+        joint[t1] = p1[t1] * SAMPLING.probs(target.forward(np.array([[t1]]), c)[0, -1])
+    return joint
+
+
+def sample_pairs(target, draft, n, seed) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    counts = np.zeros((V, V))
+    tc, dc = target.new_cache(), draft.new_cache()
+    for _ in range(n):
+        out = []
+        for ev in sd_module.sd_steps(target, draft, PROMPT, max_new=3, gamma=2, sampling=SAMPLING, rng=rng,
+                                     target_cache=tc, draft_cache=dc):
+            out += ev.tokens
+        counts[out[0], out[1]] += 1
+        tc.trim(tc.offset - len(PROMPT))  # keep the prompt's cache between samples
+        dc.trim(dc.offset - len(PROMPT))
+    return counts
+
+
+def gof_pvalue(counts, joint) -> float:
+    exp = joint.ravel() / joint.sum() * counts.sum()  # joint is float32-rounded; renormalize
+    obs = counts.ravel()
+    big = exp >= 5  # pool small cells so the chi-square approximation holds
+    o = np.append(obs[big], obs[~big].sum())
+    e = np.append(exp[big], exp[~big].sum())
+    if e[-1] == 0:
+        o, e = o[:-1], e[:-1]
+    assert big.sum() >= 10, "the target law is too peaked for a meaningful test"
+    return chisquare(o, e * o.sum() / e.sum()).pvalue
+
+
+def test_sd_matches_target_distribution(pair):
+    target, draft = pair
+    joint = exact_joint(target)
+    p = gof_pvalue(sample_pairs(target, draft, N, seed=0), joint)
+    assert p > ALPHA, f"sd's joint law differs from the target's (p = {p:.2e})"
+
+
+def test_negative_control_wrong_q_fails(pair, monkeypatch):
+    """Verifying with a q other than the one the draft sampled from must break the law."""
+    target, draft = pair
+    real = sd_module.verify_sampling
+
+    def wrong_q(p, q, d, ua, ur):
+        return real(p, probs_from_logits(np.log(q + 1e-9), temp=3.0), d, ua, ur)  # flattened q
+
+    monkeypatch.setattr(sd_module, "verify_sampling", wrong_q)
+    p = gof_pvalue(sample_pairs(target, draft, N, seed=0), exact_joint(target))
+    assert p < ALPHA, f"the negative control passed (p = {p:.2e}); the test has no power"
