@@ -54,7 +54,9 @@ class CoreMLCache:
 
     def select(self, rows: Sequence[int]) -> None:
         if list(rows) != [0]:
-            raise DuetError(f"the Core ML backend holds one cache row; cannot select rows {list(rows)}")
+            raise DuetError(
+                f"the Core ML backend holds one cache row; cannot select rows {list(rows)}"
+            )
 
 
 class CoreMLCausalLM:
@@ -88,11 +90,15 @@ class CoreMLCausalLM:
 
         p = Path(path)
         if compute_units not in COMPUTE_UNITS:
-            raise DuetError(f"unknown Core ML compute units {compute_units!r}; choose from {', '.join(COMPUTE_UNITS)}")
+            raise DuetError(
+                f"unknown Core ML compute units {compute_units!r}; choose from {', '.join(COMPUTE_UNITS)}"
+            )
         desc = describe(p)
         problems = check_structure(desc)
         if problems or not desc["report"]:
-            raise DuetError(f"{p}: not a Duet Core ML draft ({'; '.join(problems) or 'no duet.report metadata'})")
+            raise DuetError(
+                f"{p}: not a Duet Core ML draft ({'; '.join(problems) or 'no duet.report metadata'})"
+            )
         if sys.platform != "darwin":
             raise DuetError(
                 f"{p}: Core ML prediction needs macOS 15 or later (this is {sys.platform}); "
@@ -114,15 +120,31 @@ class CoreMLCausalLM:
             raise DuetError(f"the Core ML backend runs batch 1 only (got {ids.shape[0]} rows)")
         T, off = ids.shape[1], cache.offset
         if off + T > self.context:
-            raise DuetError(f"{off + T} tokens exceed the Core ML draft's context of {self.context}")
-        pos = default_positions(off, 1, T) if positions is None else np.asarray(positions, np.int64).reshape(1, T)
-        allowed = causal_mask(off, T) if mask is None else np.asarray(mask, bool).reshape(T, off + T)
+            raise DuetError(
+                f"{off + T} tokens exceed the Core ML draft's context of {self.context}"
+            )
+        pos = (
+            default_positions(off, 1, T)
+            if positions is None
+            else np.asarray(positions, np.int64).reshape(1, T)
+        )
+        allowed = (
+            causal_mask(off, T) if mask is None else np.asarray(mask, bool).reshape(T, off + T)
+        )
         out, s = [], 0
         while s < T:
             # prefill chunks while a whole padded chunk fits in the cache, then single decode calls
             fits = T - s > 1 and off + s + self.prefill_len <= self.context
             n = min(self.prefill_len, T - s) if fits else 1
-            out.append(self._call(ids[:, s : s + n], pos[:, s : s + n], allowed[s : s + n, : off + s + n], off + s, cache))
+            out.append(
+                self._call(
+                    ids[:, s : s + n],
+                    pos[:, s : s + n],
+                    allowed[s : s + n, : off + s + n],
+                    off + s,
+                    cache,
+                )
+            )
             s += n
         cache.advance(T)
         return np.concatenate(out, axis=1).astype(np.float32)
@@ -136,12 +158,17 @@ class CoreMLCausalLM:
         feed_ids[:, :n] = ids
         feed_pos = np.zeros((1, length), np.int32)
         feed_pos[:, :n] = pos
-        feed_pos[:, n:] = pos[:, -1:]  # padded queries: any valid position; their rows are masked later
+        # padded queries: any valid position; their rows are masked and overwritten later
+        feed_pos[:, n:] = pos[:, -1:]
         m = np.full((1, 1, length, self.context), NEG, np.float16)
         m[0, 0, :n, : allowed.shape[1]] = np.where(allowed, 0.0, NEG)
         m[0, 0, n:, 0] = 0.0  # padded queries see slot 0 so their softmax is finite
-        feed = {"input_ids": feed_ids, "position_ids": feed_pos,
-                "cache_offset": np.array([slot], np.int32), "attention_mask": m}
+        feed = {
+            "input_ids": feed_ids,
+            "position_ids": feed_pos,
+            "cache_offset": np.array([slot], np.int32),
+            "attention_mask": m,
+        }
         if self.stateful:
             res = self.fns[fn].predict(feed, state=cache.state)
         else:
@@ -152,10 +179,14 @@ class CoreMLCausalLM:
         return np.asarray(res["logits"])[:, :n]
 
     def forward_layers(self, x, cache, start, stop, *, positions=None, mask=None):
-        raise DuetError("layer ranges are not supported on coreml (the package is one whole-model graph)")
+        raise DuetError(
+            "layer ranges are not supported on coreml (the package is one whole-model graph)"
+        )
 
     def head(self, hidden):
-        raise DuetError("a separate LM head is not supported on coreml (the package is one whole-model graph)")
+        raise DuetError(
+            "a separate LM head is not supported on coreml (the package is one whole-model graph)"
+        )
 
 
 def load_report(path) -> dict:
@@ -163,4 +194,3 @@ def load_report(path) -> dict:
     from converters.coreml_inspect import describe
 
     return describe(path)["report"] or {}
-
