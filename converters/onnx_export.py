@@ -62,7 +62,9 @@ def _embed_config(path: Path, cfg) -> None:
     onnx.save(m, str(path))
 
 
-def export_onnx(model_dir: str | Path, out: str | Path, *, dtype: torch.dtype = torch.float32) -> dict:
+def export_onnx(
+    model_dir: str | Path, out: str | Path, *, dtype: torch.dtype = torch.float32
+) -> dict:
     """Export `model_dir` to the ONNX file `out`; returns {path, seconds, bytes}."""
     t0 = time.perf_counter()
     lm = load_torch_lm(model_dir, dtype)
@@ -71,10 +73,17 @@ def export_onnx(model_dir: str | Path, out: str | Path, *, dtype: torch.dtype = 
     ids = torch.zeros(B, T, dtype=torch.int64)
     am = torch.ones(B, P + T, dtype=torch.int64)
     pos = torch.arange(P, P + T, dtype=torch.int64)[None]
-    past = [torch.zeros(B, cfg.num_kv_heads, P, cfg.head_dim, dtype=dtype) for _ in range(2 * cfg.num_layers)]
+    past = [
+        torch.zeros(B, cfg.num_kv_heads, P, cfg.head_dim, dtype=dtype)
+        for _ in range(2 * cfg.num_layers)
+    ]
     ins, outs = io_names(cfg.num_layers)
-    dyn = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"},
-           "position_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}
+    dyn = {
+        "input_ids": {0: "batch", 1: "seq"},
+        "attention_mask": {0: "batch", 1: "total"},
+        "position_ids": {0: "batch", 1: "seq"},
+        "logits": {0: "batch", 1: "seq"},
+    }
     for n in ins[3:]:
         dyn[n] = {0: "batch", 2: "past"}
     for n in outs[1:]:
@@ -82,8 +91,18 @@ def export_onnx(model_dir: str | Path, out: str | Path, *, dtype: torch.dtype = 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter is the one that keeps our I/O names
-        torch.onnx.export(OnnxGraph(lm), (ids, am, pos, *past), str(out), input_names=ins,
-                          output_names=outs, dynamic_axes=dyn, opset_version=OPSET, dynamo=False)
+        warnings.simplefilter(
+            "ignore", DeprecationWarning
+        )  # the TorchScript exporter is the one that keeps our I/O names
+        torch.onnx.export(
+            OnnxGraph(lm),
+            (ids, am, pos, *past),
+            str(out),
+            input_names=ins,
+            output_names=outs,
+            dynamic_axes=dyn,
+            opset_version=OPSET,
+            dynamo=False,
+        )
     _embed_config(out, cfg)
     return {"path": str(out), "seconds": time.perf_counter() - t0, "bytes": out.stat().st_size}

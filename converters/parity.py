@@ -13,7 +13,9 @@ import numpy as np
 ONNX_FP32_TOL = 1e-3
 
 
-def decode_parity(ref, other, *, prompt_len: int = 16, decode_steps: int = 8, seed: int = 0) -> dict:
+def decode_parity(
+    ref, other, *, prompt_len: int = 16, decode_steps: int = 8, seed: int = 0
+) -> dict:
     """Run `ref` and `other` (CausalLMs) on the same random prompt, then cached greedy steps.
 
     Returns {"prefill_max_abs", "decode_max_abs", "max_abs", "top1_agree"}.
@@ -32,4 +34,9 @@ def decode_parity(ref, other, *, prompt_len: int = 16, decode_steps: int = 8, se
         agree += int((a.argmax(-1) == b.argmax(-1)).sum())
         n += 1
         tok = a[:, -1:].argmax(-1)
-    return {"prefill_max_abs": pre, "decode_max_abs": dec, "max_abs": max(pre, dec), "top1_agree": agree / n}
+    return {
+        "prefill_max_abs": pre,
+        "decode_max_abs": dec,
+        "max_abs": max(pre, dec),
+        "top1_agree": agree / n,
+    }

@@ -11,7 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def probs_from_logits(logits: np.ndarray, temp: float = 1.0, top_p: float = 1.0, top_k: int = 0) -> np.ndarray:
+def probs_from_logits(
+    logits: np.ndarray, temp: float = 1.0, top_p: float = 1.0, top_k: int = 0
+) -> np.ndarray:
     """The distribution a token is sampled from: softmax(logits / temp), top-k then top-p filtered.
 
     logits (..., V) -> float32 probabilities (..., V) summing to 1 on the last axis.

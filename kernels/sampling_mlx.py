@@ -5,7 +5,9 @@ from __future__ import annotations
 import mlx.core as mx
 
 
-def probs_from_logits(logits: mx.array, temp: float = 1.0, top_p: float = 1.0, top_k: int = 0) -> mx.array:
+def probs_from_logits(
+    logits: mx.array, temp: float = 1.0, top_p: float = 1.0, top_k: int = 0
+) -> mx.array:
     """See kernels.sampling.probs_from_logits (the rule is identical)."""
     x = logits.astype(mx.float32)
     V = x.shape[-1]

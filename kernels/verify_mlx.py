@@ -20,7 +20,9 @@ def verify_greedy(target_logits: mx.array, draft_tokens: mx.array) -> tuple[int,
     return a, int(best[a].item())
 
 
-def verify_sampling(p: mx.array, q: mx.array, draft_tokens: mx.array, u_accept, u_resample: float) -> tuple[int, int]:
+def verify_sampling(
+    p: mx.array, q: mx.array, draft_tokens: mx.array, u_accept, u_resample: float
+) -> tuple[int, int]:
     """Accept iff u_i < p_i(d_i)/q_i(d_i); residual or bonus resampling (see kernels.verify)."""
     p, q = p.astype(mx.float32), q.astype(mx.float32)
     g = draft_tokens.shape[0]

@@ -62,7 +62,11 @@ class ModelConfig:
                 num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
                 head_dim=int(cfg.get("head_dim") or hidden // heads),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
+                rope_theta=float(
+                    cfg.get(
+                        "rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+                    )
+                ),
                 max_context=int(cfg.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=bool(cfg.get("attention_bias", default_bias)),
@@ -83,7 +87,9 @@ class ModelConfig:
             raise DuetError(f"{p}: expected a checkpoint directory (config.json + *.safetensors)")
         cfg_path = p / "config.json"
         if not cfg_path.is_file():
-            raise DuetError(f"{p}: no config.json; is this a Hugging Face or MLX checkpoint directory?")
+            raise DuetError(
+                f"{p}: no config.json; is this a Hugging Face or MLX checkpoint directory?"
+            )
         try:
             cfg = json.loads(cfg_path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -21,26 +21,59 @@ from runtime.tokenizer import Detokenizer
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m runtime.generate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", help="target checkpoint: HF/MLX directory or Hub id (default: embedded pair)")
-    ap.add_argument("--draft", help="draft: HF directory, exported .onnx, or Hub id (default: embedded pair)")
-    ap.add_argument("--target-backend", choices=["mlx", "torch"], default="mlx", help="runs the target (default mlx)")
-    ap.add_argument("--draft-backend", choices=["onnx", "mlx", "torch"], default=None,
-                    help="runs the draft (default onnx; a directory is exported on the fly and cached)")
-    ap.add_argument("--draft-threads", type=int, default=1, help="ONNX Runtime intra-op threads for the draft (default 1)")
-    ap.add_argument("--provider", default="cpu", help="ONNX Runtime execution provider: cpu, coreml, cuda, tensorrt, qnn")
+    ap = argparse.ArgumentParser(
+        prog="python -m runtime.generate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--target", help="target checkpoint: HF/MLX directory or Hub id (default: embedded pair)"
+    )
+    ap.add_argument(
+        "--draft", help="draft: HF directory, exported .onnx, or Hub id (default: embedded pair)"
+    )
+    ap.add_argument(
+        "--target-backend",
+        choices=["mlx", "torch"],
+        default="mlx",
+        help="runs the target (default mlx)",
+    )
+    ap.add_argument(
+        "--draft-backend",
+        choices=["onnx", "mlx", "torch"],
+        default=None,
+        help="runs the draft (default onnx; a directory is exported on the fly and cached)",
+    )
+    ap.add_argument(
+        "--draft-threads",
+        type=int,
+        default=1,
+        help="ONNX Runtime intra-op threads for the draft (default 1)",
+    )
+    ap.add_argument(
+        "--provider",
+        default="cpu",
+        help="ONNX Runtime execution provider: cpu, coreml, cuda, tensorrt, qnn",
+    )
     ap.add_argument("--method", choices=METHODS, default="sd", help="decoding method (default sd)")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-ids", help="prompt as comma-separated token ids, e.g. 1,2,3")
     ap.add_argument("--max-tokens", type=int, default=128, help="new tokens at most (default 128)")
-    ap.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 = greedy (default 0)")
-    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0 = off)")
-    ap.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
+    ap.add_argument(
+        "--temp", type=float, default=0.0, help="sampling temperature; 0 = greedy (default 0)"
+    )
+    ap.add_argument(
+        "--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0 = off)"
+    )
+    ap.add_argument(
+        "--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)"
+    )
     ap.add_argument("--seed", type=int, default=0, help="RNG seed for sampling (default 0)")
     ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default 4)")
-    ap.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    ap.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of streaming text"
+    )
     return ap
 
 
@@ -82,32 +115,58 @@ def prompt_tokens(a, pair) -> list[int]:
         raise DuetError(f"--prompt-ids: token {bad[0]} is outside the vocabulary [0, {V})")
     ctx = pair.target.config.max_context
     if len(ids) >= ctx:
-        raise DuetError(f"the prompt is {len(ids)} tokens but the model's context is {ctx}; shorten it")
+        raise DuetError(
+            f"the prompt is {len(ids)} tokens but the model's context is {ctx}; shorten it"
+        )
     return ids
 
 
 def generate(a: argparse.Namespace) -> dict:
     """Run one generation; returns {"tokens", "text", "stats"}."""
     check_args(a)
-    pair = load_pair(a.target, a.draft, need_draft=a.method != "ar", target_backend=a.target_backend,
-                     draft_backend=a.draft_backend, draft_threads=a.draft_threads, provider=a.provider)
+    pair = load_pair(
+        a.target,
+        a.draft,
+        need_draft=a.method != "ar",
+        target_backend=a.target_backend,
+        draft_backend=a.draft_backend,
+        draft_threads=a.draft_threads,
+        provider=a.provider,
+    )
     ids = prompt_tokens(a, pair)
     max_new = min(a.max_tokens, pair.target.config.max_context - len(ids))
     sampling = Sampling(a.temp, a.top_p, a.top_k)
-    steps = make_steps(a.method, pair.target, pair.draft, ids, max_new=max_new, sampling=sampling,
-                       seed=a.seed, gamma=a.gamma)
+    steps = make_steps(
+        a.method,
+        pair.target,
+        pair.draft,
+        ids,
+        max_new=max_new,
+        sampling=sampling,
+        seed=a.seed,
+        gamma=a.gamma,
+    )
     stats = RunStats(prefill_tokens=len(ids))
     out: list[int] = []
     detok = None if (a.json or pair.tokenizer is None) else Detokenizer(pair.tokenizer)
-    for toks, _ in stream(steps, max_new=max_new, eos_ids=pair.target.config.eos_token_ids, stats=stats):
+    for toks, _ in stream(
+        steps, max_new=max_new, eos_ids=pair.target.config.eos_token_ids, stats=stats
+    ):
         out += toks
         if detok is not None:
             sys.stdout.write(detok.add(toks))
             sys.stdout.flush()
     eos = set(pair.target.config.eos_token_ids)
-    finish = "eos" if out and out[-1] in eos else ("length" if len(out) >= a.max_tokens else "context")
-    stats.extra.update(method=a.method, gamma=a.gamma if a.method != "ar" else None, temp=a.temp,
-                       finish=finish, **pair.settings)
+    finish = (
+        "eos" if out and out[-1] in eos else ("length" if len(out) >= a.max_tokens else "context")
+    )
+    stats.extra.update(
+        method=a.method,
+        gamma=a.gamma if a.method != "ar" else None,
+        temp=a.temp,
+        finish=finish,
+        **pair.settings,
+    )
     text = pair.tokenizer.decode(out) if pair.tokenizer else None
     return {"tokens": out, "text": text, "stats": stats.as_dict()}
 
@@ -124,9 +183,14 @@ def main(argv: list[str] | None = None) -> int:
             print(" ".join(map(str, res["tokens"])))
         else:
             print(flush=True)
-        rate = f", acceptance {s['acceptance_rate']:.2f}" if s["acceptance_rate"] is not None else ""
-        print(f"[{s['method']}] {s['new_tokens']} tokens in {s['wall_s']:.2f} s ({s['tokens_per_s']:.1f} tok/s), "
-              f"mean accepted {s['mean_accepted']:.2f}{rate}", file=sys.stderr)
+        rate = (
+            f", acceptance {s['acceptance_rate']:.2f}" if s["acceptance_rate"] is not None else ""
+        )
+        print(
+            f"[{s['method']}] {s['new_tokens']} tokens in {s['wall_s']:.2f} s ({s['tokens_per_s']:.1f} tok/s), "
+            f"mean accepted {s['mean_accepted']:.2f}{rate}",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -85,7 +85,9 @@ class CausalLM(Protocol):
 
 def default_positions(offset: int, batch: int, length: int) -> np.ndarray:
     """Contiguous positions continuing a cache of `offset` tokens: int64 (B, T)."""
-    return np.broadcast_to(np.arange(offset, offset + length, dtype=np.int64), (batch, length)).copy()
+    return np.broadcast_to(
+        np.arange(offset, offset + length, dtype=np.int64), (batch, length)
+    ).copy()
 
 
 def causal_mask(offset: int, length: int) -> np.ndarray:

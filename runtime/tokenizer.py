@@ -68,8 +68,10 @@ def check_pair(target_dir, draft_dir, target_cfg, draft_cfg) -> None:
         )
     tv, dv = _vocab_file(target_dir), _vocab_file(draft_dir)
     if tv is not None and dv is not None and tv != dv:
-        raise DuetError("draft and target tokenizers differ (tokenizer.json vocabularies are not equal); "
-                        "pick a draft from the target's family")
+        raise DuetError(
+            "draft and target tokenizers differ (tokenizer.json vocabularies are not equal); "
+            "pick a draft from the target's family"
+        )
 
 
 def _vocab_file(d) -> dict | None:

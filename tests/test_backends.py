@@ -24,7 +24,9 @@ def incremental(model, ids, splits):
     return np.concatenate(out, 1), cache
 
 
-@pytest.mark.parametrize("backend,tol", [("torch", TORCH_TOL), ("mlx", MLX_TOL), ("onnx", ONNX_TOL)])
+@pytest.mark.parametrize(
+    "backend,tol", [("torch", TORCH_TOL), ("mlx", MLX_TOL), ("onnx", ONNX_TOL)]
+)
 def test_backend_matches_hf(tiny_dir, arch, backend, tol):
     d = tiny_dir(arch)
     ids = np.random.default_rng(1).integers(0, 320, (2, 14))
@@ -46,8 +48,9 @@ def test_trim_equals_never_run(tiny_dir, backend):
     m.forward(np.array([[3, 1, 4, 1, 5]]), cache)  # rejected tokens
     assert cache.trim(5) == 5 and cache.offset == 8
     again = m.forward(ids[:, 8:], cache)
-    np.testing.assert_array_equal(again, clean[:, 8:]) if backend != "mlx" else np.testing.assert_allclose(
-        again, clean[:, 8:], atol=1e-5)
+    np.testing.assert_array_equal(
+        again, clean[:, 8:]
+    ) if backend != "mlx" else np.testing.assert_allclose(again, clean[:, 8:], atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", ["torch", "mlx", "onnx"])
@@ -97,7 +100,9 @@ def test_explicit_positions_and_mask_match_torch(tiny_dir):
         for j in range(2):
             c2 = m.new_cache()
             m.forward(ids, c2)
-            np.testing.assert_allclose(outs[-1][:, j], m.forward(new[:, j : j + 1], c2)[:, 0], atol=1e-4)
+            np.testing.assert_allclose(
+                outs[-1][:, j], m.forward(new[:, j : j + 1], c2)[:, 0], atol=1e-4
+            )
     np.testing.assert_allclose(outs[0], outs[1], atol=MLX_TOL)
 
 

@@ -18,8 +18,20 @@ def run_main(capsys, *argv):
 @pytest.mark.parametrize("method", ["ar", "sd"])
 def test_json_contract(tiny_dir, capsys, method):
     t, d = tiny_dir("qwen3"), tiny_dir("qwen3", num_layers=1, seed=9)
-    rc, out, _ = run_main(capsys, "--target", str(t), "--draft", str(d), "--method", method,
-                          "--prompt", "def f(x):", "--max-tokens", "12", "--json")
+    rc, out, _ = run_main(
+        capsys,
+        "--target",
+        str(t),
+        "--draft",
+        str(d),
+        "--method",
+        method,
+        "--prompt",
+        "def f(x):",
+        "--max-tokens",
+        "12",
+        "--json",
+    )
     assert rc == 0
     res = json.loads(out)
     assert len(res["tokens"]) == 12 and isinstance(res["text"], str)
@@ -32,8 +44,23 @@ def test_json_contract(tiny_dir, capsys, method):
 
 def test_prompt_ids_and_sampling_seeded(tiny_dir, capsys):
     t = tiny_dir("llama")
-    args = ("--target", str(t), "--draft", str(t), "--prompt-ids", "1,2,3", "--max-tokens", "10",
-            "--temp", "1", "--top-p", "0.9", "--seed", "7", "--json")
+    args = (
+        "--target",
+        str(t),
+        "--draft",
+        str(t),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "10",
+        "--temp",
+        "1",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "7",
+        "--json",
+    )
     a = json.loads(run_main(capsys, *args)[1])
     b = json.loads(run_main(capsys, *args)[1])
     assert a["tokens"] == b["tokens"]
@@ -75,7 +102,9 @@ def test_bad_checkpoints(tiny_dir, tmp_path, capsys):
     cases["noweights"] = "noweights"
     cases["nonexistent"] = "no such file or directory"
     for name, needle in cases.items():
-        rc, _, err = run_main(capsys, "--target", str(tmp_path / name), "--method", "ar", "--prompt", "x")
+        rc, _, err = run_main(
+            capsys, "--target", str(tmp_path / name), "--method", "ar", "--prompt", "x"
+        )
         assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, (name, err)
 
 
@@ -87,7 +116,21 @@ def test_vocabulary_mismatch(tiny_dir, capsys):
 
 def test_no_traceback_from_a_real_process(tmp_path):
     """The user-facing path through the interpreter: exit 2, one stderr line, no traceback."""
-    r = subprocess.run([sys.executable, "-m", "runtime.generate", "--target", str(tmp_path / "nope"),
-                        "--method", "ar", "--prompt", "x"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runtime.generate",
+            "--target",
+            str(tmp_path / "nope"),
+            "--method",
+            "ar",
+            "--prompt",
+            "x",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and r.stderr.strip().startswith("runtime.generate: error:")

@@ -10,7 +10,9 @@ from kernels import verify as vnp
 from kernels import verify_mlx as vmx
 
 
-@pytest.mark.parametrize("temp,top_p,top_k", [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.3, 1.0, 5), (0.0, 1.0, 0), (1.0, 0.5, 3)])
+@pytest.mark.parametrize(
+    "temp,top_p,top_k", [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.3, 1.0, 5), (0.0, 1.0, 0), (1.0, 0.5, 3)]
+)
 def test_probs_numpy_equals_mlx(temp, top_p, top_k):
     logits = np.random.default_rng(0).normal(0, 2, (6, 40)).astype(np.float32)
     a = snp.probs_from_logits(logits, temp, top_p, top_k)
@@ -41,7 +43,10 @@ def test_sample_inverse_cdf_numpy_equals_mlx():
     b = np.array(smx.sample(mx.array(p), u))
     np.testing.assert_array_equal(a, b)
     assert (a != 3).all()
-    assert snp.sample(np.array([0.0, 1.0, 0.0]), 0.0) == 1 and snp.sample(np.array([0.0, 1.0, 0.0]), 0.999) == 1
+    assert (
+        snp.sample(np.array([0.0, 1.0, 0.0]), 0.0) == 1
+        and snp.sample(np.array([0.0, 1.0, 0.0]), 0.999) == 1
+    )
 
 
 def test_verify_greedy_patterns():
@@ -51,7 +56,9 @@ def test_verify_greedy_patterns():
     assert vnp.verify_greedy(logits, np.array([0, 5, 6])) == (0, 4)
     assert vnp.verify_greedy(logits[:1], np.array([], np.int64)) == (0, 4)
     for d in ([4, 5, 6], [4, 9, 6], [0, 5, 6]):
-        assert vmx.verify_greedy(mx.array(logits), mx.array(d)) == vnp.verify_greedy(logits, np.array(d))
+        assert vmx.verify_greedy(mx.array(logits), mx.array(d)) == vnp.verify_greedy(
+            logits, np.array(d)
+        )
 
 
 def test_verify_sampling_numpy_equals_mlx():
@@ -92,6 +99,8 @@ def test_speculative_sampling_law_is_exact():
     n, counts = 20000, np.zeros(5)
     for _ in range(n):
         d = snp.sample(q[0], rng.random())
-        a, c = vnp.verify_sampling(p.astype(np.float32), q.astype(np.float32), np.array([d]), rng.random(1), rng.random())
+        a, c = vnp.verify_sampling(
+            p.astype(np.float32), q.astype(np.float32), np.array([d]), rng.random(1), rng.random()
+        )
         counts[d if a == 1 else c] += 1
     assert np.abs(counts / n - p[0]).max() < 0.015

@@ -15,12 +15,16 @@ N = 40
 def hf_greedy(d, prompt, n):
     m = AutoModelForCausalLM.from_pretrained(d).eval()
     with torch.no_grad():
-        out = m.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n)
-    return out[0, len(prompt):].tolist()
+        out = m.generate(
+            torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def gen(method, target, draft, n=N, gamma=4, prompt=PROMPT, **kw):
-    steps = make_steps(method, target, draft, prompt, max_new=n, sampling=Sampling(**kw), seed=0, gamma=gamma)
+    steps = make_steps(
+        method, target, draft, prompt, max_new=n, sampling=Sampling(**kw), seed=0, gamma=gamma
+    )
     return run(steps, max_new=n, eos_ids=target.config.eos_token_ids)
 
 
@@ -68,7 +72,9 @@ def test_eos_stops_and_is_kept(tiny_dir):
     cut = ref[: ref.index(eos) + 1]
     target = load_model(td, "mlx")
     for method, draft in (("ar", None), ("sd", target)):
-        steps = make_steps(method, target, draft, PROMPT, max_new=N, sampling=Sampling(), seed=0, gamma=4)
+        steps = make_steps(
+            method, target, draft, PROMPT, max_new=N, sampling=Sampling(), seed=0, gamma=4
+        )
         r = run(steps, max_new=N, eos_ids=(eos,))
         assert r.tokens == cut and r.finish == "eos"
 
@@ -87,10 +93,12 @@ def test_cache_rewound_when_closed_early(tiny_dir):
     steps.close()
     assert tc.offset <= len(committed) and dc.offset <= len(committed)
     # continuing from the rewound caches gives the same tokens as a fresh run
-    steps2 = sd_steps(target, draft, committed, max_new=10, gamma=4, target_cache=tc, draft_cache=dc)
+    steps2 = sd_steps(
+        target, draft, committed, max_new=10, gamma=4, target_cache=tc, draft_cache=dc
+    )
     cont = [t for ev in steps2 for t in ev.tokens][:10]
     fresh = gen("ar", target, None, n=len(committed) - len(PROMPT) + 10).tokens
-    assert committed[len(PROMPT):] + cont == fresh
+    assert committed[len(PROMPT) :] + cont == fresh
 
 
 def test_max_tokens_respected_exactly(tiny_dir):

@@ -26,11 +26,25 @@ def test_export_cli_reports_parity(tiny_dir, tmp_path, capsys):
 
 def test_export_fails_past_tolerance(tiny_dir, tmp_path, capsys):
     d = tiny_dir("qwen2")
-    rc = main(["export", "--model", str(d), "--format", "onnx", "--out", str(tmp_path / "x.onnx"), "--tol", "0"])
+    rc = main(
+        [
+            "export",
+            "--model",
+            str(d),
+            "--format",
+            "onnx",
+            "--out",
+            str(tmp_path / "x.onnx"),
+            "--tol",
+            "0",
+        ]
+    )
     assert rc == 2 and "exceeds tolerance" in capsys.readouterr().err
 
 
 def test_export_unsupported_architecture(tmp_path, capsys):
     (tmp_path / "config.json").write_text('{"model_type": "mamba"}')
-    rc = main(["export", "--model", str(tmp_path), "--format", "onnx", "--out", str(tmp_path / "x.onnx")])
+    rc = main(
+        ["export", "--model", str(tmp_path), "--format", "onnx", "--out", str(tmp_path / "x.onnx")]
+    )
     assert rc == 2 and "model_type='mamba'" in capsys.readouterr().err

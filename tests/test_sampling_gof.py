@@ -42,8 +42,17 @@ def sample_pairs(target, draft, n, seed) -> np.ndarray:
     tc, dc = target.new_cache(), draft.new_cache()
     for _ in range(n):
         out = []
-        for ev in sd_module.sd_steps(target, draft, PROMPT, max_new=3, gamma=2, sampling=SAMPLING, rng=rng,
-                                     target_cache=tc, draft_cache=dc):
+        for ev in sd_module.sd_steps(
+            target,
+            draft,
+            PROMPT,
+            max_new=3,
+            gamma=2,
+            sampling=SAMPLING,
+            rng=rng,
+            target_cache=tc,
+            draft_cache=dc,
+        ):
             out += ev.tokens
         counts[out[0], out[1]] += 1
         tc.trim(tc.offset - len(PROMPT))  # keep the prompt's cache between samples

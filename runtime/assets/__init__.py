@@ -13,6 +13,8 @@ def default_pair() -> tuple[Path, Path]:
     """(target dir, draft dir) of the embedded pair."""
     t, d = DEFAULT_DIR / "target", DEFAULT_DIR / "draft"
     if not (t / "config.json").is_file() or not (d / "config.json").is_file():
-        raise DuetError(f"the embedded default pair is missing under {DEFAULT_DIR}; "
-                        "rebuild it with `python -m apps.train` or pass --target and --draft")
+        raise DuetError(
+            f"the embedded default pair is missing under {DEFAULT_DIR}; "
+            "rebuild it with `python -m apps.train` or pass --target and --draft"
+        )
     return t, d

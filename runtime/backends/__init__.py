@@ -1,9 +1,9 @@
 """Backends behind the CausalLM protocol, and `load_model` which picks one.
 
-  mlx    mlx-lm model classes, our forward loop (the target's home)
-  torch  the plain PyTorch reference
-  onnx   ONNX Runtime over an exported .onnx (the draft's home off Apple)
-  coreml Core ML .mlpackage (the draft on the Neural Engine; predicts on macOS only)
+mlx    mlx-lm model classes, our forward loop (the target's home)
+torch  the plain PyTorch reference
+onnx   ONNX Runtime over an exported .onnx (the draft's home off Apple)
+coreml Core ML .mlpackage (the draft on the Neural Engine; predicts on macOS only)
 """
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ def load_model(path, backend: str | None = None, **kw):
 
 def _need_dir(p: Path, backend: str) -> None:
     if not p.is_dir():
-        raise DuetError(f"{p}: the {backend} backend needs a checkpoint directory (config.json + *.safetensors)")
+        raise DuetError(
+            f"{p}: the {backend} backend needs a checkpoint directory (config.json + *.safetensors)"
+        )
 
 
 def onnx_for_dir(d: Path) -> Path:
@@ -74,13 +76,19 @@ def onnx_for_dir(d: Path) -> Path:
 
     ModelConfig.from_dir(d)  # fail on a bad checkpoint before exporting
     out = d / ".duet" / "model.onnx"
-    newest = max(f.stat().st_mtime for f in d.glob("*.safetensors")) if any(d.glob("*.safetensors")) else 0
+    newest = (
+        max(f.stat().st_mtime for f in d.glob("*.safetensors"))
+        if any(d.glob("*.safetensors"))
+        else 0
+    )
     if not out.is_file() or out.stat().st_mtime < newest:
         from converters.onnx_export import export_onnx
 
         try:
             export_onnx(d, out)
         except OSError as e:
-            raise DuetError(f"{d}: cannot write the on-the-fly ONNX export ({e}); export it with "
-                            f"`python -m converters export --model {d} --format onnx --out FILE`") from None
+            raise DuetError(
+                f"{d}: cannot write the on-the-fly ONNX export ({e}); export it with "
+                f"`python -m converters export --model {d} --format onnx --out FILE`"
+            ) from None
     return out

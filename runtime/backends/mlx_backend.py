@@ -82,7 +82,9 @@ class MLXCausalLM:
         try:
             model, _ = load_model(Path(path), model_config=overrides)
         except (ValueError, FileNotFoundError, KeyError) as e:
-            raise DuetError(f"{path}: mlx-lm could not load it ({str(e).splitlines()[0]})") from None
+            raise DuetError(
+                f"{path}: mlx-lm could not load it ({str(e).splitlines()[0]})"
+            ) from None
         if dtype is None and mx.default_device() == mx.cpu:
             dtype = "float32"
         if dtype is not None and "quantization" not in raw:
@@ -119,7 +121,9 @@ class MLXCausalLM:
         return np.array(logits)
 
     def forward(self, tokens, cache, *, positions=None, mask=None) -> np.ndarray:
-        h = self.forward_layers(tokens, cache, 0, self.config.num_layers, positions=positions, mask=mask)
+        h = self.forward_layers(
+            tokens, cache, 0, self.config.num_layers, positions=positions, mask=mask
+        )
         return self.head(h)
 
 

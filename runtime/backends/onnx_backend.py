@@ -32,12 +32,20 @@ class OnnxCausalLM:
     backend = "onnx"
     supports_layer_range = False
 
-    def __init__(self, path, config: ModelConfig | None, provider: str = "cpu", intra_threads: int = 1,
-                 inter_threads: int = 1):
+    def __init__(
+        self,
+        path,
+        config: ModelConfig | None,
+        provider: str = "cpu",
+        intra_threads: int = 1,
+        inter_threads: int = 1,
+    ):
         import onnxruntime as ort
 
         if provider not in PROVIDERS:
-            raise DuetError(f"unknown ONNX Runtime provider {provider!r}; choose from {', '.join(PROVIDERS)}")
+            raise DuetError(
+                f"unknown ONNX Runtime provider {provider!r}; choose from {', '.join(PROVIDERS)}"
+            )
         ep = PROVIDERS[provider]
         if ep not in ort.get_available_providers():
             raise DuetError(
@@ -50,15 +58,23 @@ class OnnxCausalLM:
         try:
             self.session = ort.InferenceSession(str(path), so, providers=[ep])
         except Exception as e:  # ORT raises its own types for a bad file
-            raise DuetError(f"{path}: ONNX Runtime could not load it ({str(e).splitlines()[0]})") from None
+            raise DuetError(
+                f"{path}: ONNX Runtime could not load it ({str(e).splitlines()[0]})"
+            ) from None
         self.config = config  # None until `load` reads it from the file's metadata
         self.provider = provider
         self.threads = (intra_threads, inter_threads)
         names = {i.name: i for i in self.session.get_inputs()}
-        missing = {"input_ids", "attention_mask", "position_ids", "past_key_values.0.key"} - set(names)
+        missing = {"input_ids", "attention_mask", "position_ids", "past_key_values.0.key"} - set(
+            names
+        )
         if missing:
-            raise DuetError(f"{path}: not a Duet/optimum decoder export (missing inputs {sorted(missing)})")
-        self._kv_dtype = np.float16 if "float16" in names["past_key_values.0.key"].type else np.float32
+            raise DuetError(
+                f"{path}: not a Duet/optimum decoder export (missing inputs {sorted(missing)})"
+            )
+        self._kv_dtype = (
+            np.float16 if "float16" in names["past_key_values.0.key"].type else np.float32
+        )
         self._outputs = [o.name for o in self.session.get_outputs()]
 
     @classmethod
@@ -73,7 +89,9 @@ class OnnxCausalLM:
         model = cls(p, None, **kw)
         meta = model.session.get_modelmeta().custom_metadata_map
         if "duet.config" in meta:
-            model.config = ModelConfig.from_dict(json.loads(meta["duet.config"]), where=f"{p} metadata")
+            model.config = ModelConfig.from_dict(
+                json.loads(meta["duet.config"]), where=f"{p} metadata"
+            )
         else:
             model.config = ModelConfig.from_dir(p.parent)
         return model
@@ -81,19 +99,25 @@ class OnnxCausalLM:
     def new_cache(self, batch: int = 1) -> ConcatKVCache:
         c = self.config
         return ConcatKVCache(
-            c.num_layers, batch, lambda b: np.zeros((b, c.num_kv_heads, 0, c.head_dim), self._kv_dtype)
+            c.num_layers,
+            batch,
+            lambda b: np.zeros((b, c.num_kv_heads, 0, c.head_dim), self._kv_dtype),
         )
 
     def forward(self, tokens, cache, *, positions=None, mask=None) -> np.ndarray:
         if mask is not None:
-            raise DuetError("the ONNX backend takes no explicit attention mask (tree verification needs mlx or torch)")
+            raise DuetError(
+                "the ONNX backend takes no explicit attention mask (tree verification needs mlx or torch)"
+            )
         ids = check_tokens(tokens, self.config.vocab_size)
         B, T = ids.shape
         off = cache.offset
         feed = {
             "input_ids": ids,
             "attention_mask": np.ones((B, off + T), np.int64),
-            "position_ids": default_positions(off, B, T) if positions is None else np.asarray(positions, np.int64),
+            "position_ids": default_positions(off, B, T)
+            if positions is None
+            else np.asarray(positions, np.int64),
         }
         for i in range(self.config.num_layers):
             k, v = cache.get(i)
@@ -105,7 +129,9 @@ class OnnxCausalLM:
         return res[0].astype(np.float32, copy=False)
 
     def forward_layers(self, x, cache, start, stop, *, positions=None, mask=None):
-        raise DuetError("the ONNX backend runs whole models only; use --draft-backend mlx or torch for layer ranges")
+        raise DuetError(
+            "the ONNX backend runs whole models only; use --draft-backend mlx or torch for layer ranges"
+        )
 
     def head(self, hidden):
         raise DuetError("the ONNX backend runs whole models only; it has no separate LM head")

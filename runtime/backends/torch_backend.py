@@ -30,14 +30,20 @@ class TorchCausalLM:
         c = self.config
         dtype = next(self.module.parameters()).dtype
         return ConcatKVCache(
-            c.num_layers, batch, lambda b: torch.zeros(b, c.num_kv_heads, 0, c.head_dim, dtype=dtype)
+            c.num_layers,
+            batch,
+            lambda b: torch.zeros(b, c.num_kv_heads, 0, c.head_dim, dtype=dtype),
         )
 
     def _inputs(self, n_new: int, batch: int, offset: int, positions, mask):
-        pos = default_positions(offset, batch, n_new) if positions is None else np.asarray(positions)
+        pos = (
+            default_positions(offset, batch, n_new) if positions is None else np.asarray(positions)
+        )
         m = causal_mask(offset, n_new) if mask is None else np.asarray(mask, dtype=bool)
         m = np.broadcast_to(m, (batch, n_new, offset + n_new))
-        return torch.from_numpy(np.ascontiguousarray(pos, dtype=np.int64)), torch.from_numpy(m.copy())[:, None]
+        return torch.from_numpy(np.ascontiguousarray(pos, dtype=np.int64)), torch.from_numpy(
+            m.copy()
+        )[:, None]
 
     @torch.inference_mode()
     def forward_layers(self, x, cache, start, stop, *, positions=None, mask=None):
@@ -48,7 +54,7 @@ class TorchCausalLM:
         pos, m = self._inputs(T, B, offset, positions, mask)
         past = [cache.get(i) for i in range(start, stop)]
         h, presents = self.module.run_layers(x, start, stop, pos, m, past)
-        for i, (k, v) in zip(range(start, stop), presents):
+        for i, (k, v) in zip(range(start, stop), presents, strict=True):
             cache.put(i, k, v)
         return h
 
@@ -57,5 +63,7 @@ class TorchCausalLM:
         return self.module.head(hidden).float().numpy()
 
     def forward(self, tokens, cache, *, positions=None, mask=None) -> np.ndarray:
-        h = self.forward_layers(tokens, cache, 0, self.config.num_layers, positions=positions, mask=mask)
+        h = self.forward_layers(
+            tokens, cache, 0, self.config.num_layers, positions=positions, mask=mask
+        )
         return self.head(h)

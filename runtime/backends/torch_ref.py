@@ -40,7 +40,11 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     if kind == "linear":
         return (inv / float(rs["factor"])).float()
     if kind == "llama3":
-        factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+        factor, lo, hi = (
+            float(rs["factor"]),
+            float(rs["low_freq_factor"]),
+            float(rs["high_freq_factor"]),
+        )
         old = float(rs["original_max_position_embeddings"])
         wavelen = 2 * math.pi / inv
         smooth = (old / wavelen - lo) / (hi - lo)

@@ -25,8 +25,19 @@ class Generated:
     finish: str  # "eos", "length" or "context"
 
 
-def make_steps(method: str, target, draft, seq: list[int], *, max_new: int, sampling: Sampling,
-               seed: int, gamma: int = 4, target_cache=None, draft_cache=None) -> Iterator[StepEvent]:
+def make_steps(
+    method: str,
+    target,
+    draft,
+    seq: list[int],
+    *,
+    max_new: int,
+    sampling: Sampling,
+    seed: int,
+    gamma: int = 4,
+    target_cache=None,
+    draft_cache=None,
+) -> Iterator[StepEvent]:
     """The step generator for `method`, with its own seeded RNG."""
     from runtime.decoding.ar import ar_steps
     from runtime.decoding.sd import sd_steps
@@ -34,17 +45,29 @@ def make_steps(method: str, target, draft, seq: list[int], *, max_new: int, samp
 
     rng = np.random.default_rng(seed)
     if method == "ar":
-        return ar_steps(target, seq, max_new=max_new, sampling=sampling, rng=rng, target_cache=target_cache)
+        return ar_steps(
+            target, seq, max_new=max_new, sampling=sampling, rng=rng, target_cache=target_cache
+        )
     if draft is None:
         raise DuetError(f"--method {method} needs a draft model")
     if method == "sd":
-        return sd_steps(target, draft, seq, max_new=max_new, gamma=gamma, sampling=sampling, rng=rng,
-                        target_cache=target_cache, draft_cache=draft_cache)
+        return sd_steps(
+            target,
+            draft,
+            seq,
+            max_new=max_new,
+            gamma=gamma,
+            sampling=sampling,
+            rng=rng,
+            target_cache=target_cache,
+            draft_cache=draft_cache,
+        )
     raise DuetError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 
-def stream(steps: Iterator[StepEvent], *, max_new: int, eos_ids=(), stats: RunStats | None = None
-           ) -> Iterator[tuple[list[int], StepEvent]]:
+def stream(
+    steps: Iterator[StepEvent], *, max_new: int, eos_ids=(), stats: RunStats | None = None
+) -> Iterator[tuple[list[int], StepEvent]]:
     """Yield (tokens to emit, event) per step, cut at the first EOS (kept) or `max_new`.
 
     Closes `steps` when done so the strategy rewinds its caches.

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from kernels.sampling import sample
-from runtime.decoding.events import Sampling, StepEvent, pending, rewind
+from runtime.decoding.events import GREEDY, Sampling, StepEvent, pending, rewind
 
 
 def ar_steps(
@@ -16,7 +16,7 @@ def ar_steps(
     seq: list[int],
     *,
     max_new: int,
-    sampling: Sampling = Sampling(),
+    sampling: Sampling = GREEDY,
     rng: np.random.Generator | None = None,
     target_cache=None,
 ) -> Iterator[StepEvent]:

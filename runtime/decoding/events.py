@@ -25,6 +25,9 @@ class Sampling:
         return probs_from_logits(logits, self.temp, self.top_p, self.top_k)
 
 
+GREEDY = Sampling()
+
+
 @dataclass
 class StepEvent:
     """One decoding step: the tokens it committed and where its time went."""

@@ -16,11 +16,13 @@ import numpy as np
 
 from kernels.sampling import sample
 from kernels.verify import verify_greedy, verify_sampling
-from runtime.decoding.events import Sampling, StepEvent, pending, rewind
+from runtime.decoding.events import GREEDY, Sampling, StepEvent, pending, rewind
 from runtime.errors import DuetError
 
 
-def draft_window(draft, cache, seq: list[int], gamma: int, sampling: Sampling, rng) -> tuple[list[int], np.ndarray]:
+def draft_window(
+    draft, cache, seq: list[int], gamma: int, sampling: Sampling, rng
+) -> tuple[list[int], np.ndarray]:
     """Draft γ tokens after `seq`; returns (tokens, q (γ, V)), q the law each was drawn from.
 
     On return the draft cache holds seq + d1..d(γ-1) (dγ is fed next step if accepted).
@@ -44,7 +46,7 @@ def sd_steps(
     *,
     max_new: int,
     gamma: int = 4,
-    sampling: Sampling = Sampling(),
+    sampling: Sampling = GREEDY,
     rng: np.random.Generator | None = None,
     target_cache=None,
     draft_cache=None,
@@ -81,7 +83,9 @@ def sd_steps(
             produced += len(committed)
             rewind(tc, len(seq) - 1)  # target saw the window; keep the accepted prefix
             rewind(dc, len(seq) - 1)
-            yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=t1 - t0, verify_s=t2 - t1)
+            yield StepEvent(
+                tokens=committed, accepted=a, drafted=g, draft_s=t1 - t0, verify_s=t2 - t1
+            )
     finally:
         rewind(tc, len(seq))
         rewind(dc, len(seq))
