@@ -36,6 +36,11 @@ def cli_main(fn: Callable[..., int | None]) -> Callable[..., int]:
         except DuetError as e:
             print(f"{_prog()}: error: {e}", file=sys.stderr)
             return 2
+        except BrokenPipeError:  # `... | head`: the reader left; not an error of ours
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130

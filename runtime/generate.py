@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="RNG seed for sampling (default 0)")
     ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default 4)")
     ap.add_argument(
+        "--emulate",
+        metavar="PROFILE[:MODEL]",
+        help="pad every stage to a device profile's prediction (see `python -m devices list`); "
+        "all timings are then labelled emulated",
+    )
+    ap.add_argument(
         "--json", action="store_true", help="print one JSON object instead of streaming text"
     )
     return ap
@@ -134,6 +140,11 @@ def generate(a: argparse.Namespace) -> dict:
         provider=a.provider,
     )
     ids = prompt_tokens(a, pair)
+    emu = None
+    if a.emulate:
+        from devices.emulated_model import emulate_pair
+
+        emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
     max_new = min(a.max_tokens, pair.target.config.max_context - len(ids))
     sampling = Sampling(a.temp, a.top_p, a.top_k)
     steps = make_steps(
@@ -167,6 +178,8 @@ def generate(a: argparse.Namespace) -> dict:
         finish=finish,
         **pair.settings,
     )
+    if emu is not None:
+        stats.extra.update(emulated=emu.label, emulation=emu.summary())
     text = pair.tokenizer.decode(out) if pair.tokenizer else None
     return {"tokens": out, "text": text, "stats": stats.as_dict()}
 
@@ -186,8 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         rate = (
             f", acceptance {s['acceptance_rate']:.2f}" if s["acceptance_rate"] is not None else ""
         )
+        tag = f"{s['method']}, {s['emulated']}" if "emulated" in s else s["method"]
         print(
-            f"[{s['method']}] {s['new_tokens']} tokens in {s['wall_s']:.2f} s ({s['tokens_per_s']:.1f} tok/s), "
+            f"[{tag}] {s['new_tokens']} tokens in {s['wall_s']:.2f} s ({s['tokens_per_s']:.1f} tok/s), "
             f"mean accepted {s['mean_accepted']:.2f}{rate}",
             file=sys.stderr,
         )

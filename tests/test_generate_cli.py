@@ -134,3 +134,44 @@ def test_no_traceback_from_a_real_process(tmp_path):
     )
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and r.stderr.strip().startswith("runtime.generate: error:")
+
+
+def test_emulate_labels_and_pads(tiny_dir, capsys):
+    t = tiny_dir("qwen3")
+    rc, out, _ = run_main(
+        capsys,
+        "--target",
+        str(t),
+        "--draft",
+        str(t),
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        "4",
+        "--emulate",
+        "m3-max:qwen3-0.6b",
+        "--json",
+    )
+    s = json.loads(out)["stats"]
+    assert rc == 0 and s["emulated"] == "emulated:m3-max:qwen3-0.6b"
+    target = s["emulation"]["stages"]["target"]
+    assert (
+        target["count"] >= 1
+        and target["emulated_s"] >= max(target["predicted_s"], target["measured_s"]) * 0.99
+    )
+
+
+def test_emulate_unknown_profile(tiny_dir, capsys):
+    t = tiny_dir("qwen3")
+    rc, _, err = run_main(
+        capsys,
+        "--target",
+        str(t),
+        "--method",
+        "ar",
+        "--prompt",
+        "hi",
+        "--emulate",
+        "no-such-device",
+    )
+    assert rc == 2 and "no-such-device" in err and len(err.strip().splitlines()) == 1

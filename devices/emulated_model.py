@@ -1,0 +1,55 @@
+"""A CausalLM whose every pass is padded to what a device profile predicts.
+
+Emulation is applied from outside, by wrapping a loaded model: strategies and
+the scheduler call the wrapper exactly as they call the model, so the real
+threads and channel run at the emulated device's proportions. Timings taken
+through it are emulated and must be labelled so (`emu.label`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class EmulatedModel:
+    """Delegates to `model`; each forward, layer range or head runs inside `emu.stage(role, ...)`."""
+
+    def __init__(self, model, emu, role: str):
+        self.model, self.emu, self.role = model, emu, role
+        self.config = model.config
+        self.backend = f"{model.backend}+emulated"
+        self.supports_layer_range = model.supports_layer_range
+
+    def new_cache(self, batch: int = 1):
+        return self.model.new_cache(batch)
+
+    def forward(self, tokens, cache, *, positions=None, mask=None) -> np.ndarray:
+        B, T = np.asarray(tokens).reshape(-1, np.shape(tokens)[-1]).shape
+        with self.emu.stage(self.role, n_tokens=T, context=cache.offset, batch=B):
+            return self.model.forward(tokens, cache, positions=positions, mask=mask)
+
+    def forward_layers(self, x, cache, start, stop, *, positions=None, mask=None):
+        B, T = np.shape(x)[:2]
+        ctx = cache.layer_offset(start) if hasattr(cache, "layer_offset") else cache.offset
+        with self.emu.stage(
+            self.role, n_tokens=T, layers=(start, stop), head=False, context=ctx, batch=B
+        ):
+            return self.model.forward_layers(x, cache, start, stop, positions=positions, mask=mask)
+
+    def head(self, hidden) -> np.ndarray:
+        B, T = np.shape(hidden)[:2]
+        n = self.config.num_layers
+        with self.emu.stage(self.role, n_tokens=T, layers=(n, n), head=True, batch=B):
+            return self.model.head(hidden)
+
+
+def emulate_pair(spec: str, target, draft):
+    """Wrap a loaded pair for `--emulate SPEC`; returns (emulator, target, draft)."""
+    from devices.emulation import Emulator
+
+    emu = Emulator.from_spec(spec, target.config, draft.config if draft is not None else None)
+    return (
+        emu,
+        EmulatedModel(target, emu, "target"),
+        None if draft is None else EmulatedModel(draft, emu, "draft"),
+    )
