@@ -1,0 +1,182 @@
+"""`python -m runtime.chat`: talk to a target/draft pair, one answer per line you type.
+
+    python -m runtime.chat                       # the embedded default pair, Duet `sd`
+    python -m runtime.chat --target DIR --draft DIR --method ar --temp 0.7
+    printf 'def fib(n):\\n' | python -m runtime.chat --max-tokens 64
+
+Tokens are printed as they are committed, and each answer ends with one stats
+line on stderr. The KV caches live across turns, so a turn only prefills what
+is new. The tokenizer's chat template is used when the checkpoint has one;
+otherwise each line continues the text so far (plain completion).
+Commands: /help, /reset (forget the conversation), /quit. Ctrl-C stops the
+current answer; at the prompt, Ctrl-C or EOF (Ctrl-D) ends the session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from runtime.chat_session import ChatSession, ChatTemplate, stats_line
+from runtime.decoding import METHODS, Sampling
+from runtime.errors import DuetError, cli_main
+from runtime.load import load_pair
+from runtime.tokenizer import Detokenizer
+
+HELP = """commands:
+  /help    this text
+  /reset   forget the conversation (fresh KV caches)
+  /quit    end the session (also Ctrl-D, or Ctrl-C at the prompt)
+Ctrl-C while an answer streams stops that answer."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m runtime.chat",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--target", help="target: HF/MLX directory or Hub id (default: embedded pair)")
+    ap.add_argument("--draft", help="draft: HF directory, .onnx, or Hub id (default: embedded)")
+    ap.add_argument("--target-backend", choices=["mlx", "torch"], default="mlx")
+    ap.add_argument(
+        "--draft-backend",
+        choices=["onnx", "mlx", "torch"],
+        default=None,
+        help="runs the draft (default onnx)",
+    )
+    ap.add_argument(
+        "--draft-threads",
+        type=int,
+        default=1,
+        help="ONNX Runtime intra-op threads for the draft (default 1)",
+    )
+    ap.add_argument("--provider", default="cpu", help="ONNX Runtime execution provider")
+    ap.add_argument("--method", choices=METHODS, default="sd", help="decoding method (default sd)")
+    ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default 4)")
+    ap.add_argument("--kappa", type=int, default=None, help="channel width (methods that take it)")
+    ap.add_argument(
+        "--exit-layer", type=int, default=None, help="early-exit layer (methods that take it)"
+    )
+    ap.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0 = off)")
+    ap.add_argument(
+        "--max-tokens", type=int, default=256, help="new tokens per answer at most (default 256)"
+    )
+    ap.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
+    ap.add_argument("--system", default=None, help="system message (chat templates only)")
+    return ap
+
+
+def check_args(a: argparse.Namespace) -> None:
+    if a.max_tokens < 1:
+        raise DuetError(f"--max-tokens must be at least 1 (got {a.max_tokens})")
+    if a.temp < 0:
+        raise DuetError(f"--temp must be >= 0 (got {a.temp})")
+    if not 0 < a.top_p <= 1:
+        raise DuetError(f"--top-p must be in (0, 1] (got {a.top_p})")
+    if a.method != "ar" and a.gamma < 1:
+        raise DuetError(f"--gamma must be at least 1 for --method {a.method} (got {a.gamma})")
+
+
+def make_session(a: argparse.Namespace, notify) -> ChatSession:
+    pair = load_pair(
+        a.target,
+        a.draft,
+        need_draft=a.method != "ar",
+        target_backend=a.target_backend,
+        draft_backend=a.draft_backend,
+        draft_threads=a.draft_threads,
+        provider=a.provider,
+    )
+    if pair.tokenizer is None:
+        raise DuetError(f"{pair.target_dir}: no tokenizer.json; the chat needs a tokenizer")
+    return ChatSession(
+        pair.target,
+        pair.draft,
+        pair.tokenizer,
+        method=a.method,
+        gamma=a.gamma,
+        sampling=Sampling(a.temp, a.top_p),
+        max_tokens=a.max_tokens,
+        seed=a.seed,
+        template=ChatTemplate.load(pair.target_dir),
+        system=a.system,
+        notify=notify,
+        kappa=a.kappa,
+        exit_layer=a.exit_layer,
+    )
+
+
+def read_line(interactive: bool) -> str | None:
+    """The next line typed, or None at EOF."""
+    if interactive:
+        try:
+            return input(">>> ")
+        except EOFError:
+            return None
+    line = sys.stdin.readline()
+    return None if line == "" else line.rstrip("\n")
+
+
+def answer(session: ChatSession, text: str, out) -> None:
+    """Stream one answer to `out`; Ctrl-C stops it and returns to the prompt."""
+    detok = Detokenizer(session.tok)
+    gen = session.answer(text)
+    try:
+        for toks in gen:
+            out.write(detok.add([t for t in toks if t not in session.eos]))
+            out.flush()
+    except KeyboardInterrupt:
+        out.write(" [stopped]")
+    finally:
+        gen.close()  # the strategy rewinds its caches; the session keeps what was committed
+    out.write("\n")
+    out.flush()
+    if session.last_stats is not None:
+        print(stats_line(session.method, session.last_stats), file=sys.stderr, flush=True)
+
+
+def repl(session: ChatSession, interactive: bool) -> int:
+    """Read lines until EOF or /quit; returns the exit code."""
+    if interactive:
+        kind = "chat template" if session.template is not None else "plain completion"
+        print(f"Duet chat ({session.method}, {kind}). /help for commands.", file=sys.stderr)
+    while True:
+        try:
+            line = read_line(interactive)
+        except KeyboardInterrupt:  # Ctrl-C at the prompt ends the session
+            print(file=sys.stderr)
+            return 0
+        if line is None:
+            if interactive:
+                print(file=sys.stderr)
+            return 0
+        text = line.strip()
+        if not text:
+            continue
+        if text.startswith("/"):
+            cmd = text.split()[0].lower()
+            if cmd in ("/quit", "/exit"):
+                return 0
+            if cmd == "/help":
+                print(HELP, flush=True)
+            elif cmd == "/reset":
+                session.reset()
+                print("[conversation reset]", file=sys.stderr, flush=True)
+            else:
+                print(f"unknown command {cmd}; /help lists them", file=sys.stderr, flush=True)
+            continue
+        answer(session, line, sys.stdout)
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    check_args(a)
+    session = make_session(a, notify=lambda m: print(m, file=sys.stderr, flush=True))
+    return repl(session, interactive=sys.stdin.isatty())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

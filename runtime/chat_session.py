@@ -1,0 +1,213 @@
+"""A chat's turns over one pair of KV caches that live as long as the conversation.
+
+The session owns the history (messages and the token sequence the caches
+hold), renders each new turn (the tokenizer's chat template when it has one,
+plain completion otherwise), trims the oldest turns when the history would
+outgrow the context, and drives a decoding strategy over the *full* history:
+the strategies only process the tokens the caches have not seen, so a second
+turn's prefill is just its new tokens. It knows nothing about the terminal.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime.decoding import Sampling, make_steps, stream
+from runtime.decoding.events import rewind
+from runtime.errors import DuetError
+from runtime.stats import RunStats
+
+
+class ChatTemplate:
+    """The checkpoint's chat template (transformers' AutoTokenizer), loaded only when present."""
+
+    def __init__(self, hf_tokenizer):
+        self.hf = hf_tokenizer
+
+    @classmethod
+    def load(cls, model_dir) -> ChatTemplate | None:
+        """The template of `model_dir`, or None when tokenizer_config.json has none."""
+        d = Path(model_dir)
+        cfg = d / "tokenizer_config.json"
+        has = (d / "chat_template.jinja").is_file() or (d / "chat_template.json").is_file()
+        if not has and cfg.is_file():
+            try:
+                has = bool(json.loads(cfg.read_text()).get("chat_template"))
+            except json.JSONDecodeError:
+                raise DuetError(f"{cfg}: not valid JSON") from None
+        if not has:
+            return None
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(str(d)))
+
+    def render(self, messages: list[dict]) -> list[int]:
+        """Token ids of `messages` followed by the assistant's generation prompt."""
+        out = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(out, dict) or hasattr(out, "keys"):  # BatchEncoding in newer transformers
+            out = out["input_ids"]
+        return [int(t) for t in out]
+
+
+@dataclass
+class Turn:
+    user: str
+    answer: str
+    user_ids: list[int]  # plain completion: exactly what was fed, so the cache stays a prefix
+    answer_ids: list[int]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def strategy_kwargs(**maybe) -> dict:
+    """The optional arguments (`kappa`, `exit_layer`, ...) that make_steps takes and were given."""
+    params = inspect.signature(make_steps).parameters
+    return {k: v for k, v in maybe.items() if v is not None and k in params}
+
+
+class ChatSession:
+    """History + caches + one decoding method; `answer(text)` streams the reply's tokens."""
+
+    def __init__(
+        self,
+        target,
+        draft,
+        tokenizer,
+        *,
+        method: str = "sd",
+        gamma: int = 4,
+        sampling: Sampling = Sampling(),
+        max_tokens: int = 256,
+        seed: int = 0,
+        template: ChatTemplate | None = None,
+        system: str | None = None,
+        notify=lambda msg: None,
+        **strategy_extra,
+    ):
+        self.target, self.draft, self.tok = target, draft, tokenizer
+        self.method, self.gamma, self.sampling = method, gamma, sampling
+        self.max_tokens, self.seed = max_tokens, seed
+        self.template, self.system, self.notify = template, system, notify
+        self.extra = strategy_kwargs(**strategy_extra)
+        ctxs = [target.config.max_context] + ([draft.config.max_context] if draft else [])
+        self.context = min(ctxs)
+        self.eos = tuple(target.config.eos_token_ids)
+        self.last_stats: RunStats | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the conversation and start from empty caches."""
+        self.turns: list[Turn] = []
+        self.tokens: list[int] = []  # the sequence the caches hold a prefix of
+        self.tcache = self.target.new_cache()
+        self.dcache = self.draft.new_cache() if self.draft is not None else None
+        self.n_answers = 0
+
+    # ---- rendering -------------------------------------------------------
+
+    def _messages(self, turns: list[Turn], user: str) -> list[dict]:
+        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        for t in turns:
+            msgs += [
+                {"role": "user", "content": t.user},
+                {"role": "assistant", "content": t.answer},
+            ]
+        return msgs + [{"role": "user", "content": user}]
+
+    def _plain_user_ids(self, turns: list[Turn], user: str) -> list[int]:
+        # plain completion: the typed line continues the document, on a new line after an answer
+        sep = "\n" if turns and not turns[-1].answer.endswith("\n") else ""
+        return self.tok.encode(sep + user)
+
+    def _render(self, turns: list[Turn], user: str, user_ids: list[int]) -> list[int]:
+        if self.template is not None:
+            return self.template.render(self._messages(turns, user))
+        return [t for tr in turns for t in tr.user_ids + tr.answer_ids] + user_ids
+
+    def _fit(self, user: str) -> tuple[list[int], list[int]]:
+        """(full prompt ids, this turn's user ids), dropping the oldest turns to fit the context."""
+        user_ids = self._plain_user_ids(self.turns, user) if self.template is None else []
+        room = self.context - min(self.max_tokens, max(1, self.context // 4))
+        seq = self._render(self.turns, user, user_ids)
+        dropped = 0
+        while len(seq) > room and self.turns:
+            self.turns.pop(0)
+            dropped += 1
+            if self.template is None:
+                user_ids = self._plain_user_ids(self.turns, user)
+            seq = self._render(self.turns, user, user_ids)
+        if dropped:
+            self.notify(
+                f"[history too long for the {self.context}-token context: dropped the "
+                f"{dropped} oldest turn{'s' * (dropped > 1)}]"
+            )
+        if len(seq) > room:  # the message alone is too long: keep its end
+            self.notify(f"[message is {len(seq)} tokens; keeping its last {room}]")
+            seq = seq[-room:]
+            user_ids = user_ids[-room:]
+        return seq, user_ids
+
+    # ---- one answer ------------------------------------------------------
+
+    def answer(self, user: str) -> Iterator[list[int]]:
+        """Stream the reply to `user` as lists of committed token ids.
+
+        Closing the generator early (Ctrl-C) keeps what was committed so far as
+        the answer and leaves the caches holding only committed tokens.
+        """
+        seq, user_ids = self._fit(user)
+        keep = common_prefix(self.tokens, seq)  # the caches' valid prefix for this prompt
+        for c in (self.tcache, self.dcache):
+            rewind(c, keep)
+        max_new = max(1, min(self.max_tokens, self.context - len(seq)))
+        stats = RunStats(prefill_tokens=len(seq) - self.tcache.offset)  # what this turn feeds
+        steps = make_steps(
+            self.method,
+            self.target,
+            self.draft,
+            seq,
+            max_new=max_new,
+            sampling=self.sampling,
+            seed=self.seed + self.n_answers,
+            gamma=self.gamma,
+            target_cache=self.tcache,
+            draft_cache=self.dcache,
+            **self.extra,
+        )
+        out: list[int] = []
+        self.n_answers += 1
+        try:
+            for toks, _ in stream(steps, max_new=max_new, eos_ids=self.eos, stats=stats):
+                out += toks
+                yield toks
+        finally:
+            steps.close()
+            self.tokens = seq + out
+            for c in (self.tcache, self.dcache):  # the strategy may have seen tokens cut at EOS
+                rewind(c, len(self.tokens))
+            answer_ids = out[:-1] if out and out[-1] in self.eos else out
+            self.turns.append(Turn(user, self.tok.decode(answer_ids), user_ids, out))
+            stats.extra["finish"] = (
+                "eos" if out and out[-1] in self.eos else ("length" if out else "stopped")
+            )
+            self.last_stats = stats
+
+
+def stats_line(method: str, stats: RunStats) -> str:
+    """One line: tokens/s, mean accepted length, acceptance rate (and the new prefill)."""
+    s = stats.as_dict()
+    rate = f", acceptance {s['acceptance_rate']:.2f}" if s["acceptance_rate"] is not None else ""
+    return (
+        f"[{method}] {s['new_tokens']} tokens, {s['tokens_per_s']:.1f} tok/s, "
+        f"mean accepted {s['mean_accepted']:.2f}{rate}, prefill {s['prompt_tokens']} new tokens"
+    )

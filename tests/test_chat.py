@@ -1,0 +1,164 @@
+"""runtime.chat: the pipe contract, commands, and KV caches kept across turns."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime.backends import load_model
+from runtime.chat_session import ChatSession, ChatTemplate
+from runtime.decoding import Sampling, make_steps, run
+from runtime.tokenizer import Tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tiny_dir):
+    return tiny_dir("qwen3"), tiny_dir("qwen3", num_layers=1, seed=1)
+
+
+@pytest.fixture(scope="module")
+def models(pair_dirs):
+    t, d = pair_dirs
+    return load_model(t, "mlx"), load_model(d, "mlx"), Tokenizer(t)
+
+
+def chat(pair_dirs, stdin: str, *extra: str) -> subprocess.CompletedProcess:
+    t, d = pair_dirs
+    cmd = [
+        sys.executable,
+        "-m",
+        "runtime.chat",
+        "--target",
+        str(t),
+        "--draft",
+        str(d),
+        "--draft-backend",
+        "mlx",
+        "--max-tokens",
+        "12",
+        *extra,
+    ]
+    return subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_pipe_two_answers_with_reset(pair_dirs):
+    r = chat(pair_dirs, "hello\n/reset\nagain\n")
+    assert r.returncode == 0, r.stderr
+    stats = [ln for ln in r.stderr.splitlines() if ln.startswith("[sd]")]
+    assert len(stats) == 2, r.stderr
+    assert all("tok/s" in s and "mean accepted" in s and "acceptance" in s for s in stats)
+    assert "[conversation reset]" in r.stderr
+    assert ">>>" not in r.stdout  # no prompt decoration when stdin is a pipe
+    assert r.stdout.endswith("\n") and r.stdout.count("\n") >= 2  # random text may hold newlines
+
+
+def test_eof_and_help_and_quit(pair_dirs):
+    r = chat(pair_dirs, "")
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    r = chat(pair_dirs, "/help\n/quit\nnever answered\n", "--method", "ar")
+    assert r.returncode == 0, r.stderr
+    assert "/reset" in r.stdout and "[ar]" not in r.stderr
+
+
+def test_bad_argument_is_one_line(pair_dirs):
+    r = chat(pair_dirs, "", "--gamma", "0")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+class Counting:
+    """Wraps a CausalLM and records how many tokens each forward was given."""
+
+    def __init__(self, model):
+        self.m, self.fed = model, []
+
+    def __getattr__(self, name):
+        return getattr(self.m, name)
+
+    def forward(self, tokens, cache, **kw):
+        self.fed.append(np.asarray(tokens).shape[-1])
+        return self.m.forward(tokens, cache, **kw)
+
+
+def fresh_greedy(target, seq: list[int], n: int) -> list[int]:
+    return run(
+        make_steps("ar", target, None, seq, max_new=n, sampling=Sampling(), seed=0), max_new=n
+    ).tokens
+
+
+def test_cache_kept_across_turns(models):
+    t, d, tok = models
+    ct = Counting(t)
+    s = ChatSession(ct, d, tok, method="sd", gamma=3, max_tokens=8)
+    first = [x for toks in s.answer("hello") for x in toks]
+    assert s.last_stats.prefill_tokens == len(tok.encode("hello"))
+    history = list(s.tokens)
+    ct.fed.clear()
+    second = [x for toks in s.answer("again") for x in toks]
+    new = tok.encode("\nagain")
+    # only the new tokens, plus the last answer token whose KV was never written
+    assert len(new) <= s.last_stats.prefill_tokens <= len(new) + 1 < len(history)
+    # the target's first forward of turn 2 sees only the new tokens (+ the last answer token
+    # when its KV was not written yet) plus the draft window, never the earlier turns
+    assert ct.fed[0] <= len(new) + 1 + 3
+    assert s.tcache.offset <= len(s.tokens) and s.tokens == history + new + second
+    # lossless with a reused cache: equals the target's greedy continuation from scratch
+    assert second == fresh_greedy(t, history + new, 8)
+    assert len(first) == 8
+
+
+def test_stopped_answer_leaves_session_consistent(models):
+    t, d, tok = models
+    s = ChatSession(t, d, tok, method="sd", gamma=4, max_tokens=16)
+    gen = s.answer("stop me")
+    next(gen)
+    gen.close()  # what Ctrl-C does
+    assert s.tcache.offset <= len(s.tokens) and s.dcache.offset <= len(s.tokens)
+    history = list(s.tokens)
+    second = [x for toks in s.answer("next") for x in toks]
+    assert second == fresh_greedy(t, history + tok.encode("\nnext"), 16)
+
+
+def test_history_over_context_drops_oldest_turns(models):
+    t, d, tok = models  # context 256 tokens
+    notes = []
+    s = ChatSession(t, d, tok, method="ar", max_tokens=40, notify=notes.append)
+    for i in range(8):
+        for _ in s.answer(f"turn {i} " + "x" * 30):
+            pass
+        assert len(s.tokens) <= t.config.max_context
+    assert any("dropped" in n for n in notes)
+    for _ in s.answer("y" * 600):  # one message longer than the context
+        pass
+    assert any("keeping its last" in n for n in notes)
+
+
+def test_chat_template_is_used_when_present(pair_dirs, tmp_path):
+    src, _ = pair_dirs
+    d = tmp_path / "templated"
+    shutil.copytree(src, d)
+    assert ChatTemplate.load(d) is None
+    tpl = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    (d / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "chat_template": tpl,
+                "eos_token": "<|im_end|>",
+            }
+        )
+    )
+    ct = ChatTemplate.load(d)
+    ids = ct.render([{"role": "user", "content": "hi"}])
+    tok = Tokenizer(d)
+    assert tok.decode(ids) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
