@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.decoding import Sampling, make_steps, stream
-from runtime.decoding.events import rewind
+from runtime.decoding.events import GREEDY, rewind
 from runtime.errors import DuetError
 from runtime.stats import RunStats
 
@@ -86,7 +86,7 @@ class ChatSession:
         *,
         method: str = "sd",
         gamma: int = 4,
-        sampling: Sampling = Sampling(),
+        sampling: Sampling = GREEDY,
         max_tokens: int = 256,
         seed: int = 0,
         template: ChatTemplate | None = None,
