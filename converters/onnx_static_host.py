@@ -1,0 +1,169 @@
+"""The host side of a static-shape ONNX draft: a fixed cache buffer driven through the
+`decode` (T = 1) and `prefill` (T = P) graphs of `onnx_static.py`.
+
+It implements the CausalLM protocol (batch 1, whole model), so the same parity
+check and the companion app's reference client run it like any backend.
+Rollback is moving the offset: slots at or past it are masked out and the
+next call overwrites them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from converters.onnx_static import graph_paths
+from runtime.config import ModelConfig
+from runtime.errors import DuetError
+from runtime.model import check_tokens
+
+
+class StaticCache:
+    """Batch-1 cache of C slots: keys and values (L, KV, C, D) and an offset."""
+
+    is_trimmable = True
+
+    def __init__(self, shape: tuple[int, ...], dtype=np.float32):
+        self.k = np.zeros(shape, dtype)
+        self.v = np.zeros(shape, dtype)
+        self._offset = 0
+
+    @property
+    def offset(self) -> int:
+        return self._offset
+
+    @property
+    def batch(self) -> int:
+        return 1
+
+    def trim(self, n: int) -> int:
+        n = max(0, min(n, self._offset))
+        self._offset -= n
+        return n
+
+    def select(self, rows: Sequence[int]) -> None:
+        if list(rows) != [0]:
+            raise DuetError(
+                f"a static-shape ONNX draft holds one cache row; cannot select rows {list(rows)}"
+            )
+
+
+class StaticOnnxLM:
+    """CausalLM over a static export's decode and prefill graphs (ONNX Runtime)."""
+
+    backend = "onnx"
+    supports_layer_range = False
+
+    def __init__(self, sessions: dict, config: ModelConfig, context: int, prefill_len: int):
+        self.sessions, self.config = sessions, config
+        self.context, self.prefill_len = context, prefill_len
+        self._outputs = [o.name for o in sessions["decode"].get_outputs()]
+        self.recorder: list | None = None  # (graph name, feed) pairs, for quantization calibration
+
+    @classmethod
+    def load(
+        cls, decode_path, provider: str = "CPUExecutionProvider", threads: int = 1
+    ) -> StaticOnnxLM:
+        """Load `decode_path` and its `.prefill.onnx` sibling."""
+        import onnxruntime as ort
+
+        paths = graph_paths(decode_path)
+        for p in paths.values():
+            if not p.is_file():
+                raise DuetError(f"static ONNX graph not found: {p}")
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        sessions = {}
+        for name, p in paths.items():
+            try:
+                sessions[name] = ort.InferenceSession(str(p), so, providers=[provider])
+            except Exception as e:  # ORT raises its own types for a bad file
+                raise DuetError(
+                    f"{p}: ONNX Runtime could not load it ({str(e).splitlines()[0]})"
+                ) from None
+        meta = {
+            k: json.loads(v)
+            for k, v in sessions["decode"].get_modelmeta().custom_metadata_map.items()
+            if k.startswith("duet.")
+        }
+        if "duet.static" not in meta or "duet.config" not in meta:
+            raise DuetError(
+                f"{decode_path}: not a Duet static-shape export (no duet.static metadata)"
+            )
+        prefill_meta = json.loads(
+            sessions["prefill"].get_modelmeta().custom_metadata_map["duet.static"]
+        )
+        config = ModelConfig.from_dict(meta["duet.config"], where=f"{decode_path} metadata")
+        return cls(sessions, config, meta["duet.static"]["context"], prefill_meta["query_len"])
+
+    @staticmethod
+    def describe(decode_path: str | Path) -> dict:
+        """The duet.* metadata of a static export (no session needed)."""
+        import onnx
+
+        m = onnx.load(str(decode_path), load_external_data=False)
+        return {p.key: json.loads(p.value) for p in m.metadata_props if p.key.startswith("duet.")}
+
+    def new_cache(self, batch: int = 1) -> StaticCache:
+        if batch != 1:
+            raise DuetError(f"a static-shape ONNX draft runs batch 1 only (asked for {batch} rows)")
+        c = self.config
+        return StaticCache((c.num_layers, c.num_kv_heads, self.context, c.head_dim))
+
+    def forward(self, tokens, cache: StaticCache, *, positions=None, mask=None) -> np.ndarray:
+        if mask is not None or positions is not None:
+            raise DuetError("a static-shape ONNX draft takes no explicit mask or positions")
+        ids = check_tokens(tokens, self.config.vocab_size)
+        if ids.shape[0] != 1:
+            raise DuetError(
+                f"a static-shape ONNX draft runs batch 1 only (got {ids.shape[0]} rows)"
+            )
+        T = ids.shape[1]
+        if cache.offset + T > self.context:
+            raise DuetError(
+                f"{cache.offset + T} tokens exceed the static draft's context of {self.context}"
+            )
+        out, s = [], 0
+        while s < T:
+            # whole prefill chunks while a padded chunk fits the cache, then single decode steps
+            fits = T - s > 1 and cache.offset + self.prefill_len <= self.context
+            n = min(self.prefill_len, T - s) if fits else 1
+            out.append(self._call(ids[:, s : s + n], cache, self.prefill_len if fits else 1))
+            s += n
+        return np.concatenate(out, axis=1).astype(np.float32, copy=False)
+
+    def _call(self, ids: np.ndarray, cache: StaticCache, length: int) -> np.ndarray:
+        n, off, C = ids.shape[1], cache.offset, self.context
+        feed_ids = np.zeros((1, length), np.int64)
+        feed_ids[:, :n] = ids
+        am = np.zeros((1, C + length), np.int64)
+        am[0, :off] = 1  # live cache slots
+        am[0, C : C + length] = 1  # new tokens (causal among themselves inside the graph)
+        feed = {
+            "input_ids": feed_ids,
+            "attention_mask": am,
+            "position_ids": np.arange(off, off + length, dtype=np.int64)[None],
+        }
+        for i in range(self.config.num_layers):
+            feed[f"past_key_values.{i}.key"] = cache.k[i][None]
+            feed[f"past_key_values.{i}.value"] = cache.v[i][None]
+        graph = "decode" if length == 1 else "prefill"
+        if self.recorder is not None:
+            self.recorder.append((graph, {k: v.copy() for k, v in feed.items()}))
+        res = self.sessions[graph].run(self._outputs, feed)
+        for i in range(self.config.num_layers):
+            cache.k[i, :, off : off + n] = res[1 + 2 * i][0, :, :n]
+            cache.v[i, :, off : off + n] = res[2 + 2 * i][0, :, :n]
+        cache._offset += n
+        return res[0][:, :n]
+
+    def forward_layers(self, x, cache, start, stop, *, positions=None, mask=None):
+        raise DuetError("a static-shape ONNX draft runs whole models only (no layer ranges)")
+
+    def head(self, hidden):
+        raise DuetError("a static-shape ONNX draft runs whole models only (no separate LM head)")
