@@ -1,0 +1,221 @@
+"""`python -m apps.bench`: Duet vs target-alone, mlx-lm and HF assisted generation, one process.
+
+    python -m apps.bench --limit 20 --max-tokens 128 --temps 0,1 --json
+    python -m apps.bench --methods ar,sd,mlx-lm --out answers/   # Spec-Bench answer files
+
+Defaults: the embedded pair and the held-out prompt set in apps/prompts/.
+Methods: any of runtime.decoding.METHODS, plus `mlx-lm` (speculative_generate_step)
+and `hf-assisted` (transformers assisted generation); `ar` always runs, it is
+the baseline for speedups and for the greedy equality check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from runtime.decoding import METHODS
+from runtime.errors import DuetError, cli_main
+
+BASELINES = ("mlx-lm", "hf-assisted")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--target", help="target checkpoint (default: embedded pair)")
+    ap.add_argument("--draft", help="draft checkpoint directory (default: embedded pair)")
+    ap.add_argument("--target-backend", choices=["mlx", "torch"], default="mlx")
+    ap.add_argument(
+        "--draft-backend",
+        choices=["onnx", "mlx", "torch"],
+        default=None,
+        help="Duet's draft backend (default onnx)",
+    )
+    ap.add_argument("--draft-threads", type=int, default=1, help="ORT intra-op threads (default 1)")
+    ap.add_argument("--provider", default="cpu", help="ONNX Runtime execution provider")
+    ap.add_argument(
+        "--prompts", default=None, help="prompt set .jsonl or folder (default apps/prompts/)"
+    )
+    ap.add_argument("--limit", type=int, default=None, help="first N prompts only")
+    ap.add_argument("--categories", default=None, help="comma-separated categories to keep")
+    ap.add_argument(
+        "--methods",
+        default="ar,sd," + ",".join(BASELINES),
+        help=f"comma-separated, from {', '.join(METHODS + BASELINES)} (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--gamma", type=int, default=4, help="draft tokens per step, every method (default 4)"
+    )
+    ap.add_argument("--kappa", type=int, default=None, help="passed to methods that take it")
+    ap.add_argument("--exit-layer", type=int, default=None, help="passed to methods that take it")
+    ap.add_argument("--temps", default="0,1", help="comma-separated temperatures (default 0,1)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0 = off)")
+    ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per turn (default 128)")
+    ap.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i")
+    ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    ap.add_argument(
+        "--out", default=None, help="write Spec-Bench answer JSONL files to this folder"
+    )
+    ap.add_argument(
+        "--model-id", default=None, help="model_id in the answer files (default: target folder)"
+    )
+    return ap
+
+
+def parse_methods(text: str) -> list[str]:
+    ms = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in ms if m not in METHODS + BASELINES]
+    if bad:
+        raise DuetError(
+            f"--methods: unknown {', '.join(bad)}; choose from {', '.join(METHODS + BASELINES)}"
+        )
+    return ["ar"] + [m for m in dict.fromkeys(ms) if m != "ar"]
+
+
+def parse_temps(text: str) -> list[float]:
+    try:
+        ts = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DuetError(f"--temps must be comma-separated numbers, got {text!r}") from None
+    if not ts or any(t < 0 for t in ts):
+        raise DuetError(f"--temps must be numbers >= 0, got {text!r}")
+    return ts
+
+
+def make_runners(methods: list[str], pair, a) -> list:
+    from .duet_runner import DuetRunner
+
+    runners = []
+    for m in methods:
+        if m == "mlx-lm":
+            from .mlx_lm_runner import MlxLmRunner
+
+            runners.append(MlxLmRunner(pair, gamma=a.gamma))
+        elif m == "hf-assisted":
+            from .hf_runner import HfAssistedRunner
+
+            runners.append(HfAssistedRunner(pair, gamma=a.gamma))
+        else:
+            runners.append(
+                DuetRunner(m, pair, gamma=a.gamma, kappa=a.kappa, exit_layer=a.exit_layer)
+            )
+    return runners
+
+
+def thread_settings(runners: list) -> dict:
+    import mlx.core as mx
+    import torch
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "mlx_device": str(mx.default_device()),
+        "runners": {r.name: r.settings() for r in runners},
+    }
+
+
+def bench(a: argparse.Namespace) -> dict:
+    """Run the benchmark; returns {"settings", "rows", "mismatches", "records"}."""
+    from runtime.chat_session import ChatTemplate
+    from runtime.load import load_pair
+
+    from .prompts import load_prompts
+    from .report import mismatches, summarize
+    from .schedule import run_bench
+
+    methods, temps = parse_methods(a.methods), parse_temps(a.temps)
+    if a.max_tokens < 1:
+        raise DuetError(f"--max-tokens must be at least 1 (got {a.max_tokens})")
+    if a.gamma < 1:
+        raise DuetError(f"--gamma must be at least 1 (got {a.gamma})")
+    if a.limit is not None and a.limit < 1:
+        raise DuetError(f"--limit must be at least 1 (got {a.limit})")
+    cats = [c.strip() for c in a.categories.split(",")] if a.categories else None
+    prompts = load_prompts(a.prompts, limit=a.limit, categories=cats)
+    pair = load_pair(
+        a.target,
+        a.draft,
+        need_draft=len(methods) > 1,
+        target_backend=a.target_backend,
+        draft_backend=a.draft_backend,
+        draft_threads=a.draft_threads,
+        provider=a.provider,
+    )
+    if pair.tokenizer is None:
+        raise DuetError(f"{pair.target_dir}: no tokenizer.json; the bench needs one")
+    runners = make_runners(methods, pair, a)
+    ctx = min(
+        [pair.target.config.max_context]
+        + ([pair.draft.config.max_context] if pair.draft is not None else [])
+    )
+    records = run_bench(
+        runners,
+        prompts,
+        pair.tokenizer,
+        ChatTemplate.load(pair.target_dir),
+        temps=temps,
+        top_p=a.top_p,
+        max_new=a.max_tokens,
+        seed=a.seed,
+        context=ctx,
+        warmup=not a.no_warmup,
+    )
+    model_id = a.model_id or (
+        f"duet-{pair.target_dir.parent.name}" if a.target is None else pair.target_dir.name
+    )
+    settings = {
+        "model_id": model_id,
+        "target": str(pair.target_dir),
+        "draft": str(pair.draft_path),
+        "prompts": len(prompts),
+        "max_tokens": a.max_tokens,
+        "gamma": a.gamma,
+        "temps": temps,
+        "top_p": a.top_p,
+        "threads": thread_settings(runners),
+    }
+    return {
+        "settings": settings,
+        "rows": summarize(records, methods, temps),
+        "mismatches": mismatches(records),
+        "records": records,
+    }
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    from .report import table
+    from .specbench import write_answers
+
+    a = build_parser().parse_args(argv)
+    res = bench(a)
+    if a.out:
+        files = write_answers(a.out, res["records"], res["settings"]["model_id"])
+        print(f"wrote {len(files)} Spec-Bench answer files to {a.out}", file=sys.stderr)
+    if a.json:
+        print(json.dumps({k: res[k] for k in ("settings", "rows", "mismatches")}))
+        return 0
+    s = res["settings"]
+    print(
+        f"{s['model_id']}: {s['prompts']} prompts, max {s['max_tokens']} tokens, gamma {s['gamma']}"
+    )
+    print(f"threads: {json.dumps(s['threads'])}")
+    print(table(res["rows"]))
+    for m in res["mismatches"]:
+        print(
+            f"greedy mismatch: {m['method']} on question {m['question_id']} differs from ar "
+            f"at token {m['first_diff']}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

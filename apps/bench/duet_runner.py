@@ -1,0 +1,52 @@
+"""Duet's own methods as bench runners: any name in runtime.decoding.METHODS."""
+
+from __future__ import annotations
+
+import time
+
+from runtime.chat_session import strategy_kwargs
+from runtime.decoding import Sampling, make_steps, stream
+from runtime.stats import RunStats
+
+from .runner import TurnResult
+
+
+class DuetRunner:
+    """`ar`, `sd`, ... through make_steps + stream, exactly as runtime.generate runs them."""
+
+    def __init__(self, method: str, pair, *, gamma: int, **extra):
+        self.name = method
+        self.method, self.pair, self.gamma = method, pair, gamma
+        self.extra = strategy_kwargs(**extra)  # --kappa / --exit-layer when the method takes them
+        self.eos = tuple(pair.target.config.eos_token_ids)
+
+    def settings(self) -> dict:
+        s = self.pair.settings
+        out = {"target": f"{s['target_backend']}"}
+        if self.method != "ar":
+            out["draft"] = s.get("draft_backend")
+            if s.get("draft_threads") is not None:
+                out["ort_intra_op_threads"] = s["draft_threads"]
+                out["ort_provider"] = s.get("draft_provider")
+            out["gamma"] = self.gamma
+        return out | {k: v for k, v in self.extra.items()}
+
+    def generate(self, ids, max_new, temp, top_p, seed) -> TurnResult:
+        draft = self.pair.draft if self.method != "ar" else None
+        stats = RunStats(prefill_tokens=len(ids))
+        out: list[int] = []
+        t0 = time.perf_counter()
+        steps = make_steps(
+            self.method,
+            self.pair.target,
+            draft,
+            list(ids),
+            max_new=max_new,
+            sampling=Sampling(temp, top_p),
+            seed=seed,
+            gamma=self.gamma,
+            **self.extra,
+        )
+        for toks, _ in stream(steps, max_new=max_new, eos_ids=self.eos, stats=stats):
+            out += toks
+        return TurnResult(out, time.perf_counter() - t0, list(stats.accept_lengths))

@@ -1,0 +1,87 @@
+"""The summary a reader compares: per method and temperature, tokens/s, accepted length, speedup.
+
+tokens/s is total new tokens over total wall time (prefill included) across
+prompts; mean accepted length is the mean of every step's committed tokens, as
+Spec-Bench reports it; speedup is over `ar` at the same temperature.
+"""
+
+from __future__ import annotations
+
+
+def summarize(records: list[dict], methods: list[str], temps: list[float]) -> list[dict]:
+    rows = []
+    for t in temps:
+        base = None
+        for m in methods:
+            rs = [r for r in records if r["method"] == m and r["temp"] == t]
+            if not rs:
+                continue
+            toks = sum(sum(r["new_tokens"]) for r in rs)
+            wall = sum(sum(r["wall_time"]) for r in rs)
+            tps = toks / wall if wall > 0 else 0.0
+            observed = all(r["accept_lengths"] is not None for r in rs)
+            lengths = [x for r in rs for x in (r["accept_lengths"] or [])]
+            if m == "ar":
+                base = tps
+            matches = [r["matches_ar"] for r in rs if r["matches_ar"] is not None]
+            rows.append(
+                {
+                    "method": m,
+                    "temp": t,
+                    "prompts": len(rs),
+                    "new_tokens": toks,
+                    "wall_s": round(wall, 4),
+                    "tokens_per_s": round(tps, 2),
+                    "mean_accepted": round(sum(lengths) / len(lengths), 3)
+                    if observed and lengths
+                    else None,
+                    "mean_accepted_note": None
+                    if observed
+                    else next(r["note"] for r in rs if r["note"]),
+                    "speedup": round(tps / base, 3) if base else None,
+                    "matches_ar": f"{sum(matches)}/{len(matches)}" if matches else None,
+                }
+            )
+    return rows
+
+
+def mismatches(records: list[dict]) -> list[dict]:
+    """Greedy outputs that differ from `ar`'s: where, and from which token on."""
+    ar = {(r["question_id"]): r for r in records if r["method"] == "ar" and r["temp"] == 0}
+    out = []
+    for r in records:
+        if r["matches_ar"] is False:
+            a = [x for t in ar[r["question_id"]]["tokens"] for x in t]
+            b = [x for t in r["tokens"] for x in t]
+            first = next(
+                (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                min(len(a), len(b)),
+            )
+            out.append(
+                {
+                    "method": r["method"],
+                    "question_id": r["question_id"],
+                    "first_diff": first,
+                    "ar_tokens": len(a),
+                    "tokens": len(b),
+                }
+            )
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    head = ["method", "temp", "tok/s", "mean acc", "speedup", "= ar (greedy)"]
+    body = [
+        [
+            r["method"],
+            f"{r['temp']:g}",
+            f"{r['tokens_per_s']:.1f}",
+            "n/a" if r["mean_accepted"] is None else f"{r['mean_accepted']:.2f}",
+            "n/a" if r["speedup"] is None else f"{r['speedup']:.2f}x",
+            r["matches_ar"] or "",
+        ]
+        for r in rows
+    ]
+    w = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
+    line = lambda cells: "  ".join(str(c).ljust(n) for c, n in zip(cells, w, strict=False)).rstrip()  # noqa: E731
+    return "\n".join([line(head), line(["-" * n for n in w])] + [line(b) for b in body])

@@ -1,0 +1,19 @@
+"""What one runner returns for one turn, shared by Duet's methods and the baselines.
+
+A runner is any object with `name`, `settings()` (its backend and thread
+settings, for the report) and `generate(ids, max_new, temp, top_p, seed) ->
+TurnResult`. Each stops at the target's EOS or `max_new` tokens, and its wall
+time covers prefill and decoding, as a user would see it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class TurnResult:
+    tokens: list[int]  # generated ids (EOS included when reached)
+    wall_s: float
+    accept_lengths: list[int] | None  # committed tokens per target pass; None if unobservable
+    note: str | None = None  # why accept_lengths is None, or anything else a reader must know

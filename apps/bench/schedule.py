@@ -1,0 +1,93 @@
+"""One process, every method, alternated: warm-up, then round-robin per prompt.
+
+Within a prompt the runners go in an order rotated by the prompt's index, so
+slow drift (thermal, a background job) hits every method equally; each
+temperature uses the same seed for every method. Greedy outputs are compared
+with `ar`'s token for token (`matches_ar`); a mismatch is reported, not hidden.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from tqdm import tqdm
+
+from .prompts import turn_ids
+
+
+def _fit(ids: list[int], max_new: int, context: int) -> tuple[list[int], int]:
+    """Keep the prompt's end so prompt + answer fit the context."""
+    max_new = max(1, min(max_new, context - 1))
+    return (ids[-(context - max_new) :] if len(ids) + max_new > context else ids), max_new
+
+
+def run_prompt(runner, rec: dict, tok, template, *, temp, top_p, max_new, seed, context) -> dict:
+    """All turns of one question through one runner: a per-prompt record."""
+    eos = set(getattr(runner, "eos", ()))
+    answers, tokens, walls, lengths, steps, notes = [], [], [], [], [], set()
+    for _ in rec["turns"]:
+        ids, n = _fit(turn_ids(tok, template, rec["turns"], answers), max_new, context)
+        r = runner.generate(ids, n, temp, top_p, seed)
+        tokens.append(r.tokens)
+        walls.append(r.wall_s)
+        if r.accept_lengths is None or lengths is None:
+            lengths = None
+            notes.add(r.note or "accepted length not observable")
+        else:
+            lengths += r.accept_lengths
+            steps.append(len(r.accept_lengths))
+        answers.append(tok.decode([t for t in r.tokens if t not in eos]))
+    return {
+        "method": runner.name,
+        "temp": temp,
+        "question_id": rec["question_id"],
+        "category": rec["category"],
+        "turns": answers,
+        "tokens": tokens,
+        "new_tokens": [len(t) for t in tokens],
+        "wall_time": walls,
+        "decoding_steps": None if lengths is None else steps,
+        "accept_lengths": lengths,
+        "note": "; ".join(sorted(notes)) or None,
+        "matches_ar": None,
+    }
+
+
+def run_bench(
+    runners: list,
+    prompts: list[dict],
+    tok,
+    template,
+    *,
+    temps: list[float],
+    top_p: float,
+    max_new: int,
+    seed: int,
+    context: int,
+    warmup: bool = True,
+) -> list[dict]:
+    """Per-prompt records for every (runner, temperature), methods alternated."""
+    kw = dict(top_p=top_p, context=context)
+    if warmup:  # first calls pay for graph building, allocations, lazy imports
+        first = {**prompts[0], "turns": prompts[0]["turns"][:1]}
+        for t in temps:
+            for r in runners:
+                run_prompt(
+                    r, first, tok, template, temp=t, max_new=min(max_new, 8), seed=seed, **kw
+                )
+    records = []
+    bar = tqdm(prompts, desc="bench", unit="prompt", file=sys.stderr, disable=None)
+    for i, rec in enumerate(bar):
+        order = runners[i % len(runners) :] + runners[: i % len(runners)]
+        for t in temps:
+            done = {
+                r.name: run_prompt(
+                    r, rec, tok, template, temp=t, max_new=max_new, seed=seed + i, **kw
+                )
+                for r in order
+            }
+            if t == 0 and "ar" in done:
+                for d in done.values():
+                    d["matches_ar"] = d["tokens"] == done["ar"]["tokens"]
+            records += [done[r.name] for r in runners]
+    return records

@@ -1,0 +1,97 @@
+"""apps.bench: JSON shape and Spec-Bench answer files on a tiny pair (never its speed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from apps.bench.__main__ import main
+
+QUESTIONS = [
+    {"question_id": 1, "category": "code", "turns": ["def add(a, b):\n"]},
+    {"question_id": 2, "category": "chat", "turns": ["hello", "and again"]},  # two turns
+    {"question_id": 3, "category": "code", "turns": ["import os\n"]},
+]
+METHODS = ["ar", "sd", "mlx-lm", "hf-assisted"]
+
+
+@pytest.fixture(scope="module")
+def bench_run(tiny_dir, tmp_path_factory):
+    """One bench over a self-drafting tiny pair (target as its own draft: all accepted)."""
+    t = tiny_dir("qwen3")
+    d = tmp_path_factory.mktemp("bench")
+    prompts = d / "q.jsonl"
+    prompts.write_text("\n".join(json.dumps(q) for q in QUESTIONS) + "\n")
+    out = d / "answers"
+    argv = [
+        "--target",
+        str(t),
+        "--draft",
+        str(t),
+        "--draft-backend",
+        "mlx",
+        "--prompts",
+        str(prompts),
+        "--limit",
+        "2",
+        "--max-tokens",
+        "9",
+        "--gamma",
+        "3",
+        "--temps",
+        "0,1",
+        "--json",
+        "--out",
+        str(out),
+        "--model-id",
+        "tiny",
+    ]
+    return argv, out
+
+
+def test_json_shape(bench_run, capsys):
+    argv, _ = bench_run
+    assert main(argv) == 0
+    res = json.loads(capsys.readouterr().out)
+    rows = res["rows"]
+    assert [(r["method"], r["temp"]) for r in rows] == [(m, t) for t in (0.0, 1.0) for m in METHODS]
+    for r in rows:
+        assert {"tokens_per_s", "mean_accepted", "speedup", "new_tokens", "wall_s"} <= r.keys()
+        assert r["tokens_per_s"] > 0 and r["prompts"] == 2
+    by = {(r["method"], r["temp"]): r for r in rows}
+    assert by["ar", 0.0]["speedup"] == 1.0 and by["ar", 0.0]["mean_accepted"] == 1.0
+    for m in ("sd", "mlx-lm", "hf-assisted"):  # self-draft, greedy: every window accepted
+        assert by[m, 0.0]["mean_accepted"] > 2.5, by[m, 0.0]
+        assert by[m, 0.0]["matches_ar"] == "2/2"
+    assert by["sd", 1.0]["mean_accepted"] > 2.5  # rejection sampling with q == p accepts all
+    assert res["mismatches"] == []
+    th = res["settings"]["threads"]
+    assert {"torch_threads", "mlx_device", "runners"} <= th.keys()
+    assert set(th["runners"]) == set(METHODS)
+
+
+def test_out_writes_spec_bench_answers(bench_run, capsys):
+    argv, out = bench_run
+    if not out.exists():
+        assert main(argv) == 0
+        capsys.readouterr()
+    files = sorted(p.name for p in out.glob("*.jsonl"))
+    assert files == sorted(f"tiny-{m}-temperature-{t}.jsonl" for m in METHODS for t in (0, 1))
+    for f in out.glob("*.jsonl"):
+        recs = [json.loads(x) for x in f.read_text().splitlines()]
+        assert [r["question_id"] for r in recs] == [1, 2]
+        for r in recs:
+            assert {"question_id", "model_id", "choices", "tstamp", "answer_id"} <= r.keys()
+            c = r["choices"][0]
+            assert c["index"] == 0
+            n_turns = len(QUESTIONS[r["question_id"] - 1]["turns"])
+            assert len(c["turns"]) == len(c["new_tokens"]) == len(c["wall_time"]) == n_turns
+            assert sum(c["accept_lengths"]) == sum(c["new_tokens"])
+            assert sum(c["decoding_steps"]) == len(c["accept_lengths"])
+
+
+def test_bad_method_is_one_line(capsys):
+    assert main(["--methods", "ar,nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nope" in err[0]
