@@ -1,0 +1,72 @@
+"""Saving a trained model as a Hugging Face directory, and checking it reloads.
+
+Weights are stored in bfloat16 (the size budget for the committed pair is
+60 MB; float32 would not fit). After saving, the directory is loaded back with
+`transformers.AutoModelForCausalLM` and its logits are compared with the
+in-memory float32 model's on a probe sequence.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+
+import torch
+
+# Rounding the weights to bf16 (8 bits of mantissa) moves logits by ~0.4 % of
+# their scale; this bound leaves room for depth without hiding a real mismatch.
+BF16_LOGIT_RTOL = 0.05
+
+
+def save_model(model, out_dir: str | Path, tokenizer_dir: str | Path, eos_token_id: int) -> Path:
+    """Write config.json, model.safetensors (bf16), generation_config.json and the tokenizer files."""
+    from transformers import GenerationConfig
+
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    m = copy.deepcopy(model).to(torch.bfloat16)
+    m.config.eos_token_id = eos_token_id
+    m.config.pad_token_id = eos_token_id
+    m.config.bos_token_id = None
+    m.generation_config = GenerationConfig(
+        eos_token_id=eos_token_id, pad_token_id=eos_token_id, do_sample=False
+    )
+    m.save_pretrained(tmp, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(tokenizer_dir) / name, tmp / name)
+    # Replace atomically enough that a crash mid-save never leaves a half directory.
+    old = out.with_name(out.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def load_model(path: str | Path, dtype=torch.float32):
+    """Load a saved directory with transformers, upcast to `dtype`, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
+
+
+@torch.no_grad()
+def check_reload(model, path: str | Path, probe: torch.Tensor) -> dict:
+    """Reload `path` and compare logits with `model` on probe (1, T) int64.
+
+    Returns {"max_abs_diff", "logit_scale", "argmax_agree"}; raises AssertionError
+    if the difference exceeds BF16_LOGIT_RTOL of the logit scale.
+    """
+    model.eval()
+    ref = model(input_ids=probe).logits.float()
+    got = load_model(path)(input_ids=probe).logits.float()
+    diff = (ref - got).abs().max().item()
+    scale = ref.abs().max().item()
+    agree = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
+    assert diff <= BF16_LOGIT_RTOL * max(scale, 1.0), (
+        f"{path}: reloaded logits differ by {diff:.4f} (scale {scale:.2f})"
+    )
+    return {"max_abs_diff": round(diff, 5), "logit_scale": round(scale, 3), "argmax_agree": agree}

@@ -1,0 +1,117 @@
+"""The target and draft shapes (Qwen3) and their per-token compute.
+
+Compute is counted as the weights of the matmuls one token passes through:
+every linear in the decoder layers plus the LM head (the embedding lookup is
+free). Attention over the context adds 4·T·n_heads·head_dim per layer for both
+models alike and is reported separately. The draft must cost at most 1/8 of
+the target per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from runtime.errors import DuetError
+
+MAX_POSITIONS = 2048
+MAX_DRAFT_RATIO = 1 / 8
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden_size: int
+    num_layers: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tie_word_embeddings: bool
+
+
+# Target: the least compute that makes 15 M parameters (an hour on 2 shared cores is far
+# too little data for a bigger model to pay off); 8 narrow layers rather than 4 wide ones,
+# so a 2-layer draft stays cheap next to it even where per-layer overhead dominates.
+TARGET = Shape(384, 8, 1024, 6, 2, 64, tie_word_embeddings=False)
+# Draft: 2 layers, the fewest that can form induction heads (copying identifiers is
+# much of code); tied embeddings halve its size.
+DRAFT = Shape(192, 2, 640, 3, 1, 64, tie_word_embeddings=True)
+
+
+def parse_shape(text: str, tie: bool) -> Shape:
+    """'HIDDEN,LAYERS,FFN,HEADS,KV_HEADS,HEAD_DIM' -> Shape, for --target-shape/--draft-shape."""
+    try:
+        d, n, f, h, kv, hd = (int(v) for v in text.split(","))
+    except ValueError:
+        raise DuetError(
+            f"bad shape {text!r}: expected six integers HIDDEN,LAYERS,FFN,HEADS,KV_HEADS,HEAD_DIM"
+        ) from None
+    if min(d, n, f, h, kv, hd) <= 0 or h % kv:
+        raise DuetError(
+            f"bad shape {text!r}: sizes must be positive and HEADS divisible by KV_HEADS"
+        )
+    return Shape(d, n, f, h, kv, hd, tie)
+
+
+def qwen3_config(shape: Shape, vocab_size: int, eos_token_id: int):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=shape.tie_word_embeddings,
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
+        pad_token_id=eos_token_id,
+        rms_norm_eps=1e-6,
+    )
+
+
+def matmul_params(shape: Shape, vocab_size: int) -> int:
+    """Weights of the matmuls per token: decoder-layer linears + LM head."""
+    d, hd = shape.hidden_size, shape.head_dim
+    attn = d * shape.num_heads * hd * 2 + d * shape.num_kv_heads * hd * 2  # q, o + k, v
+    mlp = 3 * d * shape.intermediate_size  # gate, up, down
+    return shape.num_layers * (attn + mlp) + d * vocab_size
+
+
+def total_params(shape: Shape, vocab_size: int) -> int:
+    d = shape.hidden_size
+    norms = shape.num_layers * (2 * d + 2 * shape.head_dim) + d
+    emb = vocab_size * d
+    return matmul_params(shape, vocab_size) + norms + (0 if shape.tie_word_embeddings else emb)
+
+
+def compute_summary(target: Shape, draft: Shape, vocab_size: int, context: int = 512) -> dict:
+    """Parameter counts and the draft/target per-token FLOP ratio (2 FLOPs per weight)."""
+    t, d = matmul_params(target, vocab_size), matmul_params(draft, vocab_size)
+
+    def attn_flops(s: Shape) -> int:
+        return s.num_layers * 4 * context * s.num_heads * s.head_dim
+
+    return {
+        "vocab_size": vocab_size,
+        "target_shape": asdict(target),
+        "draft_shape": asdict(draft),
+        "target_params": total_params(target, vocab_size),
+        "draft_params": total_params(draft, vocab_size),
+        "target_matmul_flops_per_token": 2 * t,
+        "draft_matmul_flops_per_token": 2 * d,
+        "draft_target_flop_ratio": d / t,
+        f"draft_target_flop_ratio_with_attention_at_{context}": (2 * d + attn_flops(draft))
+        / (2 * t + attn_flops(target)),
+    }
+
+
+def check_draft_budget(summary: dict, allow_over: bool = False) -> None:
+    r = summary["draft_target_flop_ratio"]
+    if r > MAX_DRAFT_RATIO and not allow_over:
+        raise DuetError(
+            f"the draft costs {r:.3f} of the target per token, over the 1/8 budget; "
+            f"shrink --draft-shape or grow --target-shape"
+        )

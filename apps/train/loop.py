@@ -1,0 +1,145 @@
+"""The optimisation loop shared by both stages.
+
+AdamW (weight decay on matrices only), linear warm-up then cosine decay to 10 %,
+gradient clipping, bf16 autocast with float32 master weights. Progress is
+`step / steps`; with a `time_limit_s` it is the larger of that and
+`elapsed / time_limit_s`, so a slow (shared) machine still finishes the
+schedule on time, with fewer steps, and the report says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict]]
+
+
+@dataclass
+class LoopConfig:
+    stage: str
+    steps: int
+    lr: float
+    warmup: int = 50
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    time_limit_s: float | None = None
+    log_every: int = 25
+    ckpt_every: int = 0  # 0: only at the end (the caller saves)
+
+
+def lr_at(progress: float, step: int, cfg: LoopConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    p = min(max(progress, 0.0), 1.0)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def make_optimizer(model: torch.nn.Module, cfg: LoopConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def train_loop(
+    model: torch.nn.Module,
+    step_fn: StepFn,
+    batches: Iterator,
+    cfg: LoopConfig,
+    log_path: Path,
+    checkpoint: Callable[[int], None] | None = None,
+    evaluate: Callable[[], dict] | None = None,
+) -> dict:
+    """Run the schedule; append one JSON line per logged step to `log_path`.
+
+    `step_fn(x, y)` returns (loss, metrics) under autocast. `checkpoint(step)` is
+    called every `cfg.ckpt_every` steps; `evaluate()` at each checkpoint and its
+    dict is logged. Returns a summary: steps done, tokens, wall time, last loss,
+    and whether the time limit cut the run short.
+    """
+    model.train()
+    opt = make_optimizer(model, cfg)
+    t0 = time.monotonic()
+    tokens, step, ema, time_capped = 0, 0, None, False
+    bar = tqdm(total=cfg.steps, desc=cfg.stage, unit="step", mininterval=10, file=sys.stderr)
+    with log_path.open("a") as log:
+        while step < cfg.steps:
+            elapsed = time.monotonic() - t0
+            progress = step / cfg.steps
+            if cfg.time_limit_s:
+                if elapsed >= cfg.time_limit_s:
+                    time_capped = True
+                    break
+                progress = max(progress, elapsed / cfg.time_limit_s)
+            lr = lr_at(progress, step, cfg)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            x, y = next(batches)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss, metrics = step_fn(x, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
+            opt.step()
+            step += 1
+            tokens += x.numel()
+            loss_v = loss.item()
+            ema = loss_v if ema is None else 0.95 * ema + 0.05 * loss_v
+            bar.update(1)
+            bar.set_postfix(loss=f"{ema:.3f}", lr=f"{lr:.2e}", refresh=False)
+            rec = None
+            if step % cfg.log_every == 0 or step == 1 or step == cfg.steps:
+                el = time.monotonic() - t0
+                rec = {
+                    "stage": cfg.stage,
+                    "step": step,
+                    "loss": loss_v,
+                    "loss_ema": ema,
+                    "lr": lr,
+                    "grad_norm": gnorm,
+                    "tokens": tokens,
+                    "elapsed_s": round(el, 1),
+                    "tokens_per_s": round(tokens / el, 1),
+                    **metrics,
+                }
+                tqdm.write(
+                    f"[{cfg.stage}] step {step}/{cfg.steps} loss {loss_v:.4f} (ema {ema:.4f}) "
+                    f"lr {lr:.2e} {tokens / el:.0f} tok/s {el / 60:.1f} min",
+                    file=sys.stderr,
+                )
+            if cfg.ckpt_every and step % cfg.ckpt_every == 0 and step < cfg.steps:
+                if checkpoint:
+                    checkpoint(step)
+                if evaluate:
+                    model.eval()
+                    ev = evaluate()
+                    model.train()
+                    rec = {**(rec or {"stage": cfg.stage, "step": step}), **ev}
+                    tqdm.write(f"[{cfg.stage}] step {step} eval {ev}", file=sys.stderr)
+            if rec:
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+    bar.close()
+    model.eval()
+    wall = time.monotonic() - t0
+    return {
+        "steps": step,
+        "steps_planned": cfg.steps,
+        "tokens": tokens,
+        "wall_s": round(wall, 1),
+        "final_loss_ema": ema,
+        "time_capped": time_capped,
+    }

@@ -1,0 +1,303 @@
+"""The training run in order: corpus -> tokenizer -> target -> draft -> evaluation.
+
+Everything is seeded (python `random`, numpy, torch); with explicit step counts
+and the same machine the run is repeatable. The output directory receives:
+
+    target/, draft/          Hugging Face directories (bf16 safetensors, shared tokenizer)
+    split.json               the corpus root, the rule, and the held-out file list
+    loss_log.jsonl           one line per logged step of both stages
+    training_report.json     arguments, plan, parameter counts, compute ratio, evaluation
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from runtime.errors import DuetError
+
+from . import plan as planning
+from .checkpoint import check_reload, load_model, save_model
+from .configs import DRAFT, TARGET, Shape, check_draft_budget, compute_summary, qwen3_config
+from .corpus import (
+    DEFAULT_EXCLUDE_DIRS,
+    DEFAULT_INCLUDE,
+    BatchSampler,
+    eval_windows,
+    load_corpus,
+    token_stream,
+)
+from .evaluate import evaluate_pair, heldout_loss
+from .loop import LoopConfig, train_loop
+from .losses import distill_loss, next_token_loss
+from .tokenizer import eos_id, load_tokenizer, save_tokenizer, train_tokenizer
+
+
+@dataclass
+class TrainArgs:
+    out: Path
+    corpus: Path | None = None
+    include: tuple[str, ...] = DEFAULT_INCLUDE
+    exclude_dirs: tuple[str, ...] = DEFAULT_EXCLUDE_DIRS
+    heldout_frac: float = 0.05
+    vocab_size: int = 4096
+    seq_len: int = 512
+    batch_size: int = 8
+    target_shape: Shape = TARGET
+    draft_shape: Shape = DRAFT
+    target_steps: int | None = None
+    draft_steps: int | None = None
+    time_budget_min: float | None = None
+    target_lr: float = 2e-3
+    draft_lr: float = 3e-3
+    warmup: int = 50
+    draft_ce_weight: float = 0.0
+    seed: int = 0
+    threads: int = 2
+    log_every: int = 25
+    ckpt_every: int = 200
+    eval_max_new_tokens: int = 64
+    eval_prompts: int = 40
+    evaluate: bool = True
+    skip_target: bool = False
+    allow_draft_over_budget: bool = False
+    argv: list[str] = field(default_factory=list)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _ce_step(model):
+    def step(x, y):
+        loss = next_token_loss(model(input_ids=x).logits, y)
+        return loss, {}
+
+    return step
+
+
+def _distill_step(draft, teacher, ce_weight: float):
+    def step(x, y):
+        with torch.no_grad():
+            t_logits = teacher(input_ids=x).logits
+        return distill_loss(draft(input_ids=x).logits, t_logits, y, ce_weight=ce_weight)
+
+    return step
+
+
+def _quick_eval(model, windows):
+    def ev():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return {"heldout_loss_quick": round(heldout_loss(model, windows), 4)}
+
+    return ev
+
+
+def train_pair(a: TrainArgs) -> dict:
+    """Run the whole pipeline; returns the report also written to training_report.json."""
+    t_start = time.monotonic()
+    deadline = t_start + a.time_budget_min * 60 if a.time_budget_min else None
+    torch.set_num_threads(a.threads)
+    seed_everything(a.seed)
+    from transformers import Qwen3ForCausalLM
+
+    corpus = load_corpus(
+        a.corpus, include=a.include, exclude_dirs=a.exclude_dirs, heldout_frac=a.heldout_frac
+    )
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "split.json").write_text(
+        json.dumps(
+            {
+                "corpus_root": str(corpus.root),
+                "corpus_is_stdlib": a.corpus is None,
+                "include": list(a.include),
+                "exclude_dirs": list(a.exclude_dirs),
+                "rule": "held out iff sha256('duet-heldout-v1:' + relative_path) / 2**256 < heldout_frac",
+                "heldout_frac": a.heldout_frac,
+                "seq_len": a.seq_len,
+                "train_files": len(corpus.train),
+                "heldout": list(corpus.heldout),
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    _say(f"corpus {corpus.root}: {len(corpus.train)} train files, {len(corpus.heldout)} held out")
+
+    # Tokenizer: trained on train files only; reused as-is when the target is reused.
+    tok_dir = Path(tempfile.mkdtemp(prefix="duet-tok-"))
+    if a.skip_target:
+        if not (out / "target" / "config.json").is_file():
+            raise DuetError(f"--skip-target: no trained target in {out / 'target'}")
+        tok = load_tokenizer(out / "target")
+    else:
+        tok = train_tokenizer(corpus.texts("train"), a.vocab_size)
+    save_tokenizer(tok, tok_dir)
+    eos, vocab = eos_id(tok), tok.get_vocab_size()
+    enc = lambda texts: [e.ids for e in tok.encode_batch(texts)]  # noqa: E731
+    train_stream = token_stream(corpus.texts("train"), enc, eos)
+    held_stream = token_stream(corpus.texts("heldout"), enc, eos)
+    quick_windows = eval_windows(held_stream, a.seq_len, 8 * a.seq_len)
+    n_bytes = sum((corpus.root / f).stat().st_size for f in corpus.train)
+    _say(
+        f"tokenizer: vocab {vocab}; train {len(train_stream)} tokens ({n_bytes / len(train_stream):.2f} bytes/token), "
+        f"held-out {len(held_stream)} tokens"
+    )
+
+    summary = compute_summary(a.target_shape, a.draft_shape, vocab, a.seq_len)
+    check_draft_budget(summary, a.allow_draft_over_budget)
+    _say(
+        f"target {summary['target_params'] / 1e6:.2f} M params, draft {summary['draft_params'] / 1e6:.2f} M params, "
+        f"draft/target compute per token {summary['draft_target_flop_ratio']:.4f}"
+    )
+    t_cfg = qwen3_config(a.target_shape, vocab, eos)
+    d_cfg = qwen3_config(a.draft_shape, vocab, eos)
+    tokens_per_step = a.batch_size * a.seq_len
+
+    plan = None
+    if a.time_budget_min:
+        probe = BatchSampler(train_stream, a.batch_size, a.seq_len, seed=a.seed + 99)
+        tm = Qwen3ForCausalLM(t_cfg)
+        t_step = planning.time_steps(tm, _ce_step(tm), probe)
+        dm = Qwen3ForCausalLM(d_cfg)
+        d_step = planning.time_steps(dm, _distill_step(dm, tm.eval(), a.draft_ce_weight), probe)
+        del tm, dm
+        remaining = deadline - time.monotonic()
+        plan = planning.plan_steps(remaining, t_step, d_step)
+        if a.skip_target:
+            plan = planning.plan_steps(remaining, t_step, d_step, target_frac=0.0)
+        _say(plan.describe(tokens_per_step))
+    target_steps = a.target_steps or (plan.target_steps if plan else None)
+    draft_steps = a.draft_steps or (plan.draft_steps if plan else None)
+    assert target_steps and draft_steps, "the CLI requires steps or a time budget"
+
+    log_path = out / "loss_log.jsonl"
+    probe_ids = torch.from_numpy(held_stream[: min(128, len(held_stream))].astype(np.int64))[None]
+    stages = {}
+
+    # Stage 1: the target, next-token loss on the train stream.
+    if not a.skip_target:
+        log_path.write_text("")
+        seed_everything(a.seed)
+        target = Qwen3ForCausalLM(t_cfg)
+        limit = plan.target_time_s if plan else None
+        cfg = LoopConfig(
+            "target",
+            target_steps,
+            a.target_lr,
+            a.warmup,
+            time_limit_s=limit,
+            log_every=a.log_every,
+            ckpt_every=a.ckpt_every,
+        )
+        ckpt = lambda step: save_model(target, out / "target", tok_dir, eos)  # noqa: E731
+        stages["target"] = train_loop(
+            target,
+            _ce_step(target),
+            BatchSampler(train_stream, a.batch_size, a.seq_len, a.seed + 1),
+            cfg,
+            log_path,
+            ckpt,
+            _quick_eval(target, quick_windows),
+        )
+        save_model(target, out / "target", tok_dir, eos)
+        stages["target"]["reload_check"] = check_reload(target, out / "target", probe_ids)
+        del target
+    teacher = load_model(out / "target")  # distil from the target exactly as saved (bf16 weights)
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+
+    # Stage 2: the draft, distilled from the saved target.
+    seed_everything(a.seed + 2)
+    draft = Qwen3ForCausalLM(d_cfg)
+    limit = None
+    if deadline is not None:
+        limit = max(deadline - time.monotonic() - planning.EVAL_RESERVE_S, 30.0)
+        if plan:
+            draft_steps = (
+                min(draft_steps, max(1, int(limit * 0.9 / plan.draft_step_s)))
+                if not a.draft_steps
+                else draft_steps
+            )
+    cfg = LoopConfig(
+        "draft",
+        draft_steps,
+        a.draft_lr,
+        a.warmup,
+        time_limit_s=limit,
+        log_every=a.log_every,
+        ckpt_every=a.ckpt_every,
+    )
+    ckpt = lambda step: save_model(draft, out / "draft", tok_dir, eos)  # noqa: E731
+    stages["draft"] = train_loop(
+        draft,
+        _distill_step(draft, teacher, a.draft_ce_weight),
+        BatchSampler(train_stream, a.batch_size, a.seq_len, a.seed + 3),
+        cfg,
+        log_path,
+        ckpt,
+        _quick_eval(draft, quick_windows),
+    )
+    save_model(draft, out / "draft", tok_dir, eos)
+    stages["draft"]["reload_check"] = check_reload(draft, out / "draft", probe_ids)
+
+    shutil.rmtree(tok_dir, ignore_errors=True)
+
+    report = {
+        "command": "python -m apps.train " + " ".join(a.argv),
+        "args": {
+            k: (str(v) if isinstance(v, Path) else asdict(v) if isinstance(v, Shape) else v)
+            for k, v in asdict(a).items()
+            if k != "argv"
+        },
+        "torch": torch.__version__,
+        "threads": a.threads,
+        "corpus": {
+            "root": str(corpus.root),
+            "train_files": len(corpus.train),
+            "heldout_files": len(corpus.heldout),
+            "train_tokens": int(len(train_stream)),
+            "heldout_tokens": int(len(held_stream)),
+            "train_bytes_per_token": n_bytes / len(train_stream),
+        },
+        "plan": asdict(plan) if plan else None,
+        "steps": {"target": target_steps, "draft": draft_steps},
+        "tokens_per_step": tokens_per_step,
+        **summary,
+        "stages": stages,
+        "train_wall_s": round(time.monotonic() - t_start, 1),
+    }
+    if a.evaluate:
+        _say("evaluating the saved pair ...")
+        report["evaluation"] = evaluate_pair(
+            out / "target",
+            out / "draft",
+            corpus,
+            seq_len=a.seq_len,
+            max_new=a.eval_max_new_tokens,
+            max_prompts=a.eval_prompts,
+        )
+        ev = report["evaluation"]
+        _say(
+            f"held-out loss: target {ev['target_heldout_loss']:.4f}, draft {ev['draft_heldout_loss']:.4f}; "
+            f"greedy acceptance {ev['greedy_acceptance']:.3f} over {ev['positions']} positions"
+        )
+    report["total_wall_s"] = round(time.monotonic() - t_start, 1)
+    (out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
