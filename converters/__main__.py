@@ -1,7 +1,16 @@
-"""`python -m converters export --model DIR --format onnx --out PATH`.
+"""`python -m converters export --model DIR --format coreml|onnx|mlx --out PATH`.
 
-Exports a checkpoint and prints the parity it measured against the PyTorch
-reference; exits non-zero when parity is past its named tolerance.
+  onnx    dynamic-shape export (the desktop/CPU draft); with --static-shapes, fixed
+          query length and --max-context as QNN needs, optionally --quantize int8|int16
+          (QDQ), and genai_config.json beside it
+  coreml  an iOS 18 / macOS 15 .mlpackage with the KV cache as state (prefill + decode
+          functions sharing weights); --quantize int8|int4|palettize4; --kv-io for the
+          explicit KV-in/KV-out fallback
+  mlx     the target quantized with mlx-lm (--quantize 4|8, default 4)
+
+Every export prints the parity it measured against its reference with the named
+tolerance, keeps it in the artefact's metadata, and exits non-zero when parity
+is past the tolerance.
 """
 
 from __future__ import annotations
@@ -12,9 +21,17 @@ import sys
 
 from runtime.errors import DuetError, cli_main
 
+QUANTIZE = {
+    "onnx": ("none", "int8", "int16"),
+    "coreml": ("none", "int8", "int4", "palettize4"),
+    "mlx": ("4", "8"),
+}
+
 
 def export_onnx_checked(model: str, out: str, tol: float) -> dict:
+    """The dynamic-shape export with parity against the PyTorch reference, kept in its metadata."""
     from converters.onnx_export import export_onnx
+    from converters.onnx_static import set_metadata
     from converters.parity import decode_parity
     from runtime.backends.onnx_backend import OnnxCausalLM
     from runtime.backends.torch_backend import TorchCausalLM
@@ -23,7 +40,88 @@ def export_onnx_checked(model: str, out: str, tol: float) -> dict:
     info = export_onnx(model, out)
     par = decode_parity(ref, OnnxCausalLM.load(out, config_dir=model))
     info.update(parity=par, tolerance=tol, ok=par["max_abs"] <= tol)
+    set_metadata(out, {"duet.parity": {**par, "tolerance": {"max_abs": tol}, "ok": info["ok"]}})
     return info
+
+
+def run_export(args) -> dict:
+    """Dispatch one export; returns a report with `ok`, `summary` lines and the details."""
+    q = args.quantize or ("4" if args.format == "mlx" else "none")
+    if q not in QUANTIZE[args.format]:
+        raise DuetError(
+            f"--quantize {q} does not apply to --format {args.format}; choose from {', '.join(QUANTIZE[args.format])}"
+        )
+    if args.format == "onnx" and not args.static_shapes:
+        if q != "none" or args.max_context:
+            raise DuetError("--quantize and --max-context need --static-shapes for --format onnx")
+        from converters.parity import ONNX_FP32_TOL
+
+        tol = args.tol if args.tol is not None else ONNX_FP32_TOL
+        info = export_onnx_checked(args.model, args.out, tol)
+        p = info["parity"]
+        info["summary"] = [
+            f"wrote {info['path']} ({info['bytes'] / 1e6:.2f} MB) in {info['seconds']:.1f} s",
+            f"parity vs PyTorch reference: max |Δlogit| prefill {p['prefill_max_abs']:.2e}, decode "
+            f"{p['decode_max_abs']:.2e} (tolerance {tol:.0e}); top-1 agreement {p['top1_agree']:.3f}",
+        ]
+        return info
+    if args.format == "onnx":
+        from converters.onnx_static_build import build_static_onnx
+
+        r = build_static_onnx(
+            args.model,
+            args.out,
+            context=args.max_context,
+            prefill_len=args.prefill_len,
+            quantization=q,
+        )
+        p = r["parity"]
+        r["ok"] = p["ok"]
+        r["summary"] = [
+            f"wrote {r['paths']['decode']} + {r['paths']['prefill']} (static: context {r['context']}, "
+            f"prefill {r['prefill_len']}; {q}) {r['size_bytes'] / 1e6:.2f} MB in {r['convert_s']:.1f} s",
+            f"parity vs PyTorch reference: max |Δlogit| {p['max_abs']:.2e}, top-1 agreement "
+            f"{p['top1_agree']:.3f} (tolerance {p['tolerance']}) -> {'ok' if p['ok'] else 'FAIL'}",
+            f"wrote {r['genai_config']}",
+        ]
+        return r
+    if args.format == "coreml":
+        from converters.coreml_export import export_coreml
+
+        r = export_coreml(
+            args.model,
+            args.out,
+            max_context=args.max_context,
+            prefill_len=args.prefill_len,
+            flavour="kvio" if args.kv_io else "stateful",
+            compression=q,
+        )
+        p = r["parity"]
+        r["ok"] = p["fp32"]["ok"] and p["fp16"]["ok"]
+        r["summary"] = [
+            f"wrote {args.out} ({r['flavour']} KV cache, context {r['context']}, prefill {r['prefill_len']}, "
+            f"weights {q}) {r['size_bytes'] / 1e6:.2f} MB in {r['convert_s']:.1f} s",
+            "parity of the traced ANE module vs transformers: "
+            + ", ".join(
+                f"{k} max rel {p[k]['max_rel_err']:.1e} (tol {p[k]['tolerance']:.0e})"
+                for k in ("fp32", "fp16")
+            )
+            + f"; top-1 {p['fp16']['top1_agree']:.3f}",
+            "prediction parity of the package itself runs on macOS (tests/test_convert_coreml.py)",
+        ]
+        return r
+    from converters.mlx_quantize import quantize_mlx
+
+    r = quantize_mlx(args.model, args.out, bits=int(q), group_size=args.group_size)
+    p = r["parity"]
+    r["ok"] = p["ok"]
+    r["summary"] = [
+        f"wrote {args.out} ({q}-bit, group {r['group_size']}) {r['size_bytes'] / 1e6:.2f} MB "
+        f"(from {r['source_size_bytes'] / 1e6:.2f} MB) in {r['convert_s']:.1f} s",
+        f"parity vs full precision on {p['prompts']} held-out prompts ({p['positions']} positions): "
+        f"top-1 agreement {p['top1_agree']:.3f}, mean KL {p['mean_kl']:.2e} (tolerance {p['tolerance']})",
+    ]
+    return r
 
 
 @cli_main
@@ -36,34 +134,44 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("export", help="convert a checkpoint for a device runtime")
     ex.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
-    ex.add_argument("--format", required=True, choices=["onnx"], help="artefact format")
-    ex.add_argument("--out", required=True, help="output path (e.g. draft.onnx)")
+    ex.add_argument("--format", required=True, choices=sorted(QUANTIZE), help="artefact format")
     ex.add_argument(
-        "--tol",
-        type=float,
-        default=None,
-        help="max |Δlogit| allowed (default: the format's named tolerance)",
+        "--out",
+        required=True,
+        help="output path (draft.onnx, draft.mlpackage, or a directory for mlx)",
     )
+    ex.add_argument(
+        "--quantize", help="onnx: int8|int16 (static only); coreml: int8|int4|palettize4; mlx: 4|8"
+    )
+    ex.add_argument(
+        "--max-context",
+        type=int,
+        help="cache length for static/Core ML graphs (default: the model's)",
+    )
+    ex.add_argument(
+        "--static-shapes", action="store_true", help="onnx: fixed query length and context (QNN)"
+    )
+    ex.add_argument(
+        "--prefill-len", type=int, default=16, help="query length of the prefill graph (default 16)"
+    )
+    ex.add_argument(
+        "--kv-io", action="store_true", help="coreml: KV cache as inputs/outputs instead of state"
+    )
+    ex.add_argument(
+        "--group-size", type=int, default=64, help="mlx: quantization group size (default 64)"
+    )
+    ex.add_argument("--tol", type=float, default=None, help="onnx (dynamic): max |Δlogit| allowed")
     ex.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
+    if args.max_context is not None and args.max_context < 2:
+        raise DuetError(f"--max-context must be at least 2, not {args.max_context}")
 
-    from converters.parity import ONNX_FP32_TOL
-
-    info = export_onnx_checked(
-        args.model, args.out, args.tol if args.tol is not None else ONNX_FP32_TOL
-    )
-    if args.json:
-        print(json.dumps(info, indent=2))
-    else:
-        p = info["parity"]
-        print(f"wrote {info['path']} ({info['bytes'] / 1e6:.2f} MB) in {info['seconds']:.1f} s")
-        print(
-            f"parity vs PyTorch reference: max |Δlogit| prefill {p['prefill_max_abs']:.2e}, "
-            f"decode {p['decode_max_abs']:.2e} (tolerance {info['tolerance']:.0e}); top-1 agreement {p['top1_agree']:.3f}"
-        )
+    info = run_export(args)
+    summary = info.pop("summary")
+    print(json.dumps(info, indent=2, default=str) if args.json else "\n".join(summary))
     if not info["ok"]:
         raise DuetError(
-            f"parity {info['parity']['max_abs']:.3e} exceeds tolerance {info['tolerance']:.1e}"
+            "parity is past its named tolerance (see above); the artefact is kept for inspection"
         )
     return 0
 

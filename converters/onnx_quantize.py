@@ -13,6 +13,7 @@ calibrated that range would flatten every real score to one bucket.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 from pathlib import Path
@@ -69,6 +70,11 @@ def quantize_static_export(model_dir: str | Path, decode_path: str | Path, schem
     paths = graph_paths(decode_path)
     feeds = record_feeds(model_dir, paths["decode"])
     counts = {}
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(
+        logging.ERROR
+    )  # ORT's advice to pre-process and its opset-21 upgrade note for int16
     with tempfile.TemporaryDirectory() as tmp:
         for name, path in paths.items():
             if not feeds[name]:
@@ -90,6 +96,7 @@ def quantize_static_export(model_dir: str | Path, decode_path: str | Path, schem
             )
             shutil.move(str(staged), str(path))
             counts[name] = len(feeds[name])
+    root.setLevel(level)
     return {
         "scheme": scheme,
         "activation": act.name,
