@@ -1,0 +1,111 @@
+"""`python -m apps.companion package --draft DIR --out BUNDLE` builds a companion bundle;
+`python -m apps.companion run BUNDLE --prompt TEXT|--prompt-ids IDS --max-tokens N` drafts
+with it. A tampered, truncated or incomplete bundle is refused with one line, exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from runtime.errors import DuetError, cli_main
+
+
+def parse_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise DuetError(f"--prompt-ids takes comma-separated integers, got {text!r}") from None
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m apps.companion", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    pk = sub.add_parser("package", help="build a bundle from a draft checkpoint")
+    pk.add_argument(
+        "--draft",
+        required=True,
+        help="draft checkpoint directory (config.json, safetensors, tokenizer.json)",
+    )
+    pk.add_argument("--out", required=True, help="bundle directory to create")
+    pk.add_argument(
+        "--target", help="the target checkpoint it pairs with (checked: same vocabulary)"
+    )
+    pk.add_argument(
+        "--max-context",
+        type=int,
+        help="draft context on the phone (default: the model's, at most 2048)",
+    )
+    pk.add_argument(
+        "--prefill-len",
+        type=int,
+        default=16,
+        help="query length of the prefill graphs (default 16)",
+    )
+    pk.add_argument("--onnx-quantize", default="none", choices=["none", "int8", "int16"])
+    pk.add_argument(
+        "--coreml-quantize", default="none", choices=["none", "int8", "int4", "palettize4"]
+    )
+    pk.add_argument("--json", action="store_true", help="print the manifest")
+    rn = sub.add_parser("run", help="verify a bundle and draft greedily with it")
+    rn.add_argument("bundle")
+    g = rn.add_mutually_exclusive_group(required=True)
+    g.add_argument("--prompt")
+    g.add_argument("--prompt-ids", help="comma-separated token ids")
+    rn.add_argument("--max-tokens", type=int, default=32)
+    rn.add_argument(
+        "--engine",
+        default="auto",
+        choices=["auto", "onnx", "coreml"],
+        help="auto: Core ML on macOS, ONNX Runtime elsewhere",
+    )
+    rn.add_argument(
+        "--threads", type=int, default=1, help="ONNX Runtime intra-op threads (default 1)"
+    )
+    rn.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+
+    if args.cmd == "package":
+        from apps.companion.package import package_bundle, summary
+
+        m = package_bundle(
+            args.draft,
+            args.out,
+            target=args.target,
+            max_context=args.max_context,
+            prefill_len=args.prefill_len,
+            onnx_quantize=args.onnx_quantize,
+            coreml_quantize=args.coreml_quantize,
+        )
+        print(json.dumps(m, indent=2) if args.json else "\n".join(summary(m, Path(args.out))))
+        return 0
+    if args.max_tokens < 1:
+        raise DuetError(f"--max-tokens must be at least 1, not {args.max_tokens}")
+    from apps.companion.client import run_bundle
+
+    ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    r = run_bundle(
+        args.bundle,
+        prompt=args.prompt,
+        prompt_ids=ids,
+        max_tokens=args.max_tokens,
+        engine=args.engine,
+        threads=args.threads,
+    )
+    if args.json:
+        print(json.dumps(r))
+    else:
+        s = r["stats"]
+        print(r["text"])
+        print(
+            f"[{len(r['tokens'])} tokens drafted with {s['engine']} at {s['tokens_per_s']} tok/s; "
+            f"bundle verified in {s['verify_s']:.3f} s]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

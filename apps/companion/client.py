@@ -1,0 +1,87 @@
+"""`run`: the reference client. It loads only the bundle, verifies every file before
+use, and drafts greedily with the ONNX draft through onnxruntime (the Core ML draft
+on macOS when asked), as the phone app would before sending drafts to a verifier.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from apps.companion.verify import verify_bundle
+from runtime.errors import DuetError
+
+
+def load_draft(bundle: Path, engine: str, threads: int = 1):
+    """The bundle's draft as a CausalLM: "onnx", "coreml" (macOS) or "auto"."""
+    if engine == "auto":
+        engine = "coreml" if sys.platform == "darwin" else "onnx"
+    if engine == "coreml":
+        from runtime.backends.coreml_backend import CoreMLCausalLM
+
+        return CoreMLCausalLM.load(bundle / "draft.mlpackage")
+    from converters.onnx_static_host import StaticOnnxLM
+
+    return StaticOnnxLM.load(bundle / "draft.onnx", threads=threads)
+
+
+def draft_greedy(model, prompt: list[int], max_tokens: int, eos: tuple[int, ...]) -> Iterator[int]:
+    """Yield up to `max_tokens` greedy tokens after `prompt`, stopping at an EOS token or the context."""
+    cache = model.new_cache()
+    logits = model.forward(np.asarray([prompt], np.int64), cache)
+    for _ in range(max_tokens):
+        tok = int(logits[0, -1].argmax())
+        yield tok
+        if tok in eos or cache.offset + 1 > getattr(model, "context", 1 << 30):
+            return
+        logits = model.forward(np.asarray([[tok]], np.int64), cache)
+
+
+def run_bundle(
+    bundle: str | Path,
+    *,
+    prompt: str | None,
+    prompt_ids: list[int] | None,
+    max_tokens: int,
+    engine: str = "auto",
+    threads: int = 1,
+) -> dict:
+    """Verify, load and draft; returns {tokens, text, stats}."""
+    from tokenizers import Tokenizer
+
+    b = Path(bundle)
+    t0 = time.perf_counter()
+    manifest = verify_bundle(b)
+    t_verify = time.perf_counter() - t0
+    tok = Tokenizer.from_file(str(b / "tokenizer.json"))
+    ids = prompt_ids if prompt_ids is not None else tok.encode(prompt or "").ids
+    vocab = manifest["model"]["vocab_size"]
+    if not ids:
+        raise DuetError("the prompt is empty")
+    if min(ids) < 0 or max(ids) >= vocab:
+        raise DuetError(f"prompt ids must lie in [0, {vocab}); got {min(ids)}..{max(ids)}")
+    if len(ids) >= manifest["context_length"]:
+        raise DuetError(
+            f"the prompt ({len(ids)} tokens) does not fit the draft's context of {manifest['context_length']}"
+        )
+    model = load_draft(b, engine, threads)
+    t1 = time.perf_counter()
+    out = list(
+        draft_greedy(model, ids, max_tokens, tuple(manifest["model"].get("eos_token_ids", ())))
+    )
+    dt = time.perf_counter() - t1
+    return {
+        "tokens": out,
+        "text": tok.decode(out),
+        "stats": {
+            "prompt_tokens": len(ids),
+            "verify_s": round(t_verify, 4),
+            "draft_s": round(dt, 4),
+            "tokens_per_s": round(len(out) / dt, 2) if dt > 0 else None,
+            "engine": model.backend,
+        },
+    }

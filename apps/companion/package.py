@@ -1,0 +1,176 @@
+"""`package`: convert a draft checkpoint into a companion bundle.
+
+BUNDLE/
+  draft.mlpackage/        Core ML, KV cache as state, prefill + decode (iOS 18 ANE)
+  draft.onnx              static-shape decode graph (QNN and other NPU providers) ...
+  draft.prefill.onnx      ... and its prefill graph
+  genai_config.json       how to drive the two ONNX graphs
+  tokenizer.json, config.json
+  manifest.json           identities, I/O names, parity, sha256 + size of every file
+The bundle is built in a staging folder and moved into place only when complete.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from apps.companion.identity import sha256_file, vocab_hash
+from apps.companion.manifest import write_manifest
+from runtime.config import ModelConfig
+from runtime.errors import DuetError
+
+
+def onnx_io(path: Path) -> dict:
+    import onnx
+
+    g = onnx.load(str(path), load_external_data=False).graph
+    dims = lambda v: [d.dim_value for d in v.type.tensor_type.shape.dim]  # noqa: E731
+    return {
+        "inputs": {v.name: dims(v) for v in g.input},
+        "outputs": {v.name: dims(v) for v in g.output},
+    }
+
+
+def package_bundle(
+    draft: str | Path,
+    out: str | Path,
+    *,
+    target: str | Path | None = None,
+    max_context: int | None = None,
+    prefill_len: int = 16,
+    onnx_quantize: str = "none",
+    coreml_quantize: str = "none",
+) -> dict:
+    """Build the bundle at `out` from the checkpoint `draft`; returns the manifest."""
+    from converters.coreml_export import export_coreml
+    from converters.coreml_inspect import describe
+    from converters.onnx_static_build import build_static_onnx
+
+    src, out = Path(draft), Path(out)
+    cfg = ModelConfig.from_dir(src)
+    tok = src / "tokenizer.json"
+    if not tok.is_file():
+        raise DuetError(
+            f"{src}: no tokenizer.json; a bundle ships the tokenizer the draft was trained with"
+        )
+    vhash = vocab_hash(tok)
+    pairs = {"family": cfg.model_type, "vocab_hash": vhash, "vocab_size": cfg.vocab_size}
+    if target is not None:
+        tcfg = ModelConfig.from_dir(target)
+        tvh = (
+            vocab_hash(Path(target) / "tokenizer.json")
+            if (Path(target) / "tokenizer.json").is_file()
+            else None
+        )
+        if tvh != vhash or tcfg.vocab_size != cfg.vocab_size:
+            raise DuetError(
+                f"{target}: its vocabulary differs from the draft's ({src}); they cannot pair"
+            )
+        pairs.update(
+            family=tcfg.model_type, target=Path(target).name, target_layers=tcfg.num_layers
+        )
+    if out.exists() and any(out.iterdir()):
+        raise DuetError(f"{out}: exists and is not empty; remove it or choose another --out")
+    ctx = int(max_context or min(cfg.max_context, 2048))
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    t0 = time.perf_counter()
+    steps = tqdm(total=3, desc="packaging", unit="step", leave=False)
+    try:
+        steps.set_postfix_str("onnx (static)")
+        onnx_r = build_static_onnx(
+            src,
+            staging / "draft.onnx",
+            context=ctx,
+            prefill_len=prefill_len,
+            quantization=onnx_quantize,
+        )
+        steps.update()
+        steps.set_postfix_str("core ml")
+        coreml_r = export_coreml(
+            src,
+            staging / "draft.mlpackage",
+            max_context=ctx,
+            prefill_len=prefill_len,
+            compression=coreml_quantize,
+        )
+        steps.update()
+        steps.set_postfix_str("manifest")
+        shutil.copy2(tok, staging / "tokenizer.json")
+        shutil.copy2(src / "config.json", staging / "config.json")
+        cm = describe(staging / "draft.mlpackage")
+        body = {
+            "model": {
+                "name": src.resolve().name,
+                "model_type": cfg.model_type,
+                "num_layers": cfg.num_layers,
+                "hidden_size": cfg.hidden_size,
+                "vocab_size": cfg.vocab_size,
+                "config_sha256": sha256_file(src / "config.json"),
+                "eos_token_ids": list(cfg.eos_token_ids),
+            },
+            "tokenizer": {
+                "file": "tokenizer.json",
+                "sha256": sha256_file(tok),
+                "vocab_hash": vhash,
+            },
+            "pairs_with": pairs,
+            "context_length": onnx_r["context"],
+            "prefill_len": onnx_r["prefill_len"],
+            "io": {
+                "onnx": {
+                    "decode": onnx_io(staging / "draft.onnx"),
+                    "prefill": onnx_io(staging / "draft.prefill.onnx"),
+                    "genai_config": "genai_config.json",
+                },
+                "coreml": {
+                    "package": "draft.mlpackage",
+                    "default_function": cm["default_function"],
+                    "functions": cm["functions"],
+                },
+            },
+            "parity": {"onnx": onnx_r["parity"], "coreml": coreml_r["parity"]},
+            "conversion": {
+                "onnx": {
+                    "quantization": onnx_quantize,
+                    "seconds": onnx_r["convert_s"],
+                    "bytes": onnx_r["size_bytes"],
+                },
+                "coreml": {
+                    "compression": coreml_quantize,
+                    "seconds": coreml_r["convert_s"],
+                    "bytes": coreml_r["size_bytes"],
+                },
+            },
+        }
+        manifest = write_manifest(staging, body)
+        steps.update()
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        steps.close()
+    if out.exists():
+        out.rmdir()
+    staging.rename(out)
+    manifest["conversion"]["total_seconds"] = round(time.perf_counter() - t0, 2)
+    return manifest
+
+
+def summary(manifest: dict, out: Path) -> list[str]:
+    """Lines the command prints after packaging."""
+    size = sum(e["size"] for e in manifest["files"].values())
+    po, pc = manifest["parity"]["onnx"], manifest["parity"]["coreml"]
+    return [
+        f"wrote {out}: {len(manifest['files'])} files, {size / 1e6:.2f} MB, in {manifest['conversion']['total_seconds']:.1f} s",
+        f"draft {manifest['model']['name']} ({manifest['model']['model_type']}), context {manifest['context_length']}, "
+        f"pairs with a {manifest['pairs_with']['family']} target of vocabulary {manifest['pairs_with']['vocab_hash'][:12]}",
+        f"onnx parity: max |Δlogit| {po['max_abs']:.2e}, top-1 {po['top1_agree']:.3f} ({'ok' if po['ok'] else 'FAIL'})",
+        f"coreml parity (traced module): fp16 max rel {pc['fp16']['max_rel_err']:.1e} "
+        f"({'ok' if pc['fp16']['ok'] else 'FAIL'})",
+    ]
