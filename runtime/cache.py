@@ -54,6 +54,14 @@ class ConcatKVCache:
         self._offsets = [o - n for o in self._offsets]
         return n
 
+    def fork(self, rows: Sequence[int]) -> ConcatKVCache:
+        """A new cache holding copies of `rows`; this one is unchanged."""
+        rows = list(rows)
+        new = ConcatKVCache.__new__(ConcatKVCache)
+        new._empty, new._batch, new._offsets = self._empty, len(rows), list(self._offsets)
+        new._kv = [(k[rows], v[rows]) for k, v in (self.get(i) for i in range(len(self._kv)))]
+        return new
+
     def select(self, rows: Sequence[int]) -> None:
         rows = list(rows)
         self._kv = [(k[rows], v[rows]) for k, v in (self.get(i) for i in range(len(self._kv)))]

@@ -16,6 +16,8 @@ import sys
 from runtime.decoding import METHODS, Sampling, make_steps, stream
 from runtime.errors import DuetError, cli_main
 from runtime.load import load_pair
+from runtime.mirror.summary import mirror_summary
+from runtime.mirror.timeline import Timeline
 from runtime.stats import RunStats
 from runtime.tokenizer import Detokenizer
 
@@ -72,6 +74,23 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="RNG seed for sampling (default 0)")
     ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default 4)")
     ap.add_argument(
+        "--kappa",
+        type=int,
+        default=8,
+        help="mirror: top-κ width of the early-exit message (default 8)",
+    )
+    ap.add_argument(
+        "--exit-layer",
+        type=int,
+        default=None,
+        help="mirror: target layer ℓe whose hidden state gives the early exit (default N/2)",
+    )
+    ap.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="mirror: write a Chrome trace (open in Perfetto) of what target, draft and channel did",
+    )
+    ap.add_argument(
         "--emulate",
         metavar="PROFILE[:MODEL]",
         help="pad every stage to a device profile's prediction (see `python -m devices list`); "
@@ -100,6 +119,8 @@ def check_args(a: argparse.Namespace) -> None:
         raise DuetError(f"--top-p must be in (0, 1] (got {a.top_p})")
     if a.top_k < 0:
         raise DuetError(f"--top-k must be >= 0 (got {a.top_k})")
+    if a.trace and a.method != "mirror":
+        raise DuetError("--trace records the Mirror-SD timeline; use it with --method mirror")
     if a.method != "ar" and a.gamma < 1:
         raise DuetError(f"--gamma must be at least 1 for --method {a.method} (got {a.gamma})")
     if a.draft_threads < 1:
@@ -147,6 +168,7 @@ def generate(a: argparse.Namespace) -> dict:
         emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
     max_new = min(a.max_tokens, pair.target.config.max_context - len(ids))
     sampling = Sampling(a.temp, a.top_p, a.top_k)
+    timeline = Timeline() if a.method == "mirror" else None
     steps = make_steps(
         a.method,
         pair.target,
@@ -156,14 +178,19 @@ def generate(a: argparse.Namespace) -> dict:
         sampling=sampling,
         seed=a.seed,
         gamma=a.gamma,
+        kappa=a.kappa,
+        exit_layer=a.exit_layer,
+        timeline=timeline,
     )
     stats = RunStats(prefill_tokens=len(ids))
     out: list[int] = []
+    events = []
     detok = None if (a.json or pair.tokenizer is None) else Detokenizer(pair.tokenizer)
-    for toks, _ in stream(
+    for toks, ev in stream(
         steps, max_new=max_new, eos_ids=pair.target.config.eos_token_ids, stats=stats
     ):
         out += toks
+        events.append(ev)
         if detok is not None:
             sys.stdout.write(detok.add(toks))
             sys.stdout.flush()
@@ -178,6 +205,11 @@ def generate(a: argparse.Namespace) -> dict:
         finish=finish,
         **pair.settings,
     )
+    if timeline is not None:
+        stats.extra.update(kappa=a.kappa, exit_layer=events[0].extra.get("exit_layer") if events else None,
+                           mirror=mirror_summary(events, timeline))  # fmt: skip
+        if a.trace:
+            timeline.write(a.trace, label="Duet Mirror-SD" + (f" ({emu.label})" if emu else ""))
     if emu is not None:
         stats.extra.update(emulated=emu.label, emulation=emu.summary())
     text = pair.tokenizer.decode(out) if pair.tokenizer else None

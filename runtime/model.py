@@ -39,6 +39,9 @@ class KVCache(Protocol):
     def select(self, rows: Sequence[int]) -> None:
         """Keep rows `rows`, in that order (repeats fork a row; one index commits a branch)."""
 
+    def fork(self, rows: Sequence[int]) -> KVCache:
+        """A new cache with copies of `rows` (branch rollouts); this one is unchanged."""
+
 
 @runtime_checkable
 class CausalLM(Protocol):

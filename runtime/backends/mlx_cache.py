@@ -63,6 +63,16 @@ class MLXKVCache:
             c.offset -= n
         return n
 
+    def fork(self, rows: Sequence[int]) -> MLXKVCache:
+        """A new cache holding copies of `rows`; this one is unchanged."""
+        idx = mx.array(list(rows))
+        new = MLXKVCache(len(self.layers), len(rows))
+        for src, dst in zip(self.layers, new.layers, strict=True):
+            if src.keys is not None:
+                dst.keys, dst.values = src.keys[idx], src.values[idx]
+            dst.offset = src.offset
+        return new
+
     def select(self, rows: Sequence[int]) -> None:
         idx = mx.array(list(rows))
         for c in self.layers:

@@ -15,7 +15,7 @@ import numpy as np
 from runtime.decoding.events import Sampling, StepEvent
 from runtime.stats import RunStats
 
-METHODS = ("ar", "sd")
+METHODS = ("ar", "sd", "mirror")
 
 
 @dataclass
@@ -37,8 +37,14 @@ def make_steps(
     gamma: int = 4,
     target_cache=None,
     draft_cache=None,
+    kappa: int = 8,
+    exit_layer: int | None = None,
+    timeline=None,
 ) -> Iterator[StepEvent]:
-    """The step generator for `method`, with its own seeded RNG."""
+    """The step generator for `method`, with its own seeded RNG.
+
+    kappa, exit_layer and timeline are Mirror-SD's (ignored by the other methods).
+    """
     from runtime.decoding.ar import ar_steps
     from runtime.decoding.sd import sd_steps
     from runtime.errors import DuetError
@@ -62,6 +68,12 @@ def make_steps(
             target_cache=target_cache,
             draft_cache=draft_cache,
         )
+    if method == "mirror":
+        from runtime.decoding.mirror import mirror_steps
+
+        return mirror_steps(target, draft, seq, max_new=max_new, gamma=gamma, kappa=kappa,
+                            exit_layer=exit_layer, sampling=sampling, seed=seed, timeline=timeline,
+                            target_cache=target_cache, draft_cache=draft_cache)  # fmt: skip
     raise DuetError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 

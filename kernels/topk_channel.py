@@ -1,0 +1,80 @@
+"""The early-exit token-channel payload (Mirror-SD eq. 7), as real bytes.
+
+For each of the P = γ + 1 window positions: the top-κ token ids of the
+early-exit distribution and their log-probabilities rounded to bfloat16, the
+payload the paper sends between accelerators. A plain loop reference
+(`topk_message_reference`) is kept beside the vectorized version.
+
+Wire format (little-endian): u16 P, u16 κ, then P·κ u32 ids, then P·κ bf16 log-probs.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))
+    return (rounded >> np.uint32(16)).astype(np.uint16)
+
+
+def from_bf16_bits(b: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) -> float32."""
+    return (np.asarray(b, dtype=np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.asarray(logits, dtype=np.float32)
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def topk_message(logits: np.ndarray, kappa: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-κ of softmax(logits) per row, most likely first (ties: lower id first).
+
+    logits (P, V) -> ids int32 (P, κ), log-probs float32 (P, κ) already rounded to bf16.
+    """
+    lp = log_softmax(logits)
+    k = min(kappa, lp.shape[-1])
+    part = np.argpartition(-lp, k - 1, axis=-1)[:, :k]
+    vals = np.take_along_axis(lp, part, -1)
+    order = np.lexsort((part, -vals), axis=-1)  # by value desc, then id asc
+    ids = np.take_along_axis(part, order, -1).astype(np.int32)
+    return ids, from_bf16_bits(to_bf16_bits(np.take_along_axis(vals, order, -1)))
+
+
+def topk_message_reference(logits: np.ndarray, kappa: int) -> tuple[np.ndarray, np.ndarray]:
+    """Slow twin of topk_message: a full stable sort per row."""
+    lp = log_softmax(logits)
+    ids, vals = [], []
+    for row in lp:
+        order = sorted(range(len(row)), key=lambda i: (-row[i], i))[:kappa]
+        ids.append(order)
+        vals.append([row[i] for i in order])
+    v = np.array(vals, dtype=np.float32)
+    return np.array(ids, dtype=np.int32), from_bf16_bits(to_bf16_bits(v))
+
+
+def encode(ids: np.ndarray, logp: np.ndarray) -> bytes:
+    """The bytes that cross the channel."""
+    P, K = ids.shape
+    return (
+        struct.pack("<HH", P, K)
+        + ids.astype("<u4").tobytes()
+        + to_bf16_bits(logp).astype("<u2").tobytes()
+    )
+
+
+def decode(payload: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of `encode`: (ids int32 (P, κ), log-probs float32 (P, κ))."""
+    P, K = struct.unpack_from("<HH", payload)
+    n = P * K
+    ids = np.frombuffer(payload, "<u4", n, 4).astype(np.int32).reshape(P, K)
+    lp = from_bf16_bits(np.frombuffer(payload, "<u2", n, 4 + 4 * n)).reshape(P, K)
+    if len(payload) != 4 + 6 * n:
+        raise ValueError(f"early-exit payload is {len(payload)} bytes; expected {4 + 6 * n}")
+    return ids, lp

@@ -1,0 +1,145 @@
+"""`mirror`: Mirror speculative decoding, the target's side (Mirror-SD §3.1, eq. 10).
+
+One step, with window `[last committed, d1..dγ]`:
+  1. target layers 1..ℓe, final norm + LM head at ℓe, top-κ per position ->
+     early-exit message to the draft worker;
+  2. target layers ℓe+1..N and verification (greedy or rejection sampling)
+     while the draft runs branch-complete rollouts;
+  3. final-verification message (A, c) -> the draft answers with the next
+     window: a completed branch (reuse) or a fresh rollout (fallback).
+The committed tokens are those vanilla SD would commit for the same window
+(App. B): only the schedule differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from kernels.topk_channel import encode, topk_message
+from kernels.verify import verify_greedy, verify_sampling
+from runtime.decoding.events import GREEDY, Sampling, StepEvent, pending, rewind
+from runtime.errors import DuetError
+from runtime.mirror.branches import in_tree
+from runtime.mirror.draft_worker import DraftWorker
+from runtime.mirror.messages import EarlyExit, FinalVerify
+from runtime.mirror.timeline import Timeline, now_ns
+
+DEFAULT_KAPPA = 8  # App. E.5: κ = 8 with a mid-depth exit is the paper's default
+
+
+def check_mirror_args(target, gamma: int, kappa: int, exit_layer: int | None) -> int:
+    """Validate (γ, κ, ℓe) for `target`; returns ℓe (default N/2)."""
+    n = target.config.num_layers
+    if gamma < 1:
+        raise DuetError(f"--gamma must be at least 1 for --method mirror (got {gamma})")
+    if kappa < 1:
+        raise DuetError(f"--kappa must be at least 1 (got {kappa})")
+    le = n // 2 if exit_layer is None else exit_layer
+    if not 1 <= le <= n - 1:
+        raise DuetError(f"--exit-layer must be in 1..{n - 1} for a {n}-layer target (got {le})")
+    if not target.supports_layer_range:
+        raise DuetError(
+            f"the {target.backend} target cannot stop at an exit layer; use --target-backend mlx or torch"
+        )
+    return le
+
+
+def mirror_steps(
+    target,
+    draft,
+    seq: list[int],
+    *,
+    max_new: int,
+    gamma: int = 4,
+    kappa: int = DEFAULT_KAPPA,
+    exit_layer: int | None = None,
+    sampling: Sampling = GREEDY,
+    seed: int = 0,
+    timeline: Timeline | None = None,
+    target_cache=None,
+    draft_cache=None,
+) -> Iterator[StepEvent]:
+    """Yield one StepEvent per Mirror-SD step; `extra` carries the step's timings and reuse."""
+    le = check_mirror_args(target, gamma, kappa, exit_layer)
+    n = target.config.num_layers
+    tl = timeline if timeline is not None else Timeline()
+    seq = list(seq)
+    tc = target_cache if target_cache is not None else target.new_cache()
+    ctx = min(target.config.max_context, draft.config.max_context)
+    worker = DraftWorker(draft, sampling=sampling, seed=seed, gamma=gamma, max_new=max_new, ctx=ctx,
+                         timeline=tl, cache=draft_cache)  # fmt: skip
+    worker.start(seq)
+    produced, step = 0, 0
+    try:
+        head = pending(tc, seq)[:-1]  # prefill while the draft rolls out its first window
+        if head:
+            with tl.span("target", "prefill", tokens=len(head)):
+                target.forward(np.array([head]), tc)
+        win = worker.receive(step)
+        while produced < max_new:
+            t0 = now_ns()
+            g = len(win.tokens)
+            window = pending(tc, seq) + win.tokens
+            h = target.forward_layers(np.array([window]), tc, 0, le)
+            ids, logp = topk_message(target.head(h)[0, -(g + 1) :], kappa)  # eq. 7, bf16 log-probs
+            payload = encode(ids, logp)
+            t1 = now_ns()
+            worker.send(EarlyExit(step, payload, t1))
+            h = target.forward_layers(h, tc, le, n)
+            logits = target.head(h)[0, -(g + 1) :]  # (γ+1, V)
+            d = np.array(win.tokens, dtype=np.int64)
+            rng = np.random.default_rng([seed, step, 3])
+            if sampling.greedy:
+                a, c = verify_greedy(logits, d)
+            else:
+                a, c = verify_sampling(
+                    sampling.probs(logits), win.q, d, rng.random(g), rng.random()
+                )
+            t2 = now_ns()
+            worker.send(FinalVerify(step, a, c, t2))
+            tl.add("target", "prefix 1..ℓe + early exit", t0, t1, step=step, window=g + 1)
+            tl.add("target", "suffix ℓe+1..N + verify", t1, t2, step=step, accepted=a)
+            committed = win.tokens[:a] + [c]
+            seq += committed
+            produced += len(committed)
+            rewind(tc, len(seq) - 1)
+            q_final = sampling.probs(logits[a]) if not sampling.greedy else _softmax(logits[a])
+            extra = {
+                "prefix_s": (t1 - t0) / 1e9,
+                "suffix_s": (t2 - t1) / 1e9,
+                "ee_sent_ns": t1,
+                "fv_sent_ns": t2,
+                "in_tree": in_tree(a, c, ids),  # App. E: F_t = 1 - in_tree
+                "omega_kappa": float(q_final[ids[a]].sum()),  # eq. 9 at the correction position
+                "payload_bytes": len(payload),
+                "window_source": win.source,
+                "exit_layer": le,
+            }
+            step += 1
+            if produced < max_new:
+                win = worker.receive(step)
+                t3 = now_ns()
+                extra.update(step_s=(t3 - t0) / 1e9, draft=win.info, window_sent_ns=win.sent_ns, window_recv_ns=t3,
+                             reuse=win.source == "reuse", fallback=win.source == "fallback")  # fmt: skip
+            else:
+                extra.update(step_s=(t2 - t0) / 1e9, draft=None, reuse=None, fallback=None)
+            yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=0.0, verify_s=(t2 - t0) / 1e9,
+                            extra=extra)  # fmt: skip
+    finally:
+        worker.stop()
+        rewind(tc, len(seq))
+        rewind(worker.cache, len(seq))
+        if draft_cache is not None and worker.cache is not draft_cache:
+            _adopt(draft_cache, worker.cache)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    z = np.exp(x - x.max())
+    return z / z.sum()
+
+
+def _adopt(dst, src) -> None:
+    """Make the caller's draft cache hold the committed branch's state (reuse swapped caches)."""
+    dst.__dict__.update(src.__dict__)

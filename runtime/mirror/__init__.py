@@ -1,0 +1,10 @@
+"""Mirror speculative decoding (Mirror-SD): the target and the draft compute at once.
+
+  messages.py     the three messages that cross the token channel
+  timeline.py     one clock for both threads; Chrome-trace export
+  branches.py     branch-complete rollout planning and the §3.1 reuse rule
+  draft_worker.py the draft's thread: rollouts, reuse or fallback
+  summary.py      per-run figures: overlap, T_rv, reuse, FF, Ω_κ, eq. (10)
+
+The target side is the generator in runtime/decoding/mirror.py.
+"""

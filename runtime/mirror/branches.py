@@ -1,0 +1,65 @@
+"""Branch-complete rollouts: which branches to prepare, in what order, and when one is reused.
+
+A branch (j, v) is the next window that would follow `committed + d1..dj + v`:
+the target accepts j draft tokens and then commits v (a correction, or the bonus
+token when j = γ). Candidates v come from the early-exit top-κ at window
+position j (Mirror-SD eq. 7-8), excluding the draft's own token d_{j+1} there
+(that path is the accepted one, covered by deeper positions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Group:
+    """The branches at one depth j: they share a prefix, so they run as one batch."""
+
+    depth: int  # j: draft tokens accepted before the branch point
+    tokens: tuple[int, ...]  # candidate v's, most likely first
+    score: float  # early-exit log-probability of the group's most likely branch
+
+
+def plan_branches(ids: np.ndarray, logp: np.ndarray, drafts: list[int]) -> list[Group]:
+    """Groups of branches ordered most-likely first.
+
+    ids, logp: the early-exit message, (γ+1, κ). The log-probability of branch
+    (j, v) is estimated from the early-exit proxy alone:
+        sum_{i<j} log p̃_i(d_{i+1}) + log p̃_j(v),
+    where a draft token outside row i's top-κ gets that row's κ-th log-prob (an upper bound).
+    """
+    path = 0.0
+    groups = []
+    for j in range(len(drafts) + 1):
+        row_ids, row_lp = ids[j], logp[j]
+        own = drafts[j] if j < len(drafts) else None
+        keep = [(float(lp), int(v)) for v, lp in zip(row_ids, row_lp, strict=True) if v != own]
+        if keep:
+            groups.append(Group(j, tuple(v for _, v in keep), path + keep[0][0]))
+        if own is not None:
+            hit = np.nonzero(row_ids == own)[0]
+            path += float(row_lp[hit[0]]) if hit.size else float(row_lp[-1])
+    return sorted(groups, key=lambda g: -g.score)
+
+
+def in_tree(accepted: int, token: int, ids: np.ndarray) -> bool:
+    """Is the corrected prefix Π⁺ = (d1..dA, c) a path of the hypothesis tree T_t?
+
+    True iff c is among the early-exit top-κ at window position A (§3.1; App. E's F_t = 0).
+    """
+    return bool((ids[accepted] == token).any())
+
+
+def reuse_key(accepted: int, token: int) -> tuple[int, int]:
+    """The §3.1 reuse rule as a lookup key into the completed branches.
+
+    - A = 0 and c in position 0's top-κ: the branch rooted at c, i.e. (0, c);
+    - A ≥ 1 and Π⁺ on a precomputed path: the continuation at depth τ = A + 1, i.e. (A, c);
+    - A = γ (all accepted): c is the bonus token, branch (γ, c).
+    Reuse happens iff this branch was *completed* before the final-verification
+    message arrived; otherwise the draft falls back to a fresh rollout from committed + c.
+    """
+    return (accepted, token)

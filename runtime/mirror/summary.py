@@ -1,0 +1,83 @@
+"""Per-run Mirror-SD figures from the step events and the shared-clock timeline.
+
+overlap_fraction  draft time hidden under the target suffix / draft time
+t_rv_ee_us        early-exit message: send -> receive
+t_rv_fv_us        final rendezvous: (A, c) send -> receive, plus the window's send -> receive
+reuse_rate        steps whose next window was a completed branch
+ff                App. E fallback frequency: (A, c) not a path of the hypothesis tree
+fallback_rate     steps that needed a fresh rollout (ff plus branches not finished in time)
+omega_kappa       mean top-κ mass overlap Ω_κ (eq. 9) at the correction position
+step_ms_measured  mean step time; step_ms_predicted: eq. (10) from the measured stages
+"""
+
+from __future__ import annotations
+
+from runtime.decoding.events import StepEvent
+from runtime.mirror.timeline import Timeline
+
+
+def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
+    """Total length of the intersection of two sets of intervals (each internally disjoint)."""
+    total, i, j = 0, 0, 0
+    a, b = sorted(a), sorted(b)
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def mirror_summary(events: list[StepEvent], timeline: Timeline) -> dict:
+    """The figures above; steps without a following window (the last) count for timing only."""
+    ivs = timeline.intervals
+    suffix = [
+        (i.start_ns, i.end_ns) for i in ivs if i.lane == "target" and i.name.startswith("suffix")
+    ]
+    branch = [
+        (i.start_ns, i.end_ns) for i in ivs if i.lane == "draft" and i.name.startswith("rollout")
+    ]
+    fallback = [
+        (i.start_ns, i.end_ns) for i in ivs if i.lane == "draft" and i.name.startswith("fallback")
+    ]
+    draft_ns = sum(e - s for s, e in branch + fallback)
+    hidden = _overlap(branch + fallback, suffix)
+    ee = [i.dur_ns for i in ivs if i.lane == "channel" and i.name == "early-exit"]
+    fv = [i.dur_ns for i in ivs if i.lane == "channel" and i.name == "final-verify"]
+    win = [
+        i.dur_ns
+        for i in ivs
+        if i.lane == "channel" and i.name == "window" and i.args.get("step", 0) > 0
+    ]
+    full = [e.extra for e in events if e.extra.get("draft")]
+    n = len(full)
+    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    rv_ee = mean(ee)
+    rv_fv = (mean(fv) or 0) + (mean(win) or 0) if fv else None
+    predicted = []
+    for x in full:  # eq. (10): prefix + T_rv(ee) + max(suffix, T_draft^gen) + T_rv(fv)
+        d = x["draft"]
+        t_rv_ee = (d["ee_recv_ns"] - x["ee_sent_ns"]) / 1e9
+        t_rv_fv = (
+            d["fv_recv_ns"] - x["fv_sent_ns"] + x["window_recv_ns"] - x["window_sent_ns"]
+        ) / 1e9
+        t_gen = (d["ready_ns"] - d["ee_recv_ns"]) / 1e9
+        predicted.append(x["prefix_s"] + t_rv_ee + max(x["suffix_s"], t_gen) + t_rv_fv)
+    return {
+        "steps": len(events),
+        "overlap_fraction": hidden / draft_ns if draft_ns else None,
+        "draft_busy_ms": draft_ns / 1e6,
+        "t_rv_ee_us": rv_ee / 1e3 if rv_ee is not None else None,
+        "t_rv_fv_us": rv_fv / 1e3 if rv_fv is not None else None,
+        "reuse_rate": sum(x["reuse"] for x in full) / n if n else None,
+        "fallback_rate": sum(x["fallback"] for x in full) / n if n else None,
+        "ff": sum(not x["in_tree"] for x in full) / n if n else None,
+        "omega_kappa": mean([x["omega_kappa"] for x in full]),
+        "payload_bytes_per_step": mean([x["payload_bytes"] for x in full]),
+        "step_ms_measured": 1e3 * mean([x["step_s"] for x in full]) if n else None,
+        "step_ms_predicted": 1e3 * mean(predicted) if n else None,
+        "prefix_ms": 1e3 * mean([x["prefix_s"] for x in full]) if n else None,
+        "suffix_ms": 1e3 * mean([x["suffix_s"] for x in full]) if n else None,
+    }
