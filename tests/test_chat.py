@@ -60,12 +60,20 @@ def test_pipe_two_answers_with_reset(pair_dirs):
     assert r.stdout.endswith("\n") and r.stdout.count("\n") >= 2  # random text may hold newlines
 
 
-def test_eof_and_help_and_quit(pair_dirs):
-    r = chat(pair_dirs, "")
-    assert r.returncode == 0 and r.stdout == "", r.stderr
-    r = chat(pair_dirs, "/help\n/quit\nnever answered\n", "--method", "ar")
-    assert r.returncode == 0, r.stderr
-    assert "/reset" in r.stdout and "[ar]" not in r.stderr
+def test_eof_and_help_and_quit(models, monkeypatch, capsys):
+    import io
+
+    from runtime.chat import repl
+
+    t, d, tok = models
+    session = ChatSession(t, None, tok, method="ar", max_tokens=4)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    assert repl(session, interactive=False) == 0  # EOF at once: clean exit
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(sys, "stdin", io.StringIO("/help\n/quit\nnever answered\n"))
+    assert repl(session, interactive=False) == 0
+    r = capsys.readouterr()
+    assert "/reset" in r.out and "[ar]" not in r.err and session.n_answers == 0
 
 
 def test_bad_argument_is_one_line(pair_dirs):
@@ -162,3 +170,37 @@ def test_chat_template_is_used_when_present(pair_dirs, tmp_path):
     ids = ct.render([{"role": "user", "content": "hi"}])
     tok = Tokenizer(d)
     assert tok.decode(ids) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_ctrl_c_stops_the_answer_not_the_session(pair_dirs):
+    import signal
+
+    t, d = pair_dirs
+    cmd = [
+        sys.executable,
+        "-m",
+        "runtime.chat",
+        "--target",
+        str(t),
+        "--draft",
+        str(d),
+        "--draft-backend",
+        "mlx",
+        "--max-tokens",
+        "1000",
+    ]  # answers run to the context limit
+    p = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT
+    )
+    p.stdin.write(b"hello\n")
+    p.stdin.flush()
+    first = p.stdout.read(1)  # the answer is streaming
+    p.send_signal(signal.SIGINT)
+    p.stdin.write(b"second\n")
+    p.stdin.close()
+    assert p.wait(timeout=120) == 0
+    out, err = first + p.stdout.read(), p.stderr.read().decode()
+    stats = [ln for ln in err.splitlines() if ln.startswith("[sd]")]
+    assert b"[stopped]" in out and len(stats) == 2, err
+    n_first = int(stats[0].split()[1])
+    assert n_first < int(stats[1].split()[1])
