@@ -170,9 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = info.pop("summary")
     print(json.dumps(info, indent=2, default=str) if args.json else "\n".join(summary))
     if not info["ok"]:
-        raise DuetError(
-            "parity is past its named tolerance (see above); the artefact is kept for inspection"
-        )
+        raise DuetError(f"parity exceeds tolerance ({summary[1]}); the artefact is kept")
     return 0
 
 
