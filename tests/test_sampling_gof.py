@@ -1,5 +1,7 @@
-"""At temperature > 0, sd's output law is the target's: a chi-square goodness-of-fit test
-on the joint law of the first two generated tokens, with a negative control that must fail."""
+"""At temperature > 0, sd's and mirror's output law is the target's: a chi-square
+goodness-of-fit test on the joint law of the first two generated tokens, with a
+negative control (verification with a q other than the one the draft sampled from)
+that must fail."""
 
 import numpy as np
 import pytest
@@ -7,8 +9,11 @@ from scipy.stats import chisquare
 
 from kernels.sampling import probs_from_logits
 from runtime.backends import load_model
-from runtime.decoding import Sampling
+from runtime.decoding import Sampling, make_steps
+from runtime.decoding import mirror as mirror_module
 from runtime.decoding import sd as sd_module
+
+MODULES = {"sd": sd_module, "mirror": mirror_module}
 
 V = 8
 PROMPT = [1, 2, 3]
@@ -36,23 +41,14 @@ def exact_joint(target) -> np.ndarray:
     return joint
 
 
-def sample_pairs(target, draft, n, seed) -> np.ndarray:
-    rng = np.random.default_rng(seed)
+def sample_pairs(method, target, draft, n, seed) -> np.ndarray:
     counts = np.zeros((V, V))
     tc, dc = target.new_cache(), draft.new_cache()
-    for _ in range(n):
+    for i in range(n):
         out = []
-        for ev in sd_module.sd_steps(
-            target,
-            draft,
-            PROMPT,
-            max_new=3,
-            gamma=2,
-            sampling=SAMPLING,
-            rng=rng,
-            target_cache=tc,
-            draft_cache=dc,
-        ):
+        steps = make_steps(method, target, draft, PROMPT, max_new=3, gamma=2, kappa=3, exit_layer=2,
+                           sampling=SAMPLING, seed=seed * 100003 + i, target_cache=tc, draft_cache=dc)  # fmt: skip
+        for ev in steps:
             out += ev.tokens
         counts[out[0], out[1]] += 1
         tc.trim(tc.offset - len(PROMPT))  # keep the prompt's cache between samples
@@ -72,21 +68,24 @@ def gof_pvalue(counts, joint) -> float:
     return chisquare(o, e * o.sum() / e.sum()).pvalue
 
 
-def test_sd_matches_target_distribution(pair):
+@pytest.mark.parametrize("method", ["sd", "mirror"])
+def test_matches_target_distribution(pair, method):
     target, draft = pair
     joint = exact_joint(target)
-    p = gof_pvalue(sample_pairs(target, draft, N, seed=0), joint)
-    assert p > ALPHA, f"sd's joint law differs from the target's (p = {p:.2e})"
+    p = gof_pvalue(sample_pairs(method, target, draft, N, seed=0), joint)
+    assert p > ALPHA, f"{method}'s joint law differs from the target's (p = {p:.2e})"
 
 
-def test_negative_control_wrong_q_fails(pair, monkeypatch):
+@pytest.mark.parametrize("method", ["sd", "mirror"])
+def test_negative_control_wrong_q_fails(pair, monkeypatch, method):
     """Verifying with a q other than the one the draft sampled from must break the law."""
     target, draft = pair
-    real = sd_module.verify_sampling
+    module = MODULES[method]
+    real = module.verify_sampling
 
     def wrong_q(p, q, d, ua, ur):
         return real(p, probs_from_logits(np.log(q + 1e-9), temp=3.0), d, ua, ur)  # flattened q
 
-    monkeypatch.setattr(sd_module, "verify_sampling", wrong_q)
-    p = gof_pvalue(sample_pairs(target, draft, N, seed=0), exact_joint(target))
+    monkeypatch.setattr(module, "verify_sampling", wrong_q)
+    p = gof_pvalue(sample_pairs(method, target, draft, N, seed=0), exact_joint(target))
     assert p < ALPHA, f"the negative control passed (p = {p:.2e}); the test has no power"

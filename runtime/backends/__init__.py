@@ -54,10 +54,26 @@ def load_model(path, backend: str | None = None, **kw):
 
         if p.is_dir():
             return OnnxCausalLM.load(onnx_for_dir(p), config_dir=p, **kw)
+        if _is_static_onnx(p):  # fixed-shape export for NPUs (converters --static-shapes)
+            from converters.onnx_static_host import StaticOnnxLM
+            from runtime.backends.onnx_backend import PROVIDERS
+
+            ep = PROVIDERS.get(kw.get("provider", "cpu"), kw.get("provider"))
+            return StaticOnnxLM.load(p, provider=ep, threads=kw.get("intra_threads", 1))
         return OnnxCausalLM.load(p, **kw)
     from runtime.backends.coreml_backend import CoreMLCausalLM  # noqa: PLC0415 (macOS-only deps)
 
     return CoreMLCausalLM.load(p, **kw)
+
+
+def _is_static_onnx(p: Path) -> bool:
+    import onnx
+
+    try:
+        meta = onnx.load(str(p), load_external_data=False).metadata_props
+    except Exception:  # not ONNX at all: let the loader report it in its own words
+        return False
+    return any(m.key == "duet.static" for m in meta)
 
 
 def _need_dir(p: Path, backend: str) -> None:

@@ -10,6 +10,7 @@ and pass explicit positions and attention masks (tree and branch batches).
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import mlx.core as mx
@@ -54,10 +55,10 @@ class MLXCausalLM:
     backend = "mlx"
     supports_layer_range = True
 
-    def __init__(self, model, config: ModelConfig, stream=None):
+    def __init__(self, model, config: ModelConfig):
         self.model = model
         self.config = config
-        self.stream = stream if stream is not None else mx.default_stream(mx.default_device())
+        self._local = threading.local()
         inner = model.model
         self._embed, self._layers, self._norm = inner.embed_tokens, inner.layers, inner.norm
         tied = getattr(model.args, "tie_word_embeddings", False) or not hasattr(model, "lm_head")
@@ -91,6 +92,15 @@ class MLXCausalLM:
             model.set_dtype(getattr(mx, dtype))
         mx.eval(model.parameters())
         return cls(model, config)
+
+    @property
+    def stream(self):
+        """This thread's MLX stream: MLX streams belong to the thread that made them, so each
+        worker (the target's, the draft's) computes on a stream of its own."""
+        s = getattr(self._local, "stream", None)
+        if s is None:
+            s = self._local.stream = mx.new_stream(mx.default_device())
+        return s
 
     def new_cache(self, batch: int = 1) -> MLXKVCache:
         return MLXKVCache(self.config.num_layers, batch)

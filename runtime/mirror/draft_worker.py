@@ -68,7 +68,7 @@ class DraftWorker:
                     raise RuntimeError("the draft worker stopped without answering") from None
                 continue
             if isinstance(msg, WorkerFailed):
-                raise msg.error
+                raise RuntimeError(f"Mirror-SD draft worker failed: {msg.error!r}") from msg.error
             assert msg.step == step, f"window for step {msg.step}, expected {step}"
             self.tl.add("channel", "window", msg.sent_ns, now_ns(), step=step, source=msg.source)
             return msg
