@@ -278,3 +278,21 @@ def test_committed_default_pair():
         assert cfg["vocab_size"] == t.get_vocab_size()
     rep = json.loads((DEFAULT_PAIR / "training_report.json").read_text())
     assert rep["draft_target_flop_ratio"] <= MAX_DRAFT_RATIO
+
+
+def test_evaluate_command_updates_report(trained, tiny_corpus, capsys):
+    from apps.train.evaluate import main as evaluate_main
+
+    args = [str(trained), "--max-prompts", "2", "--max-new-tokens", "4", "--write-report"]
+    assert evaluate_main(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    rep = json.loads((trained / "training_report.json").read_text())
+    assert rep["evaluation"] == printed and printed["prompts"] == 2
+
+
+def test_help_explains(capsys):
+    with pytest.raises(SystemExit) as e:
+        train_main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--time-budget-min" in out and "--corpus" in out and "distil" in out

@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "the embedded default pair was made with:\n"
-            "  python -m apps.train --out runtime/assets/default --time-budget-min 60\n"
+            "  nice -n 10 python -m apps.train --out runtime/assets/default --time-budget-min 85 --threads 1\n"
             "(its training_report.json records the step counts that reproduce it without timing)\n"
             "evaluate an existing pair: python -m apps.train.evaluate OUT\n"
             "write the prompt set:      python -m apps.train.prompts"
@@ -125,7 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--seed", type=int, default=0, help="seed for python, numpy and torch (default 0)"
     )
-    r.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
+    r.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="torch intra-op threads (default 2; on a machine busy with other work 1 is "
+        "faster, as no thread waits for a descheduled sibling)",
+    )
     r.add_argument(
         "--log-every", type=int, default=25, help="steps between loss lines (default 25)"
     )
@@ -144,8 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--eval-prompts",
         type=int,
-        default=40,
-        help="held-out prompts for greedy acceptance (default 40)",
+        default=None,
+        help="first N held-out prompts for greedy acceptance (default: all)",
     )
     r.add_argument(
         "--eval-max-new-tokens", type=int, default=64, help="target tokens per prompt (default 64)"

@@ -112,7 +112,7 @@ def evaluate_pair(
     seq_len: int = 512,
     max_eval_tokens: int = 32768,
     max_new: int = 64,
-    max_prompts: int = 40,
+    max_prompts: int | None = None,
     prompts: list[dict] | None = None,
 ) -> dict:
     """Load the saved pair and measure held-out loss of both and greedy acceptance."""
@@ -151,9 +151,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--corpus", default=None, help="corpus root (default: the one recorded in split.json)"
     )
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--max-prompts", type=int, default=40)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--max-new-tokens", type=int, default=64, help="target tokens per prompt (default 64)"
+    )
+    ap.add_argument(
+        "--max-prompts", type=int, default=None, help="first N held-out prompts (default: all)"
+    )
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    ap.add_argument(
+        "--write-report",
+        action="store_true",
+        help="store the result as 'evaluation' in DIR/training_report.json",
+    )
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     d = Path(a.dir)
@@ -162,7 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         if not p.exists():
             raise DuetError(f"{p} not found; is {d} an apps.train output directory?")
     split = json.loads(split_path.read_text())
-    corpus = load_corpus(a.corpus or split["corpus_root"], heldout_frac=split["heldout_frac"])
+    corpus = load_corpus(
+        a.corpus or split["corpus_root"],
+        include=tuple(split.get("include", ("*.py",))),
+        exclude_dirs=tuple(split.get("exclude_dirs", ())),
+        heldout_frac=split["heldout_frac"],
+    )
     rep = evaluate_pair(
         d / "target",
         d / "draft",
@@ -172,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         max_prompts=a.max_prompts,
     )
     print(json.dumps(rep, indent=2))
+    report_path = d / "training_report.json"
+    if a.write_report and report_path.is_file():
+        full = json.loads(report_path.read_text())
+        full["evaluation"] = rep
+        report_path.write_text(json.dumps(full, indent=2) + "\n")
     return 0
 
 

@@ -66,7 +66,7 @@ class TrainArgs:
     log_every: int = 25
     ckpt_every: int = 200
     eval_max_new_tokens: int = 64
-    eval_prompts: int = 40
+    eval_prompts: int | None = None
     evaluate: bool = True
     skip_target: bool = False
     allow_draft_over_budget: bool = False
