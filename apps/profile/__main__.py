@@ -1,0 +1,169 @@
+"""`python -m apps.profile`: profile Mirror-SD on a pair and a prompt set; or sweep FF against κ.
+
+    python -m apps.profile --limit 8 --max-tokens 64 --out profile-out    # trace, picture, summary
+    python -m apps.profile --json                                         # the summary as JSON
+    python -m apps.profile --sweep --limit 2                              # App. E Fig. 7
+
+Writes into --out: trace.json (Chrome trace of the whole run: one Timeline,
+prompts one after another; open in Perfetto), timeline.html (self-contained
+picture) and summary.json; with --sweep: sweep.json and sweep.html.
+Defaults: the embedded pair and the held-out prompt set apps.bench uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from runtime.decoding import Sampling
+from runtime.decoding.mirror import DEFAULT_KAPPA, check_mirror_args
+from runtime.errors import DuetError, cli_main
+
+LIMIT, SWEEP_LIMIT = 8, 2  # prompts: the sweep is 15 runs, keep it to minutes on 2 cores
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m apps.profile", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--target", help="target checkpoint (default: embedded pair)")
+    ap.add_argument("--draft", help="draft checkpoint or .onnx (default: embedded pair)")
+    ap.add_argument("--target-backend", choices=["mlx", "torch"], default="mlx")
+    ap.add_argument("--draft-backend", choices=["onnx", "mlx", "torch"], default=None,
+                    help="runs the draft (default onnx)")  # fmt: skip
+    ap.add_argument("--draft-threads", type=int, default=1, help="ORT intra-op threads (default 1)")
+    ap.add_argument("--provider", default="cpu", help="ONNX Runtime execution provider")
+    ap.add_argument(
+        "--prompts", default=None, help="prompt set .jsonl or folder (default apps/prompts/)"
+    )
+    ap.add_argument("--limit", type=int, default=None,
+                    help=f"first N prompts (default {LIMIT}; {SWEEP_LIMIT} with --sweep)")  # fmt: skip
+    ap.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt (default 64)")
+    ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default 4)")
+    ap.add_argument(
+        "--kappa", type=int, default=DEFAULT_KAPPA, help=f"top-κ width (default {DEFAULT_KAPPA})"
+    )
+    ap.add_argument("--exit-layer", type=int, default=None, help="exit layer ℓe (default N/2)")
+    ap.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
+    ap.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i")
+    ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run")
+    ap.add_argument(
+        "--sweep", action="store_true", help="App. E Fig. 7: FF against κ for ℓe in N/4, N/2, 3N/4"
+    )
+    ap.add_argument(
+        "--kappas", default="1,2,4,8,16", help="--sweep: κ values (default %(default)s)"
+    )
+    ap.add_argument("--emulate", metavar="PROFILE[:MODEL]",
+                    help="pad every stage to a device profile's prediction; output labelled emulated")  # fmt: skip
+    ap.add_argument("--out", default="profile-out", help="output folder (default ./profile-out)")
+    ap.add_argument(
+        "--json", action="store_true", help="print the summary (or sweep table) as JSON"
+    )
+    return ap
+
+
+def check_args(a: argparse.Namespace) -> None:
+    for flag, v, lo in (("--max-tokens", a.max_tokens, 1), ("--gamma", a.gamma, 1),
+                        ("--draft-threads", a.draft_threads, 1), ("--limit", a.limit or 1, 1)):  # fmt: skip
+        if v < lo:
+            raise DuetError(f"{flag} must be at least {lo} (got {v})")
+    if a.temp < 0:
+        raise DuetError(f"--temp must be >= 0 (got {a.temp})")
+
+
+def make_setup(a: argparse.Namespace):
+    from apps.bench.prompts import load_prompts
+    from runtime.load import load_pair
+
+    from .run import Setup, prompt_ids
+
+    limit = a.limit or (SWEEP_LIMIT if a.sweep else LIMIT)
+    records = load_prompts(a.prompts, limit=limit)
+    pair = load_pair(a.target, a.draft, need_draft=True, target_backend=a.target_backend,
+                     draft_backend=a.draft_backend, draft_threads=a.draft_threads, provider=a.provider)  # fmt: skip
+    emu = None
+    if a.emulate:
+        from devices.emulated_model import emulate_pair
+
+        emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
+    ids = prompt_ids(pair, records, a.max_tokens)
+    return Setup(pair, ids, a.max_tokens, a.gamma, Sampling(a.temp), a.seed, emu)
+
+
+def profile(a: argparse.Namespace, out: Path) -> dict:
+    """The profile run: writes trace.json, timeline.html, summary.json; returns the summary."""
+    from .picture import timeline_page
+    from .run import run_mirror, summarize, warm_up
+
+    setup = make_setup(a)
+    le = check_mirror_args(setup.pair.target, a.gamma, a.kappa, a.exit_layer)
+    if not a.no_warmup:
+        warm_up(setup, kappa=a.kappa, exit_layer=le)
+    run = run_mirror(setup, kappa=a.kappa, exit_layer=le)
+    s = summarize(run, setup, kappa=a.kappa, exit_layer=le)
+    out.mkdir(parents=True, exist_ok=True)
+    run.timeline.write(out / "trace.json", label=setup.label)
+    (out / "timeline.html").write_text(timeline_page(run.timeline, s, setup.label))
+    (out / "summary.json").write_text(json.dumps(s, indent=1))
+    return s
+
+
+def sweep(a: argparse.Namespace, out: Path) -> dict:
+    """The App. E sweep: writes sweep.json and sweep.html; returns {"label", "settings", ..., "rows"}."""
+    from .chart import sweep_page
+    from .run import thread_settings, warm_up
+    from .sweep import exit_layers, parse_ints, run_sweep
+
+    kappas = parse_ints(a.kappas, "--kappas")
+    setup = make_setup(a)
+    n = setup.pair.target.config.num_layers
+    les = exit_layers(n)
+    for le in les:
+        check_mirror_args(setup.pair.target, a.gamma, max(kappas), le)
+    if not a.no_warmup:
+        warm_up(setup, kappa=kappas[0], exit_layer=les[0])
+    rows = run_sweep(setup, kappas, les)
+    title = "Duet Mirror-SD: FF against κ (App. E Fig. 7)" + (
+        f" ({setup.emu.label})" if setup.emu else ""
+    )
+    info = {"emulated": setup.emu.label if setup.emu else None, "num_layers": n, "exit_layers": les,
+            "kappas": kappas, "gamma": a.gamma, "temp": a.temp, "prompts": len(setup.prompts),
+            "max_tokens": a.max_tokens, "seed": a.seed}  # fmt: skip
+    res = {"label": title, **info, "threads": thread_settings(setup.pair), "rows": rows}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(res, indent=1))
+    (out / "sweep.html").write_text(sweep_page(rows, info | res["threads"], title))
+    return res
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    from .report import summary_text
+    from .sweep import sweep_table
+
+    a = build_parser().parse_args(argv)
+    check_args(a)
+    out = Path(a.out)
+    if a.sweep:
+        res = sweep(a, out)
+        if a.json:
+            print(json.dumps(res))
+        else:
+            if res["emulated"]:
+                print(f"EMULATED: {res['emulated']}")
+            print(res["label"])
+            print(sweep_table(res["rows"]))
+            print(f"wrote {out / 'sweep.json'}, {out / 'sweep.html'}")
+        return 0
+    s = profile(a, out)
+    if a.json:
+        print(json.dumps(s))
+    else:
+        print(summary_text(s))
+        print(f"wrote {out / 'trace.json'}, {out / 'timeline.html'}, {out / 'summary.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""One Mirror-SD profile run: a pair over a prompt set, every step on one shared clock.
+
+All prompts share one Timeline (so trace.json is the whole run, prompts one
+after another) and their step events are concatenated, so the summary is an
+aggregate over all steps of all prompts, not a mean of per-prompt means.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from runtime.decoding import Sampling, make_steps, stream
+from runtime.decoding.events import StepEvent
+from runtime.errors import DuetError
+from runtime.mirror.summary import mirror_summary
+from runtime.mirror.timeline import Timeline
+
+TRACE_LABEL = "Duet Mirror-SD profile"
+
+
+@dataclass
+class Setup:
+    """What every run in a profile or a sweep shares: the loaded pair and the prompts' ids."""
+
+    pair: object
+    prompts: list[tuple[object, list[int]]]  # (question_id, prompt ids)
+    max_new: int
+    gamma: int
+    sampling: Sampling
+    seed: int
+    emu: object | None = None  # devices.emulation.Emulator under --emulate
+
+    @property
+    def label(self) -> str:
+        return TRACE_LABEL + (f" ({self.emu.label})" if self.emu else "")
+
+
+@dataclass
+class Run:
+    events: list[StepEvent] = field(default_factory=list)
+    timeline: Timeline = field(default_factory=Timeline)
+    per_prompt: list[dict] = field(default_factory=list)
+
+
+def exit_layer_default(num_layers: int) -> int:
+    return num_layers // 2
+
+
+def prompt_ids(pair, records: list[dict], max_new: int) -> list[tuple[object, list[int]]]:
+    """Each record's first turn as ids (chat template when the checkpoint has one), cut to fit."""
+    from apps.bench.prompts import turn_ids
+    from runtime.chat_session import ChatTemplate
+
+    if pair.tokenizer is None:
+        raise DuetError(f"{pair.target_dir}: no tokenizer.json; the profiler needs one")
+    template = ChatTemplate.load(pair.target_dir)
+    ctx = min(pair.target.config.max_context, pair.draft.config.max_context)
+    keep = max(1, ctx - max_new - 1)  # the prompt's end, so prompt + answer fit the context
+    out = []
+    for r in records:
+        ids = turn_ids(pair.tokenizer, template, r["turns"][:1], [])[-keep:]
+        if ids:
+            out.append((r["question_id"], ids))
+    if not out:
+        raise DuetError("every selected prompt tokenized to nothing")
+    return out
+
+
+def run_mirror(setup: Setup, *, kappa: int, exit_layer: int, desc: str = "profile",
+               prompts=None, max_new: int | None = None, leave: bool = True) -> Run:  # fmt: skip
+    """`mirror` over the prompts, one Timeline for all; prompt i uses seed + i."""
+    pair, run = setup.pair, Run()
+    prompts = setup.prompts if prompts is None else prompts
+    max_new = setup.max_new if max_new is None else max_new
+    eos = pair.target.config.eos_token_ids
+    bar = tqdm(prompts, desc=desc, unit="prompt", file=sys.stderr, disable=None, leave=leave)
+    for i, (qid, ids) in enumerate(bar):
+        n = max(1, min(max_new, pair.target.config.max_context - len(ids) - 1))
+        steps = make_steps("mirror", pair.target, pair.draft, ids, max_new=n,
+                           sampling=setup.sampling, seed=setup.seed + i, gamma=setup.gamma,
+                           kappa=kappa, exit_layer=exit_layer, timeline=run.timeline)  # fmt: skip
+        toks, evs, t0 = [], [], time.perf_counter()
+        for t, ev in stream(steps, max_new=n, eos_ids=eos):
+            toks += t
+            evs.append(ev)
+        wall = time.perf_counter() - t0
+        run.events += evs
+        run.per_prompt.append({"question_id": qid, "prompt_tokens": len(ids), "new_tokens": len(toks),
+                               "steps": len(evs), "wall_s": round(wall, 4)})  # fmt: skip
+    return run
+
+
+def warm_up(setup: Setup, *, kappa: int, exit_layer: int) -> None:
+    """An untimed short run: the first passes pay for graph building and allocations."""
+    run_mirror(setup, kappa=kappa, exit_layer=exit_layer, desc="warm-up",
+               prompts=setup.prompts[:1], max_new=min(setup.max_new, 8), leave=False)  # fmt: skip
+
+
+def thread_settings(pair) -> dict:
+    """The thread counts the two workers actually ran with (they share the CPU cores)."""
+    import mlx.core as mx
+    import torch
+
+    s = pair.settings
+    return {
+        "cpu_count": os.cpu_count(),
+        "target_backend": s.get("target_backend"),
+        "draft_backend": s.get("draft_backend"),
+        "ort_intra_op_threads": s.get("draft_threads"),
+        "ort_provider": s.get("draft_provider"),
+        "mlx_device": str(mx.default_device()),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def summarize(run: Run, setup: Setup, *, kappa: int, exit_layer: int) -> dict:
+    """mirror_summary over every step of every prompt, with the settings and App. E's check."""
+    s = mirror_summary(run.events, run.timeline)
+    cfg = setup.pair.target.config
+    toks = sum(p["new_tokens"] for p in run.per_prompt)
+    wall = sum(p["wall_s"] for p in run.per_prompt)
+    committed = [len(e.tokens) for e in run.events]
+    out = {
+        "label": setup.label,
+        "emulated": setup.emu.label if setup.emu else None,
+        **s,
+        "bound_ff_le_1_minus_omega": None,
+        "eq10_rel_error": None,
+        "prompts": len(run.per_prompt),
+        "new_tokens": toks,
+        "wall_s": round(wall, 4),
+        "tokens_per_s": round(toks / wall, 2) if wall > 0 else None,
+        "mean_committed_per_step": sum(committed) / len(committed) if committed else None,
+        "settings": {
+            "method": "mirror",
+            "gamma": setup.gamma,
+            "kappa": kappa,
+            "exit_layer": exit_layer,
+            "num_layers": cfg.num_layers,
+            "temp": setup.sampling.temp,
+            "seed": setup.seed,
+            "max_tokens": setup.max_new,
+            "target": str(setup.pair.target_dir),
+            "draft": str(setup.pair.draft_path),
+        },
+        "threads": thread_settings(setup.pair),
+        "per_prompt": run.per_prompt,
+    }
+    if s["ff"] is not None and s["omega_kappa"] is not None:
+        out["bound_ff_le_1_minus_omega"] = {
+            "ff": s["ff"],
+            "one_minus_omega": 1 - s["omega_kappa"],
+            "holds": s["ff"] <= 1 - s["omega_kappa"] + 1e-12,
+        }
+    m, p = s["step_ms_measured"], s["step_ms_predicted"]
+    if m and p is not None:
+        out["eq10_rel_error"] = abs(m - p) / m
+    if setup.emu is not None:
+        out["emulation"] = setup.emu.summary()
+    return out
