@@ -95,3 +95,24 @@ def test_bad_method_is_one_line(capsys):
     assert main(["--methods", "ar,nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nope" in err[0]
+
+
+def test_emulate_labels_output_and_skips_unpaddable_baselines(tiny_dir, tmp_path, capsys):
+    t = tiny_dir("qwen3")
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps(QUESTIONS[0]) + "\n")
+    argv = ["--target", str(t), "--draft", str(t), "--draft-backend", "mlx", "--prompts", str(q),
+            "--max-tokens", "5", "--temps", "0", "--no-warmup", "--methods", "ar,sd,mirror,mlx-lm",
+            "--emulate", "m3-max"]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    cap = capsys.readouterr()
+    res = json.loads(cap.out)
+    assert (
+        res["emulated"].startswith("emulated:m3-max")
+        and res["settings"]["emulated"] == res["emulated"]
+    )
+    assert [r["method"] for r in res["rows"]] == ["ar", "sd", "mirror"]
+    assert all(r["emulated"] == res["emulated"] for r in res["rows"])
+    assert "mlx-lm" in res["settings"]["skipped"] and "skipping mlx-lm" in cap.err
+    assert main(argv) == 0
+    assert res["emulated"] in capsys.readouterr().out.splitlines()[0]

@@ -20,6 +20,7 @@ from runtime.decoding import METHODS
 from runtime.errors import DuetError, cli_main
 
 BASELINES = ("mlx-lm", "hf-assisted")
+UNPADDED = "its own generation loop calls the model directly, so its passes cannot be padded"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per turn (default 128)")
     ap.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i")
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
+    ap.add_argument(
+        "--emulate",
+        metavar="PROFILE[:MODEL]",
+        help="pad Duet's target and draft passes to a device profile (python -m devices list); "
+        "the mlx-lm and HF baselines cannot be padded and are skipped; output labelled emulated",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     ap.add_argument(
         "--out", default=None, help="write Spec-Bench answer JSONL files to this folder"
@@ -139,6 +146,12 @@ def bench(a: argparse.Namespace) -> dict:
         raise DuetError(f"--limit must be at least 1 (got {a.limit})")
     cats = [c.strip() for c in a.categories.split(",")] if a.categories else None
     prompts = load_prompts(a.prompts, limit=a.limit, categories=cats)
+    skipped = {}
+    if a.emulate:  # only Duet's own models can be wrapped; the baselines run their own loops
+        skipped = {m: UNPADDED for m in methods if m in BASELINES}
+        methods = [m for m in methods if m not in BASELINES]
+        for m, why in skipped.items():
+            print(f"skipping {m} under --emulate: {why}", file=sys.stderr)
     pair = load_pair(
         a.target,
         a.draft,
@@ -150,6 +163,11 @@ def bench(a: argparse.Namespace) -> dict:
     )
     if pair.tokenizer is None:
         raise DuetError(f"{pair.target_dir}: no tokenizer.json; the bench needs one")
+    emu = None
+    if a.emulate:
+        from devices.emulated_model import emulate_pair
+
+        emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
     runners = make_runners(methods, pair, a)
     ctx = min(
         [pair.target.config.max_context]
@@ -181,9 +199,14 @@ def bench(a: argparse.Namespace) -> dict:
         "top_p": a.top_p,
         "threads": thread_settings(runners),
     }
+    rows = summarize(records, methods, temps)
+    if emu is not None:
+        settings.update(emulated=emu.label, skipped=skipped, emulation=emu.summary())
+        for r in rows:
+            r["emulated"] = emu.label
     return {
         "settings": settings,
-        "rows": summarize(records, methods, temps),
+        "rows": rows,
         "mismatches": mismatches(records),
         "records": records,
     }
@@ -200,9 +223,14 @@ def main(argv: list[str] | None = None) -> int:
         files = write_answers(a.out, res["records"], res["settings"]["model_id"])
         print(f"wrote {len(files)} Spec-Bench answer files to {a.out}", file=sys.stderr)
     if a.json:
-        print(json.dumps({k: res[k] for k in ("settings", "rows", "mismatches")}))
+        out = {k: res[k] for k in ("settings", "rows", "mismatches")}
+        if "emulated" in res["settings"]:
+            out = {"emulated": res["settings"]["emulated"]} | out
+        print(json.dumps(out))
         return 0
     s = res["settings"]
+    if "emulated" in s:
+        print(f"{s['emulated']}: Duet's stages padded to the profile, not measured on it")
     print(
         f"{s['model_id']}: {s['prompts']} prompts, max {s['max_tokens']} tokens, gamma {s['gamma']}"
     )
