@@ -17,7 +17,7 @@ MODULES = {"sd": sd_module, "mirror": mirror_module}
 
 V = 8
 PROMPT = [1, 2, 3]
-N = 1500  # the negative control fails at p ~ 1e-30 with this many; the real test passes at p ~ 0.8
+N = 1000  # enough power: the negative control fails at p < 1e-20 with this many
 ALPHA = 1e-3  # the test passes at p > ALPHA; the negative control must give p < ALPHA
 SAMPLING = Sampling(temp=1.0, top_p=0.95)
 

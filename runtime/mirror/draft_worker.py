@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 
 import numpy as np
 
@@ -57,6 +58,9 @@ class DraftWorker:
 
     def send(self, msg) -> None:
         self.inbox.put(msg)
+        time.sleep(
+            0
+        )  # hand the GIL over now, so the waiting worker wakes in µs, not a switch interval
 
     def receive(self, step: int, poll_s: float = 0.05) -> Window:
         """The window for `step`; raises promptly if the worker failed or died."""
@@ -169,6 +173,7 @@ class DraftWorker:
                 self.tl.add("draft", "fallback rollout", f0, f1, step=step, tokens=g)
                 info.update(source="fallback", ready_ns=f1, fallback_ns=f1 - f0)
             self.outbox.put(Window(step, window, q, now_ns(), info["source"], info))
+            time.sleep(0)  # let the waiting target thread take the GIL at once
 
     def _rollout(self, cache, seq: list[int], g: int, rng) -> tuple[list[int], np.ndarray]:
         """A plain autoregressive window of g tokens after seq (cache ends at seq + d1..d(g-1))."""
