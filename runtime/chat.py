@@ -20,7 +20,7 @@ import sys
 from runtime.chat_session import ChatSession, ChatTemplate, stats_line
 from runtime.decoding import METHODS, Sampling
 from runtime.errors import DuetError, cli_main
-from runtime.load import load_pair
+from runtime.load import TARGET_BACKENDS, load_pair
 from runtime.tokenizer import Detokenizer
 
 HELP = """commands:
@@ -38,7 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--target", help="target: HF/MLX directory or Hub id (default: embedded pair)")
     ap.add_argument("--draft", help="draft: HF directory, .onnx, or Hub id (default: embedded)")
-    ap.add_argument("--target-backend", choices=["mlx", "torch"], default="mlx")
+    ap.add_argument(
+        "--target-backend",
+        choices=TARGET_BACKENDS,
+        default="auto",
+        help="auto = mlx on macOS (Metal), torch elsewhere",
+    )
     ap.add_argument(
         "--draft-backend",
         choices=["onnx", "mlx", "torch"],

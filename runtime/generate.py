@@ -15,7 +15,7 @@ import sys
 
 from runtime.decoding import METHODS, Sampling, make_steps, stream
 from runtime.errors import DuetError, cli_main
-from runtime.load import load_pair
+from runtime.load import TARGET_BACKENDS, load_pair
 from runtime.mirror.summary import mirror_summary
 from runtime.mirror.timeline import Timeline
 from runtime.stats import RunStats
@@ -36,9 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--target-backend",
-        choices=["mlx", "torch"],
-        default="mlx",
-        help="runs the target (default mlx)",
+        choices=TARGET_BACKENDS,
+        default="auto",
+        help="runs the target: auto = mlx on macOS (Metal), torch elsewhere (default auto)",
     )
     ap.add_argument(
         "--draft-backend",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,17 +46,38 @@ def resolve(path: str | None, role: str) -> Path | None:
     raise DuetError(f"--{role} {path}: no such file or directory")
 
 
+TARGET_BACKENDS = ("auto", "mlx", "torch")
+
+
+def target_backend_for(name: str) -> str:
+    """`auto` is MLX on macOS (Metal) and the PyTorch backend elsewhere.
+
+    Off Apple silicon MLX runs on its CPU backend, whose verification of a γ+1 window
+    costs ~γ+1 single-token passes (compute-bound), which erases speculative decoding's
+    gain; PyTorch's CPU matmuls keep a short window close to one pass, as a GPU does.
+    """
+    if name == "auto":
+        return "mlx" if sys.platform == "darwin" else "torch"
+    return name
+
+
 def load_pair(
     target: str | None,
     draft: str | None,
     *,
     need_draft: bool,
-    target_backend: str = "mlx",
+    target_backend: str = "auto",
     draft_backend: str | None = None,
     draft_threads: int = 1,
     provider: str = "cpu",
+    target_threads: int | None = None,
 ) -> Pair:
-    """Load target (and draft when `need_draft`); the embedded pair when neither is given."""
+    """Load target (and draft when `need_draft`); the embedded pair when neither is given.
+
+    Thread counts are set on purpose: the draft gets `draft_threads` ONNX Runtime intra-op
+    threads and a PyTorch target the remaining cores (`target_threads`), so the two
+    workers of Mirror-SD do not fight over the same cores.
+    """
     if target is None and draft is None:
         from runtime.assets import default_pair
 
@@ -67,9 +90,14 @@ def load_pair(
         tdir, ddir = resolve(target, "target"), resolve(draft, "draft")
     if need_draft and ddir is None:
         raise DuetError("this method needs a draft model: pass --draft PATH")
-    t = load_model(tdir, target_backend)
+    target_backend = target_backend_for(target_backend)
+    if target_threads is None:
+        target_threads = max(1, (os.cpu_count() or 1) - (draft_threads if need_draft else 0))
+    kw = {"threads": target_threads} if target_backend == "torch" else {}
+    t = load_model(tdir, target_backend, **kw)
     d = None
-    settings = {"target_backend": target_backend}
+    settings = {"target_backend": target_backend,
+                "target_threads": target_threads if target_backend == "torch" else None}  # fmt: skip
     if need_draft:
         db = draft_backend or (
             "onnx" if backend_for_path(ddir) in ("mlx", "onnx") else backend_for_path(ddir)

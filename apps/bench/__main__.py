@@ -18,6 +18,7 @@ import sys
 
 from runtime.decoding import METHODS
 from runtime.errors import DuetError, cli_main
+from runtime.load import TARGET_BACKENDS
 
 BASELINES = ("mlx-lm", "hf-assisted")
 UNPADDED = "its own generation loop calls the model directly, so its passes cannot be padded"
@@ -31,7 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--target", help="target checkpoint (default: embedded pair)")
     ap.add_argument("--draft", help="draft checkpoint directory (default: embedded pair)")
-    ap.add_argument("--target-backend", choices=["mlx", "torch"], default="mlx")
+    ap.add_argument(
+        "--target-backend",
+        choices=TARGET_BACKENDS,
+        default="auto",
+        help="auto = mlx on macOS (Metal), torch elsewhere",
+    )
     ap.add_argument(
         "--draft-backend",
         choices=["onnx", "mlx", "torch"],

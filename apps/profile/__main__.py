@@ -20,6 +20,7 @@ from pathlib import Path
 from runtime.decoding import Sampling
 from runtime.decoding.mirror import DEFAULT_KAPPA, check_mirror_args
 from runtime.errors import DuetError, cli_main
+from runtime.load import TARGET_BACKENDS
 
 LIMIT, SWEEP_LIMIT = 8, 2  # prompts: the sweep is 15 runs, keep it to minutes on 2 cores
 
@@ -29,7 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--target", help="target checkpoint (default: embedded pair)")
     ap.add_argument("--draft", help="draft checkpoint or .onnx (default: embedded pair)")
-    ap.add_argument("--target-backend", choices=["mlx", "torch"], default="mlx")
+    ap.add_argument(
+        "--target-backend",
+        choices=TARGET_BACKENDS,
+        default="auto",
+        help="auto = mlx on macOS (Metal), torch elsewhere",
+    )
     ap.add_argument("--draft-backend", choices=["onnx", "mlx", "torch"], default=None,
                     help="runs the draft (default onnx)")  # fmt: skip
     ap.add_argument("--draft-threads", type=int, default=1, help="ORT intra-op threads (default 1)")
