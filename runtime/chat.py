@@ -18,9 +18,9 @@ import argparse
 import sys
 
 from runtime.chat_session import ChatSession, ChatTemplate, stats_line
+from runtime.cli_args import add_pair_args, load_pair_from_args
 from runtime.decoding import METHODS, Sampling
 from runtime.errors import DuetError, cli_main
-from runtime.load import TARGET_BACKENDS, load_pair
 from runtime.tokenizer import Detokenizer
 
 HELP = """commands:
@@ -36,27 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--target", help="target: HF/MLX directory or Hub id (default: embedded pair)")
-    ap.add_argument("--draft", help="draft: HF directory, .onnx, or Hub id (default: embedded)")
-    ap.add_argument(
-        "--target-backend",
-        choices=TARGET_BACKENDS,
-        default="auto",
-        help="auto = mlx on macOS (Metal), torch elsewhere",
-    )
-    ap.add_argument(
-        "--draft-backend",
-        choices=["onnx", "mlx", "torch"],
-        default=None,
-        help="runs the draft (default onnx)",
-    )
-    ap.add_argument(
-        "--draft-threads",
-        type=int,
-        default=1,
-        help="ONNX Runtime intra-op threads for the draft (default 1)",
-    )
-    ap.add_argument("--provider", default="cpu", help="ONNX Runtime execution provider")
+    add_pair_args(ap)
     ap.add_argument("--method", choices=METHODS, default="sd", help="decoding method (default sd)")
     ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default 4)")
     ap.add_argument("--kappa", type=int, default=None, help="channel width (methods that take it)")
@@ -85,15 +65,7 @@ def check_args(a: argparse.Namespace) -> None:
 
 
 def make_session(a: argparse.Namespace, notify) -> ChatSession:
-    pair = load_pair(
-        a.target,
-        a.draft,
-        need_draft=a.method != "ar",
-        target_backend=a.target_backend,
-        draft_backend=a.draft_backend,
-        draft_threads=a.draft_threads,
-        provider=a.provider,
-    )
+    pair = load_pair_from_args(a, need_draft=a.method != "ar")
     if pair.tokenizer is None:
         raise DuetError(f"{pair.target_dir}: no tokenizer.json; the chat needs a tokenizer")
     return ChatSession(

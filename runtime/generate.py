@@ -13,9 +13,9 @@ import argparse
 import json
 import sys
 
+from runtime.cli_args import add_pair_args, load_pair_from_args
 from runtime.decoding import METHODS, Sampling, make_steps, stream
 from runtime.errors import DuetError, cli_main
-from runtime.load import TARGET_BACKENDS, load_pair
 from runtime.mirror.summary import mirror_summary
 from runtime.mirror.timeline import Timeline
 from runtime.stats import RunStats
@@ -28,35 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument(
-        "--target", help="target checkpoint: HF/MLX directory or Hub id (default: embedded pair)"
-    )
-    ap.add_argument(
-        "--draft", help="draft: HF directory, exported .onnx, or Hub id (default: embedded pair)"
-    )
-    ap.add_argument(
-        "--target-backend",
-        choices=TARGET_BACKENDS,
-        default="auto",
-        help="runs the target: auto = mlx on macOS (Metal), torch elsewhere (default auto)",
-    )
-    ap.add_argument(
-        "--draft-backend",
-        choices=["onnx", "mlx", "torch"],
-        default=None,
-        help="runs the draft (default onnx; a directory is exported on the fly and cached)",
-    )
-    ap.add_argument(
-        "--draft-threads",
-        type=int,
-        default=1,
-        help="ONNX Runtime intra-op threads for the draft (default 1)",
-    )
-    ap.add_argument(
-        "--provider",
-        default="cpu",
-        help="ONNX Runtime execution provider: cpu, coreml, cuda, tensorrt, qnn",
-    )
+    add_pair_args(ap)
     ap.add_argument("--method", choices=METHODS, default="sd", help="decoding method (default sd)")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
@@ -123,8 +95,6 @@ def check_args(a: argparse.Namespace) -> None:
         raise DuetError("--trace records the Mirror-SD timeline; use it with --method mirror")
     if a.method != "ar" and a.gamma < 1:
         raise DuetError(f"--gamma must be at least 1 for --method {a.method} (got {a.gamma})")
-    if a.draft_threads < 1:
-        raise DuetError(f"--draft-threads must be at least 1 (got {a.draft_threads})")
 
 
 def prompt_tokens(a, pair) -> list[int]:
@@ -151,15 +121,7 @@ def prompt_tokens(a, pair) -> list[int]:
 def generate(a: argparse.Namespace) -> dict:
     """Run one generation; returns {"tokens", "text", "stats"}."""
     check_args(a)
-    pair = load_pair(
-        a.target,
-        a.draft,
-        need_draft=a.method != "ar",
-        target_backend=a.target_backend,
-        draft_backend=a.draft_backend,
-        draft_threads=a.draft_threads,
-        provider=a.provider,
-    )
+    pair = load_pair_from_args(a, need_draft=a.method != "ar")
     ids = prompt_tokens(a, pair)
     emu = None
     if a.emulate:

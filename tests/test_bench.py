@@ -13,7 +13,7 @@ QUESTIONS = [
     {"question_id": 2, "category": "chat", "turns": ["hello", "and again"]},  # two turns
     {"question_id": 3, "category": "code", "turns": ["import os\n"]},
 ]
-METHODS = ["ar", "sd", "mlx-lm", "hf-assisted"]
+METHODS = ["ar", "sd", "mirror", "mlx-lm", "hf-assisted"]
 
 
 @pytest.fixture(scope="module")

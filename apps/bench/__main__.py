@@ -16,9 +16,9 @@ import json
 import os
 import sys
 
+from runtime.cli_args import add_pair_args, load_pair_from_args
 from runtime.decoding import METHODS
 from runtime.errors import DuetError, cli_main
-from runtime.load import TARGET_BACKENDS
 
 BASELINES = ("mlx-lm", "hf-assisted")
 UNPADDED = "its own generation loop calls the model directly, so its passes cannot be padded"
@@ -30,22 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--target", help="target checkpoint (default: embedded pair)")
-    ap.add_argument("--draft", help="draft checkpoint directory (default: embedded pair)")
-    ap.add_argument(
-        "--target-backend",
-        choices=TARGET_BACKENDS,
-        default="auto",
-        help="auto = mlx on macOS (Metal), torch elsewhere",
-    )
-    ap.add_argument(
-        "--draft-backend",
-        choices=["onnx", "mlx", "torch"],
-        default=None,
-        help="Duet's draft backend (default onnx)",
-    )
-    ap.add_argument("--draft-threads", type=int, default=1, help="ORT intra-op threads (default 1)")
-    ap.add_argument("--provider", default="cpu", help="ONNX Runtime execution provider")
+    add_pair_args(ap)
     ap.add_argument(
         "--prompts", default=None, help="prompt set .jsonl or folder (default apps/prompts/)"
     )
@@ -53,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--categories", default=None, help="comma-separated categories to keep")
     ap.add_argument(
         "--methods",
-        default="ar,sd," + ",".join(BASELINES),
+        default="ar,sd,mirror," + ",".join(BASELINES),
         help=f"comma-separated, from {', '.join(METHODS + BASELINES)} (default: %(default)s)",
     )
     ap.add_argument(
@@ -137,7 +122,6 @@ def thread_settings(runners: list) -> dict:
 def bench(a: argparse.Namespace) -> dict:
     """Run the benchmark; returns {"settings", "rows", "mismatches", "records"}."""
     from runtime.chat_session import ChatTemplate
-    from runtime.load import load_pair
 
     from .prompts import load_prompts
     from .report import mismatches, summarize
@@ -158,15 +142,7 @@ def bench(a: argparse.Namespace) -> dict:
         methods = [m for m in methods if m not in BASELINES]
         for m, why in skipped.items():
             print(f"skipping {m} under --emulate: {why}", file=sys.stderr)
-    pair = load_pair(
-        a.target,
-        a.draft,
-        need_draft=len(methods) > 1,
-        target_backend=a.target_backend,
-        draft_backend=a.draft_backend,
-        draft_threads=a.draft_threads,
-        provider=a.provider,
-    )
+    pair = load_pair_from_args(a, need_draft=len(methods) > 1)
     if pair.tokenizer is None:
         raise DuetError(f"{pair.target_dir}: no tokenizer.json; the bench needs one")
     emu = None

@@ -17,10 +17,10 @@ import json
 import sys
 from pathlib import Path
 
+from runtime.cli_args import add_pair_args, load_pair_from_args
 from runtime.decoding import Sampling
 from runtime.decoding.mirror import DEFAULT_KAPPA, check_mirror_args
 from runtime.errors import DuetError, cli_main
-from runtime.load import TARGET_BACKENDS
 
 LIMIT, SWEEP_LIMIT = 8, 2  # prompts: the sweep is 15 runs, keep it to minutes on 2 cores
 
@@ -28,18 +28,7 @@ LIMIT, SWEEP_LIMIT = 8, 2  # prompts: the sweep is 15 runs, keep it to minutes o
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m apps.profile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("--target", help="target checkpoint (default: embedded pair)")
-    ap.add_argument("--draft", help="draft checkpoint or .onnx (default: embedded pair)")
-    ap.add_argument(
-        "--target-backend",
-        choices=TARGET_BACKENDS,
-        default="auto",
-        help="auto = mlx on macOS (Metal), torch elsewhere",
-    )
-    ap.add_argument("--draft-backend", choices=["onnx", "mlx", "torch"], default=None,
-                    help="runs the draft (default onnx)")  # fmt: skip
-    ap.add_argument("--draft-threads", type=int, default=1, help="ORT intra-op threads (default 1)")
-    ap.add_argument("--provider", default="cpu", help="ONNX Runtime execution provider")
+    add_pair_args(ap)
     ap.add_argument(
         "--prompts", default=None, help="prompt set .jsonl or folder (default apps/prompts/)"
     )
@@ -80,14 +69,12 @@ def check_args(a: argparse.Namespace) -> None:
 
 def make_setup(a: argparse.Namespace):
     from apps.bench.prompts import load_prompts
-    from runtime.load import load_pair
 
     from .run import Setup, prompt_ids
 
     limit = a.limit or (SWEEP_LIMIT if a.sweep else LIMIT)
     records = load_prompts(a.prompts, limit=limit)
-    pair = load_pair(a.target, a.draft, need_draft=True, target_backend=a.target_backend,
-                     draft_backend=a.draft_backend, draft_threads=a.draft_threads, provider=a.provider)  # fmt: skip
+    pair = load_pair_from_args(a, need_draft=True)
     emu = None
     if a.emulate:
         from devices.emulated_model import emulate_pair
