@@ -92,7 +92,8 @@ def load_pair(
         raise DuetError("this method needs a draft model: pass --draft PATH")
     target_backend = target_backend_for(target_backend)
     if target_threads is None:
-        target_threads = max(1, (os.cpu_count() or 1) - (draft_threads if need_draft else 0))
+        # the same count whatever the method, so ar and sd runs are comparable
+        target_threads = max(1, (os.cpu_count() or 1) - draft_threads)
     kw = {"threads": target_threads} if target_backend == "torch" else {}
     t = load_model(tdir, target_backend, **kw)
     d = None
