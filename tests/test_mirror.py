@@ -150,8 +150,9 @@ def test_plan_orders_most_likely_first_and_skips_own_token():
     ids = np.array([[5, 6], [7, 8], [9, 10]])
     logp = np.log(np.array([[0.6, 0.3], [0.9, 0.05], [0.5, 0.4]], np.float32))
     groups = plan_branches(ids, logp, drafts=[5, 7])
-    # scores: j=0: log .3; j=2: log .6 + log .9 + log .5; j=1: log .6 + log .05
-    assert [g.depth for g in groups] == [0, 2, 1]
+    # group masses: j=0: .3; j=2: .6 * .9 * (.5 + .4) = .486; j=1: .6 * .05 = .03
+    assert [g.depth for g in groups] == [2, 0, 1]
+    assert [round(float(np.exp(g.score)), 3) for g in groups] == [0.486, 0.3, 0.03]
     assert {g.depth: g.tokens for g in groups} == {0: (6,), 1: (8,), 2: (9, 10)}
     assert all(a.score >= b.score for a, b in zip(groups, groups[1:], strict=False))
 

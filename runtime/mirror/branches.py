@@ -20,7 +20,7 @@ class Group:
 
     depth: int  # j: draft tokens accepted before the branch point
     tokens: tuple[int, ...]  # candidate v's, most likely first
-    score: float  # early-exit log-probability of the group's most likely branch
+    score: float  # early-exit log-probability that the correction lands in this group
 
 
 def plan_branches(ids: np.ndarray, logp: np.ndarray, drafts: list[int]) -> list[Group]:
@@ -30,6 +30,7 @@ def plan_branches(ids: np.ndarray, logp: np.ndarray, drafts: list[int]) -> list[
     (j, v) is estimated from the early-exit proxy alone:
         sum_{i<j} log p̃_i(d_{i+1}) + log p̃_j(v),
     where a draft token outside row i's top-κ gets that row's κ-th log-prob (an upper bound).
+    A group runs as one batch, so groups are ordered by their total mass (logsumexp).
     """
     path = 0.0
     groups = []
@@ -38,7 +39,9 @@ def plan_branches(ids: np.ndarray, logp: np.ndarray, drafts: list[int]) -> list[
         own = drafts[j] if j < len(drafts) else None
         keep = [(float(lp), int(v)) for v, lp in zip(row_ids, row_lp, strict=True) if v != own]
         if keep:
-            groups.append(Group(j, tuple(v for _, v in keep), path + keep[0][0]))
+            lps = np.array([lp for lp, _ in keep])
+            mass = float(lps.max() + np.log(np.exp(lps - lps.max()).sum()))
+            groups.append(Group(j, tuple(v for _, v in keep), path + mass))
         if own is not None:
             hit = np.nonzero(row_ids == own)[0]
             path += float(row_lp[hit[0]]) if hit.size else float(row_lp[-1])
