@@ -22,7 +22,9 @@ def probs_from_logits(
     """
     x = np.asarray(logits, dtype=np.float32)
     if temp == 0:
-        return np.eye(x.shape[-1], dtype=np.float32)[x.argmax(-1)]
+        one_hot = np.zeros(x.shape, np.float32)
+        np.put_along_axis(one_hot, x.argmax(-1)[..., None], 1.0, -1)
+        return one_hot
     z = x / np.float32(temp)
     if top_k and top_k < x.shape[-1]:
         kth = np.sort(z, axis=-1)[..., -top_k][..., None]

@@ -13,6 +13,7 @@ The committed tokens are those vanilla SD would commit for the same window
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 import numpy as np
@@ -26,7 +27,11 @@ from runtime.mirror.draft_worker import DraftWorker
 from runtime.mirror.messages import EarlyExit, FinalVerify
 from runtime.mirror.timeline import Timeline, now_ns
 
-DEFAULT_KAPPA = 8  # App. E.5: κ = 8 with a mid-depth exit is the paper's default
+DEFAULT_KAPPA = 8
+# Both workers need the GIL between their native calls; with CPython's default 5 ms switch
+# interval a thread that wants it back can wait that long per op. Mirror-SD's steps are a few
+# ms, so the interval is shortened while it runs (restored on exit).
+SWITCH_INTERVAL_S = 5e-5  # App. E.5: κ = 8 with a mid-depth exit is the paper's default
 
 
 def check_mirror_args(target, gamma: int, kappa: int, exit_layer: int | None) -> int:
@@ -70,6 +75,8 @@ def mirror_steps(
     ctx = min(target.config.max_context, draft.config.max_context)
     worker = DraftWorker(draft, sampling=sampling, seed=seed, gamma=gamma, max_new=max_new, ctx=ctx,
                          timeline=tl, cache=draft_cache)  # fmt: skip
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     worker.start(seq)
     produced, step = 0, 0
     try:
@@ -128,6 +135,7 @@ def mirror_steps(
             yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=0.0, verify_s=(t2 - t0) / 1e9,
                             extra=extra)  # fmt: skip
     finally:
+        sys.setswitchinterval(switch)
         worker.stop()
         rewind(tc, len(seq))
         rewind(worker.cache, len(seq))

@@ -215,19 +215,18 @@ class DraftWorker:
         feed = np.array([prefix[keep:] + [v] for v in vs])
         rngs = [np.random.default_rng([self.seed, step + 1, BRANCH, j, v]) for v in vs]
         toks = np.zeros((len(vs), g2), np.int64)
-        qs = np.zeros((len(vs), g2, self.draft.config.vocab_size), np.float32)
+        greedy = self.sampling.greedy  # greedy verification needs no q: keep none
+        qs = np.zeros((len(vs), g2, 0 if greedy else self.draft.config.vocab_size), np.float32)
         t0 = now_ns()
         for k in range(g2):
             if k and self._final_arrived():
                 return None
-            logits = self.draft.forward(feed, cache)[:, -1]
-            for r in range(len(vs)):
-                qs[r, k] = self.sampling.probs(logits[r])
-                toks[r, k] = (
-                    logits[r].argmax()
-                    if self.sampling.greedy
-                    else sample(qs[r, k], rngs[r].random())
-                )
+            logits = self.draft.forward(feed, cache)[:, -1]  # (n, V), one batched pass
+            if greedy:
+                toks[:, k] = logits.argmax(-1)
+            else:
+                qs[:, k] = self.sampling.probs(logits)
+                toks[:, k] = sample(qs[:, k], np.array([r.random() for r in rngs]))
             feed = toks[:, k : k + 1]
         self.tl.add(
             "draft", f"rollout j={j}", t0, now_ns(), step=step, depth=j, branches=len(vs), tokens=g2
