@@ -9,7 +9,7 @@ latency.py        FlexSpec eq. (7)-(11), Mirror-SD eq. (10)/(14) and App. C, CU-
 links.py          named link conditions 5g / 4g / wifi-weak and block fading
 fit.py            least squares with R²
 calibrate.py      measure this machine with the real backends
-tiny_checkpoint.py  a random checkpoint to calibrate on when no model is at hand
 emulation.py      Emulator: pad real stages to a profile's predicted times
+emulated_model.py wrap a loaded model so every pass runs inside an emulated stage
 __main__.py       python -m devices list | show | calibrate | latency
 """

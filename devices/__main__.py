@@ -108,8 +108,8 @@ def calibrate(
     """Measure this machine on a target/draft pair, write the fitted profile to `out`, return it."""
     from devices.calibrate import run_calibration, to_profile
     from devices.profile import dumps_toml, read_profile_file
-    from devices.tiny_checkpoint import write_tiny_checkpoint
     from runtime.backends import load_model
+    from runtime.random_checkpoint import make_checkpoint
 
     out_path = Path(out)
     if out_path.suffix not in (".toml", ".json"):
@@ -128,11 +128,17 @@ def calibrate(
         elif (DEFAULT_PAIR / "target").is_dir() and (DEFAULT_PAIR / "draft").is_dir():
             target_dir, draft_dir = DEFAULT_PAIR / "target", DEFAULT_PAIR / "draft"
         else:  # no embedded pair in this checkout: calibrate on tiny random models
-            target_dir = write_tiny_checkpoint(
-                Path(tmp) / "target", hidden_size=256, num_layers=8, intermediate_size=512
+            tiny = dict(vocab_size=512, max_context=512, initializer_range=0.02)
+            target_dir = make_checkpoint(
+                Path(tmp) / "target", hidden_size=256, num_layers=8, intermediate_size=512, **tiny
             )
-            draft_dir = write_tiny_checkpoint(
-                Path(tmp) / "draft", hidden_size=128, num_layers=2, seed=1
+            draft_dir = make_checkpoint(
+                Path(tmp) / "draft",
+                hidden_size=128,
+                num_layers=2,
+                intermediate_size=256,
+                seed=1,
+                **tiny,
             )
         tgt = load_model(target_dir, target_backend)
         drf = load_model(draft_dir, draft_backend)

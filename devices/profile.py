@@ -43,16 +43,11 @@ from __future__ import annotations
 
 import json
 import math
-import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtime.errors import DuetError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pyproject allows 3.10, whose stdlib has no tomllib; tomli is the same parser
-    import tomli as tomllib
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 

@@ -2,9 +2,9 @@
 
 import copy
 import re
+import tomllib
 
 import pytest
-import tomllib
 
 from devices.latency import per_token_time
 from devices.model_sizes import model_size

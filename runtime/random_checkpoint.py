@@ -1,0 +1,89 @@
+"""Tiny random checkpoints: real Hugging Face directories, written offline.
+
+Used by the tests and by `python -m devices calibrate` when no model is at hand.
+
+Each is config.json + model.safetensors + tokenizer.json (a byte-level tokenizer
+with no merges, so every vocabulary fits), built from a `transformers` config
+with a large `initializer_range` so outputs vary and argmax margins are clear of
+float noise.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ARCHS = ("llama", "qwen2", "qwen3")
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def byte_tokenizer(vocab_size: int):
+    """A byte-level BPE tokenizer with no merges: 256 bytes + specials, padded to vocab_size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    alphabet = ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    for s in SPECIALS:
+        vocab[s] = len(vocab)
+    while len(vocab) < vocab_size:
+        vocab[f"<|unused{len(vocab)}|>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIALS))
+    return tok
+
+
+def make_checkpoint(
+    path: str | Path,
+    model_type: str = "qwen3",
+    *,
+    vocab_size: int = 320,
+    hidden_size: int = 64,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    max_context: int = 256,
+    eos_token_id: int | None = None,
+    tie_word_embeddings: bool = False,
+    initializer_range: float = 0.3,
+    seed: int = 0,
+    tokenizer: bool = True,
+) -> Path:
+    """Write a random checkpoint of `model_type` to `path` and return it."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[model_type]
+    kw = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_context,
+        tie_word_embeddings=tie_word_embeddings,
+        initializer_range=initializer_range,
+        rms_norm_eps=1e-6,
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
+    if model_type == "qwen3":
+        kw["head_dim"] = hidden_size // num_heads
+    cfg = cls(**kw)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    if model_type == "qwen2":  # random biases, so the bias path is exercised
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    lin.bias.normal_(0, initializer_range)
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(p, safe_serialization=True)
+    if tokenizer:  # a byte tokenizer needs vocab_size >= 259; tiny-vocabulary models go without
+        byte_tokenizer(vocab_size).save(str(p / "tokenizer.json"))
+    return p
