@@ -18,7 +18,7 @@ import argparse
 import sys
 
 from runtime.chat_session import ChatSession, ChatTemplate, stats_line
-from runtime.cli_args import add_pair_args, load_pair_from_args
+from runtime.cli_args import add_pair_args, check_decoding_args, load_pair_from_args
 from runtime.decoding import METHODS, Sampling
 from runtime.errors import DuetError, cli_main
 from runtime.tokenizer import Detokenizer
@@ -54,14 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(a: argparse.Namespace) -> None:
-    if a.max_tokens < 1:
-        raise DuetError(f"--max-tokens must be at least 1 (got {a.max_tokens})")
-    if a.temp < 0:
-        raise DuetError(f"--temp must be >= 0 (got {a.temp})")
-    if not 0 < a.top_p <= 1:
-        raise DuetError(f"--top-p must be in (0, 1] (got {a.top_p})")
-    if a.method != "ar" and a.gamma < 1:
-        raise DuetError(f"--gamma must be at least 1 for --method {a.method} (got {a.gamma})")
+    check_decoding_args(a)
 
 
 def make_session(a: argparse.Namespace, notify) -> ChatSession:

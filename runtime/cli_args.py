@@ -36,3 +36,20 @@ def load_pair_from_args(a: argparse.Namespace, *, need_draft: bool) -> Pair:
     return load_pair(a.target, a.draft, need_draft=need_draft, target_backend=a.target_backend,
                      draft_backend=a.draft_backend, draft_threads=a.draft_threads, provider=a.provider,
                      target_threads=a.target_threads)  # fmt: skip
+
+
+def check_decoding_args(a: argparse.Namespace) -> None:
+    """One clear error for an out-of-range --max-tokens, --temp, --top-p, --top-k or --gamma."""
+    from runtime.errors import DuetError
+
+    if a.max_tokens < 1:
+        raise DuetError(f"--max-tokens must be at least 1 (got {a.max_tokens})")
+    if a.temp < 0:
+        raise DuetError(f"--temp must be >= 0 (got {a.temp})")
+    if not 0 < getattr(a, "top_p", 1.0) <= 1:
+        raise DuetError(f"--top-p must be in (0, 1] (got {a.top_p})")
+    if getattr(a, "top_k", 0) < 0:
+        raise DuetError(f"--top-k must be >= 0 (got {a.top_k})")
+    method = getattr(a, "method", "mirror")
+    if method != "ar" and a.gamma < 1:
+        raise DuetError(f"--gamma must be at least 1 for --method {method} (got {a.gamma})")

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from runtime.cli_args import add_pair_args, load_pair_from_args
+from runtime.cli_args import add_pair_args, check_decoding_args, load_pair_from_args
 from runtime.decoding import METHODS, Sampling, make_steps, stream
 from runtime.errors import DuetError, cli_main
 from runtime.mirror.summary import mirror_summary
@@ -83,14 +83,7 @@ def parse_ids(text: str) -> list[int]:
 
 
 def check_args(a: argparse.Namespace) -> None:
-    if a.max_tokens < 1:
-        raise DuetError(f"--max-tokens must be at least 1 (got {a.max_tokens})")
-    if a.temp < 0:
-        raise DuetError(f"--temp must be >= 0 (got {a.temp})")
-    if not 0 < a.top_p <= 1:
-        raise DuetError(f"--top-p must be in (0, 1] (got {a.top_p})")
-    if a.top_k < 0:
-        raise DuetError(f"--top-k must be >= 0 (got {a.top_k})")
+    check_decoding_args(a)
     if a.trace and a.method != "mirror":
         raise DuetError("--trace records the Mirror-SD timeline; use it with --method mirror")
     if a.method != "ar" and a.gamma < 1:
