@@ -23,7 +23,8 @@ from runtime.errors import DuetError
 def draft_window(
     draft, cache, seq: list[int], gamma: int, sampling: Sampling, rng
 ) -> tuple[list[int], np.ndarray]:
-    """Draft γ tokens after `seq`; returns (tokens, q (γ, V)), q the law each was drawn from.
+    """Draft γ tokens after `seq`; returns (tokens, q (γ, V)), q the law each was drawn from
+    (empty when greedy, where verification needs none).
 
     On return the draft cache holds seq + d1..d(γ-1) (dγ is fed next step if accepted).
     """
@@ -31,10 +32,12 @@ def draft_window(
     feed = pending(cache, seq)
     for _ in range(gamma):
         logits = draft.forward(np.array([feed]), cache)[0, -1]
-        q = sampling.probs(logits)
-        d = int(logits.argmax()) if sampling.greedy else int(sample(q, rng.random()))
+        if sampling.greedy:  # greedy verification needs no q
+            d = int(logits.argmax())
+        else:
+            qs.append(sampling.probs(logits))
+            d = int(sample(qs[-1], rng.random()))
         toks.append(d)
-        qs.append(q)
         feed = [d]
     return toks, (np.stack(qs) if qs else np.zeros((0, draft.config.vocab_size), np.float32))
 

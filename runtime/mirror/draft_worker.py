@@ -23,7 +23,8 @@ import numpy as np
 
 from kernels.sampling import sample
 from kernels.topk_channel import decode
-from runtime.decoding.events import Sampling, pending, rewind
+from runtime.decoding.events import Sampling, rewind
+from runtime.decoding.sd import draft_window
 from runtime.mirror.branches import Group, plan_branches, reuse_key
 from runtime.mirror.messages import STOP, EarlyExit, FinalVerify, Window, WorkerFailed
 from runtime.mirror.timeline import Timeline, now_ns
@@ -176,18 +177,8 @@ class DraftWorker:
             time.sleep(0)  # let the waiting target thread take the GIL at once
 
     def _rollout(self, cache, seq: list[int], g: int, rng) -> tuple[list[int], np.ndarray]:
-        """A plain autoregressive window of g tokens after seq (cache ends at seq + d1..d(g-1))."""
-        toks, qs = [], []
-        feed = pending(cache, seq)
-        for _ in range(g):
-            logits = self.draft.forward(np.array([feed]), cache)[0, -1]
-            qd = self.sampling.probs(logits)
-            d = int(logits.argmax()) if self.sampling.greedy else int(sample(qd, rng.random()))
-            toks.append(d)
-            qs.append(qd)
-            feed = [d]
-        V = self.draft.config.vocab_size
-        return toks, (np.stack(qs) if qs else np.zeros((0, V), np.float32))
+        """A plain autoregressive window of g tokens after seq: vanilla SD's draft step."""
+        return draft_window(self.draft, cache, seq, g, self.sampling, rng)
 
     def _branch_rollouts(self, step, ids, logp, window, produced):
         """Run branch groups most-likely first until (A, c) arrives.
