@@ -66,3 +66,12 @@ class ConcatKVCache:
         rows = list(rows)
         self._kv = [(k[rows], v[rows]) for k, v in (self.get(i) for i in range(len(self._kv)))]
         self._batch = len(rows)
+
+    def keep_columns(self, cols: Sequence[int]) -> None:
+        """Keep only these sequence positions (in this order): closes the holes a masked branch
+        batch leaves, once one branch row is committed."""
+        idx = list(cols)
+        self._kv = [
+            (k[:, :, idx], v[:, :, idx]) for k, v in (self.get(i) for i in range(len(self._kv)))
+        ]
+        self._offsets = [len(idx)] * len(self._kv)

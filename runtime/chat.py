@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--exit-layer", type=int, default=None, help="early-exit layer (methods that take it)"
     )
+    ap.add_argument(
+        "--branches", type=int, default=None, help="mirror: branches per batched draft pass"
+    )
     ap.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0 = off)")
     ap.add_argument(
@@ -75,6 +78,7 @@ def make_session(a: argparse.Namespace, notify) -> ChatSession:
         notify=notify,
         kappa=a.kappa,
         exit_layer=a.exit_layer,
+        branches=a.branches,
     )
 
 

@@ -16,6 +16,7 @@ import sys
 from runtime.cli_args import add_pair_args, check_decoding_args, load_pair_from_args
 from runtime.decoding import METHODS, Sampling, make_steps, stream
 from runtime.errors import DuetError, cli_main
+from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
 from runtime.mirror.summary import mirror_summary
 from runtime.mirror.timeline import Timeline
 from runtime.stats import RunStats
@@ -50,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=8,
         help="mirror: top-κ width of the early-exit message (default 8)",
+    )
+    ap.add_argument(
+        "--branches",
+        type=int,
+        default=DEFAULT_BRANCH_BATCH,
+        help="mirror: branches rolled out per batched draft pass, most likely first "
+        f"(default {DEFAULT_BRANCH_BATCH})",
     )
     ap.add_argument(
         "--exit-layer",
@@ -136,6 +144,7 @@ def generate(a: argparse.Namespace) -> dict:
         kappa=a.kappa,
         exit_layer=a.exit_layer,
         timeline=timeline,
+        branches=a.branches,
     )
     stats = RunStats(prefill_tokens=len(ids))
     out: list[int] = []

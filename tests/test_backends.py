@@ -106,6 +106,45 @@ def test_explicit_positions_and_mask_match_torch(tiny_dir):
     np.testing.assert_allclose(outs[0], outs[1], atol=MLX_TOL)
 
 
+@pytest.mark.parametrize("backend", ["torch", "mlx", "onnx"])
+def test_key_holes_and_keep_columns(tiny_dir, backend):
+    """Rows that skip some cached keys (a Mirror-SD branch batch) equal the same tokens fed
+    without the skipped ones; keep_columns then closes the holes for later passes."""
+    m = load_model(tiny_dir("qwen3"), backend)
+    ids = np.random.default_rng(6).integers(0, 320, (1, 8))
+    c = m.new_cache()
+    m.forward(ids, c)
+    b = c.fork([0, 0])
+    mask = np.ones((2, 1, 9), bool)
+    mask[0, 0, 5:8] = False  # row 0: token 99 right after ids[:5], at position 5
+    got = m.forward(np.array([[99], [98]]), b, positions=np.array([[5], [8]]), mask=mask)[:, -1]
+    for row, prefix, tok in ((0, ids[:, :5], 99), (1, ids, 98)):
+        ref = m.new_cache()
+        m.forward(prefix, ref)
+        want = m.forward(np.array([[tok]]), ref)[0, -1]
+        np.testing.assert_allclose(got[row], want, atol=1e-4)
+    b.select([0])
+    b.keep_columns([*range(5), 8])
+    assert b.offset == 6
+    ref = m.new_cache()
+    m.forward(np.concatenate([ids[:, :5], [[99]]], 1), ref)
+    np.testing.assert_allclose(
+        m.forward(np.array([[7]]), b)[0, -1], m.forward(np.array([[7]]), ref)[0, -1], atol=1e-4
+    )
+
+
+def test_onnx_takes_key_holes_but_not_tree_masks(tiny_dir):
+    from runtime.errors import DuetError
+
+    m = load_model(tiny_dir("qwen3"), "onnx")
+    c = m.new_cache()
+    m.forward(np.array([[1, 2, 3]]), c)
+    tree = np.ones((1, 2, 5), bool)
+    tree[0, 1, 3] = False  # the second new token may not see the first: not causal-minus-keys
+    with pytest.raises(DuetError, match="per-row key holes"):
+        m.forward(np.array([[4, 5]]), c, mask=tree)
+
+
 def test_onnx_rejects_layer_range(tiny_dir):
     from runtime.errors import DuetError
 

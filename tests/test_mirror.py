@@ -10,7 +10,7 @@ from kernels.topk_channel import encode
 from runtime.backends import load_model
 from runtime.decoding import Sampling, make_steps, run
 from runtime.decoding.sd import draft_window
-from runtime.mirror.branches import in_tree, plan_branches
+from runtime.mirror.branches import in_tree, rank_branches
 from runtime.mirror.draft_worker import DraftWorker
 from runtime.mirror.messages import EarlyExit, FinalVerify
 from runtime.mirror.summary import mirror_summary
@@ -87,9 +87,10 @@ class Scripted:
         k = ee_ids.shape[1]
         logp = np.log(np.full(ee_ids.shape, 1.0 / (k + 1), np.float32))
         self.w.send(EarlyExit(0, encode(ee_ids.astype(np.int32), logp), now_ns()))
-        groups = len(plan_branches(ee_ids, logp, self.win.tokens))
+        n = len(rank_branches(ee_ids, logp, self.win.tokens))
+        waves = -(-n // self.w.branch_batch)
         deadline = time.time() + 10
-        while wait_all and sum(i.name.startswith("rollout") for i in self.tl.intervals) < groups:
+        while wait_all and sum(i.name.startswith("rollout") for i in self.tl.intervals) < waves:
             assert time.time() < deadline
             time.sleep(0.005)
         self.w.send(FinalVerify(0, a, c, now_ns()))
@@ -100,9 +101,8 @@ class Scripted:
     def fresh(self, a, c):
         """What a fresh rollout from committed + d1..dA + c gives (greedy)."""
         seq = PROMPT + self.win.tokens[:a] + [c]
-        return draft_window(self.draft, self.draft.new_cache(), seq, self.gamma, Sampling(), None)[
-            0
-        ]
+        d = getattr(self.draft, "m", self.draft)
+        return draft_window(d, d.new_cache(), seq, self.gamma, Sampling(), None)[0]
 
 
 def ee_with(win_tokens, extra):
@@ -146,15 +146,57 @@ def test_fallback_when_correction_not_in_top_kappa(scripted):
     assert nxt.source == "fallback" and nxt.tokens == scripted.fresh(1, c)
 
 
-def test_plan_orders_most_likely_first_and_skips_own_token():
+class Gate:
+    """A draft that stops inside its `at`-th batched pass until the test lets it go."""
+
+    def __init__(self, model, at):
+        self.m, self.at, self.batched = model, at, 0
+        self.config, self.backend, self.supports_layer_range = model.config, "test", False
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def new_cache(self, batch=1):
+        return self.m.new_cache(batch)
+
+    def forward(self, tokens, cache, **kw):
+        if np.shape(tokens)[0] > 1:
+            self.batched += 1
+            if self.batched == self.at:
+                self.entered.set()
+                assert self.release.wait(10)
+        return self.m.forward(tokens, cache, **kw)
+
+
+def test_branch_cut_short_is_resumed_where_it_stopped(tiny_dir):
+    """(A, c) arrives during the second pass of the wave holding its branch: the worker
+    continues that row for the remaining tokens instead of starting over."""
+    sc = Scripted(Gate(load_model(tiny_dir("llama", num_layers=2, seed=11), "onnx"), at=2))
+    c = (sc.win.tokens[1] + 5) % 300
+    ids = ee_with(sc.win.tokens, {1: [c]})
+    logp = np.log(np.full(ids.shape, 0.2, np.float32))
+    sc.w.send(EarlyExit(0, encode(ids.astype(np.int32), logp), now_ns()))
+    assert sc.draft.entered.wait(10)
+    sc.w.send(FinalVerify(0, 1, c, now_ns()))
+    sc.draft.release.set()
+    nxt = sc.w.receive(1)
+    sc.w.stop()
+    assert nxt.source == "resume" and nxt.tokens == sc.fresh(1, c)
+    assert "resume rollout" in [i.name for i in sc.tl.intervals if i.lane == "draft"]
+
+
+def test_ranking_orders_branches_most_likely_first_and_skips_own_token():
     ids = np.array([[5, 6], [7, 8], [9, 10]])
     logp = np.log(np.array([[0.6, 0.3], [0.9, 0.05], [0.5, 0.4]], np.float32))
-    groups = plan_branches(ids, logp, drafts=[5, 7])
-    # group masses: j=0: .3; j=2: .6 * .9 * (.5 + .4) = .486; j=1: .6 * .05 = .03
-    assert [g.depth for g in groups] == [2, 0, 1]
-    assert [round(float(np.exp(g.score)), 3) for g in groups] == [0.486, 0.3, 0.03]
-    assert {g.depth: g.tokens for g in groups} == {0: (6,), 1: (8,), 2: (9, 10)}
-    assert all(a.score >= b.score for a, b in zip(groups, groups[1:], strict=False))
+    ranked = rank_branches(ids, logp, drafts=[5, 7])
+    # P(j, v): (0, 6) .3; (1, 8) .6 * .05 = .03; (2, 9) .6 * .9 * .5 = .27; (2, 10) .216
+    assert [(b.depth, b.token) for b in ranked] == [(0, 6), (2, 9), (2, 10), (1, 8)]
+    assert [round(float(np.exp(b.score)), 3) for b in ranked] == [0.3, 0.27, 0.216, 0.03]
+    # a draft token outside a row's top-κ is charged that row's κ-th log-prob (an upper bound)
+    ranked = rank_branches(ids, logp, drafts=[4, 7])
+    assert {(b.depth, b.token) for b in ranked} >= {(0, 5), (0, 6)}
+    assert (
+        round(float(np.exp(next(b.score for b in ranked if b.depth == 1 and b.token == 8))), 3)
+        == 0.015
+    )
 
 
 # ---- App. E, trace, failure behaviour ---------------------------------------------------------
@@ -168,7 +210,9 @@ def test_fallback_frequency_bounded_by_top_kappa_mass(tiny_dir):
                             kappa=8, timeline=tl))  # fmt: skip
     s = mirror_summary(steps, tl)
     assert s["ff"] <= 1 - s["omega_kappa"] + 1e-9  # App. E corollary, on a real run
-    assert 0 <= s["reuse_rate"] <= 1 and s["reuse_rate"] + s["fallback_rate"] == pytest.approx(1)
+    assert 0 <= s["reuse_rate"] <= 1 and s["reuse_rate"] + s["resume_rate"] + s[
+        "fallback_rate"
+    ] == pytest.approx(1)
     assert s["t_rv_ee_us"] > 0 and s["step_ms_predicted"] > 0
     lanes = {e.get("tid") for e in tl.chrome_trace()["traceEvents"] if e["ph"] == "X"}
     assert lanes == {1, 2, 3}

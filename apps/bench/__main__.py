@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--kappa", type=int, default=None, help="passed to methods that take it")
     ap.add_argument("--exit-layer", type=int, default=None, help="passed to methods that take it")
+    ap.add_argument(
+        "--branches", type=int, default=None, help="mirror: branches per batched draft pass"
+    )
     ap.add_argument("--temps", default="0,1", help="comma-separated temperatures (default 0,1)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0 = off)")
     ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per turn (default 128)")
@@ -102,7 +105,14 @@ def make_runners(methods: list[str], pair, a) -> list:
             runners.append(HfAssistedRunner(pair, gamma=a.gamma))
         else:
             runners.append(
-                DuetRunner(m, pair, gamma=a.gamma, kappa=a.kappa, exit_layer=a.exit_layer)
+                DuetRunner(
+                    m,
+                    pair,
+                    gamma=a.gamma,
+                    kappa=a.kappa,
+                    exit_layer=a.exit_layer,
+                    branches=a.branches,
+                )
             )
     return runners
 

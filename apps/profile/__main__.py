@@ -21,6 +21,7 @@ from runtime.cli_args import add_pair_args, load_pair_from_args
 from runtime.decoding import Sampling
 from runtime.decoding.mirror import DEFAULT_KAPPA, check_mirror_args
 from runtime.errors import DuetError, cli_main
+from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
 
 LIMIT, SWEEP_LIMIT = 8, 2  # prompts: the sweep is 15 runs, keep it to minutes on 2 cores
 
@@ -40,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--kappa", type=int, default=DEFAULT_KAPPA, help=f"top-κ width (default {DEFAULT_KAPPA})"
     )
     ap.add_argument("--exit-layer", type=int, default=None, help="exit layer ℓe (default N/2)")
+    ap.add_argument("--branches", type=int, default=DEFAULT_BRANCH_BATCH,
+                    help=f"branches per batched draft pass (default {DEFAULT_BRANCH_BATCH})")  # fmt: skip
     ap.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
     ap.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i")
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run")
@@ -81,7 +84,7 @@ def make_setup(a: argparse.Namespace):
 
         emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
     ids = prompt_ids(pair, records, a.max_tokens)
-    return Setup(pair, ids, a.max_tokens, a.gamma, Sampling(a.temp), a.seed, emu)
+    return Setup(pair, ids, a.max_tokens, a.gamma, Sampling(a.temp), a.seed, emu, a.branches)
 
 
 def profile(a: argparse.Namespace, out: Path) -> dict:

@@ -24,7 +24,10 @@ def summary_text(s: dict) -> str:
     )
     add(f"T_rv early-exit      {f(s['t_rv_ee_us'], '.1f')} µs")
     add(f"T_rv final + window  {f(s['t_rv_fv_us'], '.1f')} µs")
-    add(f"reuse rate           {f(s['reuse_rate'])}   fallback rate {f(s['fallback_rate'])}")
+    add(
+        f"reuse rate           {f(s['reuse_rate'])}   resume rate {f(s['resume_rate'])}   "
+        f"fallback rate {f(s['fallback_rate'])}"
+    )
     b = s["bound_ff_le_1_minus_omega"]
     if b:
         add(

@@ -17,6 +17,7 @@ from tqdm import tqdm
 from runtime.decoding import Sampling, make_steps, stream
 from runtime.decoding.events import StepEvent
 from runtime.errors import DuetError
+from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
 from runtime.mirror.summary import mirror_summary
 from runtime.mirror.timeline import Timeline
 
@@ -34,6 +35,7 @@ class Setup:
     sampling: Sampling
     seed: int
     emu: object | None = None  # devices.emulation.Emulator under --emulate
+    branches: int = DEFAULT_BRANCH_BATCH  # branch rollouts per batched draft pass
 
     @property
     def label(self) -> str:
@@ -83,7 +85,8 @@ def run_mirror(setup: Setup, *, kappa: int, exit_layer: int, desc: str = "profil
         n = max(1, min(max_new, pair.target.config.max_context - len(ids) - 1))
         steps = make_steps("mirror", pair.target, pair.draft, ids, max_new=n,
                            sampling=setup.sampling, seed=setup.seed + i, gamma=setup.gamma,
-                           kappa=kappa, exit_layer=exit_layer, timeline=run.timeline)  # fmt: skip
+                           kappa=kappa, exit_layer=exit_layer, timeline=run.timeline,
+                           branches=setup.branches)  # fmt: skip
         toks, evs, t0 = [], [], time.perf_counter()
         for t, ev in stream(steps, max_new=n, eos_ids=eos):
             toks += t
@@ -140,6 +143,7 @@ def summarize(run: Run, setup: Setup, *, kappa: int, exit_layer: int) -> dict:
             "method": "mirror",
             "gamma": setup.gamma,
             "kappa": kappa,
+            "branches": setup.branches,
             "exit_layer": exit_layer,
             "num_layers": cfg.num_layers,
             "temp": setup.sampling.temp,

@@ -79,3 +79,12 @@ class MLXKVCache:
             if c.keys is not None:
                 c.keys, c.values = c.keys[idx], c.values[idx]
         self._batch = len(rows)
+
+    def keep_columns(self, cols: Sequence[int]) -> None:
+        """Keep only these sequence positions (in this order); see ConcatKVCache.keep_columns."""
+        cols = list(cols)
+        idx = mx.array(cols, dtype=mx.int32)
+        for c in self.layers:
+            if c.keys is not None and cols:
+                c.keys, c.values = c.keys[:, :, idx], c.values[:, :, idx]
+            c.offset = len(cols)

@@ -15,7 +15,7 @@ import numpy as np
 from runtime.cache import ConcatKVCache
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
-from runtime.model import check_tokens, default_positions
+from runtime.model import causal_mask, check_tokens, default_positions
 
 PROVIDERS = {
     "cpu": "CPUExecutionProvider",
@@ -24,6 +24,23 @@ PROVIDERS = {
     "coreml": "CoreMLExecutionProvider",
     "qnn": "QNNExecutionProvider",
 }
+
+
+def key_mask(mask, batch: int, offset: int, length: int) -> np.ndarray:
+    """The 2-D (B, offset + T) padding mask an optimum-style graph takes, from a protocol mask.
+
+    The graph ANDs its input with the causal mask, so it can express exactly the masks that
+    are "causal, minus some key columns per row" (a branch batch with holes in its cache);
+    anything else (a tree mask) needs the mlx or torch backend.
+    """
+    m = np.broadcast_to(np.asarray(mask, dtype=bool), (batch, length, offset + length))
+    cols = m[:, -1, :]
+    if not np.array_equal(m, causal_mask(offset, length)[None] & cols[:, None, :]):
+        raise DuetError(
+            "the ONNX backend takes only causal masks with per-row key holes "
+            "(tree verification needs mlx or torch)"
+        )
+    return cols.astype(np.int64)
 
 
 class OnnxCausalLM:
@@ -105,16 +122,14 @@ class OnnxCausalLM:
         )
 
     def forward(self, tokens, cache, *, positions=None, mask=None) -> np.ndarray:
-        if mask is not None:
-            raise DuetError(
-                "the ONNX backend takes no explicit attention mask (tree verification needs mlx or torch)"
-            )
         ids = check_tokens(tokens, self.config.vocab_size)
         B, T = ids.shape
         off = cache.offset
         feed = {
             "input_ids": ids,
-            "attention_mask": np.ones((B, off + T), np.int64),
+            "attention_mask": np.ones((B, off + T), np.int64)
+            if mask is None
+            else key_mask(mask, B, off, T),
             "position_ids": default_positions(off, B, T)
             if positions is None
             else np.asarray(positions, np.int64),

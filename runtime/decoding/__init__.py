@@ -40,10 +40,12 @@ def make_steps(
     kappa: int = 8,
     exit_layer: int | None = None,
     timeline=None,
+    branches: int | None = None,
 ) -> Iterator[StepEvent]:
     """The step generator for `method`, with its own seeded RNG.
 
-    kappa, exit_layer and timeline are Mirror-SD's (ignored by the other methods).
+    kappa, exit_layer, branches (rows per branch-rollout batch) and timeline are Mirror-SD's
+    (ignored by the other methods).
     """
     from runtime.decoding.ar import ar_steps
     from runtime.decoding.sd import sd_steps
@@ -73,7 +75,8 @@ def make_steps(
 
         return mirror_steps(target, draft, seq, max_new=max_new, gamma=gamma, kappa=kappa,
                             exit_layer=exit_layer, sampling=sampling, seed=seed, timeline=timeline,
-                            target_cache=target_cache, draft_cache=draft_cache)  # fmt: skip
+                            target_cache=target_cache, draft_cache=draft_cache,
+                            **({} if branches is None else {"branch_batch": branches}))  # fmt: skip
     raise DuetError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 

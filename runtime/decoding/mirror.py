@@ -23,7 +23,7 @@ from kernels.verify import verify_greedy, verify_sampling
 from runtime.decoding.events import GREEDY, Sampling, StepEvent, pending, rewind
 from runtime.errors import DuetError
 from runtime.mirror.branches import in_tree
-from runtime.mirror.draft_worker import DraftWorker
+from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH, DraftWorker
 from runtime.mirror.messages import EarlyExit, FinalVerify
 from runtime.mirror.timeline import Timeline, now_ns
 
@@ -51,6 +51,17 @@ def check_mirror_args(target, gamma: int, kappa: int, exit_layer: int | None) ->
     return le
 
 
+def check_branch_draft(draft, branch_batch: int) -> None:
+    """Branch rollouts run as masked batches: the draft must take a batch and a key mask."""
+    if branch_batch < 1:
+        raise DuetError(f"--branches must be at least 1 (got {branch_batch})")
+    if str(getattr(draft, "backend", "")).startswith("coreml"):
+        raise DuetError(
+            "--method mirror batches branch rollouts; a Core ML draft is batch 1 "
+            "(use the ONNX, MLX or PyTorch draft for mirror, Core ML for sd)"
+        )
+
+
 def mirror_steps(
     target,
     draft,
@@ -65,16 +76,18 @@ def mirror_steps(
     timeline: Timeline | None = None,
     target_cache=None,
     draft_cache=None,
+    branch_batch: int = DEFAULT_BRANCH_BATCH,
 ) -> Iterator[StepEvent]:
     """Yield one StepEvent per Mirror-SD step; `extra` carries the step's timings and reuse."""
     le = check_mirror_args(target, gamma, kappa, exit_layer)
+    check_branch_draft(draft, branch_batch)
     n = target.config.num_layers
     tl = timeline if timeline is not None else Timeline()
     seq = list(seq)
     tc = target_cache if target_cache is not None else target.new_cache()
     ctx = min(target.config.max_context, draft.config.max_context)
     worker = DraftWorker(draft, sampling=sampling, seed=seed, gamma=gamma, max_new=max_new, ctx=ctx,
-                         timeline=tl, cache=draft_cache)  # fmt: skip
+                         timeline=tl, cache=draft_cache, branch_batch=branch_batch)  # fmt: skip
     switch = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     worker.start(seq)
@@ -129,9 +142,11 @@ def mirror_steps(
                 win = worker.receive(step)
                 t3 = now_ns()
                 extra.update(step_s=(t3 - t0) / 1e9, draft=win.info, window_sent_ns=win.sent_ns, window_recv_ns=t3,
-                             reuse=win.source == "reuse", fallback=win.source == "fallback")  # fmt: skip
+                             reuse=win.source == "reuse", resume=win.source == "resume",
+                             fallback=win.source == "fallback")  # fmt: skip
             else:
-                extra.update(step_s=(t2 - t0) / 1e9, draft=None, reuse=None, fallback=None)
+                extra.update(step_s=(t2 - t0) / 1e9, draft=None, reuse=None, resume=None,
+                             fallback=None)  # fmt: skip
             yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=0.0, verify_s=(t2 - t0) / 1e9,
                             extra=extra)  # fmt: skip
     finally:

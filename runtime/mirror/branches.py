@@ -15,37 +15,38 @@ import numpy as np
 
 
 @dataclass(frozen=True)
-class Group:
-    """The branches at one depth j: they share a prefix, so they run as one batch."""
+class Branch:
+    """Branch (j, v): the next window after `committed + d1..dj + v`."""
 
     depth: int  # j: draft tokens accepted before the branch point
-    tokens: tuple[int, ...]  # candidate v's, most likely first
-    score: float  # early-exit log-probability that the correction lands in this group
+    token: int  # v: the correction (or the bonus token when j = γ)
+    score: float  # early-exit estimate of log P(A = j, c = v)
 
 
-def plan_branches(ids: np.ndarray, logp: np.ndarray, drafts: list[int]) -> list[Group]:
-    """Groups of branches ordered most-likely first.
+def rank_branches(ids: np.ndarray, logp: np.ndarray, drafts: list[int]) -> list[Branch]:
+    """Every branch of the hypothesis tree T_t, most likely first.
 
-    ids, logp: the early-exit message, (γ+1, κ). The log-probability of branch
-    (j, v) is estimated from the early-exit proxy alone:
+    ids, logp: the early-exit message, (γ+1, κ) (Mirror-SD eq. 7-8). The log-probability
+    of branch (j, v) is estimated from the early-exit proxy alone:
         sum_{i<j} log p̃_i(d_{i+1}) + log p̃_j(v),
-    where a draft token outside row i's top-κ gets that row's κ-th log-prob (an upper bound).
-    A group runs as one batch, so groups are ordered by their total mass (logsumexp).
+    where a draft token outside row i's top-κ gets that row's κ-th log-prob (an upper
+    bound). Branches of all depths run together in one masked batch, so they are ranked
+    one by one, not by depth.
     """
     path = 0.0
-    groups = []
+    out = []
     for j in range(len(drafts) + 1):
         row_ids, row_lp = ids[j], logp[j]
         own = drafts[j] if j < len(drafts) else None
-        keep = [(float(lp), int(v)) for v, lp in zip(row_ids, row_lp, strict=True) if v != own]
-        if keep:
-            lps = np.array([lp for lp, _ in keep])
-            mass = float(lps.max() + np.log(np.exp(lps - lps.max()).sum()))
-            groups.append(Group(j, tuple(v for _, v in keep), path + mass))
+        out += [
+            Branch(j, int(v), path + float(lp))
+            for v, lp in zip(row_ids, row_lp, strict=True)
+            if v != own
+        ]
         if own is not None:
             hit = np.nonzero(row_ids == own)[0]
             path += float(row_lp[hit[0]]) if hit.size else float(row_lp[-1])
-    return sorted(groups, key=lambda g: -g.score)
+    return sorted(out, key=lambda b: -b.score)
 
 
 def in_tree(accepted: int, token: int, ids: np.ndarray) -> bool:

@@ -1,16 +1,23 @@
 """The draft's worker thread in Mirror-SD.
 
-Per step: wait for the early-exit message; run branch-complete rollouts
-(batched per depth, most-likely group first), checking for the
-final-verification message between draft passes (work-conserving: it keeps
-going until (A, c) arrives); then commit, and send the next window — the
-completed branch (A, c) if there is one (reuse), else a fresh rollout from
-`committed + c` (fallback).
+Per step:
+  - while the target runs its prefix, feed d_γ: the draft cache then holds
+    `committed + d1..dγ`, the shared prefix of every branch;
+  - on the early-exit message, rank every branch (j, v) of the hypothesis tree
+    (most likely first) and roll them out in waves of `branch_batch` rows, one
+    batched pass per token for all depths at once: row (j, v) attends to
+    `committed + d1..dj` only (a per-row key mask hides d_{j+1}..dγ) and its v
+    sits at position |committed| + j. Between passes the worker checks for the
+    final-verification message (work-conserving: it keeps going until it comes);
+  - on (A, c): a completed row (A, c) *is* the next window (reuse: its cache row
+    is committed and the mask's holes closed); a row whose wave was cut short is
+    continued where it stopped (resume); otherwise a fresh rollout from
+    `committed + c` (fallback).
 
-Randomness: every branch, and every fallback, draws from its own generator
-seeded by (seed, step, branch), so sampled output does not depend on how far
-the rollouts got before the final message arrived — and each branch's tokens
-are drawn from exactly the q sent with them (App. B).
+Randomness: the window that follows (A, c) at step s is drawn with the generator
+seeded by (seed, s, A, c) whether it comes from a branch, a resumed branch or a
+fallback, so sampled output does not depend on how far the rollouts got, and
+each token is drawn from exactly the q sent with it (App. B).
 """
 
 from __future__ import annotations
@@ -25,11 +32,12 @@ from kernels.sampling import sample
 from kernels.topk_channel import decode
 from runtime.decoding.events import Sampling, rewind
 from runtime.decoding.sd import draft_window
-from runtime.mirror.branches import Group, plan_branches, reuse_key
+from runtime.mirror.branches import Branch, rank_branches, reuse_key
 from runtime.mirror.messages import STOP, EarlyExit, FinalVerify, Window, WorkerFailed
 from runtime.mirror.timeline import Timeline, now_ns
 
-INITIAL, BRANCH, FALLBACK = 0, 1, 2  # RNG stream tags
+INITIAL, WINDOW = 0, 1  # RNG stream tags
+DEFAULT_BRANCH_BATCH = 8
 
 
 class _Stopped(Exception):
@@ -40,9 +48,10 @@ class DraftWorker:
     """Owns the draft model and its cache; talks to the target only through two queues."""
 
     def __init__(self, draft, *, sampling: Sampling, seed: int, gamma: int, max_new: int, ctx: int,
-                 timeline: Timeline, cache=None):  # fmt: skip
+                 timeline: Timeline, cache=None, branch_batch: int = DEFAULT_BRANCH_BATCH):  # fmt: skip
         self.draft, self.sampling, self.seed = draft, sampling, seed
         self.gamma, self.max_new, self.ctx = gamma, max_new, ctx
+        self.branch_batch = branch_batch
         self.tl = timeline
         self.cache = cache if cache is not None else draft.new_cache()
         self.inbox: queue.Queue = queue.Queue()
@@ -127,16 +136,20 @@ class DraftWorker:
         self._stash = msg
         return True
 
+    def _rng(self, step: int, a: int | None = None, c: int | None = None):
+        """The generator for the window of `step`, which follows (A, c) (none for step 0)."""
+        key = [self.seed, step, INITIAL] if a is None else [self.seed, step, WINDOW, a, c]
+        return np.random.default_rng(key)
+
     def _run(self) -> None:
         step, produced = 0, 0
         t0 = now_ns()
         g = self._window_size(produced, len(self.seq))
-        window, q = self._rollout(
-            self.cache, self.seq, g, np.random.default_rng([self.seed, step, INITIAL])
-        )
+        window, q = draft_window(self.draft, self.cache, self.seq, g, self.sampling, self._rng(0))
         self.tl.add("draft", "initial rollout", t0, now_ns(), step=step, tokens=g)
         self.outbox.put(Window(step, window, q, now_ns(), "initial"))
         while True:
+            self._extend(step, self.seq + window)
             ee = self._get()
             assert isinstance(ee, EarlyExit) and ee.step == step
             ee_recv = now_ns()
@@ -144,7 +157,7 @@ class DraftWorker:
                 "channel", "early-exit", ee.sent_ns, ee_recv, step=step, bytes=len(ee.payload)
             )
             ids, logp = decode(ee.payload)
-            done, group_end = self._branch_rollouts(step, ids, logp, window, produced)
+            waves = self._branch_rollouts(step, ids, logp, window, produced)
             fv = self._get()
             assert isinstance(fv, FinalVerify) and fv.step == step
             fv_recv = now_ns()
@@ -152,75 +165,132 @@ class DraftWorker:
                 "channel", "final-verify", fv.sent_ns, fv_recv, step=step, accepted=fv.accepted
             )
             a, c = fv.accepted, fv.token
+            base = len(self.seq)  # |committed| before this step
             self.seq += window[:a] + [c]
             produced += a + 1
             step += 1
-            depth, token = reuse_key(a, c)
-            info = {"ee_recv_ns": ee_recv, "fv_recv_ns": fv_recv, "groups_done": len(done),
-                    "branches_done": sum(len(rows) for _, rows in done.values())}  # fmt: skip
-            if depth in done and token in done[depth][1]:
-                cache, rows = done[depth]
-                row, window, q = rows[token]
-                cache.select([row])  # commit the branch's cache row
-                self.cache = cache
-                info.update(source="reuse", ready_ns=group_end[depth], fallback_ns=0)
+            g = self._window_size(produced, len(self.seq))
+            rng = self._rng(step, a, c)
+            info = {"ee_recv_ns": ee_recv, "fv_recv_ns": fv_recv, "waves": len(waves),
+                    "branches_done": sum(w.completed() for w in waves)}  # fmt: skip
+            found = next(((w, w.index[reuse_key(a, c)]) for w in waves if reuse_key(a, c) in w.index),
+                         None)  # fmt: skip
+            f0 = now_ns()
+            if found is not None and found[0].k > 0:
+                wave, row = found
+                done = min(wave.k, g)
+                window, q = wave.commit(row, base + a, g)
+                self.cache = wave.cache
+                if done == g:
+                    info.update(source="reuse", ready_ns=wave.row_ready_ns(row), fallback_ns=0)
+                else:  # its wave was cut short: continue this row where it stopped
+                    more, q2 = draft_window(self.draft, self.cache, self.seq + window, g - done,
+                                            self.sampling, wave.rngs[row])  # fmt: skip
+                    window, q = window + more, np.concatenate([q, q2])
+                    f1 = now_ns()
+                    self.tl.add("draft", "resume rollout", f0, f1, step=step, tokens=g - done)
+                    info.update(source="resume", ready_ns=f1, fallback_ns=f1 - f0)
             else:
-                f0 = now_ns()
                 rewind(self.cache, len(self.seq) - 1)
-                g = self._window_size(produced, len(self.seq))
-                rng = np.random.default_rng([self.seed, step, FALLBACK])
-                window, q = self._rollout(self.cache, self.seq, g, rng)
+                window, q = draft_window(self.draft, self.cache, self.seq, g, self.sampling, rng)
                 f1 = now_ns()
                 self.tl.add("draft", "fallback rollout", f0, f1, step=step, tokens=g)
                 info.update(source="fallback", ready_ns=f1, fallback_ns=f1 - f0)
             self.outbox.put(Window(step, window, q, now_ns(), info["source"], info))
             time.sleep(0)  # let the waiting target thread take the GIL at once
 
-    def _rollout(self, cache, seq: list[int], g: int, rng) -> tuple[list[int], np.ndarray]:
-        """A plain autoregressive window of g tokens after seq: vanilla SD's draft step."""
-        return draft_window(self.draft, cache, seq, g, self.sampling, rng)
+    def _extend(self, step: int, full: list[int]) -> None:
+        """Feed what the cache lacks of committed + window (d_γ), while the target runs its
+        prefix: every branch then shares this cache as its prefix."""
+        if self.cache.offset < len(full):
+            t0 = now_ns()
+            self.draft.forward(np.array([full[self.cache.offset :]]), self.cache)
+            self.tl.add("draft", "extend own path", t0, now_ns(), step=step)
 
-    def _branch_rollouts(self, step, ids, logp, window, produced):
-        """Run branch groups most-likely first until (A, c) arrives.
-
-        Returns ({depth: (cache, {v: (row, tokens, q)})}, {depth: completion time ns}).
-        """
-        done, ends = {}, {}
-        for group in plan_branches(ids, logp, window):
+    def _branch_rollouts(self, step, ids, logp, window, produced) -> list[_Wave]:
+        """Waves of branches, most likely first, until (A, c) arrives (the last may be cut short)."""
+        ranked = rank_branches(ids, logp, window)
+        waves = []
+        base = len(self.seq)
+        for i in range(0, len(ranked), self.branch_batch):
             if self._final_arrived():
                 break
-            res = self._group_rollout(step, group, window, produced)
-            if res is None:  # (A, c) arrived mid-group: abandon it
+            chunk = ranked[i : i + self.branch_batch]
+            g2 = [self._window_size(produced + b.depth + 1, base + b.depth + 1) for b in chunk]
+            rngs = [self._rng(step + 1, b.depth, b.token) for b in chunk]
+            wave = _Wave(self.draft, self.cache.fork([0] * len(chunk)), chunk, base, g2, rngs,
+                         self.sampling)  # fmt: skip
+            waves.append(wave)
+            t0 = now_ns()
+            while not wave.finished():
+                if wave.k and self._final_arrived():
+                    break
+                wave.advance()
+            self.tl.add("draft", f"rollout wave {len(waves)}", t0, now_ns(), step=step,
+                        branches=len(chunk), tokens=wave.k, depths=sorted({b.depth for b in chunk}))  # fmt: skip
+            if not wave.finished():
                 break
-            done[group.depth] = res
-            ends[group.depth] = now_ns()
-        return done, ends
+        return waves
 
-    def _group_rollout(self, step, group: Group, window, produced):
-        j, vs = group.depth, list(group.tokens)
-        prefix = self.seq + window[:j]
-        g2 = self._window_size(produced + j + 1, len(prefix) + 1)
-        cache = self.cache.fork([0] * len(vs))
-        keep = min(cache.offset, len(prefix))
-        cache.trim(cache.offset - keep)
-        feed = np.array([prefix[keep:] + [v] for v in vs])
-        rngs = [np.random.default_rng([self.seed, step + 1, BRANCH, j, v]) for v in vs]
-        toks = np.zeros((len(vs), g2), np.int64)
-        greedy = self.sampling.greedy  # greedy verification needs no q: keep none
-        qs = np.zeros((len(vs), g2, 0 if greedy else self.draft.config.vocab_size), np.float32)
-        t0 = now_ns()
-        for k in range(g2):
-            if k and self._final_arrived():
-                return None
-            logits = self.draft.forward(feed, cache)[:, -1]  # (n, V), one batched pass
-            if greedy:
-                toks[:, k] = logits.argmax(-1)
-            else:
-                qs[:, k] = self.sampling.probs(logits)
-                toks[:, k] = sample(qs[:, k], np.array([r.random() for r in rngs]))
-            feed = toks[:, k : k + 1]
-        self.tl.add(
-            "draft", f"rollout j={j}", t0, now_ns(), step=step, depth=j, branches=len(vs), tokens=g2
-        )
-        rows = {v: (r, toks[r].tolist(), qs[r]) for r, v in enumerate(vs)}
-        return cache, rows
+
+class _Wave:
+    """One batch of branch rollouts over a forked copy of the shared-prefix cache.
+
+    The cache holds `committed + d1..dγ` (P columns) followed by one column per pass.
+    Row r = (j, v) sees columns [0, |committed| + j) of the prefix and all its own
+    columns; its tokens sit at positions |committed| + j, + j + 1, ...
+    """
+
+    def __init__(self, draft, cache, branches: list[Branch], base: int, g2: list[int], rngs,
+                 sampling: Sampling):  # fmt: skip
+        self.draft, self.cache, self.sampling = draft, cache, sampling
+        self.index = {(b.depth, b.token): r for r, b in enumerate(branches)}
+        self.g2 = np.array(g2)
+        self.rngs = rngs
+        n, steps = len(branches), max(g2, default=0)
+        self.prefix = cache.offset  # P
+        depth = np.array([b.depth for b in branches])
+        self.keys = np.arange(self.prefix)[None, :] < (base + depth)[:, None]  # (n, P)
+        self.pos = (base + depth)[:, None]  # (n, 1): where v goes
+        self.feed = np.array([[b.token] for b in branches], np.int64)
+        self.toks = np.zeros((n, steps), np.int64)
+        greedy = sampling.greedy  # greedy verification needs no q: keep none
+        self.qs = np.zeros((n, steps, 0 if greedy else draft.config.vocab_size), np.float32)
+        self.k = 0  # passes run = tokens drafted per row
+        self.ready_ns = [0] * steps  # when each pass finished
+
+    def finished(self) -> bool:
+        return self.k >= self.toks.shape[1]
+
+    def completed(self) -> int:
+        return int((self.g2 <= self.k).sum())
+
+    def row_ready_ns(self, row: int) -> int:
+        g = int(self.g2[row])
+        return self.ready_ns[g - 1] if g else 0
+
+    def advance(self) -> None:
+        """One batched draft pass: every row gets its next token."""
+        n, k = len(self.feed), self.k
+        mask = np.concatenate([self.keys, np.ones((n, k + 1), bool)], axis=1)[:, None, :]
+        logits = self.draft.forward(self.feed, self.cache, positions=self.pos + k, mask=mask)[:, -1]
+        if self.sampling.greedy:
+            self.toks[:, k] = logits.argmax(-1)
+        else:
+            self.qs[:, k] = self.sampling.probs(logits)
+            self.toks[:, k] = sample(self.qs[:, k], np.array([r.random() for r in self.rngs]))
+        self.feed = self.toks[:, k : k + 1]
+        self.k += 1
+        self.ready_ns[k] = now_ns()
+
+    def commit(self, row: int, accepted_end: int, g: int) -> tuple[list[int], np.ndarray]:
+        """Make the cache row `row` alone, holes closed: `committed' + t1..t(m-1)` with m =
+        min(passes run, g) tokens of the next window, which are returned with their q."""
+        m = min(self.k, g)
+        self.cache.select([row])
+        self.cache.keep_columns([*range(accepted_end), *range(self.prefix, self.prefix + m)])
+        if self.sampling.greedy:  # as sd.draft_window: no q under greedy verification
+            q = np.zeros((0, self.draft.config.vocab_size), np.float32)
+        else:
+            q = self.qs[row, :m]
+        return self.toks[row, :m].tolist(), q

@@ -5,7 +5,8 @@ t_rv_ee_us        early-exit message: send -> receive
 t_rv_fv_us        final rendezvous: (A, c) send -> receive, plus the window's send -> receive
 reuse_rate        steps whose next window was a completed branch
 ff                App. E fallback frequency: (A, c) not a path of the hypothesis tree
-fallback_rate     steps that needed a fresh rollout (ff plus branches not finished in time)
+resume_rate       steps whose branch was cut short by (A, c) and continued where it stopped
+fallback_rate     steps that needed a fresh rollout (ff plus branches never started)
 omega_kappa       mean top-κ mass overlap Ω_κ (eq. 9) at the correction position
 step_ms_measured  mean step time; step_ms_predicted: eq. (10) from the measured stages
 """
@@ -40,7 +41,9 @@ def mirror_summary(events: list[StepEvent], timeline: Timeline) -> dict:
         (i.start_ns, i.end_ns) for i in ivs if i.lane == "draft" and i.name.startswith("rollout")
     ]
     fallback = [
-        (i.start_ns, i.end_ns) for i in ivs if i.lane == "draft" and i.name.startswith("fallback")
+        (i.start_ns, i.end_ns)
+        for i in ivs
+        if i.lane == "draft" and i.name.startswith(("fallback", "resume", "extend"))
     ]
     draft_ns = sum(e - s for s, e in branch + fallback)
     hidden = _overlap(branch + fallback, suffix)
@@ -72,6 +75,7 @@ def mirror_summary(events: list[StepEvent], timeline: Timeline) -> dict:
         "t_rv_ee_us": rv_ee / 1e3 if rv_ee is not None else None,
         "t_rv_fv_us": rv_fv / 1e3 if rv_fv is not None else None,
         "reuse_rate": sum(x["reuse"] for x in full) / n if n else None,
+        "resume_rate": sum(x["resume"] for x in full) / n if n else None,
         "fallback_rate": sum(x["fallback"] for x in full) / n if n else None,
         "ff": sum(not x["in_tree"] for x in full) / n if n else None,
         "omega_kappa": mean([x["omega_kappa"] for x in full]),
