@@ -17,3 +17,4 @@ class TurnResult:
     wall_s: float
     accept_lengths: list[int] | None  # committed tokens per target pass; None if unobservable
     note: str | None = None  # why accept_lengths is None, or anything else a reader must know
+    stage_s: dict | None = None  # Duet's methods: seconds in drafting and in verification

@@ -25,11 +25,16 @@ def run_prompt(runner, rec: dict, tok, template, *, temp, top_p, max_new, seed, 
     """All turns of one question through one runner: a per-prompt record."""
     eos = set(getattr(runner, "eos", ()))
     answers, tokens, walls, lengths, steps, notes = [], [], [], [], [], set()
+    stages: dict | None = {}
     for _ in rec["turns"]:
         ids, n = _fit(turn_ids(tok, template, rec["turns"], answers), max_new, context)
         r = runner.generate(ids, n, temp, top_p, seed)
         tokens.append(r.tokens)
         walls.append(r.wall_s)
+        if r.stage_s is None or stages is None:
+            stages = None
+        else:
+            stages = {k: stages.get(k, 0.0) + v for k, v in r.stage_s.items()}
         if r.accept_lengths is None or lengths is None:
             lengths = None
             notes.add(r.note or "accepted length not observable")
@@ -49,6 +54,7 @@ def run_prompt(runner, rec: dict, tok, template, *, temp, top_p, max_new, seed, 
         "decoding_steps": None if lengths is None else steps,
         "accept_lengths": lengths,
         "note": "; ".join(sorted(notes)) or None,
+        "stage_s": stages,
         "matches_ar": None,
     }
 
