@@ -138,6 +138,26 @@ def test_reuse_of_the_bonus_branch_when_all_accepted(scripted):
     assert nxt.source == "reuse" and nxt.tokens == scripted.fresh(3, c)
 
 
+def test_completed_branch_is_taken_at_once_and_not_sent_again(scripted):
+    sc, c = scripted, (scripted.win.tokens[1] + 3) % 300
+    ids = ee_with(sc.win.tokens, {1: [c]})
+    logp = np.log(np.full(ids.shape, 0.2, np.float32))
+    sc.w.send(EarlyExit(0, encode(ids.astype(np.int32), logp), now_ns()))
+    deadline = time.time() + 10
+    while (win := sc.w.take(0, 1, c)) is None:  # published when its wave's last pass ends
+        assert time.time() < deadline
+        time.sleep(0.002)
+    sc.w.send(FinalVerify(0, 1, c, now_ns()))
+    while len(sc.w.seq) == len(PROMPT):  # the worker commits the branch on (A, c)
+        assert time.time() < deadline
+        time.sleep(0.002)
+    time.sleep(0.05)
+    sc.w.stop()
+    assert win.source == "reuse" and win.tokens == sc.fresh(1, c)
+    assert sc.w.outbox.empty()  # the target already has it: no second copy
+    assert sc.w.take(0, 1, c) is None  # the board closes with the step
+
+
 def test_fallback_when_correction_not_in_top_kappa(scripted):
     c = 123
     ids = ee_with(scripted.win.tokens, {})

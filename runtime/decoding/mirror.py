@@ -118,6 +118,12 @@ def mirror_steps(
                     sampling.probs(logits), win.q, d, rng.random(g), rng.random()
                 )
             t2 = now_ns()
+            more = produced + a + 1 < max_new
+            # reuse: a completed branch (A, c) is taken from the worker's board at once, before
+            # the verdict is even sent; otherwise the worker answers (resume, fallback, or a
+            # branch that finished late)
+            ready = worker.take(step, a, c) if more else None
+            t3 = now_ns()
             worker.send(FinalVerify(step, a, c, t2))
             tl.add("target", "prefix 1..ℓe + early exit", t0, t1, step=step, window=g + 1)
             tl.add("target", "suffix ℓe+1..N + verify", t1, t2, step=step, accepted=a)
@@ -138,10 +144,17 @@ def mirror_steps(
                 "exit_layer": le,
             }
             step += 1
-            if produced < max_new:
-                win = worker.receive(step)
-                t3 = now_ns()
-                extra.update(step_s=(t3 - t0) / 1e9, draft=win.info, window_sent_ns=win.sent_ns, window_recv_ns=t3,
+            if more:
+                taken = ready is not None
+                if taken:
+                    win = ready
+                    tl.add("channel", "window (taken)", t2, t3, step=step, source=win.source)
+                    rv_fv = t3 - t2
+                else:
+                    win = worker.receive(step)
+                    t3 = now_ns()
+                    rv_fv = win.info["fv_recv_ns"] - t2 + t3 - win.sent_ns
+                extra.update(step_s=(t3 - t0) / 1e9, draft=win.info, rv_fv_ns=rv_fv, taken=taken,
                              reuse=win.source == "reuse", resume=win.source == "resume",
                              fallback=win.source == "fallback")  # fmt: skip
             else:
@@ -153,7 +166,7 @@ def mirror_steps(
         sys.setswitchinterval(switch)
         worker.stop()
         rewind(tc, len(seq))
-        rewind(worker.cache, len(seq))
+        rewind(worker.cache, min(len(seq), len(worker.seq)))  # it may not have seen the last (A, c)
         if draft_cache is not None and worker.cache is not draft_cache:
             _adopt(draft_cache, worker.cache)
 

@@ -58,6 +58,12 @@ class DraftWorker:
         self.outbox: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._stash: FinalVerify | None = None
+        # Completed branches, published as each wave pass finishes, so that on reuse the
+        # target takes its next window at once instead of waiting out an in-flight pass.
+        self._lock = threading.Lock()
+        self._ready: dict[tuple[int, int], Window] = {}
+        self._ready_step = -1  # the step whose branches _ready holds (-1: closed)
+        self._claimed = False  # the target took its window from _ready
         self.thread = threading.Thread(target=self._main, name="duet-draft", daemon=True)
         self.seq: list[int] = []
 
@@ -86,6 +92,14 @@ class DraftWorker:
             assert msg.step == step, f"window for step {msg.step}, expected {step}"
             self.tl.add("channel", "window", msg.sent_ns, now_ns(), step=step, source=msg.source)
             return msg
+
+    def take(self, step: int, accepted: int, token: int) -> Window | None:
+        """The target's side of reuse: the completed branch (A, c) of `step`, if published.
+        Once taken, the worker commits that branch without sending the window again."""
+        with self._lock:
+            win = self._ready.get((accepted, token)) if self._ready_step == step else None
+            self._claimed = win is not None
+        return win
 
     def stop(self, timeout: float = 1.0) -> None:
         self._stop.set()
@@ -152,7 +166,7 @@ class DraftWorker:
             self._extend(step, self.seq + window)
             ee = self._get()
             assert isinstance(ee, EarlyExit) and ee.step == step
-            ee_recv = now_ns()
+            ee_recv = self._ee_recv = now_ns()
             self.tl.add(
                 "channel", "early-exit", ee.sent_ns, ee_recv, step=step, bytes=len(ee.payload)
             )
@@ -164,6 +178,8 @@ class DraftWorker:
             self.tl.add(
                 "channel", "final-verify", fv.sent_ns, fv_recv, step=step, accepted=fv.accepted
             )
+            with self._lock:  # close this step's board; did the target take a branch from it?
+                claimed, self._ready_step, self._ready = self._claimed, -1, {}
             a, c = fv.accepted, fv.token
             base = len(self.seq)  # |committed| before this step
             self.seq += window[:a] + [c]
@@ -196,8 +212,22 @@ class DraftWorker:
                 f1 = now_ns()
                 self.tl.add("draft", "fallback rollout", f0, f1, step=step, tokens=g)
                 info.update(source="fallback", ready_ns=f1, fallback_ns=f1 - f0)
-            self.outbox.put(Window(step, window, q, now_ns(), info["source"], info))
-            time.sleep(0)  # let the waiting target thread take the GIL at once
+            if not claimed:
+                self.outbox.put(Window(step, window, q, now_ns(), info["source"], info))
+                time.sleep(0)  # let the waiting target thread take the GIL at once
+
+    def _publish(self, step: int, wave: _Wave) -> None:
+        """Post the rows this pass completed as ready windows for step + 1."""
+        rows = np.nonzero(wave.g2 == wave.k)[0]
+        if not rows.size:
+            return
+        info = {"ee_recv_ns": self._ee_recv, "ready_ns": wave.ready_ns[wave.k - 1],
+                "source": "reuse", "fallback_ns": 0, "shared": True}  # fmt: skip
+        wins = {key: Window(step + 1, *wave.window(r), now_ns(), "reuse", info)
+                for key, r in wave.index.items() if r in set(rows.tolist())}  # fmt: skip
+        with self._lock:
+            if self._ready_step == step:
+                self._ready.update(wins)
 
     def _extend(self, step: int, full: list[int]) -> None:
         """Feed what the cache lacks of committed + window (d_γ), while the target runs its
@@ -212,6 +242,8 @@ class DraftWorker:
         ranked = rank_branches(ids, logp, window)
         waves = []
         base = len(self.seq)
+        with self._lock:
+            self._ready, self._ready_step, self._claimed = {}, step, False
         for i in range(0, len(ranked), self.branch_batch):
             if self._final_arrived():
                 break
@@ -226,6 +258,7 @@ class DraftWorker:
                 if wave.k and self._final_arrived():
                     break
                 wave.advance()
+                self._publish(step, wave)
             self.tl.add("draft", f"rollout wave {len(waves)}", t0, now_ns(), step=step,
                         branches=len(chunk), tokens=wave.k, depths=sorted({b.depth for b in chunk}))  # fmt: skip
             if not wave.finished():
@@ -283,14 +316,19 @@ class _Wave:
         self.k += 1
         self.ready_ns[k] = now_ns()
 
+    def window(self, row: int, g: int | None = None) -> tuple[list[int], np.ndarray]:
+        """Row `row`'s first m = min(passes run, g or its window size) tokens and their q."""
+        m = min(self.k, int(self.g2[row]) if g is None else g)
+        if self.sampling.greedy:  # as sd.draft_window: no q under greedy verification
+            q = np.zeros((0, self.draft.config.vocab_size), np.float32)
+        else:
+            q = self.qs[row, :m].copy()
+        return self.toks[row, :m].tolist(), q
+
     def commit(self, row: int, accepted_end: int, g: int) -> tuple[list[int], np.ndarray]:
         """Make the cache row `row` alone, holes closed: `committed' + t1..t(m-1)` with m =
         min(passes run, g) tokens of the next window, which are returned with their q."""
         m = min(self.k, g)
         self.cache.select([row])
         self.cache.keep_columns([*range(accepted_end), *range(self.prefix, self.prefix + m)])
-        if self.sampling.greedy:  # as sd.draft_window: no q under greedy verification
-            q = np.zeros((0, self.draft.config.vocab_size), np.float32)
-        else:
-            q = self.qs[row, :m]
-        return self.toks[row, :m].tolist(), q
+        return self.window(row, g)

@@ -2,7 +2,9 @@
 
 overlap_fraction  draft time hidden under the target suffix / draft time
 t_rv_ee_us        early-exit message: send -> receive
-t_rv_fv_us        final rendezvous: (A, c) send -> receive, plus the window's send -> receive
+t_rv_fv_us        final rendezvous: (A, c) sent -> next window in hand, less the draft's compute
+                  (a fallback or resumed rollout); a completed branch is taken at once
+t_rv_fv_by_source_us  the same, split: "taken" (reuse from the board), "waited" (the rest)
 reuse_rate        steps whose next window was a completed branch
 ff                App. E fallback frequency: (A, c) not a path of the hypothesis tree
 resume_rate       steps whose branch was cut short by (A, c) and continued where it stopped
@@ -48,24 +50,16 @@ def mirror_summary(events: list[StepEvent], timeline: Timeline) -> dict:
     draft_ns = sum(e - s for s, e in branch + fallback)
     hidden = _overlap(branch + fallback, suffix)
     ee = [i.dur_ns for i in ivs if i.lane == "channel" and i.name == "early-exit"]
-    fv = [i.dur_ns for i in ivs if i.lane == "channel" and i.name == "final-verify"]
-    win = [
-        i.dur_ns
-        for i in ivs
-        if i.lane == "channel" and i.name == "window" and i.args.get("step", 0) > 0
-    ]
     full = [e.extra for e in events if e.extra.get("draft")]
     n = len(full)
     mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
     rv_ee = mean(ee)
-    rv_fv = (mean(fv) or 0) + (mean(win) or 0) if fv else None
+    rv_fv = mean([x["rv_fv_ns"] for x in full])
     predicted = []
     for x in full:  # eq. (10): prefix + T_rv(ee) + max(suffix, T_draft^gen) + T_rv(fv)
         d = x["draft"]
         t_rv_ee = (d["ee_recv_ns"] - x["ee_sent_ns"]) / 1e9
-        t_rv_fv = (
-            d["fv_recv_ns"] - x["fv_sent_ns"] + x["window_recv_ns"] - x["window_sent_ns"]
-        ) / 1e9
+        t_rv_fv = x["rv_fv_ns"] / 1e9
         t_gen = (d["ready_ns"] - d["ee_recv_ns"]) / 1e9
         predicted.append(x["prefix_s"] + t_rv_ee + max(x["suffix_s"], t_gen) + t_rv_fv)
     return {
@@ -74,6 +68,14 @@ def mirror_summary(events: list[StepEvent], timeline: Timeline) -> dict:
         "draft_busy_ms": draft_ns / 1e6,
         "t_rv_ee_us": rv_ee / 1e3 if rv_ee is not None else None,
         "t_rv_fv_us": rv_fv / 1e3 if rv_fv is not None else None,
+        "t_rv_fv_by_source_us": {
+            k: round(v / 1e3, 1)
+            for k, v in (
+                ("taken", mean([x["rv_fv_ns"] for x in full if x["taken"]])),
+                ("waited", mean([x["rv_fv_ns"] for x in full if not x["taken"]])),
+            )
+            if v is not None
+        },
         "reuse_rate": sum(x["reuse"] for x in full) / n if n else None,
         "resume_rate": sum(x["resume"] for x in full) / n if n else None,
         "fallback_rate": sum(x["fallback"] for x in full) / n if n else None,
