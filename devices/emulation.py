@@ -32,7 +32,7 @@ API (what runtime.generate, apps.bench and apps.profile call for `--emulate PROF
     exception inside the block propagates at once: no padding, no record.
 
     emu.predict(role, n_tokens=1, *, layers=None, head=None, context=0, batch=1) -> float seconds
-    emu.label     -> "emulated:m3-max:qwen3-8b"
+    emu.label     -> "emulated:m3-max:qwen3-8b+qwen3-0.6b" (target+draft)
     emu.records   -> list[StageRecord] in completion order (thread-safe appends)
     emu.summary() -> dict: label, profile, models, and per role: count, measured_s,
                      predicted_s, emulated_s, padded_s (sums)
@@ -102,7 +102,7 @@ class Emulator:
             "draft": real_draft_layers or draft.num_layers,
         }
         self.hardware = {role: profile.hardware(role) for role in ROLES}
-        self.label = label or f"emulated:{profile.name}:{target.name}"
+        self.label = label or f"emulated:{profile.name}:{target.name}+{draft.name}"
         self.records: list[StageRecord] = []
         self._lock = threading.Lock()
 

@@ -32,7 +32,7 @@ def _cfg(layers=4):
 
 def test_label_and_prediction_is_the_profiles_roofline():
     emu = Emulator.from_spec(SPEC, _cfg(), _cfg(2))
-    assert emu.label == "emulated:m3-max:qwen3-8b@4"
+    assert emu.label == "emulated:m3-max:qwen3-8b@4+qwen3-0.6b"
     bw, peak = load_profile("m3-max").hardware("target")
     assert emu.predict("target", 8) == pytest.approx(
         window_time(model_size("qwen3-8b@4"), 8, bw, peak)

@@ -153,7 +153,7 @@ def test_emulate_labels_and_pads(tiny_dir, capsys):
         "--json",
     )
     s = json.loads(out)["stats"]
-    assert rc == 0 and s["emulated"] == "emulated:m3-max:qwen3-0.6b"
+    assert rc == 0 and s["emulated"] == "emulated:m3-max:qwen3-0.6b+qwen3-4L-64d"  # target+draft
     target = s["emulation"]["stages"]["target"]
     assert (
         target["count"] >= 1
