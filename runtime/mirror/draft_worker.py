@@ -186,7 +186,6 @@ class DraftWorker:
             produced += a + 1
             step += 1
             g = self._window_size(produced, len(self.seq))
-            rng = self._rng(step, a, c)
             info = {"ee_recv_ns": ee_recv, "fv_recv_ns": fv_recv, "waves": len(waves),
                     "branches_done": sum(w.completed() for w in waves)}  # fmt: skip
             found = next(((w, w.index[reuse_key(a, c)]) for w in waves if reuse_key(a, c) in w.index),
@@ -194,9 +193,9 @@ class DraftWorker:
             f0 = now_ns()
             if found is not None and found[0].k > 0:
                 wave, row = found
-                done = min(wave.k, g)
                 window, q = wave.commit(row, base + a, g)
                 self.cache = wave.cache
+                done = len(window)
                 if done == g:
                     info.update(source="reuse", ready_ns=wave.row_ready_ns(row), fallback_ns=0)
                 else:  # its wave was cut short: continue this row where it stopped
@@ -208,7 +207,8 @@ class DraftWorker:
                     info.update(source="resume", ready_ns=f1, fallback_ns=f1 - f0)
             else:
                 rewind(self.cache, len(self.seq) - 1)
-                window, q = draft_window(self.draft, self.cache, self.seq, g, self.sampling, rng)
+                window, q = draft_window(self.draft, self.cache, self.seq, g, self.sampling,
+                                         self._rng(step, a, c))  # fmt: skip
                 f1 = now_ns()
                 self.tl.add("draft", "fallback rollout", f0, f1, step=step, tokens=g)
                 info.update(source="fallback", ready_ns=f1, fallback_ns=f1 - f0)
@@ -223,8 +223,9 @@ class DraftWorker:
             return
         info = {"ee_recv_ns": self._ee_recv, "ready_ns": wave.ready_ns[wave.k - 1],
                 "source": "reuse", "fallback_ns": 0, "shared": True}  # fmt: skip
+        done = set(rows.tolist())
         wins = {key: Window(step + 1, *wave.window(r), now_ns(), "reuse", info)
-                for key, r in wave.index.items() if r in set(rows.tolist())}  # fmt: skip
+                for key, r in wave.index.items() if r in done}  # fmt: skip
         with self._lock:
             if self._ready_step == step:
                 self._ready.update(wins)
