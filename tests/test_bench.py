@@ -116,3 +116,13 @@ def test_emulate_labels_output_and_skips_unpaddable_baselines(tiny_dir, tmp_path
     assert "mlx-lm" in res["settings"]["skipped"] and "skipping mlx-lm" in cap.err
     assert main(argv) == 0
     assert res["emulated"] in capsys.readouterr().out.splitlines()[0]
+
+
+def test_contention_check_reports_both_loops():
+    from apps.bench.contention import measure
+
+    r = measure(50, 1, None, None, 4, pair=False)
+    assert r["matmul_ms_alone"] > 0 and len(r["matmul_ms_two_at_once"]) == 2
+    assert r["matmul_slowdown"] == pytest.approx(
+        sum(r["matmul_ms_two_at_once"]) / 2 / r["matmul_ms_alone"], rel=0.01
+    )
