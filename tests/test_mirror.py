@@ -147,6 +147,9 @@ def test_completed_branch_is_taken_at_once_and_not_sent_again(scripted):
     while (win := sc.w.take(0, 1, c)) is None:  # published when its wave's last pass ends
         assert time.time() < deadline
         time.sleep(0.002)
+    # the target can run a whole step ahead of the worker: its miss on the next step's board
+    # must not cancel the claim the worker has not read yet
+    assert sc.w.take(1, 0, c) is None
     sc.w.send(FinalVerify(0, 1, c, now_ns()))
     while len(sc.w.seq) == len(PROMPT):  # the worker commits the branch on (A, c)
         assert time.time() < deadline

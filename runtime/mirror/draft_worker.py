@@ -98,7 +98,8 @@ class DraftWorker:
         Once taken, the worker commits that branch without sending the window again."""
         with self._lock:
             win = self._ready.get((accepted, token)) if self._ready_step == step else None
-            self._claimed = win is not None
+            if win is not None:  # a miss must not undo a claim the worker has yet to read:
+                self._claimed = True  # the target may be a whole step ahead of it
         return win
 
     def stop(self, timeout: float = 1.0) -> None:
