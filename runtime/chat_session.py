@@ -10,13 +10,12 @@ turn's prefill is just its new tokens. It knows nothing about the terminal.
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.decoding import Sampling, make_steps, stream
+from runtime.decoding import Sampling, make_steps, option_names, stream
 from runtime.decoding.events import GREEDY, rewind
 from runtime.errors import DuetError
 from runtime.stats import RunStats
@@ -70,9 +69,9 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def strategy_kwargs(**maybe) -> dict:
-    """The optional arguments (`kappa`, `exit_layer`, ...) that make_steps takes and were given."""
-    params = inspect.signature(make_steps).parameters
-    return {k: v for k, v in maybe.items() if v is not None and k in params}
+    """The method options (`kappa`, `exit_layer`, ...) that some method takes and were given."""
+    names = option_names()
+    return {k: v for k, v in maybe.items() if v is not None and k in names}
 
 
 class ChatSession:

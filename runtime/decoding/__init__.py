@@ -6,16 +6,23 @@
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-
-import numpy as np
+from dataclasses import dataclass, fields
 
 from runtime.decoding.events import Sampling, StepEvent
 from runtime.stats import RunStats
 
-METHODS = ("ar", "sd", "mirror")
+# One module per method (STYLE 12); each exposes `Options` (a dataclass of its own flags),
+# `NEEDS_DRAFT` and `steps(target, draft, seq, *, max_new, sampling, seed, options,
+# target_cache, draft_cache, timeline)`. Adding a method is one module and one line here.
+METHOD_MODULES: dict[str, str] = {
+    "ar": "runtime.decoding.ar",
+    "sd": "runtime.decoding.sd",
+    "mirror": "runtime.decoding.mirror",
+}
+METHODS = tuple(METHOD_MODULES)
 
 
 @dataclass
@@ -23,6 +30,20 @@ class Generated:
     tokens: list[int]
     stats: RunStats
     finish: str  # "eos", "length" or "context"
+
+
+def method_module(method: str):
+    """The module implementing `method` (imported on first use)."""
+    from runtime.errors import DuetError
+
+    if method not in METHOD_MODULES:
+        raise DuetError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    return importlib.import_module(METHOD_MODULES[method])
+
+
+def option_names() -> set[str]:
+    """Every option some method takes (what CLIs may pass through to make_steps)."""
+    return {f.name for m in METHODS for f in fields(method_module(m).Options)}
 
 
 def make_steps(
@@ -34,50 +55,27 @@ def make_steps(
     max_new: int,
     sampling: Sampling,
     seed: int,
-    gamma: int = 4,
     target_cache=None,
     draft_cache=None,
-    kappa: int = 8,
-    exit_layer: int | None = None,
     timeline=None,
-    branches: int | None = None,
+    **options,
 ) -> Iterator[StepEvent]:
     """The step generator for `method`, with its own seeded RNG.
 
-    kappa, exit_layer, branches (rows per branch-rollout batch) and timeline are Mirror-SD's
-    (ignored by the other methods).
+    `options` are method flags (gamma, kappa, exit_layer, branches, ...): each method takes
+    those its `Options` names and ignores the rest, so one CLI can pass them all; None means
+    the method's default.
     """
-    from runtime.decoding.ar import ar_steps
-    from runtime.decoding.sd import sd_steps
     from runtime.errors import DuetError
 
-    rng = np.random.default_rng(seed)
-    if method == "ar":
-        return ar_steps(
-            target, seq, max_new=max_new, sampling=sampling, rng=rng, target_cache=target_cache
-        )
-    if draft is None:
+    mod = method_module(method)
+    if mod.NEEDS_DRAFT and draft is None:
         raise DuetError(f"--method {method} needs a draft model")
-    if method == "sd":
-        return sd_steps(
-            target,
-            draft,
-            seq,
-            max_new=max_new,
-            gamma=gamma,
-            sampling=sampling,
-            rng=rng,
-            target_cache=target_cache,
-            draft_cache=draft_cache,
-        )
-    if method == "mirror":
-        from runtime.decoding.mirror import mirror_steps
-
-        return mirror_steps(target, draft, seq, max_new=max_new, gamma=gamma, kappa=kappa,
-                            exit_layer=exit_layer, sampling=sampling, seed=seed, timeline=timeline,
-                            target_cache=target_cache, draft_cache=draft_cache,
-                            **({} if branches is None else {"branch_batch": branches}))  # fmt: skip
-    raise DuetError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    known = {f.name for f in fields(mod.Options)}
+    opts = mod.Options(**{k: v for k, v in options.items() if k in known and v is not None})
+    return mod.steps(target, draft, list(seq), max_new=max_new, sampling=sampling, seed=seed,
+                     options=opts, target_cache=target_cache, draft_cache=draft_cache,
+                     timeline=timeline)  # fmt: skip
 
 
 def stream(

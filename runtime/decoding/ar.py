@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -40,3 +41,18 @@ def ar_steps(
             yield StepEvent(tokens=[tok], verify_s=time.perf_counter() - t0)
     finally:
         rewind(cache, len(seq))
+
+
+NEEDS_DRAFT = False
+
+
+@dataclass
+class Options:
+    """`ar` takes no options of its own."""
+
+
+def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
+          draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
+    """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
+    return ar_steps(target, seq, max_new=max_new, sampling=sampling,
+                    rng=np.random.default_rng(seed), target_cache=target_cache)  # fmt: skip

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -179,3 +180,23 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 def _adopt(dst, src) -> None:
     """Make the caller's draft cache hold the committed branch's state (reuse swapped caches)."""
     dst.__dict__.update(src.__dict__)
+
+
+NEEDS_DRAFT = True
+
+
+@dataclass
+class Options:
+    gamma: int = 4  # window length γ
+    kappa: int = DEFAULT_KAPPA  # channel width κ
+    exit_layer: int | None = None  # ℓe (default N/2)
+    branches: int = DEFAULT_BRANCH_BATCH  # rows per batched branch-rollout pass
+
+
+def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
+          draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
+    """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
+    return mirror_steps(target, draft, seq, max_new=max_new, gamma=options.gamma,
+                        kappa=options.kappa, exit_layer=options.exit_layer, sampling=sampling,
+                        seed=seed, timeline=timeline, target_cache=target_cache,
+                        draft_cache=draft_cache, branch_batch=options.branches)  # fmt: skip

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -92,3 +93,19 @@ def sd_steps(
     finally:
         rewind(tc, len(seq))
         rewind(dc, len(seq))
+
+
+NEEDS_DRAFT = True
+
+
+@dataclass
+class Options:
+    gamma: int = 4  # draft tokens per step
+
+
+def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
+          draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
+    """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
+    return sd_steps(target, draft, seq, max_new=max_new, gamma=options.gamma, sampling=sampling,
+                    rng=np.random.default_rng(seed), target_cache=target_cache,
+                    draft_cache=draft_cache)  # fmt: skip
