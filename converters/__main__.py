@@ -2,7 +2,18 @@
 
   onnx    dynamic-shape export (the desktop/CPU draft); with --static-shapes, fixed
           query length and --max-context as QNN needs, optionally --quantize int8|int16
-          (QDQ), and genai_config.json beside it
+          (QDQ) for --provider cpu|qnn|cuda, and genai_config.json beside it
+
+Which --provider to quantize for: the execution provider the artefact will run on.
+  cpu   (default) ONNX Runtime's CPU provider on any x86-64 or arm64: int8 with 7-bit
+        (reduce-range) weights, because the U8S8 kernel on x86-64 CPUs without VNNI
+        (AVX2-only, e.g. AMD EPYC before Zen 4) sums products in a saturating int16
+  qnn   Snapdragon Hexagon HTP: full-range uint8 activations x int8 weights
+  cuda  NVIDIA (CUDA/TensorRT): full-range int8 x int8
+The choice is recorded in the graphs' metadata (duet.quantization). Parity runs on that
+provider when ONNX Runtime has it here; otherwise the CPU stands in and the report names
+the CPU's int8 path. A qnn artefact loaded on a CPU without VNNI runs its QDQ graph
+unfused (exact, slower) rather than through the clipping int8 kernel.
   coreml  an iOS 18 / macOS 15 .mlpackage with the KV cache as state (prefill + decode
           functions sharing weights); --quantize int8|int4|palettize4; --kv-io for the
           explicit KV-in/KV-out fallback
@@ -74,6 +85,7 @@ def run_export(args) -> dict:
             context=args.max_context,
             prefill_len=args.prefill_len,
             quantization=q,
+            provider=args.provider,
         )
         p = r["parity"]
         r["ok"] = p["ok"]
@@ -82,6 +94,9 @@ def run_export(args) -> dict:
             f"prefill {r['prefill_len']}; {q}) {r['size_bytes'] / 1e6:.2f} MB in {r['convert_s']:.1f} s",
             f"parity vs PyTorch reference: max |Δlogit| {p['max_abs']:.2e}, top-1 agreement "
             f"{p['top1_agree']:.3f} (tolerance {p['tolerance']}) -> {'ok' if p['ok'] else 'FAIL'}",
+            f"measured on {p['measured_on']} ({p['kernels']})"
+            + (f"; {p['stand_in']}" if "stand_in" in p else "")
+            + (f"; CPU int8 path: {p['cpu_int8_path']}" if "cpu_int8_path" in p else ""),
             f"wrote {r['genai_config']}",
         ]
         return r
@@ -132,7 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    ex = sub.add_parser("export", help="convert a checkpoint for a device runtime")
+    ex = sub.add_parser(
+        "export",
+        help="convert a checkpoint for a device runtime",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ex.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
     ex.add_argument("--format", required=True, choices=sorted(QUANTIZE), help="artefact format")
     ex.add_argument(
@@ -142,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ex.add_argument(
         "--quantize", help="onnx: int8|int16 (static only); coreml: int8|int4|palettize4; mlx: 4|8"
+    )
+    ex.add_argument(
+        "--provider",
+        default="cpu",
+        choices=["cpu", "qnn", "cuda"],
+        help="onnx --quantize: the execution provider the artefact is for (default cpu; see above)",
     )
     ex.add_argument(
         "--max-context",

@@ -52,7 +52,10 @@ def genai_config(
                     "present_key_names": "present.%d.key",
                     "present_value_names": "present.%d.value",
                 },
-                "session_options": {"provider_options": [{provider: {}}]},
+                # genai runs the CPU provider when none is named
+                "session_options": {
+                    "provider_options": [] if provider == "cpu" else [{provider: {}}]
+                },
             },
         },
         "search": {"max_length": context, "do_sample": False, "past_present_share_buffer": False},
@@ -73,7 +76,12 @@ def genai_config(
 
 
 def write_genai_config(
-    decode_path: str | Path, cfg: ModelConfig, context: int, prefill_len: int, quantization: str
+    decode_path: str | Path,
+    cfg: ModelConfig,
+    context: int,
+    prefill_len: int,
+    quantization: str,
+    provider: str = "qnn",
 ) -> Path:
     """Write genai_config.json beside the export's decode graph; returns its path."""
     from converters.onnx_static import graph_paths
@@ -82,6 +90,7 @@ def write_genai_config(
     files = {k: p.name for k, p in paths.items()}
     out = paths["decode"].parent / FILENAME
     out.write_text(
-        json.dumps(genai_config(cfg, files, context, prefill_len, quantization), indent=2) + "\n"
+        json.dumps(genai_config(cfg, files, context, prefill_len, quantization, provider), indent=2)
+        + "\n"
     )
     return out

@@ -5,6 +5,18 @@ The calibration feeds are what the fp32 export itself sees when it runs the
 calibration texts (a padded prefill, then decode steps), recorded per graph,
 so the decode graph is calibrated with realistic cache contents.
 
+The recipe depends on the execution provider the artefact is for (`PROVIDERS`):
+- `qnn`: full-range QUInt8 activations x QInt8 weights, the pairing QNN's HTP runs natively;
+- `cpu` (default): the same with `reduce_range` (7-bit weights), so that ONNX Runtime's
+  U8S8 kernel on x86-64 without VNNI (VPMADDUBSW, a saturating 16-bit pair sum) cannot
+  clip: 255*63*2 < 32767. It holds on every x86-64 (AVX2 or AVX-512, VNNI or not) and arm64
+  (runtime/backends/cpu_int8.py). Measured on the embedded draft (AMD EPYC, AVX2 only):
+  full range fused top-1 0.941, max |Δlogit| 1.15; reduce-range 0.949, 0.66;
+- `cuda`: full-range QInt8 x QInt8 (symmetric int8 tensor-core kernels).
+int16 (A16W8) runs as dequantize + float on the CPU provider, so it is the same for all.
+The recipe is recorded in the graphs' metadata (`duet.quantization`) and the companion
+manifest; the loader (converters/onnx_static_host.py) reads it back.
+
 What is quantized: MatMul and Gather (every linear layer, the attention
 products and the embedding). The attention mask is left in float: the
 reference fills masked scores with float32's minimum, and a quantizer that
@@ -23,7 +35,38 @@ from converters.onnx_static import graph_paths
 from runtime.errors import DuetError
 
 SCHEMES = ("int8", "int16")
+PROVIDERS = ("cpu", "qnn", "cuda")
 OP_TYPES = ["MatMul", "Gather"]
+
+
+def recipe(scheme: str, provider: str = "cpu") -> dict:
+    """The quantization recipe for `scheme` on `provider`: types, range and why."""
+    if scheme not in SCHEMES:
+        raise DuetError(f"unknown ONNX quantization {scheme!r}; choose from {', '.join(SCHEMES)}")
+    if provider not in PROVIDERS:
+        raise DuetError(
+            f"unknown execution provider {provider!r} to quantize for; choose from {', '.join(PROVIDERS)}"
+        )
+    if scheme == "int16":  # A16W8: 16-bit activations, 8-bit weights
+        return {"scheme": scheme, "provider": provider, "activation": "QUInt16",
+                "weight": "QInt8", "reduce_range": False,
+                "why": "A16W8; no 8-bit integer kernel path, so no provider-specific range"}  # fmt: skip
+    if provider == "qnn":
+        return {"scheme": scheme, "provider": provider, "activation": "QUInt8", "weight": "QInt8",
+                "reduce_range": False, "why": "full-range U8S8, the pairing QNN's HTP runs"}  # fmt: skip
+    if provider == "cuda":
+        return {"scheme": scheme, "provider": provider, "activation": "QInt8", "weight": "QInt8",
+                "reduce_range": False, "why": "full-range S8S8 for int8 tensor-core kernels"}  # fmt: skip
+    return {"scheme": scheme, "provider": provider, "activation": "QUInt8", "weight": "QInt8",
+            "reduce_range": True,
+            "why": "7-bit weights: ORT's U8S8 kernel on x86-64 without VNNI sums u8*s8 pairs "
+                   "in a saturating int16 (VPMADDUBSW); reduce-range cannot clip there"}  # fmt: skip
+
+
+def full_range_u8s8(rec: dict | None) -> bool:
+    """Whether a recorded recipe can clip in ORT's CPU U8S8 kernel on a CPU without VNNI."""
+    return bool(rec) and rec.get("scheme") == "int8" and rec.get("activation") == "QUInt8" \
+        and rec.get("weight") == "QInt8" and not rec.get("reduce_range")  # fmt: skip
 
 
 class RecordedFeeds:
@@ -57,16 +100,17 @@ def record_feeds(model_dir: str | Path, decode_path: Path) -> dict[str, list[dic
     return feeds
 
 
-def quantize_static_export(model_dir: str | Path, decode_path: str | Path, scheme: str) -> dict:
-    """Quantize both graphs of the static export at `decode_path` in place (QDQ)."""
+def quantize_static_export(
+    model_dir: str | Path, decode_path: str | Path, scheme: str, provider: str = "cpu"
+) -> dict:
+    """Quantize both graphs of the static export at `decode_path` in place (QDQ) with the
+    recipe for `provider`; records the recipe in both graphs' metadata."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-    if scheme not in SCHEMES:
-        raise DuetError(f"unknown ONNX quantization {scheme!r}; choose from {', '.join(SCHEMES)}")
-    act, weight = {
-        "int8": (QuantType.QUInt8, QuantType.QInt8),  # the pairing QNN's HTP runs
-        "int16": (QuantType.QUInt16, QuantType.QInt8),  # A16W8: 16-bit activations, 8-bit weights
-    }[scheme]
+    from converters.onnx_static import set_metadata
+
+    rec = recipe(scheme, provider)
+    act, weight = QuantType[rec["activation"]], QuantType[rec["weight"]]
     paths = graph_paths(decode_path)
     feeds = record_feeds(model_dir, paths["decode"])
     counts = {}
@@ -92,14 +136,11 @@ def quantize_static_export(model_dir: str | Path, decode_path: str | Path, schem
                 activation_type=act,
                 weight_type=weight,
                 calibrate_method=CalibrationMethod.MinMax,
+                reduce_range=rec["reduce_range"],
                 extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
             )
             shutil.move(str(staged), str(path))
+            set_metadata(path, {"duet.quantization": rec})
             counts[name] = len(feeds[name])
     root.setLevel(level)
-    return {
-        "scheme": scheme,
-        "activation": act.name,
-        "weight": weight.name,
-        "calibration_feeds": counts,
-    }
+    return {**rec, "calibration_feeds": counts}

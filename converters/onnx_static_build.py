@@ -20,8 +20,13 @@ def build_static_onnx(
     context: int | None = None,
     prefill_len: int = 16,
     quantization: str = "none",
+    provider: str = "cpu",
 ) -> dict:
-    """Write `out` (decode graph), its `.prefill.onnx` and genai_config.json; returns the report."""
+    """Write `out` (decode graph), its `.prefill.onnx` and genai_config.json; returns the report.
+
+    `provider` (cpu|qnn|cuda) is the execution provider the quantized artefact is for: it
+    picks the quantization recipe (converters/onnx_quantize.recipe) and where parity runs.
+    """
     t0 = time.perf_counter()
     cfg = ModelConfig.from_dir(model_dir)
     info = export_onnx_static(model_dir, out, context=context, prefill_len=prefill_len)
@@ -34,10 +39,17 @@ def build_static_onnx(
         "quantization": quantization,
     }
     if quantization != "none":
-        report["quantize"] = quantize_static_export(model_dir, out, quantization)
-    report["parity"] = static_parity(model_dir, out, quantization)
+        report["quantize"] = quantize_static_export(model_dir, out, quantization, provider)
+    report["parity"] = static_parity(model_dir, out, quantization, provider)
     report["genai_config"] = str(
-        write_genai_config(out, cfg, info["context"], info["prefill_len"], quantization)
+        write_genai_config(
+            out,
+            cfg,
+            info["context"],
+            info["prefill_len"],
+            quantization,
+            provider if quantization != "none" else "qnn",
+        )
     )
     report["paths"] = {k: str(p) for k, p in graph_paths(out).items()}
     report["size_bytes"] = sum(p.stat().st_size for p in graph_paths(out).values())

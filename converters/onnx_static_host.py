@@ -62,51 +62,65 @@ class StaticOnnxLM:
         self.context, self.prefill_len = context, prefill_len
         self._outputs = [o.name for o in sessions["decode"].get_outputs()]
         self.recorder: list | None = None  # (graph name, feed) pairs, for quantization calibration
+        self.quantization: dict | None = None  # the recipe in duet.quantization, if quantized
+        self.qdq_path = "fp32"  # which kernels run the graph (see load)
 
     @classmethod
     def load(
         cls, decode_path, provider: str = "CPUExecutionProvider", threads: int = 1
     ) -> StaticOnnxLM:
-        """Load `decode_path` and its `.prefill.onnx` sibling."""
-        import onnxruntime as ort
+        """Load `decode_path` and its `.prefill.onnx` sibling.
+
+        A full-range U8S8 artefact (made for QNN) on the CPU provider of a CPU whose int8
+        kernel saturates (x86-64 without VNNI) runs its QDQ graph unfused: dequantize +
+        float ops, the graph's exact semantics, instead of the clipping int8 kernel.
+        `qdq_path` says which path runs.
+        """
+        from converters.onnx_quantize import full_range_u8s8
+        from runtime.backends.cpu_int8 import int8_path
 
         paths = graph_paths(decode_path)
         for p in paths.values():
             if not p.is_file():
                 raise DuetError(f"static ONNX graph not found: {p}")
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.log_severity_level = 3
-        sessions = {}
-        for name, p in paths.items():
-            try:
-                sessions[name] = ort.InferenceSession(str(p), so, providers=[provider])
-            except Exception as e:  # ORT raises its own types for a bad file
-                raise DuetError(
-                    f"{p}: ONNX Runtime could not load it ({str(e).splitlines()[0]})"
-                ) from None
-        meta = {
-            k: json.loads(v)
-            for k, v in sessions["decode"].get_modelmeta().custom_metadata_map.items()
-            if k.startswith("duet.")
-        }
+        meta = cls.describe(paths["decode"])  # (validates the file before ORT sees it)
         if "duet.static" not in meta or "duet.config" not in meta:
             raise DuetError(
                 f"{decode_path}: not a Duet static-shape export (no duet.static metadata)"
             )
+        cpu = int8_path()
+        unfuse = (
+            provider == "CPUExecutionProvider"
+            and full_range_u8s8(meta.get("duet.quantization"))
+            and cpu.saturates_u8s8
+        )
+        sessions = {name: _session(p, provider, threads, unfuse) for name, p in paths.items()}
         prefill_meta = json.loads(
             sessions["prefill"].get_modelmeta().custom_metadata_map["duet.static"]
         )
         config = ModelConfig.from_dict(meta["duet.config"], where=f"{decode_path} metadata")
-        return cls(sessions, config, meta["duet.static"]["context"], prefill_meta["query_len"])
+        lm = cls(sessions, config, meta["duet.static"]["context"], prefill_meta["query_len"])
+        lm.quantization = meta.get("duet.quantization")
+        lm.qdq_path = (
+            "fp32"
+            if lm.quantization is None
+            else f"{provider}: "
+            + ("QDQ unfused (exact)" if unfuse else "fused int8 kernels")
+            + (f" on {cpu.name}" if provider == "CPUExecutionProvider" else "")
+        )
+        return lm
 
     @staticmethod
     def describe(decode_path: str | Path) -> dict:
         """The duet.* metadata of a static export (no session needed)."""
         import onnx
 
-        m = onnx.load(str(decode_path), load_external_data=False)
+        try:
+            m = onnx.load(str(decode_path), load_external_data=False)
+        except Exception as e:  # protobuf raises its own types for a truncated or foreign file
+            raise DuetError(
+                f"{decode_path}: not a readable ONNX file ({str(e).splitlines()[0]})"
+            ) from None
         return {p.key: json.loads(p.value) for p in m.metadata_props if p.key.startswith("duet.")}
 
     def new_cache(self, batch: int = 1) -> StaticCache:
@@ -167,3 +181,21 @@ class StaticOnnxLM:
 
     def head(self, hidden):
         raise DuetError("a static-shape ONNX draft runs whole models only (no separate LM head)")
+
+
+def _session(path: Path, provider: str, threads: int, unfuse_qdq: bool):
+    """One ORT session; `unfuse_qdq` keeps QDQ nodes as dequantize + float ops."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    if unfuse_qdq:
+        so.add_session_config_entry("session.disable_quant_qdq", "1")
+    try:
+        return ort.InferenceSession(str(path), so, providers=[provider])
+    except Exception as e:  # ORT raises its own types for a bad file
+        raise DuetError(
+            f"{path}: ONNX Runtime could not load it ({str(e).splitlines()[0]})"
+        ) from None

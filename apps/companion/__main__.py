@@ -46,6 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     pk.add_argument("--onnx-quantize", default="none", choices=["none", "int8", "int16"])
     pk.add_argument(
+        "--onnx-provider",
+        default="qnn",
+        choices=["qnn", "cpu", "cuda"],
+        help="execution provider the ONNX draft is quantized for (default qnn: the phone's "
+        "Hexagon NPU; cpu for ONNX Runtime's CPU provider; see `python -m converters export --help`)",
+    )
+    pk.add_argument(
         "--coreml-quantize", default="none", choices=["none", "int8", "int4", "palettize4"]
     )
     pk.add_argument("--json", action="store_true", help="print the manifest")
@@ -77,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             max_context=args.max_context,
             prefill_len=args.prefill_len,
             onnx_quantize=args.onnx_quantize,
+            onnx_provider=args.onnx_provider,
             coreml_quantize=args.coreml_quantize,
         )
         print(json.dumps(m, indent=2) if args.json else "\n".join(summary(m, Path(args.out))))

@@ -43,6 +43,7 @@ def package_bundle(
     max_context: int | None = None,
     prefill_len: int = 16,
     onnx_quantize: str = "none",
+    onnx_provider: str = "qnn",
     coreml_quantize: str = "none",
 ) -> dict:
     """Build the bundle at `out` from the checkpoint `draft`; returns the manifest."""
@@ -89,6 +90,7 @@ def package_bundle(
             context=ctx,
             prefill_len=prefill_len,
             quantization=onnx_quantize,
+            provider=onnx_provider,
         )
         steps.update()
         steps.set_postfix_str("core ml")
@@ -138,6 +140,9 @@ def package_bundle(
             "conversion": {
                 "onnx": {
                     "quantization": onnx_quantize,
+                    # the recipe the int8/int16 graph was made with, and the provider it is for
+                    "recipe": onnx_r.get("quantize", {"scheme": "none"})
+                    | {"provider": onnx_provider},
                     "seconds": onnx_r["convert_s"],
                     "bytes": onnx_r["size_bytes"],
                 },
