@@ -105,6 +105,8 @@ class Emulator:
         self.label = label or f"emulated:{profile.name}:{target.name}+{draft.name}"
         self.records: list[StageRecord] = []
         self._lock = threading.Lock()
+        # the clock and the sleep that pads a stage (tests put a virtual clock here)
+        self.clock, self.sleep = time.perf_counter, time.sleep
 
     @classmethod
     def from_spec(cls, spec: str, target_cfg=None, draft_cfg=None) -> Emulator:
@@ -180,15 +182,15 @@ class Emulator:
         rec.predicted_s = self.predict(
             role, n_tokens, layers=layers, head=head, context=context, batch=batch
         )
-        rec.started = t0 = time.perf_counter()
+        rec.started = t0 = self.clock()
         try:
             yield rec
         finally:
-            rec.measured_s = time.perf_counter() - t0
-        remaining = rec.predicted_s - (time.perf_counter() - t0)
+            rec.measured_s = self.clock() - t0
+        remaining = rec.predicted_s - (self.clock() - t0)
         if remaining > 0:
-            time.sleep(remaining)
-        rec.emulated_s = time.perf_counter() - t0
+            self.sleep(remaining)
+        rec.emulated_s = self.clock() - t0
         with self._lock:
             self.records.append(rec)
 

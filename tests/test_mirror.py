@@ -31,8 +31,14 @@ def ar(target, n=30):
     )
 
 
-def no_worker_threads():
-    return not any(t.name == "duet-draft" and t.is_alive() for t in threading.enumerate())
+def no_worker_threads(wait_s: float = 5.0) -> bool:
+    """No draft worker thread left, allowing a loaded machine `wait_s` to finish the join."""
+    deadline = time.monotonic() + wait_s
+    while any(t.name == "duet-draft" and t.is_alive() for t in threading.enumerate()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 @pytest.mark.parametrize("gamma,kappa,exit_layer", [(4, 8, 2), (1, 1, 1), (3, 4, 3), (6, 16, None)])
@@ -271,7 +277,8 @@ def test_worker_that_raises_surfaces_within_a_second(tiny_dir, n):
     t0 = time.time()
     with pytest.raises(RuntimeError, match="draft worker failed.*NPU fell over"):
         mirror(target, draft, n=50)
-    assert time.time() - t0 < 5 and no_worker_threads()
+    assert time.time() - t0 < 5  # surfaced, not hung (the worker notices within its poll)
+    assert no_worker_threads()
 
 
 def test_closing_early_stops_the_worker_and_rewinds(tiny_dir):
@@ -285,7 +292,6 @@ def test_closing_early_stops_the_worker_and_rewinds(tiny_dir):
     for _ in range(3):
         got += next(steps).tokens
     steps.close()
-    time.sleep(0.05)
     assert no_worker_threads() and tc.offset <= len(got)
 
 
