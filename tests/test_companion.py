@@ -44,6 +44,9 @@ def test_manifest_contents(bundle):
     assert m["io"]["onnx"]["decode"]["inputs"]["past_key_values.0.key"] == [1, 2, 32, 16]
     assert set(m["io"]["coreml"]["functions"]) == {"prefill", "decode"}
     assert m["parity"]["onnx"]["ok"] and m["parity"]["coreml"]["fp16"]["ok"]
+    # the provider the ONNX draft is made for (the phone's NPU by default), recorded beside it
+    assert m["conversion"]["onnx"]["recipe"] == {"scheme": "none", "provider": "qnn"}
+    assert m["parity"]["onnx"]["provider"] == "qnn" and "stand_in" in m["parity"]["onnx"]
 
 
 def test_run_matches_reference_greedy(bundle, tiny_dir, capsys):
