@@ -18,6 +18,7 @@ import asyncio
 import json
 import time
 import uuid
+from collections import deque
 
 import anyio
 from starlette.applications import Starlette
@@ -64,8 +65,10 @@ class Server:
         self.engine, self.api_key, self.gate = engine, api_key, Gate(queue)
         self.created = int(time.time())
         self.worker = anyio.CapacityLimiter(1)  # decoding steps run on one thread at a time
+        self.recent: deque[dict] = deque(maxlen=16)  # how the last requests ended, for /health
         self.app = Starlette(
             routes=[
+                Route("/health", self.health, methods=["GET"]),
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
@@ -99,9 +102,15 @@ class Server:
         """Close the job (shielded: it runs even when the request was cancelled) and let the next in."""
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(job.close, limiter=self.worker)
+        self.recent.append({"finish": job.finish, "completion_tokens": len(job.out)})
         self.gate.leave()
 
     # ---- endpoints ---------------------------------------------------------
+
+    async def health(self, request: Request) -> JSONResponse:
+        """Liveness, as llama-server's /health, plus how the last requests ended (oldest first)."""
+        return JSONResponse({"status": "ok", "waiting": max(0, self.gate.inside - 1),
+                             "recent": list(self.recent)})  # fmt: skip
 
     async def models(self, request: Request) -> JSONResponse:
         try:

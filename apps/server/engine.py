@@ -88,7 +88,7 @@ class Job:
         self.out: list[int] = []
         self.text = ""  # the answer so far (EOS left out, cut at a stop string)
         self.sent = 0  # characters of `text` already yielded
-        self.finish: str | None = None  # "stop" (EOS or a stop string) or "length"
+        self.finish: str | None = None  # "stop" (EOS or a stop string), "length" or "cancelled"
         self.cached = 0  # prompt tokens the caches already held
         self.stats = RunStats(prefill_tokens=len(ids))
         self.seed = req.seed if req.seed is not None else random.randrange(2**31)
@@ -133,6 +133,8 @@ class Job:
             self.text = self._final_text()
             yield self._delta(len(self.text))
         finally:
+            if self.finish is None:  # closed early: the client went away
+                self.finish = "cancelled"
             steps.close()  # the strategy rewinds its caches
             e.tokens = seq + self.out
             for c in (e.tcache, e.dcache):  # a step may have seen tokens past a cut
