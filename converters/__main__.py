@@ -178,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_context is not None and args.max_context < 2:
         raise DuetError(f"--max-context must be at least 2, not {args.max_context}")
 
+    from runtime.preflight import check_checkpoint, writable_file
+
+    check_checkpoint(args.model, "model")  # before torch is imported
+    if args.out.endswith(".onnx") or args.format == "coreml":
+        writable_file(args.out, "--out")
     info = run_export(args)
     summary = info.pop("summary")
     print(json.dumps(info, indent=2, default=str) if args.json else "\n".join(summary))
