@@ -45,7 +45,8 @@ def check_safetensors(f: Path) -> None:
 def check_checkpoint(path: Path, role: str) -> None:
     """config.json, weights and (if present) tokenizer.json of a checkpoint directory look whole.
 
-    An exported draft file (`.onnx`) only has to be non-empty here; ONNX Runtime checks the rest.
+    An exported draft file (`.onnx`) must parse as an ONNX model (graph only, not its weights
+    in external files); ONNX Runtime checks the rest when it loads.
     """
     from runtime.config import ModelConfig, weight_files
 
@@ -53,6 +54,8 @@ def check_checkpoint(path: Path, role: str) -> None:
     if p.is_file():
         if p.stat().st_size == 0:
             raise DuetError(f"--{role} {p}: the file is empty")
+        if p.suffix == ".onnx":
+            check_onnx(p, role)
         return
     ModelConfig.from_dir(p)
     mlx_style = any(p.glob("*.npz"))
@@ -65,6 +68,17 @@ def check_checkpoint(path: Path, role: str) -> None:
             json.loads(tok.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise DuetError(f"{tok}: not valid JSON ({e})") from None
+
+
+def check_onnx(p: Path, role: str) -> None:
+    """A DuetError when `p` does not parse as an ONNX model (a truncated or foreign file)."""
+    import onnx  # protobuf only: far lighter than the runtime that would load it
+
+    try:
+        onnx.load(str(p), load_external_data=False)
+    except Exception as e:  # protobuf's DecodeError and friends: one line, not a traceback
+        raise DuetError(f"--{role} {p}: not a valid ONNX model, truncated or corrupt "
+                        f"({type(e).__name__})") from None  # fmt: skip
 
 
 def check_pair_files(target: Path, draft: Path) -> None:
