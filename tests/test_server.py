@@ -190,3 +190,34 @@ def test_bad_json_and_bad_messages_are_400(server):
 def test_models_lists_the_pair(client, pair):
     ids = [m.id for m in client.models.list().data]
     assert ids == [pair[0].name]
+
+
+def test_chat_uses_the_checkpoint_template(pair, tmp_path):
+    """In-process: a checkpoint with a chat template renders messages with it, and the engine's
+    greedy answer is the target's own greedy continuation of that rendering."""
+    import shutil
+
+    from apps.server.engine import Engine
+    from apps.server.requests import chat_request
+    from runtime.decoding import make_steps, run
+    from runtime.decoding.events import GREEDY
+    from runtime.load import load_pair
+    from runtime.tokenizer import Tokenizer
+
+    d = tmp_path / "templated"
+    shutil.copytree(pair[0], d)
+    tpl = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # fmt: skip
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": tpl,
+                                             "tokenizer_class": "PreTrainedTokenizerFast"}))  # fmt: skip
+    p = load_pair(str(d), None, need_draft=False)
+    engine = Engine(p, method="ar", model_id="t")
+    req = chat_request({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                        "temperature": 0})  # fmt: skip
+    ids = engine.prompt_ids(req)
+    assert ids == Tokenizer(d).encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    job = engine.job(ids, req)
+    list(job)
+    want = run(make_steps("ar", p.target, None, ids, max_new=8, sampling=GREEDY, seed=0),
+               max_new=8).tokens  # fmt: skip
+    assert job.out == want and job.finish == "length" and job.usage()["completion_tokens"] == 8
