@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     name = a.model_id or (pair.target_dir.name if a.target else "duet-default")
     engine = Engine(pair, method=a.method, model_id=name, gamma=a.gamma, kappa=a.kappa,
                     exit_layer=a.exit_layer, branches=a.branches)  # fmt: skip
+    engine.warmup()
     server = Server(engine, api_key=a.api_key, queue=a.queue)
     host, port = sock.getsockname()[:2]
     print(f"listening on {host}:{port}", flush=True)

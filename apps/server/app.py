@@ -73,7 +73,11 @@ class Server:
                 Route("/v1/completions", self.completions, methods=["POST"]),
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
             ],
-            exception_handlers={404: self.not_found, 405: self.not_allowed},
+            exception_handlers={
+                404: self.not_found,
+                405: self.not_allowed,
+                Exception: self.internal_error,
+            },  # fmt: skip
         )
 
     # ---- plumbing ----------------------------------------------------------
@@ -85,6 +89,11 @@ class Server:
         return error_response(
             APIError(405, f"{request.method} is not allowed on {request.url.path}")
         )
+
+    async def internal_error(self, request: Request, exc: Exception) -> JSONResponse:
+        """A bug of ours still answers in OpenAI's shape (uvicorn logs the traceback)."""
+        msg = f"internal error: {type(exc).__name__}: {exc}"
+        return error_response(APIError(500, msg, type="server_error", code="internal_error"))
 
     def check_key(self, request: Request) -> None:
         if self.api_key is None:

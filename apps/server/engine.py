@@ -74,6 +74,17 @@ class Engine:
             )  # fmt: skip
         return ids
 
+    def warmup(self) -> None:
+        """Generate one token from a one-token prompt, then empty the caches.
+
+        Run at start-up: a method option the pair cannot take (an exit layer out of range)
+        fails here, before the server listens, and the first request pays no warm-up.
+        """
+        list(self.job([0], GenRequest(prompt=[0], max_tokens=1, temperature=0.0)))
+        self.tokens = []
+        self.tcache = self.pair.target.new_cache()
+        self.dcache = self.pair.draft.new_cache() if self.pair.draft is not None else None
+
     def job(self, ids: list[int], req: GenRequest) -> Job:
         """A generation of `req` after `ids`; iterate it (one step per item) or close it."""
         return Job(self, ids, req)
