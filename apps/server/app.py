@@ -10,6 +10,8 @@ one running and `queue` waiting requests and answers 429 at once beyond that.
 Every decoding step runs in a worker thread, so the event loop keeps noticing
 disconnects; a client that goes away stops its generation after the current step,
 and the job's `finally` leaves the caches consistent. Errors have OpenAI's shape.
+One model per server: a request's `model` field is accepted whatever it names, and
+`max_tokens` past the context is cut to what fits (as mlx_lm.server does).
 """
 
 from __future__ import annotations
