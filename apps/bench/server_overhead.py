@@ -2,7 +2,7 @@
 
 Starts `python -m apps.server` (same pair, method and flags) on a free port, loads
 the same pair in this process, and alternates, round by round, the same greedy
-generation both ways:
+generation both ways (which goes first alternates too):
   - in process, the loop runtime.generate runs (make_steps + stream; tokens/s as its
     `stats.tokens_per_s`, from the first step to the last token);
   - through the server, one streaming client (stdlib http.client, server-sent events):
@@ -103,7 +103,10 @@ def measure(a: argparse.Namespace) -> dict:
         local_run(pair, all_ids[-a.prompt_len :], a)
         for r in range(a.rounds):
             ids = all_ids[r * 7 : r * 7 + a.prompt_len]
-            loc, srv = local_run(pair, ids, a), server_run(port, ids, a)
+            if r % 2:  # alternate which goes first, so neither always finds the caches warm
+                srv, loc = server_run(port, ids, a), local_run(pair, ids, a)
+            else:
+                loc, srv = local_run(pair, ids, a), server_run(port, ids, a)
             rows.append(
                 {"local": loc, "server": srv, "same_tokens": loc["tokens"] == srv["tokens"]}
             )
