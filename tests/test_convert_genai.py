@@ -56,3 +56,24 @@ def test_folder_must_be_empty(tiny_dir, tmp_path):
     (busy / "x").write_text("x")
     with pytest.raises(DuetError, match="not an empty directory"):
         prepare_folder(tiny_dir("qwen3"), busy)
+
+
+def test_embedded_draft_with_its_trained_tokenizer(tmp_path, capsys):
+    """The shipped draft: a real BPE tokenizer and an EOS id; genai must encode, generate and
+    decode as we do."""
+    from runtime.assets import default_pair
+    from runtime.generate import build_parser, generate
+    from runtime.tokenizer import Tokenizer
+
+    _, draft = default_pair()
+    out = tmp_path / "draft-genai"
+    assert main(["export", "--model", str(draft), "--format", "onnx", "--out", str(out)]) == 0
+    prompt = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+    ours = generate(build_parser().parse_args(
+        ["--target", str(draft), "--method", "ar", "--prompt", prompt, "--max-tokens", "24", "--json"]
+    ))  # fmt: skip
+    ids, theirs = genai_greedy(out, prompt, 24)
+    assert ids == Tokenizer(draft).encode(prompt)
+    assert theirs == ours["tokens"]
+    model = og.Model(str(out))
+    assert og.Tokenizer(model).decode(np.array(theirs, dtype=np.int32)) == ours["text"]
