@@ -8,8 +8,9 @@ handful of hand-checked fields (requests.py) do not need.
 Requests run one at a time (the engine has one pair of caches): a `Gate` admits
 one running and `queue` waiting requests and answers 429 at once beyond that.
 Every decoding step runs in a worker thread, so the event loop keeps noticing
-disconnects; a client that goes away stops its generation after the current step,
-and the job's `finally` leaves the caches consistent. Errors have OpenAI's shape.
+disconnects (a stream's next step starts while its last chunk is being sent); a
+client that goes away stops its generation after the current step, and the job's
+`finally` leaves the caches consistent. Errors have OpenAI's shape.
 One model per server: a request's `model` field is accepted whatever it names, and
 `max_tokens` past the context is cut to what fits (as mlx_lm.server does).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from collections import deque
@@ -150,7 +152,8 @@ class Server:
         job = self.engine.job(ids, req)
         rid = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
         if req.stream:
-            return GenerationStream(self, job, self.chunks(job, req, rid, kind))
+            pump = Pump(job, self.worker)
+            return GenerationStream(self, job, pump, self.chunks(pump, job, req, rid, kind))
         try:
             while await self.step(job) is not None:
                 if await request.is_disconnected():
@@ -174,7 +177,7 @@ class Server:
         return {"id": rid, "object": kind, "created": int(time.time()), "model": self.engine.model_id,
                 "choices": [c], "usage": job.usage()}  # fmt: skip
 
-    async def chunks(self, job: Job, req: GenRequest, rid: str, kind: str):
+    async def chunks(self, pump: Pump, job: Job, req: GenRequest, rid: str, kind: str):
         """Server-sent events: one chunk per step that adds text, a last one with the finish."""
         obj = "chat.completion.chunk" if kind == "chat.completion" else "text_completion"
         head = {
@@ -187,7 +190,7 @@ class Server:
         def event(choices: list, **extra) -> bytes:
             return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n".encode()
 
-        while (text := await self.step(job)) is not None:
+        async for text in pump.texts():
             if text:
                 yield event([self.choice(kind, text, None, delta=True)])
         c = self.choice(kind, "", job.finish or "stop", delta=True)
@@ -200,16 +203,55 @@ class Server:
         yield b"data: [DONE]\n\n"
 
 
+class Pump:
+    """Runs a streaming job on the worker thread, handing each step's text to the event loop.
+
+    The next step starts while the previous chunk is still being sent, so the network
+    never holds the engine up; `stop` ends it after the step under way.
+    """
+
+    def __init__(self, job: Job, worker: anyio.CapacityLimiter):
+        self.job, self.worker = job, worker
+        self.halt = threading.Event()
+        self.task: asyncio.Future | None = None
+
+    async def texts(self):
+        """Each step's text, as the worker thread produces them."""
+        loop, q = asyncio.get_running_loop(), asyncio.Queue()
+
+        def run() -> None:
+            try:
+                for text in self.job:
+                    loop.call_soon_threadsafe(q.put_nowait, text)
+                    if self.halt.is_set():
+                        return
+            finally:
+                loop.call_soon_threadsafe(q.put_nowait, None)
+
+        self.task = asyncio.ensure_future(anyio.to_thread.run_sync(run, limiter=self.worker))
+        while (text := await q.get()) is not None:
+            yield text
+        await self.task  # a step's error surfaces here
+
+    async def stop(self) -> None:
+        """Stop after the step under way and wait for the worker thread to let go of the job."""
+        self.halt.set()
+        if self.task is not None:
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait([self.task])
+
+
 class GenerationStream(StreamingResponse):
     """A streaming response that closes its job however the stream ends (done, error, disconnect)."""
 
-    def __init__(self, server: Server, job: Job, chunks):
+    def __init__(self, server: Server, job: Job, pump: Pump, chunks):
         super().__init__(chunks, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache"})  # fmt: skip
-        self.server, self.job = server, job
+        self.server, self.job, self.pump = server, job, pump
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
+            await self.pump.stop()
             await self.server.finish(self.job)
