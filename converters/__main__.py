@@ -1,6 +1,8 @@
 """`python -m converters export --model DIR --format coreml|onnx|mlx --out PATH`.
 
-  onnx    dynamic-shape export (the desktop/CPU draft); with --static-shapes, fixed
+  onnx    dynamic-shape export (the desktop/CPU draft); --out DIR (not ending in .onnx)
+          writes an ONNX Runtime GenAI folder (model.onnx, genai_config.json, tokenizer
+          files) that onnxruntime_genai.Model(DIR) loads as is; with --static-shapes, fixed
           query length and --max-context as QNN needs, optionally --quantize int8|int16
           (QDQ) for --provider cpu|qnn|cuda, and genai_config.json beside it
 
@@ -68,13 +70,23 @@ def run_export(args) -> dict:
         from converters.parity import ONNX_FP32_TOL
 
         tol = args.tol if args.tol is not None else ONNX_FP32_TOL
-        info = export_onnx_checked(args.model, args.out, tol)
+        folder = None
+        if not args.out.endswith(".onnx"):  # an ONNX Runtime GenAI folder
+            from converters.onnx_genai import MODEL_FILE, finish_folder, prepare_folder
+
+            folder, cfg = prepare_folder(args.model, args.out)
+            info = export_onnx_checked(args.model, str(folder / MODEL_FILE), tol)
+            info.update(finish_folder(args.model, folder, cfg))
+        else:
+            info = export_onnx_checked(args.model, args.out, tol)
         p = info["parity"]
         info["summary"] = [
             f"wrote {info['path']} ({info['bytes'] / 1e6:.2f} MB) in {info['seconds']:.1f} s",
             f"parity vs PyTorch reference: max |Δlogit| prefill {p['prefill_max_abs']:.2e}, decode "
             f"{p['decode_max_abs']:.2e} (tolerance {tol:.0e}); top-1 agreement {p['top1_agree']:.3f}",
         ]
+        if folder is not None:
+            info["summary"].append(f"wrote {info['genai_config']} and {', '.join(info['copied'])}")
         return info
     if args.format == "onnx":
         from converters.onnx_static_build import build_static_onnx
@@ -158,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument(
         "--out",
         required=True,
-        help="output path (draft.onnx, draft.mlpackage, or a directory for mlx)",
+        help="output path (draft.onnx; a directory for an onnx GenAI folder or mlx; draft.mlpackage)",
     )
     ex.add_argument(
         "--quantize", help="onnx: int8|int16 (static only); coreml: int8|int4|palettize4; mlx: 4|8"
@@ -192,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_context is not None and args.max_context < 2:
         raise DuetError(f"--max-context must be at least 2, not {args.max_context}")
 
+    from runtime.preflight import check_checkpoint, writable_file
+
+    check_checkpoint(args.model, "model")  # before torch is imported
+    if args.out.endswith(".onnx") or args.format == "coreml":
+        writable_file(args.out, "--out")
     info = run_export(args)
     summary = info.pop("summary")
     print(json.dumps(info, indent=2, default=str) if args.json else "\n".join(summary))

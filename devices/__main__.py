@@ -260,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
             end="\n" if a.json else "",
         )
     elif a.cmd == "calibrate":
+        from runtime.preflight import writable_file
+
+        writable_file(a.out, "--out")
         res = calibrate(
             a.out,
             model=a.model,

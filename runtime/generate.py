@@ -19,6 +19,7 @@ from runtime.errors import DuetError, cli_main
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
 from runtime.mirror.summary import mirror_summary
 from runtime.mirror.timeline import Timeline
+from runtime.preflight import writable_file
 from runtime.stats import RunStats
 from runtime.tokenizer import Detokenizer
 
@@ -91,9 +92,18 @@ def parse_ids(text: str) -> list[int]:
 
 
 def check_args(a: argparse.Namespace) -> None:
+    """Everything that can be checked before a model loads."""
     check_decoding_args(a)
     if a.trace and a.method != "mirror":
         raise DuetError("--trace records the Mirror-SD timeline; use it with --method mirror")
+    if a.trace:
+        writable_file(a.trace, "--trace")
+    if a.prompt_ids is not None:
+        parse_ids(a.prompt_ids)
+    if a.emulate:
+        from devices.profile import load_profile
+
+        load_profile(a.emulate.strip().partition(":")[0])  # as Emulator.from_spec reads it
     if a.method != "ar" and a.gamma < 1:
         raise DuetError(f"--gamma must be at least 1 for --method {a.method} (got {a.gamma})")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from runtime.backends import backend_for_path, load_model
 from runtime.errors import DuetError
+from runtime.preflight import check_checkpoint, check_pair_files
 from runtime.tokenizer import Tokenizer, check_pair
 
 
@@ -90,6 +91,11 @@ def load_pair(
         tdir, ddir = resolve(target, "target"), resolve(draft, "draft")
     if need_draft and ddir is None:
         raise DuetError("this method needs a draft model: pass --draft PATH")
+    # headers and vocabularies first: a bad file costs a second, not a model load
+    check_checkpoint(tdir, "target")
+    if need_draft:
+        check_checkpoint(ddir, "draft")
+        check_pair_files(tdir, ddir)
     target_backend = target_backend_for(target_backend)
     if target_threads is None:
         # the same count whatever the method, so ar and sd runs are comparable

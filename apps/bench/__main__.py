@@ -210,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     from .specbench import write_answers
 
     a = build_parser().parse_args(argv)
+    if a.out:  # before the run, not after it
+        from runtime.preflight import writable_dir
+
+        writable_dir(a.out, "--out")
     res = bench(a)
     if a.out:
         files = write_answers(a.out, res["records"], res["settings"]["model_id"])

@@ -75,6 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     if args.cmd == "package":
+        from runtime.preflight import check_checkpoint, check_pair_files
+
+        check_checkpoint(args.draft, "draft")  # before the converters import torch
+        if args.target:
+            check_checkpoint(args.target, "target")
+            check_pair_files(args.target, args.draft)
         from apps.companion.package import package_bundle, summary
 
         m = package_bundle(

@@ -22,6 +22,7 @@ from runtime.decoding import Sampling
 from runtime.decoding.mirror import DEFAULT_KAPPA, check_mirror_args
 from runtime.errors import DuetError, cli_main
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
+from runtime.preflight import writable_dir
 
 LIMIT, SWEEP_LIMIT = 8, 2  # prompts: the sweep is 15 runs, keep it to minutes on 2 cores
 
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
     a = build_parser().parse_args(argv)
     check_args(a)
-    out = Path(a.out)
+    out = writable_dir(a.out, "--out")
     if a.sweep:
         res = sweep(a, out)
         if a.json:

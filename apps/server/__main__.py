@@ -1,0 +1,102 @@
+"""`python -m apps.server`: an OpenAI-compatible HTTP server over one target/draft pair.
+
+    python -m apps.server                                  # embedded pair, sd, 127.0.0.1:8080
+    python -m apps.server --target DIR --draft DIR --method sd --port 0 --api-key KEY
+
+Serves /v1/chat/completions (the checkpoint's chat template when it has one),
+/v1/completions and /v1/models, streaming (server-sent events) or not. Its first
+stdout line is `listening on HOST:PORT` (with --port 0, the free port it got).
+The port is bound before the models load, so a port in use fails at once.
+Try it:
+
+    curl -s localhost:8080/v1/completions -H 'Content-Type: application/json' \\
+         -d '{"prompt": "def fib(n):", "max_tokens": 32, "temperature": 0}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+
+from runtime.errors import DuetError, cli_main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from runtime.cli_args import add_pair_args
+    from runtime.decoding import METHODS
+
+    ap = argparse.ArgumentParser(prog="python -m apps.server", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add_pair_args(ap)
+    ap.add_argument("--method", choices=METHODS, default="sd", help="decoding method (default sd)")
+    ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default 4)")
+    ap.add_argument("--kappa", type=int, default=None, help="mirror: channel width")
+    ap.add_argument("--exit-layer", type=int, default=None, help="mirror: early-exit layer")
+    ap.add_argument("--branches", type=int, default=None, help="mirror: branches per draft pass")
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    ap.add_argument("--port", type=int, default=8080, help="port; 0 = any free one (default 8080)")
+    ap.add_argument("--api-key", default=None,
+                    help="require 'Authorization: Bearer KEY' on every request")  # fmt: skip
+    ap.add_argument("--queue", type=int, default=8,
+                    help="requests that may wait while one runs; more get 429 (default 8)")  # fmt: skip
+    ap.add_argument("--model-id", default=None,
+                    help="the id /v1/models reports (default: the target directory's name)")  # fmt: skip
+    return ap
+
+
+def check_args(a: argparse.Namespace) -> None:
+    if not 0 <= a.port <= 65535:
+        raise DuetError(f"--port must be in [0, 65535] (got {a.port})")
+    if a.queue < 0:
+        raise DuetError(f"--queue must be >= 0 (got {a.queue})")
+    if a.method != "ar" and a.gamma < 1:
+        raise DuetError(f"--gamma must be at least 1 for --method {a.method} (got {a.gamma})")
+    if a.api_key is not None and not a.api_key.strip():
+        raise DuetError("--api-key is empty")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port; a DuetError when the address is taken or bad."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise DuetError(f"--host {host}: cannot resolve it ({e.strerror})") from None
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise DuetError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.listen(128)  # connections queue here while the models load
+    return sock
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    check_args(a)
+    sock = bind(a.host, a.port)  # before the heavy imports: a port in use fails in a second
+
+    import uvicorn
+
+    from apps.server.app import Server
+    from apps.server.engine import Engine
+    from runtime.cli_args import load_pair_from_args
+
+    pair = load_pair_from_args(a, need_draft=a.method != "ar")
+    name = a.model_id or (pair.target_dir.name if a.target else "duet-default")
+    engine = Engine(pair, method=a.method, model_id=name, gamma=a.gamma, kappa=a.kappa,
+                    exit_layer=a.exit_layer, branches=a.branches)  # fmt: skip
+    engine.warmup()
+    server = Server(engine, api_key=a.api_key, queue=a.queue)
+    host, port = sock.getsockname()[:2]
+    print(f"listening on {host}:{port}", flush=True)
+    config = uvicorn.Config(server.app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)  # fmt: skip
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
