@@ -104,14 +104,20 @@ def _unrank_colex(r: int, v: int, k: int) -> list[int]:
     return out
 
 
+def _complement(c: np.ndarray, v: int) -> np.ndarray:
+    keep = np.ones(v, bool)
+    keep[c] = False
+    return np.flatnonzero(keep)
+
+
 def rank_subset(ids: Sequence[int] | np.ndarray, v: int) -> int:
     """Rank of a set of distinct ids in [0, v) among all subsets of its size: in [0, C(v, K))."""
-    c = np.unique(np.asarray(ids, dtype=np.int64))
+    c = np.sort(np.asarray(ids, dtype=np.int64))
     k = len(c)
-    if k != len(ids) or (k and (c[0] < 0 or c[-1] >= v)):
-        raise ValueError(f"ids must be {len(ids)} distinct values in [0, {v})")
+    if k and (c[0] < 0 or c[-1] >= v or (np.diff(c) == 0).any()):
+        raise ValueError(f"ids must be {k} distinct values in [0, {v})")
     if 2 * k > v:  # rank the complement: fewer elements, same count
-        c = np.setdiff1d(np.arange(v, dtype=np.int64), c, assume_unique=True)
+        c = _complement(c, v)
     return _rank_colex(c.tolist())
 
 
@@ -120,8 +126,7 @@ def unrank_subset(r: int, v: int, k: int) -> np.ndarray:
     if not (0 <= k <= v) or not (0 <= r < math.comb(v, k)):
         raise ValueError(f"subset rank {r} out of range for C({v}, {k})")
     if 2 * k > v:
-        comp = np.asarray(_unrank_colex(r, v, v - k), dtype=np.int64)
-        return np.setdiff1d(np.arange(v, dtype=np.int64), comp, assume_unique=True)
+        return _complement(np.asarray(_unrank_colex(r, v, v - k), dtype=np.int64), v)
     return np.asarray(_unrank_colex(r, v, k), dtype=np.int64)
 
 

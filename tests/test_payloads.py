@@ -72,6 +72,19 @@ def test_ksqs_bits_match_eq1_per_row():
     assert codec.body_bits(rows, 1000) == 4 * (ksqs_bits(1000, 8, 100) + 3)  # + the token's index
 
 
+def test_csqs_and_cuhlm_bits_match_their_models():
+    from kernels.enumerative import bits_for
+    from kernels.sqs import csqs_bits
+
+    v = 1000
+    codec, rows, _ = round_trip("c-sqs", draft_rows(v, 6, seed=7), ell=100)
+    ks = [len(r.ids) for r in rows]
+    assert len(set(ks)) > 1  # the support really varies
+    assert codec.body_bits(rows, v) == sum(csqs_bits(v, k, 100) + bits_for(k) for k in ks)
+    codec, rows, _ = round_trip("cu-hlm", draft_rows(v, 3, seed=8), k=16)
+    assert codec.body_bits(rows, v) == 3 * (10 + 16 * (8 + 10) + 10)  # k-1, eq. (4) for k, token
+
+
 def test_encode_refuses_invalid_rows():
     q = draft_rows(20, 2, seed=4)
     codec = make_codec("k-sqs", k=4, ell=10)
