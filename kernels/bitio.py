@@ -12,6 +12,8 @@ reader that runs out of bits or meets nonzero padding raises `MalformedPayload`.
 
 from __future__ import annotations
 
+import numpy as np
+
 
 class MalformedPayload(ValueError):
     """A payload that does not decode: truncated, over-long, out of range, or inconsistent."""
@@ -30,6 +32,10 @@ class BitWriter:
             raise ValueError(f"value {value} does not fit in {nbits} bits")
         self._acc = (self._acc << nbits) | value
         self.nbits += nbits
+
+    def write_array(self, values: np.ndarray, nbits: int) -> None:
+        """Append each of `values` (unsigned, < 2**nbits <= 2**32) in nbits bits, in order."""
+        self.write(_pack(np.asarray(values, np.int64), nbits), len(values) * nbits)
 
     def getvalue(self) -> bytes:
         """The bits so far, zero-padded at the end to a whole byte."""
@@ -61,10 +67,39 @@ class BitReader:
         self.remaining -= nbits
         return (self._acc >> self.remaining) & ((1 << nbits) - 1)
 
+    def read_array(self, count: int, nbits: int) -> np.ndarray:
+        """The next `count` fields of `nbits` bits each, as int64."""
+        return _unpack(self.read(count * nbits), count, nbits)
+
     def expect_end(self) -> None:
         """Raise unless every declared bit was consumed."""
         if self.remaining:
             raise MalformedPayload(f"{self.remaining} declared bits left over after the last field")
+
+
+def _pack(values: np.ndarray, nbits: int) -> int:
+    """Fixed-width fields -> one integer, first field most significant (vectorized)."""
+    if values.size == 0 or nbits == 0:
+        if values.size and values.any():
+            raise ValueError("nonzero value in a 0-bit field")
+        return 0
+    if values.min() < 0 or values.max() >> nbits:
+        raise ValueError(f"a value does not fit in {nbits} bits")
+    shifts = np.arange(nbits - 1, -1, -1, dtype=np.int64)
+    bits = ((values[:, None] >> shifts) & 1).astype(np.uint8).ravel()  # MSB first
+    pad = -bits.size % 8
+    return int.from_bytes(np.packbits(bits).tobytes(), "big") >> pad
+
+
+def _unpack(x: int, count: int, nbits: int) -> np.ndarray:
+    """Inverse of _pack."""
+    total = count * nbits
+    if total == 0:
+        return np.zeros(count, np.int64)
+    pad = -total % 8
+    raw = np.frombuffer((x << pad).to_bytes((total + pad) // 8, "big"), np.uint8)
+    bits = np.unpackbits(raw)[:total].reshape(count, nbits).astype(np.int64)
+    return bits @ (np.int64(1) << np.arange(nbits - 1, -1, -1, dtype=np.int64))
 
 
 class BitWriterReference:

@@ -86,10 +86,8 @@ def encode(rows: list[CuRow], tokens: np.ndarray, v: int) -> bytes:
         if reconstruct(ids, lv, v)[tok] <= 0:
             raise ValueError(f"row {n}: token {tok} has no mass in x^: sample the token from x^")
         w.write(len(ids) - 1, bits_for(v - 1))
-        for i in ids:
-            w.write(int(i), bits_for(v))  # b_index = ceil(log2 V) (eq. 4)
-        for x in lv:
-            w.write(int(x), PROB_BITS)  # b_prob = 8
+        w.write_array(ids, bits_for(v))  # b_index = ceil(log2 V) (eq. 4)
+        w.write_array(lv, PROB_BITS)  # b_prob = 8
         w.write(int(tok), bits_for(v))
     return _HEAD.pack(CU_HLM, VERSION, len(rows), v, w.nbits, PROB_BITS) + w.getvalue()
 
@@ -112,8 +110,8 @@ def decode(data: bytes, v: int) -> tuple[np.ndarray, np.ndarray, list[CuRow]]:
         k = r.read(bits_for(v - 1)) + 1
         if k * (bi + PROB_BITS) > r.remaining:  # refuse before reading k fields
             raise MalformedPayload(f"row {n}: k = {k} does not fit in the {r.remaining} bits left")
-        ids = np.array([r.read(bi) for _ in range(k)], np.int64)
-        lv = np.array([r.read(PROB_BITS) for _ in range(k)], np.int64)
+        ids = r.read_array(k, bi)
+        lv = r.read_array(k, PROB_BITS)
         _check_row(ids, lv, v, MalformedPayload, n)
         tok = r.read(bi)
         x_hat = reconstruct(ids, lv, v) if tok < v else None

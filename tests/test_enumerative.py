@@ -38,6 +38,21 @@ def test_bit_writer_reader_match_reference_and_round_trip():
     r.expect_end()
 
 
+def test_array_fields_match_scalar_fields():
+    rng = np.random.default_rng(5)
+    for width in [0, 1, 7, 8, 13, 32]:
+        vals = rng.integers(0, 2**width, 37) if width else np.zeros(37, np.int64)
+        a, b = BitWriter(), BitWriter()
+        a.write(3, 2)
+        b.write(3, 2)
+        a.write_array(vals, width)
+        for x in vals:
+            b.write(int(x), width)
+        assert a.getvalue() == b.getvalue() and a.nbits == b.nbits
+        r = BitReader(a.getvalue(), a.nbits)
+        assert r.read(2) == 3 and r.read_array(37, width).tolist() == vals.tolist()
+
+
 def test_bit_reader_refuses_lies():
     w = BitWriter()
     w.write(5, 3)
