@@ -42,15 +42,19 @@ class KSqs:
         return out
 
     def qhat(self, rows, v: int) -> np.ndarray:
+        """(L, V) float32 q^ of the rows: what the draft samples from and the verifier uses."""
         return payload_sqs.qhat_rows(rows, self.ell, v)
 
     def encode(self, rows, tokens, v: int) -> bytes:
+        """The payload bytes (kernels/payload_sqs.py) of rows and the tokens drawn from their q^."""
         return payload_sqs.encode(rows, tokens, v, self.ell, variable_k=False)
 
     def body_bits(self, rows, v: int) -> int:
+        """The bit model: sum over rows of eq. (1) + the token's index (before padding)."""
         return payload_sqs.body_bits(rows, v, self.ell, variable_k=False)
 
     def header_bytes(self) -> int:
+        """Bytes before the body."""
         return payload_sqs.header_bytes(variable_k=False)
 
 
@@ -77,6 +81,7 @@ class CSqs:
         return out
 
     def qhat(self, rows, v: int) -> np.ndarray:
+        """(L, V) float32 q^ of the rows: what the draft samples from and the verifier uses."""
         return payload_sqs.qhat_rows(rows, self.ell, v)
 
     def encode(self, rows, tokens, v: int) -> bytes:
@@ -94,6 +99,9 @@ class CuHlm:
     """CU-HLM's compressed transmission: top-k with 8-bit probabilities, eq. (15) at the receiver.
 
     k is fixed (the offline k*, eq. 21) unless `ks` is given per call (the online k(t)*, eq. 24).
+    The online rule needs a draft token and its uncertainty before x^ exists: use a
+    provisional d0 ~ x for them, then draw the sent token afresh from `qhat` (not with
+    d0's uniform), so the token's law given x^ is x^ and verification stays exact.
     """
 
     k: int = 32
