@@ -10,6 +10,8 @@ codec (k-sqs, c-sqs, cu-hlm):
     float16 (V values per token);
   - expected acceptance per token, E[sum_x min(p, q^)] with q^ the *decoded*
     distribution the draft sampled from, against raw's E[sum_x min(p, q)];
+  - the batch length L^t that SQS §4's per-batch budget B (--budget bits of eq. 1)
+    allows, averaged over consecutive batches of these rows;
   - C-SQS: the Theorem 2 check (mean dropped mass over kept tokens vs eq. 9), with
     verdicts from rejection sampling on these contexts;
   - CU-HLM: the eq. (7) fit of beta_d on u (a, b, r), Delta, u_th (eq. 12), the skip
@@ -30,7 +32,7 @@ import time
 
 import numpy as np
 
-from kernels import cuhlm, sqs
+from kernels import cuhlm, payload_cuhlm, sqs
 from kernels.payloads import decode, make_codec
 from kernels.sampling import probs_from_logits, sample
 from kernels.verify import verify_sampling
@@ -56,12 +58,31 @@ def contexts(pair, prompts_path: str | None, limit: int, max_len: int):
     return np.concatenate(lt).astype(np.float32), np.concatenate(ld).astype(np.float32)
 
 
-def run_codec(name, params, p, q, gamma, rng):
+def mean_batch_length(row_bits: list[int], budget: int) -> float:
+    """Mean L^t (SQS §4) over consecutive batches, each starting where the last one stopped."""
+    lengths, s = [], 0
+    while s < len(row_bits):
+        n = sqs.batch_length(row_bits[s:], budget)
+        lengths.append(n)
+        s += max(n, 1)  # a row over budget alone is skipped past
+    return float(np.mean(lengths))
+
+
+def eq1_bits(name, rows, v, ell) -> list[int]:
+    """Eq. (1) per row (K-SQS / C-SQS), or CU-HLM's row bits."""
+    if name == "k-sqs":
+        return [sqs.ksqs_bits(v, len(r.ids), ell) for r in rows]
+    if name == "c-sqs":
+        return [sqs.csqs_bits(v, len(r.ids), ell) for r in rows]
+    return [payload_cuhlm.row_bits(v, len(r.ids)) for r in rows]
+
+
+def run_codec(name, params, p, q, gamma, rng, budget=5000):
     """Encode every position in batches of gamma rows; decode; account bits and acceptance."""
     v = q.shape[1]
     codec = make_codec(name, **params)
     wire = model = 0
-    accept = []
+    accept, bits = [], []
     for s in range(0, len(q), gamma):
         rows = codec.quantize(q[s : s + gamma])
         q_hat = codec.qhat(rows, v)
@@ -72,12 +93,13 @@ def run_codec(name, params, p, q, gamma, rng):
         wire += 8 * len(data)
         model += 8 * codec.header_bytes() + codec.body_bits(rows, v)
         accept += np.minimum(p[s : s + gamma], q_dec).sum(-1).tolist()
+        bits += eq1_bits(name, rows, v, params.get("ell", 0))
         if name == "c-sqs":  # Alg. 1 lines 11-13 with the verdict of rejection sampling
             pw = np.concatenate([p[s : s + len(rows)], p[s + len(rows) - 1 : s + len(rows)]])
             a, _ = verify_sampling(pw, q_dec, toks, rng.random(len(rows)), rng.random())
             codec.threshold.verdict(a)
     out = {"bits_per_token": wire / len(q), "model_bits_per_token": model / len(q),
-           "acceptance": float(np.mean(accept))}  # fmt: skip
+           "acceptance": float(np.mean(accept)), "mean_batch_length": mean_batch_length(bits, budget)}  # fmt: skip
     if name == "c-sqs":
         t = codec.threshold
         out["theorem2"] = {"mean_dropped": t.dropped_sum / t.kept, "kept": t.kept,
@@ -123,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-len", type=int, default=256, help="tokens per context (default 256)")
     ap.add_argument("--temps", default="0.2,0.5,0.8,1.0", help="comma-separated temperatures")
     ap.add_argument("--gamma", type=int, default=4, help="rows per payload (default 4)")
+    ap.add_argument("--budget", type=int, default=5000, help="SQS §4 bits per batch B (5000)")
     ap.add_argument("--k", type=int, default=8, help="K-SQS's K (default 8)")
     ap.add_argument("--ell", type=int, default=100, help="lattice resolution (default 100, SQS §4)")
     ap.add_argument("--alpha", type=float, default=5e-4, help="C-SQS alpha (default 5e-4, SQS §4)")
@@ -163,9 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         row = {"raw_acceptance": float(np.minimum(p, q).sum(-1).mean())}
         for name, prm in params.items():
             if name == "cu-hlm" and cu.get("ks"):
-                row[name] = run_cuhlm_online(p, q, cu["ks"], args.gamma, rng)
+                row[name] = run_cuhlm_online(p, q, cu["ks"], args.gamma, rng, args.budget)
             else:
-                row[name] = run_codec(name, prm, p, q, args.gamma, rng)
+                row[name] = run_codec(name, prm, p, q, args.gamma, rng, args.budget)
         cu.pop("ks", None)
         row["cu-hlm-fit"] = cu
         report["temps"][str(temp)] = row
@@ -177,12 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_cuhlm_online(p, q, ks, gamma, rng):
+def run_cuhlm_online(p, q, ks, gamma, rng, budget=5000):
     """CU-HLM rows with the online k(t)* of eq. (24) per position."""
     v = q.shape[1]
     codec = make_codec("cu-hlm")
     wire = model = 0
-    accept = []
+    accept, bits = [], []
     for s in range(0, len(q), gamma):
         rows = codec.quantize(q[s : s + gamma], ks=ks[s : s + gamma])
         q_hat = codec.qhat(rows, v)
@@ -193,22 +216,24 @@ def run_cuhlm_online(p, q, ks, gamma, rng):
         wire += 8 * len(data)
         model += 8 * codec.header_bytes() + codec.body_bits(rows, v)
         accept += np.minimum(p[s : s + gamma], q_dec).sum(-1).tolist()
+        bits += eq1_bits("cu-hlm", rows, v, 0)
     return {"bits_per_token": wire / len(q), "model_bits_per_token": model / len(q),
-            "acceptance": float(np.mean(accept))}  # fmt: skip
+            "acceptance": float(np.mean(accept)), "mean_batch_length": mean_batch_length(bits, budget)}  # fmt: skip
 
 
 def print_table(r) -> None:
     print(f"{r['positions']} positions, V = {r['vocab']}: raw float32 {r['raw_float32_bits']} "
           f"bits/token, float16 {r['raw_float16_bits']}")  # fmt: skip
     print(f"{'temp':>5} {'codec':>7} {'bits/tok':>9} {'model':>9} {'%f32':>6} {'%f16':>6} "
-          f"{'accept':>7} {'raw acc':>7}")  # fmt: skip
+          f"{'accept':>7} {'raw acc':>7} {'L^t':>6}")  # fmt: skip
     for temp, row in r["temps"].items():
         for name in ("k-sqs", "c-sqs", "cu-hlm"):
             c = row[name]
             print(f"{temp:>5} {name:>7} {c['bits_per_token']:9.1f} {c['model_bits_per_token']:9.1f} "
                   f"{100 * c['bits_per_token'] / r['raw_float32_bits']:6.2f} "
                   f"{100 * c['bits_per_token'] / r['raw_float16_bits']:6.2f} "
-                  f"{c['acceptance']:7.3f} {row['raw_acceptance']:7.3f}")  # fmt: skip
+                  f"{c['acceptance']:7.3f} {row['raw_acceptance']:7.3f} "
+                  f"{c['mean_batch_length']:6.1f}")  # fmt: skip
         t2 = row["c-sqs"]["theorem2"]
         f = row["cu-hlm-fit"]
         print(
