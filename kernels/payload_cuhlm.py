@@ -92,7 +92,7 @@ def encode(rows: list[CuRow], tokens: np.ndarray, v: int) -> bytes:
     return _HEAD.pack(CU_HLM, VERSION, len(rows), v, w.nbits, PROB_BITS) + w.getvalue()
 
 
-def decode(data: bytes, v: int) -> tuple[np.ndarray, np.ndarray, list[CuRow]]:
+def decode(data: bytes, v: int, max_rows: int = 128) -> tuple[np.ndarray, np.ndarray, list[CuRow]]:
     """Tokens (L,), x^ rows (L, V) float32 and the coded rows, from a CU-HLM payload."""
     if len(data) < _HEAD.size:
         raise MalformedPayload(f"payload of {len(data)} bytes is shorter than its header")
@@ -103,6 +103,8 @@ def decode(data: bytes, v: int) -> tuple[np.ndarray, np.ndarray, list[CuRow]]:
         )
     if v_sent != v or v < 2:
         raise MalformedPayload(f"payload is for a vocabulary of {v_sent}, this verifier has {v}")
+    if n_rows > max_rows:  # the dense (L, V) output is the verifier's memory: bound it
+        raise MalformedPayload(f"{n_rows} rows exceed this verifier's limit of {max_rows}")
     r = BitReader(data[_HEAD.size :], nbits)
     rows, tokens = [], np.zeros(n_rows, np.int64)
     bi = bits_for(v)

@@ -137,7 +137,7 @@ def _read_rank(r: BitReader, n: int, k: int, what: str) -> tuple[int, int]:
     return r.read(bits_for(count)), count
 
 
-def decode(data: bytes, v: int) -> tuple[np.ndarray, np.ndarray, list[SqsRow]]:
+def decode(data: bytes, v: int, max_rows: int = 128) -> tuple[np.ndarray, np.ndarray, list[SqsRow]]:
     """Tokens (L,), q^ rows (L, V) float32 and the coded rows, from a K-SQS or C-SQS payload."""
     if len(data) < _HEAD.size:
         raise MalformedPayload(f"payload of {len(data)} bytes is shorter than its header")
@@ -146,6 +146,8 @@ def decode(data: bytes, v: int) -> tuple[np.ndarray, np.ndarray, list[SqsRow]]:
         raise MalformedPayload(f"not an SQS payload (codec {codec}, version {version})")
     if v_sent != v:
         raise MalformedPayload(f"payload is for a vocabulary of {v_sent}, this verifier has {v}")
+    if n_rows > max_rows:  # the dense (L, V) output is the verifier's memory: bound it
+        raise MalformedPayload(f"{n_rows} rows exceed this verifier's limit of {max_rows}")
     variable_k = codec == C_SQS
     hs = header_bytes(variable_k)
     if len(data) < hs:

@@ -142,9 +142,13 @@ def make_codec(name: str, **params):
     return CODECS[name](**params)
 
 
-def decode(data: bytes, v: int) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens (L,) and q^ rows (L, V) float32 from any codec's payload (dispatch on its first byte)."""
+def decode(data: bytes, v: int, max_rows: int = 128) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens (L,) and q^ rows (L, V) float32 from any codec's payload (dispatch on its first byte).
+
+    More than `max_rows` rows is refused: q^ is dense, so L x V x 4 bytes is what a
+    payload of a few bytes per row could otherwise make the verifier allocate.
+    """
     if not data or data[0] not in _DECODERS:
         raise MalformedPayload(f"unknown payload codec byte {data[0] if data else None}")
-    tokens, q_hat, _ = _DECODERS[data[0]](bytes(data), v)
+    tokens, q_hat, _ = _DECODERS[data[0]](bytes(data), v, max_rows)
     return tokens, q_hat

@@ -29,7 +29,9 @@ def committed_counts(name, verify_with_q, seed):
     rows = codec.quantize(np.tile(Q, (N, 1)))
     q_hat = codec.qhat(rows, V)
     tokens = sample(q_hat, rng.random(N))  # the draft samples from q^
-    got_tokens, got_q = decode(codec.encode(rows, tokens, V), V)  # what the verifier receives
+    got_tokens, got_q = decode(
+        codec.encode(rows, tokens, V), V, max_rows=N
+    )  # what the verifier receives
     counts = np.zeros(V)
     p2 = np.tile(P.astype(np.float32), (2, 1))
     for tok, qh in zip(got_tokens, got_q, strict=True):

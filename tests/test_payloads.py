@@ -34,7 +34,7 @@ def round_trip(name, q, seed=0, **over):
     tokens = np.array([int(sample(r, rng.random())) for r in q_hat])  # the draft samples from q^
     data = codec.encode(rows, tokens, v)
     assert len(data) == codec.header_bytes() + math.ceil(codec.body_bits(rows, v) / 8)
-    got_tokens, got_q = decode(data, v)
+    got_tokens, got_q = decode(data, v, max_rows=max(1, len(tokens)))
     assert got_tokens.tolist() == tokens.tolist()
     np.testing.assert_array_equal(got_q, q_hat)  # bit-identical: the verifier sees the draft's q^
     return codec, rows, data
@@ -173,6 +173,16 @@ def test_decode_refuses_token_without_mass_and_huge_k():
     )
     with pytest.raises(MalformedPayload, match="cannot fit"):
         decode(fake, big_v)
+
+
+def test_decode_bounds_rows():
+    q = draft_rows(12, 40, seed=9)
+    codec = make_codec("k-sqs", k=1, ell=1)  # the cheapest rows: 4 bits each
+    rows = codec.quantize(q)
+    data = codec.encode(rows, [r.ids[0] for r in rows], 12)
+    assert len(decode(data, 12, max_rows=40)[0]) == 40
+    with pytest.raises(MalformedPayload, match="limit"):
+        decode(data, 12, max_rows=39)
 
 
 def test_cuhlm_decode_refuses_malformed():
