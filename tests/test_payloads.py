@@ -212,3 +212,29 @@ def test_cuhlm_decode_refuses_malformed():
     ]:
         with pytest.raises(MalformedPayload):
             decode(bad, v)
+
+
+@pytest.mark.parametrize("name", list(PARAMS))
+def test_mutated_payloads_decode_or_refuse_cleanly(name):
+    """Bounded fuzz: flipped bits, truncations and splices give MalformedPayload or a valid decode."""
+    v = 40
+    codec = make_codec(name, **PARAMS[name])
+    rows = codec.quantize(draft_rows(v, 4, seed=10))
+    rng = np.random.default_rng(11)
+    toks = [int(sample(r, rng.random())) for r in codec.qhat(rows, v)]
+    data = codec.encode(rows, toks, v)
+    for _ in range(300):
+        bad = bytearray(data)
+        how = rng.integers(0, 3)
+        if how == 0:
+            i = int(rng.integers(0, len(bad)))
+            bad[i] ^= 1 << int(rng.integers(0, 8))
+        elif how == 1:
+            bad = bad[: int(rng.integers(0, len(bad)))]
+        else:
+            bad += bytes(rng.integers(0, 256, int(rng.integers(1, 5))).astype(np.uint8))
+        try:
+            t, qh = decode(bytes(bad), v)
+        except MalformedPayload:
+            continue
+        assert len(t) == len(qh) and all(qh[i, t[i]] > 0 for i in range(len(t)))
