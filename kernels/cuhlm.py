@@ -1,0 +1,240 @@
+"""CU-HLM's edge-side rules: uncertainty, skipping, top-k 8-bit compression, k* selection.
+
+- Uncertainty by temperature perturbation (eq. 8-9): M temperatures
+  theta ~ U[0, theta_max], one token drawn from softmax(z / theta) for each, u =
+  the fraction that differ from the draft token.
+- Opportunistic skipping (eq. 10): transmit iff u > u_th, with u_th = (Delta - b)/a
+  (Theorem 1, eq. 12; risk-averse: -b/a) from the linear fit beta_d = a u + b (eq. 7).
+- Compressed vocabulary: the top-k probabilities as 8 bits each plus their ids;
+  the receiver spreads the residual mass uniformly over the other V - k tokens
+  (eq. 15). Offline k* (eq. 21) from E_t[U_TV(k, t)] (eq. 20) and online k(t)*
+  (eq. 23-24) from the device-side bound.
+
+Departure from the paper, on purpose: the paper samples the draft token from
+x and verifies against x^, which biases the output (its eq. 17). Here the draft
+token is sampled from the reconstructed x^ itself, so verification with x^ is
+exact (SQS §2's quantize-and-sample argument): compression costs acceptance,
+never fidelity. Skipping (eq. 10) still accepts unverified tokens and is lossy.
+
+Plain twins: `uncertainty_reference`, `residual_deviation_reference`,
+`fit_linear_reference`, `quantize_probs_u8_reference`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kernels.sampling import sample
+
+PROB_BITS = 8  # b_prob = 8 (CU-HLM §V-A)
+PROB_LEVELS = (1 << PROB_BITS) - 1  # a probability is v / 255, v in 0..255
+
+
+# --- uncertainty and skipping -------------------------------------------------------------
+
+
+def perturbation_temperatures(rng: np.random.Generator, m: int, theta_max: float) -> np.ndarray:
+    """M temperatures theta^(m) ~ U[0, theta_max] (Alg. 1 line 4)."""
+    return rng.uniform(0.0, theta_max, m)
+
+
+def uncertainty(logits: np.ndarray, draft_token: int, thetas: np.ndarray, u: np.ndarray) -> float:
+    """u(t) = (1/M) sum_m 1(d^(m) != d), d^(m) ~ softmax(z / theta^(m)) by inverse CDF at u[m] (eq. 8-9)."""
+    z = np.asarray(logits, np.float64)
+    th = np.asarray(thetas, np.float64)
+    hot = th > 0
+    d = np.full(len(th), int(np.argmax(z)))  # theta = 0: the argmax (greedy limit of eq. 8)
+    if hot.any():
+        s = z[None, :] / th[hot, None]  # eq. (8): z_v / theta^(m)
+        s -= s.max(-1, keepdims=True)
+        p = np.exp(s)
+        d[hot] = sample((p / p.sum(-1, keepdims=True)).astype(np.float32), np.asarray(u)[hot])
+    return float(np.mean(d != draft_token))  # eq. (9)
+
+
+def uncertainty_reference(logits, draft_token: int, thetas, u) -> float:
+    """Plain twin of uncertainty: one softmax and one draw per temperature."""
+    z = np.asarray(logits, np.float64)
+    differ = 0
+    for th, um in zip(thetas, u, strict=True):
+        if th > 0:
+            p = np.exp(z / th - (z / th).max())
+            dm = int(sample((p / p.sum()).astype(np.float32), um))
+        else:
+            dm = int(np.argmax(z))
+        differ += dm != draft_token
+    return differ / len(thetas)
+
+
+def transmit(u: float, u_th: float) -> bool:
+    """delta(t) of eq. (10): True (send) iff u > u_th; False skips the uplink (lossy)."""
+    return u > u_th
+
+
+def rejection_probability(x_d: float, y_d: float) -> float:
+    """beta_d = (1 - y_d / x_d)^+: the chance the verifier rejects draft token d (below eq. 3)."""
+    return max(0.0, 1.0 - y_d / x_d) if x_d > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class LinearFit:
+    """beta_d ~ a u + b (eq. 7), with Pearson r, MSE and R^2 of the fit."""
+
+    a: float
+    b: float
+    r: float
+    mse: float
+    r2: float
+
+
+def fit_linear(u: np.ndarray, beta: np.ndarray) -> LinearFit:
+    """Least-squares a, b of eq. (7) over observed (u(t), beta_d(t)) pairs."""
+    u, beta = np.asarray(u, np.float64), np.asarray(beta, np.float64)
+    if len(u) < 2 or np.ptp(u) == 0:
+        raise ValueError("need at least two distinct uncertainty values to fit eq. (7)")
+    a, b = np.polyfit(u, beta, 1)  # eq. (7): beta_d(t) = a u(t) + b
+    resid = beta - (a * u + b)
+    mse = float(np.mean(resid**2))
+    var = float(np.var(beta))
+    r = float(np.corrcoef(u, beta)[0, 1]) if var > 0 else 0.0
+    return LinearFit(float(a), float(b), r, mse, 1 - mse / var if var > 0 else 0.0)
+
+
+def fit_linear_reference(u, beta) -> tuple[float, float]:
+    """Plain twin: the closed-form simple regression a = cov(u, beta) / var(u), b = mean - a mean."""
+    n = len(u)
+    mu, mb = sum(u) / n, sum(beta) / n
+    a = sum((x - mu) * (y - mb) for x, y in zip(u, beta, strict=True)) / sum(
+        (x - mu) ** 2 for x in u
+    )
+    return a, mb - a * mu
+
+
+def uncertainty_threshold(a: float, b: float, delta: float) -> float:
+    """u_th = (Delta - b) / a (Theorem 1, eq. 12): risk-prone skipping; Delta = P(y_d < x_d)."""
+    return (delta - b) / a  # eq. (12)
+
+
+def risk_averse_threshold(a: float, b: float) -> float:
+    """-b / a: the lower end of eq. (14), skipping only tokens the fit says are never rejected."""
+    return -b / a
+
+
+def rejection_risk(u: np.ndarray, a: float, b: float, u_th: float) -> float:
+    """Empirical R = E[(a u + b) 1(-b/a < u <= u_th)] (Theorem 1's definition, proof of eq. 13)."""
+    u = np.asarray(u, np.float64)
+    inside = (u > -b / a) & (u <= u_th)
+    return float(np.mean(np.where(inside, a * u + b, 0.0)))
+
+
+# --- compressed vocabulary ----------------------------------------------------------------
+
+
+def quantize_probs_u8(x: np.ndarray) -> np.ndarray:
+    """8-bit levels v (uint8) with v ~ 255 x and sum(v) <= 255, so eq. (15)'s residual is >= 0.
+
+    Round to nearest; if that overshoots 255 in total, lower the entries rounded
+    up the most (Alg. 2's rule, SQS App. A.1), which never drives one below 0.
+    """
+    target = PROB_LEVELS * np.asarray(x, np.float64)
+    v = np.floor(target + 0.5).astype(np.int64)
+    excess = int(v.sum()) - PROB_LEVELS
+    if excess > 0:
+        order = np.argsort(v - target, kind="stable")
+        v[order[len(order) - excess :]] -= 1
+    return v.astype(np.uint8)
+
+
+def quantize_probs_u8_reference(x) -> list[int]:
+    """Plain twin of quantize_probs_u8."""
+    t = [PROB_LEVELS * float(p) for p in x]
+    v = [math.floor(p + 0.5) for p in t]
+    excess = sum(v) - PROB_LEVELS
+    if excess > 0:
+        for i in sorted(range(len(v)), key=lambda i: (v[i] - t[i], i))[len(v) - excess :]:
+            v[i] -= 1
+    return v
+
+
+def topk_ids(x: np.ndarray, k: int) -> np.ndarray:
+    """The k most likely ids, most likely first (ties: lower id)."""
+    x = np.asarray(x)
+    if not 1 <= k < x.size:
+        raise ValueError(
+            f"k must be in [1, V-1] = [1, {x.size - 1}] (eq. 15 needs a residual), got {k}"
+        )
+    part = np.argpartition(-x, k - 1)[:k]
+    return part[np.lexsort((part, -x[part]))]
+
+
+def reconstruct(ids: np.ndarray, levels: np.ndarray, v: int) -> np.ndarray:
+    """x^ of eq. (15) from the sent ids and 8-bit levels: levels / 255 there, the rest uniform. (V,) float32."""
+    k = len(ids)
+    sent = np.asarray(levels, np.float64) / PROB_LEVELS
+    out = np.full(
+        v, (PROB_LEVELS - int(np.sum(levels, dtype=np.int64))) / (PROB_LEVELS * (v - k))
+    )  # eq. (15)
+    out[np.asarray(ids, np.int64)] = sent  # eq. (15): x^_i = x_i for the top k
+    return out.astype(np.float32)
+
+
+def residual_deviation(x: np.ndarray) -> np.ndarray:
+    """N(k) = sum_{i>k} |x_i - x^_i| for k = 1..V-1 (x sorted descending; eq. 20/23's numerator).
+
+    x^ is eq. (15) with the exact top-k values. Returns (V-1,) float64, entry k-1 for k.
+    """
+    xs = np.sort(np.asarray(x, np.float64))[::-1]
+    n = xs.size
+    pre = np.concatenate([[0.0], np.cumsum(xs)])  # pre[j] = x_1 + ... + x_j
+    k = np.arange(1, n)
+    r = (1.0 - pre[k]) / (n - k)  # eq. (15)'s residual level
+    # tail entries >= r sit at sorted positions k+1..k+c (the top k are all >= the tail mean)
+    c = np.clip(n - np.searchsorted(xs[::-1], r, side="left") - k, 0, n - k)
+    above = pre[k + c] - pre[k] - c * r
+    below = (n - k - c) * r - (pre[n] - pre[k + c])
+    return above + below
+
+
+def residual_deviation_reference(x) -> list[float]:
+    """Plain twin of residual_deviation."""
+    xs = sorted((float(p) for p in x), reverse=True)
+    n, out = len(xs), []
+    for k in range(1, n):
+        r = (1.0 - sum(xs[:k])) / (n - k)
+        out.append(sum(abs(p - r) for p in xs[k:]))
+    return out
+
+
+def utv_offline(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """U_TV(k, t) for k = 1..V-1 (eq. 20): N(k) / TV(x, y). Needs the target's y (offline)."""
+    tv = 0.5 * float(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)).sum())
+    return residual_deviation(x) / max(tv, 1e-12)  # eq. (20)
+
+
+def k_offline(xs: np.ndarray, ys: np.ndarray, theta: float) -> int:
+    """k* = min{k : E_t[U_TV(k, t)] <= theta} (eq. 21) over rows x_t, y_t; V-1 if none qualifies."""
+    mean = np.mean([utv_offline(x, y) for x, y in zip(xs, ys, strict=True)], axis=0)  # E_t[U_TV]
+    ok = np.flatnonzero(mean <= theta)  # eq. (21)
+    return int(ok[0]) + 1 if ok.size else len(mean)
+
+
+def softplus(z: float, eta: float) -> float:
+    """l(z) = ln(1 + e^{eta z}) / eta, the smooth ReLU of eq. (22)."""
+    return float(np.logaddexp(0.0, eta * z) / eta)
+
+
+def k_online(
+    x: np.ndarray, x_d: float, u: float, a: float, b: float, theta: float, eta: float = 10.0
+) -> int:
+    """k(t)* = min{k : N(k) / [(1 - x_d) l(-1) + x_d l(-beta_d)] <= theta}, beta_d = a u + b (eq. 23-24).
+
+    Everything is on the device: x, the draft token's x_d and its uncertainty u.
+    Returns V-1 if no k qualifies.
+    """
+    beta_d = min(1.0, max(0.0, a * u + b))  # eq. (7), clipped to a probability
+    denom = (1 - x_d) * softplus(-1.0, eta) + x_d * softplus(-beta_d, eta)  # eq. (23)'s denominator
+    ok = np.flatnonzero(residual_deviation(x) / denom <= theta)  # eq. (24)
+    return int(ok[0]) + 1 if ok.size else len(x) - 1

@@ -1,0 +1,125 @@
+"""Byte payload of CU-HLM's compressed uplink: top-k ids and 8-bit probabilities per token.
+
+Layout, big-endian:
+
+    header  u8 codec (3), u8 version (1), u16 L, u32 V, u32 body bit length, u8 b_prob (8)
+    body    per row, packed MSB first (kernels/bitio.py), zero-padded to a byte:
+            k - 1                  ceil(log2 (V-1)) bits
+            k ids                  ceil(log2 V) bits each   (b_index, CU-HLM eq. 4)
+            k levels               8 bits each              (b_prob = 8)
+            the draft token's id   ceil(log2 V) bits
+
+The receiver rebuilds x^ by eq. (15) (kernels/cuhlm.py `reconstruct`); the draft
+token was sampled from that same x^, so verification is exact. The k(b_prob +
+b_index) part is eq. (4) with |V| replaced by k. `decode` refuses inconsistent
+input (wrong codec or V, lying bit length, k out of range, repeated ids, levels
+summing past 1, a token with no mass) with `MalformedPayload`.
+
+What it is not: the choice of k or of skipping (kernels/cuhlm.py).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from kernels.bitio import BitReader, BitWriter, MalformedPayload
+from kernels.cuhlm import PROB_BITS, PROB_LEVELS, reconstruct
+from kernels.enumerative import bits_for
+
+VERSION = 1
+CU_HLM = 3
+_HEAD = struct.Struct(">BBHIIB")  # codec, version, L, V, body bits, b_prob
+
+
+@dataclass(frozen=True)
+class CuRow:
+    """One compressed row: top-k ids (most likely first) and their 8-bit levels (v / 255)."""
+
+    ids: np.ndarray
+    levels: np.ndarray
+
+
+def row_bits(v: int, k: int) -> int:
+    """Bits of one row: the k field, eq. (4)'s k (b_prob + b_index), and the token id."""
+    return bits_for(v - 1) + k * (PROB_BITS + bits_for(v)) + bits_for(v)  # eq. (4) with k for |V|
+
+
+def body_bits(rows: list[CuRow], v: int) -> int:
+    """The payload body's exact bit length (before byte padding)."""
+    return sum(row_bits(v, len(r.ids)) for r in rows)
+
+
+HEADER_BYTES = _HEAD.size
+
+
+def qhat_rows(rows: list[CuRow], v: int) -> np.ndarray:
+    """(L, V) float32: each row's x^ of eq. (15)."""
+    return (
+        np.stack([reconstruct(r.ids, r.levels, v) for r in rows])
+        if rows
+        else np.zeros((0, v), np.float32)
+    )
+
+
+def _check_row(ids: np.ndarray, levels: np.ndarray, v: int, err: type[ValueError], n: int) -> None:
+    k = len(ids)
+    if not 1 <= k <= v - 1 or len(levels) != k:
+        raise err(f"row {n}: k = {k} outside [1, V-1] or {len(levels)} levels")
+    if ids.min() < 0 or ids.max() >= v or len(np.unique(ids)) != k:
+        raise err(f"row {n}: ids must be {k} distinct values in [0, {v})")
+    if int(np.sum(levels, dtype=np.int64)) > PROB_LEVELS:
+        raise err(f"row {n}: probabilities sum past 1")
+
+
+def encode(rows: list[CuRow], tokens: np.ndarray, v: int) -> bytes:
+    """Bytes for a batch of compressed rows; ValueError on invalid rows or a token without mass."""
+    tokens = np.asarray(tokens, np.int64)
+    if len(tokens) != len(rows) or len(rows) > 0xFFFF or not 2 <= v <= 0xFFFFFFFF:
+        raise ValueError(f"need one token per row, at most 65535 rows and V >= 2 (V = {v})")
+    w = BitWriter()
+    for n, (r, tok) in enumerate(zip(rows, tokens, strict=True)):
+        ids, lv = np.asarray(r.ids, np.int64), np.asarray(r.levels, np.int64)
+        _check_row(ids, lv, v, ValueError, n)
+        if reconstruct(ids, lv, v)[tok] <= 0:
+            raise ValueError(f"row {n}: token {tok} has no mass in x^: sample the token from x^")
+        w.write(len(ids) - 1, bits_for(v - 1))
+        w.write_array(ids, bits_for(v))  # b_index = ceil(log2 V) (eq. 4)
+        w.write_array(lv, PROB_BITS)  # b_prob = 8
+        w.write(int(tok), bits_for(v))
+    return _HEAD.pack(CU_HLM, VERSION, len(rows), v, w.nbits, PROB_BITS) + w.getvalue()
+
+
+def decode(data: bytes, v: int, max_rows: int = 128) -> tuple[np.ndarray, np.ndarray, list[CuRow]]:
+    """Tokens (L,), x^ rows (L, V) float32 and the coded rows, from a CU-HLM payload."""
+    if len(data) < _HEAD.size:
+        raise MalformedPayload(f"payload of {len(data)} bytes is shorter than its header")
+    codec, version, n_rows, v_sent, nbits, pbits = _HEAD.unpack_from(data)
+    if codec != CU_HLM or version != VERSION or pbits != PROB_BITS:
+        raise MalformedPayload(
+            f"not a CU-HLM payload (codec {codec}, version {version}, b_prob {pbits})"
+        )
+    if v_sent != v or v < 2:
+        raise MalformedPayload(f"payload is for a vocabulary of {v_sent}, this verifier has {v}")
+    if n_rows > max_rows:  # the dense (L, V) output is the verifier's memory: bound it
+        raise MalformedPayload(f"{n_rows} rows exceed this verifier's limit of {max_rows}")
+    r = BitReader(data[_HEAD.size :], nbits)
+    rows, tokens = [], np.zeros(n_rows, np.int64)
+    bi = bits_for(v)
+    for n in range(n_rows):
+        k = r.read(bits_for(v - 1)) + 1
+        if k * (bi + PROB_BITS) > r.remaining:  # refuse before reading k fields
+            raise MalformedPayload(f"row {n}: k = {k} does not fit in the {r.remaining} bits left")
+        ids = r.read_array(k, bi)
+        lv = r.read_array(k, PROB_BITS)
+        _check_row(ids, lv, v, MalformedPayload, n)
+        tok = r.read(bi)
+        x_hat = reconstruct(ids, lv, v) if tok < v else None
+        if x_hat is None or x_hat[tok] <= 0:
+            raise MalformedPayload(f"row {n}: the draft token has no mass in x^")
+        rows.append(CuRow(ids, lv.astype(np.uint8)))
+        tokens[n] = tok
+    r.expect_end()
+    return tokens, qhat_rows(rows, v), rows

@@ -1,0 +1,154 @@
+"""The compressed-uplink codecs behind one table: name -> codec, and decode by the payload's first byte.
+
+Every codec has the same shape, so wiring one into a wire format is one entry:
+
+    codec = make_codec("c-sqs", ell=100, alpha=5e-4, eta=1e-3, beta=0.01)
+    rows = codec.quantize(q)                 # (L, V) draft distributions -> coded rows
+    q_hat = codec.qhat(rows, V)              # what the draft samples its tokens from
+    data = codec.encode(rows, tokens, V)     # bytes; len(data) == header + ceil(body_bits / 8)
+    tokens, q_hat = decode(data, V)          # the server side; MalformedPayload on bad input
+
+`quantize` is where a codec's state lives (C-SQS's threshold moves with every
+row; call `codec.threshold.verdict(...)` after the cloud answers). Lossless
+when tokens are drawn from `qhat` and the verifier uses the decoded q^.
+
+What it is not: the frame, the session or the link; those wrap these bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kernels import cuhlm, payload_cuhlm, payload_sqs, sqs
+from kernels.bitio import MalformedPayload
+
+
+@dataclass
+class KSqs:
+    """K-SQS: top-K support (SQS §2), lattice resolution ell (App. A.1)."""
+
+    k: int = 8
+    ell: int = 100
+    name: str = "k-sqs"
+
+    def quantize(self, q: np.ndarray) -> list[payload_sqs.SqsRow]:
+        """One row per draft distribution: top-K ids and their Alg. 2 counts."""
+        out = []
+        for row in np.atleast_2d(q):
+            ids = sqs.topk_support(row, min(self.k, row.size))
+            out.append(payload_sqs.SqsRow(ids, sqs.quantize_on_support(row, ids, self.ell)))
+        return out
+
+    def qhat(self, rows, v: int) -> np.ndarray:
+        """(L, V) float32 q^ of the rows: what the draft samples from and the verifier uses."""
+        return payload_sqs.qhat_rows(rows, self.ell, v)
+
+    def encode(self, rows, tokens, v: int) -> bytes:
+        """The payload bytes (kernels/payload_sqs.py) of rows and the tokens drawn from their q^."""
+        return payload_sqs.encode(rows, tokens, v, self.ell, variable_k=False)
+
+    def body_bits(self, rows, v: int) -> int:
+        """The bit model: sum over rows of eq. (1) + the token's index (before padding)."""
+        return payload_sqs.body_bits(rows, v, self.ell, variable_k=False)
+
+    def header_bytes(self) -> int:
+        """Bytes before the body."""
+        return payload_sqs.header_bytes(variable_k=False)
+
+
+@dataclass
+class CSqs:
+    """C-SQS: support {q >= beta} (eq. 6) with beta moved online (eq. 8, Alg. 1)."""
+
+    ell: int = 100
+    alpha: float = 5e-4  # SQS §4's values
+    eta: float = 1e-3
+    beta: float = 0.01
+    name: str = "c-sqs"
+    threshold: sqs.ConformalThreshold = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.threshold = sqs.ConformalThreshold(self.alpha, self.eta, self.beta)
+
+    def quantize(self, q: np.ndarray) -> list[payload_sqs.SqsRow]:
+        """One row per draft distribution, in drafting order (each moves beta)."""
+        out = []
+        for row in np.atleast_2d(q):
+            ids = self.threshold.support(row)
+            out.append(payload_sqs.SqsRow(ids, sqs.quantize_on_support(row, ids, self.ell)))
+        return out
+
+    def qhat(self, rows, v: int) -> np.ndarray:
+        """(L, V) float32 q^ of the rows: what the draft samples from and the verifier uses."""
+        return payload_sqs.qhat_rows(rows, self.ell, v)
+
+    def encode(self, rows, tokens, v: int) -> bytes:
+        return payload_sqs.encode(rows, tokens, v, self.ell, variable_k=True)
+
+    def body_bits(self, rows, v: int) -> int:
+        return payload_sqs.body_bits(rows, v, self.ell, variable_k=True)
+
+    def header_bytes(self) -> int:
+        return payload_sqs.header_bytes(variable_k=True)
+
+
+@dataclass
+class CuHlm:
+    """CU-HLM's compressed transmission: top-k with 8-bit probabilities, eq. (15) at the receiver.
+
+    k is fixed (the offline k*, eq. 21) unless `ks` is given per call (the online k(t)*, eq. 24).
+    The online rule needs a draft token and its uncertainty before x^ exists: use a
+    provisional d0 ~ x for them, then draw the sent token afresh from `qhat` (not with
+    d0's uniform), so the token's law given x^ is x^ and verification stays exact.
+    """
+
+    k: int = 32
+    name: str = "cu-hlm"
+
+    def quantize(self, q: np.ndarray, ks: list[int] | None = None) -> list[payload_cuhlm.CuRow]:
+        """One row per draft distribution: top-k ids, most likely first, and their 8-bit levels."""
+        q = np.atleast_2d(q)
+        ks = ks or [self.k] * len(q)
+        out = []
+        for row, k in zip(q, ks, strict=True):
+            ids = cuhlm.topk_ids(row, min(k, row.size - 1))
+            out.append(payload_cuhlm.CuRow(ids, cuhlm.quantize_probs_u8(row[ids])))
+        return out
+
+    def qhat(self, rows, v: int) -> np.ndarray:
+        return payload_cuhlm.qhat_rows(rows, v)
+
+    def encode(self, rows, tokens, v: int) -> bytes:
+        return payload_cuhlm.encode(rows, tokens, v)
+
+    def body_bits(self, rows, v: int) -> int:
+        return payload_cuhlm.body_bits(rows, v)
+
+    def header_bytes(self) -> int:
+        return payload_cuhlm.HEADER_BYTES
+
+
+CODECS = {"k-sqs": KSqs, "c-sqs": CSqs, "cu-hlm": CuHlm}
+_DECODERS = {payload_sqs.K_SQS: payload_sqs.decode, payload_sqs.C_SQS: payload_sqs.decode}
+_DECODERS[payload_cuhlm.CU_HLM] = payload_cuhlm.decode
+
+
+def make_codec(name: str, **params):
+    """A codec by name with its parameters; ValueError naming the choices for an unknown name."""
+    if name not in CODECS:
+        raise ValueError(f"unknown codec {name!r}; choose from {', '.join(CODECS)}")
+    return CODECS[name](**params)
+
+
+def decode(data: bytes, v: int, max_rows: int = 128) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens (L,) and q^ rows (L, V) float32 from any codec's payload (dispatch on its first byte).
+
+    More than `max_rows` rows is refused: q^ is dense, so L x V x 4 bytes is what a
+    payload of a few bytes per row could otherwise make the verifier allocate.
+    """
+    if not data or data[0] not in _DECODERS:
+        raise MalformedPayload(f"unknown payload codec byte {data[0] if data else None}")
+    tokens, q_hat, _ = _DECODERS[data[0]](bytes(data), v, max_rows)
+    return tokens, q_hat
