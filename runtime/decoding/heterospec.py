@@ -80,7 +80,7 @@ NEEDS_DRAFT = True
 
 @dataclass
 class Options:
-    top_k: int = 4
+    tree_k: int = 4  # top-K of the tree (--tree-k: --top-k is sampling's)
     top_n: int = 16
     depth: int = 5  # d_base
     bins: str | None = None  # bins JSON (default: the embedded pair's)
@@ -90,7 +90,7 @@ def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=
           draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
     bins = load_bins(options.bins or DEFAULT_BINS)
-    return tree_steps(target, draft, seq, max_new=max_new, top_k=options.top_k,
+    return tree_steps(target, draft, seq, max_new=max_new, top_k=options.tree_k,
                       top_n=options.top_n, depth=options.depth, sampling=sampling,
                       rng=np.random.default_rng(seed), target_cache=target_cache,
-                      draft_cache=draft_cache, shape=make_shape(bins, options.top_k))  # fmt: skip
+                      draft_cache=draft_cache, shape=make_shape(bins, options.tree_k))  # fmt: skip

@@ -30,7 +30,7 @@ Shape = Callable[[TreeDrafter, int, int], tuple[int, dict]]
 
 def check_tree_args(top_k: int, top_n: int, depth: int) -> None:
     """One clear line for a tree shape that cannot work."""
-    for name, v in (("--top-k", top_k), ("--top-n", top_n), ("--depth", depth)):
+    for name, v in (("--tree-k", top_k), ("--top-n", top_n), ("--depth", depth)):
         if v < 1:
             raise DuetError(f"{name} must be at least 1 (got {v})")
 
@@ -110,7 +110,7 @@ NEEDS_DRAFT = True
 
 @dataclass
 class Options:
-    top_k: int = 4  # children per expanded node, and nodes expanded per level
+    tree_k: int = 4  # top-K: children per expanded node, and nodes expanded per level
     top_n: int = 16  # nodes kept after reranking (verified per step)
     depth: int = 5  # tree levels (draft passes per step)
 
@@ -118,7 +118,7 @@ class Options:
 def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
           draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
-    return tree_steps(target, draft, seq, max_new=max_new, top_k=options.top_k,
+    return tree_steps(target, draft, seq, max_new=max_new, top_k=options.tree_k,
                       top_n=options.top_n, depth=options.depth, sampling=sampling,
                       rng=np.random.default_rng(seed), target_cache=target_cache,
                       draft_cache=draft_cache)  # fmt: skip

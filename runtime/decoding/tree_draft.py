@@ -25,9 +25,18 @@ from runtime.decoding.events import pending
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
-    z = np.asarray(logits, dtype=np.float64)
+    z = np.asarray(logits, dtype=np.float32)
     z = z - z.max(-1, keepdims=True)
     return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def top_indices(logp: np.ndarray, k: int) -> np.ndarray:
+    """The k largest entries of each row, largest first (ties: lower index): int (..., k)."""
+    k = min(k, logp.shape[-1])
+    part = np.argpartition(-logp, k - 1, axis=-1)[..., :k]  # O(V), not a full sort
+    part = np.sort(part, axis=-1)  # index order, so the stable sort below breaks ties by index
+    vals = np.take_along_axis(logp, part, -1)
+    return np.take_along_axis(part, np.argsort(-vals, axis=-1, kind="stable"), -1)
 
 
 @dataclass
@@ -50,7 +59,7 @@ class DraftTree:
         self.expanded[node] = logp
         base = 0.0 if node < 0 else self.scores[node]
         depth = 1 if node < 0 else self.depths[node] + 1
-        top = np.argsort(-logp, kind="stable")[:k]
+        top = top_indices(logp, k)
         out = []
         for t in top:
             out.append(len(self.tokens))
