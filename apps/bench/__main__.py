@@ -132,13 +132,18 @@ def make_runners(methods: list[str], pair, a) -> list:
 
 
 def thread_settings(runners: list) -> dict:
-    import mlx.core as mx
     import torch
 
+    try:
+        import mlx.core as mx
+
+        mlx_device = str(mx.default_device())
+    except ImportError:  # a machine without MLX (the torch target does not need it)
+        mlx_device = None
     return {
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "mlx_device": str(mx.default_device()),
+        "mlx_device": mlx_device,
         "runners": {r.name: r.settings() for r in runners},
     }
 

@@ -31,8 +31,9 @@ from runtime.errors import DuetError, cli_main
 
 def collect(pair, prompts: list[list[int]], *, max_new: int, top_k: int, top_n: int,
             depth: int, temp: float) -> tuple[np.ndarray, np.ndarray, list[int]]:  # fmt: skip
-    """(Φ, TCR) of every step that accepted a path, and every step's accepted length."""
-    phis, ranks, accepted = [], [], []
+    """(Φ, TCR, accepted length) of every step that accepted a path, and every step's
+    accepted length."""
+    phis, ranks, lengths, accepted = [], [], [], []
 
     def record(drafter, n, room):
         return n, {"phi": path_entropy(drafter, top_k)}
@@ -48,21 +49,25 @@ def collect(pair, prompts: list[list[int]], *, max_new: int, top_k: int, top_n: 
             if s.get("tcr") is not None:
                 phis.append(s["phi"])
                 ranks.append(s["tcr"])
+                lengths.append(s["accepted"])
             produced += len(ev.tokens)
             if produced >= max_new:
                 break
         steps.close()
-    return np.array(phis), np.array(ranks, dtype=np.float64), accepted
+    return np.array(phis), np.array(ranks, dtype=np.float64), np.array(lengths), accepted
 
 
-def fit_bins(phi: np.ndarray, tcr: np.ndarray, max_depth: int = 3) -> dict:
-    """CART over Φ (eq. 2): sorted split points and each bin's mean TCR and count."""
+def fit_bins(phi: np.ndarray, tcr: np.ndarray, lengths: np.ndarray, max_depth: int = 3) -> dict:
+    """CART over Φ (eq. 2): sorted split points, and per bin the mean TCR, the mean accepted
+    length and the count. A leaf holds at least 5% of the paths, so that no bin is a single
+    outlier (the paper fits on a corpus large enough not to need this)."""
     from sklearn.tree import DecisionTreeRegressor
 
     if len(phi) < 2**max_depth:
         raise DuetError(f"only {len(phi)} accepted paths: too few to fit {2**max_depth} bins; "
                         "use more prompts or --max-tokens")  # fmt: skip
-    cart = DecisionTreeRegressor(max_depth=max_depth, random_state=0)
+    cart = DecisionTreeRegressor(max_depth=max_depth, min_samples_leaf=max(1, len(phi) // 20),
+                                 random_state=0)  # eq. (2): variance-minimizing splits  # fmt: skip
     cart.fit(phi.reshape(-1, 1), tcr)
     t = cart.tree_
     thresholds = sorted(float(x) for x, f in zip(t.threshold, t.feature, strict=True) if f >= 0)
@@ -71,6 +76,10 @@ def fit_bins(phi: np.ndarray, tcr: np.ndarray, max_depth: int = 3) -> dict:
         "thresholds": [round(x, 6) for x in thresholds],
         "bin_mean_tcr": [
             round(float(tcr[b == i].mean()), 3) if (b == i).any() else None
+            for i in range(len(thresholds) + 1)
+        ],  # fmt: skip
+        "bin_mean_accepted": [
+            round(float(lengths[b == i].mean()), 3) if (b == i).any() else None
             for i in range(len(thresholds) + 1)
         ],  # fmt: skip
         "bin_count": [int((b == i).sum()) for i in range(len(thresholds) + 1)],
@@ -110,15 +119,24 @@ def main(argv: list[str] | None = None) -> int:
         raise DuetError(f"no prompts left after --skip {a.skip}")
     ids = [turn_ids(pair.tokenizer, None, r["turns"], []) for r in recs]
     t0 = time.perf_counter()
-    phi, tcr, accepted = collect(pair, ids, max_new=a.max_tokens, top_k=a.tree_k,
+    phi, tcr, lengths, accepted = collect(pair, ids, max_new=a.max_tokens, top_k=a.tree_k,
                                  top_n=a.top_n, depth=a.depth, temp=a.temp)  # fmt: skip
-    bins = fit_bins(phi, tcr)
+    bins = fit_bins(phi, tcr, lengths)
+    # HeteroSpec §3.2's heterogeneity: how concentrated the accepted paths' ranks are
+    bins["tcr_top_quartile_share"] = round(float((tcr <= max(1, a.top_n / 4)).mean()), 3)
     bins.update(top_k=a.tree_k, top_n=a.top_n, depth=a.depth, temp=a.temp,
                 prompts=len(ids), skip=a.skip, max_tokens=a.max_tokens,
                 steps=len(accepted), mean_accepted=round(float(np.mean(accepted)), 3),
                 target=str(pair.target_dir), fit_s=round(time.perf_counter() - t0, 1))  # fmt: skip
     Path(a.out).write_text(json.dumps(bins, indent=1) + "\n")
-    print(json.dumps({k: bins[k] for k in ("thresholds", "bin_mean_tcr", "bin_count")}))
+    keys = (
+        "thresholds",
+        "bin_mean_tcr",
+        "bin_mean_accepted",
+        "bin_count",
+        "tcr_top_quartile_share",
+    )
+    print(json.dumps({k: bins[k] for k in keys}))
     return 0
 
 

@@ -26,7 +26,7 @@ from kernels.entropy import bin_of, meta_path_entropy
 from kernels.tree_mask import path_to
 from runtime.assets import DEFAULT_DIR
 from runtime.decoding.events import StepEvent
-from runtime.decoding.tree import tree_steps
+from runtime.decoding.tree import check_tree_args, tree_steps
 from runtime.decoding.tree_draft import TreeDrafter
 from runtime.errors import DuetError
 
@@ -89,6 +89,7 @@ class Options:
 def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
           draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
+    check_tree_args(options.tree_k, options.top_n, options.depth)
     bins = load_bins(options.bins or DEFAULT_BINS)
     return tree_steps(target, draft, seq, max_new=max_new, top_k=options.tree_k,
                       top_n=options.top_n, depth=options.depth, sampling=sampling,

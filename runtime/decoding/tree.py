@@ -118,6 +118,7 @@ class Options:
 def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
           draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
+    check_tree_args(options.tree_k, options.top_n, options.depth)  # now, not at the first step
     return tree_steps(target, draft, seq, max_new=max_new, top_k=options.tree_k,
                       top_n=options.top_n, depth=options.depth, sampling=sampling,
                       rng=np.random.default_rng(seed), target_cache=target_cache,
