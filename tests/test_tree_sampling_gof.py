@@ -5,11 +5,11 @@ instead of the residual) that must fail."""
 
 import numpy as np
 import pytest
+from test_sampling_gof import ALPHA, PROMPT, SAMPLING, V, exact_joint, gof_pvalue
 
 from runtime.backends import load_model
 from runtime.decoding import make_steps
 from runtime.decoding import tree_pass as tree_pass_module
-from test_sampling_gof import ALPHA, PROMPT, SAMPLING, V, exact_joint, gof_pvalue
 
 N = 300
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -57,16 +58,17 @@ def collect(pair, prompts: list[list[int]], *, max_new: int, top_k: int, top_n: 
     return np.array(phis), np.array(ranks, dtype=np.float64), np.array(lengths), accepted
 
 
-def fit_bins(phi: np.ndarray, tcr: np.ndarray, lengths: np.ndarray, max_depth: int = 3) -> dict:
+def fit_bins(phi: np.ndarray, tcr: np.ndarray, lengths: np.ndarray, max_depth: int = 3,
+             min_leaf: float = 0.05) -> dict:  # fmt: skip
     """CART over Φ (eq. 2): sorted split points, and per bin the mean TCR, the mean accepted
-    length and the count. A leaf holds at least 5% of the paths, so that no bin is a single
-    outlier (the paper fits on a corpus large enough not to need this)."""
+    length and the count. A leaf holds at least `min_leaf` of the paths, so that no bin is a
+    single outlier (the paper fits on a corpus large enough not to need this)."""
     from sklearn.tree import DecisionTreeRegressor
 
     if len(phi) < 2**max_depth:
         raise DuetError(f"only {len(phi)} accepted paths: too few to fit {2**max_depth} bins; "
                         "use more prompts or --max-tokens")  # fmt: skip
-    cart = DecisionTreeRegressor(max_depth=max_depth, min_samples_leaf=max(1, len(phi) // 20),
+    cart = DecisionTreeRegressor(max_depth=max_depth, min_samples_leaf=max(1, int(min_leaf * len(phi))),
                                  random_state=0)  # eq. (2): variance-minimizing splits  # fmt: skip
     cart.fit(phi.reshape(-1, 1), tcr)
     t = cart.tree_
@@ -101,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-n", type=int, default=16, help="tree top-N (default 16)")
     ap.add_argument("--depth", type=int, default=5, help="base tree depth (default 5)")
     ap.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0)")
+    ap.add_argument(
+        "--save-paths", default=None, help="also write the (Φ, TCR, accepted) rows here (JSON)"
+    )
+    ap.add_argument(
+        "--from-paths", default=None, help="refit from rows saved by --save-paths; runs no model"
+    )
+    ap.add_argument("--min-leaf", type=float, default=0.05,
+                    help="smallest bin, as a fraction of the paths (default 0.05)")  # fmt: skip
     return ap
 
 
@@ -111,23 +121,42 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if a.skip < 0 or a.limit < 1 or a.max_tokens < 1:
         raise DuetError("--skip must be >= 0, --limit and --max-tokens >= 1")
-    pair = load_pair_from_args(a, need_draft=True)
-    if pair.tokenizer is None:
-        raise DuetError("bins need a tokenizer to encode the prompts (none found with the target)")
-    recs = load_prompts(a.prompts)[a.skip : a.skip + a.limit]
-    if not recs:
-        raise DuetError(f"no prompts left after --skip {a.skip}")
-    ids = [turn_ids(pair.tokenizer, None, r["turns"], []) for r in recs]
     t0 = time.perf_counter()
-    phi, tcr, lengths, accepted = collect(pair, ids, max_new=a.max_tokens, top_k=a.tree_k,
-                                 top_n=a.top_n, depth=a.depth, temp=a.temp)  # fmt: skip
-    bins = fit_bins(phi, tcr, lengths)
+    if a.from_paths:
+        try:
+            rows = json.loads(Path(a.from_paths).read_text())
+            phi, tcr, lengths = (
+                np.array(rows[k], dtype=np.float64) for k in ("phi", "tcr", "accepted")
+            )
+            accepted, target, n_prompts = rows["steps_accepted"], rows["target"], rows["prompts"]
+        except (OSError, ValueError, KeyError) as e:
+            raise DuetError(
+                f"--from-paths {a.from_paths}: not a file from --save-paths ({e})"
+            ) from None
+    else:
+        pair = load_pair_from_args(a, need_draft=True)
+        if pair.tokenizer is None:
+            raise DuetError(
+                "bins need a tokenizer to encode the prompts (none found with the target)"
+            )
+        recs = load_prompts(a.prompts)[a.skip : a.skip + a.limit]
+        if not recs:
+            raise DuetError(f"no prompts left after --skip {a.skip}")
+        ids = [turn_ids(pair.tokenizer, None, r["turns"], []) for r in recs]
+        phi, tcr, lengths, accepted = collect(pair, ids, max_new=a.max_tokens, top_k=a.tree_k,
+                                              top_n=a.top_n, depth=a.depth, temp=a.temp)  # fmt: skip
+        target, n_prompts = os.path.relpath(pair.target_dir), len(ids)
+        if a.save_paths:
+            Path(a.save_paths).write_text(json.dumps({
+                "phi": phi.tolist(), "tcr": tcr.tolist(), "accepted": lengths.tolist(),
+                "steps_accepted": accepted, "target": target, "prompts": n_prompts}))  # fmt: skip
+    bins = fit_bins(phi, tcr, lengths, min_leaf=a.min_leaf)
     # HeteroSpec §3.2's heterogeneity: how concentrated the accepted paths' ranks are
     bins["tcr_top_quartile_share"] = round(float((tcr <= max(1, a.top_n / 4)).mean()), 3)
     bins.update(top_k=a.tree_k, top_n=a.top_n, depth=a.depth, temp=a.temp,
-                prompts=len(ids), skip=a.skip, max_tokens=a.max_tokens,
+                prompts=n_prompts, skip=a.skip, max_tokens=a.max_tokens,
                 steps=len(accepted), mean_accepted=round(float(np.mean(accepted)), 3),
-                target=str(pair.target_dir), fit_s=round(time.perf_counter() - t0, 1))  # fmt: skip
+                target=target, min_leaf=a.min_leaf, fit_s=round(time.perf_counter() - t0, 1))  # fmt: skip
     Path(a.out).write_text(json.dumps(bins, indent=1) + "\n")
     keys = (
         "thresholds",
