@@ -52,9 +52,11 @@ def test_fast_sampling_equals_reference():
             used = {tokens[j] for j in range(i) if parents[j] == parents[i]}
             tokens[i] = rng.choice([t for t in range(V) if t not in used])
         p = probs_from_logits(rng.normal(size=(n + 1, V)) * 2, temp=1.0, top_p=0.9)
+        q = probs_from_logits(rng.normal(size=(n + 1, V)) * 2, temp=1.0)
         u, uf = rng.random(n), rng.random()
-        ref = verify_tree_sampling_ref(p, tokens, parents, u, uf)
-        assert verify_tree_sampling(p, tokens, parents, u, uf) == ref, trial
+        for qq in (None, q):
+            ref = verify_tree_sampling_ref(p, tokens, parents, u, uf, qq)
+            assert verify_tree_sampling(p, tokens, parents, u, uf, qq) == ref, trial
 
 
 def test_entropy_phi():
@@ -112,6 +114,31 @@ def test_tree_sampling_commits_the_target_law():
     for verify in (verify_tree_sampling, verify_tree_sampling_ref):
         p = pvalue(*sample_joint(verify))
         assert p > ALPHA, f"{verify.__name__}: law differs from the target's (p = {p:.2e})"
+
+
+def test_sampled_siblings_commit_the_target_law():
+    """Siblings drawn from q without replacement, verified with the q-residual rule."""
+    p1, p2, _, _, _ = synthetic()
+    q1 = probs_from_logits(np.log(p1 + 1e-9) * 0.5)  # a flatter draft
+    rng = np.random.default_rng(3)
+    counts = np.zeros((V, V))
+    for _ in range(N_SAMPLES):
+        rest, toks = q1.astype(np.float64), []
+        for _ in range(3):  # three siblings without replacement
+            t = int(np.searchsorted(np.cumsum(rest), rng.random() * rest.sum(), side="right"))
+            toks.append(t)
+            rest = rest.copy()
+            rest[t] = 0
+        tokens, parents = np.array(toks), np.array([-1, -1, -1])
+        rows = np.stack([p1] + [p2[t] for t in toks])
+        qs = np.stack([q1] + [np.zeros(V)] * 3)
+        path, c = verify_tree_sampling(rows, tokens, parents, rng.random(3), rng.random(), qs)
+        out = [int(tokens[i]) for i in path] + [c]
+        if len(out) == 1:
+            out.append(int(np.searchsorted(np.cumsum(p2[out[0]]), rng.random() * p2[out[0]].sum())))
+        counts[out[0], out[1]] += 1
+    p = pvalue(counts, p1[:, None] * p2)
+    assert p > ALPHA, f"sampled siblings: law differs from the target's (p = {p:.2e})"
 
 
 def test_negative_control_without_residual_fails():

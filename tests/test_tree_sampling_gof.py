@@ -1,7 +1,8 @@
 """At temperature > 0, `tree`'s output law is the target's: the chi-square test of
 tests/test_sampling_gof.py on the first two generated tokens, end to end through drafting,
 the tree pass and the commit, with a negative control (siblings tried against the full p
-instead of the residual) that must fail."""
+instead of the residual) that must fail. Depth 2: the root's siblings are drawn from q
+without replacement and the best of them is expanded."""
 
 import numpy as np
 import pytest
@@ -27,7 +28,7 @@ def sample_pairs(target, draft, n, seed) -> np.ndarray:
     tc, dc = target.new_cache(), draft.new_cache()
     for i in range(n):
         out = []
-        steps = make_steps("tree", target, draft, PROMPT, max_new=2, tree_k=3, top_n=3, depth=1,
+        steps = make_steps("tree", target, draft, PROMPT, max_new=3, tree_k=3, top_n=4, depth=2,
                            sampling=SAMPLING, seed=seed * 100003 + i, target_cache=tc,
                            draft_cache=dc)  # fmt: skip
         for ev in steps:
@@ -47,14 +48,14 @@ def test_tree_matches_target_distribution(pair):
 def test_negative_control_no_residual_fails(pair, monkeypatch):
     target, draft = pair
 
-    def no_residual(p, tokens, parents, u, uf):  # every sibling against the full p
+    def no_residual(p, tokens, parents, u, uf, q):  # every sibling against the full p and q
         from kernels.sampling import sample
         from kernels.tree_mask import children_lists
 
         kids, node, path = children_lists(parents), -1, []
         while True:
-            row = p[node + 1]
-            nxt = next((k for k in kids[node + 1] if u[k] < row[tokens[k]]), None)
+            row, qr = p[node + 1], (None if q is None else q[node + 1])
+            nxt = next((k for k in kids[node + 1] if u[k] * qr[tokens[k]] < row[tokens[k]]), None)
             if nxt is None:
                 return path, int(sample(row, uf))
             path.append(nxt)

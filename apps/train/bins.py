@@ -36,7 +36,7 @@ def collect(pair, prompts: list[list[int]], *, max_new: int, top_k: int, top_n: 
     accepted length."""
     phis, ranks, lengths, accepted = [], [], [], []
 
-    def record(drafter, n, room):
+    def record(drafter, n, room, budget):
         return n, {"phi": path_entropy(drafter, top_k)}
 
     for i, ids in enumerate(prompts):

@@ -63,13 +63,16 @@ def make_shape(bins: dict, top_k: int):
     thresholds = bins["thresholds"]
     k_phi = int(bins.get("top_k", top_k))
 
-    def shape(drafter: TreeDrafter, n: int, room: int) -> tuple[int, dict]:
+    def shape(drafter: TreeDrafter, n: int, room: int, budget: int) -> tuple[int, dict]:
         phi = path_entropy(drafter, k_phi)
         b = bin_of(phi, thresholds)  # eq. (2)'s leaf
         if b < ALPHA:
             extra = ALPHA - b  # Δ(B_i) = α - i
-            drafter.grow(min(extra, room - drafter.depth))  # d' = d_base + Δ(B_i)
-            n = int(round(GAMMAS[b] * n)) + extra  # N' = γ_i·N + Δ(B_i)
+            levels = min(extra, room - drafter.depth)
+            if drafter.sampled:  # nothing is pruned later: stay within the node budget
+                levels = min(levels, (budget - len(drafter.tree)) // drafter.level_size())
+            drafter.grow(levels)  # d' = d_base + Δ(B_i)
+            n = int(round(GAMMAS[b] * n)) + extra  # N' = γ_i·N + Δ(B_i) (greedy only)
         return max(1, n), {"bin": b, "phi": round(phi, 4)}
 
     return shape

@@ -23,9 +23,10 @@ from runtime.decoding.tree_draft import TreeDrafter
 from runtime.decoding.tree_pass import verify_tree
 from runtime.errors import DuetError
 
-# shape(drafter, n, room) -> (n', info): may grow the drafter further (at most `room` levels
-# deep in all) and returns the number of nodes to keep and per-step facts to report
-Shape = Callable[[TreeDrafter, int, int], tuple[int, dict]]
+# shape(drafter, n, room, budget) -> (n', info): may grow the drafter further (at most `room`
+# levels deep, and when sampling at most `budget` nodes, in all) and returns the number of
+# nodes to keep (ignored when sampling: no pruning by value) and per-step facts to report
+Shape = Callable[[TreeDrafter, int, int, int], tuple[int, dict]]
 
 
 def check_tree_args(top_k: int, top_n: int, depth: int) -> None:
@@ -42,6 +43,15 @@ def terminal_rank(tree, path: list[int]) -> int | None:
         return None
     s = tree.scores[path[-1]]
     return 1 + sum(1 for x in tree.scores if x > s)
+
+
+def sibling_laws(tree, vocab: int) -> np.ndarray:
+    """(N + 1, V): row 1 + i the draft law node i's children were drawn from (row 0: the
+    root's); zeros for a node without children."""
+    q = np.zeros((len(tree) + 1, vocab), np.float32)
+    for node, law in tree.q.items():
+        q[node + 1] = law
+    return q
 
 
 def tree_steps(
@@ -74,18 +84,28 @@ def tree_steps(
             t0 = time.perf_counter()
             info: dict = {}
             tokens, parents, tree = [], [], None
+            q = None
             if room > 0:
                 rewind(dc, len(seq))
-                drafter = TreeDrafter(draft, dc, seq, top_k)
-                drafter.grow(min(depth, room) - 1)
+                budget = min(top_n, ctx - len(seq))  # nodes; the verification window must fit
+                drafter = TreeDrafter(draft, dc, seq, top_k, sampling, rng,
+                                      root_children=min(top_k, budget))  # fmt: skip
+                levels = min(depth, room) - 1
+                if drafter.sampled:  # no pruning afterwards: stop growing within the budget
+                    levels = min(levels, (budget - len(drafter.tree)) // drafter.level_size())
+                drafter.grow(levels)
                 n = top_n
                 if shape is not None:
-                    n, info = shape(drafter, n, room)
-                tree = drafter.tree.prune(min(n, ctx - len(seq)))  # the window must fit
+                    n, info = shape(drafter, n, room, budget)
+                tree = drafter.tree
+                if not drafter.sampled:
+                    tree = tree.prune(min(n, budget))  # EAGLE-2 reranking
+                else:
+                    q = sibling_laws(tree, draft.config.vocab_size)
                 tokens, parents = tree.tokens, tree.parents
                 info["draft_calls"] = drafter.calls
             t1 = time.perf_counter()
-            path, c = verify_tree(target, tc, seq, tokens, parents, sampling, rng)
+            path, c = verify_tree(target, tc, seq, tokens, parents, sampling, rng, q)
             t2 = time.perf_counter()
             committed = [tokens[i] for i in path] + [c]
             seq += committed

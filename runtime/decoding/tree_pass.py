@@ -35,16 +35,17 @@ def commit(cache, seq_len: int, path: list[int]) -> None:
 
 
 def verify_tree(
-    target, cache, seq: list[int], tokens, parents, sampling: Sampling, rng
+    target, cache, seq: list[int], tokens, parents, sampling: Sampling, rng, q=None
 ) -> tuple[list[int], int]:
     """Verify a tree against the target: returns (accepted node indices, c) and leaves the
-    cache holding seq + the accepted nodes' tokens (c is pending)."""
+    cache holding seq + the accepted nodes' tokens (c is pending). q (N + 1, V): the laws
+    siblings were drawn from, or None for deterministic (top-K) siblings."""
     logits = tree_logits(target, cache, seq, tokens, parents)
     toks, par = np.asarray(tokens, np.int64), np.asarray(parents, np.int64)
     if sampling.greedy:
         path, c = verify_tree_greedy(logits, toks, par)
     else:
         u = rng.random(len(toks))
-        path, c = verify_tree_sampling(sampling.probs(logits), toks, par, u, rng.random())
+        path, c = verify_tree_sampling(sampling.probs(logits), toks, par, u, rng.random(), q)
     commit(cache, len(seq), path)
     return path, c
