@@ -29,8 +29,12 @@ def test_refit_from_saved_paths(tmp_path, capsys):
             "steps_accepted": [1] * 500, "target": "t", "prompts": 3}  # fmt: skip
     (tmp_path / "paths.json").write_text(json.dumps(rows))
     out = tmp_path / "bins.json"
-    assert main(["--out", str(out), "--from-paths", str(tmp_path / "paths.json")]) == 0
+    plot = tmp_path / "fidelity.svg"
+    args = ["--out", str(out), "--from-paths", str(tmp_path / "paths.json"), "--plot", str(plot)]
+    assert main(args + ["--min-leaf", "0.01"]) == 0
     assert len(load_bins(out)["thresholds"]) == 7
+    svg = plot.read_text()
+    assert svg.startswith("<svg") and svg.count("<rect") == 16 + 8  # top-N ranks + 8 bins
     assert main(["--out", str(out), "--from-paths", str(out)]) == 2  # a bins file, not paths
     assert "not a file from --save-paths" in capsys.readouterr().err
 

@@ -109,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--from-paths", default=None, help="refit from rows saved by --save-paths; runs no model"
     )
+    ap.add_argument("--plot", default=None, help="also write the fidelity chart (SVG) here")
     ap.add_argument("--min-leaf", type=float, default=0.05,
                     help="smallest bin, as a fraction of the paths (default 0.05)")  # fmt: skip
     return ap
@@ -158,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
                 steps=len(accepted), mean_accepted=round(float(np.mean(accepted)), 3),
                 target=target, min_leaf=a.min_leaf, fit_s=round(time.perf_counter() - t0, 1))  # fmt: skip
     Path(a.out).write_text(json.dumps(bins, indent=1) + "\n")
+    if a.plot:
+        from .bins_plot import fidelity_svg
+
+        Path(a.plot).write_text(fidelity_svg(tcr, lengths, phi, bins))
     keys = (
         "thresholds",
         "bin_mean_tcr",
