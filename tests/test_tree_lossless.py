@@ -14,7 +14,7 @@ from runtime.decoding import Sampling, make_steps, run
 from runtime.errors import DuetError
 
 PROMPT = [11, 42, 7, 99, 5, 250]
-N = 30
+N = 20
 TOL = 2e-4
 
 
