@@ -6,7 +6,9 @@ deepest expanded node whose draft distribution has the highest top-1 probability
 looked up in the fitted bins (eq. 2's 8 CART leaves, ordered by Φ). In a low-entropy bin
 B_i (i < α) the tree grows α - i more levels (dynamic extended drafting, d' = d_base +
 α - i) and keeps N' = γ_i·N + (α - i) nodes (top-N pruning); other bins keep the base tree.
-Verification is `tree`'s, so the method is lossless whatever the bins say.
+When sampling, the tree is never pruned by value (see runtime/decoding/tree_draft.py), so
+only the extension applies, within the node budget. Verification is `tree`'s, so the
+method is lossless whatever the bins say.
 
 Bins come from `python -m apps.train bins` (a JSON file); the embedded pair ships its own
 (runtime/assets/default/bins.json), which is also the default for other pairs, whose Φ
