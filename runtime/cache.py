@@ -67,6 +67,13 @@ class ConcatKVCache:
         self._kv = [(k[rows], v[rows]) for k, v in (self.get(i) for i in range(len(self._kv)))]
         self._batch = len(rows)
 
+    def compact(self, base: int, cols: Sequence[int]) -> None:
+        """Keep positions [0, base) and move positions `cols` (each >= base, increasing) right
+        after them: commits the accepted nodes of a verified tree. A gather, like the
+        concatenation every forward already does here (inference tensors refuse in-place
+        writes outside inference mode)."""
+        self.keep_columns(list(range(base)) + list(cols))
+
     def keep_columns(self, cols: Sequence[int]) -> None:
         """Keep only these sequence positions (in this order): closes the holes a masked branch
         batch leaves, once one branch row is committed."""

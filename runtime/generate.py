@@ -66,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="mirror: target layer ℓe whose hidden state gives the early exit (default N/2)",
     )
+    ap.add_argument("--tree-k", type=int, default=None,
+                    help="tree, heterospec: top-K children per node and nodes expanded per level (default 4)")  # fmt: skip
+    ap.add_argument("--top-n", type=int, default=None,
+                    help="tree, heterospec: nodes kept after reranking, verified per step (default 16)")  # fmt: skip
+    ap.add_argument("--depth", type=int, default=None,
+                    help="tree, heterospec: tree levels (heterospec: the base depth d_base) (default 5)")  # fmt: skip
+    ap.add_argument("--bins", default=None,
+                    help="heterospec: entropy bins from `python -m apps.train bins` (default: the embedded pair's)")  # fmt: skip
     ap.add_argument(
         "--trace",
         metavar="FILE",
@@ -155,6 +163,10 @@ def generate(a: argparse.Namespace) -> dict:
         exit_layer=a.exit_layer,
         timeline=timeline,
         branches=a.branches,
+        tree_k=a.tree_k,
+        top_n=a.top_n,
+        depth=a.depth,
+        bins=a.bins,
     )
     stats = RunStats(prefill_tokens=len(ids))
     out: list[int] = []

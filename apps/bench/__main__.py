@@ -49,6 +49,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--branches", type=int, default=None, help="mirror: branches per batched draft pass"
     )
+    ap.add_argument("--tree-k", type=int, default=None, help="tree, heterospec: top-K (default 4)")
+    ap.add_argument(
+        "--top-n", type=int, default=None, help="tree, heterospec: nodes verified (default 16)"
+    )
+    ap.add_argument(
+        "--depth", type=int, default=None, help="tree, heterospec: (base) depth (default 5)"
+    )
+    ap.add_argument(
+        "--bins", default=None, help="heterospec: bins JSON (default: the embedded pair's)"
+    )
     ap.add_argument("--temps", default="0,1", help="comma-separated temperatures (default 0,1)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0 = off)")
     ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per turn (default 128)")
@@ -112,19 +122,28 @@ def make_runners(methods: list[str], pair, a) -> list:
                     kappa=a.kappa,
                     exit_layer=a.exit_layer,
                     branches=a.branches,
+                    tree_k=a.tree_k,
+                    top_n=a.top_n,
+                    depth=a.depth,
+                    bins=a.bins,
                 )
             )
     return runners
 
 
 def thread_settings(runners: list) -> dict:
-    import mlx.core as mx
     import torch
 
+    try:
+        import mlx.core as mx
+
+        mlx_device = str(mx.default_device())
+    except ImportError:  # a machine without MLX (the torch target does not need it)
+        mlx_device = None
     return {
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "mlx_device": str(mx.default_device()),
+        "mlx_device": mlx_device,
         "runners": {r.name: r.settings() for r in runners},
     }
 

@@ -50,4 +50,5 @@ class DuetRunner:
         for toks, _ in stream(steps, max_new=max_new, eos_ids=self.eos, stats=stats):
             out += toks
         return TurnResult(out, time.perf_counter() - t0, list(stats.accept_lengths),
-                          stage_s={"draft": stats.draft_s, "verify": stats.verify_s})  # fmt: skip
+                          stage_s={"draft": stats.draft_s, "verify": stats.verify_s},
+                          verified_tokens=sum(stats.drafted) + len(stats.drafted))  # fmt: skip

@@ -41,13 +41,26 @@ def summarize(records: list[dict], methods: list[str], temps: list[float]) -> li
                     "speedup": round(tps / base, 3) if base else None,
                     "matches_ar": f"{sum(matches)}/{len(matches)}" if matches else None,
                 }
+                | calls_and_tokens(rs)
                 | draft_share(rs)
             )
         sd = next((r for r in rows if r["method"] == "sd" and r["temp"] == t), None)
+        tree = next((r for r in rows if r["method"] == "tree" and r["temp"] == t), None)
         for r in rows:
-            if r["temp"] == t and r["method"] == "mirror" and sd and sd["tokens_per_s"]:
+            if r["temp"] == t and r["method"] in ("mirror", "tree") and sd and sd["tokens_per_s"]:
                 r["vs_sd"] = round(r["tokens_per_s"] / sd["tokens_per_s"], 3)
+            if r["temp"] == t and r["method"] == "heterospec" and tree and tree["tokens_per_s"]:
+                r["vs_tree"] = round(r["tokens_per_s"] / tree["tokens_per_s"], 3)
     return rows
+
+
+def calls_and_tokens(rs: list[dict]) -> dict:
+    """HeteroSpec's device-independent costs over the prompts: target calls (Calls: one per
+    decoding step) and the tokens those calls verified (Tokens), when the method reports them."""
+    if any(r.get("decoding_steps") is None or r.get("verified_tokens") is None for r in rs):
+        return {}
+    return {"calls": sum(sum(r["decoding_steps"]) for r in rs),
+            "verified_tokens": sum(r["verified_tokens"] for r in rs)}  # fmt: skip
 
 
 def draft_share(rs: list[dict]) -> dict:
@@ -89,7 +102,7 @@ def mismatches(records: list[dict]) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    head = ["method", "temp", "tok/s", "mean acc", "speedup", "= ar (greedy)"]
+    head = ["method", "temp", "tok/s", "mean acc", "speedup", "Calls", "Tokens", "= ar (greedy)"]
     body = [
         [
             r["method"],
@@ -97,6 +110,8 @@ def table(rows: list[dict]) -> str:
             f"{r['tokens_per_s']:.1f}",
             "n/a" if r["mean_accepted"] is None else f"{r['mean_accepted']:.2f}",
             "n/a" if r["speedup"] is None else f"{r['speedup']:.2f}x",
+            r.get("calls", ""),
+            r.get("verified_tokens", ""),
             r["matches_ar"] or "",
         ]
         for r in rows
@@ -110,5 +125,8 @@ def table(rows: list[dict]) -> str:
                 if m["method"] == "mirror" and m["temp"] == r["temp"] and "vs_sd" in m), "")
         for r in rows
         if "draft_share" in r
+    ] + [f"temp {r['temp']:g}: {r['method']} is {r['vs_sd']:.2f}x sd" for r in rows
+         if r["method"] == "tree" and "vs_sd" in r] + [
+        f"temp {r['temp']:g}: heterospec is {r['vs_tree']:.2f}x tree" for r in rows if "vs_tree" in r
     ]  # fmt: skip
     return "\n".join([line(head), line(["-" * n for n in w])] + [line(b) for b in body] + notes)

@@ -18,3 +18,4 @@ class TurnResult:
     accept_lengths: list[int] | None  # committed tokens per target pass; None if unobservable
     note: str | None = None  # why accept_lengths is None, or anything else a reader must know
     stage_s: dict | None = None  # Duet's methods: seconds in drafting and in verification
+    verified_tokens: int | None = None  # Duet's methods: tokens the target's passes verified

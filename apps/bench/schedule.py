@@ -26,6 +26,7 @@ def run_prompt(runner, rec: dict, tok, template, *, temp, top_p, max_new, seed, 
     eos = set(getattr(runner, "eos", ()))
     answers, tokens, walls, lengths, steps, notes = [], [], [], [], [], set()
     stages: dict | None = {}
+    verified: int | None = 0
     for _ in rec["turns"]:
         ids, n = _fit(turn_ids(tok, template, rec["turns"], answers), max_new, context)
         r = runner.generate(ids, n, temp, top_p, seed)
@@ -35,6 +36,9 @@ def run_prompt(runner, rec: dict, tok, template, *, temp, top_p, max_new, seed, 
             stages = None
         else:
             stages = {k: stages.get(k, 0.0) + v for k, v in r.stage_s.items()}
+        verified = (
+            None if verified is None or r.verified_tokens is None else verified + r.verified_tokens
+        )
         if r.accept_lengths is None or lengths is None:
             lengths = None
             notes.add(r.note or "accepted length not observable")
@@ -55,6 +59,7 @@ def run_prompt(runner, rec: dict, tok, template, *, temp, top_p, max_new, seed, 
         "accept_lengths": lengths,
         "note": "; ".join(sorted(notes)) or None,
         "stage_s": stages,
+        "verified_tokens": verified,
         "matches_ar": None,
     }
 

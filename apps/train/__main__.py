@@ -219,6 +219,10 @@ def args_from(ns: argparse.Namespace, argv: list[str]) -> TrainArgs:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bins"]:  # `python -m apps.train bins ...`: HeteroSpec's entropy bins
+        from .bins import main as bins_main
+
+        return bins_main(argv[1:])
     args = args_from(build_parser().parse_args(argv), argv)
     report = train_pair(args)
     brief = {

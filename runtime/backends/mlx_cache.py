@@ -80,6 +80,17 @@ class MLXKVCache:
                 c.keys, c.values = c.keys[idx], c.values[idx]
         self._batch = len(rows)
 
+    def compact(self, base: int, cols: Sequence[int]) -> None:
+        """Keep positions [0, base) and move positions `cols` (each >= base, increasing) right
+        after them, in place (see ConcatKVCache.compact)."""
+        cols = list(cols)
+        for c in self.layers:
+            if c.keys is not None and cols:
+                idx = mx.array(cols, dtype=mx.int32)
+                c.keys[:, :, base : base + len(cols)] = c.keys[:, :, idx]
+                c.values[:, :, base : base + len(cols)] = c.values[:, :, idx]
+            c.offset = base + len(cols)
+
     def keep_columns(self, cols: Sequence[int]) -> None:
         """Keep only these sequence positions (in this order); see ConcatKVCache.keep_columns."""
         cols = list(cols)

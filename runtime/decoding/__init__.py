@@ -21,6 +21,8 @@ METHOD_MODULES: dict[str, str] = {
     "ar": "runtime.decoding.ar",
     "sd": "runtime.decoding.sd",
     "mirror": "runtime.decoding.mirror",
+    "tree": "runtime.decoding.tree",
+    "heterospec": "runtime.decoding.heterospec",
 }
 METHODS = tuple(METHOD_MODULES)
 

@@ -1,0 +1,102 @@
+"""`heterospec`: the tree method with HeteroSpec's entropy bins setting depth and width per
+step (HeteroSpec §4).
+
+After the base tree (`depth` levels), Φ (eq. 1) of the most confident path P* (the
+deepest expanded node whose draft distribution has the highest top-1 probability) is
+looked up in the fitted bins (eq. 2's 8 CART leaves, ordered by Φ). In a low-entropy bin
+B_i (i < α) the tree grows α - i more levels (dynamic extended drafting, d' = d_base +
+α - i) and keeps N' = γ_i·N + (α - i) nodes (top-N pruning); other bins keep the base tree.
+When sampling, the tree is never pruned by value (see runtime/decoding/tree_draft.py), so
+only the extension applies, within the node budget. Verification is `tree`'s, so the
+method is lossless whatever the bins say.
+
+Bins come from `python -m apps.train bins` (a JSON file); the embedded pair ships its own
+(runtime/assets/default/bins.json), which is also the default for other pairs, whose Φ
+scale may differ: fit bins for a pair you use. Per-bin compiled graphs (§4.3) are not here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kernels.entropy import bin_of, meta_path_entropy
+from kernels.tree_mask import path_to
+from runtime.assets import DEFAULT_DIR
+from runtime.decoding.events import StepEvent
+from runtime.decoding.tree import check_tree_args, tree_steps
+from runtime.decoding.tree_draft import TreeDrafter
+from runtime.errors import DuetError
+
+DEFAULT_BINS = DEFAULT_DIR / "bins.json"
+ALPHA = 3  # low-entropy bins B_0..B_{α-1} get extended and pruned
+GAMMAS = (0.3, 0.6, 1.0)  # γ_i of the top-N pruning, one per low-entropy bin (§4.3)
+
+
+def load_bins(path) -> dict:
+    """Read a bins file ({"thresholds": [7 floats], "top_k": K, ...}); one clear error."""
+    p = Path(path)
+    try:
+        bins = json.loads(p.read_text())
+        th = [float(x) for x in bins["thresholds"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DuetError(f"--bins {p}: not a bins file from `apps.train bins` ({e})") from None
+    if th != sorted(th):
+        raise DuetError(f"--bins {p}: thresholds must be sorted")
+    return bins
+
+
+def path_entropy(drafter: TreeDrafter, k: int) -> float:
+    """Φ(P*) over the draft distributions along P*: the root, then each expanded node down to
+    the deepest expanded node with the highest top-1 probability (HeteroSpec §4.1)."""
+    t = drafter.tree
+    deepest = [i for i in t.expanded if i >= 0 and t.depths[i] == drafter.depth - 1] or [-1]
+    best = max(deepest, key=lambda i: float(t.expanded[i].max()))  # argmax p_{T,top-1}
+    rows = [t.expanded[-1]] + [t.expanded[i] for i in path_to(t.parents, best)]
+    return meta_path_entropy(np.exp(np.stack(rows)), k)  # eq. (1)
+
+
+def make_shape(bins: dict, top_k: int):
+    """The `tree_steps` shape hook: bin from Φ, then extension and pruning for that bin."""
+    thresholds = bins["thresholds"]
+    k_phi = int(bins.get("top_k", top_k))
+
+    def shape(drafter: TreeDrafter, n: int, room: int, budget: int) -> tuple[int, dict]:
+        phi = path_entropy(drafter, k_phi)
+        b = bin_of(phi, thresholds)  # eq. (2)'s leaf
+        if b < ALPHA:
+            extra = ALPHA - b  # Δ(B_i) = α - i
+            levels = min(extra, room - drafter.depth)
+            if drafter.sampled:  # nothing is pruned later: stay within the node budget
+                levels = min(levels, (budget - len(drafter.tree)) // drafter.level_size())
+            drafter.grow(levels)  # d' = d_base + Δ(B_i)
+            n = int(round(GAMMAS[b] * n)) + extra  # N' = γ_i·N + Δ(B_i) (greedy only)
+        return max(1, n), {"bin": b, "phi": round(phi, 4)}
+
+    return shape
+
+
+NEEDS_DRAFT = True
+
+
+@dataclass
+class Options:
+    tree_k: int = 4  # top-K of the tree (--tree-k: --top-k is sampling's)
+    top_n: int = 16
+    depth: int = 5  # d_base
+    bins: str | None = None  # bins JSON (default: the embedded pair's)
+
+
+def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
+          draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
+    """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
+    check_tree_args(options.tree_k, options.top_n, options.depth)
+    bins = load_bins(options.bins or DEFAULT_BINS)
+    return tree_steps(target, draft, seq, max_new=max_new, top_k=options.tree_k,
+                      top_n=options.top_n, depth=options.depth, sampling=sampling,
+                      rng=np.random.default_rng(seed), target_cache=target_cache,
+                      draft_cache=draft_cache, shape=make_shape(bins, options.tree_k))  # fmt: skip

@@ -1,0 +1,145 @@
+"""`tree`: EAGLE-2 style dynamic draft trees verified in one target pass per step.
+
+One step: the draft grows a tree (runtime/decoding/tree_draft.py: top-K children of the
+top-K nodes per level, `depth` levels, one batched draft pass each), reranks and keeps the
+top-N nodes; the target scores all of them at once under a tree mask
+(runtime/decoding/tree_pass.py); the longest accepted path plus the correction/bonus token
+is committed. Lossless: greedy follows the target's argmax; sampling is multi-candidate
+rejection sampling (kernels/tree_verify.py). The tree shrinks near `max_new` and the
+context limit. A `shape` hook lets HeteroSpec (runtime/decoding/heterospec.py) extend the
+depth and change N per step; this module knows no bins.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from runtime.decoding.events import GREEDY, Sampling, StepEvent, rewind
+from runtime.decoding.tree_draft import TreeDrafter
+from runtime.decoding.tree_pass import verify_tree
+from runtime.errors import DuetError
+
+# shape(drafter, n, room, budget) -> (n', info): may grow the drafter further (at most `room`
+# levels deep, and when sampling at most `budget` nodes, in all) and returns the number of
+# nodes to keep (ignored when sampling: no pruning by value) and per-step facts to report
+Shape = Callable[[TreeDrafter, int, int, int], tuple[int, dict]]
+
+
+def check_tree_args(top_k: int, top_n: int, depth: int) -> None:
+    """One clear line for a tree shape that cannot work."""
+    for name, v in (("--tree-k", top_k), ("--top-n", top_n), ("--depth", depth)):
+        if v < 1:
+            raise DuetError(f"{name} must be at least 1 (got {v})")
+
+
+def terminal_rank(tree, path: list[int]) -> int | None:
+    """HeteroSpec's Terminal Confidence Rank: the 1-based rank, by cumulative draft score,
+    of the deepest accepted node among the verified ones (None when nothing was accepted)."""
+    if not path:
+        return None
+    s = tree.scores[path[-1]]
+    return 1 + sum(1 for x in tree.scores if x > s)
+
+
+def sibling_laws(tree, vocab: int) -> np.ndarray:
+    """(N + 1, V): row 1 + i the draft law node i's children were drawn from (row 0: the
+    root's); zeros for a node without children."""
+    q = np.zeros((len(tree) + 1, vocab), np.float32)
+    for node, law in tree.q.items():
+        q[node + 1] = law
+    return q
+
+
+def tree_steps(
+    target,
+    draft,
+    seq: list[int],
+    *,
+    max_new: int,
+    top_k: int = 4,
+    top_n: int = 16,
+    depth: int = 5,
+    sampling: Sampling = GREEDY,
+    rng: np.random.Generator | None = None,
+    target_cache=None,
+    draft_cache=None,
+    shape: Shape | None = None,
+) -> Iterator[StepEvent]:
+    """Yield one StepEvent per tree step, continuing `seq`. Caches hold only committed tokens
+    on exit (the target's via compaction, the draft's by trimming to the committed prefix)."""
+    check_tree_args(top_k, top_n, depth)
+    rng = rng or np.random.default_rng(0)
+    seq = list(seq)
+    tc = target_cache if target_cache is not None else target.new_cache()
+    dc = draft_cache if draft_cache is not None else draft.new_cache()
+    ctx = min(target.config.max_context, draft.config.max_context)
+    produced = 0
+    try:
+        while produced < max_new:
+            room = min(max_new - produced - 1, ctx - len(seq) - 1)  # draft tokens committable
+            t0 = time.perf_counter()
+            info: dict = {}
+            tokens, parents, tree = [], [], None
+            q = None
+            if room > 0:
+                rewind(dc, len(seq))
+                budget = min(top_n, ctx - len(seq))  # nodes; the verification window must fit
+                drafter = TreeDrafter(draft, dc, seq, top_k, sampling, rng,
+                                      root_children=min(top_k, budget))  # fmt: skip
+                levels = min(depth, room) - 1
+                if drafter.sampled:  # no pruning afterwards: stop growing within the budget
+                    levels = min(levels, (budget - len(drafter.tree)) // drafter.level_size())
+                drafter.grow(levels)
+                n = top_n
+                if shape is not None:
+                    n, info = shape(drafter, n, room, budget)
+                tree = drafter.tree
+                if not drafter.sampled:
+                    tree = tree.prune(min(n, budget))  # EAGLE-2 reranking
+                else:
+                    q = sibling_laws(tree, draft.config.vocab_size)
+                tokens, parents = tree.tokens, tree.parents
+                info["draft_calls"] = drafter.calls
+            t1 = time.perf_counter()
+            path, c = verify_tree(target, tc, seq, tokens, parents, sampling, rng, q)
+            t2 = time.perf_counter()
+            committed = [tokens[i] for i in path] + [c]
+            seq += committed
+            produced += len(committed)
+            per_step = {
+                "tree_size": len(tokens),
+                "depth": max(tree.depths) if tree is not None and len(tree) else 0,
+                "accepted": len(path),
+                "tcr": terminal_rank(tree, path) if tree is not None else None,
+                **info,
+            }
+            yield StepEvent(tokens=committed, accepted=len(path), drafted=len(tokens),
+                            draft_s=t1 - t0, verify_s=t2 - t1,
+                            extra={"per_step": per_step})  # fmt: skip
+    finally:
+        rewind(tc, len(seq))
+        rewind(dc, len(seq))
+
+
+NEEDS_DRAFT = True
+
+
+@dataclass
+class Options:
+    tree_k: int = 4  # top-K: children per expanded node, and nodes expanded per level
+    top_n: int = 16  # nodes kept after reranking (verified per step)
+    depth: int = 5  # tree levels (draft passes per step)
+
+
+def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
+          draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
+    """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
+    check_tree_args(options.tree_k, options.top_n, options.depth)  # now, not at the first step
+    return tree_steps(target, draft, seq, max_new=max_new, top_k=options.tree_k,
+                      top_n=options.top_n, depth=options.depth, sampling=sampling,
+                      rng=np.random.default_rng(seed), target_cache=target_cache,
+                      draft_cache=draft_cache)  # fmt: skip
