@@ -21,6 +21,7 @@ METHOD_MODULES: dict[str, str] = {
     "ar": "runtime.decoding.ar",
     "sd": "runtime.decoding.sd",
     "mirror": "runtime.decoding.mirror",
+    "flexspec": "runtime.decoding.flexspec",
 }
 METHODS = tuple(METHOD_MODULES)
 
