@@ -16,6 +16,7 @@ import numpy as np
 
 from runtime.decoding.events import Sampling, StepEvent, rewind
 from runtime.decoding.sd import draft_window
+from runtime.edge import wire
 from runtime.edge.client import CloudError, Connection
 from runtime.edge.codecs import codec as get_codec
 from runtime.errors import DuetError
@@ -55,9 +56,11 @@ def edge_steps(
     if cod.NAME not in conn.welcome.codecs:
         raise DuetError(f"the cloud verifier does not speak codec {cod.NAME}")
     rng = np.random.default_rng(seed)
+    empty = np.zeros((0, V), np.float32)
     seq = list(seq)
     dc = draft_cache if draft_cache is not None else draft.new_cache()
     ctx = min(conn.welcome.max_context, draft.config.max_context)
+    head = len(wire.pack(wire.VERIFY, 0, 0, wire.verify(cod.NUMBER, 0, cod.encode([], empty, V))))
     conn.open(seq, sampling.temp, sampling.top_p, sampling.top_k, seed)
     produced = 0
     try:
@@ -88,7 +91,7 @@ def edge_steps(
                 "downlink_s": max(0.0, x.downlink_s - v.server_s),
             }
             if controller is not None:
-                controller.update(**round_)
+                controller.update(**round_, header_bytes=head)
             yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=t1 - t0,
                             verify_s=x.wall_s, extra={"edge": round_})  # fmt: skip
     finally:
