@@ -104,15 +104,6 @@ _RTT_SOURCE = (
 )
 
 LINKS: dict[str, Link] = {
-    "none": Link(
-        name="none",
-        description="no emulation: loopback as it is",
-        rate_bps=math.inf,
-        rtt_s=0.0,
-        mean_snr_db=math.inf,
-        fading="none",
-        sources={"all": "no link model: the real socket's own time only"},
-    ),
     "5g": Link(
         name="5g",
         description="5G (Strong), FlexSpec §V",
@@ -159,6 +150,18 @@ LINKS: dict[str, Link] = {
 }
 
 
+NONE = Link(
+    name="none",
+    description="no emulation: loopback as it is",
+    rate_bps=math.inf,
+    rtt_s=0.0,
+    mean_snr_db=math.inf,
+    fading="none",
+    sources={"all": "no link model: the real socket's own time only"},
+)
+LINK_NAMES = ("none", *LINKS)  # what --link accepts
+
+
 class LinkEmulator:
     """A link applied round by round: `start_round()` draws the round's block-fading rate;
     `uplink_s(n)` / `downlink_s(n)` are the seconds n real bytes take (propagation RTT/2 plus
@@ -192,6 +195,8 @@ def emulator(name: str, seed: int = 0) -> LinkEmulator | None:
 
 def get_link(name: str) -> Link:
     """A named link condition, or a DuetError listing the names."""
+    if name == "none":
+        return NONE
     if name not in LINKS:
-        raise DuetError(f"unknown link {name!r}; choose from {', '.join(LINKS)}")
+        raise DuetError(f"unknown link {name!r}; choose from {', '.join(LINK_NAMES)}")
     return LINKS[name]

@@ -37,14 +37,14 @@ def _host_port(text: str) -> tuple[str, int]:
 
 def check_edge_args(a: argparse.Namespace) -> None:
     """One clear line for a bad --k, --k-max, --link or --server."""
-    from devices.links import LINKS
+    from devices.links import LINK_NAMES
 
     if a.k is not None and a.k < 0:
         raise DuetError(f"--k must be >= 0 (got {a.k})")
     if a.k_max < 1:
         raise DuetError(f"--k-max must be at least 1 (got {a.k_max})")
-    if a.link not in LINKS:
-        raise DuetError(f"unknown --link {a.link!r}; choose from {', '.join(LINKS)}")
+    if a.link not in LINK_NAMES:
+        raise DuetError(f"unknown --link {a.link!r}; choose from {', '.join(LINK_NAMES)}")
     if a.server != "local":
         _host_port(a.server)
 
