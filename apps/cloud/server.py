@@ -211,6 +211,15 @@ class ServerThread:
         return len(self.server.sessions)
 
     def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.server.close)
+        """Close the listener, cancel every connection's task, stop the loop and the thread."""
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+        self.loop.close()
+
+    async def _shutdown(self) -> None:
+        self.server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

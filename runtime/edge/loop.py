@@ -55,13 +55,15 @@ def edge_steps(
         raise DuetError(f"codec {cod.NAME} carries no q; sampling (--temp > 0) needs one that does")
     if cod.NAME not in conn.welcome.codecs:
         raise DuetError(f"the cloud verifier does not speak codec {cod.NAME}")
-    rng = np.random.default_rng(seed)
+    edge_seed, cloud_seed = np.random.SeedSequence(seed).spawn(2)  # independent streams: the
+    rng = np.random.default_rng(edge_seed)  # draft's draws must not reuse the server's uniforms
     empty = np.zeros((0, V), np.float32)
     seq = list(seq)
     dc = draft_cache if draft_cache is not None else draft.new_cache()
     ctx = min(conn.welcome.max_context, draft.config.max_context)
     head = len(wire.pack(wire.VERIFY, 0, 0, wire.verify(cod.NUMBER, 0, cod.encode([], empty, V))))
-    conn.open(seq, sampling.temp, sampling.top_p, sampling.top_k, seed)
+    conn.open(seq, sampling.temp, sampling.top_p, sampling.top_k,
+              int(cloud_seed.generate_state(1, np.uint64)[0]))  # fmt: skip
     produced = 0
     try:
         while produced < max_new:
