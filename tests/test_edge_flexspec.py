@@ -35,7 +35,7 @@ def verifier():
 
 
 def test_greedy_flexspec_equals_ar(tiny_dir, arch, verifier):
-    target = load_model(tiny_dir(arch), "torch")
+    target = load_model(tiny_dir(arch), "torch", threads=1)
     draft = load_model(tiny_dir(arch, num_layers=1, hidden_size=32, seed=7), "onnx")
     ref = ar_tokens(target, PROMPT, N)
     st = verifier(target)
@@ -48,7 +48,7 @@ def test_greedy_flexspec_equals_ar(tiny_dir, arch, verifier):
 
 
 def test_target_as_its_own_draft_accepts_every_window(tiny_dir, verifier):
-    target = load_model(tiny_dir("qwen3"), "torch")
+    target = load_model(tiny_dir("qwen3"), "torch", threads=1)
     st = verifier(target)
     conn = Connection(st.host, st.port)
     r = flexspec(conn, target, PROMPT, 12, k=3)
@@ -59,7 +59,7 @@ def test_target_as_its_own_draft_accepts_every_window(tiny_dir, verifier):
 def test_embedded_pair_greedy_equals_ar(verifier):
     from runtime.load import load_pair
 
-    pair = load_pair(None, None, need_draft=True, target_backend="torch")
+    pair = load_pair(None, None, need_draft=True, target_backend="torch", target_threads=1)
     prompt = pair.tokenizer.encode("def fib(n):")
     st = verifier(pair.target)
     conn = Connection(st.host, st.port)
@@ -80,7 +80,7 @@ ALPHA = 1e-3
 @pytest.fixture(scope="module")
 def gof_pair(tiny_dir):
     kw = dict(vocab_size=V, tokenizer=False, initializer_range=0.12)
-    target = load_model(tiny_dir("qwen3", seed=1, **kw), "torch")
+    target = load_model(tiny_dir("qwen3", seed=1, **kw), "torch", threads=1)
     draft = load_model(tiny_dir("qwen3", num_layers=1, seed=2, **kw), "onnx")
     return target, draft
 
