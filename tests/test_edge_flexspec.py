@@ -169,3 +169,18 @@ def test_k_star_follows_acceptance():
     hi = _feed(AdaptiveK(params=p), rate=math.inf, rtt=0.05, bytes_per_token=2, accepted=4)
     lo = _feed(AdaptiveK(params=p), rate=math.inf, rtt=0.05, bytes_per_token=2, accepted=0)
     assert lo < hi
+
+
+def test_devices_latency_reports_the_ratio_k_star_2_needs():
+    from devices.__main__ import latency_table
+    from devices.latency import k_star
+
+    t = latency_table("a17-pro", "wifi-weak", gamma_hat=0.8)
+    r2 = t["shift"]["ratio_for_k_star_2"]
+    assert k_star(1.0, r2, 0.8, 8, "geometric") <= 2 < k_star(1.0, 0.99 * r2, 0.8, 8, "geometric")
+    # the ids payload (15 bits) is far below what K* = 2 would need on the weak link
+    assert t["shift"]["bits_per_token_for_k_star_2"] > 1e5 * t["params"]["bits_per_token"]
+    big = latency_table(
+        "a17-pro", "wifi-weak", bits_per_token=t["shift"]["bits_per_token_for_k_star_2"] * 1.01
+    )
+    assert big["k_star"] <= 2
