@@ -229,3 +229,30 @@ def test_generate_cli_flexspec_local_server_and_errors(tiny_dir, models, capsys,
         assert "wrong token" in err and "\n" not in err
     finally:
         st.stop()
+
+
+def test_idle_connection_gets_an_error_and_is_closed(models):
+    st = ServerThread(models[0], limits=Limits(idle_timeout_s=0.2))
+    try:
+        s = socket.create_connection((st.host, st.port), timeout=10)
+        s.sendall(wire.pack(wire.HELLO, 0, 0, wire.hello(b"")))
+        s.recv(4096)  # WELCOME; then say nothing
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+        h = wire.unpack_header(data[: wire.HEADER_SIZE])
+        assert h.type == wire.ERROR
+        assert wire.read_error(data[wire.HEADER_SIZE :])[0] == wire.E_IDLE
+        s.close()
+    finally:
+        st.stop()
+
+
+def test_serve_cli_refuses_a_public_address_without_a_token(capsys):
+    from apps.cloud.__main__ import main
+
+    assert main(["serve", "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "without --token-file" in err and "\n" not in err
+    assert main(["serve", "--token-file", "/nonexistent/token"]) == 2
+    assert "no such file" in capsys.readouterr().err

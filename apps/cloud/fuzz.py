@@ -3,6 +3,8 @@ unknown and misaddressed frames, wrong tokens, bad ids and frames after close, m
 traffic, each on its own connection to a running server.
 
     python -m apps.cloud.fuzz HOST:PORT [--frames 10000] [--seed 0] [--token-file F] [--time-limit S]
+    python -m apps.cloud.fuzz local [--frames 10000]   # its own verifier (embedded target), then
+                                                       # checks a good client still equals ar
 
 prints one JSON object with the counts (frames sent, connections, ERROR replies per code,
 connections that got no reply). The default test suite runs `fuzz` with a few hundred frames
@@ -185,22 +187,55 @@ def fuzz(host: str, port: int, *, frames: int = 10_000, seed: int = 0, token: by
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m apps.cloud.fuzz", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("server", help="HOST:PORT of a running verifier")
+    ap.add_argument("server", help="HOST:PORT of a running verifier, or local")
     ap.add_argument("--frames", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--token-file")
     ap.add_argument("--time-limit", type=float, default=600.0)
     a = ap.parse_args(argv)
-    host, _, port = a.server.rpartition(":")
-    token = open(a.token_file, "rb").read().strip() if a.token_file else b""
     from runtime.edge.client import Connection
 
-    probe = Connection(host, int(port), token)
-    V = probe.welcome.vocab_size
-    probe.close()
-    print(json.dumps(fuzz(host, int(port), frames=a.frames, seed=a.seed, token=token, vocab=V,
-                          time_limit_s=a.time_limit)))  # fmt: skip
+    if a.server == "local":
+        from runtime.edge.local import LocalVerifier
+
+        local = LocalVerifier()
+        host, port, token = local.host, local.port, local.token
+    else:
+        local = None
+        host, _, port = a.server.rpartition(":")
+        token = open(a.token_file, "rb").read().strip() if a.token_file else b""
+    try:
+        probe = Connection(host, int(port), token)
+        V = probe.welcome.vocab_size
+        probe.close()
+        out = fuzz(host, int(port), frames=a.frames, seed=a.seed, token=token, vocab=V,
+                   time_limit_s=a.time_limit)  # fmt: skip
+        if local is not None:
+            out["good_client_equals_ar"] = _good_client(host, int(port), token)
+            out["server_alive"] = local.proc.poll() is None
+    finally:
+        if local is not None:
+            local.stop()
+    print(json.dumps(out))
     return 0
+
+
+def _good_client(host, port, token) -> bool:
+    """After the fuzz: the embedded pair through the server gives the target's greedy tokens."""
+    from runtime.decoding import make_steps, run
+    from runtime.decoding.events import GREEDY
+    from runtime.edge.client import Connection
+    from runtime.load import load_pair
+
+    pair = load_pair(None, None, need_draft=True)
+    prompt = pair.tokenizer.encode("def fib(n):")
+    ref = run(make_steps("ar", pair.target, None, prompt, max_new=32, sampling=GREEDY, seed=0),
+              max_new=32).tokens  # fmt: skip
+    conn = Connection(host, port, token)
+    got = run(make_steps("flexspec", None, pair.draft, prompt, max_new=32, sampling=GREEDY,
+                         seed=0, conn=conn, k=4), max_new=32).tokens  # fmt: skip
+    conn.close()
+    return got == ref
 
 
 if __name__ == "__main__":
