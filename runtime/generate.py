@@ -15,7 +15,13 @@ import sys
 
 from runtime.cli_args import add_pair_args, check_decoding_args, load_pair_from_args
 from runtime.decoding import METHODS, Sampling, make_steps, stream
-from runtime.edge.cli_args import add_edge_args, check_edge_args, edge_options
+from runtime.edge.cli_args import (
+    add_edge_args,
+    check_edge_args,
+    edge_options,
+    load_draft_only,
+    needs_local_target,
+)
 from runtime.errors import DuetError, cli_main
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
 from runtime.mirror.summary import mirror_summary
@@ -126,7 +132,10 @@ def prompt_tokens(a, pair) -> list[int]:
 def generate(a: argparse.Namespace) -> dict:
     """Run one generation; returns {"tokens", "text", "stats"}."""
     check_args(a)
-    pair = load_pair_from_args(a, need_draft=a.method != "ar")
+    if needs_local_target(a):
+        pair = load_pair_from_args(a, need_draft=a.method != "ar")
+    else:
+        pair = load_draft_only(a)
     if a.method != "flexspec":
         return _generate(a, pair, {})
     with edge_options(a, pair.target_dir, pair.settings["target_backend"]) as edge:

@@ -81,3 +81,28 @@ def edge_options(a: argparse.Namespace, target_dir, target_backend: str = "auto"
     finally:
         if local is not None:
             local.stop()
+
+
+def needs_local_target(a: argparse.Namespace) -> bool:
+    """False when flexspec talks to a remote verifier and no --target was given: the edge then
+    loads only the draft (the target may be far too large for this device)."""
+    return not (getattr(a, "method", None) == "flexspec" and a.server != "local"
+                and a.target is None and a.draft is not None)  # fmt: skip
+
+
+def load_draft_only(a: argparse.Namespace):
+    """A Pair whose `target` is the draft itself, used only for its config (vocabulary, context,
+    EOS) and tokenizer; the verifier checks the vocabulary at HELLO."""
+    from runtime.backends import backend_for_path, load_model
+    from runtime.load import Pair, resolve
+    from runtime.tokenizer import Tokenizer
+
+    ddir = resolve(a.draft, "draft")
+    db = a.draft_backend or (
+        "onnx" if backend_for_path(ddir) in ("mlx", "onnx") else backend_for_path(ddir)
+    )
+    kw = {"intra_threads": a.draft_threads, "provider": a.provider} if db == "onnx" else {}
+    d = load_model(ddir, db, **kw)
+    tdir = ddir if ddir.is_dir() else ddir.parent
+    tok = Tokenizer(tdir) if (tdir / "tokenizer.json").is_file() else None
+    return Pair(d, d, tok, tdir, ddir, {"target_backend": "remote", "draft_backend": db})
