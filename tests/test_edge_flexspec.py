@@ -73,7 +73,7 @@ def test_embedded_pair_greedy_equals_ar(verifier):
 V = 8
 GOF_PROMPT = [1, 2, 3]
 SAMPLING = Sampling(temp=1.0, top_p=0.95)
-N_GOF = 400
+N_GOF = 300
 ALPHA = 1e-3
 
 
