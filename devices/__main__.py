@@ -6,7 +6,7 @@ calibrate --out FILE [--model DIR | --target DIR --draft DIR] [--target-backend 
           [--draft-backend B] [--k-max K] [--repeats R] [--name NAME]
                                       measure this machine, fit the latency parameters, write a profile
 latency --profile NAME --link 5g|4g|wifi-weak [--gamma-hat G] [--k-max K]
-        [--acceptance alg2|geometric] [--json]
+        [--acceptance geometric|alg2] [--bits-per-token B] [--json]
                                       FlexSpec step time for each K and K* (eq. (7)-(11))
 """
 
@@ -53,9 +53,14 @@ def latency_table(
     *,
     gamma_hat: float = 0.8,
     k_max: int = 8,
-    acceptance: str = "alg2",
+    acceptance: str = "geometric",
+    bits_per_token: float | None = None,
 ) -> dict:
-    """FlexSpec's predicted step time for K = 1..k_max on a profile and link, and K* (eq. (11))."""
+    """FlexSpec's predicted step time for K = 1..k_max on a profile and link, and K* (eq. (11)).
+
+    Also the shift analysis: the ratio T_marginal / T_fixed at which K* falls to 2 (the paper's
+    Fig. 2 weak-signal value) and the per-token payload that would take this link there.
+    """
     from devices import latency as L
     from devices.links import get_link
     from devices.profile import load_profile
@@ -65,8 +70,14 @@ def latency_table(
     if k_max < 1:
         raise DuetError(f"--k-max must be >= 1, got {k_max}")
     prof, link = load_profile(profile_name), get_link(link_name)
+    if bits_per_token is not None and bits_per_token <= 0:
+        raise DuetError(f"--bits-per-token must be positive, got {bits_per_token}")
     p = L.FlexSpecParams(*(prof.param(k) for k in ("alpha_edge", "beta", "delta_cloud", "t_base")))
+    if bits_per_token is not None:
+        p = L.FlexSpecParams(p.alpha_edge, p.beta, p.delta_cloud, p.t_base, bits_per_token)
     t_fixed, t_marg = L.flexspec_terms(p, link.rate_bps, link.rtt_s)
+    r2 = ratio_for_k(2, gamma_hat, k_max, acceptance)
+    need_bits = max(0.0, (r2 * t_fixed - p.alpha_edge - p.delta_cloud) * link.rate_bps)
     steps = []
     for k in range(1, k_max + 1):
         t = L.flexspec_step_time(k, p, link.rate_bps, link.rtt_s)
@@ -89,7 +100,25 @@ def latency_table(
         "t_marginal_s": t_marg,
         "steps": steps,
         "k_star": L.k_star(t_fixed, t_marg, gamma_hat, k_max, acceptance),
+        "shift": {
+            "ratio": t_marg / t_fixed,
+            "ratio_for_k_star_2": r2,
+            "bits_per_token_for_k_star_2": need_bits,
+        },
     }
+
+
+def ratio_for_k(k: int, gamma_hat: float, k_max: int, acceptance: str) -> float:
+    """The smallest T_marginal / T_fixed at which eq. (11)'s K* is at most k (bisection)."""
+    from devices.latency import k_star
+
+    lo, hi = 0.0, 1.0
+    while k_star(1.0, hi, gamma_hat, k_max, acceptance) > k and hi < 1e6:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if k_star(1.0, mid, gamma_hat, k_max, acceptance) <= k else (mid, hi)
+    return hi
 
 
 def calibrate(
@@ -202,6 +231,13 @@ def _print_latency(t: dict) -> None:
             f"{s['k']:>3} {s['step_time_s'] * 1e3:>10.2f} {s['expected_accepted']:>7.2f} {s['tokens_per_s']:>8.2f}{mark}"
         )
     print(f"k_star = {t['k_star']}")
+    sh = t["shift"]
+    print(f"RTT: {link['sources']['rtt_s']}")
+    print(
+        f"shift: T_marginal/T_fixed = {sh['ratio']:.4f}; K* <= 2 (FlexSpec Fig. 2, weak signal) "
+        f"needs >= {sh['ratio_for_k_star_2']:.3f}, i.e. >= {sh['bits_per_token_for_k_star_2']:.3g} "
+        f"bits per drafted token on this link (the ids payload is {p['bits_per_token']:g})"
+    )
 
 
 @cli_main
@@ -233,11 +269,14 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("latency", help="FlexSpec step time per K and K* on a profile and link")
     s.add_argument("--profile", required=True)
     s.add_argument("--link", required=True, choices=list(LINKS))
+    s.add_argument("--bits-per-token", type=float, default=None,
+                   help="uplink bits per drafted token (default 15: FlexSpec's ids)")  # fmt: skip
     s.add_argument(
         "--gamma-hat", type=float, default=0.8, help="EMA acceptance (Alg. 2 starts at 0.8)"
     )
     s.add_argument("--k-max", type=int, default=8)
-    s.add_argument("--acceptance", default="alg2", choices=("alg2", "geometric"))
+    s.add_argument("--acceptance", default="geometric", choices=("alg2", "geometric"),
+                   help="E[tau|K]: geometric (bounded, default) or alg2 (1 + gamma_hat K)")  # fmt: skip
     s.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
 
@@ -298,7 +337,12 @@ def main(argv: list[str] | None = None) -> int:
             )
     else:
         t = latency_table(
-            a.profile, a.link, gamma_hat=a.gamma_hat, k_max=a.k_max, acceptance=a.acceptance
+            a.profile,
+            a.link,
+            gamma_hat=a.gamma_hat,
+            k_max=a.k_max,
+            acceptance=a.acceptance,
+            bits_per_token=a.bits_per_token,
         )
         if a.json:
             print(json.dumps(t, indent=2))

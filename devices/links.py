@@ -32,6 +32,7 @@ import numpy as np
 from devices.latency import shannon_rate
 from runtime.errors import DuetError
 
+OUTAGE_FLOOR = 0.01  # a round's rate never falls below 1 % of nominal (see Link.sample_rate)
 A800_T_BASE_S = 8.425e-3  # devices/profiles/a800.toml t_base (Llama-2-70B on 8x A800, roofline)
 
 
@@ -54,9 +55,16 @@ class Link:
         return self.rate_bps / math.log2(1.0 + 10 ** (self.mean_snr_db / 10))
 
     def sample_rate(self, rng: np.random.Generator) -> float:
-        """One block-fading round's Shannon rate (bit/s): W·log2(1 + SNR·|h|²), CU-HLM eq. (5)."""
+        """One block-fading round's Shannon rate (bit/s): W·log2(1 + SNR·|h|²), CU-HLM eq. (5).
+
+        Floored at OUTAGE_FLOOR of the nominal rate: a deep fade is an outage that a real link
+        rides out by retransmission, which this model does not simulate.
+        """
+        if math.isinf(self.rate_bps):
+            return self.rate_bps
         snr = 10 ** (self.mean_snr_db / 10) * fading_gain(rng, self.fading, self.rician_k_db)
-        return shannon_rate(self.bandwidth_hz, snr)  # CU-HLM eq. (5) under block fading
+        rate = shannon_rate(self.bandwidth_hz, snr)  # CU-HLM eq. (5) under block fading
+        return max(rate, OUTAGE_FLOOR * self.rate_bps)
 
     def to_dict(self) -> dict:
         return {
@@ -142,8 +150,53 @@ LINKS: dict[str, Link] = {
 }
 
 
+NONE = Link(
+    name="none",
+    description="no emulation: loopback as it is",
+    rate_bps=math.inf,
+    rtt_s=0.0,
+    mean_snr_db=math.inf,
+    fading="none",
+    sources={"all": "no link model: the real socket's own time only"},
+)
+LINK_NAMES = ("none", *LINKS)  # what --link accepts
+
+
+class LinkEmulator:
+    """A link applied round by round: `start_round()` draws the round's block-fading rate;
+    `uplink_s(n)` / `downlink_s(n)` are the seconds n real bytes take (propagation RTT/2 plus
+    serialization 8n / rate, FlexSpec eq. (8)), which the client sleeps. The downlink uses the
+    round's rate too (FlexSpec's T_down; the verdict is a few bytes, so it is ≈ RTT/2)."""
+
+    def __init__(self, link: Link, seed: int = 0):
+        self.link = link
+        self.rng = np.random.default_rng(seed)
+        self.rate_bps = link.rate_bps
+
+    def start_round(self) -> float:
+        """Draw this round's rate (bit/s) and return it."""
+        self.rate_bps = self.link.sample_rate(self.rng)  # block fading: one gain per round
+        return self.rate_bps
+
+    def uplink_s(self, nbytes: int) -> float:
+        """T_up = T_prop + 8·bytes / R_n (FlexSpec eq. (8), with the frame's real length)."""
+        return self.link.rtt_s / 2 + 8 * nbytes / self.rate_bps  # eq. (8)
+
+    def downlink_s(self, nbytes: int) -> float:
+        """T_down = T_prop + 8·bytes / R_n."""
+        return self.link.rtt_s / 2 + 8 * nbytes / self.rate_bps
+
+
+def emulator(name: str, seed: int = 0) -> LinkEmulator | None:
+    """The emulator for a named link; None for `none` (nothing to emulate)."""
+    link = get_link(name)
+    return None if link.name == "none" else LinkEmulator(link, seed)
+
+
 def get_link(name: str) -> Link:
     """A named link condition, or a DuetError listing the names."""
+    if name == "none":
+        return NONE
     if name not in LINKS:
-        raise DuetError(f"unknown link {name!r}; choose from {', '.join(LINKS)}")
+        raise DuetError(f"unknown link {name!r}; choose from {', '.join(LINK_NAMES)}")
     return LINKS[name]

@@ -15,11 +15,14 @@ current answer; at the prompt, Ctrl-C or EOF (Ctrl-D) ends the session.
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import sys
 
 from runtime.chat_session import ChatSession, ChatTemplate, stats_line
 from runtime.cli_args import add_pair_args, check_decoding_args, load_pair_from_args
 from runtime.decoding import METHODS, Sampling
+from runtime.edge.cli_args import add_edge_args, check_edge_args, edge_options
 from runtime.errors import DuetError, cli_main
 from runtime.tokenizer import Detokenizer
 
@@ -37,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_pair_args(ap)
+    add_edge_args(ap)
     ap.add_argument("--method", choices=METHODS, default="sd", help="decoding method (default sd)")
     ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default 4)")
     ap.add_argument("--kappa", type=int, default=None, help="channel width (methods that take it)")
@@ -58,12 +62,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(a: argparse.Namespace) -> None:
     check_decoding_args(a)
+    if a.method == "flexspec":
+        check_edge_args(a)
 
 
 def make_session(a: argparse.Namespace, notify) -> ChatSession:
     pair = load_pair_from_args(a, need_draft=a.method != "ar")
     if pair.tokenizer is None:
         raise DuetError(f"{pair.target_dir}: no tokenizer.json; the chat needs a tokenizer")
+    edge = {}
+    if a.method == "flexspec":  # the verifier connection lives as long as the chat
+        stack = contextlib.ExitStack()
+        edge = stack.enter_context(
+            edge_options(a, pair.target_dir, pair.settings["target_backend"])
+        )
+        atexit.register(stack.close)
     return ChatSession(
         pair.target,
         pair.draft,
@@ -79,6 +92,7 @@ def make_session(a: argparse.Namespace, notify) -> ChatSession:
         kappa=a.kappa,
         exit_layer=a.exit_layer,
         branches=a.branches,
+        **edge,
     )
 
 

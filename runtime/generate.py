@@ -15,6 +15,13 @@ import sys
 
 from runtime.cli_args import add_pair_args, check_decoding_args, load_pair_from_args
 from runtime.decoding import METHODS, Sampling, make_steps, stream
+from runtime.edge.cli_args import (
+    add_edge_args,
+    check_edge_args,
+    edge_options,
+    load_draft_only,
+    needs_local_target,
+)
 from runtime.errors import DuetError, cli_main
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
 from runtime.mirror.summary import mirror_summary
@@ -31,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_pair_args(ap)
+    add_edge_args(ap)
     ap.add_argument("--method", choices=METHODS, default="sd", help="decoding method (default sd)")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
@@ -114,6 +122,8 @@ def check_args(a: argparse.Namespace) -> None:
         load_profile(a.emulate.strip().partition(":")[0])  # as Emulator.from_spec reads it
     if a.method != "ar" and a.gamma < 1:
         raise DuetError(f"--gamma must be at least 1 for --method {a.method} (got {a.gamma})")
+    if a.method == "flexspec":
+        check_edge_args(a)
 
 
 def prompt_tokens(a, pair) -> list[int]:
@@ -140,7 +150,17 @@ def prompt_tokens(a, pair) -> list[int]:
 def generate(a: argparse.Namespace) -> dict:
     """Run one generation; returns {"tokens", "text", "stats"}."""
     check_args(a)
-    pair = load_pair_from_args(a, need_draft=a.method != "ar")
+    if needs_local_target(a):
+        pair = load_pair_from_args(a, need_draft=a.method != "ar")
+    else:
+        pair = load_draft_only(a)
+    if a.method != "flexspec":
+        return _generate(a, pair, {})
+    with edge_options(a, pair.target_dir, pair.settings["target_backend"]) as edge:
+        return _generate(a, pair, edge)
+
+
+def _generate(a: argparse.Namespace, pair, edge: dict) -> dict:
     ids = prompt_tokens(a, pair)
     emu = None
     if a.emulate:
@@ -167,6 +187,7 @@ def generate(a: argparse.Namespace) -> dict:
         top_n=a.top_n,
         depth=a.depth,
         bins=a.bins,
+        **edge,
     )
     stats = RunStats(prefill_tokens=len(ids))
     out: list[int] = []
@@ -196,6 +217,11 @@ def generate(a: argparse.Namespace) -> dict:
                            mirror=mirror_summary(events, timeline))  # fmt: skip
         if a.trace:
             timeline.write(a.trace, label="Duet Mirror-SD" + (f" ({emu.label})" if emu else ""))
+    if edge:
+        from runtime.edge.loop import edge_summary
+
+        stats.extra.update(k=a.k, k_max=a.k_max, link=a.link, link_seed=a.link_seed,
+                           server=a.server, edge=edge_summary(events))  # fmt: skip
     if emu is not None:
         stats.extra.update(emulated=emu.label, emulation=emu.summary())
     text = pair.tokenizer.decode(out) if pair.tokenizer else None

@@ -2,6 +2,7 @@
 
     python -m apps.bench --limit 20 --max-tokens 128 --temps 0,1 --json
     python -m apps.bench --methods ar,sd,mlx-lm --out answers/   # Spec-Bench answer files
+    python -m apps.bench --edge --links 5g,4g,wifi-weak          # edge-cloud (apps/bench/edge.py)
 
 Defaults: the embedded pair and the held-out prompt set in apps/prompts/.
 Methods: any of runtime.decoding.METHODS, plus `mlx-lm` (speculative_generate_step)
@@ -228,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     from .report import table
     from .specbench import write_answers
 
+    args = sys.argv[1:] if argv is None else list(argv)
+    if "--edge" in args:  # FlexSpec edge-cloud baselines (apps/bench/edge.py)
+        from .edge import main as edge_main
+
+        return edge_main([x for x in args if x != "--edge"])
     a = build_parser().parse_args(argv)
     if a.out:  # before the run, not after it
         from runtime.preflight import writable_dir

@@ -23,6 +23,7 @@ METHOD_MODULES: dict[str, str] = {
     "mirror": "runtime.decoding.mirror",
     "tree": "runtime.decoding.tree",
     "heterospec": "runtime.decoding.heterospec",
+    "flexspec": "runtime.decoding.flexspec",
 }
 METHODS = tuple(METHOD_MODULES)
 

@@ -1,0 +1,193 @@
+"""`python -m apps.bench --edge`: FlexSpec edge-cloud baselines over emulated links.
+
+    python -m apps.bench --edge --links 5g,4g,wifi-weak --limit 3 --max-tokens 32 --temps 0 \\
+        --out-json edge.json --plot edge.html
+
+For each link and prompt, in rotating order: cloud-only (K = 0: the target decodes on the
+server, one round trip per token), fixed K ∈ {1, 3, 5, 7}, and adaptive K* (eq. (11)). Each run
+is a fresh session through a real verifier (`--server local` starts one) with the link
+emulator's waits slept for real; the link seed is the same for every method on a prompt.
+Reports per method: ms per token end to end, speedup over cloud-only, mean K, bytes up/down per
+token (real frame lengths), acceptance. The plot (self-contained HTML, inline SVG) is latency
+per token against K for each link, like FlexSpec Fig. 5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from runtime.cli_args import add_pair_args, load_pair_from_args
+from runtime.errors import DuetError
+
+FIXED_K = (1, 3, 5, 7)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from runtime.edge.cli_args import add_edge_args
+
+    ap = argparse.ArgumentParser(prog="python -m apps.bench --edge", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add_pair_args(ap)
+    add_edge_args(ap)
+    ap.add_argument("--links", default="5g,4g,wifi-weak", help="comma-separated named links")
+    ap.add_argument("--prompts", default=None, help="prompt set (default apps/prompts/)")
+    ap.add_argument("--limit", type=int, default=3, help="first N prompts (default 3)")
+    ap.add_argument("--max-tokens", type=int, default=32, help="new tokens per prompt (32)")
+    ap.add_argument("--temps", default="0", help="comma-separated temperatures (default 0)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out-json", help="write every run and the summary here")
+    ap.add_argument("--plot", help="write latency-vs-K per link here (.html)")
+    return ap
+
+
+def one_run(conn_factory, draft, prompt, n, sampling, seed, k, eos):
+    """(tokens, wall seconds, edge summary) of one flexspec generation; k None = adaptive."""
+    from devices.kstar import AdaptiveK
+    from runtime.decoding import make_steps, stream
+    from runtime.edge.loop import edge_summary
+
+    conn = conn_factory()
+    try:
+        events = []
+        steps = make_steps("flexspec", None, draft, prompt, max_new=n, sampling=sampling, seed=seed,
+                           conn=conn, k=k, controller=AdaptiveK() if k is None else None)  # fmt: skip
+        t0 = time.perf_counter()
+        toks = []
+        for t, ev in stream(steps, max_new=n, eos_ids=eos):
+            toks += t
+            events.append(ev)
+        wall = time.perf_counter() - t0
+    finally:
+        conn.close()
+    return toks, wall, edge_summary(events)
+
+
+def bench(a: argparse.Namespace) -> dict:
+    from apps.bench.prompts import load_prompts
+    from devices.links import LINK_NAMES, emulator
+    from runtime.decoding import Sampling
+    from runtime.edge.client import Connection
+    from runtime.edge.local import LocalVerifier
+
+    links = a.links.split(",")
+    for name in links:
+        if name not in LINK_NAMES:
+            raise DuetError(f"unknown link {name!r}; choose from {', '.join(LINK_NAMES)}")
+    temps = [float(t) for t in a.temps.split(",")]
+    pair = load_pair_from_args(a, need_draft=True)
+    if pair.tokenizer is None:
+        raise DuetError("the benchmark needs a tokenizer.json beside the target")
+    recs = load_prompts(a.prompts, limit=a.limit)
+    prompts = [pair.tokenizer.encode(r["turns"][0]) for r in recs]
+    eos = pair.target.config.eos_token_ids
+    methods = [("cloud-only", 0)] + [(f"k{k}", k) for k in FIXED_K] + [("adaptive", None)]
+    local = None
+    if a.server == "local":
+        local = LocalVerifier(pair.target_dir, target_backend=pair.settings["target_backend"])
+        host, port, token = local.host, local.port, local.token
+    else:
+        host, _, p = a.server.rpartition(":")
+        port, token = int(p), open(a.token_file, "rb").read().strip() if a.token_file else b""
+    runs = []
+    try:
+        for temp in temps:
+            for link in links:
+                for i, prompt in enumerate(prompts):
+                    order = methods[i % len(methods) :] + methods[: i % len(methods)]  # rotate
+                    for name, k in order:
+
+                        def factory(link=link, i=i):
+                            return Connection(host, port, token,
+                                              link=emulator(link, a.link_seed + i))  # fmt: skip
+
+                        toks, wall, edge = one_run(factory, pair.draft, prompt, a.max_tokens,
+                                                   Sampling(temp), a.seed + i, k, eos)  # fmt: skip
+                        acc = sum(edge["accepted"]) / max(1, sum(edge["k"]))
+                        runs.append({"temp": temp, "link": link, "prompt": i, "method": name,
+                                     "k": k, "tokens": len(toks), "wall_s": wall,
+                                     "mean_k": edge["mean_k"], "acceptance": acc,
+                                     "bytes_up": sum(edge["bytes_up"]),
+                                     "bytes_down": sum(edge["bytes_down"]), "ids": toks})  # fmt: skip
+                        print(f"T={temp:g} {link:<9} prompt {i} {name:<10} {len(toks)} tok "
+                              f"{wall / max(1, len(toks)) * 1e3:8.1f} ms/tok  mean K "
+                              f"{edge['mean_k']:.2f}", file=sys.stderr, flush=True)  # fmt: skip
+    finally:
+        if local is not None:
+            local.stop()
+    return {"runs": runs, "summary": summarize(runs), "settings": pair.settings}
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    """Per (temp, link, method): ms/token (total wall / total tokens), speedup, K, bytes, acceptance."""
+    out = []
+    keys = sorted({(r["temp"], r["link"]) for r in runs})
+    for temp, link in keys:
+        rs = [r for r in runs if r["temp"] == temp and r["link"] == link]
+        per = {}
+        for m in dict.fromkeys(r["method"] for r in rs):
+            mr = [r for r in rs if r["method"] == m]
+            toks = sum(r["tokens"] for r in mr)
+            per[m] = {"temp": temp, "link": link, "method": m,
+                      "ms_per_token": 1e3 * sum(r["wall_s"] for r in mr) / toks,
+                      "mean_k": sum(r["mean_k"] for r in mr) / len(mr),
+                      "bytes_up_per_token": sum(r["bytes_up"] for r in mr) / toks,
+                      "bytes_down_per_token": sum(r["bytes_down"] for r in mr) / toks,
+                      "acceptance": sum(r["acceptance"] for r in mr) / len(mr)}  # fmt: skip
+        base = per.get("cloud-only", {}).get("ms_per_token")
+        for v in per.values():
+            v["speedup"] = base / v["ms_per_token"] if base else None
+            out.append(v)
+    return out
+
+
+def plot_html(summary: list[dict], path: str) -> None:
+    """Latency per token vs K (cloud-only at K = 0, adaptive as a dashed level) per link, SVG."""
+    W, H, P = 640, 360, 50
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
+    series = sorted({(s["temp"], s["link"]) for s in summary})
+    ymax = max(s["ms_per_token"] for s in summary) * 1.1
+    x = lambda k: P + k / 7 * (W - 2 * P)  # noqa: E731
+    y = lambda v: H - P - v / ymax * (H - 2 * P)  # noqa: E731
+    parts = [f'<line x1="{P}" y1="{H - P}" x2="{W - P}" y2="{H - P}" stroke="black"/>',
+             f'<line x1="{P}" y1="{P}" x2="{P}" y2="{H - P}" stroke="black"/>',
+             f'<text x="{W / 2}" y="{H - 10}" text-anchor="middle">K (0 = cloud-only)</text>',
+             f'<text x="12" y="{P - 15}">ms per token (max {ymax:.0f})</text>']  # fmt: skip
+    for k in range(8):
+        parts.append(f'<text x="{x(k)}" y="{H - P + 16}" text-anchor="middle">{k}</text>')
+    for j, (temp, link) in enumerate(series):
+        c = colors[j % len(colors)]
+        pts = {0 if s["method"] == "cloud-only" else int(s["method"][1:]): s["ms_per_token"]
+               for s in summary if (s["temp"], s["link"]) == (temp, link) and s["method"] != "adaptive"}  # fmt: skip
+        line = " ".join(f"{x(k):.1f},{y(v):.1f}" for k, v in sorted(pts.items()))
+        parts.append(f'<polyline points="{line}" fill="none" stroke="{c}" stroke-width="2"/>')
+        ad = [s for s in summary if (s["temp"], s["link"], s["method"]) == (temp, link, "adaptive")]
+        if ad:
+            v = y(ad[0]["ms_per_token"])
+            parts.append(f'<line x1="{P}" y1="{v:.1f}" x2="{W - P}" y2="{v:.1f}" stroke="{c}" '
+                         'stroke-dasharray="5,4"/>')  # fmt: skip
+        parts.append(f'<text x="{W - P + 4}" y="{P + 16 * j}" fill="{c}">{link} T={temp:g}</text>')
+    svg = f'<svg xmlns="http://www.w3.org/2000/svg" width="{W + 90}" height="{H}">{"".join(parts)}</svg>'
+    html = ("<!doctype html><meta charset=utf-8><title>FlexSpec latency vs K</title>"
+            "<h3>Latency per token vs K per link (dashed: adaptive K*)</h3>" + svg)  # fmt: skip
+    with open(path, "w") as f:
+        f.write(html)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    res = bench(a)
+    if a.out_json:
+        with open(a.out_json, "w") as f:
+            json.dump(res, f, indent=1)
+    if a.plot:
+        plot_html(res["summary"], a.plot)
+    print(f"{'T':>3} {'link':<9} {'method':<10} {'ms/tok':>8} {'speedup':>8} {'mean K':>7} "
+          f"{'up B/tok':>9} {'down B/tok':>10} {'accept':>7}")  # fmt: skip
+    for s in res["summary"]:
+        print(f"{s['temp']:>3g} {s['link']:<9} {s['method']:<10} {s['ms_per_token']:>8.1f} "
+              f"{s['speedup']:>8.2f} {s['mean_k']:>7.2f} {s['bytes_up_per_token']:>9.1f} "
+              f"{s['bytes_down_per_token']:>10.1f} {s['acceptance']:>7.2f}")  # fmt: skip
+    return 0

@@ -1,0 +1,38 @@
+"""`flexspec`: edge-cloud speculative decoding (FlexSpec §IV-C). The draft runs here; a cloud
+verifier (python -m apps.cloud serve) holds the target and checks each window over the network.
+
+The method-table entry only: the loop is runtime/edge/loop.py. The `target` argument is unused
+(the cloud holds the target); the command layer passes a connected `Connection` (options.conn),
+the link emulator inside it, and the K controller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from runtime.decoding.events import StepEvent
+from runtime.errors import DuetError
+
+NEEDS_DRAFT = True
+
+
+@dataclass
+class Options:
+    conn: object = None  # runtime.edge.client.Connection, said HELLO
+    k: int | None = None  # fixed K (the ablation); None: the controller's K*
+    k_max: int = 8  # bound on K
+    controller: object = None  # devices.kstar.AdaptiveK (eq. (11)); None: K = 4
+    codec: str | None = None  # payload codec; default ids at T = 0, raw at T > 0
+
+
+def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
+          draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
+    """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
+    from runtime.edge.loop import edge_steps
+
+    if options.conn is None:
+        raise DuetError("--method flexspec needs a cloud verifier (--server HOST:PORT or local)")
+    return edge_steps(draft, options.conn, seq, max_new=max_new, sampling=sampling, seed=seed,
+                      k=options.k, k_max=options.k_max, controller=options.controller,
+                      codec=options.codec, draft_cache=draft_cache)  # fmt: skip

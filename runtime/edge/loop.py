@@ -1,0 +1,122 @@
+"""The edge client's decoding loop (FlexSpec §IV-C): draft K tokens here, send them to the cloud
+verifier, apply its verdict (A, c), keep the draft cache in step with the committed sequence.
+
+K comes from a controller (devices.kstar.AdaptiveK: eq. (11) from the measured link and an EMA
+of acceptance) or is fixed. The bytes counted are the real frame lengths; the link emulator's
+waits are real sleeps inside `Connection.request`, so wall-clock time includes them. This module
+opens no sockets itself (the caller passes a connected `Connection`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from runtime.decoding.events import Sampling, StepEvent, rewind
+from runtime.decoding.sd import draft_window
+from runtime.edge import wire
+from runtime.edge.client import CloudError, Connection
+from runtime.edge.codecs import codec as get_codec
+from runtime.errors import DuetError
+
+
+def edge_steps(
+    draft,
+    conn: Connection,
+    seq: list[int],
+    *,
+    max_new: int,
+    sampling: Sampling,
+    seed: int,
+    k: int | None = None,
+    k_max: int = 8,
+    controller=None,
+    codec: str | None = None,
+    draft_cache=None,
+) -> Iterator[StepEvent]:
+    """Yield one StepEvent per round; `extra["edge"]` holds the round's k, bytes, rate and times.
+
+    k fixes K; otherwise `controller.choose(k_max)` picks it each round and
+    `controller.update(...)` learns from the round. codec defaults to `ids` at T = 0 and `raw`
+    (ids + q) at T > 0. The server session is closed when the generator is closed.
+    """
+    if k is not None and k < 0:
+        raise DuetError(f"--k must be >= 0 (got {k})")
+    if k_max < 1:
+        raise DuetError(f"--k-max must be >= 1 (got {k_max})")
+    V = draft.config.vocab_size
+    if conn.welcome.vocab_size != V:
+        raise DuetError(f"the cloud target's vocabulary ({conn.welcome.vocab_size}) differs "
+                        f"from the draft's ({V})")  # fmt: skip
+    cod = get_codec(codec or ("ids" if sampling.greedy else "raw"))
+    if not sampling.greedy and not cod.CARRIES_Q:
+        raise DuetError(f"codec {cod.NAME} carries no q; sampling (--temp > 0) needs one that does")
+    if cod.NAME not in conn.welcome.codecs:
+        raise DuetError(f"the cloud verifier does not speak codec {cod.NAME}")
+    edge_seed, cloud_seed = np.random.SeedSequence(seed).spawn(2)  # independent streams: the
+    rng = np.random.default_rng(edge_seed)  # draft's draws must not reuse the server's uniforms
+    empty = np.zeros((0, V), np.float32)
+    seq = list(seq)
+    dc = draft_cache if draft_cache is not None else draft.new_cache()
+    ctx = min(conn.welcome.max_context, draft.config.max_context)
+    head = len(wire.pack(wire.VERIFY, 0, 0, wire.verify(cod.NUMBER, 0, cod.encode([], empty, V))))
+    conn.open(seq, sampling.temp, sampling.top_p, sampling.top_k,
+              int(cloud_seed.generate_state(1, np.uint64)[0]))  # fmt: skip
+    produced = 0
+    try:
+        while produced < max_new:
+            want = k if k is not None else (controller.choose(k_max) if controller else 4)
+            g = max(0, min(want, max_new - produced - 1, ctx - len(seq) - 1))
+            t0 = time.perf_counter()
+            drafts, q = draft_window(draft, dc, seq, g, sampling, rng)
+            body = cod.encode(drafts, q if cod.CARRIES_Q else None, V)
+            t1 = time.perf_counter()
+            v, x = conn.verify(cod.NUMBER, len(seq), body)
+            a, c = v.accepted, v.token
+            if a > g or not 0 <= c < V or v.committed != len(seq) + a + 1:
+                raise CloudError(f"the cloud verifier at {conn.where} sent an impossible verdict")
+            committed = drafts[:a] + [c]
+            seq += committed
+            produced += len(committed)
+            rewind(dc, len(seq) - 1)  # FlexSpec §IV-C: the edge rolls back with the cloud
+            round_ = {
+                "k": g,
+                "accepted": a,
+                "bytes_up": x.bytes_up,
+                "bytes_down": x.bytes_down,
+                "rate_bps": x.rate_bps,
+                "draft_s": t1 - t0,
+                "uplink_s": x.uplink_s,
+                "cloud_s": float(v.server_s),
+                "downlink_s": max(0.0, x.downlink_s - v.server_s),
+            }
+            if controller is not None:
+                controller.update(**round_, header_bytes=head)
+            yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=t1 - t0,
+                            verify_s=x.wall_s, extra={"edge": round_})  # fmt: skip
+    finally:
+        rewind(dc, len(seq))
+        try:
+            conn.close_session()
+        except CloudError:
+            pass
+
+
+def edge_summary(events) -> dict:
+    """The `stats.edge` object: per-round lists and their totals."""
+    rounds = [ev.extra["edge"] for ev in events if "edge" in ev.extra]
+    keys = ("k", "accepted", "bytes_up", "bytes_down", "rate_bps", "draft_s", "uplink_s",
+            "cloud_s", "downlink_s")  # fmt: skip
+    out: dict = {"rounds": len(rounds)}
+    for key in keys:
+        vals = [r[key] for r in rounds]
+        out[key] = [v if v != float("inf") else None for v in vals]
+    n = sum(len(ev.tokens) for ev in events) or 1
+    out["mean_k"] = sum(out["k"]) / len(rounds) if rounds else 0.0
+    out["bytes_up_per_token"] = sum(out["bytes_up"]) / n
+    out["bytes_down_per_token"] = sum(out["bytes_down"]) / n
+    for key in ("draft_s", "uplink_s", "cloud_s", "downlink_s"):
+        out[f"total_{key}"] = sum(out[key])
+    return out

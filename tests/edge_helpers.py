@@ -1,0 +1,15 @@
+"""Shared pieces of the edge-cloud tests: an in-process verifier and ar references."""
+
+from runtime.decoding import make_steps, run
+from runtime.decoding.events import GREEDY
+
+
+def ar_tokens(target, prompt, n):
+    steps = make_steps("ar", target, None, prompt, max_new=n, sampling=GREEDY, seed=0)
+    return run(steps, max_new=n, eos_ids=target.config.eos_token_ids).tokens
+
+
+def flexspec(conn, draft, prompt, n, *, sampling=GREEDY, seed=0, **opts):
+    steps = make_steps("flexspec", None, draft, prompt, max_new=n, sampling=sampling, seed=seed,
+                       conn=conn, **opts)  # fmt: skip
+    return run(steps, max_new=n, eos_ids=draft.config.eos_token_ids)
