@@ -79,6 +79,7 @@ def make_session(a: argparse.Namespace, notify) -> ChatSession:
         kappa=a.kappa,
         exit_layer=a.exit_layer,
         branches=a.branches,
+        draft_process=a.draft_process or None,
     )
 
 

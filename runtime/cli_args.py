@@ -15,6 +15,8 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument("--target-backend", choices=TARGET_BACKENDS, default="auto",
                     help="runs the target: auto = mlx on macOS (Metal), torch elsewhere (default auto)")  # fmt: skip
+    ap.add_argument("--target-device", choices=["cpu", "cuda"], default="cpu",
+                    help="PyTorch target: cpu, or cuda (a GPU; the draft stays on the CPU) (default cpu)")  # fmt: skip
     ap.add_argument("--target-threads", type=int, default=None,
                     help="PyTorch target threads (default: the cores the draft leaves)")  # fmt: skip
     ap.add_argument("--draft-backend", choices=["onnx", "mlx", "torch"], default=None,
@@ -23,6 +25,9 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
                     help="ONNX Runtime intra-op threads for the draft (default 1)")  # fmt: skip
     ap.add_argument("--provider", default="cpu",
                     help="ONNX Runtime execution provider: cpu, coreml, cuda, tensorrt, qnn (default cpu)")  # fmt: skip
+    ap.add_argument("--draft-process", action="store_true",
+                    help="mirror: run the draft worker in its own process (shared-memory channel) "
+                    "instead of a thread")  # fmt: skip
 
 
 def load_pair_from_args(a: argparse.Namespace, *, need_draft: bool) -> Pair:
@@ -35,7 +40,7 @@ def load_pair_from_args(a: argparse.Namespace, *, need_draft: bool) -> Pair:
         raise DuetError(f"--target-threads must be at least 1 (got {a.target_threads})")
     return load_pair(a.target, a.draft, need_draft=need_draft, target_backend=a.target_backend,
                      draft_backend=a.draft_backend, draft_threads=a.draft_threads, provider=a.provider,
-                     target_threads=a.target_threads)  # fmt: skip
+                     target_threads=a.target_threads, target_device=a.target_device)  # fmt: skip
 
 
 def check_decoding_args(a: argparse.Namespace) -> None:

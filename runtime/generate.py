@@ -92,6 +92,10 @@ def parse_ids(text: str) -> list[int]:
 
 def check_args(a: argparse.Namespace) -> None:
     check_decoding_args(a)
+    if a.draft_process and a.method != "mirror":
+        raise DuetError(
+            "--draft-process runs Mirror-SD's draft worker; use it with --method mirror"
+        )
     if a.trace and a.method != "mirror":
         raise DuetError("--trace records the Mirror-SD timeline; use it with --method mirror")
     if a.method != "ar" and a.gamma < 1:
@@ -145,6 +149,7 @@ def generate(a: argparse.Namespace) -> dict:
         exit_layer=a.exit_layer,
         timeline=timeline,
         branches=a.branches,
+        draft_process=a.draft_process,
     )
     stats = RunStats(prefill_tokens=len(ids))
     out: list[int] = []
@@ -170,7 +175,7 @@ def generate(a: argparse.Namespace) -> dict:
         **pair.settings,
     )
     if timeline is not None:
-        stats.extra.update(kappa=a.kappa, exit_layer=events[0].extra.get("exit_layer") if events else None,
+        stats.extra.update(draft_worker="process" if a.draft_process else "thread", kappa=a.kappa, exit_layer=events[0].extra.get("exit_layer") if events else None,
                            mirror=mirror_summary(events, timeline))  # fmt: skip
         if a.trace:
             timeline.write(a.trace, label="Duet Mirror-SD" + (f" ({emu.label})" if emu else ""))

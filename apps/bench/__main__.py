@@ -112,21 +112,30 @@ def make_runners(methods: list[str], pair, a) -> list:
                     kappa=a.kappa,
                     exit_layer=a.exit_layer,
                     branches=a.branches,
+                    draft_process=a.draft_process or None,
                 )
             )
     return runners
 
 
 def thread_settings(runners: list) -> dict:
-    import mlx.core as mx
     import torch
 
     return {
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "mlx_device": str(mx.default_device()),
+        "mlx_device": mlx_device(),
         "runners": {r.name: r.settings() for r in runners},
     }
+
+
+def mlx_device() -> str | None:
+    """MLX's default device, or None where MLX is not installed (a CUDA machine)."""
+    try:
+        import mlx.core as mx
+    except ImportError:
+        return None
+    return str(mx.default_device())
 
 
 def bench(a: argparse.Namespace) -> dict:

@@ -84,7 +84,8 @@ def make_setup(a: argparse.Namespace):
 
         emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
     ids = prompt_ids(pair, records, a.max_tokens)
-    return Setup(pair, ids, a.max_tokens, a.gamma, Sampling(a.temp), a.seed, emu, a.branches)
+    return Setup(pair, ids, a.max_tokens, a.gamma, Sampling(a.temp), a.seed, emu, a.branches,
+                 a.draft_process)  # fmt: skip
 
 
 def profile(a: argparse.Namespace, out: Path) -> dict:
