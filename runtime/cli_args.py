@@ -58,3 +58,38 @@ def check_decoding_args(a: argparse.Namespace) -> None:
     method = getattr(a, "method", "mirror")
     if method != "ar" and a.gamma < 1:
         raise DuetError(f"--gamma must be at least 1 for --method {method} (got {a.gamma})")
+
+
+AUTO = "auto"  # a chooser, not a method: resolved to one of METHODS before make_steps
+
+
+def add_auto_args(ap: argparse.ArgumentParser) -> None:
+    """--device-profile: where `--method auto` takes its stage times from."""
+    ap.add_argument("--device-profile", metavar="PROFILE",
+                    help="auto: stage times from this device profile (a name or a file written by "
+                    "`python -m devices calibrate`) instead of measuring the pair at hand")  # fmt: skip
+
+
+def auto_chooser(a: argparse.Namespace, pair: Pair):
+    """For `--method auto`: a function (prompt ids, sampling) -> (method, record).
+
+    The latency model lives in devices/ (method_choice.py, pair_probe.py); the command layer
+    builds it and hands it to the engine, which never imports upward (STYLE 11). The record
+    (predictions per method, the inputs, the choice and why) goes into `stats.auto`.
+    """
+    from devices.pair_probe import choose_for
+    from devices.profile import load_profile
+
+    name = getattr(a, "device_profile", None)
+    profile = load_profile(name) if name else None
+
+    def choose(ids: list[int], sampling) -> tuple[str, dict]:
+        rec = choose_for(pair.target, pair.draft, list(ids)[-PROBE_TOKENS:], gamma=a.gamma,
+                         kappa=a.kappa, exit_layer=a.exit_layer, branches=a.branches,
+                         sampling=sampling, profile=profile)  # fmt: skip
+        return rec["choice"], rec
+
+    return choose
+
+
+PROBE_TOKENS = 128  # auto estimates acceptance on the prompt's last tokens (a chat's history)

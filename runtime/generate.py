@@ -13,7 +13,14 @@ import argparse
 import json
 import sys
 
-from runtime.cli_args import add_pair_args, check_decoding_args, load_pair_from_args
+from runtime.cli_args import (
+    AUTO,
+    add_auto_args,
+    add_pair_args,
+    auto_chooser,
+    check_decoding_args,
+    load_pair_from_args,
+)
 from runtime.decoding import METHODS, Sampling, make_steps, stream
 from runtime.errors import DuetError, cli_main
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
@@ -30,7 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_pair_args(ap)
-    ap.add_argument("--method", choices=METHODS, default="sd", help="decoding method (default sd)")
+    ap.add_argument("--method", choices=(*METHODS, AUTO), default="sd",
+                    help="decoding method; auto: the one the latency model predicts fastest here "
+                    "(default sd)")  # fmt: skip
+    add_auto_args(ap)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-ids", help="prompt as comma-separated token ids, e.g. 1,2,3")
@@ -92,11 +102,11 @@ def parse_ids(text: str) -> list[int]:
 
 def check_args(a: argparse.Namespace) -> None:
     check_decoding_args(a)
-    if a.draft_process and a.method != "mirror":
+    if a.draft_process and a.method not in ("mirror", AUTO):
         raise DuetError(
             "--draft-process runs Mirror-SD's draft worker; use it with --method mirror"
         )
-    if a.trace and a.method != "mirror":
+    if a.trace and a.method not in ("mirror", AUTO):
         raise DuetError("--trace records the Mirror-SD timeline; use it with --method mirror")
     if a.method != "ar" and a.gamma < 1:
         raise DuetError(f"--gamma must be at least 1 for --method {a.method} (got {a.gamma})")
@@ -126,7 +136,8 @@ def prompt_tokens(a, pair) -> list[int]:
 def generate(a: argparse.Namespace) -> dict:
     """Run one generation; returns {"tokens", "text", "stats"}."""
     check_args(a)
-    pair = load_pair_from_args(a, need_draft=a.method != "ar")
+    alone = a.method == AUTO and a.target is not None and a.draft is None  # auto: ar then
+    pair = load_pair_from_args(a, need_draft=a.method != "ar" and not alone)
     ids = prompt_tokens(a, pair)
     emu = None
     if a.emulate:
@@ -135,9 +146,14 @@ def generate(a: argparse.Namespace) -> dict:
         emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
     max_new = min(a.max_tokens, pair.target.config.max_context - len(ids))
     sampling = Sampling(a.temp, a.top_p, a.top_k)
-    timeline = Timeline() if a.method == "mirror" else None
+    method, auto = a.method, None
+    if method == AUTO:
+        method, auto = auto_chooser(a, pair)(ids, sampling)
+        if a.trace and method != "mirror":
+            print(f"no trace written: auto picked {method}, not mirror", file=sys.stderr)
+    timeline = Timeline() if method == "mirror" else None
     steps = make_steps(
-        a.method,
+        method,
         pair.target,
         pair.draft,
         ids,
@@ -168,8 +184,8 @@ def generate(a: argparse.Namespace) -> dict:
         "eos" if out and out[-1] in eos else ("length" if len(out) >= a.max_tokens else "context")
     )
     stats.extra.update(
-        method=a.method,
-        gamma=a.gamma if a.method != "ar" else None,
+        method=method,
+        gamma=a.gamma if method != "ar" else None,
         temp=a.temp,
         finish=finish,
         **pair.settings,
@@ -179,6 +195,8 @@ def generate(a: argparse.Namespace) -> dict:
                            mirror=mirror_summary(events, timeline))  # fmt: skip
         if a.trace:
             timeline.write(a.trace, label="Duet Mirror-SD" + (f" ({emu.label})" if emu else ""))
+    if auto is not None:
+        stats.extra["auto"] = auto
     if emu is not None:
         stats.extra.update(emulated=emu.label, emulation=emu.summary())
     text = pair.tokenizer.decode(out) if pair.tokenizer else None

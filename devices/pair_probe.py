@@ -1,0 +1,182 @@
+"""Measure what `--method auto` needs (devices/method_choice.StageTimes) on the pair at hand.
+
+Stage times (medians, after a warm-up pass each):
+  target_token / target_window  the target's 1-token and (γ+1)-token passes, alone;
+  draft_token / draft_batch     the draft's 1-row pass and a `branches`-row branch pass;
+  target_slowdown               the target's window pass while a draft thread loops batched
+                                passes beside it (as Mirror-SD's worker does), over it alone;
+  t_rv                          a queue round trip between two threads (devices.calibrate).
+A calibrated profile (`python -m devices calibrate`) may supply the stage times instead
+(`from_profile`); it is then named as their source.
+
+Prompt-dependent figures, from one pass of each model over the prompt itself:
+  acceptance  mean over positions of Σ_v min(p, q) (argmax agreement when greedy), shrunk
+              toward a prior of 0.6 with the weight of 8 positions (short prompts say little);
+  omega_kappa mean final-distribution mass in the exit layer's top-κ (eq. 9), same shrinkage
+              toward 0.4.
+Stage times are cached per (target, draft, γ, branches) for the life of the process.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import numpy as np
+
+from devices.method_choice import StageTimes
+
+PRIOR_ACCEPT, PRIOR_OMEGA, PRIOR_WEIGHT = 0.6, 0.4, 8.0
+_CACHE: dict[tuple, dict] = {}
+
+
+def _median(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_stages(target, draft, *, gamma: int, branches: int, repeats: int = 7) -> dict:
+    """The stage times of the module docstring, in seconds (cached per pair and shape)."""
+    key = (id(target), id(draft), gamma, branches)
+    if key in _CACHE:
+        return _CACHE[key]
+    from devices.calibrate import measure_rendezvous
+
+    rng = np.random.default_rng(0)
+    vocab = min(target.config.vocab_size, draft.config.vocab_size)
+    prompt = rng.integers(0, vocab, size=(1, 64), dtype=np.int64)
+    tc, dc = target.new_cache(), draft.new_cache()
+    target.forward(prompt, tc)
+    draft.forward(prompt, dc)
+    window = prompt[:, : gamma + 1]
+
+    def tpass(x):
+        target.forward(x, tc)
+        tc.trim(x.shape[1])
+
+    def dpass(x, cache):
+        draft.forward(x, cache)
+        cache.trim(x.shape[1])
+
+    rows = dc.fork([0] * branches)
+    out = {
+        "target_token": _median(lambda: tpass(prompt[:, :1]), repeats),
+        "target_window": _median(lambda: tpass(window), repeats),
+        "draft_token": _median(lambda: dpass(prompt[:, :1], dc), repeats),
+        "draft_batch": _median(lambda: dpass(np.repeat(prompt[:, :1], branches, 0), rows), repeats),
+    }
+    stop = threading.Event()
+    side = draft.new_cache()
+    draft.forward(prompt, side)
+    side = side.fork([0] * branches)
+
+    def loop():
+        x = np.repeat(prompt[:, :1], branches, 0)
+        while not stop.is_set():
+            dpass(x, side)
+
+    th = threading.Thread(target=loop, name="duet-probe-draft", daemon=True)
+    th.start()
+    try:
+        beside = _median(lambda: tpass(window), repeats)
+    finally:
+        stop.set()
+        th.join()
+    out["target_slowdown"] = beside / out["target_window"]
+    out["t_rv"] = measure_rendezvous(trials=200)
+    out["source"] = "measured on this machine on the pair at hand"
+    _CACHE[key] = out
+    return out
+
+
+def from_profile(profile, *, gamma: int, branches: int) -> dict:
+    """Stage times from a calibrated profile's latency figures (FlexSpec eq. 9 fits and T_rv)."""
+    lat = profile.latency
+    t_base, delta = profile.param("t_base"), profile.param("delta_cloud")
+    alpha = profile.param("alpha_edge")
+    out = {
+        "target_token": t_base,
+        "target_window": t_base + gamma * delta,  # eq. (9) at K = γ
+        "draft_token": alpha,
+        "draft_batch": lat["draft_batch_step"].si if "draft_batch_step" in lat else alpha,
+        "target_slowdown": lat["target_slowdown"].si if "target_slowdown" in lat else 1.0,
+        "t_rv": profile.param("t_rv"),
+        "source": f"profile {profile.name} ({profile.latency['t_base'].source})",
+    }
+    return out
+
+
+def _shrink(values: list[float], prior: float) -> float:
+    n = len(values)
+    return (sum(values) + PRIOR_WEIGHT * prior) / (n + PRIOR_WEIGHT)
+
+
+def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_layer: int | None):
+    """(acceptance α̂, Ω̂_κ) from one pass of each model over the prompt (module docstring)."""
+    from kernels.topk_channel import topk_message
+
+    x = np.array([ids])
+    tl = target.forward(x, target.new_cache())[0]  # (T, V)
+    dl = draft.forward(x, draft.new_cache())[0]
+    v = min(tl.shape[-1], dl.shape[-1])
+    if sampling.greedy:
+        acc = [
+            float(a == b) for a, b in zip(tl[:, :v].argmax(-1), dl[:, :v].argmax(-1), strict=True)
+        ]
+    else:
+        p, q = sampling.probs(tl[:, :v]), sampling.probs(dl[:, :v])
+        acc = np.minimum(p, q).sum(-1).tolist()
+    omega = []
+    if exit_layer is not None and getattr(target, "supports_layer_range", False):
+        h = target.forward_layers(x, target.new_cache(), 0, exit_layer)
+        ids_k, _ = topk_message(target.head(h)[0], kappa)
+        pf = np.exp(tl - tl.max(-1, keepdims=True))
+        pf /= pf.sum(-1, keepdims=True)
+        omega = np.take_along_axis(pf, ids_k.astype(np.int64), -1).sum(-1).tolist()
+    return _shrink(acc, PRIOR_ACCEPT), _shrink(omega, PRIOR_OMEGA)
+
+
+def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampling,
+                profile=None) -> StageTimes:  # fmt: skip
+    """Everything method_choice needs, for this pair, prompt and machine."""
+    n = target.config.num_layers
+    le = n // 2 if exit_layer is None else exit_layer
+    st = (
+        from_profile(profile, gamma=gamma, branches=branches)
+        if profile is not None
+        else measure_stages(target, draft, gamma=gamma, branches=branches)
+    )
+    alpha, omega = probe_prompt(target, draft, ids, sampling=sampling, kappa=kappa, exit_layer=le)
+    return StageTimes(acceptance=alpha, omega_kappa=omega, exit_fraction=le / n, **st)
+
+
+def runnable_methods(target, draft) -> list[str]:
+    """The methods with a latency law that this pair can run."""
+    out = ["ar"]
+    if draft is not None:
+        out.append("sd")
+        coreml = str(getattr(draft, "backend", "")).startswith("coreml")  # batch 1: no branches
+        if getattr(target, "supports_layer_range", False) and not coreml:
+            out.append("mirror")
+    return out
+
+
+def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer: int | None,
+               branches: int | None, sampling, profile=None) -> dict:  # fmt: skip
+    """`--method auto` for this pair and prompt: the method_choice.choose record."""
+    from devices.method_choice import choose
+    from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
+
+    runnable = runnable_methods(target, draft)
+    if runnable == ["ar"]:
+        return {"choice": "ar", "why": "no draft model: ar is the only method", "predictions": {}}
+    t = stage_times(target, draft, ids, gamma=gamma, branches=branches or DEFAULT_BRANCH_BATCH,
+                    kappa=kappa or 8, exit_layer=exit_layer, sampling=sampling,
+                    profile=profile)  # fmt: skip
+    return choose(t, gamma, runnable)
