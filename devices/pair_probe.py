@@ -31,17 +31,20 @@ PRIOR_ACCEPT, PRIOR_OMEGA, PRIOR_WEIGHT = 0.6, 0.4, 8.0
 _CACHE: dict[tuple, dict] = {}
 
 
-def _median(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _medians(fns: dict, repeats: int) -> dict[str, float]:
+    """Median seconds of each function, the functions interleaved round by round, so that a
+    machine whose load drifts (other processes) biases none of them against the others."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(repeats + 1):  # round 0 warms up
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            if r:
+                times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
-def measure_stages(target, draft, *, gamma: int, branches: int, repeats: int = 7) -> dict:
+def measure_stages(target, draft, *, gamma: int, branches: int, repeats: int = 15) -> dict:
     """The stage times of the module docstring, in seconds (cached per pair and shape)."""
     key = (id(target), id(draft), gamma, branches)
     if key in _CACHE:
@@ -65,34 +68,58 @@ def measure_stages(target, draft, *, gamma: int, branches: int, repeats: int = 7
         cache.trim(x.shape[1])
 
     rows = dc.fork([0] * branches)
-    out = {
-        "target_token": _median(lambda: tpass(prompt[:, :1]), repeats),
-        "target_window": _median(lambda: tpass(window), repeats),
-        "draft_token": _median(lambda: dpass(prompt[:, :1], dc), repeats),
-        "draft_batch": _median(lambda: dpass(np.repeat(prompt[:, :1], branches, 0), rows), repeats),
-    }
-    stop = threading.Event()
-    side = draft.new_cache()
-    draft.forward(prompt, side)
-    side = side.fork([0] * branches)
-
-    def loop():
-        x = np.repeat(prompt[:, :1], branches, 0)
-        while not stop.is_set():
-            dpass(x, side)
-
-    th = threading.Thread(target=loop, name="duet-probe-draft", daemon=True)
-    th.start()
-    try:
-        beside = _median(lambda: tpass(window), repeats)
-    finally:
-        stop.set()
-        th.join()
-    out["target_slowdown"] = beside / out["target_window"]
+    batch = np.repeat(prompt[:, :1], branches, 0)
+    out = _medians({"target_token": lambda: tpass(prompt[:, :1]),
+                    "target_window": lambda: tpass(window),
+                    "draft_token": lambda: dpass(prompt[:, :1], dc),
+                    "draft_batch": lambda: dpass(batch, rows)}, repeats)  # fmt: skip
+    out["target_slowdown"] = _slowdown(draft, prompt, branches, lambda: tpass(window), repeats)
     out["t_rv"] = measure_rendezvous(trials=200)
     out["source"] = "measured on this machine on the pair at hand"
     _CACHE[key] = out
     return out
+
+
+def _slowdown(draft, prompt, branches: int, tpass, repeats: int) -> float:
+    """Target pass beside a draft thread looping branch passes / the pass alone: rounds
+    alternate the draft on and off, so load drifting on a shared machine cancels out."""
+    side = draft.new_cache()
+    draft.forward(prompt, side)
+    side = side.fork([0] * branches)
+    x = np.repeat(prompt[:, :1], branches, 0)
+    go, stop, idle = threading.Event(), threading.Event(), threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            if not go.wait(0.005):
+                idle.set()
+                continue
+            idle.clear()
+            draft.forward(x, side)
+            side.trim(1)
+
+    th = threading.Thread(target=loop, name="duet-probe-draft", daemon=True)
+    th.start()
+    alone, beside = [], []
+    try:
+        for r in range(repeats + 1):
+            go.clear()
+            idle.wait(1.0)
+            t0 = time.perf_counter()
+            tpass()
+            a = time.perf_counter() - t0
+            go.set()
+            time.sleep(0.001)  # the draft is computing when the target starts
+            t0 = time.perf_counter()
+            tpass()
+            if r:  # round 0 warms up
+                alone.append(a)
+                beside.append(time.perf_counter() - t0)
+    finally:
+        stop.set()
+        go.set()
+        th.join()
+    return statistics.median(beside) / statistics.median(alone)
 
 
 def from_profile(profile, *, gamma: int, branches: int) -> dict:

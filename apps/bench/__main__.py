@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from runtime.cli_args import add_pair_args, load_pair_from_args
+from runtime.cli_args import AUTO, add_auto_args, add_pair_args, auto_chooser, load_pair_from_args
 from runtime.decoding import METHODS
 from runtime.errors import DuetError, cli_main
 
@@ -39,8 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--methods",
         default="ar,sd,mirror," + ",".join(BASELINES),
-        help=f"comma-separated, from {', '.join(METHODS + BASELINES)} (default: %(default)s)",
+        help=f"comma-separated, from {', '.join((*METHODS, AUTO, *BASELINES))}; auto: the "
+        "method the latency model predicts fastest, per prompt (default: %(default)s)",
     )
+    add_auto_args(ap)
     ap.add_argument(
         "--gamma", type=int, default=4, help="draft tokens per step, every method (default 4)"
     )
@@ -72,11 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_methods(text: str) -> list[str]:
     ms = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in ms if m not in METHODS + BASELINES]
+    known = (*METHODS, AUTO, *BASELINES)
+    bad = [m for m in ms if m not in known]
     if bad:
-        raise DuetError(
-            f"--methods: unknown {', '.join(bad)}; choose from {', '.join(METHODS + BASELINES)}"
-        )
+        raise DuetError(f"--methods: unknown {', '.join(bad)}; choose from {', '.join(known)}")
     return ["ar"] + [m for m in dict.fromkeys(ms) if m != "ar"]
 
 
@@ -113,6 +114,7 @@ def make_runners(methods: list[str], pair, a) -> list:
                     exit_layer=a.exit_layer,
                     branches=a.branches,
                     draft_process=a.draft_process or None,
+                    chooser=auto_chooser(a, pair) if m == AUTO else None,
                 )
             )
     return runners
