@@ -9,11 +9,11 @@ Stage times (medians, after a warm-up pass each):
 A calibrated profile (`python -m devices calibrate`) may supply the stage times instead
 (`from_profile`); it is then named as their source.
 
-Prompt-dependent figures, from one pass of each model over the prompt itself:
-  acceptance  mean over positions of Σ_v min(p, q) (argmax agreement when greedy), shrunk
-              toward a prior of 0.6 with the weight of 8 positions (short prompts say little);
-  omega_kappa mean final-distribution mass in the exit layer's top-κ (eq. 9), same shrinkage
-              toward 0.4.
+Acceptance α: from a short `sd` run (RUN_TOKENS tokens) on the first prompt seen, the
+α whose E[τ] equals the mean tokens committed per step (cached per pair, γ and temperature):
+the models' agreement on the target's own continuation, which is what sd and mirror verify.
+Ω̂_κ, prompt-dependent, from the probe's pass over the prompt: the mean final-distribution
+mass in the exit layer's top-κ (eq. 9), shrunk toward 0.4 with the weight of 8 positions.
 Stage times are cached per (target, draft, γ, branches) for the life of the process.
 """
 
@@ -27,8 +27,29 @@ import numpy as np
 
 from devices.method_choice import StageTimes
 
-PRIOR_ACCEPT, PRIOR_OMEGA, PRIOR_WEIGHT = 0.6, 0.4, 8.0
+PRIOR_OMEGA, PRIOR_WEIGHT = 0.4, 8.0
+RUN_TOKENS = 48
 _CACHE: dict[tuple, dict] = {}
+_ALPHA: dict[tuple, float] = {}
+
+
+def pair_acceptance(target, draft, ids: list[int], *, gamma: int, sampling) -> float:
+    """α from a RUN_TOKENS-token sd run on `ids` (module docstring); cached per pair."""
+    from devices.method_choice import expected_tokens
+    from runtime.decoding import make_steps, run
+
+    key = (id(target), id(draft), gamma, sampling.temp, sampling.top_p, sampling.top_k)
+    if key not in _ALPHA:
+        n = max(1, min(RUN_TOKENS, target.config.max_context - len(ids) - gamma - 2))
+        r = run(make_steps("sd", target, draft, ids, max_new=n, sampling=sampling, seed=0,
+                           gamma=gamma), max_new=n)  # fmt: skip
+        per_step = sum(r.stats.accept_lengths) / max(1, len(r.stats.accept_lengths))
+        lo, hi = 0.0, 0.999
+        for _ in range(40):  # E[τ](α) is increasing in α: bisect for E[τ](α) = per_step
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if expected_tokens(mid, gamma) < per_step else (lo, mid)
+        _ALPHA[key] = (lo + hi) / 2
+    return _ALPHA[key]
 
 
 def _medians(fns: dict, repeats: int) -> dict[str, float]:
@@ -144,33 +165,37 @@ def _shrink(values: list[float], prior: float) -> float:
     return (sum(values) + PRIOR_WEIGHT * prior) / (n + PRIOR_WEIGHT)
 
 
-def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_layer: int | None):
-    """(acceptance α̂, Ω̂_κ) from one pass of each model over the prompt (module docstring)."""
+def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_layer: int | None,
+                 target_cache=None, draft_cache=None):  # fmt: skip
+    """Ω̂_κ from one pass of each model over the prompt (module docstring).
+
+    The passes are the prompt's prefill: given (empty) caches, they are left holding the
+    prompt, so the method chosen next does not prefill it again."""
     from kernels.topk_channel import topk_message
 
     x = np.array([ids])
-    tl = target.forward(x, target.new_cache())[0]  # (T, V)
-    dl = draft.forward(x, draft.new_cache())[0]
-    v = min(tl.shape[-1], dl.shape[-1])
-    if sampling.greedy:
-        acc = [
-            float(a == b) for a, b in zip(tl[:, :v].argmax(-1), dl[:, :v].argmax(-1), strict=True)
-        ]
-    else:
-        p, q = sampling.probs(tl[:, :v]), sampling.probs(dl[:, :v])
-        acc = np.minimum(p, q).sum(-1).tolist()
-    omega = []
+    tc = target_cache if target_cache is not None else target.new_cache()
+    dc = draft_cache if draft_cache is not None else draft.new_cache()
+    exit_logits = None
     if exit_layer is not None and getattr(target, "supports_layer_range", False):
-        h = target.forward_layers(x, target.new_cache(), 0, exit_layer)
-        ids_k, _ = topk_message(target.head(h)[0], kappa)
+        h = target.forward_layers(x, tc, 0, exit_layer)
+        exit_logits = target.head(h)[0]  # eq. 6 at ℓe, every prompt position
+        tl = target.head(target.forward_layers(h, tc, exit_layer, target.config.num_layers))[0]
+    else:
+        tl = target.forward(x, tc)[0]  # (T, V)
+    dl = draft.forward(x, dc)[0]
+    del dl  # the draft's pass is its prefill
+    omega = []
+    if exit_logits is not None:
+        ids_k, _ = topk_message(exit_logits, kappa)
         pf = np.exp(tl - tl.max(-1, keepdims=True))
         pf /= pf.sum(-1, keepdims=True)
         omega = np.take_along_axis(pf, ids_k.astype(np.int64), -1).sum(-1).tolist()
-    return _shrink(acc, PRIOR_ACCEPT), _shrink(omega, PRIOR_OMEGA)
+    return _shrink(omega, PRIOR_OMEGA)
 
 
 def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampling,
-                profile=None) -> StageTimes:  # fmt: skip
+                profile=None, target_cache=None, draft_cache=None) -> StageTimes:  # fmt: skip
     """Everything method_choice needs, for this pair, prompt and machine."""
     n = target.config.num_layers
     le = n // 2 if exit_layer is None else exit_layer
@@ -179,7 +204,9 @@ def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampl
         if profile is not None
         else measure_stages(target, draft, gamma=gamma, branches=branches)
     )
-    alpha, omega = probe_prompt(target, draft, ids, sampling=sampling, kappa=kappa, exit_layer=le)
+    alpha = pair_acceptance(target, draft, ids, gamma=gamma, sampling=sampling)
+    omega = probe_prompt(target, draft, ids, sampling=sampling, kappa=kappa, exit_layer=le,
+                                target_cache=target_cache, draft_cache=draft_cache)  # fmt: skip
     return StageTimes(acceptance=alpha, omega_kappa=omega, exit_fraction=le / n, **st)
 
 
@@ -195,8 +222,10 @@ def runnable_methods(target, draft) -> list[str]:
 
 
 def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer: int | None,
-               branches: int | None, sampling, profile=None) -> dict:  # fmt: skip
-    """`--method auto` for this pair and prompt: the method_choice.choose record."""
+               branches: int | None, sampling, profile=None, target_cache=None,
+               draft_cache=None) -> dict:  # fmt: skip
+    """`--method auto` for this pair and prompt: the method_choice.choose record.
+    Empty caches given are left holding the prompt (probe_prompt)."""
     from devices.method_choice import choose
     from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
 
@@ -205,5 +234,5 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
         return {"choice": "ar", "why": "no draft model: ar is the only method", "predictions": {}}
     t = stage_times(target, draft, ids, gamma=gamma, branches=branches or DEFAULT_BRANCH_BATCH,
                     kappa=kappa or 8, exit_layer=exit_layer, sampling=sampling,
-                    profile=profile)  # fmt: skip
+                    profile=profile, target_cache=target_cache, draft_cache=draft_cache)  # fmt: skip
     return choose(t, gamma, runnable)

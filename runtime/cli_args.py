@@ -83,10 +83,14 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
     name = getattr(a, "device_profile", None)
     profile = load_profile(name) if name else None
 
-    def choose(ids: list[int], sampling) -> tuple[str, dict]:
-        rec = choose_for(pair.target, pair.draft, list(ids)[-PROBE_TOKENS:], gamma=a.gamma,
-                         kappa=a.kappa, exit_layer=a.exit_layer, branches=a.branches,
-                         sampling=sampling, profile=profile)  # fmt: skip
+    def choose(ids: list[int], sampling, target_cache=None, draft_cache=None) -> tuple[str, dict]:
+        """Given empty caches, the probe prefills them with all of `ids` (pass them on to
+        make_steps); without, it reads only the last PROBE_TOKENS (a chat's long history)."""
+        probe = list(ids) if target_cache is not None else list(ids)[-PROBE_TOKENS:]
+        rec = choose_for(pair.target, pair.draft, probe, gamma=a.gamma, kappa=a.kappa,
+                         exit_layer=a.exit_layer, branches=a.branches, sampling=sampling,
+                         profile=profile, target_cache=target_cache,
+                         draft_cache=draft_cache)  # fmt: skip
         return rec["choice"], rec
 
     return choose

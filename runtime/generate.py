@@ -146,9 +146,11 @@ def generate(a: argparse.Namespace) -> dict:
         emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
     max_new = min(a.max_tokens, pair.target.config.max_context - len(ids))
     sampling = Sampling(a.temp, a.top_p, a.top_k)
-    method, auto = a.method, None
-    if method == AUTO:
-        method, auto = auto_chooser(a, pair)(ids, sampling)
+    method, auto, caches = a.method, None, {}
+    if method == AUTO:  # the probe's passes over the prompt are its prefill: keep the caches
+        caches = {"target_cache": pair.target.new_cache(),
+                  "draft_cache": pair.draft.new_cache() if pair.draft is not None else None}  # fmt: skip
+        method, auto = auto_chooser(a, pair)(ids, sampling, **caches)
         if a.trace and method != "mirror":
             print(f"no trace written: auto picked {method}, not mirror", file=sys.stderr)
     timeline = Timeline() if method == "mirror" else None
@@ -166,6 +168,7 @@ def generate(a: argparse.Namespace) -> dict:
         timeline=timeline,
         branches=a.branches,
         draft_process=a.draft_process,
+        **caches,
     )
     stats = RunStats(prefill_tokens=len(ids))
     out: list[int] = []

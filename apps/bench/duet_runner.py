@@ -45,9 +45,11 @@ class DuetRunner:
         stats = RunStats(prefill_tokens=len(ids))
         out: list[int] = []
         t0 = time.perf_counter()
-        method, note = self.method, None
-        if self.chooser is not None:
-            method, rec = self.chooser(ids, Sampling(temp, top_p))
+        method, note, caches = self.method, None, {}
+        if self.chooser is not None:  # its probe prefills the caches the chosen method then uses
+            caches = {"target_cache": self.pair.target.new_cache(),
+                      "draft_cache": self.pair.draft.new_cache()}  # fmt: skip
+            method, rec = self.chooser(ids, Sampling(temp, top_p), **caches)
             self.picked[method] = self.picked.get(method, 0) + 1
             note = f"auto picked {method}: {rec['why']}"
         draft = self.pair.draft if method != "ar" else None
@@ -60,6 +62,7 @@ class DuetRunner:
             sampling=Sampling(temp, top_p),
             seed=seed,
             gamma=self.gamma,
+            **caches,
             **self.extra,
         )
         for toks, _ in stream(steps, max_new=max_new, eos_ids=self.eos, stats=stats):
