@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="mirror: target layer ℓe whose hidden state gives the early exit (default N/2)",
     )
+    ap.add_argument("--exit-head", choices=("raw", "tuned"), default=None,
+                    help="mirror: the early exit's head: raw, or tuned (python -m apps.train "
+                    "exit-head); default tuned when one is stored beside the target")  # fmt: skip
     ap.add_argument(
         "--trace",
         metavar="FILE",
@@ -168,6 +171,7 @@ def generate(a: argparse.Namespace) -> dict:
         timeline=timeline,
         branches=a.branches,
         draft_process=a.draft_process,
+        exit_head=a.exit_head,
         **caches,
     )
     stats = RunStats(prefill_tokens=len(ids))
@@ -194,7 +198,8 @@ def generate(a: argparse.Namespace) -> dict:
         **pair.settings,
     )
     if timeline is not None:
-        stats.extra.update(draft_worker="process" if a.draft_process else "thread", kappa=a.kappa, exit_layer=events[0].extra.get("exit_layer") if events else None,
+        stats.extra.update(draft_worker="process" if a.draft_process else "thread", kappa=a.kappa,
+                           exit_head=events[0].extra.get("exit_head") if events else None, exit_layer=events[0].extra.get("exit_layer") if events else None,
                            mirror=mirror_summary(events, timeline))  # fmt: skip
         if a.trace:
             timeline.write(a.trace, label="Duet Mirror-SD" + (f" ({emu.label})" if emu else ""))

@@ -37,6 +37,7 @@ class Setup:
     emu: object | None = None  # devices.emulation.Emulator under --emulate
     branches: int = DEFAULT_BRANCH_BATCH  # branch rollouts per batched draft pass
     draft_process: bool = False  # the draft worker in its own process (--draft-process)
+    exit_head: str | None = None  # raw | tuned (default: tuned when stored)
 
     @property
     def label(self) -> str:
@@ -87,7 +88,8 @@ def run_mirror(setup: Setup, *, kappa: int, exit_layer: int, desc: str = "profil
         steps = make_steps("mirror", pair.target, pair.draft, ids, max_new=n,
                            sampling=setup.sampling, seed=setup.seed + i, gamma=setup.gamma,
                            kappa=kappa, exit_layer=exit_layer, timeline=run.timeline,
-                           branches=setup.branches, draft_process=setup.draft_process)  # fmt: skip
+                           branches=setup.branches, draft_process=setup.draft_process,
+                           exit_head=setup.exit_head)  # fmt: skip
         toks, evs, t0 = [], [], time.perf_counter()
         for t, ev in stream(steps, max_new=n, eos_ids=eos):
             toks += t
@@ -174,6 +176,7 @@ def summarize(run: Run, setup: Setup, *, kappa: int, exit_layer: int) -> dict:
             "kappa": kappa,
             "branches": setup.branches,
             "draft_worker": "process" if setup.draft_process else "thread",
+            "exit_head": run.events[0].extra.get("exit_head") if run.events else None,
             "exit_layer": exit_layer,
             "num_layers": cfg.num_layers,
             "temp": setup.sampling.temp,

@@ -25,6 +25,7 @@ from runtime.decoding.events import GREEDY, Sampling, StepEvent, pending, rewind
 from runtime.errors import DuetError
 from runtime.mirror.branches import in_tree
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH, DraftWorker
+from runtime.mirror.exit_head import resolve_exit_head
 from runtime.mirror.messages import EarlyExit, FinalVerify
 from runtime.mirror.timeline import Timeline, now_ns
 
@@ -79,13 +80,16 @@ def mirror_steps(
     draft_cache=None,
     branch_batch: int = DEFAULT_BRANCH_BATCH,
     draft_process: bool = False,
+    exit_head: str | None = None,
 ) -> Iterator[StepEvent]:
     """Yield one StepEvent per Mirror-SD step; `extra` carries the step's timings and reuse.
 
     draft_process: run the draft worker in its own process (runtime/mirror/draft_process.py)
-    instead of a thread of this one."""
+    instead of a thread of this one. exit_head: "raw", "tuned" (runtime/mirror/exit_head.py),
+    or None for the tuned head when one is stored beside the target."""
     le = check_mirror_args(target, gamma, kappa, exit_layer)
     check_branch_draft(draft, branch_batch)
+    tuned = resolve_exit_head(target, le, exit_head)
     n = target.config.num_layers
     tl = timeline if timeline is not None else Timeline()
     seq = list(seq)
@@ -115,7 +119,8 @@ def mirror_steps(
             g = len(win.tokens)
             window = pending(tc, seq) + win.tokens
             h = target.forward_layers(np.array([window]), tc, 0, le)
-            ids, logp = topk_message(target.head(h)[0, -(g + 1) :], kappa)  # eq. 7, bf16 log-probs
+            h_exit = h if tuned is None else tuned.apply(h)  # only the proposal: the suffix uses h
+            ids, logp = topk_message(target.head(h_exit)[0, -(g + 1) :], kappa)  # eq. 7, bf16
             payload = encode(ids, logp)
             t1 = now_ns()
             worker.send(EarlyExit(step, payload, t1))
@@ -154,6 +159,7 @@ def mirror_steps(
                 "payload_bytes": len(payload),
                 "window_source": win.source,
                 "exit_layer": le,
+                "exit_head": "raw" if tuned is None else "tuned",
             }
             step += 1
             if more:
@@ -195,6 +201,7 @@ class Options:
     exit_layer: int | None = None  # ℓe (default N/2)
     branches: int = DEFAULT_BRANCH_BATCH  # rows per batched branch-rollout pass
     draft_process: bool = False  # the draft worker in its own process (--draft-process)
+    exit_head: str | None = None  # raw | tuned (default: tuned when one is stored)
 
 
 def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
@@ -204,4 +211,5 @@ def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=
                         kappa=options.kappa, exit_layer=options.exit_layer, sampling=sampling,
                         seed=seed, timeline=timeline, target_cache=target_cache,
                         draft_cache=draft_cache, branch_batch=options.branches,
-                        draft_process=options.draft_process)  # fmt: skip
+                        draft_process=options.draft_process,
+                        exit_head=options.exit_head)  # fmt: skip
