@@ -338,7 +338,7 @@ def to_profile(
         }
         | (
             {}
-            if cal.target_slowdown is None
+            if cal.target_slowdown is None  # not measured, or the draft cannot run in a thread
             else {
                 "target_slowdown": fig(
                     cal.target_slowdown,

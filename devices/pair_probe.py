@@ -101,23 +101,29 @@ def measure_stages(target, draft, *, gamma: int, branches: int, repeats: int = 1
     return out
 
 
-def _slowdown(draft, prompt, branches: int, tpass, repeats: int) -> float:
+def _slowdown(draft, prompt, branches: int, tpass, repeats: int) -> float | None:
     """Target pass beside a draft thread looping branch passes / the pass alone: rounds
-    alternate the draft on and off, so load drifting on a shared machine cancels out."""
+    alternate the draft on and off, so load drifting on a shared machine cancels out.
+    None when the draft cannot run in another thread (then neither can Mirror-SD's worker)."""
     side = draft.new_cache()
     draft.forward(prompt, side)
     side = side.fork([0] * branches)
     x = np.repeat(prompt[:, :1], branches, 0)
     go, stop, idle = threading.Event(), threading.Event(), threading.Event()
+    failed: list[BaseException] = []
 
     def loop():
-        while not stop.is_set():
-            if not go.wait(0.005):
-                idle.set()
-                continue
-            idle.clear()
-            draft.forward(x, side)
-            side.trim(1)
+        try:
+            while not stop.is_set():
+                if not go.wait(0.005):
+                    idle.set()
+                    continue
+                idle.clear()
+                draft.forward(x, side)
+                side.trim(1)
+        except Exception as e:  # e.g. an MLX draft, whose stream belongs to the loading thread
+            failed.append(e)
+            idle.set()
 
     th = threading.Thread(target=loop, name="duet-probe-draft", daemon=True)
     th.start()
@@ -140,7 +146,7 @@ def _slowdown(draft, prompt, branches: int, tpass, repeats: int) -> float:
         stop.set()
         go.set()
         th.join()
-    return statistics.median(beside) / statistics.median(alone)
+    return None if failed else statistics.median(beside) / statistics.median(alone)
 
 
 def from_profile(profile, *, gamma: int, branches: int) -> dict:
@@ -204,9 +210,11 @@ def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampl
         if profile is not None
         else measure_stages(target, draft, gamma=gamma, branches=branches)
     )
+    if st["target_slowdown"] is None:  # unmeasurable: mirror is not a candidate (choose_for)
+        st = dict(st, target_slowdown=1.0)
     alpha = pair_acceptance(target, draft, ids, gamma=gamma, sampling=sampling)
     omega = probe_prompt(target, draft, ids, sampling=sampling, kappa=kappa, exit_layer=le,
-                                target_cache=target_cache, draft_cache=draft_cache)  # fmt: skip
+                         target_cache=target_cache, draft_cache=draft_cache)  # fmt: skip
     return StageTimes(acceptance=alpha, omega_kappa=omega, exit_fraction=le / n, **st)
 
 
@@ -232,6 +240,10 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
     runnable = runnable_methods(target, draft)
     if runnable == ["ar"]:
         return {"choice": "ar", "why": "no draft model: ar is the only method", "predictions": {}}
+    if profile is None:
+        st = measure_stages(target, draft, gamma=gamma, branches=branches or DEFAULT_BRANCH_BATCH)
+        if st["target_slowdown"] is None:  # the draft failed in a worker thread
+            runnable.remove("mirror")
     t = stage_times(target, draft, ids, gamma=gamma, branches=branches or DEFAULT_BRANCH_BATCH,
                     kappa=kappa or 8, exit_layer=exit_layer, sampling=sampling,
                     profile=profile, target_cache=target_cache, draft_cache=draft_cache)  # fmt: skip
