@@ -12,8 +12,9 @@ A calibrated profile (`python -m devices calibrate`) may supply the stage times 
 Acceptance α: from a short `sd` run (RUN_TOKENS tokens) on the first prompt seen, the
 α whose E[τ] equals the mean tokens committed per step (cached per pair, γ and temperature):
 the models' agreement on the target's own continuation, which is what sd and mirror verify.
-Ω̂_κ, prompt-dependent, from the probe's pass over the prompt: the mean final-distribution
-mass in the exit layer's top-κ (eq. 9), shrunk toward 0.4 with the weight of 8 positions.
+Ω̂_κ, prompt-dependent, from the probe's pass over the prompt (its last 32 positions): the
+mean final-distribution mass in the exit layer's top-κ (eq. 9), shrunk toward 0.4 with the
+weight of 8 positions. The probe's passes are the chosen method's prefill (caches handed on).
 Stage times are cached per (target, draft, γ, branches) for the life of the process.
 """
 
@@ -29,6 +30,7 @@ from devices.method_choice import StageTimes
 
 PRIOR_OMEGA, PRIOR_WEIGHT = 0.4, 8.0
 RUN_TOKENS = 48
+OMEGA_POSITIONS = 32  # Ω̂ from the prompt's last positions: two heads over all would cost more
 _CACHE: dict[tuple, dict] = {}
 _ALPHA: dict[tuple, float] = {}
 
@@ -185,7 +187,7 @@ def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_la
     exit_logits = None
     if exit_layer is not None and getattr(target, "supports_layer_range", False):
         h = target.forward_layers(x, tc, 0, exit_layer)
-        exit_logits = target.head(h)[0]  # eq. 6 at ℓe, every prompt position
+        exit_logits = target.head(h[:, -OMEGA_POSITIONS:])[0]  # eq. 6 at ℓe, the last positions
         tl = target.head(target.forward_layers(h, tc, exit_layer, target.config.num_layers))[0]
     else:
         tl = target.forward(x, tc)[0]  # (T, V)
@@ -194,6 +196,7 @@ def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_la
     omega = []
     if exit_logits is not None:
         ids_k, _ = topk_message(exit_logits, kappa)
+        tl = tl[-len(exit_logits) :]
         pf = np.exp(tl - tl.max(-1, keepdims=True))
         pf /= pf.sum(-1, keepdims=True)
         omega = np.take_along_axis(pf, ids_k.astype(np.int64), -1).sum(-1).tolist()
