@@ -112,3 +112,40 @@ def test_a_draft_without_a_load_spec_is_refused(pair):
 
     with pytest.raises(DuetError, match="--draft-process needs a draft loaded from a path"):
         run(steps(target, Wrapped()), max_new=4)
+
+
+def test_a_completed_branch_is_taken_from_the_shared_board(pair):
+    """§3.1 reuse across processes: the target takes the branch (A, c) the draft process
+    published, at once, and the draft then sends no second copy of that window."""
+    import time
+
+    import numpy as np
+
+    from kernels.topk_channel import encode
+    from runtime.decoding.sd import draft_window
+    from runtime.mirror.draft_process import ProcessDraftWorker, draft_host
+    from runtime.mirror.messages import EarlyExit, FinalVerify
+    from runtime.mirror.timeline import Timeline, now_ns
+
+    _, draft = pair
+    w = ProcessDraftWorker(draft_host(draft), sampling=Sampling(), seed=0, gamma=3, kappa=4,
+                           vocab=draft.config.vocab_size, max_new=100, ctx=256,
+                           timeline=Timeline())  # fmt: skip
+    w.start(PROMPT)
+    win = w.receive(0)
+    c = (win.tokens[1] + 3) % 300
+    ids = np.array([[win.tokens[0], 300, 301, 302], [win.tokens[1], c, 303, 304],
+                    [win.tokens[2], 305, 306, 307], [308, 309, 310, 311]])  # fmt: skip
+    w.send(EarlyExit(0, encode(ids.astype(np.int32), np.full(ids.shape, -1.6, np.float32)),
+                     now_ns()))  # fmt: skip
+    deadline = time.time() + 20
+    while (got := w.take(0, 1, c)) is None:  # published when its wave's last pass ends
+        assert time.time() < deadline
+        time.sleep(0.002)
+    w.send(FinalVerify(0, 1, c, now_ns()))
+    seq = PROMPT + win.tokens[:1] + [c]
+    fresh = draft_window(draft, draft.new_cache(), seq, 3, Sampling(), None)[0]
+    assert got.source == "reuse" and got.step == 1 and got.tokens == fresh
+    assert not w.host.conn.poll(0.3)  # claimed: the draft sends no second copy
+    w.finish(seq)  # no window was sent for step 1: the stop is acknowledged, nothing else
+    assert draft._duet_draft_host.cached == seq[: len(draft._duet_draft_host.cached)]

@@ -13,9 +13,10 @@ sentinel) and raised as one clear RuntimeError, the process reaped; closing the 
 early or Ctrl-C (the child ignores SIGINT; the target's `finally` stops it) ends the
 generation, and a child that does not answer the stop within 1 s is killed.
 
-What this does not do: the board of completed branches (DraftWorker.take) is not shared
-across processes, so on reuse the target waits for the window message instead of taking
-it at once; and an emulated draft (devices.emulated_model) cannot be sent to a process.
+The board of completed branches (DraftWorker.take) is shared too (shm_channel.Board, under
+a multiprocessing Lock): on reuse the target takes its next window at once, as with the
+thread worker. What this does not do: send an emulated draft (devices.emulated_model) to a
+process.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ from runtime.errors import DuetError
 from runtime.mirror import shm_channel as wire
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH, DraftWorker
 from runtime.mirror.messages import STOP, EarlyExit, FinalVerify, Window, WorkerFailed
-from runtime.mirror.shm_channel import Layout, Slots
+from runtime.mirror.shm_channel import Board, Layout, Slots
 from runtime.mirror.timeline import Timeline, now_ns
 
 LOAD_TIMEOUT_S = 300.0  # spawning + importing + loading (an on-the-fly ONNX export included)
 STOP_TIMEOUT_S = 1.0  # a child that does not acknowledge a stop by then is killed
+LOCK_TIMEOUT_S = 1.0  # the board's lock is held for microseconds; longer means a dead holder
 POLL_S = 0.05
 
 
@@ -54,8 +56,9 @@ class DraftHost:
     def __init__(self, spec: tuple):
         ctx = get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=child_main, args=(child, spec), name="duet-draft-process",
-                                daemon=True)  # fmt: skip
+        self.lock = ctx.Lock()  # guards the completed-branch board (shm_channel.Board)
+        self.proc = ctx.Process(target=child_main, args=(child, spec, self.lock),
+                                name="duet-draft-process", daemon=True)  # fmt: skip
         self.proc.start()
         child.close()
         self.cached: list[int] = []  # the tokens the child's draft cache holds
@@ -139,14 +142,16 @@ class ProcessDraftWorker:
                  vocab: int, max_new: int, ctx: int, timeline: Timeline,
                  branch_batch: int = DEFAULT_BRANCH_BATCH):  # fmt: skip
         self.host, self.tl = host, timeline
-        self.slots = Slots(Layout(gamma, kappa, vocab, not sampling.greedy))
+        layout = Layout(gamma, kappa, vocab, not sampling.greedy)
+        self.slots = Slots(layout)
+        self.board = Board(layout, host.lock)
         self.args = dict(sampling=sampling, seed=seed, gamma=gamma, max_new=max_new, ctx=ctx,
                          branch_batch=branch_batch)  # fmt: skip
 
     def start(self, seq: list[int]) -> None:
         keep = _common_prefix(self.host.cached, seq)
         args = dict(self.args, seq=list(seq), keep=keep, names=self.slots.names,
-                    layout=self.slots.layout)  # fmt: skip
+                    board=self.board.name, layout=self.slots.layout)  # fmt: skip
         self.host.send(wire.BEGIN + pickle.dumps(args))
 
     def send(self, msg) -> None:
@@ -171,8 +176,14 @@ class ProcessDraftWorker:
         return win
 
     def take(self, step: int, accepted: int, token: int) -> Window | None:
-        """The branch board lives in the draft process: the window always comes as a message."""
-        return None
+        """The target's side of reuse: the completed branch (A, c) of `step` from the shared
+        board, if the draft published it; the draft then does not send that window again."""
+        if not self.host.lock.acquire(timeout=LOCK_TIMEOUT_S):  # a child killed holding it
+            return None  # receive() then reports the death
+        try:
+            return self.board.take(step, (accepted, token))
+        finally:
+            self.host.lock.release()
 
     def finish(self, seq: list[int], draft_cache=None) -> None:
         """Stop this generation; the child keeps the committed prefix of `seq` cached.
@@ -195,6 +206,7 @@ class ProcessDraftWorker:
             pass
         finally:
             self.slots.close()
+            self.board.close()
 
     def _add_intervals(self, ivs) -> None:
         for lane, name, s, e, args in ivs:
@@ -255,7 +267,72 @@ class _PipeOutbox:
         self.conn.send_bytes(wire.WIN)
 
 
-def child_main(conn, spec: tuple) -> None:
+class _TimedLock:
+    """The board's multiprocessing Lock for DraftWorker's `with self._lock:`, bounded: a target
+    that died holding it must not leave this process blocked forever."""
+
+    def __init__(self, lock):
+        self.lock = lock
+
+    def __enter__(self):
+        if not self.lock.acquire(timeout=10 * LOCK_TIMEOUT_S):
+            raise RuntimeError("the completed-branch board's lock was never released")
+        return self
+
+    def __exit__(self, *exc):
+        self.lock.release()
+        return False
+
+
+class _BoardView:
+    """DraftWorker._ready in the child: `update` publishes into the shared board."""
+
+    def __init__(self, board: Board):
+        self.board = board
+
+    def update(self, wins: dict) -> None:
+        for key, w in wins.items():
+            self.board.publish(key, w)
+
+
+class _ProcessWorker(DraftWorker):
+    """DraftWorker whose board of completed branches (_ready, _ready_step, _claimed) is the
+    shared-memory Board, so the target in the other process can take a branch at once."""
+
+    def __init__(self, draft, board: Board, **kw):
+        self.board = board  # before DraftWorker.__init__, which sets the properties below
+        super().__init__(draft, **kw)
+        self._lock = _TimedLock(board.lock)
+
+    @property
+    def _ready(self):
+        return _BoardView(self.board)
+
+    @_ready.setter
+    def _ready(self, value) -> None:  # `= {}`: the step's open/close below clears the board
+        pass
+
+    @property
+    def _ready_step(self) -> int:
+        return self.board.step()
+
+    @_ready_step.setter
+    def _ready_step(self, step: int) -> None:
+        if step < 0:
+            self.board.close_step()
+        else:
+            self.board.open(step)
+
+    @property
+    def _claimed(self) -> bool:
+        return bool(self.board.head[2])
+
+    @_claimed.setter
+    def _claimed(self, value: bool) -> None:
+        self.board.head[2] = int(value)
+
+
+def child_main(conn, spec: tuple, lock) -> None:
     """The draft process: load the draft, then serve generations until QUIT or the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the target's; it stops us
     try:
@@ -274,18 +351,19 @@ def child_main(conn, spec: tuple) -> None:
             if msg[:1] == wire.QUIT:
                 return
             if msg[:1] == wire.BEGIN:
-                cache = _serve(conn, draft, cache, pickle.loads(msg[1:]))
+                cache = _serve(conn, draft, cache, pickle.loads(msg[1:]), lock)
             # anything else is a stop for a generation that already ended: ignore it
     except EOFError:  # the target's process is gone
         return
 
 
-def _serve(conn, draft, cache, args: dict):
+def _serve(conn, draft, cache, args: dict, lock):
     """One generation: DraftWorker's loop over the slots; returns the cache to keep."""
     rewind(cache, args["keep"])
     slots = Slots(args["layout"], args["names"])
+    board = Board(args["layout"], lock, args["board"])
     tl = Timeline()
-    w = DraftWorker(draft, sampling=args["sampling"], seed=args["seed"], gamma=args["gamma"],
+    w = _ProcessWorker(draft, board, sampling=args["sampling"], seed=args["seed"], gamma=args["gamma"],
                     max_new=args["max_new"], ctx=args["ctx"], timeline=tl, cache=cache,
                     branch_batch=args["branch_batch"])  # fmt: skip
     w.inbox, w.outbox = _PipeInbox(conn, slots), _PipeOutbox(conn, slots, tl)
@@ -302,3 +380,4 @@ def _serve(conn, draft, cache, args: dict):
         return draft.new_cache() if w.outbox.failed else w.cache
     finally:
         slots.close()
+        board.close()

@@ -137,3 +137,87 @@ class Slots:
                     shm.unlink()
                 except FileNotFoundError:
                     pass
+
+
+class Board:
+    """The completed-branch board in shared memory (DraftWorker._ready across processes).
+
+    The draft publishes each branch (A, c) the moment its rollout completes; the target,
+    holding the verdict, takes the branch at once (reuse without a rendezvous) and marks the
+    board claimed, so the draft does not send that window again. Both sides hold `lock`
+    (a multiprocessing Lock) around every access. Header: step (-1: closed), entries, claimed.
+    """
+
+    def __init__(self, layout: Layout, lock, name: str | None = None):
+        L = self.layout = layout
+        self.cap = (L.gamma + 1) * L.kappa
+        self.lock = lock
+        qb = 4 * L.q_rows * L.vocab
+        row = 8 * (6 + L.gamma) + qb + (-qb) % 8  # a, c, n, sent, ee_recv, ready; toks; q
+        size = 8 * 3 + self.cap * row
+        self.owner = name is None
+        self.shm = shared_memory.SharedMemory(create=True, size=size) if name is None else \
+            shared_memory.SharedMemory(name=name)  # fmt: skip
+        buf = self.shm.buf
+        self.head = np.ndarray((3,), np.int64, buf, 0)
+        self.meta = np.ndarray((self.cap, 6 + L.gamma), np.int64, buf, 24,
+                               (row, 8))  # fmt: skip
+        self.q = np.ndarray((self.cap, L.q_rows, L.vocab), np.float32, buf,
+                            24 + 8 * (6 + L.gamma), (row, 4 * L.vocab, 4))  # fmt: skip
+        if self.owner:
+            self.head[:] = (-1, 0, 0)
+
+    @property
+    def name(self) -> str:
+        return self.shm.name
+
+    # ---- the draft's side (call with the lock held) ------------------------------------------
+    def open(self, step: int) -> None:
+        self.head[:] = (step, 0, 0)
+
+    def close_step(self) -> bool:
+        """Close the board; True if the target claimed a branch from it."""
+        claimed = bool(self.head[2])
+        self.head[:] = (-1, 0, 0)
+        return claimed
+
+    def step(self) -> int:
+        return int(self.head[0])
+
+    def publish(self, key: tuple[int, int], w: Window) -> None:
+        n = int(self.head[1])
+        if n >= self.cap or any(tuple(self.meta[i, :2]) == key for i in range(n)):
+            return
+        g = len(w.tokens)
+        self.meta[n, :6] = (key[0], key[1], g, w.sent_ns, w.info["ee_recv_ns"], w.info["ready_ns"])
+        self.meta[n, 6 : 6 + g] = w.tokens
+        if self.layout.q_rows and g:
+            self.q[n, :g] = w.q
+        self.head[1] = n + 1
+
+    # ---- the target's side (call with the lock held) -----------------------------------------
+    def take(self, step: int, key: tuple[int, int]) -> Window | None:
+        if int(self.head[0]) != step:
+            return None
+        for i in range(int(self.head[1])):
+            a, c, g, sent, ee_recv, ready = (int(x) for x in self.meta[i, :6])
+            if (a, c) == key:
+                self.head[2] = 1
+                q = self.q[i, :g].copy() if self.layout.q_rows else \
+                    np.zeros((0, self.layout.vocab), np.float32)  # fmt: skip
+                info = {"ee_recv_ns": ee_recv, "ready_ns": ready, "source": "reuse",
+                        "fallback_ns": 0, "shared": True}  # fmt: skip
+                return Window(step + 1, self.meta[i, 6 : 6 + g].tolist(), q, sent, "reuse", info)
+        return None
+
+    def close(self) -> None:
+        self.head = self.meta = self.q = None
+        try:
+            self.shm.close()
+        except BufferError:
+            pass
+        if self.owner:
+            try:
+                self.shm.unlink()
+            except FileNotFoundError:
+                pass
