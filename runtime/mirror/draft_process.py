@@ -160,8 +160,8 @@ class ProcessDraftWorker:
             self.host.send(wire.EE)
         else:
             assert isinstance(msg, FinalVerify)
-            self.slots.put_final(msg)
-            self.host.send(wire.FV)
+            slot = self.slots.put_final(msg)
+            self.host.send(wire.FV + bytes([slot]))
 
     def receive(self, step: int) -> Window:
         """The window for `step`; raises promptly if the worker failed or its process died."""
@@ -233,7 +233,7 @@ class _PipeInbox:
         if tag[:1] == wire.EE:
             return self.slots.get_early_exit()
         if tag[:1] == wire.FV:
-            return self.slots.get_final()
+            return self.slots.get_final(tag[1])
         self.stop_tag = tag
         return STOP
 

@@ -7,9 +7,11 @@ their q — is written into `multiprocessing.shared_memory` buffers (the standar
 named shared memory: no copy through a pipe or pickle for the window's γ×V floats); a
 one-byte tag sent over a `multiprocessing` Pipe says which slot was just written.
 
-One slot per message kind suffices because the protocol is lock-step: the target sends
-EarlyExit(s) then FinalVerify(s), and sends EarlyExit(s+1) only once it holds Window(s+1),
-which the draft sends only after reading FinalVerify(s). No slot is rewritten unread.
+Why these slots suffice: the target sends EarlyExit(s+1) only once it holds Window(s+1),
+which the draft publishes or sends only after reading EarlyExit(s): one EE slot. But a
+target that takes Window(s+1) from the board (Board below) can send FinalVerify(s+1)
+before the draft has read FinalVerify(s) — never FinalVerify(s+2), which needs Window(s+2),
+which needs the draft past FinalVerify(s) — so FinalVerify has two slots, by step parity.
 
 Not here: the worker's rollouts (draft_worker.py) and the process's life (draft_process.py).
 """
@@ -45,7 +47,7 @@ class Layout:
 
     @property
     def down_bytes(self) -> int:  # target -> draft: EE header (3 i64) + payload, FV (4 i64)
-        return 8 * 3 + self.ee_cap + 8 * 4
+        return 8 * 3 + self.ee_cap + 8 * 8
 
     @property
     def q_rows(self) -> int:
@@ -74,7 +76,7 @@ class Slots:
         d, u = self.down.buf, self.up.buf
         self.ee_head = np.ndarray((3,), np.int64, d, 0)  # step, sent_ns, nbytes
         self.ee_body = d[24 : 24 + L.ee_cap]
-        self.fv = np.ndarray((4,), np.int64, d, 24 + L.ee_cap)  # step, A, c, sent_ns
+        self.fv = np.ndarray((2, 4), np.int64, d, 24 + L.ee_cap)  # [step % 2]: step, A, c, sent
         self.win_head = np.ndarray((5,), np.int64, u, 0)  # step, n, sent_ns, q rows, info bytes
         self.win_toks = np.ndarray((L.gamma,), np.int64, u, 40)
         q_at = 40 + 8 * L.gamma
@@ -97,11 +99,13 @@ class Slots:
         step, sent, n = (int(x) for x in self.ee_head)
         return EarlyExit(step, bytes(self.ee_body[:n]), sent)
 
-    def put_final(self, m: FinalVerify) -> None:
-        self.fv[:] = (m.step, m.accepted, m.token, m.sent_ns)
+    def put_final(self, m: FinalVerify) -> int:
+        """Write (A, c) into the slot of its step's parity; returns that slot."""
+        self.fv[m.step % 2] = (m.step, m.accepted, m.token, m.sent_ns)
+        return m.step % 2
 
-    def get_final(self) -> FinalVerify:
-        step, a, c, sent = (int(x) for x in self.fv)
+    def get_final(self, slot: int) -> FinalVerify:
+        step, a, c, sent = (int(x) for x in self.fv[slot])
         return FinalVerify(step, a, c, sent)
 
     # ---- draft -> target ---------------------------------------------------------------------
