@@ -9,6 +9,8 @@ latency.py        FlexSpec eq. (7)-(11), Mirror-SD eq. (10)/(14) and App. C, CU-
 links.py          named link conditions 5g / 4g / wifi-weak and block fading
 fit.py            least squares with R²
 calibrate.py      measure this machine with the real backends
+method_choice.py  `--method auto`: ar / sd / mirror tokens/s from stage times, the fastest
+pair_probe.py     the stage times, contention and acceptance auto needs, on the pair at hand
 emulation.py      Emulator: pad real stages to a profile's predicted times
 emulated_model.py wrap a loaded model so every pass runs inside an emulated stage
 __main__.py       python -m devices list | show | calibrate | latency

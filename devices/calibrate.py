@@ -7,6 +7,10 @@ What is measured (medians over `repeats`), and what is fitted by least squares:
   target per-layer time c_ℓ     each layer alone over a window of T    c_ℓ(T) ≈ c_layer + T·c_layer_per_token
   rendezvous                    a queue.Queue round trip between two    T_rv = T_rv(ee) + T_rv(fv)
                                 threads carrying a top-κ payload
+  contention                    the target's γ+1 window pass while a    target_slowdown (x)
+                                draft thread loops branch passes beside
+                                it, over the pass alone; one batched    draft_batch_step (s)
+                                branch pass (devices.pair_probe)
   memory bandwidth, peak        a numpy copy and a float32 matmul
 
 Models come from runtime.backends.load_model. Thread counts are whatever each
@@ -185,6 +189,8 @@ class Calibration:
     bandwidth_Bps: float
     peak_flops: float
     fits: dict[str, LinearFit] = field(default_factory=dict)
+    target_slowdown: float | None = None  # what `--method auto` needs for Mirror-SD
+    draft_batch_s: float | None = None
 
     def fit(self) -> Calibration:
         """Least-squares fits of FlexSpec's and Mirror-SD's linear forms (see module docstring)."""
@@ -228,7 +234,14 @@ def run_calibration(
     for label, fn in bar:
         bar.set_postfix_str(label)
         results.append(fn())
-    return Calibration(*results).fit()
+    cal = Calibration(*results).fit()
+    if getattr(target, "supports_layer_range", None) is not None:
+        from devices.pair_probe import measure_stages
+        from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
+
+        st = measure_stages(target, draft, gamma=4, branches=DEFAULT_BRANCH_BATCH, repeats=repeats)
+        cal.target_slowdown, cal.draft_batch_s = st["target_slowdown"], st["draft_batch"]
+    return cal
 
 
 def host_description() -> str:
@@ -322,5 +335,18 @@ def to_profile(
                 "s",
                 "median queue.Queue round trip of a top-4 x 8 payload between two threads",
             ),
-        },
+        }
+        | (
+            {}
+            if cal.target_slowdown is None  # not measured, or the draft cannot run in a thread
+            else {
+                "target_slowdown": fig(
+                    cal.target_slowdown,
+                    "x",
+                    "target 5-token window pass beside a draft thread looping 8-row branch "
+                    "passes, over the pass alone (medians)",
+                ),
+                "draft_batch_step": fig(cal.draft_batch_s, "s", "median 8-row draft pass"),
+            }
+        ),
     }

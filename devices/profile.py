@@ -75,7 +75,11 @@ LATENCY_FIELDS = (
     "c_layer_per_token",
     "t_rv",
 )
-UNIT_SCALE = {"GB": 1e9, "GB/s": 1e9, "TFLOPS": 1e12, "TOPS": 1e12, "s": 1.0, "devices": 1.0}
+# optional (calibrated): the target's slowdown while the draft computes beside it, and one
+# batched branch pass of the draft (what `--method auto`'s Mirror-SD prediction needs)
+OPTIONAL_LATENCY = {"target_slowdown": ("x",), "draft_batch_step": ("s",)}
+UNIT_SCALE = {"GB": 1e9, "GB/s": 1e9, "TFLOPS": 1e12, "TOPS": 1e12, "s": 1.0, "devices": 1.0,
+              "x": 1.0}  # fmt: skip
 
 
 class ProfileError(DuetError):
@@ -286,7 +290,14 @@ def parse_profile(data: dict, where: str) -> Profile:
     ref_d = _str(lat, "reference_draft", where, "latency.")
     ref_t = _str(lat, "reference_target", where, "latency.")
     latency = {k: _figure(lat, k, where, ("s",), "latency.") for k in LATENCY_FIELDS}
-    unknown = set(lat) - set(LATENCY_FIELDS) - {"reference_draft", "reference_target"}
+    latency |= {k: _figure(lat, k, where, u, "latency.") for k, u in OPTIONAL_LATENCY.items()
+                if k in lat}  # fmt: skip
+    unknown = (
+        set(lat)
+        - set(LATENCY_FIELDS)
+        - set(OPTIONAL_LATENCY)
+        - {"reference_draft", "reference_target"}
+    )
     if unknown:
         raise _err(
             where,

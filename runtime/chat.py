@@ -8,7 +8,7 @@ Tokens are printed as they are committed, and each answer ends with one stats
 line on stderr. The KV caches live across turns, so a turn only prefills what
 is new. The tokenizer's chat template is used when the checkpoint has one;
 otherwise each line continues the text so far (plain completion).
-Commands: /help, /reset (forget the conversation), /quit. Ctrl-C stops the
+Commands: /help, /reset (forget the conversation), /stats, /quit. Ctrl-C stops the
 current answer; at the prompt, Ctrl-C or EOF (Ctrl-D) ends the session.
 """
 
@@ -20,7 +20,14 @@ import contextlib
 import sys
 
 from runtime.chat_session import ChatSession, ChatTemplate, stats_line
-from runtime.cli_args import add_pair_args, check_decoding_args, load_pair_from_args
+from runtime.cli_args import (
+    AUTO,
+    add_auto_args,
+    add_pair_args,
+    auto_chooser,
+    check_decoding_args,
+    load_pair_from_args,
+)
 from runtime.decoding import METHODS, Sampling
 from runtime.edge.cli_args import add_edge_args, check_edge_args, edge_options
 from runtime.errors import DuetError, cli_main
@@ -29,6 +36,7 @@ from runtime.tokenizer import Detokenizer
 HELP = """commands:
   /help    this text
   /reset   forget the conversation (fresh KV caches)
+  /stats   the last answer's figures (and, with --method auto, what it picked and why)
   /quit    end the session (also Ctrl-D, or Ctrl-C at the prompt)
 Ctrl-C while an answer streams stops that answer."""
 
@@ -41,7 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_pair_args(ap)
     add_edge_args(ap)
-    ap.add_argument("--method", choices=METHODS, default="sd", help="decoding method (default sd)")
+    ap.add_argument("--method", choices=(*METHODS, AUTO), default="sd",
+                    help="decoding method; auto: the one the latency model predicts fastest here, "
+                    "chosen per answer (default sd)")  # fmt: skip
+    add_auto_args(ap)
     ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default 4)")
     ap.add_argument("--kappa", type=int, default=None, help="channel width (methods that take it)")
     ap.add_argument(
@@ -67,7 +78,8 @@ def check_args(a: argparse.Namespace) -> None:
 
 
 def make_session(a: argparse.Namespace, notify) -> ChatSession:
-    pair = load_pair_from_args(a, need_draft=a.method != "ar")
+    alone = a.method == AUTO and a.target is not None and a.draft is None  # auto: ar then
+    pair = load_pair_from_args(a, need_draft=a.method != "ar" and not alone)
     if pair.tokenizer is None:
         raise DuetError(f"{pair.target_dir}: no tokenizer.json; the chat needs a tokenizer")
     edge = {}
@@ -93,6 +105,8 @@ def make_session(a: argparse.Namespace, notify) -> ChatSession:
         exit_layer=a.exit_layer,
         branches=a.branches,
         **edge,
+        draft_process=a.draft_process or None,
+        chooser=auto_chooser(a, pair) if a.method == AUTO else None,
     )
 
 
@@ -122,7 +136,25 @@ def answer(session: ChatSession, text: str, out) -> None:
     out.write("\n")
     out.flush()
     if session.last_stats is not None:
-        print(stats_line(session.method, session.last_stats), file=sys.stderr, flush=True)
+        s = session.last_stats
+        print(stats_line(s.extra.get("method", session.method), s), file=sys.stderr, flush=True)
+
+
+def stats_text(session: ChatSession) -> str:
+    """/stats: the last answer's figures, and auto's choice with every prediction."""
+    s = session.last_stats
+    if s is None:
+        return "[no answer yet]"
+    lines = [stats_line(s.extra.get("method", session.method), s)]
+    auto = s.extra.get("auto")
+    if auto:
+        lines.append(f"auto picked {auto['choice']}: {auto['why']}")
+        for m, p in auto.get("predictions", {}).items():
+            lines.append(f"  {m:<7} predicted {p['tokens_per_s']:.1f} tok/s, "
+                         f"step {p['step_ms']:.2f} ms, {p['tokens_per_step']:.2f} tokens/step")  # fmt: skip
+        if "inputs" in auto:
+            lines.append(f"  stage times {auto['inputs']['source']}")
+    return "\n".join(lines)
 
 
 def repl(session: ChatSession, interactive: bool) -> int:
@@ -149,6 +181,8 @@ def repl(session: ChatSession, interactive: bool) -> int:
                 return 0
             if cmd == "/help":
                 print(HELP, flush=True)
+            elif cmd == "/stats":
+                print(stats_text(session), flush=True)
             elif cmd == "/reset":
                 session.reset()
                 print("[conversation reset]", file=sys.stderr, flush=True)

@@ -91,6 +91,7 @@ class ChatSession:
         template: ChatTemplate | None = None,
         system: str | None = None,
         notify=lambda msg: None,
+        chooser=None,
         **strategy_extra,
     ):
         self.target, self.draft, self.tok = target, draft, tokenizer
@@ -98,6 +99,9 @@ class ChatSession:
         self.max_tokens, self.seed = max_tokens, seed
         self.template, self.system, self.notify = template, system, notify
         self.extra = strategy_kwargs(**strategy_extra)
+        # method "auto": chooser(prompt ids, sampling) -> (method, record), built by the command
+        # layer (runtime.cli_args.auto_chooser); asked once per answer
+        self.chooser = chooser
         ctxs = [target.config.max_context] + ([draft.config.max_context] if draft else [])
         self.context = min(ctxs)
         self.eos = tuple(target.config.eos_token_ids)
@@ -170,8 +174,13 @@ class ChatSession:
             rewind(c, keep)
         max_new = max(1, min(self.max_tokens, self.context - len(seq)))
         stats = RunStats(prefill_tokens=len(seq) - self.tcache.offset)  # what this turn feeds
+        method, auto = self.method, None
+        if method == "auto":
+            method, auto = self.chooser(seq, self.sampling)
+            stats.extra["auto"] = auto
+        stats.extra["method"] = method
         steps = make_steps(
-            self.method,
+            method,
             self.target,
             self.draft,
             seq,

@@ -15,6 +15,8 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument("--target-backend", choices=TARGET_BACKENDS, default="auto",
                     help="runs the target: auto = mlx on macOS (Metal), torch elsewhere (default auto)")  # fmt: skip
+    ap.add_argument("--target-device", choices=["cpu", "cuda"], default="cpu",
+                    help="PyTorch target: cpu, or cuda (a GPU; the draft stays on the CPU) (default cpu)")  # fmt: skip
     ap.add_argument("--target-threads", type=int, default=None,
                     help="PyTorch target threads (default: the cores the draft leaves)")  # fmt: skip
     ap.add_argument("--draft-backend", choices=["onnx", "mlx", "torch"], default=None,
@@ -23,6 +25,9 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
                     help="ONNX Runtime intra-op threads for the draft (default 1)")  # fmt: skip
     ap.add_argument("--provider", default="cpu",
                     help="ONNX Runtime execution provider: cpu, coreml, cuda, tensorrt, qnn (default cpu)")  # fmt: skip
+    ap.add_argument("--draft-process", action="store_true",
+                    help="mirror: run the draft worker in its own process (shared-memory channel) "
+                    "instead of a thread")  # fmt: skip
 
 
 def load_pair_from_args(a: argparse.Namespace, *, need_draft: bool) -> Pair:
@@ -35,7 +40,7 @@ def load_pair_from_args(a: argparse.Namespace, *, need_draft: bool) -> Pair:
         raise DuetError(f"--target-threads must be at least 1 (got {a.target_threads})")
     return load_pair(a.target, a.draft, need_draft=need_draft, target_backend=a.target_backend,
                      draft_backend=a.draft_backend, draft_threads=a.draft_threads, provider=a.provider,
-                     target_threads=a.target_threads)  # fmt: skip
+                     target_threads=a.target_threads, target_device=a.target_device)  # fmt: skip
 
 
 def check_decoding_args(a: argparse.Namespace) -> None:
@@ -53,3 +58,42 @@ def check_decoding_args(a: argparse.Namespace) -> None:
     method = getattr(a, "method", "mirror")
     if method != "ar" and a.gamma < 1:
         raise DuetError(f"--gamma must be at least 1 for --method {method} (got {a.gamma})")
+
+
+AUTO = "auto"  # a chooser, not a method: resolved to one of METHODS before make_steps
+
+
+def add_auto_args(ap: argparse.ArgumentParser) -> None:
+    """--device-profile: where `--method auto` takes its stage times from."""
+    ap.add_argument("--device-profile", metavar="PROFILE",
+                    help="auto: stage times from this device profile (a name or a file written by "
+                    "`python -m devices calibrate`) instead of measuring the pair at hand")  # fmt: skip
+
+
+def auto_chooser(a: argparse.Namespace, pair: Pair):
+    """For `--method auto`: a function (prompt ids, sampling) -> (method, record).
+
+    The latency model lives in devices/ (method_choice.py, pair_probe.py); the command layer
+    builds it and hands it to the engine, which never imports upward (STYLE 11). The record
+    (predictions per method, the inputs, the choice and why) goes into `stats.auto`.
+    """
+    from devices.pair_probe import choose_for
+    from devices.profile import load_profile
+
+    name = getattr(a, "device_profile", None)
+    profile = load_profile(name) if name else None
+
+    def choose(ids: list[int], sampling, target_cache=None, draft_cache=None) -> tuple[str, dict]:
+        """Given empty caches, the probe prefills them with all of `ids` (pass them on to
+        make_steps); without, it reads only the last PROBE_TOKENS (a chat's long history)."""
+        probe = list(ids) if target_cache is not None else list(ids)[-PROBE_TOKENS:]
+        rec = choose_for(pair.target, pair.draft, probe, gamma=a.gamma, kappa=a.kappa,
+                         exit_layer=a.exit_layer, branches=a.branches, sampling=sampling,
+                         profile=profile, target_cache=target_cache,
+                         draft_cache=draft_cache)  # fmt: skip
+        return rec["choice"], rec
+
+    return choose
+
+
+PROBE_TOKENS = 128  # auto estimates acceptance on the prompt's last tokens (a chat's history)

@@ -13,7 +13,14 @@ import argparse
 import json
 import sys
 
-from runtime.cli_args import add_pair_args, check_decoding_args, load_pair_from_args
+from runtime.cli_args import (
+    AUTO,
+    add_auto_args,
+    add_pair_args,
+    auto_chooser,
+    check_decoding_args,
+    load_pair_from_args,
+)
 from runtime.decoding import METHODS, Sampling, make_steps, stream
 from runtime.edge.cli_args import (
     add_edge_args,
@@ -39,7 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_pair_args(ap)
     add_edge_args(ap)
-    ap.add_argument("--method", choices=METHODS, default="sd", help="decoding method (default sd)")
+    ap.add_argument("--method", choices=(*METHODS, AUTO), default="sd",
+                    help="decoding method; auto: the one the latency model predicts fastest here "
+                    "(default sd)")  # fmt: skip
+    add_auto_args(ap)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-ids", help="prompt as comma-separated token ids, e.g. 1,2,3")
@@ -82,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="tree, heterospec: tree levels (heterospec: the base depth d_base) (default 5)")  # fmt: skip
     ap.add_argument("--bins", default=None,
                     help="heterospec: entropy bins from `python -m apps.train bins` (default: the embedded pair's)")  # fmt: skip
+    ap.add_argument("--exit-head", choices=("raw", "tuned"), default=None,
+                    help="mirror: the early exit's head: raw, or tuned (python -m apps.train "
+                    "exit-head); default tuned when one is stored beside the target")  # fmt: skip
     ap.add_argument(
         "--trace",
         metavar="FILE",
@@ -110,7 +123,11 @@ def parse_ids(text: str) -> list[int]:
 def check_args(a: argparse.Namespace) -> None:
     """Everything that can be checked before a model loads."""
     check_decoding_args(a)
-    if a.trace and a.method != "mirror":
+    if a.draft_process and a.method not in ("mirror", AUTO):
+        raise DuetError(
+            "--draft-process runs Mirror-SD's draft worker; use it with --method mirror"
+        )
+    if a.trace and a.method not in ("mirror", AUTO):
         raise DuetError("--trace records the Mirror-SD timeline; use it with --method mirror")
     if a.trace:
         writable_file(a.trace, "--trace")
@@ -150,8 +167,9 @@ def prompt_tokens(a, pair) -> list[int]:
 def generate(a: argparse.Namespace) -> dict:
     """Run one generation; returns {"tokens", "text", "stats"}."""
     check_args(a)
+    alone = a.method == AUTO and a.target is not None and a.draft is None  # auto: ar then
     if needs_local_target(a):
-        pair = load_pair_from_args(a, need_draft=a.method != "ar")
+        pair = load_pair_from_args(a, need_draft=a.method != "ar" and not alone)
     else:
         pair = load_draft_only(a)
     if a.method != "flexspec":
@@ -169,9 +187,16 @@ def _generate(a: argparse.Namespace, pair, edge: dict) -> dict:
         emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
     max_new = min(a.max_tokens, pair.target.config.max_context - len(ids))
     sampling = Sampling(a.temp, a.top_p, a.top_k)
-    timeline = Timeline() if a.method == "mirror" else None
+    method, auto, caches = a.method, None, {}
+    if method == AUTO:  # the probe's passes over the prompt are its prefill: keep the caches
+        caches = {"target_cache": pair.target.new_cache(),
+                  "draft_cache": pair.draft.new_cache() if pair.draft is not None else None}  # fmt: skip
+        method, auto = auto_chooser(a, pair)(ids, sampling, **caches)
+        if a.trace and method != "mirror":
+            print(f"no trace written: auto picked {method}, not mirror", file=sys.stderr)
+    timeline = Timeline() if method == "mirror" else None
     steps = make_steps(
-        a.method,
+        method,
         pair.target,
         pair.draft,
         ids,
@@ -187,6 +212,9 @@ def _generate(a: argparse.Namespace, pair, edge: dict) -> dict:
         top_n=a.top_n,
         depth=a.depth,
         bins=a.bins,
+        draft_process=a.draft_process,
+        exit_head=a.exit_head,
+        **caches,
         **edge,
     )
     stats = RunStats(prefill_tokens=len(ids))
@@ -206,14 +234,15 @@ def _generate(a: argparse.Namespace, pair, edge: dict) -> dict:
         "eos" if out and out[-1] in eos else ("length" if len(out) >= a.max_tokens else "context")
     )
     stats.extra.update(
-        method=a.method,
-        gamma=a.gamma if a.method != "ar" else None,
+        method=method,
+        gamma=a.gamma if method != "ar" else None,
         temp=a.temp,
         finish=finish,
         **pair.settings,
     )
     if timeline is not None:
-        stats.extra.update(kappa=a.kappa, exit_layer=events[0].extra.get("exit_layer") if events else None,
+        stats.extra.update(draft_worker="process" if a.draft_process else "thread", kappa=a.kappa,
+                           exit_head=events[0].extra.get("exit_head") if events else None, exit_layer=events[0].extra.get("exit_layer") if events else None,
                            mirror=mirror_summary(events, timeline))  # fmt: skip
         if a.trace:
             timeline.write(a.trace, label="Duet Mirror-SD" + (f" ({emu.label})" if emu else ""))
@@ -222,6 +251,8 @@ def _generate(a: argparse.Namespace, pair, edge: dict) -> dict:
 
         stats.extra.update(k=a.k, k_max=a.k_max, link=a.link, link_seed=a.link_seed,
                            server=a.server, edge=edge_summary(events))  # fmt: skip
+    if auto is not None:
+        stats.extra["auto"] = auto
     if emu is not None:
         stats.extra.update(emulated=emu.label, emulation=emu.summary())
     text = pair.tokenizer.decode(out) if pair.tokenizer else None

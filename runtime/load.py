@@ -72,6 +72,7 @@ def load_pair(
     draft_threads: int = 1,
     provider: str = "cpu",
     target_threads: int | None = None,
+    target_device: str = "cpu",
 ) -> Pair:
     """Load target (and draft when `need_draft`); the embedded pair when neither is given.
 
@@ -100,11 +101,16 @@ def load_pair(
     if target_threads is None:
         # the same count whatever the method, so ar and sd runs are comparable
         target_threads = max(1, (os.cpu_count() or 1) - draft_threads)
-    kw = {"threads": target_threads} if target_backend == "torch" else {}
+    if target_device != "cpu" and target_backend != "torch":
+        raise DuetError(
+            f"--target-device {target_device} runs the PyTorch target; add --target-backend torch"
+        )
+    kw = {"threads": target_threads, "device": target_device} if target_backend == "torch" else {}
     t = load_model(tdir, target_backend, **kw)
     d = None
     settings = {"target_backend": target_backend,
-                "target_threads": target_threads if target_backend == "torch" else None}  # fmt: skip
+                "target_threads": target_threads if target_backend == "torch" else None,
+                "target_device": target_device}  # fmt: skip
     if need_draft:
         db = draft_backend or (
             "onnx" if backend_for_path(ddir) in ("mlx", "onnx") else backend_for_path(ddir)

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from runtime.cli_args import add_pair_args, load_pair_from_args
+from runtime.cli_args import AUTO, add_auto_args, add_pair_args, auto_chooser, load_pair_from_args
 from runtime.decoding import METHODS
 from runtime.errors import DuetError, cli_main
 
@@ -40,8 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--methods",
         default="ar,sd,mirror," + ",".join(BASELINES),
-        help=f"comma-separated, from {', '.join(METHODS + BASELINES)} (default: %(default)s)",
+        help=f"comma-separated, from {', '.join((*METHODS, AUTO, *BASELINES))}; auto: the "
+        "method the latency model predicts fastest, per prompt (default: %(default)s)",
     )
+    add_auto_args(ap)
     ap.add_argument(
         "--gamma", type=int, default=4, help="draft tokens per step, every method (default 4)"
     )
@@ -83,11 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_methods(text: str) -> list[str]:
     ms = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in ms if m not in METHODS + BASELINES]
+    known = (*METHODS, AUTO, *BASELINES)
+    bad = [m for m in ms if m not in known]
     if bad:
-        raise DuetError(
-            f"--methods: unknown {', '.join(bad)}; choose from {', '.join(METHODS + BASELINES)}"
-        )
+        raise DuetError(f"--methods: unknown {', '.join(bad)}; choose from {', '.join(known)}")
     return ["ar"] + [m for m in dict.fromkeys(ms) if m != "ar"]
 
 
@@ -127,6 +128,8 @@ def make_runners(methods: list[str], pair, a) -> list:
                     top_n=a.top_n,
                     depth=a.depth,
                     bins=a.bins,
+                    draft_process=a.draft_process or None,
+                    chooser=auto_chooser(a, pair) if m == AUTO else None,
                 )
             )
     return runners
@@ -135,18 +138,21 @@ def make_runners(methods: list[str], pair, a) -> list:
 def thread_settings(runners: list) -> dict:
     import torch
 
-    try:
-        import mlx.core as mx
-
-        mlx_device = str(mx.default_device())
-    except ImportError:  # a machine without MLX (the torch target does not need it)
-        mlx_device = None
     return {
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "mlx_device": mlx_device,
+        "mlx_device": mlx_device(),
         "runners": {r.name: r.settings() for r in runners},
     }
+
+
+def mlx_device() -> str | None:
+    """MLX's default device, or None where MLX is not installed (a CUDA machine)."""
+    try:
+        import mlx.core as mx
+    except ImportError:
+        return None
+    return str(mx.default_device())
 
 
 def bench(a: argparse.Namespace) -> dict:

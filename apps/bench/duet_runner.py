@@ -1,11 +1,12 @@
-"""Duet's own methods as bench runners: any name in runtime.decoding.METHODS."""
+"""Duet's own methods as bench runners: any name in runtime.decoding.METHODS, and `auto`
+(the latency model's pick per prompt; its probe is inside the timed turn)."""
 
 from __future__ import annotations
 
 import time
 
 from runtime.chat_session import strategy_kwargs
-from runtime.decoding import Sampling, make_steps, stream
+from runtime.decoding import METHODS, Sampling, make_steps, method_module, stream
 from runtime.stats import RunStats
 
 from .runner import TurnResult
@@ -14,9 +15,11 @@ from .runner import TurnResult
 class DuetRunner:
     """`ar`, `sd`, ... through make_steps + stream, exactly as runtime.generate runs them."""
 
-    def __init__(self, method: str, pair, *, gamma: int, **extra):
+    def __init__(self, method: str, pair, *, gamma: int, chooser=None, **extra):
         self.name = method
         self.method, self.pair, self.gamma = method, pair, gamma
+        self.chooser = chooser  # method "auto": (ids, sampling) -> (method, record)
+        self.picked: dict[str, int] = {}  # auto: how often each method was chosen
         self.extra = strategy_kwargs(**extra)  # --kappa / --exit-layer when the method takes them
         self.eos = tuple(pair.target.config.eos_token_ids)
 
@@ -29,15 +32,29 @@ class DuetRunner:
                 out["ort_intra_op_threads"] = s["draft_threads"]
                 out["ort_provider"] = s.get("draft_provider")
             out["gamma"] = self.gamma
+        if self.chooser is not None:
+            out["auto_picked"] = dict(self.picked)
+        if self.method in METHODS:  # only the options this method takes
+            from dataclasses import fields
+
+            known = {f.name for f in fields(method_module(self.method).Options)}
+            return out | {k: v for k, v in self.extra.items() if k in known}
         return out | {k: v for k, v in self.extra.items()}
 
     def generate(self, ids, max_new, temp, top_p, seed) -> TurnResult:
-        draft = self.pair.draft if self.method != "ar" else None
         stats = RunStats(prefill_tokens=len(ids))
         out: list[int] = []
         t0 = time.perf_counter()
+        method, note, caches = self.method, None, {}
+        if self.chooser is not None:  # its probe prefills the caches the chosen method then uses
+            caches = {"target_cache": self.pair.target.new_cache(),
+                      "draft_cache": self.pair.draft.new_cache()}  # fmt: skip
+            method, rec = self.chooser(ids, Sampling(temp, top_p), **caches)
+            self.picked[method] = self.picked.get(method, 0) + 1
+            note = f"auto picked {method}: {rec['why']}"
+        draft = self.pair.draft if method != "ar" else None
         steps = make_steps(
-            self.method,
+            method,
             self.pair.target,
             draft,
             list(ids),
@@ -45,10 +62,11 @@ class DuetRunner:
             sampling=Sampling(temp, top_p),
             seed=seed,
             gamma=self.gamma,
+            **caches,
             **self.extra,
         )
         for toks, _ in stream(steps, max_new=max_new, eos_ids=self.eos, stats=stats):
             out += toks
-        return TurnResult(out, time.perf_counter() - t0, list(stats.accept_lengths),
+        return TurnResult(out, time.perf_counter() - t0, list(stats.accept_lengths), note=note,
                           stage_s={"draft": stats.draft_s, "verify": stats.verify_s},
                           verified_tokens=sum(stats.drafted) + len(stats.drafted))  # fmt: skip

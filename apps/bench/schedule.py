@@ -45,6 +45,8 @@ def run_prompt(runner, rec: dict, tok, template, *, temp, top_p, max_new, seed, 
         else:
             lengths += r.accept_lengths
             steps.append(len(r.accept_lengths))
+            if r.note:  # e.g. what `auto` picked for this prompt, and why
+                notes.add(r.note)
         answers.append(tok.decode([t for t in r.tokens if t not in eos]))
     return {
         "method": runner.name,

@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--kappas", default="1,2,4,8,16", help="--sweep: κ values (default %(default)s)"
     )
+    ap.add_argument("--exit-head", choices=("raw", "tuned"), default=None,
+                    help="the early exit's head (default: tuned when one is stored)")  # fmt: skip
     ap.add_argument("--emulate", metavar="PROFILE[:MODEL]",
                     help="pad every stage to a device profile's prediction; output labelled emulated")  # fmt: skip
     ap.add_argument("--out", default="profile-out", help="output folder (default ./profile-out)")
@@ -85,7 +87,8 @@ def make_setup(a: argparse.Namespace):
 
         emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
     ids = prompt_ids(pair, records, a.max_tokens)
-    return Setup(pair, ids, a.max_tokens, a.gamma, Sampling(a.temp), a.seed, emu, a.branches)
+    return Setup(pair, ids, a.max_tokens, a.gamma, Sampling(a.temp), a.seed, emu, a.branches,
+                 a.draft_process, a.exit_head)  # fmt: skip
 
 
 def profile(a: argparse.Namespace, out: Path) -> dict:

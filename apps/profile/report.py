@@ -23,7 +23,7 @@ def summary_text(s: dict) -> str:
         f"overlap fraction     {f(s['overlap_fraction'])}  (draft time hidden under the target suffix)"
     )
     add(f"T_rv early-exit      {f(s['t_rv_ee_us'], '.1f')} µs")
-    add(f"T_rv final + window  {f(s['t_rv_fv_us'], '.1f')} µs")
+    add(f"T_rv final + window  {f(s['t_rv_fv_us'], '.1f')} µs  {s.get('t_rv_fv_by_source_us', '')}")
     add(
         f"reuse rate           {f(s['reuse_rate'])}   resume rate {f(s['resume_rate'])}   "
         f"fallback rate {f(s['fallback_rate'])}"
@@ -39,4 +39,9 @@ def summary_text(s: dict) -> str:
         f"error {f(None if s['eq10_rel_error'] is None else 100 * s['eq10_rel_error'], '.1f')} %"
     )
     add(f"  prefix 1..ℓe {f(s['prefix_ms'])} ms, suffix ℓe+1..N {f(s['suffix_ms'])} ms")
+    if s.get("target_alone_ms") is not None:
+        add(
+            f"target slowdown      {f(s.get('target_slowdown'), '.2f')}x beside the draft "
+            f"{st.get('draft_worker', 'thread')} (alone {f(s['target_alone_ms'])} ms per window pass)"
+        )
     return "\n".join(lines)

@@ -36,6 +36,8 @@ class Setup:
     seed: int
     emu: object | None = None  # devices.emulation.Emulator under --emulate
     branches: int = DEFAULT_BRANCH_BATCH  # branch rollouts per batched draft pass
+    draft_process: bool = False  # the draft worker in its own process (--draft-process)
+    exit_head: str | None = None  # raw | tuned (default: tuned when stored)
 
     @property
     def label(self) -> str:
@@ -86,7 +88,8 @@ def run_mirror(setup: Setup, *, kappa: int, exit_layer: int, desc: str = "profil
         steps = make_steps("mirror", pair.target, pair.draft, ids, max_new=n,
                            sampling=setup.sampling, seed=setup.seed + i, gamma=setup.gamma,
                            kappa=kappa, exit_layer=exit_layer, timeline=run.timeline,
-                           branches=setup.branches)  # fmt: skip
+                           branches=setup.branches, draft_process=setup.draft_process,
+                           exit_head=setup.exit_head)  # fmt: skip
         toks, evs, t0 = [], [], time.perf_counter()
         for t, ev in stream(steps, max_new=n, eos_ids=eos):
             toks += t
@@ -106,8 +109,9 @@ def warm_up(setup: Setup, *, kappa: int, exit_layer: int) -> None:
 
 def thread_settings(pair) -> dict:
     """The thread counts the two workers actually ran with (they share the CPU cores)."""
-    import mlx.core as mx
     import torch
+
+    from apps.bench.__main__ import mlx_device
 
     s = pair.settings
     return {
@@ -116,9 +120,32 @@ def thread_settings(pair) -> dict:
         "draft_backend": s.get("draft_backend"),
         "ort_intra_op_threads": s.get("draft_threads"),
         "ort_provider": s.get("draft_provider"),
-        "mlx_device": str(mx.default_device()),
+        "mlx_device": mlx_device(),
         "torch_threads": torch.get_num_threads(),
     }
+
+
+def target_alone_ms(setup: Setup, exit_layer: int, repeats: int = 20) -> float:
+    """The target's Mirror-SD pass (layers 1..ℓe, head, ℓe+1..N, head over a γ+1 window) with
+    no draft running: the denominator of the target's slowdown beside the draft worker."""
+    import numpy as np
+
+    from runtime.decoding.events import rewind
+
+    t = setup.pair.target
+    ids = setup.prompts[0][1]
+    cache = t.new_cache()
+    t.forward(np.array([ids]), cache)
+    window = np.array([[ids[-1]] * (setup.gamma + 1)])
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        h = t.forward_layers(window, cache, 0, exit_layer)
+        t.head(h)
+        t.head(t.forward_layers(h, cache, exit_layer, t.config.num_layers))
+        times.append(time.perf_counter() - t0)
+        rewind(cache, len(ids))
+    return 1e3 * float(np.median(times))
 
 
 def summarize(run: Run, setup: Setup, *, kappa: int, exit_layer: int) -> dict:
@@ -128,6 +155,8 @@ def summarize(run: Run, setup: Setup, *, kappa: int, exit_layer: int) -> dict:
     toks = sum(p["new_tokens"] for p in run.per_prompt)
     wall = sum(p["wall_s"] for p in run.per_prompt)
     committed = [len(e.tokens) for e in run.events]
+    alone = target_alone_ms(setup, exit_layer)
+    beside = (s["prefix_ms"] or 0) + (s["suffix_ms"] or 0)
     out = {
         "label": setup.label,
         "emulated": setup.emu.label if setup.emu else None,
@@ -139,11 +168,15 @@ def summarize(run: Run, setup: Setup, *, kappa: int, exit_layer: int) -> dict:
         "wall_s": round(wall, 4),
         "tokens_per_s": round(toks / wall, 2) if wall > 0 else None,
         "mean_committed_per_step": sum(committed) / len(committed) if committed else None,
+        "target_alone_ms": round(alone, 3),  # the same window pass with no draft running
+        "target_slowdown": round(beside / alone, 3) if alone and beside else None,
         "settings": {
             "method": "mirror",
             "gamma": setup.gamma,
             "kappa": kappa,
             "branches": setup.branches,
+            "draft_worker": "process" if setup.draft_process else "thread",
+            "exit_head": run.events[0].extra.get("exit_head") if run.events else None,
             "exit_layer": exit_layer,
             "num_layers": cfg.num_layers,
             "temp": setup.sampling.temp,

@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
             "  nice -n 10 python -m apps.train --out runtime/assets/default --time-budget-min 85 --threads 1\n"
             "(its training_report.json records the step counts that reproduce it without timing)\n"
             "evaluate an existing pair: python -m apps.train.evaluate OUT\n"
+            "tuned exit head for Mirror-SD: python -m apps.train exit-head --target DIR --layer L\n"
             "write the prompt set:      python -m apps.train.prompts"
         ),
     )
@@ -223,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bins import main as bins_main
 
         return bins_main(argv[1:])
+    if argv[:1] == ["exit-head"]:  # the tuned early-exit head of a trained target
+        from .exit_head import main as exit_head_main
+
+        return exit_head_main(argv[1:])
     args = args_from(build_parser().parse_args(argv), argv)
     report = train_pair(args)
     brief = {

@@ -32,7 +32,18 @@ def load_model(path, backend: str | None = None, **kw):
     checkpoint directory, the directory's `model.onnx` is used if present,
     otherwise it is exported on the fly into a cache folder beside it.
     Keyword arguments go to the backend (threads, provider, dtype).
+    The model keeps `load_spec`, (path, backend, kw): what another process needs to load it
+    again (the Mirror-SD draft process).
     """
+    model = _load_model(path, backend, **kw)
+    try:
+        model.load_spec = (str(path), backend, dict(kw))
+    except AttributeError:  # a backend object that takes no attributes: no process worker
+        pass
+    return model
+
+
+def _load_model(path, backend: str | None = None, **kw):
     p = Path(path)
     if not p.exists():
         raise DuetError(f"model not found: {p}")

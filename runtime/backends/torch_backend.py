@@ -1,4 +1,8 @@
-"""The PyTorch reference backend: `TorchLM` behind the CausalLM protocol."""
+"""The PyTorch reference backend: `TorchLM` behind the CausalLM protocol.
+
+On the CPU (default) or a CUDA GPU (`device="cuda"`, `--target-device cuda`): weights,
+cache and every intermediate stay on that device; only logits come back, as numpy.
+"""
 
 from __future__ import annotations
 
@@ -9,22 +13,43 @@ from runtime.backends.torch_ref import TorchLM, load_torch_lm
 from runtime.cache import ConcatKVCache
 from runtime.model import causal_mask, check_tokens, default_positions
 
+DEVICES = ("cpu", "cuda")
+
+
+def torch_device(name: str) -> torch.device:
+    """`cpu` or `cuda`; a clear DuetError when CUDA is asked for and PyTorch sees none."""
+    from runtime.errors import DuetError
+
+    if name not in DEVICES:
+        raise DuetError(f"--target-device must be one of {', '.join(DEVICES)} (got {name!r})")
+    if name == "cuda" and not torch.cuda.is_available():
+        build = (
+            f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        )
+        raise DuetError(
+            f"--target-device cuda: PyTorch {torch.__version__} ({build}) sees no CUDA GPU; "
+            "use --target-device cpu"
+        )
+    return torch.device(name)
+
 
 class TorchCausalLM:
-    """CausalLM on CPU PyTorch (float32): the slow, obviously-correct path."""
+    """CausalLM on PyTorch (float32), CPU or CUDA: the slow, obviously-correct path."""
 
     backend = "torch"
     supports_layer_range = True
 
-    def __init__(self, module: TorchLM, threads: int | None = None):
-        self.module = module
+    def __init__(self, module: TorchLM, threads: int | None = None, device: str = "cpu"):
+        self.device = torch_device(device)
+        self.module = module.to(self.device)
         self.config = module.cfg
         if threads:
             torch.set_num_threads(threads)
 
     @classmethod
-    def load(cls, path, threads: int | None = None) -> TorchCausalLM:
-        return cls(load_torch_lm(path), threads)
+    def load(cls, path, threads: int | None = None, device: str = "cpu") -> TorchCausalLM:
+        dev = torch_device(device)  # before loading: a missing GPU is reported at once
+        return cls(load_torch_lm(path), threads, dev.type)
 
     def new_cache(self, batch: int = 1) -> ConcatKVCache:
         c = self.config
@@ -32,7 +57,9 @@ class TorchCausalLM:
         return ConcatKVCache(
             c.num_layers,
             batch,
-            lambda b: torch.zeros(b, c.num_kv_heads, 0, c.head_dim, dtype=dtype),
+            lambda b: torch.zeros(
+                b, c.num_kv_heads, 0, c.head_dim, dtype=dtype, device=self.device
+            ),
         )
 
     def _inputs(self, n_new: int, batch: int, offset: int, positions, mask):
@@ -41,14 +68,13 @@ class TorchCausalLM:
         )
         m = causal_mask(offset, n_new) if mask is None else np.asarray(mask, dtype=bool)
         m = np.broadcast_to(m, (batch, n_new, offset + n_new))
-        return torch.from_numpy(np.ascontiguousarray(pos, dtype=np.int64)), torch.from_numpy(
-            m.copy()
-        )[:, None]
+        pos = torch.from_numpy(np.ascontiguousarray(pos, dtype=np.int64)).to(self.device)
+        return pos, torch.from_numpy(m.copy())[:, None].to(self.device)
 
     @torch.inference_mode()
     def forward_layers(self, x, cache, start, stop, *, positions=None, mask=None):
         if start == 0:
-            x = torch.from_numpy(check_tokens(x, self.config.vocab_size))
+            x = torch.from_numpy(check_tokens(x, self.config.vocab_size)).to(self.device)
         B, T = x.shape[:2]
         offset = cache.layer_offset(start)
         pos, m = self._inputs(T, B, offset, positions, mask)
@@ -60,7 +86,7 @@ class TorchCausalLM:
 
     @torch.inference_mode()
     def head(self, hidden) -> np.ndarray:
-        return self.module.head(hidden).float().numpy()
+        return self.module.head(hidden).float().cpu().numpy()
 
     def forward(self, tokens, cache, *, positions=None, mask=None) -> np.ndarray:
         h = self.forward_layers(

@@ -25,6 +25,7 @@ from runtime.decoding.events import GREEDY, Sampling, StepEvent, pending, rewind
 from runtime.errors import DuetError
 from runtime.mirror.branches import in_tree
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH, DraftWorker
+from runtime.mirror.exit_head import resolve_exit_head
 from runtime.mirror.messages import EarlyExit, FinalVerify
 from runtime.mirror.timeline import Timeline, now_ns
 
@@ -78,17 +79,31 @@ def mirror_steps(
     target_cache=None,
     draft_cache=None,
     branch_batch: int = DEFAULT_BRANCH_BATCH,
+    draft_process: bool = False,
+    exit_head: str | None = None,
 ) -> Iterator[StepEvent]:
-    """Yield one StepEvent per Mirror-SD step; `extra` carries the step's timings and reuse."""
+    """Yield one StepEvent per Mirror-SD step; `extra` carries the step's timings and reuse.
+
+    draft_process: run the draft worker in its own process (runtime/mirror/draft_process.py)
+    instead of a thread of this one. exit_head: "raw", "tuned" (runtime/mirror/exit_head.py),
+    or None for the tuned head when one is stored beside the target."""
     le = check_mirror_args(target, gamma, kappa, exit_layer)
     check_branch_draft(draft, branch_batch)
+    tuned = resolve_exit_head(target, le, exit_head)
     n = target.config.num_layers
     tl = timeline if timeline is not None else Timeline()
     seq = list(seq)
     tc = target_cache if target_cache is not None else target.new_cache()
     ctx = min(target.config.max_context, draft.config.max_context)
-    worker = DraftWorker(draft, sampling=sampling, seed=seed, gamma=gamma, max_new=max_new, ctx=ctx,
-                         timeline=tl, cache=draft_cache, branch_batch=branch_batch)  # fmt: skip
+    if draft_process:  # the draft in its own process, over the shared-memory channel
+        from runtime.mirror.draft_process import ProcessDraftWorker, draft_host
+
+        worker = ProcessDraftWorker(draft_host(draft), sampling=sampling, seed=seed, gamma=gamma,
+                                    kappa=kappa, vocab=draft.config.vocab_size, max_new=max_new,
+                                    ctx=ctx, timeline=tl, branch_batch=branch_batch)  # fmt: skip
+    else:
+        worker = DraftWorker(draft, sampling=sampling, seed=seed, gamma=gamma, max_new=max_new,
+                             ctx=ctx, timeline=tl, cache=draft_cache, branch_batch=branch_batch)  # fmt: skip
     switch = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     worker.start(seq)
@@ -104,7 +119,8 @@ def mirror_steps(
             g = len(win.tokens)
             window = pending(tc, seq) + win.tokens
             h = target.forward_layers(np.array([window]), tc, 0, le)
-            ids, logp = topk_message(target.head(h)[0, -(g + 1) :], kappa)  # eq. 7, bf16 log-probs
+            h_exit = h if tuned is None else tuned.apply(h)  # only the proposal: the suffix uses h
+            ids, logp = topk_message(target.head(h_exit)[0, -(g + 1) :], kappa)  # eq. 7, bf16
             payload = encode(ids, logp)
             t1 = now_ns()
             worker.send(EarlyExit(step, payload, t1))
@@ -143,6 +159,7 @@ def mirror_steps(
                 "payload_bytes": len(payload),
                 "window_source": win.source,
                 "exit_layer": le,
+                "exit_head": "raw" if tuned is None else "tuned",
             }
             step += 1
             if more:
@@ -165,21 +182,13 @@ def mirror_steps(
                             extra=extra)  # fmt: skip
     finally:
         sys.setswitchinterval(switch)
-        worker.stop()
+        worker.finish(seq, draft_cache)
         rewind(tc, len(seq))
-        rewind(worker.cache, min(len(seq), len(worker.seq)))  # it may not have seen the last (A, c)
-        if draft_cache is not None and worker.cache is not draft_cache:
-            _adopt(draft_cache, worker.cache)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
     z = np.exp(x - x.max())
     return z / z.sum()
-
-
-def _adopt(dst, src) -> None:
-    """Make the caller's draft cache hold the committed branch's state (reuse swapped caches)."""
-    dst.__dict__.update(src.__dict__)
 
 
 NEEDS_DRAFT = True
@@ -191,6 +200,8 @@ class Options:
     kappa: int = DEFAULT_KAPPA  # channel width κ
     exit_layer: int | None = None  # ℓe (default N/2)
     branches: int = DEFAULT_BRANCH_BATCH  # rows per batched branch-rollout pass
+    draft_process: bool = False  # the draft worker in its own process (--draft-process)
+    exit_head: str | None = None  # raw | tuned (default: tuned when one is stored)
 
 
 def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
@@ -199,4 +210,6 @@ def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=
     return mirror_steps(target, draft, seq, max_new=max_new, gamma=options.gamma,
                         kappa=options.kappa, exit_layer=options.exit_layer, sampling=sampling,
                         seed=seed, timeline=timeline, target_cache=target_cache,
-                        draft_cache=draft_cache, branch_batch=options.branches)  # fmt: skip
+                        draft_cache=draft_cache, branch_batch=options.branches,
+                        draft_process=options.draft_process,
+                        exit_head=options.exit_head)  # fmt: skip

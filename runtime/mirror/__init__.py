@@ -4,6 +4,9 @@
   timeline.py     one clock for both threads; Chrome-trace export
   branches.py     branch-complete rollout planning and the §3.1 reuse rule
   draft_worker.py the draft's thread: rollouts, reuse or fallback
+  draft_process.py the same worker in its own process (--draft-process)
+  shm_channel.py  the messages as shared-memory slots + a pipe, between processes
+  exit_head.py    the tuned exit head applied before the early-exit LM head
   summary.py      per-run figures: overlap, T_rv, reuse, FF, Ω_κ, eq. (10)
 
 The target side is the generator in runtime/decoding/mirror.py.

@@ -108,6 +108,14 @@ class DraftWorker:
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(timeout)
 
+    def finish(self, seq: list[int], draft_cache=None) -> None:
+        """Stop the thread; its cache (and the caller's `draft_cache`) keep a prefix of `seq`."""
+        self.stop()
+        rewind(self.cache, min(len(seq), len(self.seq)))  # it may not have seen the last (A, c)
+        if draft_cache is not None and self.cache is not draft_cache:
+            # reuse swapped in a branch's cache: the caller's object takes over its state
+            draft_cache.__dict__.update(self.cache.__dict__)
+
     # ---- the worker thread -------------------------------------------------------------------
     def _main(self) -> None:
         try:

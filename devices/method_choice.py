@@ -1,0 +1,98 @@
+"""`--method auto`: predict each method's tokens per second from measured stage times, pick the fastest.
+
+Pure maths over a `StageTimes` (seconds and rates; devices/pair_probe.py measures them on
+the pair at hand, or a calibrated profile supplies them). The laws:
+
+  expected tokens per step   E[τ] = (1 − α^(γ+1)) / (1 − α)   (Leviathan et al., i.i.d. acceptance α)
+  ar      T = T_target(1)
+  sd      T = T_target(γ+1) + γ·t_draft                        (Mirror-SD App. C, T_SD)
+  mirror  T = s·T_target(γ+1)·ℓe/N + T_rv(ee)
+              + max(s·T_target(γ+1)·(N−ℓe)/N, γ·t_draft_batch) + T_rv(fv)    (eq. 10)
+              + (1 − reuse)·γ·t_draft                           (a fresh rollout after a miss)
+  with s the target's slowdown while the draft computes beside it (measured, not assumed),
+  and reuse ≈ Ω̂_κ (App. E: a branch exists iff (A, c) is in the tree, FF ≤ 1 − Ω_κ) scaled by
+  the share of one branch wave that fits in the target's suffix (branches run most likely first).
+
+sd and mirror commit the same tokens per step (same draft, same window: App. B), so the
+choice between them rests on the step times alone; ar against them on α.
+This module runs nothing and reads no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from devices.latency import mirror_step_time, sd_step_time
+
+
+@dataclass
+class StageTimes:
+    """What the laws above need, for one pair on one machine (seconds unless said)."""
+
+    target_token: float  # T_target(1): one decode step of the target alone
+    target_window: float  # T_target(γ+1): the verification pass alone
+    draft_token: float  # one single-row draft forward
+    draft_batch: float  # one batched branch pass (`branches` rows)
+    target_slowdown: float  # s: target pass beside a computing draft / alone (>= ~1)
+    t_rv: float  # T_rv(ee) + T_rv(fv): one round trip over the channel
+    acceptance: float  # α: per-token acceptance estimate
+    omega_kappa: float  # Ω̂_κ: the final distribution's mass in the exit layer's top-κ
+    exit_fraction: float  # ℓe / N
+    source: str  # where the figures came from
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """E[τ] committed per step (accepted + the correction/bonus token) under i.i.d. acceptance."""
+    a = min(max(alpha, 0.0), 0.999999)
+    return (1 - a ** (gamma + 1)) / (1 - a)  # Leviathan et al. 2023, eq. (1)
+
+
+def predict(t: StageTimes, gamma: int) -> dict[str, dict]:
+    """{method: {"tokens_per_s", "step_ms", "tokens_per_step", ...}} for ar, sd and mirror."""
+    tau = expected_tokens(t.acceptance, gamma)
+    s = max(t.target_slowdown, 1.0)
+    prefix = s * t.target_window * t.exit_fraction
+    suffix = s * t.target_window * (1 - t.exit_fraction)
+    wave = gamma * t.draft_batch  # one wave of branches rolled out γ deep
+    fits = min(1.0, suffix / wave) if wave > 0 else 1.0
+    reuse = t.omega_kappa * fits
+    t_mirror = mirror_step_time(prefix, suffix, wave, t.t_rv / 2, t.t_rv / 2)  # eq. (10)
+    t_mirror += (1 - reuse) * gamma * t.draft_token  # fallback rollout after a miss
+    t_sd = sd_step_time(t.target_window, gamma * t.draft_token)  # App. C
+    rows = {
+        "ar": (t.target_token, 1.0, {}),
+        "sd": (t_sd, tau, {"draft_share": gamma * t.draft_token / t_sd}),
+        "mirror": (t_mirror, tau, {"reuse": reuse, "target_slowdown": s}),
+    }
+    return {
+        m: {"tokens_per_s": n / step, "step_ms": 1e3 * step, "tokens_per_step": n, **extra}
+        for m, (step, n, extra) in rows.items()
+    }
+
+
+def choose(t: StageTimes, gamma: int, runnable: list[str]) -> dict:
+    """The fastest predicted method among `runnable`, with every prediction and the reason."""
+    preds = {m: p for m, p in predict(t, gamma).items() if m in runnable}
+    if not preds:
+        raise ValueError(f"no method with a latency law among {runnable}")
+    best = max(preds, key=lambda m: preds[m]["tokens_per_s"])
+    ranked = sorted(preds, key=lambda m: -preds[m]["tokens_per_s"])
+    runner_up = ranked[1] if len(ranked) > 1 else None
+    why = f"{best}: predicted {preds[best]['tokens_per_s']:.1f} tok/s"
+    if runner_up:
+        r = preds[best]["tokens_per_s"] / preds[runner_up]["tokens_per_s"]
+        why += f", {r:.2f}x {runner_up}"
+    if "mirror" in preds and best != "mirror":
+        why += (
+            f"; mirror loses its hidden drafting to the target's {t.target_slowdown:.2f}x "
+            "slowdown beside the draft"
+            if t.target_slowdown > 1.05
+            else "; mirror's hidden drafting does not pay for its rendezvous and misses"
+        )
+    return {
+        "choice": best,
+        "why": why,
+        "predictions": {m: {k: round(v, 4) for k, v in p.items()} for m, p in preds.items()},
+        "inputs": {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(t).items()},
+        "gamma": gamma,
+    }

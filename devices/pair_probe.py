@@ -1,0 +1,253 @@
+"""Measure what `--method auto` needs (devices/method_choice.StageTimes) on the pair at hand.
+
+Stage times (medians, after a warm-up pass each):
+  target_token / target_window  the target's 1-token and (γ+1)-token passes, alone;
+  draft_token / draft_batch     the draft's 1-row pass and a `branches`-row branch pass;
+  target_slowdown               the target's window pass while a draft thread loops batched
+                                passes beside it (as Mirror-SD's worker does), over it alone;
+  t_rv                          a queue round trip between two threads (devices.calibrate).
+A calibrated profile (`python -m devices calibrate`) may supply the stage times instead
+(`from_profile`); it is then named as their source.
+
+Acceptance α: from a short `sd` run (RUN_TOKENS tokens) on the first prompt seen, the
+α whose E[τ] equals the mean tokens committed per step (cached per pair, γ and temperature):
+the models' agreement on the target's own continuation, which is what sd and mirror verify.
+Ω̂_κ, prompt-dependent, from the probe's pass over the prompt (its last 32 positions): the
+mean final-distribution mass in the exit layer's top-κ (eq. 9), shrunk toward 0.4 with the
+weight of 8 positions. The probe's passes are the chosen method's prefill (caches handed on).
+Stage times are cached per (target, draft, γ, branches) for the life of the process.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import numpy as np
+
+from devices.method_choice import StageTimes
+
+PRIOR_OMEGA, PRIOR_WEIGHT = 0.4, 8.0
+RUN_TOKENS = 48
+OMEGA_POSITIONS = 32  # Ω̂ from the prompt's last positions: two heads over all would cost more
+_CACHE: dict[tuple, dict] = {}
+_ALPHA: dict[tuple, float] = {}
+
+
+def pair_acceptance(target, draft, ids: list[int], *, gamma: int, sampling) -> float:
+    """α from a RUN_TOKENS-token sd run on `ids` (module docstring); cached per pair."""
+    from devices.method_choice import expected_tokens
+    from runtime.decoding import make_steps, run
+
+    key = (id(target), id(draft), gamma, sampling.temp, sampling.top_p, sampling.top_k)
+    if key not in _ALPHA:
+        n = max(1, min(RUN_TOKENS, target.config.max_context - len(ids) - gamma - 2))
+        r = run(make_steps("sd", target, draft, ids, max_new=n, sampling=sampling, seed=0,
+                           gamma=gamma), max_new=n)  # fmt: skip
+        per_step = sum(r.stats.accept_lengths) / max(1, len(r.stats.accept_lengths))
+        lo, hi = 0.0, 0.999
+        for _ in range(40):  # E[τ](α) is increasing in α: bisect for E[τ](α) = per_step
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if expected_tokens(mid, gamma) < per_step else (lo, mid)
+        _ALPHA[key] = (lo + hi) / 2
+    return _ALPHA[key]
+
+
+def _medians(fns: dict, repeats: int) -> dict[str, float]:
+    """Median seconds of each function, the functions interleaved round by round, so that a
+    machine whose load drifts (other processes) biases none of them against the others."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(repeats + 1):  # round 0 warms up
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            if r:
+                times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def measure_stages(target, draft, *, gamma: int, branches: int, repeats: int = 15) -> dict:
+    """The stage times of the module docstring, in seconds (cached per pair and shape)."""
+    key = (id(target), id(draft), gamma, branches)
+    if key in _CACHE:
+        return _CACHE[key]
+    from devices.calibrate import measure_rendezvous
+
+    rng = np.random.default_rng(0)
+    vocab = min(target.config.vocab_size, draft.config.vocab_size)
+    prompt = rng.integers(0, vocab, size=(1, 64), dtype=np.int64)
+    tc, dc = target.new_cache(), draft.new_cache()
+    target.forward(prompt, tc)
+    draft.forward(prompt, dc)
+    window = prompt[:, : gamma + 1]
+
+    def tpass(x):
+        target.forward(x, tc)
+        tc.trim(x.shape[1])
+
+    def dpass(x, cache):
+        draft.forward(x, cache)
+        cache.trim(x.shape[1])
+
+    rows = dc.fork([0] * branches)
+    batch = np.repeat(prompt[:, :1], branches, 0)
+    out = _medians({"target_token": lambda: tpass(prompt[:, :1]),
+                    "target_window": lambda: tpass(window),
+                    "draft_token": lambda: dpass(prompt[:, :1], dc),
+                    "draft_batch": lambda: dpass(batch, rows)}, repeats)  # fmt: skip
+    out["target_slowdown"] = _slowdown(draft, prompt, branches, lambda: tpass(window), repeats)
+    out["t_rv"] = measure_rendezvous(trials=200)
+    out["source"] = "measured on this machine on the pair at hand"
+    _CACHE[key] = out
+    return out
+
+
+def _slowdown(draft, prompt, branches: int, tpass, repeats: int) -> float | None:
+    """Target pass beside a draft thread looping branch passes / the pass alone: rounds
+    alternate the draft on and off, so load drifting on a shared machine cancels out.
+    None when the draft cannot run in another thread (then neither can Mirror-SD's worker)."""
+    side = draft.new_cache()
+    draft.forward(prompt, side)
+    side = side.fork([0] * branches)
+    x = np.repeat(prompt[:, :1], branches, 0)
+    go, stop, idle = threading.Event(), threading.Event(), threading.Event()
+    failed: list[BaseException] = []
+
+    def loop():
+        try:
+            while not stop.is_set():
+                if not go.wait(0.005):
+                    idle.set()
+                    continue
+                idle.clear()
+                draft.forward(x, side)
+                side.trim(1)
+        except Exception as e:  # e.g. an MLX draft, whose stream belongs to the loading thread
+            failed.append(e)
+            idle.set()
+
+    th = threading.Thread(target=loop, name="duet-probe-draft", daemon=True)
+    th.start()
+    alone, beside = [], []
+    try:
+        for r in range(repeats + 1):
+            go.clear()
+            idle.wait(1.0)
+            t0 = time.perf_counter()
+            tpass()
+            a = time.perf_counter() - t0
+            go.set()
+            time.sleep(0.001)  # the draft is computing when the target starts
+            t0 = time.perf_counter()
+            tpass()
+            if r:  # round 0 warms up
+                alone.append(a)
+                beside.append(time.perf_counter() - t0)
+    finally:
+        stop.set()
+        go.set()
+        th.join()
+    return None if failed else statistics.median(beside) / statistics.median(alone)
+
+
+def from_profile(profile, *, gamma: int, branches: int) -> dict:
+    """Stage times from a calibrated profile's latency figures (FlexSpec eq. 9 fits and T_rv)."""
+    lat = profile.latency
+    t_base, delta = profile.param("t_base"), profile.param("delta_cloud")
+    alpha = profile.param("alpha_edge")
+    out = {
+        "target_token": t_base,
+        "target_window": t_base + gamma * delta,  # eq. (9) at K = γ
+        "draft_token": alpha,
+        "draft_batch": lat["draft_batch_step"].si if "draft_batch_step" in lat else alpha,
+        "target_slowdown": lat["target_slowdown"].si if "target_slowdown" in lat else 1.0,
+        "t_rv": profile.param("t_rv"),
+        "source": f"profile {profile.name} ({profile.latency['t_base'].source})",
+    }
+    return out
+
+
+def _shrink(values: list[float], prior: float) -> float:
+    n = len(values)
+    return (sum(values) + PRIOR_WEIGHT * prior) / (n + PRIOR_WEIGHT)
+
+
+def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_layer: int | None,
+                 target_cache=None, draft_cache=None):  # fmt: skip
+    """Ω̂_κ from one pass of each model over the prompt (module docstring).
+
+    The passes are the prompt's prefill: given (empty) caches, they are left holding the
+    prompt, so the method chosen next does not prefill it again."""
+    from kernels.topk_channel import topk_message
+
+    x = np.array([ids])
+    tc = target_cache if target_cache is not None else target.new_cache()
+    dc = draft_cache if draft_cache is not None else draft.new_cache()
+    exit_logits = None
+    if exit_layer is not None and getattr(target, "supports_layer_range", False):
+        h = target.forward_layers(x, tc, 0, exit_layer)
+        exit_logits = target.head(h[:, -OMEGA_POSITIONS:])[0]  # eq. 6 at ℓe, the last positions
+        tl = target.head(target.forward_layers(h, tc, exit_layer, target.config.num_layers))[0]
+    else:
+        tl = target.forward(x, tc)[0]  # (T, V)
+    dl = draft.forward(x, dc)[0]
+    del dl  # the draft's pass is its prefill
+    omega = []
+    if exit_logits is not None:
+        ids_k, _ = topk_message(exit_logits, kappa)
+        tl = tl[-len(exit_logits) :]
+        pf = np.exp(tl - tl.max(-1, keepdims=True))
+        pf /= pf.sum(-1, keepdims=True)
+        omega = np.take_along_axis(pf, ids_k.astype(np.int64), -1).sum(-1).tolist()
+    return _shrink(omega, PRIOR_OMEGA)
+
+
+def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampling,
+                profile=None, target_cache=None, draft_cache=None) -> StageTimes:  # fmt: skip
+    """Everything method_choice needs, for this pair, prompt and machine."""
+    n = target.config.num_layers
+    le = n // 2 if exit_layer is None else exit_layer
+    st = (
+        from_profile(profile, gamma=gamma, branches=branches)
+        if profile is not None
+        else measure_stages(target, draft, gamma=gamma, branches=branches)
+    )
+    if st["target_slowdown"] is None:  # unmeasurable: mirror is not a candidate (choose_for)
+        st = dict(st, target_slowdown=1.0)
+    alpha = pair_acceptance(target, draft, ids, gamma=gamma, sampling=sampling)
+    omega = probe_prompt(target, draft, ids, sampling=sampling, kappa=kappa, exit_layer=le,
+                         target_cache=target_cache, draft_cache=draft_cache)  # fmt: skip
+    return StageTimes(acceptance=alpha, omega_kappa=omega, exit_fraction=le / n, **st)
+
+
+def runnable_methods(target, draft) -> list[str]:
+    """The methods with a latency law that this pair can run."""
+    out = ["ar"]
+    if draft is not None:
+        out.append("sd")
+        coreml = str(getattr(draft, "backend", "")).startswith("coreml")  # batch 1: no branches
+        if getattr(target, "supports_layer_range", False) and not coreml:
+            out.append("mirror")
+    return out
+
+
+def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer: int | None,
+               branches: int | None, sampling, profile=None, target_cache=None,
+               draft_cache=None) -> dict:  # fmt: skip
+    """`--method auto` for this pair and prompt: the method_choice.choose record.
+    Empty caches given are left holding the prompt (probe_prompt)."""
+    from devices.method_choice import choose
+    from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
+
+    runnable = runnable_methods(target, draft)
+    if runnable == ["ar"]:
+        return {"choice": "ar", "why": "no draft model: ar is the only method", "predictions": {}}
+    if profile is None:
+        st = measure_stages(target, draft, gamma=gamma, branches=branches or DEFAULT_BRANCH_BATCH)
+        if st["target_slowdown"] is None:  # the draft failed in a worker thread
+            runnable.remove("mirror")
+    t = stage_times(target, draft, ids, gamma=gamma, branches=branches or DEFAULT_BRANCH_BATCH,
+                    kappa=kappa or 8, exit_layer=exit_layer, sampling=sampling,
+                    profile=profile, target_cache=target_cache, draft_cache=draft_cache)  # fmt: skip
+    return choose(t, gamma, runnable)

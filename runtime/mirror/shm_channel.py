@@ -1,0 +1,227 @@
+"""The token channel between two processes: shared-memory slots, and a pipe that rings.
+
+The Mirror-SD draft process (draft_process.py) and the target exchange exactly the
+thread worker's messages (messages.py). The bulk of each — the early-exit payload
+(§3.1: top-κ ids + bf16 log-probs), the final verdict (A, c), the window's tokens and
+their q — is written into `multiprocessing.shared_memory` buffers (the standard library's
+named shared memory: no copy through a pipe or pickle for the window's γ×V floats); a
+one-byte tag sent over a `multiprocessing` Pipe says which slot was just written.
+
+Why these slots suffice: the target sends EarlyExit(s+1) only once it holds Window(s+1),
+which the draft publishes or sends only after reading EarlyExit(s): one EE slot. But a
+target that takes Window(s+1) from the board (Board below) can send FinalVerify(s+1)
+before the draft has read FinalVerify(s) — never FinalVerify(s+2), which needs Window(s+2),
+which needs the draft past FinalVerify(s) — so FinalVerify has two slots, by step parity.
+
+Not here: the worker's rollouts (draft_worker.py) and the process's life (draft_process.py).
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+
+import numpy as np
+
+from runtime.mirror.messages import EarlyExit, FinalVerify, Window
+
+EE, FV, WIN, STOP_TAG, FAIL, IDLE, BEGIN, QUIT, READY = (
+    b"E", b"F", b"W", b"S", b"X", b"I", b"B", b"Q", b"R"
+)  # fmt: skip
+INFO_CAP = 1 << 20  # bytes for a window's pickled info (timings, the draft lane's intervals)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Slot sizes for one generation: γ, κ and the vocabulary fix every buffer's shape."""
+
+    gamma: int
+    kappa: int
+    vocab: int
+    with_q: bool  # sampling sends q; greedy verification needs none
+
+    @property
+    def ee_cap(self) -> int:
+        return 4 + (self.gamma + 1) * self.kappa * 6  # kernels.topk_channel wire format
+
+    @property
+    def down_bytes(self) -> int:  # target -> draft: EE header (3 i64) + payload, FV (4 i64)
+        return 8 * 3 + self.ee_cap + 8 * 8
+
+    @property
+    def q_rows(self) -> int:
+        return self.gamma if self.with_q else 0
+
+    @property
+    def up_bytes(self) -> int:  # draft -> target: header (5 i64), tokens, q, info
+        return 8 * 5 + 8 * self.gamma + 4 * self.q_rows * self.vocab + INFO_CAP
+
+
+class Slots:
+    """Typed views onto the two shared buffers (either side; `create` on the target's)."""
+
+    def __init__(self, layout: Layout, names: tuple[str, str] | None = None):
+        self.layout = L = layout
+        if names is None:
+            self.down = shared_memory.SharedMemory(create=True, size=L.down_bytes)
+            self.up = shared_memory.SharedMemory(create=True, size=L.up_bytes)
+            self.owner = True
+        else:
+            self.down = shared_memory.SharedMemory(name=names[0])
+            self.up = shared_memory.SharedMemory(name=names[1])
+            # a spawned child shares its parent's resource tracker, which the creator's unlink
+            # unregisters: the child must not unregister too
+            self.owner = False
+        d, u = self.down.buf, self.up.buf
+        self.ee_head = np.ndarray((3,), np.int64, d, 0)  # step, sent_ns, nbytes
+        self.ee_body = d[24 : 24 + L.ee_cap]
+        self.fv = np.ndarray((2, 4), np.int64, d, 24 + L.ee_cap)  # [step % 2]: step, A, c, sent
+        self.win_head = np.ndarray((5,), np.int64, u, 0)  # step, n, sent_ns, q rows, info bytes
+        self.win_toks = np.ndarray((L.gamma,), np.int64, u, 40)
+        q_at = 40 + 8 * L.gamma
+        self.win_q = np.ndarray((L.q_rows, L.vocab), np.float32, u, q_at)
+        info_at = q_at + 4 * L.q_rows * L.vocab
+        self.win_info = u[info_at : info_at + INFO_CAP]
+
+    @property
+    def names(self) -> tuple[str, str]:
+        return self.down.name, self.up.name
+
+    # ---- target -> draft ---------------------------------------------------------------------
+    def put_early_exit(self, m: EarlyExit) -> None:
+        n = len(m.payload)
+        assert n <= self.layout.ee_cap, f"early-exit payload {n} B > slot {self.layout.ee_cap} B"
+        self.ee_body[:n] = m.payload
+        self.ee_head[:] = (m.step, m.sent_ns, n)
+
+    def get_early_exit(self) -> EarlyExit:
+        step, sent, n = (int(x) for x in self.ee_head)
+        return EarlyExit(step, bytes(self.ee_body[:n]), sent)
+
+    def put_final(self, m: FinalVerify) -> int:
+        """Write (A, c) into the slot of its step's parity; returns that slot."""
+        self.fv[m.step % 2] = (m.step, m.accepted, m.token, m.sent_ns)
+        return m.step % 2
+
+    def get_final(self, slot: int) -> FinalVerify:
+        step, a, c, sent = (int(x) for x in self.fv[slot])
+        return FinalVerify(step, a, c, sent)
+
+    # ---- draft -> target ---------------------------------------------------------------------
+    def put_window(self, w: Window) -> None:
+        n = len(w.tokens)
+        info = pickle.dumps((w.source, w.info), protocol=pickle.HIGHEST_PROTOCOL)
+        if len(info) > INFO_CAP:  # the intervals are a report, not the protocol: drop them
+            info = pickle.dumps((w.source, {k: v for k, v in w.info.items() if k != "intervals"}))
+        self.win_toks[:n] = w.tokens
+        rows = len(w.q) if self.layout.with_q else 0
+        if rows:
+            self.win_q[:rows] = w.q
+        self.win_info[: len(info)] = info
+        self.win_head[:] = (w.step, n, w.sent_ns, rows, len(info))
+
+    def get_window(self) -> Window:
+        step, n, sent, rows, ni = (int(x) for x in self.win_head)
+        source, info = pickle.loads(bytes(self.win_info[:ni]))
+        q = self.win_q[:rows].copy() if rows else np.zeros((0, self.layout.vocab), np.float32)
+        return Window(step, self.win_toks[:n].tolist(), q, sent, source, info)
+
+    def close(self) -> None:
+        """Drop the views, then the mappings; the creating side also unlinks the names."""
+        self.ee_head = self.ee_body = self.fv = None
+        self.win_head = self.win_toks = self.win_q = self.win_info = None
+        for shm in (self.down, self.up):
+            try:
+                shm.close()
+            except BufferError:  # a view still alive elsewhere: the mapping goes with the process
+                pass
+            if self.owner:
+                try:
+                    shm.unlink()
+                except FileNotFoundError:
+                    pass
+
+
+class Board:
+    """The completed-branch board in shared memory (DraftWorker._ready across processes).
+
+    The draft publishes each branch (A, c) the moment its rollout completes; the target,
+    holding the verdict, takes the branch at once (reuse without a rendezvous) and marks the
+    board claimed, so the draft does not send that window again. Both sides hold `lock`
+    (a multiprocessing Lock) around every access. Header: step (-1: closed), entries, claimed.
+    """
+
+    def __init__(self, layout: Layout, lock, name: str | None = None):
+        L = self.layout = layout
+        self.cap = (L.gamma + 1) * L.kappa
+        self.lock = lock
+        qb = 4 * L.q_rows * L.vocab
+        row = 8 * (6 + L.gamma) + qb + (-qb) % 8  # a, c, n, sent, ee_recv, ready; toks; q
+        size = 8 * 3 + self.cap * row
+        self.owner = name is None
+        self.shm = shared_memory.SharedMemory(create=True, size=size) if name is None else \
+            shared_memory.SharedMemory(name=name)  # fmt: skip
+        buf = self.shm.buf
+        self.head = np.ndarray((3,), np.int64, buf, 0)
+        self.meta = np.ndarray((self.cap, 6 + L.gamma), np.int64, buf, 24,
+                               (row, 8))  # fmt: skip
+        self.q = np.ndarray((self.cap, L.q_rows, L.vocab), np.float32, buf,
+                            24 + 8 * (6 + L.gamma), (row, 4 * L.vocab, 4))  # fmt: skip
+        if self.owner:
+            self.head[:] = (-1, 0, 0)
+
+    @property
+    def name(self) -> str:
+        return self.shm.name
+
+    # ---- the draft's side (call with the lock held) ------------------------------------------
+    def open(self, step: int) -> None:
+        self.head[:] = (step, 0, 0)
+
+    def close_step(self) -> bool:
+        """Close the board; True if the target claimed a branch from it."""
+        claimed = bool(self.head[2])
+        self.head[:] = (-1, 0, 0)
+        return claimed
+
+    def step(self) -> int:
+        return int(self.head[0])
+
+    def publish(self, key: tuple[int, int], w: Window) -> None:
+        n = int(self.head[1])
+        if n >= self.cap or any(tuple(self.meta[i, :2]) == key for i in range(n)):
+            return
+        g = len(w.tokens)
+        self.meta[n, :6] = (key[0], key[1], g, w.sent_ns, w.info["ee_recv_ns"], w.info["ready_ns"])
+        self.meta[n, 6 : 6 + g] = w.tokens
+        if self.layout.q_rows and g:
+            self.q[n, :g] = w.q
+        self.head[1] = n + 1
+
+    # ---- the target's side (call with the lock held) -----------------------------------------
+    def take(self, step: int, key: tuple[int, int]) -> Window | None:
+        if int(self.head[0]) != step:
+            return None
+        for i in range(int(self.head[1])):
+            a, c, g, sent, ee_recv, ready = (int(x) for x in self.meta[i, :6])
+            if (a, c) == key:
+                self.head[2] = 1
+                q = self.q[i, :g].copy() if self.layout.q_rows else \
+                    np.zeros((0, self.layout.vocab), np.float32)  # fmt: skip
+                info = {"ee_recv_ns": ee_recv, "ready_ns": ready, "source": "reuse",
+                        "fallback_ns": 0, "shared": True}  # fmt: skip
+                return Window(step + 1, self.meta[i, 6 : 6 + g].tolist(), q, sent, "reuse", info)
+        return None
+
+    def close(self) -> None:
+        self.head = self.meta = self.q = None
+        try:
+            self.shm.close()
+        except BufferError:
+            pass
+        if self.owner:
+            try:
+                self.shm.unlink()
+            except FileNotFoundError:
+                pass

@@ -1,0 +1,151 @@
+"""Mirror-SD with the draft worker in its own process (--draft-process): lossless, and a dead,
+closed or interrupted worker leaves no generation running and no process behind."""
+
+import multiprocessing as mp
+import os
+import signal
+
+import pytest
+
+from runtime.backends import load_model
+from runtime.decoding import Sampling, make_steps, run
+from runtime.errors import DuetError
+
+PROMPT = [11, 42, 7, 99, 5, 250]
+
+
+def steps(target, draft, n=24, temp=0.0, process=True, prompt=PROMPT):
+    return make_steps("mirror", target, draft, prompt, max_new=n, sampling=Sampling(temp), seed=3,
+                      gamma=3, kappa=4, draft_process=process)  # fmt: skip
+
+
+def no_draft_process() -> bool:
+    return not any(p.name == "duet-draft-process" for p in mp.active_children())
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_dir):
+    target = load_model(tiny_dir("qwen3"), "mlx")
+    draft = load_model(tiny_dir("qwen3", num_layers=1, seed=4), "onnx", intra_threads=1)
+    yield target, draft
+    host = getattr(draft, "_duet_draft_host", None)
+    if host is not None:
+        host.close()
+    assert no_draft_process()
+
+
+def test_process_worker_greedy_equals_ar(tiny_dir, arch):
+    target = load_model(tiny_dir(arch), "mlx")
+    draft = load_model(tiny_dir(arch, num_layers=1, seed=4), "onnx", intra_threads=1)
+    ref = run(make_steps("ar", target, None, PROMPT, max_new=24, sampling=Sampling(), seed=0),
+              max_new=24).tokens  # fmt: skip
+    assert run(steps(target, draft), max_new=24).tokens == ref
+    # a second generation on the same process, its cache holding the first's prefix
+    longer = PROMPT + ref[:5]
+    ref2 = run(make_steps("ar", target, None, longer, max_new=12, sampling=Sampling(), seed=0),
+               max_new=12).tokens  # fmt: skip
+    assert run(steps(target, draft, n=12, prompt=longer), max_new=12).tokens == ref2
+    draft._duet_draft_host.close()
+    assert no_draft_process()
+
+
+def test_process_worker_samples_what_the_thread_worker_samples(pair):
+    """Each window is drawn with the generator seeded by (seed, step, A, c) wherever it runs,
+    so at T > 0 the process worker commits exactly the thread worker's tokens."""
+    target, draft = pair
+    thread = run(steps(target, draft, temp=1.0, process=False), max_new=24)
+    proc = run(steps(target, draft, temp=1.0), max_new=24)
+    assert proc.tokens == thread.tokens
+    assert proc.stats.accept_lengths == thread.stats.accept_lengths
+
+
+def test_killed_worker_process_is_a_clear_error_and_leaves_nothing(pair):
+    target, draft = pair
+    gen = steps(target, draft, n=40)
+    next(gen)
+    host = draft._duet_draft_host
+    os.kill(host.pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=r"draft process \(pid \d+\) died"):
+        for _ in gen:
+            pass
+    assert not host.alive and not host.proc.is_alive()
+    assert no_draft_process()
+    # the next generation starts a fresh process and is still lossless
+    ref = run(steps(target, draft, process=False), max_new=24).tokens
+    assert run(steps(target, draft), max_new=24).tokens == ref
+    assert draft._duet_draft_host is not host
+
+
+def test_closing_early_stops_the_child_generation(pair):
+    target, draft = pair
+    gen = steps(target, draft, n=40)
+    got = next(gen).tokens + next(gen).tokens
+    host = draft._duet_draft_host
+    gen.close()
+    # the child acknowledged the stop: it now caches (a prefix of) what was committed
+    assert host.cached and host.cached == (PROMPT + got)[: len(host.cached)]
+    assert len(host.cached) >= len(PROMPT)
+    host.close()
+    assert host.proc.exitcode == 0  # it quit when asked, not killed
+    assert no_draft_process()
+
+
+def test_interrupt_stops_the_generation_in_both_processes(pair):
+    target, draft = pair
+    gen = steps(target, draft, n=40)
+    next(gen)
+    host = draft._duet_draft_host
+    with pytest.raises(KeyboardInterrupt):
+        gen.throw(KeyboardInterrupt)
+    assert host.alive and host.cached[: len(PROMPT)] == PROMPT
+    # the process serves the next generation as if nothing happened
+    ref = run(steps(target, draft, process=False), max_new=24).tokens
+    assert run(steps(target, draft), max_new=24).tokens == ref
+
+
+def test_a_draft_without_a_load_spec_is_refused(pair):
+    target, draft = pair
+
+    class Wrapped:  # what an emulated draft looks like: no path to load it from again
+        config = draft.config
+        backend = "onnx"
+
+    with pytest.raises(DuetError, match="--draft-process needs a draft loaded from a path"):
+        run(steps(target, Wrapped()), max_new=4)
+
+
+def test_a_completed_branch_is_taken_from_the_shared_board(pair):
+    """§3.1 reuse across processes: the target takes the branch (A, c) the draft process
+    published, at once, and the draft then sends no second copy of that window."""
+    import time
+
+    import numpy as np
+
+    from kernels.topk_channel import encode
+    from runtime.decoding.sd import draft_window
+    from runtime.mirror.draft_process import ProcessDraftWorker, draft_host
+    from runtime.mirror.messages import EarlyExit, FinalVerify
+    from runtime.mirror.timeline import Timeline, now_ns
+
+    _, draft = pair
+    w = ProcessDraftWorker(draft_host(draft), sampling=Sampling(), seed=0, gamma=3, kappa=4,
+                           vocab=draft.config.vocab_size, max_new=100, ctx=256,
+                           timeline=Timeline())  # fmt: skip
+    w.start(PROMPT)
+    win = w.receive(0)
+    c = (win.tokens[1] + 3) % 300
+    ids = np.array([[win.tokens[0], 300, 301, 302], [win.tokens[1], c, 303, 304],
+                    [win.tokens[2], 305, 306, 307], [308, 309, 310, 311]])  # fmt: skip
+    w.send(EarlyExit(0, encode(ids.astype(np.int32), np.full(ids.shape, -1.6, np.float32)),
+                     now_ns()))  # fmt: skip
+    deadline = time.time() + 20
+    while (got := w.take(0, 1, c)) is None:  # published when its wave's last pass ends
+        assert time.time() < deadline
+        time.sleep(0.002)
+    w.send(FinalVerify(0, 1, c, now_ns()))
+    seq = PROMPT + win.tokens[:1] + [c]
+    fresh = draft_window(draft, draft.new_cache(), seq, 3, Sampling(), None)[0]
+    assert got.source == "reuse" and got.step == 1 and got.tokens == fresh
+    assert not w.host.conn.poll(0.3)  # claimed: the draft sends no second copy
+    w.finish(seq)  # no window was sent for step 1: the stop is acknowledged, nothing else
+    assert draft._duet_draft_host.cached == seq[: len(draft._duet_draft_host.cached)]
