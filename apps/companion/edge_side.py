@@ -32,9 +32,9 @@ def codec_record(name: str, vocab: int) -> dict:
             "lossy": hasattr(mod, "draft_law"), "params": params}  # fmt: skip
 
 
-def profile_record(profile_arg: str, staging: Path) -> dict:
-    """Copy the profile into `staging`; its manifest entry (file, name, placement, FlexSpec
-    parameters in seconds). DuetError when it lacks a parameter K* needs."""
+def load_k_profile(profile_arg: str):
+    """The device profile `profile_arg` (shipped name or file); DuetError when it lacks a
+    parameter K* needs. Called before any conversion, so a bad name costs nothing."""
     from devices.profile import load_profile
 
     prof = load_profile(profile_arg)
@@ -43,6 +43,12 @@ def profile_record(profile_arg: str, staging: Path) -> dict:
         raise DuetError(f"profile {prof.name!r} has no {', '.join(missing)} in [latency]; K* "
                         "(FlexSpec eq. (11)) needs them: calibrate it (python -m devices "
                         "calibrate) or pick another")  # fmt: skip
+    return prof
+
+
+def profile_record(prof, staging: Path) -> dict:
+    """Copy the profile's file into `staging`; its manifest entry (file, name, placement,
+    FlexSpec parameters in seconds)."""
     fname = "profile" + (prof.path.suffix if prof.path.suffix == ".json" else ".toml")
     shutil.copyfile(prof.path, staging / fname)
     return {
@@ -59,8 +65,9 @@ def profile_record(profile_arg: str, staging: Path) -> dict:
 
 
 def write_edge(staging: Path, *, codec: str, vocab: int, vocab_hash: str, base: dict | None,
-               profile: str | None) -> dict:  # fmt: skip
-    """Write edge.json (and the profile) into `staging`; returns the manifest's `edge` section."""
+               profile=None) -> dict:  # fmt: skip
+    """Write edge.json (and `profile`, from load_k_profile) into `staging`; returns the
+    manifest's `edge` section."""
     from runtime.edge import wire
 
     edge = {

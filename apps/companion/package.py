@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from apps.companion.edge_side import write_edge
+from apps.companion.edge_side import load_k_profile, write_edge
 from apps.companion.identity import base_identity, sha256_file, vocab_hash
 from apps.companion.manifest import write_manifest
 from runtime.config import ModelConfig
@@ -73,7 +73,8 @@ def package_bundle(
              "base": None}  # fmt: skip
     from runtime.edge.codecs import codec as codec_module
 
-    codec_module(codec)  # an unknown name fails before any conversion
+    codec_module(codec)  # an unknown codec or profile fails before any conversion
+    prof = load_k_profile(profile) if profile else None
     if target is not None:
         tcfg = ModelConfig.from_dir(target)
         tvh = (
@@ -126,7 +127,7 @@ def package_bundle(
         shutil.copy2(tok, staging / "tokenizer.json")
         shutil.copy2(src / "config.json", staging / "config.json")
         edge = write_edge(staging, codec=codec, vocab=cfg.vocab_size, vocab_hash=vhash,
-                          base=pairs["base"], profile=profile)  # fmt: skip
+                          base=pairs["base"], profile=prof)  # fmt: skip
         body = {
             "model": {
                 "name": src.resolve().name,

@@ -74,6 +74,9 @@ def edge_steps(
             g = max(0, min(want, max_new - produced - 1, ctx - len(seq) - 1, draft_ctx - len(seq)))
             t0 = time.perf_counter()
             drafts, q = draft_window(draft, dc, seq, g, sampling, rng)
+            if cod.CARRIES_Q and len(q) != len(drafts):  # greedy: q is the point mass on d_i
+                q = np.zeros((len(drafts), V), np.float32)
+                q[np.arange(len(drafts)), drafts] = 1.0
             body = cod.encode(drafts, q if cod.CARRIES_Q else None, V)
             t1 = time.perf_counter()
             v, x = conn.verify(cod.NUMBER, len(seq), body)
