@@ -158,6 +158,8 @@ def run_cloud(args: argparse.Namespace, ids: list[int] | None) -> int:
     """`run --server`: generate through the verifier; the text on stdout, rounds on stderr."""
     from apps.companion.cloud_client import round_lines, run_through_cloud
 
+    if args.engine == "coreml":
+        raise DuetError("run --server drafts with the bundle's ONNX graphs; drop --engine coreml")
     if args.k is not None and args.k < 0:
         raise DuetError(f"--k must be >= 0 (got {args.k})")
     if args.k_max < 1:
