@@ -31,7 +31,7 @@ def copy(bundle, tmp_path):
 
 def test_manifest_contents(bundle):
     m = verify_bundle(bundle)
-    assert m["format_version"] == 1 and m["context_length"] == 32
+    assert m["format_version"] == 2 and m["context_length"] == 32
     assert {"draft.onnx", "draft.prefill.onnx", "tokenizer.json", "genai_config.json"} <= set(
         m["files"]
     )

@@ -52,11 +52,13 @@ def read_token(path: str | None) -> bytes | None:
 
 
 def load_target(target: str | None, backend: str, threads: int | None):
-    """The target model (embedded by default) on `backend`."""
+    """(target model (embedded by default) on `backend`, its identity for HELLO claims)."""
+    from runtime.edge.identity import target_identity
     from runtime.load import load_pair
 
-    return load_pair(target, None, need_draft=False, target_backend=backend,
-                     target_threads=threads).target  # fmt: skip
+    pair = load_pair(target, None, need_draft=False, target_backend=backend,
+                     target_threads=threads)  # fmt: skip
+    return pair.target, target_identity(pair.target_dir)
 
 
 async def serve(a: argparse.Namespace) -> None:
@@ -75,8 +77,8 @@ async def serve(a: argparse.Namespace) -> None:
 
     if token is None and not is_loopback(a.host):  # check before the (slow) model load
         raise DuetError(f"refusing to serve on {a.host} without --token-file")
-    server = VerifierServer(load_target(a.target, a.target_backend, a.target_threads),
-                            token=token, limits=limits)  # fmt: skip
+    model, identity = load_target(a.target, a.target_backend, a.target_threads)
+    server = VerifierServer(model, token=token, limits=limits, identity=identity)
     try:
         host, port = await server.start(a.host, a.port)
     except OSError as e:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from apps.cloud.session import Session
 from runtime.edge import wire
 from runtime.edge.codecs import CODEC_MODULES, codec_for_number
+from runtime.edge.identity import check_claim
 from runtime.edge.wire import ProtocolError
 from runtime.errors import DuetError
 
@@ -52,8 +53,10 @@ def is_loopback(host: str) -> bool:
 class VerifierServer:
     """Holds the target and the open sessions; `serve_forever` runs it on an event loop."""
 
-    def __init__(self, target, *, token: bytes | None, limits: Limits | None = None):
+    def __init__(self, target, *, token: bytes | None, limits: Limits | None = None,
+                 identity: dict | None = None):  # fmt: skip
         self.target = target
+        self.identity = identity  # runtime.edge.identity.target_identity, for HELLO claims
         self.token = token
         self.limits = limits or Limits()
         ctx = target.config.max_context
@@ -138,9 +141,12 @@ class VerifierServer:
         if state == "hello":
             if t != wire.HELLO:
                 raise ProtocolError(wire.E_AUTH, f"expected HELLO first, got {wire.NAMES[t]}")
-            token = wire.read_hello(body)
+            token, claim = wire.read_hello(body)
             if self.token is not None and not hmac.compare_digest(token, self.token):
                 raise ProtocolError(wire.E_AUTH, "wrong token")  # constant-time comparison
+            if claim is not None:  # a bundle's draft: can this target verify it?
+                check_claim(claim, self.identity, self.target.config.vocab_size,
+                            tuple(CODEC_MODULES))  # fmt: skip
             w = wire.Welcome(self.target.config.vocab_size, self.max_context, self.limits.max_frame,
                              tuple(CODEC_MODULES))  # fmt: skip
             return wire.WELCOME, wire.welcome(w), "ready", 0
@@ -185,10 +191,10 @@ class ServerThread:
     `host`, `port`, `server`; `stop()` closes it."""
 
     def __init__(self, target, *, token: bytes | None = None, limits: Limits | None = None,
-                 host: str = "127.0.0.1"):  # fmt: skip
+                 host: str = "127.0.0.1", identity: dict | None = None):  # fmt: skip
         import threading
 
-        self.server = VerifierServer(target, token=token, limits=limits)
+        self.server = VerifierServer(target, token=token, limits=limits, identity=identity)
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
 

@@ -1,6 +1,8 @@
-"""`python -m apps.companion package --draft DIR --out BUNDLE` builds a companion bundle;
-`python -m apps.companion run BUNDLE --prompt TEXT|--prompt-ids IDS --max-tokens N` drafts
-with it. A tampered, truncated or incomplete bundle is refused with one line, exit 2."""
+"""`python -m apps.companion package --draft DIR --out BUNDLE [--target DIR] [--profile NAME|FILE]
+[--codec NAME]` builds a companion bundle; `python -m apps.companion run BUNDLE --prompt TEXT
+[--server HOST:PORT --token-file F --link NAME]` generates through a cloud verifier with it
+(without --server: drafts only). A tampered, truncated or incomplete bundle, or one the
+verifier cannot verify, is refused with one line, exit 2."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from runtime.edge.codecs import CODEC_MODULES
 from runtime.errors import DuetError, cli_main
 
 
@@ -55,6 +58,20 @@ def main(argv: list[str] | None = None) -> int:
     pk.add_argument(
         "--coreml-quantize", default="none", choices=["none", "int8", "int4", "palettize4"]
     )
+    pk.add_argument(
+        "--profile",
+        help="device profile: a shipped name (python -m devices list) or a calibrated .toml/.json; "
+        "its FlexSpec latency parameters drive K*",
+    )
+    pk.add_argument(
+        "--codec",
+        default="ids",
+        help=f"VERIFY payload codec, a name in runtime/edge/codecs ({', '.join(CODEC_MODULES)}; "
+        "default ids)",
+    )
+    pk.add_argument(
+        "--no-coreml", action="store_true", help="ONNX only (Android): skip the Core ML package"
+    )
     pk.add_argument("--json", action="store_true", help="print the manifest")
     rn = sub.add_parser("run", help="verify a bundle and draft greedily with it")
     rn.add_argument("bundle")
@@ -71,6 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     rn.add_argument(
         "--threads", type=int, default=1, help="ONNX Runtime intra-op threads (default 1)"
     )
+    e = rn.add_argument_group("through a cloud verifier (python -m apps.cloud serve)")
+    e.add_argument("--server", metavar="HOST:PORT", help="generate through this verifier")
+    e.add_argument("--token-file", help="file holding the verifier's shared secret")
+    e.add_argument("--link", default="none", help="emulated link: none, 5g, 4g, wifi-weak")
+    e.add_argument("--link-seed", type=int, default=0)
+    e.add_argument("--k", type=int, default=None, help="fixed K (default: K* per round)")
+    e.add_argument("--k-max", type=int, default=8, help="bound on K* (default 8)")
+    e.add_argument("--temp", type=float, default=0.0, help="0: greedy (default)")
+    e.add_argument("--seed", type=int, default=0)
     rn.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
@@ -92,14 +118,21 @@ def main(argv: list[str] | None = None) -> int:
             onnx_quantize=args.onnx_quantize,
             onnx_provider=args.onnx_provider,
             coreml_quantize=args.coreml_quantize,
+            profile=args.profile,
+            codec=args.codec,
+            coreml=not args.no_coreml,
         )
         print(json.dumps(m, indent=2) if args.json else "\n".join(summary(m, Path(args.out))))
         return 0
     if args.max_tokens < 1:
         raise DuetError(f"--max-tokens must be at least 1, not {args.max_tokens}")
+    ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    if args.server is not None:
+        return run_cloud(args, ids)
+    if args.token_file or args.link != "none":
+        raise DuetError("--token-file and --link need --server HOST:PORT")
     from apps.companion.client import run_bundle
 
-    ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     r = run_bundle(
         args.bundle,
         prompt=args.prompt,
@@ -118,6 +151,28 @@ def main(argv: list[str] | None = None) -> int:
             f"bundle verified in {s['verify_s']:.3f} s]",
             file=sys.stderr,
         )
+    return 0
+
+
+def run_cloud(args: argparse.Namespace, ids: list[int] | None) -> int:
+    """`run --server`: generate through the verifier; the text on stdout, rounds on stderr."""
+    from apps.companion.cloud_client import round_lines, run_through_cloud
+
+    if args.engine == "coreml":
+        raise DuetError("run --server drafts with the bundle's ONNX graphs; drop --engine coreml")
+    if args.k is not None and args.k < 0:
+        raise DuetError(f"--k must be >= 0 (got {args.k})")
+    if args.k_max < 1:
+        raise DuetError(f"--k-max must be at least 1 (got {args.k_max})")
+    r = run_through_cloud(args.bundle, server=args.server, token_file=args.token_file,
+                          prompt=args.prompt, prompt_ids=ids, max_tokens=args.max_tokens,
+                          link=args.link, link_seed=args.link_seed, k=args.k, k_max=args.k_max,
+                          temp=args.temp, seed=args.seed, threads=args.threads)  # fmt: skip
+    if args.json:
+        print(json.dumps(r))
+    else:
+        print(r["text"])
+        print("\n".join(round_lines(r["stats"])), file=sys.stderr)
     return 0
 
 

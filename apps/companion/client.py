@@ -41,6 +41,24 @@ def draft_greedy(model, prompt: list[int], max_tokens: int, eos: tuple[int, ...]
         logits = model.forward(np.asarray([[tok]], np.int64), cache)
 
 
+def prompt_tokens(
+    manifest: dict, tok, prompt: str | None, prompt_ids: list[int] | None
+) -> list[int]:
+    """The prompt as ids (encoded with the bundle's tokenizer), checked against its vocabulary
+    and the draft's context."""
+    ids = prompt_ids if prompt_ids is not None else tok.encode(prompt or "").ids
+    vocab = manifest["model"]["vocab_size"]
+    if not ids:
+        raise DuetError("the prompt is empty")
+    if min(ids) < 0 or max(ids) >= vocab:
+        raise DuetError(f"prompt ids must lie in [0, {vocab}); got {min(ids)}..{max(ids)}")
+    if len(ids) >= manifest["context_length"]:
+        raise DuetError(
+            f"the prompt ({len(ids)} tokens) does not fit the draft's context of {manifest['context_length']}"
+        )
+    return ids
+
+
 def run_bundle(
     bundle: str | Path,
     *,
@@ -58,16 +76,7 @@ def run_bundle(
     manifest = verify_bundle(b)
     t_verify = time.perf_counter() - t0
     tok = Tokenizer.from_file(str(b / "tokenizer.json"))
-    ids = prompt_ids if prompt_ids is not None else tok.encode(prompt or "").ids
-    vocab = manifest["model"]["vocab_size"]
-    if not ids:
-        raise DuetError("the prompt is empty")
-    if min(ids) < 0 or max(ids) >= vocab:
-        raise DuetError(f"prompt ids must lie in [0, {vocab}); got {min(ids)}..{max(ids)}")
-    if len(ids) >= manifest["context_length"]:
-        raise DuetError(
-            f"the prompt ({len(ids)} tokens) does not fit the draft's context of {manifest['context_length']}"
-        )
+    ids = prompt_tokens(manifest, tok, prompt, prompt_ids)
     model = load_draft(b, engine, threads)
     t1 = time.perf_counter()
     out = list(

@@ -1,11 +1,15 @@
-"""Content identities a bundle records: file digests, and a vocabulary hash that a
-target must share for the draft's proposals to mean anything to it."""
+"""Content identities a bundle records: file digests, and (from runtime/edge/identity.py, where
+the verifier computes the same) the vocabulary hash and base identity a target must share for
+the draft's proposals to mean anything to it."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
+
+from runtime.edge.identity import base_identity, vocab_hash
+
+__all__ = ["CHUNK", "base_identity", "sha256_file", "vocab_hash"]
 
 CHUNK = 1 << 20
 
@@ -17,16 +21,3 @@ def sha256_file(path: str | Path) -> str:
         while chunk := f.read(CHUNK):
             h.update(chunk)
     return h.hexdigest()
-
-
-def vocab_hash(tokenizer_json: str | Path) -> str:
-    """sha256 over the (token, id) pairs of the vocabulary and added tokens, in id order.
-
-    Independent of formatting and merges: two tokenizers with the same ids for the same
-    strings get the same hash, so a target can be checked against the draft's bundle.
-    """
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(tokenizer_json))
-    pairs = sorted(((i, t) for t, i in tok.get_vocab(with_added_tokens=True).items()))
-    return hashlib.sha256(json.dumps(pairs, ensure_ascii=False).encode()).hexdigest()

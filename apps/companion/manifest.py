@@ -1,7 +1,8 @@
 """manifest.json: what a companion bundle holds and how to check it.
 
 Format version, model and tokenizer identity, vocabulary hash, the target family
-the draft pairs with, context length, the I/O names of each artefact, `files`
+the draft pairs with (and its base identity), context length, the edge-cloud section
+(wire version, codec, device profile with K*'s parameters), the I/O names of each artefact, `files`
 (relative path -> sha256 and size, every file of the bundle), and the parity
 figures of each conversion.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 from apps.companion.identity import sha256_file
 
 FORMAT = "duet-companion-bundle"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: edge.json (wire, codec, HELLO claim) and the device profile
 MANIFEST = "manifest.json"
 
 

@@ -6,6 +6,8 @@ BUNDLE/
   draft.prefill.onnx      ... and its prefill graph
   genai_config.json       how to drive the two ONNX graphs
   tokenizer.json, config.json
+  edge.json               wire version, codec + parameters, the HELLO claim (edge_side.py)
+  profile.toml|.json      the device profile with FlexSpec's K* parameters (with --profile)
   manifest.json           identities, I/O names, parity, sha256 + size of every file
 The bundle is built in a staging folder and moved into place only when complete.
 """
@@ -18,7 +20,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from apps.companion.identity import sha256_file, vocab_hash
+from apps.companion.edge_side import load_k_profile, write_edge
+from apps.companion.identity import base_identity, sha256_file, vocab_hash
 from apps.companion.manifest import write_manifest
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
@@ -45,8 +48,15 @@ def package_bundle(
     onnx_quantize: str = "none",
     onnx_provider: str = "qnn",
     coreml_quantize: str = "none",
+    profile: str | None = None,
+    codec: str = "ids",
+    coreml: bool = True,
 ) -> dict:
-    """Build the bundle at `out` from the checkpoint `draft`; returns the manifest."""
+    """Build the bundle at `out` from the checkpoint `draft`; returns the manifest.
+
+    `profile` (a shipped name or a file) and `codec` (a name in CODEC_MODULES) go into
+    edge.json; `target` adds the base identity a verifier checks at HELLO. `coreml=False`
+    builds an ONNX-only bundle (Android)."""
     from converters.coreml_export import export_coreml
     from converters.coreml_inspect import describe
     from converters.onnx_static_build import build_static_onnx
@@ -59,7 +69,12 @@ def package_bundle(
             f"{src}: no tokenizer.json; a bundle ships the tokenizer the draft was trained with"
         )
     vhash = vocab_hash(tok)
-    pairs = {"family": cfg.model_type, "vocab_hash": vhash, "vocab_size": cfg.vocab_size}
+    pairs = {"family": cfg.model_type, "vocab_hash": vhash, "vocab_size": cfg.vocab_size,
+             "base": None}  # fmt: skip
+    from runtime.edge.codecs import codec as codec_module
+
+    codec_module(codec)  # an unknown codec or profile fails before any conversion
+    prof = load_k_profile(profile) if profile else None
     if target is not None:
         tcfg = ModelConfig.from_dir(target)
         tvh = (
@@ -72,7 +87,10 @@ def package_bundle(
                 f"{target}: its vocabulary differs from the draft's ({src}); they cannot pair"
             )
         pairs.update(
-            family=tcfg.model_type, target=Path(target).name, target_layers=tcfg.num_layers
+            family=tcfg.model_type,
+            target=Path(target).name,
+            target_layers=tcfg.num_layers,
+            base=base_identity(target),  # the verifier refuses a bundle built for another base
         )
     if out.exists() and any(out.iterdir()):
         raise DuetError(f"{out}: exists and is not empty; remove it or choose another --out")
@@ -94,18 +112,22 @@ def package_bundle(
         )
         steps.update()
         steps.set_postfix_str("core ml")
-        coreml_r = export_coreml(
-            src,
-            staging / "draft.mlpackage",
-            max_context=ctx,
-            prefill_len=prefill_len,
-            compression=coreml_quantize,
-        )
+        coreml_r = cm = None
+        if coreml:
+            coreml_r = export_coreml(
+                src,
+                staging / "draft.mlpackage",
+                max_context=ctx,
+                prefill_len=prefill_len,
+                compression=coreml_quantize,
+            )
+            cm = describe(staging / "draft.mlpackage")
         steps.update()
         steps.set_postfix_str("manifest")
         shutil.copy2(tok, staging / "tokenizer.json")
         shutil.copy2(src / "config.json", staging / "config.json")
-        cm = describe(staging / "draft.mlpackage")
+        edge = write_edge(staging, codec=codec, vocab=cfg.vocab_size, vocab_hash=vhash,
+                          base=pairs["base"], profile=prof)  # fmt: skip
         body = {
             "model": {
                 "name": src.resolve().name,
@@ -134,9 +156,15 @@ def package_bundle(
                     "package": "draft.mlpackage",
                     "default_function": cm["default_function"],
                     "functions": cm["functions"],
-                },
+                }
+                if cm
+                else None,  # an ONNX-only bundle
             },
-            "parity": {"onnx": onnx_r["parity"], "coreml": coreml_r["parity"]},
+            "edge": edge,
+            "parity": {
+                "onnx": onnx_r["parity"],
+                "coreml": coreml_r["parity"] if coreml_r else None,
+            },
             "conversion": {
                 "onnx": {
                     "quantization": onnx_quantize,
@@ -150,7 +178,9 @@ def package_bundle(
                     "compression": coreml_quantize,
                     "seconds": coreml_r["convert_s"],
                     "bytes": coreml_r["size_bytes"],
-                },
+                }
+                if coreml_r
+                else None,
             },
         }
         manifest = write_manifest(staging, body)
@@ -171,11 +201,22 @@ def summary(manifest: dict, out: Path) -> list[str]:
     """Lines the command prints after packaging."""
     size = sum(e["size"] for e in manifest["files"].values())
     po, pc = manifest["parity"]["onnx"], manifest["parity"]["coreml"]
-    return [
+    edge = manifest["edge"]
+    prof = edge["profile"]
+    lines = [
         f"wrote {out}: {len(manifest['files'])} files, {size / 1e6:.2f} MB, in {manifest['conversion']['total_seconds']:.1f} s",
         f"draft {manifest['model']['name']} ({manifest['model']['model_type']}), context {manifest['context_length']}, "
         f"pairs with a {manifest['pairs_with']['family']} target of vocabulary {manifest['pairs_with']['vocab_hash'][:12]}",
         f"onnx parity: max |Δlogit| {po['max_abs']:.2e}, top-1 {po['top1_agree']:.3f} ({'ok' if po['ok'] else 'FAIL'})",
-        f"coreml parity (traced module): fp16 max rel {pc['fp16']['max_rel_err']:.1e} "
-        f"({'ok' if pc['fp16']['ok'] else 'FAIL'})",
-    ]
+        f"edge: wire v{edge['wire_version']}, codec {edge['codec']['name']}, profile "
+        + (f"{prof['name']} (alpha_edge {prof['flexspec']['alpha_edge'] * 1e3:.2f} ms/token)"
+           if prof else "none (K* fitted online)")
+        + (f", base {manifest['pairs_with']['base']['name']}" if manifest["pairs_with"]["base"]
+           else ", no base (package with --target to pin one)"),
+    ]  # fmt: skip
+    if pc is not None:
+        lines.append(
+            f"coreml parity (traced module): fp16 max rel {pc['fp16']['max_rel_err']:.1e} "
+            f"({'ok' if pc['fp16']['ok'] else 'FAIL'})"
+        )
+    return lines

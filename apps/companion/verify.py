@@ -15,7 +15,7 @@ from apps.companion.identity import sha256_file
 from apps.companion.manifest import FORMAT, FORMAT_VERSION, MANIFEST
 from runtime.errors import DuetError
 
-REQUIRED = ("tokenizer.json", "draft.onnx", "draft.prefill.onnx")
+REQUIRED = ("tokenizer.json", "draft.onnx", "draft.prefill.onnx", "edge.json")
 
 
 def verify_bundle(bundle: str | Path) -> dict:

@@ -39,10 +39,11 @@ class Exchange:
 
 
 class Connection:
-    """A connection to `host:port` that has said HELLO; `welcome` is the server's answer."""
+    """A connection to `host:port` that has said HELLO; `welcome` is the server's answer.
+    `claim` (runtime/edge/identity.py) asks the verifier to check the draft's identity first."""
 
     def __init__(self, host: str, port: int, token: bytes = b"", *, link=None,
-                 timeout_s: float = 300.0):  # fmt: skip
+                 timeout_s: float = 300.0, claim: dict | None = None):  # fmt: skip
         self.where = f"{host}:{port}"
         self.link = link
         self.seq = 0
@@ -54,7 +55,7 @@ class Connection:
                              f"{e.strerror or e}") from None  # fmt: skip
         self.sock.settimeout(timeout_s)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.welcome = wire.read_welcome(self.request(wire.HELLO, wire.hello(token)).body)
+        self.welcome = wire.read_welcome(self.request(wire.HELLO, wire.hello(token, claim)).body)
 
     def _recv(self, n: int) -> bytes:
         buf = bytearray()

@@ -61,6 +61,9 @@ def edge_steps(
     seq = list(seq)
     dc = draft_cache if draft_cache is not None else draft.new_cache()
     ctx = min(conn.welcome.max_context, draft.config.max_context)
+    # a static-shape draft (converters/onnx_static_host.py) holds `context` slots; past them the
+    # rounds send K = 0 and the cloud decodes alone
+    draft_ctx = getattr(draft, "context", ctx)
     head = len(wire.pack(wire.VERIFY, 0, 0, wire.verify(cod.NUMBER, 0, cod.encode([], empty, V))))
     conn.open(seq, sampling.temp, sampling.top_p, sampling.top_k,
               int(cloud_seed.generate_state(1, np.uint64)[0]))  # fmt: skip
@@ -68,9 +71,12 @@ def edge_steps(
     try:
         while produced < max_new:
             want = k if k is not None else (controller.choose(k_max) if controller else 4)
-            g = max(0, min(want, max_new - produced - 1, ctx - len(seq) - 1))
+            g = max(0, min(want, max_new - produced - 1, ctx - len(seq) - 1, draft_ctx - len(seq)))
             t0 = time.perf_counter()
             drafts, q = draft_window(draft, dc, seq, g, sampling, rng)
+            if cod.CARRIES_Q and len(q) != len(drafts):  # greedy: q is the point mass on d_i
+                q = np.zeros((len(drafts), V), np.float32)
+                q[np.arange(len(drafts)), drafts] = 1.0
             body = cod.encode(drafts, q if cod.CARRIES_Q else None, V)
             t1 = time.perf_counter()
             v, x = conn.verify(cod.NUMBER, len(seq), body)

@@ -9,6 +9,7 @@ message naming the problem, never another exception.
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ NAMES = {HELLO: "HELLO", WELCOME: "WELCOME", OPEN: "OPEN", OPENED: "OPENED", VER
 # error codes (u16) carried by ERROR frames
 E_MALFORMED, E_VERSION, E_AUTH, E_UNKNOWN_TYPE, E_SESSION, E_SEQUENCE = 1, 2, 3, 4, 5, 6
 E_TOO_LARGE, E_LIMIT, E_CONTEXT, E_CODEC, E_VOCAB, E_IDLE, E_INTERNAL = 7, 8, 9, 10, 11, 12, 13
+E_IDENTITY = 14  # HELLO claim names another base checkpoint than the verifier's target
 
 
 class ProtocolError(Exception):
@@ -94,17 +96,30 @@ class Reader:
 # --- control bodies ---------------------------------------------------------------------------
 
 
-def hello(token: bytes) -> bytes:
-    """HELLO: u16 token length + token bytes."""
-    return struct.pack("<H", len(token)) + token
+def hello(token: bytes, claim: dict | None = None) -> bytes:
+    """HELLO: u16 token length + token bytes; with a claim, then u16 n + n bytes of UTF-8 JSON
+    (the draft's identity, runtime/edge/identity.py). Without one the frame is version 1's."""
+    out = struct.pack("<H", len(token)) + token
+    if claim is not None:
+        body = json.dumps(claim, sort_keys=True, separators=(",", ":")).encode()
+        out += struct.pack("<H", len(body)) + body
+    return out
 
 
-def read_hello(p: bytes) -> bytes:
+def read_hello(p: bytes) -> tuple[bytes, dict | None]:
+    """(token, claim or None)."""
     r = Reader(p, "HELLO")
     (n,) = r.fmt("H")
     tok = r.take(n)
+    claim = None
+    if r.pos < len(r.buf):
+        (m,) = r.fmt("H")
+        try:
+            claim = json.loads(r.take(m).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ProtocolError(E_MALFORMED, "HELLO: the claim is not UTF-8 JSON") from None
     r.end()
-    return tok
+    return tok, claim
 
 
 @dataclass(frozen=True)

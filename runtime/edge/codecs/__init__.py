@@ -4,10 +4,11 @@ A codec module exposes
   NAME: str, NUMBER: int (the u8 in the VERIFY frame), CARRIES_Q: bool,
   encode(tokens: list[int], q: np.ndarray | None, vocab: int) -> bytes,
   decode(body: bytes, vocab: int) -> Draft   (raises wire.ProtocolError on a malformed body).
-A codec without q can only be verified greedily (T = 0). A lossy codec (SQS-SD, CU-HLM) adds
-`draft_law(q) -> q_hat`: the client must sample its draft tokens from q_hat, the law the
-server reconstructs, so that rejection sampling stays lossless. Adding a codec is one module
-and one line in CODEC_MODULES.
+Optionally `params(vocab) -> dict`: the codec's parameters, which a companion bundle records
+beside its name (apps/companion/edge_side.py; {} without it). A codec without q can only be
+verified greedily (T = 0). A lossy codec (SQS-SD, CU-HLM) adds `draft_law(q) -> q_hat`: the
+client must sample its draft tokens from q_hat, the law the server reconstructs, so that
+rejection sampling stays lossless. Adding a codec is one module and one line in CODEC_MODULES.
 """
 
 from __future__ import annotations

@@ -50,6 +50,11 @@ def unpack_ids(r: Reader, vocab: int) -> list[int]:
     return [int(i) for i in ids]
 
 
+def params(vocab: int) -> dict:
+    """What a bundle records of this codec: the bits per id."""
+    return {"bits_per_id": bits_for(vocab)}
+
+
 def encode(tokens, q, vocab: int) -> bytes:
     """The body for `tokens` (q is not sent)."""
     return pack_ids(tokens, vocab)

@@ -11,12 +11,17 @@ from __future__ import annotations
 import numpy as np
 
 from runtime.edge.codecs import Draft
-from runtime.edge.codecs.ids import pack_ids, unpack_ids
+from runtime.edge.codecs.ids import bits_for, pack_ids, unpack_ids
 from runtime.edge.wire import E_MALFORMED, ProtocolError, Reader
 
 NAME = "raw"
 NUMBER = 2
 CARRIES_Q = True
+
+
+def params(vocab: int) -> dict:
+    """What a bundle records of this codec: bits per id and the q rows' element type."""
+    return {"bits_per_id": bits_for(vocab), "q_dtype": "float32", "q_row_bytes": 4 * vocab}
 
 
 def encode(tokens, q, vocab: int) -> bytes:
