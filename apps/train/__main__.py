@@ -16,6 +16,8 @@ from .configs import DRAFT, TARGET, parse_shape
 from .corpus import DEFAULT_EXCLUDE_DIRS, DEFAULT_INCLUDE
 from .pipeline import TrainArgs, train_pair
 
+SUBCOMMANDS = ("evolve", "anchor")
+
 
 def _shape_str(s) -> str:
     return f"{s.hidden_size},{s.num_layers},{s.intermediate_size},{s.num_heads},{s.num_kv_heads},{s.head_dim}"
@@ -38,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
             "  nice -n 10 python -m apps.train --out runtime/assets/default --time-budget-min 85 --threads 1\n"
             "(its training_report.json records the step counts that reproduce it without timing)\n"
             "evaluate an existing pair: python -m apps.train.evaluate OUT\n"
-            "write the prompt set:      python -m apps.train.prompts"
+            "write the prompt set:      python -m apps.train.prompts\n"
+            "evolve the target (FlexSpec): python -m apps.train evolve --help\n"
+            "train an anchor draft:        python -m apps.train anchor --help"
         ),
     )
     g = ap.add_argument_group("data")
@@ -219,6 +223,10 @@ def args_from(ns: argparse.Namespace, argv: list[str]) -> TrainArgs:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:  # `evolve`, `anchor`: FlexSpec's evolving targets
+        import importlib
+
+        return importlib.import_module(f".{argv[0]}", __package__).main(argv[1:])
     args = args_from(build_parser().parse_args(argv), argv)
     report = train_pair(args)
     brief = {
