@@ -61,7 +61,7 @@ def assemble_state(base_state: dict, head: dict, n_layers: int) -> dict:
             if ".self_attn." in k and "norm" not in k:
                 out["model.layers.1." + k[len(last) :]] = torch.zeros_like(v)  # attention adds 0
             elif "norm" in k:
-                out["model.layers.1." + k[len(last) :]] = v  # q/k norms: unused over zeros
+                out["model.layers.1." + k[len(last) :]] = v.clone()  # norms; unused over zeros
     out.update(head)  # layer 1's MLP and post-attention norm, the final norm
     return {k: v.float().contiguous() for k, v in out.items()}
 

@@ -209,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     from .report import table
     from .specbench import write_answers
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["evolving"]:  # FlexSpec Table II: generic vs anchor draft on evolved targets
+        from .evolving import main as evolving_main
+
+        return evolving_main(argv[1:])
     a = build_parser().parse_args(argv)
     if a.out:  # before the run, not after it
         from runtime.preflight import writable_dir

@@ -64,6 +64,22 @@ class AnchorStudent(torch.nn.Module):
                 if k.startswith(HEAD_PREFIXES)}  # fmt: skip
 
 
+def anchor_step(teacher, student: AnchorStudent, lambda_feat: float, lambda_kd: float, T: float):
+    """The step function of Alg. 1: (x, y) -> (λ1·L_feat + λ2·L_KD, metrics)."""
+
+    def step(x, y):
+        with torch.no_grad():
+            t = teacher(input_ids=x, output_hidden_states=True)
+        s = student.draft(input_ids=x, output_hidden_states=True)
+        h_t, h_d = t.hidden_states[-1].float(), s.hidden_states[-1].float()  # (B, T, H)
+        l_feat = ((student.w_p(h_d) - h_t) ** 2).sum(-1).mean()  # eq. (5)
+        l_kd, m = distill_loss(s.logits, t.logits, y, temperature=T)  # eq. (6)
+        loss = lambda_feat * l_feat + lambda_kd * l_kd  # L = λ1 L_feat + λ2 L_KD
+        return loss, {"l_feat": l_feat.item(), "l_kd": l_kd.item(), "top1_agree": m["top1_agree"]}
+
+    return step
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m apps.train anchor", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -93,7 +109,8 @@ def save_anchor(student: AnchorStudent, out: Path, base: Path, meta: dict) -> No
     head = {k: v.to(torch.bfloat16).contiguous() for k, v in student.head_state().items()}
     save_file(head, str(out / HEAD_FILE), metadata={"format": "pt"})
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(base / name, out / name)
+        if (base / name).is_file():
+            shutil.copy(base / name, out / name)
     rec = {"kind": "flexspec-anchor-draft", "base": base_record(base),
            "base_hint": os.path.relpath(base.resolve(), out.resolve()),
            **meta}  # fmt: skip
@@ -143,16 +160,7 @@ def run(a: argparse.Namespace) -> dict:
                    resume / "state.pt.tmp")  # fmt: skip
         (resume / "state.pt.tmp").replace(resume / "state.pt")
 
-    def step_fn(x, y):
-        with torch.no_grad():
-            t = teacher(input_ids=x, output_hidden_states=True)
-        s = student.draft(input_ids=x, output_hidden_states=True)
-        h_t, h_d = t.hidden_states[-1].float(), s.hidden_states[-1].float()  # (B, T, H)
-        l_feat = ((student.w_p(h_d) - h_t) ** 2).sum(-1).mean()  # eq. (5)
-        l_kd, m = distill_loss(s.logits, t.logits, y, temperature=a.temperature)  # eq. (6)
-        loss = a.lambda_feat * l_feat + a.lambda_kd * l_kd  # L = λ1 L_feat + λ2 L_KD
-        return loss, {"l_feat": l_feat.item(), "l_kd": l_kd.item(), "top1_agree": m["top1_agree"]}
-
+    step_fn = anchor_step(teacher, student, a.lambda_feat, a.lambda_kd, a.temperature)
     t0 = time.monotonic()
     sampler = BatchSampler(ids, a.batch_size, a.seq_len, a.seed + start)
     summary = train_loop(student, step_fn, sampler, cfg, out / "loss_log.jsonl",
