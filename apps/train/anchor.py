@@ -103,14 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def save_anchor(student: AnchorStudent, out: Path, base: Path, meta: dict) -> None:
-    """Write the head (bf16) and anchor.json, which names the base by its weights hash."""
+    """Write the head (bf16) and anchor.json, which names the base by its weights hash (the
+    tokenizer and frozen parts are the base's: runtime/anchor.py copies them at assembly)."""
     from safetensors.torch import save_file
 
     head = {k: v.to(torch.bfloat16).contiguous() for k, v in student.head_state().items()}
     save_file(head, str(out / HEAD_FILE), metadata={"format": "pt"})
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        if (base / name).is_file():
-            shutil.copy(base / name, out / name)
     rec = {"kind": "flexspec-anchor-draft", "base": base_record(base),
            "base_hint": os.path.relpath(base.resolve(), out.resolve()),
            **meta}  # fmt: skip
