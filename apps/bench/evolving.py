@@ -126,8 +126,9 @@ def summary(rows: list[dict]) -> list[str]:
             if r["target"] == "base":
                 continue
             base = by[(r["draft"], "base")][key]
+            pct = f"{100 * r[key] / base:.0f} %" if base else "n/a"
             lines.append(f"{key} {r['draft']:8s} {r['target']:22s} {r[key]:.3f} = "
-                         f"{100 * r[key] / base:.0f} % of its base {base:.3f}")  # fmt: skip
+                         f"{pct} of its base {base:.3f}")  # fmt: skip
     return lines
 
 
