@@ -6,7 +6,8 @@ evolved target in runtime/assets/evolving/lora-*/ (merged at load, runtime/adapt
 fully fine-tuned one (out/evolving/full-stdlib-tests/, not committed: the bench names the
 command that rebuilds it when it is missing). Prompts are held-out documents of each target's
 own domain (apps/train/domains.py; the base's: the stdlib held-out files), each cut to its first
-`--prompt-tokens` tokens. All targets run on the PyTorch backend, both drafts on ONNX Runtime.
+`--prompt-tokens` tokens; as a control, the base also runs on each evolved domain's prompts
+(rows carry `prompts`, the domain the prompts come from). All targets run on the PyTorch backend, both drafts on ONNX Runtime.
 
 What it does not do: end-to-end ms/token over a link with `--method flexspec` (the edge-cloud
 verifier, apps/cloud, lives on another branch): `ms_per_token` is null, with the reason.
@@ -36,8 +37,12 @@ FULL_CMD = ("python -m apps.train evolve --base runtime/assets/default/target --
             "--threads 1 --steps 400")  # fmt: skip
 
 
-def targets() -> list[dict]:
-    """[{name, dir, adapter, domain}], the base first; a missing full fine-tune is reported."""
+def targets(controls: bool = True) -> list[dict]:
+    """[{name, dir, adapter, domain}], the base first; a missing full fine-tune is reported.
+
+    With `controls`, the base target also runs on each evolved domain's prompts, so that a
+    drop caused by the prompts' domain is told apart from one caused by the target's change.
+    """
     out = [{"name": "base", "dir": BASE, "adapter": None, "domain": "stdlib"}]
     for a in sorted(EVOLVING.glob("lora-*")):
         out.append({"name": a.name, "dir": BASE, "adapter": a, "domain": a.name[len("lora-") :]})
@@ -45,6 +50,9 @@ def targets() -> list[dict]:
         out.append({"name": FULL.name, "dir": FULL, "adapter": None, "domain": "stdlib-tests"})
     else:
         print(f"full fine-tune missing ({FULL}); rebuild it with:\n  {FULL_CMD}", file=sys.stderr)
+    if controls:
+        for dom in dict.fromkeys(t["domain"] for t in out[1:]):
+            out.append({"name": "base", "dir": BASE, "adapter": None, "domain": dom})
     return out
 
 
@@ -95,7 +103,7 @@ def run(a: argparse.Namespace) -> dict:
                         f"anchor --base {BASE.relative_to(ROOT)} --out {ANCHOR.relative_to(ROOT)}")  # fmt: skip
     drafts = {"generic": GENERIC, "anchor": ANCHOR}
     rows, note, t0 = [], e2e_note(), time.monotonic()
-    for t in targets():
+    for t in targets(not a.no_controls):
         prompts = None
         for dname, dpath in drafts.items():
             pair = load_pair(str(t["dir"]), str(dpath), need_draft=True, target_backend="torch",
@@ -103,13 +111,13 @@ def run(a: argparse.Namespace) -> dict:
                              target_threads=a.threads)  # fmt: skip
             if prompts is None:
                 prompts = domain_prompts(t["domain"], pair.tokenizer, a.prompts, a.prompt_tokens)
-            row = {"draft": dname, "target": t["name"]}
+            row = {"draft": dname, "target": t["name"], "prompts": t["domain"]}
             for key, temp in (("acceptance_greedy", 0.0), ("acceptance_t1", 1.0)):
                 row[key] = round(acceptance(pair, prompts, temp, a.max_tokens, a.gamma), 4)
             row["ms_per_token"] = None
             row["ms_per_token_reason"] = note
             rows.append(row)
-            print(f"{dname:8s} {t['name']:22s} greedy {row['acceptance_greedy']:.3f} "
+            print(f"{dname:8s} {t['name']:22s} {t['domain']:13s} greedy {row['acceptance_greedy']:.3f} "
                   f"T=1 {row['acceptance_t1']:.3f}", file=sys.stderr, flush=True)  # fmt: skip
     settings = {"method": "sd", "gamma": a.gamma, "prompts_per_target": a.prompts,
                 "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_tokens,
@@ -119,16 +127,20 @@ def run(a: argparse.Namespace) -> dict:
 
 def summary(rows: list[dict]) -> list[str]:
     """Table II's two claims, computed from the rows (greedy and T = 1)."""
-    by = {(r["draft"], r["target"]): r for r in rows}
+    by = {(r["draft"], r["target"], r["prompts"]): r for r in rows}
     lines = []
     for key in ("acceptance_greedy", "acceptance_t1"):
         for r in rows:
             if r["target"] == "base":
                 continue
-            base = by[(r["draft"], "base")][key]
+            base = by[(r["draft"], "base", "stdlib")][key]
+            same = by.get((r["draft"], "base", r["prompts"]))
             pct = f"{100 * r[key] / base:.0f} %" if base else "n/a"
+            ctl = ""
+            if same and same[key]:
+                ctl = f"; base on {r['prompts']} prompts {same[key]:.3f} ({100 * r[key] / same[key]:.0f} %)"
             lines.append(f"{key} {r['draft']:8s} {r['target']:22s} {r[key]:.3f} = "
-                         f"{pct} of its base {base:.3f}")  # fmt: skip
+                         f"{pct} of its base {base:.3f}{ctl}")  # fmt: skip
     return lines
 
 
@@ -140,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-tokens", type=int, default=48, help="new tokens per prompt (48)")
     ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (4)")
     ap.add_argument("--threads", type=int, default=1, help="PyTorch target threads (1)")
+    ap.add_argument("--no-controls", action="store_true",
+                    help="skip the base target on each evolved domain's prompts")  # fmt: skip
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     return ap
 
@@ -153,9 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(res))
         return 0
-    print(f"{'draft':8s} {'target':22s} {'acc greedy':>10s} {'acc T=1':>8s}  ms/token")
+    print(
+        f"{'draft':8s} {'target':22s} {'prompts':13s} {'acc greedy':>10s} {'acc T=1':>8s}  ms/token"
+    )
     for r in res["rows"]:
-        print(f"{r['draft']:8s} {r['target']:22s} {r['acceptance_greedy']:10.3f} "
+        print(f"{r['draft']:8s} {r['target']:22s} {r['prompts']:13s} {r['acceptance_greedy']:10.3f} "
               f"{r['acceptance_t1']:8.3f}  null ({r['ms_per_token_reason']})")  # fmt: skip
     print("\n".join(summary(res["rows"])))
     return 0
