@@ -8,8 +8,10 @@ from runtime.load import TARGET_BACKENDS, Pair, load_pair
 
 
 def add_pair_args(ap: argparse.ArgumentParser) -> None:
-    """--target, --draft, their backends, the draft's threads and ONNX Runtime provider."""
+    """--target, --adapter, --draft, their backends, the draft's threads and ONNX Runtime provider."""
     ap.add_argument("--target", help="target: HF/MLX directory or Hub id (default: embedded pair)")
+    ap.add_argument("--adapter", default=None,
+                    help="LoRA adapter dir (PEFT format) for the target, merged at load")  # fmt: skip
     ap.add_argument(
         "--draft", help="draft: HF directory, exported .onnx, or Hub id (default: embedded pair)"
     )
@@ -40,7 +42,8 @@ def load_pair_from_args(a: argparse.Namespace, *, need_draft: bool) -> Pair:
         raise DuetError(f"--target-threads must be at least 1 (got {a.target_threads})")
     return load_pair(a.target, a.draft, need_draft=need_draft, target_backend=a.target_backend,
                      draft_backend=a.draft_backend, draft_threads=a.draft_threads, provider=a.provider,
-                     target_threads=a.target_threads, target_device=a.target_device)  # fmt: skip
+                     target_threads=a.target_threads, target_device=a.target_device,
+                     adapter=a.adapter)  # fmt: skip
 
 
 def check_decoding_args(a: argparse.Namespace) -> None:

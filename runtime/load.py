@@ -73,12 +73,17 @@ def load_pair(
     provider: str = "cpu",
     target_threads: int | None = None,
     target_device: str = "cpu",
+    adapter: str | None = None,
 ) -> Pair:
     """Load target (and draft when `need_draft`); the embedded pair when neither is given.
 
     Thread counts are set on purpose: the draft gets `draft_threads` ONNX Runtime intra-op
     threads and a PyTorch target the remaining cores (`target_threads`), so the two
     workers of Mirror-SD do not fight over the same cores.
+
+    `adapter`: a LoRA adapter (PEFT format) for the target, checked against it and merged at
+    load (runtime/adapter.py). A FlexSpec anchor draft (runtime/anchor.py) is assembled from
+    its base, which must be the target given (before any adapter) or the one it names.
     """
     if target is None and draft is None:
         from runtime.assets import default_pair
@@ -92,6 +97,16 @@ def load_pair(
         tdir, ddir = resolve(target, "target"), resolve(draft, "draft")
     if need_draft and ddir is None:
         raise DuetError("this method needs a draft model: pass --draft PATH")
+    if need_draft:
+        from runtime.anchor import is_anchor_dir, materialize
+
+        if is_anchor_dir(ddir):
+            ddir = materialize(ddir, [Path(tdir)])
+    if adapter is not None:
+        from runtime.adapter import merged_target_dir
+
+        check_checkpoint(tdir, "target")
+        tdir = merged_target_dir(tdir, resolve(adapter, "adapter"))
     # headers and vocabularies first: a bad file costs a second, not a model load
     check_checkpoint(tdir, "target")
     if need_draft:

@@ -8,4 +8,5 @@ hf_runner.py      Hugging Face assisted generation (`assistant_model=`) at a fix
 schedule.py       warm-up, then methods alternated round-robin per prompt, in one process
 report.py         per method/temperature summary: table and JSON
 specbench.py      per-prompt records in Spec-Bench's answer format
+evolving.py       `apps.bench evolving`: FlexSpec Table II, generic vs anchor draft on evolved targets
 """

@@ -235,11 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     from .report import table
     from .specbench import write_answers
 
-    args = sys.argv[1:] if argv is None else list(argv)
-    if "--edge" in args:  # FlexSpec edge-cloud baselines (apps/bench/edge.py)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--edge" in argv:  # FlexSpec edge-cloud baselines (apps/bench/edge.py)
         from .edge import main as edge_main
 
-        return edge_main([x for x in args if x != "--edge"])
+        return edge_main([x for x in argv if x != "--edge"])
+    if argv[:1] == ["evolving"]:  # FlexSpec Table II: generic vs anchor draft on evolved targets
+        from .evolving import main as evolving_main
+
+        return evolving_main(argv[1:])
     a = build_parser().parse_args(argv)
     if a.out:  # before the run, not after it
         from runtime.preflight import writable_dir

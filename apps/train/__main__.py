@@ -16,6 +16,9 @@ from .configs import DRAFT, TARGET, parse_shape
 from .corpus import DEFAULT_EXCLUDE_DIRS, DEFAULT_INCLUDE
 from .pipeline import TrainArgs, train_pair
 
+# `python -m apps.train NAME ...`: one module per subcommand, each with its own main(argv)
+SUBCOMMANDS = ("evolve", "anchor", "bins", "exit-head")
+
 
 def _shape_str(s) -> str:
     return f"{s.hidden_size},{s.num_layers},{s.intermediate_size},{s.num_heads},{s.num_kv_heads},{s.head_dim}"
@@ -39,7 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
             "(its training_report.json records the step counts that reproduce it without timing)\n"
             "evaluate an existing pair: python -m apps.train.evaluate OUT\n"
             "tuned exit head for Mirror-SD: python -m apps.train exit-head --target DIR --layer L\n"
-            "write the prompt set:      python -m apps.train.prompts"
+            "HeteroSpec entropy bins:   python -m apps.train bins --help\n"
+            "write the prompt set:      python -m apps.train.prompts\n"
+            "evolve the target (FlexSpec): python -m apps.train evolve --help\n"
+            "train an anchor draft:        python -m apps.train anchor --help"
         ),
     )
     g = ap.add_argument_group("data")
@@ -220,14 +226,11 @@ def args_from(ns: argparse.Namespace, argv: list[str]) -> TrainArgs:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bins"]:  # `python -m apps.train bins ...`: HeteroSpec's entropy bins
-        from .bins import main as bins_main
+    if argv and argv[0] in SUBCOMMANDS:
+        import importlib
 
-        return bins_main(argv[1:])
-    if argv[:1] == ["exit-head"]:  # the tuned early-exit head of a trained target
-        from .exit_head import main as exit_head_main
-
-        return exit_head_main(argv[1:])
+        module = argv[0].replace("-", "_")
+        return importlib.import_module(f".{module}", __package__).main(argv[1:])
     args = args_from(build_parser().parse_args(argv), argv)
     report = train_pair(args)
     brief = {

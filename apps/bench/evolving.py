@@ -1,0 +1,181 @@
+"""`python -m apps.bench evolving`: FlexSpec's Table II on our models, generic vs anchor draft.
+
+Per-token acceptance (accepted / drafted, `sd`, γ = 4; greedy and T = 1) of the embedded
+generic draft and of the anchor draft (runtime/anchor.py) against the base target, each LoRA-
+evolved target in runtime/assets/evolving/lora-*/ (merged at load, runtime/adapter.py) and the
+fully fine-tuned one (out/evolving/full-stdlib-tests/, not committed: the bench names the
+command that rebuilds it when it is missing). Prompts are held-out documents of each target's
+own domain (apps/train/domains.py; the base's: the stdlib held-out files), each cut to its first
+`--prompt-tokens` tokens; as a control, the base also runs on each evolved domain's prompts
+(rows carry `prompts`, the domain the prompts come from). All targets run on the PyTorch backend, both drafts on ONNX Runtime.
+
+What it does not do: end-to-end ms/token over a link with `--method flexspec` (the edge-cloud
+verifier, apps/cloud, lives on another branch): `ms_per_token` is null, with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from runtime.decoding import METHODS, Sampling, make_steps, stream
+from runtime.errors import DuetError, cli_main
+from runtime.load import load_pair
+from runtime.stats import RunStats
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ROOT / "runtime/assets/default/target"
+GENERIC = ROOT / "runtime/assets/default/draft"
+EVOLVING = ROOT / "runtime/assets/evolving"
+ANCHOR = EVOLVING / "anchor"
+FULL = ROOT / "out/evolving/full-stdlib-tests"
+FULL_CMD = ("python -m apps.train evolve --base runtime/assets/default/target --domain "
+            "stdlib-tests --full --out out/evolving/full-stdlib-tests --time-budget-min 4 "
+            "--threads 1 --steps 400")  # fmt: skip
+
+
+def targets(controls: bool = True) -> list[dict]:
+    """[{name, dir, adapter, domain}], the base first; a missing full fine-tune is reported.
+
+    With `controls`, the base target also runs on each evolved domain's prompts, so that a
+    drop caused by the prompts' domain is told apart from one caused by the target's change.
+    """
+    out = [{"name": "base", "dir": BASE, "adapter": None, "domain": "stdlib"}]
+    for a in sorted(EVOLVING.glob("lora-*")):
+        out.append({"name": a.name, "dir": BASE, "adapter": a, "domain": a.name[len("lora-") :]})
+    if (FULL / "config.json").is_file():
+        out.append({"name": FULL.name, "dir": FULL, "adapter": None, "domain": "stdlib-tests"})
+    else:
+        print(f"full fine-tune missing ({FULL}); rebuild it with:\n  {FULL_CMD}", file=sys.stderr)
+    if controls:
+        for dom in dict.fromkeys(t["domain"] for t in out[1:]):
+            out.append({"name": "base", "dir": BASE, "adapter": None, "domain": dom})
+    return out
+
+
+def domain_prompts(domain: str, tokenizer, n: int, prompt_tokens: int) -> list[list[int]]:
+    """The first `prompt_tokens` tokens of the first `n` held-out documents of `domain`."""
+    from apps.train.corpus import load_corpus
+    from apps.train.domains import load_domain
+
+    if domain == "stdlib":
+        c = load_corpus()
+        texts = (c.read(r) for r in c.heldout)
+    else:
+        d = load_domain(domain)
+        texts = (d.read(r) for r in d.heldout)
+    out = []
+    for t in texts:
+        ids = tokenizer.encode(t)
+        if len(ids) >= prompt_tokens:
+            out.append(ids[:prompt_tokens])
+        if len(out) == n:
+            break
+    return out
+
+
+def acceptance(pair, prompts, temp: float, max_new: int, gamma: int) -> float:
+    """Accepted / drafted draft tokens of `sd` over all prompts (prompt i seeded i)."""
+    acc = drafted = 0
+    for i, ids in enumerate(prompts):
+        stats = RunStats()
+        steps = make_steps("sd", pair.target, pair.draft, ids, max_new=max_new,
+                           sampling=Sampling(temp), seed=i, gamma=gamma)  # fmt: skip
+        for _ in stream(steps, max_new=max_new, stats=stats):
+            pass
+        acc += sum(stats.accepted)
+        drafted += sum(stats.drafted)
+    return acc / drafted if drafted else float("nan")
+
+
+def e2e_note() -> str:
+    if "flexspec" not in METHODS:
+        return "--method flexspec (apps/cloud edge-cloud verifier) is not on this branch"
+    return "end-to-end FlexSpec over a link is measured by the edge-cloud bench, not here"
+
+
+def run(a: argparse.Namespace) -> dict:
+    if not (ANCHOR / "anchor.json").is_file():
+        raise DuetError(f"no anchor draft at {ANCHOR}; train it with python -m apps.train "
+                        f"anchor --base {BASE.relative_to(ROOT)} --out {ANCHOR.relative_to(ROOT)}")  # fmt: skip
+    drafts = {"generic": GENERIC, "anchor": ANCHOR}
+    rows, note, t0 = [], e2e_note(), time.monotonic()
+    for t in targets(not a.no_controls):
+        prompts = None
+        for dname, dpath in drafts.items():
+            pair = load_pair(str(t["dir"]), str(dpath), need_draft=True, target_backend="torch",
+                             adapter=str(t["adapter"]) if t["adapter"] else None,
+                             target_threads=a.threads)  # fmt: skip
+            if prompts is None:
+                prompts = domain_prompts(t["domain"], pair.tokenizer, a.prompts, a.prompt_tokens)
+            row = {"draft": dname, "target": t["name"], "prompts": t["domain"]}
+            for key, temp in (("acceptance_greedy", 0.0), ("acceptance_t1", 1.0)):
+                row[key] = round(acceptance(pair, prompts, temp, a.max_tokens, a.gamma), 4)
+            row["ms_per_token"] = None
+            row["ms_per_token_reason"] = note
+            rows.append(row)
+            print(f"{dname:8s} {t['name']:22s} {t['domain']:13s} greedy {row['acceptance_greedy']:.3f} "
+                  f"T=1 {row['acceptance_t1']:.3f}", file=sys.stderr, flush=True)  # fmt: skip
+    settings = {"method": "sd", "gamma": a.gamma, "prompts_per_target": a.prompts,
+                "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_tokens,
+                "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
+    return {"rows": rows, "settings": settings}
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """Table II's two claims, computed from the rows (greedy and T = 1)."""
+    by = {(r["draft"], r["target"], r["prompts"]): r for r in rows}
+    lines = []
+    for key in ("acceptance_greedy", "acceptance_t1"):
+        for r in rows:
+            if r["target"] == "base":
+                continue
+            base = by[(r["draft"], "base", "stdlib")][key]
+            same = by.get((r["draft"], "base", r["prompts"]))
+            pct = f"{100 * r[key] / base:.0f} %" if base else "n/a"
+            ctl = ""
+            if same and same[key]:
+                ctl = f"; base on {r['prompts']} prompts {same[key]:.3f} ({100 * r[key] / same[key]:.0f} %)"
+            lines.append(f"{key} {r['draft']:8s} {r['target']:22s} {r[key]:.3f} = "
+                         f"{pct} of its base {base:.3f}{ctl}")  # fmt: skip
+    return lines
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m apps.bench evolving", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--prompts", type=int, default=10, help="held-out prompts per target (10)")
+    ap.add_argument("--prompt-tokens", type=int, default=48, help="tokens per prompt (48)")
+    ap.add_argument("--max-tokens", type=int, default=48, help="new tokens per prompt (48)")
+    ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (4)")
+    ap.add_argument("--threads", type=int, default=1, help="PyTorch target threads (1)")
+    ap.add_argument("--no-controls", action="store_true",
+                    help="skip the base target on each evolved domain's prompts")  # fmt: skip
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    return ap
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    if min(a.prompts, a.prompt_tokens, a.max_tokens, a.gamma, a.threads) < 1:
+        raise DuetError("--prompts, --prompt-tokens, --max-tokens, --gamma, --threads must be >= 1")
+    res = run(a)
+    if a.json:
+        print(json.dumps(res))
+        return 0
+    print(
+        f"{'draft':8s} {'target':22s} {'prompts':13s} {'acc greedy':>10s} {'acc T=1':>8s}  ms/token"
+    )
+    for r in res["rows"]:
+        print(f"{r['draft']:8s} {r['target']:22s} {r['prompts']:13s} {r['acceptance_greedy']:10.3f} "
+              f"{r['acceptance_t1']:8.3f}  null ({r['ms_per_token_reason']})")  # fmt: skip
+    print("\n".join(summary(res["rows"])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

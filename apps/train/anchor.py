@@ -1,0 +1,178 @@
+"""`python -m apps.train anchor`: train FlexSpec's anchor draft once against the base target.
+
+Alg. 1 of the FlexSpec paper: copy the base's last block B_L and freeze it with the embedding,
+then train the small head H_small (eq. 4) with L = λ1·L_feat + λ2·L_KD: L_feat (eq. 5) is the
+mean squared distance between W_p·h_d and the base's final hidden state h_t (W_p a learnable
+projection used only in training), L_KD (eq. 6) is T²·KL(σ(z_t/T) ‖ σ(z_d/T)). The data is the
+base's own training corpus (the standard library's source, train split), a "general corpus" as
+the paper's RedPajama is to Llama-2. How the draft is laid out and shipped: runtime/anchor.py.
+
+Writes OUT/anchor_head.safetensors (bf16), OUT/anchor.json, OUT/loss_log.jsonl, and a
+resumable state in OUT/.resume/. It does not evaluate acceptance (apps.bench evolving does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from runtime.adapter import base_record
+from runtime.anchor import ANCHOR_RECORD, HEAD_FILE, anchor_config, assemble_state
+from runtime.errors import DuetError
+
+from .corpus import BatchSampler, load_corpus, token_stream
+from .loop import LoopConfig, make_optimizer, train_loop
+from .losses import distill_loss
+from .tokenizer import load_tokenizer
+
+HEAD_PREFIXES = ("model.layers.1.mlp.", "model.layers.1.post_attention_layernorm.", "model.norm.")
+
+
+class AnchorStudent(torch.nn.Module):
+    """The 2-layer anchor draft plus W_p (eq. 5); only the head and W_p require gradients."""
+
+    def __init__(self, base_dir: Path, seed: int):
+        super().__init__()
+        from safetensors.torch import load_file
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        base_cfg = json.loads((base_dir / "config.json").read_text())
+        base_state = {}
+        for f in sorted(base_dir.glob("*.safetensors")):
+            base_state.update(load_file(str(f)))
+        torch.manual_seed(seed)
+        cfg = AutoConfig.for_model(**anchor_config(base_cfg))
+        self.draft = AutoModelForCausalLM.from_config(cfg).float()
+        # H_small initialised randomly (Alg. 1), the final norm from the base's
+        init = {k: v for k, v in self.draft.state_dict().items() if k.startswith(HEAD_PREFIXES[:2])}
+        init["model.norm.weight"] = base_state["model.norm.weight"]
+        self.draft.load_state_dict(assemble_state(base_state, init, base_cfg["num_hidden_layers"]))
+        for name, p in self.draft.named_parameters():
+            p.requires_grad_(name.startswith(HEAD_PREFIXES))
+        H = base_cfg["hidden_size"]
+        self.w_p = torch.nn.Linear(H, H, bias=False)  # W_p of eq. (5)
+        torch.nn.init.eye_(self.w_p.weight)
+
+    def head_state(self) -> dict:
+        return {k: v.detach().clone() for k, v in self.draft.state_dict().items()
+                if k.startswith(HEAD_PREFIXES)}  # fmt: skip
+
+
+def anchor_step(teacher, student: AnchorStudent, lambda_feat: float, lambda_kd: float, T: float):
+    """The step function of Alg. 1: (x, y) -> (λ1·L_feat + λ2·L_KD, metrics)."""
+
+    def step(x, y):
+        with torch.no_grad():
+            t = teacher(input_ids=x, output_hidden_states=True)
+        s = student.draft(input_ids=x, output_hidden_states=True)
+        h_t, h_d = t.hidden_states[-1].float(), s.hidden_states[-1].float()  # (B, T, H)
+        l_feat = ((student.w_p(h_d) - h_t) ** 2).sum(-1).mean()  # eq. (5)
+        l_kd, m = distill_loss(s.logits, t.logits, y, temperature=T)  # eq. (6)
+        loss = lambda_feat * l_feat + lambda_kd * l_kd  # L = λ1 L_feat + λ2 L_KD
+        return loss, {"l_feat": l_feat.item(), "l_kd": l_kd.item(), "top1_agree": m["top1_agree"]}
+
+    return step
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m apps.train anchor", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--base", required=True, help="base target checkpoint directory")
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--lambda-feat", type=float, default=0.01, help="λ1 of L_feat (default 0.01)")
+    ap.add_argument("--lambda-kd", type=float, default=1.0, help="λ2 of L_KD (default 1)")
+    ap.add_argument("--temperature", type=float, default=1.0, help="T of eq. 6 (default 1)")
+    ap.add_argument("--steps", type=int, default=2000, help="planned steps (default 2000)")
+    ap.add_argument("--time-budget-min", type=float, default=None, help="wall-clock cap")
+    ap.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--max-corpus-chars", type=int, default=4_000_000,
+                    help="train on the first N characters of the corpus's train files")  # fmt: skip
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ckpt-every", type=int, default=100)
+    ap.add_argument("--fresh", action="store_true", help="ignore a resume state in OUT")
+    return ap
+
+
+def save_anchor(student: AnchorStudent, out: Path, base: Path, meta: dict) -> None:
+    """Write the head (bf16) and anchor.json, which names the base by its weights hash (the
+    tokenizer and frozen parts are the base's: runtime/anchor.py copies them at assembly)."""
+    from safetensors.torch import save_file
+
+    head = {k: v.to(torch.bfloat16).contiguous() for k, v in student.head_state().items()}
+    save_file(head, str(out / HEAD_FILE), metadata={"format": "pt"})
+    rec = {"kind": "flexspec-anchor-draft", "base": base_record(base),
+           "base_hint": os.path.relpath(base.resolve(), out.resolve()),
+           **meta}  # fmt: skip
+    (out / ANCHOR_RECORD).write_text(json.dumps(rec, indent=2) + "\n")
+
+
+def run(a: argparse.Namespace) -> dict:
+    base, out = Path(a.base), Path(a.out)
+    if not (base / "config.json").is_file():
+        raise DuetError(f"--base {base}: not a checkpoint directory (no config.json)")
+    if a.steps < 1 or a.threads < 1 or a.temperature <= 0:
+        raise DuetError("--steps, --threads and --temperature must be positive")
+    torch.set_num_threads(a.threads)
+    from .checkpoint import load_model
+
+    teacher = load_model(base).requires_grad_(False)
+    student = AnchorStudent(base, a.seed)
+    tok = load_tokenizer(base / "tokenizer.json")
+    eos = tok.token_to_id("<|endoftext|>") or 0
+    corpus, texts, n = load_corpus(), [], 0
+    for t in corpus.texts("train"):
+        texts.append(t)
+        n += len(t)
+        if n >= a.max_corpus_chars:
+            break
+    ids = token_stream(iter(texts), lambda ts: [e.ids for e in tok.encode_batch(ts)], eos)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = LoopConfig(stage="anchor", steps=a.steps, lr=a.lr, warmup=20, weight_decay=0.0,
+                     time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
+                     ckpt_every=a.ckpt_every, bf16=False)  # fmt: skip
+    opt = make_optimizer(student, cfg)
+    resume, start = out / ".resume", 0
+    if a.fresh:
+        shutil.rmtree(resume, ignore_errors=True)
+    if (resume / "state.pt").is_file():
+        st = torch.load(resume / "state.pt", weights_only=False)
+        student.load_state_dict(st["student"], strict=False)
+        opt.load_state_dict(st["optimizer"])
+        start = st["step"]
+        print(f"resuming {out} at step {start}", flush=True)
+
+    def save_resume(step: int) -> None:
+        resume.mkdir(exist_ok=True)
+        trainable = {k: v for k, v in student.state_dict().items()
+                     if k.startswith("w_p") or k[len("draft."):].startswith(HEAD_PREFIXES)}  # fmt: skip
+        torch.save({"student": trainable, "optimizer": opt.state_dict(), "step": step},
+                   resume / "state.pt.tmp")  # fmt: skip
+        (resume / "state.pt.tmp").replace(resume / "state.pt")
+
+    step_fn = anchor_step(teacher, student, a.lambda_feat, a.lambda_kd, a.temperature)
+    t0 = time.monotonic()
+    sampler = BatchSampler(ids, a.batch_size, a.seq_len, a.seed + start)
+    summary = train_loop(student, step_fn, sampler, cfg, out / "loss_log.jsonl",
+                         checkpoint=save_resume, optimizer=opt, start_step=start)  # fmt: skip
+    save_resume(summary["steps"])
+    L = teacher.config.num_hidden_layers
+    meta = {"anchor_layer": L - 1, "lambda_feat": a.lambda_feat, "lambda_kd": a.lambda_kd,
+            "temperature": a.temperature, "steps": summary["steps"], "train_tokens": int(len(ids)),
+            "final_loss_ema": summary["final_loss_ema"], "wall_s": round(time.monotonic() - t0, 1),
+            "corpus": "stdlib source, train split (apps/train/corpus.py)", "seed": a.seed}  # fmt: skip
+    save_anchor(student, out, base, meta)
+    return meta
+
+
+def main(argv: list[str]) -> int:
+    print(json.dumps(run(build_parser().parse_args(argv)), indent=2))
+    return 0

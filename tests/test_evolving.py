@@ -1,0 +1,171 @@
+"""FlexSpec's evolving targets: LoRA adapters merged at load, and the anchor draft (§IV-A)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from runtime.adapter import merged_target_dir, write_base_record
+from runtime.errors import DuetError
+from runtime.load import load_pair
+
+# Merged float32 weights vs PEFT's unmerged W x + s B A x: the same sums in another order.
+MERGE_LOGIT_ATOL = 1e-4
+
+
+def make_adapter(base: Path, out: Path, seed: int = 0, r: int = 4) -> Path:
+    """A PEFT LoRA adapter with random, non-zero A and B on layers 0..L-2, as evolve writes."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    L = m.config.num_hidden_layers
+    cfg = LoraConfig(r=r, lora_alpha=2 * r, target_modules=["q_proj", "v_proj", "down_proj"],
+                     layers_to_transform=list(range(L - 1)), layers_pattern="layers",
+                     init_lora_weights=False)  # fmt: skip
+    torch.manual_seed(seed)
+    pm = get_peft_model(m, cfg)
+    pm.save_pretrained(str(out))
+    write_base_record(out, base)
+    return out
+
+
+def peft_logits(base: Path, adapter: Path, ids: np.ndarray) -> np.ndarray:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    pm = PeftModel.from_pretrained(m, str(adapter)).eval()
+    with torch.no_grad():
+        return pm(input_ids=torch.from_numpy(ids)).logits.float().numpy()
+
+
+@pytest.fixture(scope="module")
+def base_and_adapter(tmp_path_factory):
+    from runtime.random_checkpoint import make_checkpoint
+
+    d = tmp_path_factory.mktemp("evolving")
+    base = make_checkpoint(d / "base", "qwen3", num_layers=3, initializer_range=0.1)
+    return base, make_adapter(base, d / "lora")
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_adapter_merged_at_load_equals_peft(base_and_adapter, backend):
+    base, adapter = base_and_adapter
+    ids = np.array([[5, 17, 99, 3, 250, 42, 7]], dtype=np.int64)
+    ref = peft_logits(base, adapter, ids)
+    plain = load_pair(str(base), None, need_draft=False, target_backend=backend).target
+    pair = load_pair(
+        str(base), None, need_draft=False, target_backend=backend, adapter=str(adapter)
+    )
+    got = pair.target.forward(ids, pair.target.new_cache())
+    assert np.abs(got - ref).max() <= MERGE_LOGIT_ATOL
+    # the adapter does change the model (the comparison is not vacuous)
+    assert np.abs(plain.forward(ids, plain.new_cache()) - ref).max() > 100 * MERGE_LOGIT_ATOL
+
+
+def test_adapter_for_another_base_is_refused(base_and_adapter, tmp_path, capsys):
+    from runtime.generate import main
+    from runtime.random_checkpoint import make_checkpoint
+
+    _, adapter = base_and_adapter
+    other = make_checkpoint(tmp_path / "other", "qwen3", num_layers=3, seed=1)
+    with pytest.raises(DuetError, match="another base"):
+        merged_target_dir(other, adapter)
+    wider = make_checkpoint(tmp_path / "wide", "qwen3", num_layers=3, hidden_size=96, num_heads=4)
+    capsys.readouterr()
+    rc = main(["--target", str(wider), "--adapter", str(adapter), "--method", "ar",
+               "--prompt-ids", "1,2,3", "--max-tokens", "2"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "hidden_size=64" in err[0], err
+
+
+def train_anchor(base: Path, out: Path, steps: int = 4) -> tuple:
+    """A few Alg. 1 steps on random tokens; returns (student, out dir)."""
+    from apps.train.anchor import AnchorStudent, anchor_step, save_anchor
+    from apps.train.checkpoint import load_model
+    from apps.train.loop import LoopConfig, train_loop
+
+    teacher = load_model(base).requires_grad_(False)
+    student = AnchorStudent(base, seed=0)
+    rng = np.random.default_rng(0)
+
+    def batches():
+        while True:
+            w = torch.from_numpy(rng.integers(3, 300, size=(2, 17)))
+            yield w[:, :-1], w[:, 1:]
+
+    cfg = LoopConfig(stage="anchor-test", steps=steps, lr=1e-2, warmup=1, bf16=False)
+    out.mkdir(parents=True, exist_ok=True)
+    train_loop(student, anchor_step(teacher, student, 0.01, 1.0, 1.0), batches(), cfg,
+               out / "loss_log.jsonl")  # fmt: skip
+    save_anchor(student, out, base, {"anchor_layer": 2, "steps": steps})
+    return student, out
+
+
+def test_anchor_frozen_parts_stay_bit_identical(base_and_adapter, tmp_path):
+    from safetensors.torch import load_file
+
+    from runtime.anchor import materialize
+
+    base, _ = base_and_adapter
+    student, out = train_anchor(base, tmp_path / "anchor")
+    b = load_file(str(base / "model.safetensors"))
+    s = student.draft.state_dict()
+    for k, v in b.items():
+        if k.startswith("model.layers.2."):  # the anchor block B_L
+            assert torch.equal(s["model.layers.0." + k[len("model.layers.2.") :]], v.float()), k
+    assert torch.equal(s["model.embed_tokens.weight"], b["model.embed_tokens.weight"].float())
+    assert torch.equal(s["lm_head.weight"], b["lm_head.weight"].float())
+    assert torch.count_nonzero(s["model.layers.1.self_attn.o_proj.weight"]) == 0
+    # the shipped draft, assembled against the base, has the same frozen block
+    d = load_file(str(materialize(out, [base]) / "model.safetensors"))
+    assert torch.equal(d["model.layers.0.mlp.down_proj.weight"],
+                       b["model.layers.2.mlp.down_proj.weight"].float())  # fmt: skip
+    assert json.loads((out / "anchor.json").read_text())["base"]["model_type"] == "qwen3"
+
+
+def test_anchor_refuses_another_base(base_and_adapter, tmp_path):
+    from runtime.anchor import materialize
+    from runtime.random_checkpoint import make_checkpoint
+
+    base, _ = base_and_adapter
+    _, out = train_anchor(base, tmp_path / "anchor", steps=1)
+    (out / "anchor.json").write_text(
+        json.dumps({**json.loads((out / "anchor.json").read_text()), "base_hint": "nowhere"})
+    )
+    other = make_checkpoint(tmp_path / "other", "qwen3", num_layers=3, seed=3)
+    with pytest.raises(DuetError, match="anchor draft for the base"):
+        materialize(out, [other])
+
+
+def test_anchor_draft_exports_to_onnx_with_parity(base_and_adapter, tmp_path, capsys):
+    from converters.__main__ import main
+    from runtime.anchor import materialize
+
+    base, _ = base_and_adapter
+    _, out = train_anchor(base, tmp_path / "anchor", steps=2)
+    d = materialize(out, [base])
+    capsys.readouterr()
+    rc = main(["export", "--model", str(d), "--format", "onnx", "--out",
+               str(tmp_path / "anchor.onnx"), "--json"])  # fmt: skip
+    info = json.loads(capsys.readouterr().out)
+    assert rc == 0 and info["ok"] and info["parity"]["max_abs"] <= info["tolerance"]
+
+
+def test_greedy_sd_with_anchor_equals_ar_on_evolved_target(base_and_adapter, tmp_path):
+    from runtime.decoding import make_steps, run
+    from runtime.decoding.events import GREEDY
+
+    base, adapter = base_and_adapter
+    _, out = train_anchor(base, tmp_path / "anchor", steps=2)
+    pair = load_pair(str(base), str(out), need_draft=True, target_backend="torch",
+                     adapter=str(adapter))  # fmt: skip
+    ids = [5, 17, 99, 3]
+    ar = run(make_steps("ar", pair.target, None, ids, max_new=24, sampling=GREEDY, seed=0),
+             max_new=24)  # fmt: skip
+    sd = run(make_steps("sd", pair.target, pair.draft, ids, max_new=24, sampling=GREEDY, seed=0,
+                        gamma=4), max_new=24)  # fmt: skip
+    assert sd.tokens == ar.tokens and len(ar.tokens) == 24
