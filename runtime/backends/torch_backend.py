@@ -1,4 +1,6 @@
-"""The PyTorch reference backend: `TorchLM` behind the CausalLM protocol."""
+"""The PyTorch reference backend: `TorchLM` (or the hybrid `Qwen3_5LM`) behind the CausalLM
+protocol. A hybrid model gets a HybridCache (runtime/hybrid_cache.py) and runs only causal
+windows: its linear-attention layers have no mask, so tree and branch masks are refused."""
 
 from __future__ import annotations
 
@@ -16,19 +18,31 @@ class TorchCausalLM:
     backend = "torch"
     supports_layer_range = True
 
-    def __init__(self, module: TorchLM, threads: int | None = None):
+    def __init__(self, module: TorchLM, threads: int | None = None, hybrid_rollback="replay"):
         self.module = module
         self.config = module.cfg
+        self.hybrid_rollback = hybrid_rollback  # HybridCache rollback: "replay" or "redecode"
         if threads:
             torch.set_num_threads(threads)
 
     @classmethod
-    def load(cls, path, threads: int | None = None) -> TorchCausalLM:
-        return cls(load_torch_lm(path), threads)
+    def load(cls, path, threads: int | None = None, hybrid_rollback="replay") -> TorchCausalLM:
+        return cls(load_torch_lm(path), threads, hybrid_rollback)
 
-    def new_cache(self, batch: int = 1) -> ConcatKVCache:
+    def new_cache(self, batch: int = 1):
         c = self.config
         dtype = next(self.module.parameters()).dtype
+        if c.is_hybrid:
+            from runtime.hybrid_cache import HybridCache
+
+            layers = self.module.model.layers
+            return HybridCache(
+                c.layer_types,
+                batch,
+                lambda b: torch.zeros(b, c.num_kv_heads, 0, c.head_dim, dtype=dtype),
+                lambda i, b: layers[i].linear_attn.empty_state(b, dtype),
+                rollback=self.hybrid_rollback,
+            )
         return ConcatKVCache(
             c.num_layers,
             batch,
@@ -51,11 +65,16 @@ class TorchCausalLM:
             x = torch.from_numpy(check_tokens(x, self.config.vocab_size))
         B, T = x.shape[:2]
         offset = cache.layer_offset(start)
+        if self.config.is_hybrid and mask is not None:
+            _causal_only(np.asarray(mask, dtype=bool), offset, T)
         pos, m = self._inputs(T, B, offset, positions, mask)
+        if self.config.is_hybrid:
+            for i in range(start, stop):
+                cache.begin(i, T)
         past = [cache.get(i) for i in range(start, stop)]
         h, presents = self.module.run_layers(x, start, stop, pos, m, past)
-        for i, (k, v) in zip(range(start, stop), presents, strict=True):
-            cache.put(i, k, v)
+        for i, present in zip(range(start, stop), presents, strict=True):
+            cache.put(i, *present)
         return h
 
     @torch.inference_mode()
@@ -67,3 +86,15 @@ class TorchCausalLM:
             tokens, cache, 0, self.config.num_layers, positions=positions, mask=mask
         )
         return self.head(h)
+
+
+def _causal_only(mask: np.ndarray, offset: int, length: int) -> None:
+    """Refuse a non-causal mask on a hybrid model: linear-attention layers read no mask."""
+    from runtime.errors import DuetError
+
+    want = causal_mask(offset, length)
+    if mask.shape[-2:] != want.shape or not (mask == want).all():
+        raise DuetError(
+            "a hybrid (linear-attention) model runs causal windows only: tree and branch masks "
+            "need a state per branch, which its cache does not keep"
+        )
