@@ -15,14 +15,19 @@ A Gated DeltaNet layer's cache is a conv state (B, C, K-1) and a recurrent state
   that is 16,448 floats (64 KiB fp32) per position per layer, against 512 KiB for a
   per-position recurrent state: hence replay, not per-position states. The replayed state
   is bit-identical to the forward's (both call `delta_step`).
-- `redecode` (llama.cpp's approach, the baseline). Only the base states are kept; `trim`
-  restores them and drops every position since the base from all layers, so the accepted
-  tokens are run through the whole model again (decoding's `pending` feeds them at the
-  front of the next forward, in the same pass as the next window).
+- `redecode` (llama.cpp's approach, the baseline). A checkpoint of the states is kept before
+  each forward (references, no copies: states are never written in place); `trim` restores
+  the latest checkpoint at or before the kept length and drops every later position from all
+  layers, so the accepted tokens run through the whole model again (decoding's `pending`
+  feeds them at the front of the next forward, in the same pass as the next window). A
+  target that verified [last, d1..dγ] in one forward re-runs the A + 1 kept tokens; a draft
+  that fed one token per forward lands on a checkpoint with nothing to re-run.
 
 The log restarts at each landing and at the start of a forward when it would exceed
-`window` positions; rolling back past its start raises DuetError. It does not do tree or
-branch masks (a linear layer has no mask) nor compaction of non-contiguous positions.
+`window` positions. Rolling back past its start (rare: speculative decoding never does)
+empties the whole cache, so the next forward re-runs the prefix: slower, never wrong. It does
+not do tree or branch masks (a linear layer has no mask) nor compaction of non-contiguous
+positions.
 """
 
 from __future__ import annotations
@@ -44,7 +49,9 @@ class _Linear:
     def __init__(self, conv, rec, offset: int = 0):
         self.conv, self.rec, self.offset = conv, rec, offset
         self.base_conv, self.base_rec, self.base = conv, rec, offset
-        self.log: list[tuple] = []  # per forward: (xin, k, v, g, beta), time on the last axis
+        # per forward: replay keeps (xin, k, v, g, beta), time on the last axis;
+        # redecode keeps the checkpoint (offset, conv, rec) taken before it
+        self.log: list[tuple] = []
 
     def logged(self) -> int:
         return self.offset - self.base
@@ -55,7 +62,7 @@ class _Linear:
     def rows(self, rows: list[int]) -> _Linear:
         new = _Linear(self.conv[rows], self.rec[rows], self.offset)
         new.base_conv, new.base_rec, new.base = self.base_conv[rows], self.base_rec[rows], self.base
-        new.log = [tuple(t[rows] for t in entry) for entry in self.log]
+        new.log = [tuple(t[rows] if torch.is_tensor(t) else t for t in e) for e in self.log]
         return new
 
 
@@ -114,10 +121,11 @@ class HybridCache:
             self._layers[i] = [k, v, k.shape[2]]
             return
         conv, rec, log = present
+        layer.log.append(
+            log if self.rollback == "replay" else (layer.offset, layer.conv, layer.rec)
+        )
         layer.conv, layer.rec = conv, rec
         layer.offset += log[0].shape[-1]
-        if self.rollback == "replay":
-            layer.log.append(log)
 
     def trim(self, n: int) -> int:
         """Drop the last `n` tokens of every layer (redecode: every token since the base)."""
@@ -126,27 +134,39 @@ class HybridCache:
             return 0
         keep = [self.layer_offset(i) - n for i in range(len(self._layers))]
         if self.rollback == "redecode":
-            keep = [min(keep[i], self._base_of(i)) for i in range(len(keep))]
+            keep = [self._checkpoint_at(min(keep))] * len(keep)
+        if any(keep[i] < la.base for i, la in enumerate(self._layers) if isinstance(la, _Linear)):
+            return self._clear()  # before the log: no state to land on, start over
         for i, layer in enumerate(self._layers):
-            if not isinstance(layer, _Linear):
+            if isinstance(layer, _Linear):
+                self._land(layer, keep[i] - layer.base)
+            else:
                 layer[2] = keep[i]
-                continue
-            if keep[i] < layer.base:
-                raise DuetError(
-                    f"cannot roll a linear-attention state back {layer.offset - keep[i]} tokens: "
-                    f"only the last {layer.logged()} are kept (hybrid cache window {self.window})"
-                )
-            self._land(layer, keep[i] - layer.base)
         return n
 
-    def _base_of(self, i: int) -> int:
-        """Where redecode lands layer i: the nearest linear layer's base at or after it."""
-        bases = [la.base for la in self._layers if isinstance(la, _Linear)]
-        return min(bases) if bases else self.layer_offset(i)
+    def _clear(self) -> int:
+        """Empty every layer (the next forward re-runs the whole prefix); returns tokens dropped."""
+        dropped = self.offset
+        for i, layer in enumerate(self._layers):
+            if isinstance(layer, _Linear):
+                zero = (torch.zeros_like(layer.conv), torch.zeros_like(layer.rec))
+                self._layers[i] = _Linear(*zero)
+            else:
+                layer[2] = 0
+        return dropped
+
+    def _checkpoint_at(self, keep: int) -> int:
+        """Where redecode lands: the latest checkpoint at or before `keep` in every linear
+        layer (-1 when some layer has none)."""
+        lands = [max((e[0] for e in la.log if e[0] <= keep), default=-1)
+                 for la in self._layers if isinstance(la, _Linear)]  # fmt: skip
+        return min(lands, default=keep)
 
     def _land(self, layer: _Linear, a: int) -> None:
         """Set the live states to those after `a` logged positions, and make that the base."""
-        if self.rollback == "redecode" or a == 0:
+        if self.rollback == "redecode":
+            _, layer.conv, layer.rec = next(e for e in layer.log if e[0] == layer.base + a)
+        elif a == 0:
             layer.conv, layer.rec = layer.base_conv, layer.base_rec
         elif a < layer.logged():
             xin, k, v, g, beta = (torch.cat(t, dim=-1 if j == 0 else 2)

@@ -17,6 +17,7 @@ from runtime.stats import RunStats
 # One module per method (STYLE 12); each exposes `Options` (a dataclass of its own flags),
 # `NEEDS_DRAFT` and `steps(target, draft, seq, *, max_new, sampling, seed, options,
 # target_cache, draft_cache, timeline)`. Adding a method is one module and one line here.
+# A module that runs hybrid (linear-attention) models sets `RUNS_HYBRID = True`.
 METHOD_MODULES: dict[str, str] = {
     "ar": "runtime.decoding.ar",
     "sd": "runtime.decoding.sd",
@@ -73,6 +74,14 @@ def make_steps(
     mod = method_module(method)
     if mod.NEEDS_DRAFT and draft is None:
         raise DuetError(f"--method {method} needs a draft model")
+    if not getattr(mod, "RUNS_HYBRID", False):
+        for role, m in (("target", target), ("draft", draft)):
+            if getattr(getattr(m, "config", None), "is_hybrid", False):
+                raise DuetError(
+                    f"--method {method} cannot run a hybrid linear-attention {role} "
+                    f"({m.config.model_type}): its tree/branch masks need one state per branch, "
+                    "which Gated DeltaNet layers do not keep; use --method sd or ar"
+                )
     known = {f.name for f in fields(mod.Options)}
     opts = mod.Options(**{k: v for k, v in options.items() if k in known and v is not None})
     return mod.steps(target, draft, list(seq), max_new=max_new, sampling=sampling, seed=seed,

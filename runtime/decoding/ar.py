@@ -43,6 +43,7 @@ def ar_steps(
         rewind(cache, len(seq))
 
 
+RUNS_HYBRID = True  # causal windows only: a HybridCache lands linear states on the prefix
 NEEDS_DRAFT = False
 
 
