@@ -81,7 +81,8 @@ def assert_states_close(cache, fresh, atol=ATOL_STATE):
 
 def prefill(model, seq):
     c = model.new_cache()
-    model.forward(np.array([seq]), c)
+    if seq:
+        model.forward(np.array([seq]), c)
     return c
 
 
