@@ -21,6 +21,10 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
                     help="runs the draft (default onnx; a directory is exported on the fly and cached)")  # fmt: skip
     ap.add_argument("--draft-threads", type=int, default=1,
                     help="ONNX Runtime intra-op threads for the draft (default 1)")  # fmt: skip
+    ap.add_argument("--hybrid-rollback", choices=["replay", "redecode"], default="replay",
+                    help="hybrid (Qwen3.5) linear-attention states after a rejection: replay the "
+                         "kept recurrence steps, or redecode (llama.cpp: restore a checkpoint, "
+                         "re-run the accepted tokens) (default replay)")  # fmt: skip
     ap.add_argument("--provider", default="cpu",
                     help="ONNX Runtime execution provider: cpu, coreml, cuda, tensorrt, qnn (default cpu)")  # fmt: skip
 
@@ -35,7 +39,8 @@ def load_pair_from_args(a: argparse.Namespace, *, need_draft: bool) -> Pair:
         raise DuetError(f"--target-threads must be at least 1 (got {a.target_threads})")
     return load_pair(a.target, a.draft, need_draft=need_draft, target_backend=a.target_backend,
                      draft_backend=a.draft_backend, draft_threads=a.draft_threads, provider=a.provider,
-                     target_threads=a.target_threads)  # fmt: skip
+                     target_threads=a.target_threads,
+                     hybrid_rollback=getattr(a, "hybrid_rollback", "replay"))  # fmt: skip
 
 
 def check_decoding_args(a: argparse.Namespace) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.backends import backend_for_path, load_model
+from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.preflight import check_checkpoint, check_pair_files
 from runtime.tokenizer import Tokenizer, check_pair
@@ -72,12 +73,14 @@ def load_pair(
     draft_threads: int = 1,
     provider: str = "cpu",
     target_threads: int | None = None,
+    hybrid_rollback: str = "replay",
 ) -> Pair:
     """Load target (and draft when `need_draft`); the embedded pair when neither is given.
 
     Thread counts are set on purpose: the draft gets `draft_threads` ONNX Runtime intra-op
     threads and a PyTorch target the remaining cores (`target_threads`), so the two
-    workers of Mirror-SD do not fight over the same cores.
+    workers of Mirror-SD do not fight over the same cores. A hybrid (Qwen3.5) model runs on
+    the PyTorch backend with `hybrid_rollback` ("replay" or "redecode", runtime/hybrid_cache.py).
     """
     if target is None and draft is None:
         from runtime.assets import default_pair
@@ -100,7 +103,10 @@ def load_pair(
     if target_threads is None:
         # the same count whatever the method, so ar and sd runs are comparable
         target_threads = max(1, (os.cpu_count() or 1) - draft_threads)
-    kw = {"threads": target_threads} if target_backend == "torch" else {}
+    if target_backend == "torch":
+        kw = {"threads": target_threads, "hybrid_rollback": hybrid_rollback}
+    else:
+        kw = {}
     t = load_model(tdir, target_backend, **kw)
     d = None
     settings = {"target_backend": target_backend,
@@ -109,7 +115,11 @@ def load_pair(
         db = draft_backend or (
             "onnx" if backend_for_path(ddir) in ("mlx", "onnx") else backend_for_path(ddir)
         )
+        if draft_backend is None and Path(ddir).is_dir() and ModelConfig.from_dir(ddir).is_hybrid:
+            db = "torch"  # no ONNX export of the hybrid states yet
         kw = {"intra_threads": draft_threads, "provider": provider} if db == "onnx" else {}
+        if db == "torch":
+            kw = {"threads": draft_threads, "hybrid_rollback": hybrid_rollback}
         d = load_model(ddir, db, **kw)
         check_pair(tdir, ddir, t.config, d.config)
         settings.update(
