@@ -185,3 +185,12 @@ def test_non_causal_mask_is_refused(models):
     mask = np.ones((2, 2), dtype=bool)
     with pytest.raises(DuetError, match="causal windows only"):
         m.forward(np.array([[1, 2]]), m.new_cache(), mask=mask)
+
+
+def test_backends_without_hybrid_support_refuse_in_one_line(models, tmp_path):
+    from converters.onnx_export import export_onnx
+
+    with pytest.raises(DuetError, match="ONNX export of hybrid"):
+        export_onnx(models["dir"], tmp_path / "m.onnx")
+    with pytest.raises(DuetError, match="MLX backend does not run hybrid"):
+        load_model(models["dir"], "mlx")
