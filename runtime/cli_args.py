@@ -11,7 +11,9 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
     """--target, --draft, their backends, the draft's threads and ONNX Runtime provider."""
     ap.add_argument("--target", help="target: HF/MLX directory or Hub id (default: embedded pair)")
     ap.add_argument(
-        "--draft", help="draft: HF directory, exported .onnx, or Hub id (default: embedded pair)"
+        "--draft",
+        help="draft: HF directory, exported .onnx, Hub id, or `mtp` (the target checkpoint's own "
+        "multi-token-prediction head) (default: embedded pair)",
     )
     ap.add_argument("--target-backend", choices=TARGET_BACKENDS, default="auto",
                     help="runs the target: auto = mlx on macOS (Metal), torch elsewhere (default auto)")  # fmt: skip

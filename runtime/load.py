@@ -90,13 +90,15 @@ def load_pair(
         raise DuetError(
             "--draft given without --target; pass both, or neither for the embedded pair"
         )
+    elif draft == "mtp":  # the target's own multi-token-prediction head
+        tdir, ddir = resolve(target, "target"), "mtp"
     else:
         tdir, ddir = resolve(target, "target"), resolve(draft, "draft")
     if need_draft and ddir is None:
         raise DuetError("this method needs a draft model: pass --draft PATH")
     # headers and vocabularies first: a bad file costs a second, not a model load
     check_checkpoint(tdir, "target")
-    if need_draft:
+    if need_draft and ddir != "mtp":
         check_checkpoint(ddir, "draft")
         check_pair_files(tdir, ddir)
     target_backend = target_backend_for(target_backend)
@@ -111,7 +113,12 @@ def load_pair(
     d = None
     settings = {"target_backend": target_backend,
                 "target_threads": target_threads if target_backend == "torch" else None}  # fmt: skip
-    if need_draft:
+    if need_draft and ddir == "mtp":
+        from runtime.backends.torch_mtp import MTPDraft
+
+        d = MTPDraft.load(t, tdir)
+        settings.update(draft_backend="mtp (target's own head)")
+    elif need_draft:
         db = draft_backend or (
             "onnx" if backend_for_path(ddir) in ("mlx", "onnx") else backend_for_path(ddir)
         )

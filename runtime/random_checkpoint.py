@@ -51,6 +51,7 @@ def make_checkpoint(
     initializer_range: float = 0.3,
     seed: int = 0,
     tokenizer: bool = True,
+    mtp: bool = False,
 ) -> Path:
     """Write a random checkpoint of `model_type` to `path` and return it."""
     import torch
@@ -64,7 +65,7 @@ def make_checkpoint(
             num_kv_heads=num_kv_heads, intermediate_size=intermediate_size,
             max_context=max_context, eos_token_id=eos_token_id,
             tie_word_embeddings=tie_word_embeddings, initializer_range=initializer_range,
-            seed=seed, tokenizer=tokenizer)  # fmt: skip
+            seed=seed, tokenizer=tokenizer, mtp=mtp)  # fmt: skip
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[model_type]
     kw = dict(
         vocab_size=vocab_size,

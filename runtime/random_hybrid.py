@@ -47,8 +47,9 @@ def hybrid_config(*, vocab_size, hidden_size, num_layers, num_heads, num_kv_head
 
 
 def make_hybrid_checkpoint(path, model_type: str = "qwen3_5_text", *, seed: int = 0,
-                           tokenizer: bool = True, **kw) -> Path:  # fmt: skip
-    """Write a random hybrid checkpoint to `path` (see the module docstring) and return it."""
+                           tokenizer: bool = True, mtp: bool = False, **kw) -> Path:  # fmt: skip
+    """Write a random hybrid checkpoint to `path` (see the module docstring) and return it;
+    `mtp` adds a random multi-token-prediction head (`mtp.*`, runtime/backends/torch_mtp.py)."""
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
@@ -86,6 +87,27 @@ def make_hybrid_checkpoint(path, model_type: str = "qwen3_5_text", *, seed: int 
                   "text_config": text, "vision_config": {"depth": 1},
                   "tie_word_embeddings": text.get("tie_word_embeddings", False)}  # fmt: skip
         (p / "config.json").write_text(json.dumps(cfg_mm, indent=2))
+    if mtp:
+        _add_mtp(p, kw["initializer_range"], seed)
     if tokenizer and kw["vocab_size"] >= 259:
         byte_tokenizer(kw["vocab_size"]).save(str(p / "tokenizer.json"))
     return p
+
+
+def _add_mtp(p: Path, std: float, seed: int) -> None:
+    """Append random `mtp.*` weights to the checkpoint's safetensors file."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from runtime.backends.torch_mtp import MTPHead
+    from runtime.config import ModelConfig, weight_files
+
+    torch.manual_seed(seed + 1)
+    head = MTPHead(ModelConfig.from_dir(p))
+    with torch.no_grad():
+        for name, w in head.named_parameters():
+            w.normal_(0, 0.2 if name.endswith("norm.weight") else std)
+    (f,) = weight_files(p)
+    state = load_file(str(f))
+    state.update({"mtp." + k: v.contiguous() for k, v in head.state_dict().items()})
+    save_file(state, str(f), metadata={"format": "pt"})

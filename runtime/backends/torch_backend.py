@@ -81,11 +81,27 @@ class TorchCausalLM:
     def head(self, hidden) -> np.ndarray:
         return self.module.head(hidden).float().numpy()
 
+    record_hidden = False  # set by an MTP draft: caches keep the post-norm hidden states
+    last_cache = None  # the cache of the last forward (where an MTP draft reads them)
+
     def forward(self, tokens, cache, *, positions=None, mask=None) -> np.ndarray:
         h = self.forward_layers(
             tokens, cache, 0, self.config.num_layers, positions=positions, mask=mask
         )
+        if self.record_hidden:
+            self._record(cache, h)
         return self.head(h)
+
+    @torch.inference_mode()
+    def _record(self, cache, h) -> None:
+        """cache.hidden: (offset, H) post-norm hidden states of row 0, position-aligned."""
+        hn = self.module.model.norm(h)[0]
+        start = cache.offset - hn.shape[0]
+        prev = getattr(cache, "hidden", None)
+        if prev is None or prev.shape[0] < start:  # positions never recorded: zeros
+            prev = torch.zeros(start, hn.shape[1], dtype=hn.dtype)
+        cache.hidden = torch.cat([prev[:start], hn])
+        self.last_cache = cache
 
 
 def _causal_only(mask: np.ndarray, offset: int, length: int) -> None:
