@@ -194,3 +194,26 @@ def test_backends_without_hybrid_support_refuse_in_one_line(models, tmp_path):
         export_onnx(models["dir"], tmp_path / "m.onnx")
     with pytest.raises(DuetError, match="MLX backend does not run hybrid"):
         load_model(models["dir"], "mlx")
+
+
+def test_fork_and_select_rows_carry_states_and_logs(models):
+    m = models["target"]
+    c = prefill(m, PROMPT)
+    two = c.fork([0, 0])
+    m.forward(np.array([[11, 12], [13, 14]]), two)
+    two.trim(1)  # lands both rows by replay
+    two.select([1])
+    assert_states_close(two, prefill(m, PROMPT + [13]))
+    assert c.offset == len(PROMPT)  # the original is unchanged
+
+
+def test_log_window_bounds_what_can_be_landed(models):
+    m = models["target"]
+    c = prefill(m, PROMPT)
+    c.window = 3  # keep at most 3 logged positions across forwards
+    for t in (21, 22, 23, 24):
+        m.forward(np.array([[t]]), c)
+    c.trim(1)  # inside the log (restarted at the 4th forward): exact
+    assert_states_close(c, prefill(m, PROMPT + [21, 22, 23]))
+    c.trim(1)  # before the log: the cache empties rather than guess
+    assert c.offset == 0
