@@ -217,3 +217,19 @@ def test_log_window_bounds_what_can_be_landed(models):
     assert_states_close(c, prefill(m, PROMPT + [21, 22, 23]))
     c.trim(1)  # before the log: the cache empties rather than guess
     assert c.offset == 0
+
+
+def test_generate_cli_runs_hybrid_pairs_with_either_rollback(models, tiny_dir, capsys):
+    import json
+
+    from runtime.generate import main
+
+    draft = tiny_dir("qwen3_5_text", num_layers=2, seed=2)  # defaults to the torch backend
+    outs = []
+    for extra in (["--method", "ar"], ["--method", "sd", "--draft", str(draft)],
+                  ["--method", "sd", "--draft", str(draft), "--hybrid-rollback", "redecode"]):  # fmt: skip
+        argv = ["--target", str(models["dir"]), "--prompt-ids", "5,17,42", "--max-tokens", "6",
+                "--json", *extra]  # fmt: skip
+        assert main(argv) == 0
+        outs.append(json.loads(capsys.readouterr().out)["tokens"])
+    assert outs[0] == outs[1] == outs[2]

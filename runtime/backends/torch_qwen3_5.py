@@ -161,7 +161,7 @@ class GatedAttention(nn.Module):
         k = torch.cat([apply_rope(k[..., :rot], positions, inv_freq), k[..., rot:]], dim=-1)
         k = torch.cat([past_k, k], dim=2)  # (B, KV, S, D)
         v = torch.cat([past_v, v], dim=2)
-        out = attend(q, k, v, mask).transpose(1, 2).reshape(B, T, -1)
+        out = attend(q, k, v, mask, self.head_dim).transpose(1, 2).reshape(B, T, -1)
         return self.o_proj(out * torch.sigmoid(gate.reshape(B, T, -1))), k, v
 
 

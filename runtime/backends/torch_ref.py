@@ -89,17 +89,18 @@ class Attention(nn.Module):
         k = apply_rope(k.transpose(1, 2), positions, inv_freq)  # (B, KV, T, D)
         k = torch.cat([past_k, k], dim=2)  # (B, KV, S, D)
         v = torch.cat([past_v, v], dim=2)
-        out = attend(q, k, v, mask)
+        out = attend(q, k, v, mask, self.head_dim)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1)), k, v
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def attend(q, k, v, mask: torch.Tensor, head_dim: int) -> torch.Tensor:
     """Softmax attention written out: q (B, H, T, D), k/v (B, KV, S, D) with H a multiple of KV
-    (grouped queries), mask bool (B, 1, T, S). Returns (B, H, T, D)."""
+    (grouped queries), mask bool (B, 1, T, S), scores scaled by 1/sqrt(head_dim) (a Python
+    int, so an ONNX trace keeps it a constant). Returns (B, H, T, D)."""
     rep = q.shape[1] // k.shape[1]
     kk = k.repeat_interleave(rep, dim=1) if rep > 1 else k
     vv = v.repeat_interleave(rep, dim=1) if rep > 1 else v
-    scores = (q.float() @ kk.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    scores = (q.float() @ kk.float().transpose(-1, -2)) / math.sqrt(head_dim)
     scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)
     return torch.softmax(scores, dim=-1).to(vv.dtype) @ vv
 
