@@ -174,10 +174,28 @@ def test_replay_and_redecode_give_identical_output(models, tiny_dir):
     assert_states_close(c, prefill(redecode, PROMPT))
 
 
-@pytest.mark.parametrize("method", ["mirror", "tree", "heterospec"])
-def test_tree_and_branch_methods_refuse_hybrid_models(models, method):
+@pytest.mark.parametrize("method", ["tree", "heterospec"])
+def test_tree_methods_refuse_hybrid_targets(models, method):
     with pytest.raises(DuetError, match="hybrid linear-attention target"):
         generate(method, models["target"], models["attn_draft"])
+
+
+def test_mirror_refuses_a_hybrid_draft(models):
+    with pytest.raises(DuetError, match="hybrid linear-attention draft"):
+        generate("mirror", models["target"], models["hybrid_draft"])
+
+
+@pytest.mark.parametrize("exit_layer", [1, 2])  # stop after a linear / an attention layer
+def test_mirror_on_a_hybrid_target_equals_ar_and_lands_states(models, exit_layer):
+    target, draft = models["target"], models["attn_draft"]
+    tc = target.new_cache()
+    seq = list(PROMPT)
+    steps = make_steps("mirror", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
+                       gamma=3, exit_layer=exit_layer, target_cache=tc)  # fmt: skip
+    for ev in steps:
+        seq += ev.tokens
+        assert_states_close(tc, prefill(target, seq[: tc.offset]))
+    assert seq[len(PROMPT) :][:N_NEW] == generate("ar", target)
 
 
 def test_non_causal_mask_is_refused(models):

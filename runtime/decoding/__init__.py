@@ -17,7 +17,7 @@ from runtime.stats import RunStats
 # One module per method (STYLE 12); each exposes `Options` (a dataclass of its own flags),
 # `NEEDS_DRAFT` and `steps(target, draft, seq, *, max_new, sampling, seed, options,
 # target_cache, draft_cache, timeline)`. Adding a method is one module and one line here.
-# A module that runs hybrid (linear-attention) models sets `RUNS_HYBRID = True`.
+# A module that runs hybrid (linear-attention) models names the roles in `RUNS_HYBRID`.
 METHOD_MODULES: dict[str, str] = {
     "ar": "runtime.decoding.ar",
     "sd": "runtime.decoding.sd",
@@ -74,8 +74,9 @@ def make_steps(
     mod = method_module(method)
     if mod.NEEDS_DRAFT and draft is None:
         raise DuetError(f"--method {method} needs a draft model")
-    if not getattr(mod, "RUNS_HYBRID", False):
-        for role, m in (("target", target), ("draft", draft)):
+    hybrid_ok = getattr(mod, "RUNS_HYBRID", ())
+    for role, m in (("target", target), ("draft", draft)):
+        if role not in hybrid_ok:
             if getattr(getattr(m, "config", None), "is_hybrid", False):
                 raise DuetError(
                     f"--method {method} cannot run a hybrid linear-attention {role} "

@@ -182,6 +182,9 @@ def _adopt(dst, src) -> None:
     dst.__dict__.update(src.__dict__)
 
 
+# the target runs causal windows split at the exit layer (a HybridCache keeps per-layer
+# offsets); the draft's branch rows need masks and forked states, which hybrid caches lack
+RUNS_HYBRID = ("target",)
 NEEDS_DRAFT = True
 
 

@@ -95,7 +95,7 @@ def sd_steps(
         rewind(dc, len(seq))
 
 
-RUNS_HYBRID = True  # causal windows only: a HybridCache lands linear states on the prefix
+RUNS_HYBRID = ("target", "draft")  # causal windows: a HybridCache lands states on the prefix
 NEEDS_DRAFT = True
 
 
