@@ -13,8 +13,8 @@ A Gated DeltaNet layer's cache is a conv state (B, C, K-1) and a recurrent state
   position and linear layer: C + Hv·(Dk + Dv + 2) floats (C = 2·Hk·Dk + Hv·Dv), plus one
   base copy of each state per layer. For Qwen3.5-9B's shapes (Hk=16, Hv=32, Dk=Dv=128)
   that is 16,448 floats (64 KiB fp32) per position per layer, against 524,288 floats
-  (2 MiB) for a per-position recurrent state: hence replay, not per-position states. The replayed state
-  is bit-identical to the forward's (both call `delta_step`).
+  (2 MiB) for a per-position recurrent state: hence replay, not per-position states. The
+  replayed state is bit-identical to the forward's (both call `delta_step`).
 - `redecode` (llama.cpp's approach, the baseline). A checkpoint of the states is kept before
   each forward (references, no copies: states are never written in place); `trim` restores
   the latest checkpoint at or before the kept length and drops every later position from all

@@ -244,8 +244,8 @@ def test_generate_cli_runs_hybrid_pairs_with_either_rollback(models, tiny_dir, c
 
     draft = tiny_dir("qwen3_5_text", num_layers=2, seed=2)  # defaults to the torch backend
     outs = []
-    for extra in (["--method", "ar"], ["--method", "sd", "--draft", str(draft)],
-                  ["--method", "sd", "--draft", str(draft), "--hybrid-rollback", "redecode"]):  # fmt: skip
+    sd = ["--method", "sd", "--draft", str(draft)]
+    for extra in (["--method", "ar"], sd, [*sd, "--hybrid-rollback", "redecode"]):
         argv = ["--target", str(models["dir"]), "--prompt-ids", "5,17,42", "--max-tokens", "6",
                 "--json", *extra]  # fmt: skip
         assert main(argv) == 0

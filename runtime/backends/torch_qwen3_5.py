@@ -64,7 +64,9 @@ def delta_step(state, k, v, g, beta):
 
 
 def replay(state, k, v, g, beta, n: int):
-    """The recurrent state after the first `n` logged positions: k/v (B, H, T, D), g/β (B, H, T)."""
+    """The recurrent state after the first `n` logged positions.
+
+    k/v (B, H, T, D), g/β (B, H, T)."""
     for t in range(n):
         state = delta_step(state, k[:, :, t], v[:, :, t], g[:, :, t], beta[:, :, t])
     return state
