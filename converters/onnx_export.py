@@ -69,6 +69,13 @@ def export_onnx(
     t0 = time.perf_counter()
     lm = load_torch_lm(model_dir, dtype)
     cfg = lm.cfg
+    if cfg.is_hybrid:
+        from runtime.errors import DuetError
+
+        raise DuetError(
+            f"{model_dir}: ONNX export of hybrid {cfg.model_type} models (state inputs and "
+            "outputs) is not built yet; run it with --draft-backend torch"
+        )
     B, T, P = 1, 2, 3  # dummy sizes; every axis below is declared dynamic
     ids = torch.zeros(B, T, dtype=torch.int64)
     am = torch.ones(B, P + T, dtype=torch.int64)

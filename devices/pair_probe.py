@@ -223,13 +223,15 @@ def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampl
 
 def runnable_methods(target, draft) -> list[str]:
     """The methods with a latency law that this pair can run."""
+    from runtime.decoding import cannot_run
+
     out = ["ar"]
     if draft is not None:
         out.append("sd")
         coreml = str(getattr(draft, "backend", "")).startswith("coreml")  # batch 1: no branches
         if getattr(target, "supports_layer_range", False) and not coreml:
             out.append("mirror")
-    return out
+    return [m for m in out if cannot_run(m, target, draft) is None]
 
 
 def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer: int | None,

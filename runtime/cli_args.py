@@ -13,7 +13,9 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--adapter", default=None,
                     help="LoRA adapter dir (PEFT format) for the target, merged at load")  # fmt: skip
     ap.add_argument(
-        "--draft", help="draft: HF directory, exported .onnx, or Hub id (default: embedded pair)"
+        "--draft",
+        help="draft: HF directory, exported .onnx, Hub id, or `mtp` (the target checkpoint's own "
+        "multi-token-prediction head) (default: embedded pair)",
     )
     ap.add_argument("--target-backend", choices=TARGET_BACKENDS, default="auto",
                     help="runs the target: auto = mlx on macOS (Metal), torch elsewhere (default auto)")  # fmt: skip
@@ -25,6 +27,10 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
                     help="runs the draft (default onnx; a directory is exported on the fly and cached)")  # fmt: skip
     ap.add_argument("--draft-threads", type=int, default=1,
                     help="ONNX Runtime intra-op threads for the draft (default 1)")  # fmt: skip
+    ap.add_argument("--hybrid-rollback", choices=["replay", "redecode"], default="replay",
+                    help="hybrid (Qwen3.5) linear-attention states after a rejection: replay the "
+                         "kept recurrence steps, or redecode (llama.cpp: restore a checkpoint, "
+                         "re-run the accepted tokens) (default replay)")  # fmt: skip
     ap.add_argument("--provider", default="cpu",
                     help="ONNX Runtime execution provider: cpu, coreml, cuda, tensorrt, qnn (default cpu)")  # fmt: skip
     ap.add_argument("--draft-process", action="store_true",
@@ -43,7 +49,8 @@ def load_pair_from_args(a: argparse.Namespace, *, need_draft: bool) -> Pair:
     return load_pair(a.target, a.draft, need_draft=need_draft, target_backend=a.target_backend,
                      draft_backend=a.draft_backend, draft_threads=a.draft_threads, provider=a.provider,
                      target_threads=a.target_threads, target_device=a.target_device,
-                     adapter=a.adapter)  # fmt: skip
+                     adapter=a.adapter,
+                     hybrid_rollback=getattr(a, "hybrid_rollback", "replay"))  # fmt: skip
 
 
 def check_decoding_args(a: argparse.Namespace) -> None:

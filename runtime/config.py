@@ -13,7 +13,14 @@ from pathlib import Path
 from runtime.errors import DuetError
 
 # model_type -> (needs q/k RMSNorm, has q/k/v bias by default)
-SUPPORTED = {"llama": (False, False), "qwen2": (False, True), "qwen3": (True, False)}
+SUPPORTED = {
+    "llama": (False, False),
+    "qwen2": (False, True),
+    "qwen3": (True, False),
+    "qwen3_5_text": (True, False),  # hybrid: Gated DeltaNet + gated full attention
+    "qwen3_5": (True, False),  # multimodal Qwen3.5: its text tower (`text_config`)
+}
+HYBRID = ("qwen3_5_text", "qwen3_5")  # model types with linear-attention (state) layers
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,7 @@ class ModelConfig:
     qk_norm: bool
     eos_token_ids: tuple[int, ...] = ()
     rope_scaling: dict | None = None
+    layer_types: tuple[str, ...] = ()  # hybrid: "linear_attention" / "full_attention" per layer
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -47,6 +55,12 @@ class ModelConfig:
                 f"Duet runs {', '.join(sorted(SUPPORTED))}"
             )
         qk_norm, default_bias = SUPPORTED[mt]
+        if mt == "qwen3_5":  # the text tower's fields live under text_config
+            text = cfg.get("text_config")
+            if not isinstance(text, dict):
+                raise DuetError(f"{where}: a qwen3_5 config needs a text_config object")
+            cfg = {**text, "model_type": "qwen3_5_text", "multimodal": True}
+            mt = "qwen3_5_text"
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
@@ -73,10 +87,16 @@ class ModelConfig:
                 qk_norm=qk_norm,
                 eos_token_ids=eos_ids,
                 rope_scaling=_rope_scaling(cfg),
+                layer_types=_layer_types(cfg) if mt in HYBRID else (),
                 raw=cfg,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise DuetError(f"{where}: malformed config ({type(e).__name__}: {e})") from None
+
+    @property
+    def is_hybrid(self) -> bool:
+        """True when some layers are linear attention (a state cache, not a KV cache)."""
+        return "linear_attention" in self.layer_types
 
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelConfig:
@@ -109,6 +129,21 @@ def _rope_scaling(cfg: dict) -> dict | None:
         return None
     kind = rs.get("rope_type") or rs.get("type") or "default"
     return None if kind == "default" else {**rs, "rope_type": kind}
+
+
+def _layer_types(cfg: dict) -> tuple[str, ...]:
+    """Qwen3.5's per-layer kinds: config.json's `layer_types`, else every
+    `full_attention_interval`-th layer full attention (transformers' default rule)."""
+    n = int(cfg["num_hidden_layers"])
+    lt = cfg.get("layer_types")
+    if lt is None:
+        every = int(cfg.get("full_attention_interval", 4))
+        lt = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(n)]
+    lt = tuple(str(t) for t in lt)
+    bad = set(lt) - {"linear_attention", "full_attention"}
+    if len(lt) != n or bad:
+        raise ValueError(f"layer_types must be {n} of linear_attention/full_attention, got {lt}")
+    return lt
 
 
 def weight_files(path: str | Path) -> list[Path]:

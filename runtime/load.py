@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.backends import backend_for_path, load_model
+from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.preflight import check_checkpoint, check_pair_files
 from runtime.tokenizer import Tokenizer, check_pair
@@ -74,12 +75,14 @@ def load_pair(
     target_threads: int | None = None,
     target_device: str = "cpu",
     adapter: str | None = None,
+    hybrid_rollback: str = "replay",
 ) -> Pair:
     """Load target (and draft when `need_draft`); the embedded pair when neither is given.
 
     Thread counts are set on purpose: the draft gets `draft_threads` ONNX Runtime intra-op
     threads and a PyTorch target the remaining cores (`target_threads`), so the two
-    workers of Mirror-SD do not fight over the same cores.
+    workers of Mirror-SD do not fight over the same cores. A hybrid (Qwen3.5) model runs on
+    the PyTorch backend with `hybrid_rollback` ("replay" or "redecode", runtime/hybrid_cache.py).
 
     `adapter`: a LoRA adapter (PEFT format) for the target, checked against it and merged at
     load (runtime/adapter.py). A FlexSpec anchor draft (runtime/anchor.py) is assembled from
@@ -93,6 +96,8 @@ def load_pair(
         raise DuetError(
             "--draft given without --target; pass both, or neither for the embedded pair"
         )
+    elif draft == "mtp":  # the target's own multi-token-prediction head
+        tdir, ddir = resolve(target, "target"), "mtp"
     else:
         tdir, ddir = resolve(target, "target"), resolve(draft, "draft")
     if need_draft and ddir is None:
@@ -109,7 +114,7 @@ def load_pair(
         tdir = merged_target_dir(tdir, resolve(adapter, "adapter"))
     # headers and vocabularies first: a bad file costs a second, not a model load
     check_checkpoint(tdir, "target")
-    if need_draft:
+    if need_draft and ddir != "mtp":
         check_checkpoint(ddir, "draft")
         check_pair_files(tdir, ddir)
     target_backend = target_backend_for(target_backend)
@@ -120,17 +125,33 @@ def load_pair(
         raise DuetError(
             f"--target-device {target_device} runs the PyTorch target; add --target-backend torch"
         )
-    kw = {"threads": target_threads, "device": target_device} if target_backend == "torch" else {}
+    if target_backend == "torch":
+        kw = {
+            "threads": target_threads,
+            "device": target_device,
+            "hybrid_rollback": hybrid_rollback,
+        }
+    else:
+        kw = {}
     t = load_model(tdir, target_backend, **kw)
     d = None
     settings = {"target_backend": target_backend,
                 "target_threads": target_threads if target_backend == "torch" else None,
                 "target_device": target_device}  # fmt: skip
-    if need_draft:
+    if need_draft and ddir == "mtp":
+        from runtime.backends.torch_mtp import MTPDraft
+
+        d = MTPDraft.load(t, tdir)
+        settings.update(draft_backend="mtp (target's own head)")
+    elif need_draft:
         db = draft_backend or (
             "onnx" if backend_for_path(ddir) in ("mlx", "onnx") else backend_for_path(ddir)
         )
+        if draft_backend is None and Path(ddir).is_dir() and ModelConfig.from_dir(ddir).is_hybrid:
+            db = "torch"  # no ONNX export of the hybrid states yet
         kw = {"intra_threads": draft_threads, "provider": provider} if db == "onnx" else {}
+        if db == "torch":
+            kw = {"threads": draft_threads, "hybrid_rollback": hybrid_rollback}
         d = load_model(ddir, db, **kw)
         check_pair(tdir, ddir, t.config, d.config)
         settings.update(

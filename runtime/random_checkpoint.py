@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ARCHS = ("llama", "qwen2", "qwen3")
+ARCHS = ("llama", "qwen2", "qwen3")  # attention-only families; HYBRID_ARCHS below
+HYBRID_ARCHS = ("qwen3_5_text", "qwen3_5")  # Gated DeltaNet + gated attention (text, multimodal)
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
@@ -50,11 +51,21 @@ def make_checkpoint(
     initializer_range: float = 0.3,
     seed: int = 0,
     tokenizer: bool = True,
+    mtp: bool = False,
 ) -> Path:
     """Write a random checkpoint of `model_type` to `path` and return it."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
+    if model_type in HYBRID_ARCHS:
+        from runtime.random_hybrid import make_hybrid_checkpoint
+
+        return make_hybrid_checkpoint(path, model_type, vocab_size=vocab_size,
+            hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+            num_kv_heads=num_kv_heads, intermediate_size=intermediate_size,
+            max_context=max_context, eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings, initializer_range=initializer_range,
+            seed=seed, tokenizer=tokenizer, mtp=mtp)  # fmt: skip
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[model_type]
     kw = dict(
         vocab_size=vocab_size,

@@ -74,6 +74,11 @@ class MLXCausalLM:
         from mlx_lm.utils import load_model
 
         config = ModelConfig.from_dir(path)
+        if config.is_hybrid:
+            raise DuetError(
+                f"{path}: the MLX backend does not run hybrid {config.model_type} models yet; "
+                "use --target-backend torch / --draft-backend torch"
+            )
         raw = config.raw
         overrides = {}
         if "rope_theta" not in raw:  # transformers >= 5 writes rope_parameters instead

@@ -1,7 +1,10 @@
-"""The PyTorch reference backend: `TorchLM` behind the CausalLM protocol.
+"""The PyTorch reference backend: `TorchLM` (or the hybrid `Qwen3_5LM`) behind the CausalLM
+protocol.
 
 On the CPU (default) or a CUDA GPU (`device="cuda"`, `--target-device cuda`): weights,
 cache and every intermediate stay on that device; only logits come back, as numpy.
+A hybrid model gets a HybridCache (runtime/hybrid_cache.py) and runs only causal
+windows: its linear-attention layers have no mask, so tree and branch masks are refused.
 """
 
 from __future__ import annotations
@@ -39,21 +42,45 @@ class TorchCausalLM:
     backend = "torch"
     supports_layer_range = True
 
-    def __init__(self, module: TorchLM, threads: int | None = None, device: str = "cpu"):
+    def __init__(
+        self,
+        module: TorchLM,
+        threads: int | None = None,
+        device: str = "cpu",
+        hybrid_rollback: str = "replay",
+    ):
         self.device = torch_device(device)
         self.module = module.to(self.device)
         self.config = module.cfg
+        self.hybrid_rollback = hybrid_rollback  # HybridCache rollback: "replay" or "redecode"
         if threads:
             torch.set_num_threads(threads)
 
     @classmethod
-    def load(cls, path, threads: int | None = None, device: str = "cpu") -> TorchCausalLM:
+    def load(
+        cls, path, threads: int | None = None, device: str = "cpu", hybrid_rollback="replay"
+    ) -> TorchCausalLM:
         dev = torch_device(device)  # before loading: a missing GPU is reported at once
-        return cls(load_torch_lm(path), threads, dev.type)
+        return cls(load_torch_lm(path), threads, dev.type, hybrid_rollback)
 
-    def new_cache(self, batch: int = 1) -> ConcatKVCache:
+    def new_cache(self, batch: int = 1):
         c = self.config
         dtype = next(self.module.parameters()).dtype
+        if c.is_hybrid:
+            from runtime.hybrid_cache import HybridCache
+
+            layers = self.module.model.layers
+            return HybridCache(
+                c.layer_types,
+                batch,
+                lambda b: torch.zeros(
+                    b, c.num_kv_heads, 0, c.head_dim, dtype=dtype, device=self.device
+                ),
+                lambda i, b: tuple(
+                    t.to(self.device) for t in layers[i].linear_attn.empty_state(b, dtype)
+                ),
+                rollback=self.hybrid_rollback,
+            )
         return ConcatKVCache(
             c.num_layers,
             batch,
@@ -77,19 +104,52 @@ class TorchCausalLM:
             x = torch.from_numpy(check_tokens(x, self.config.vocab_size)).to(self.device)
         B, T = x.shape[:2]
         offset = cache.layer_offset(start)
+        if self.config.is_hybrid and mask is not None:
+            _causal_only(np.asarray(mask, dtype=bool), offset, T)
         pos, m = self._inputs(T, B, offset, positions, mask)
+        if self.config.is_hybrid:
+            for i in range(start, stop):
+                cache.begin(i, T)
         past = [cache.get(i) for i in range(start, stop)]
         h, presents = self.module.run_layers(x, start, stop, pos, m, past)
-        for i, (k, v) in zip(range(start, stop), presents, strict=True):
-            cache.put(i, k, v)
+        for i, present in zip(range(start, stop), presents, strict=True):
+            cache.put(i, *present)
         return h
 
     @torch.inference_mode()
     def head(self, hidden) -> np.ndarray:
         return self.module.head(hidden).float().cpu().numpy()
 
+    record_hidden = False  # set by an MTP draft: caches keep the post-norm hidden states
+    last_cache = None  # the cache of the last forward (where an MTP draft reads them)
+
     def forward(self, tokens, cache, *, positions=None, mask=None) -> np.ndarray:
         h = self.forward_layers(
             tokens, cache, 0, self.config.num_layers, positions=positions, mask=mask
         )
+        if self.record_hidden:
+            self._record(cache, h)
         return self.head(h)
+
+    @torch.inference_mode()
+    def _record(self, cache, h) -> None:
+        """cache.hidden: (offset, H) post-norm hidden states of row 0, position-aligned."""
+        hn = self.module.model.norm(h)[0]
+        start = cache.offset - hn.shape[0]
+        prev = getattr(cache, "hidden", None)
+        if prev is None or prev.shape[0] < start:  # positions never recorded: zeros
+            prev = torch.zeros(start, hn.shape[1], dtype=hn.dtype)
+        cache.hidden = torch.cat([prev[:start], hn])
+        self.last_cache = cache
+
+
+def _causal_only(mask: np.ndarray, offset: int, length: int) -> None:
+    """Refuse a non-causal mask on a hybrid model: linear-attention layers read no mask."""
+    from runtime.errors import DuetError
+
+    want = causal_mask(offset, length)
+    if mask.shape[-2:] != want.shape or not (mask == want).all():
+        raise DuetError(
+            "a hybrid (linear-attention) model runs causal windows only: tree and branch masks "
+            "need a state per branch, which its cache does not keep"
+        )

@@ -29,9 +29,10 @@ class RMSNorm(nn.Module):
         return (self.weight.float() * xf).to(x.dtype)
 
 
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies (D/2,) for plain, linear or Llama-3 scaled RoPE."""
-    d = cfg.head_dim
+def rope_inv_freq(cfg: ModelConfig, dim: int | None = None) -> torch.Tensor:
+    """Inverse frequencies (D/2,) for plain, linear or Llama-3 scaled RoPE over the first
+    `dim` channels of a head (default all: partial RoPE rotates fewer)."""
+    d = dim or cfg.head_dim
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     rs = cfg.rope_scaling
     if rs is None:
@@ -88,13 +89,20 @@ class Attention(nn.Module):
         k = apply_rope(k.transpose(1, 2), positions, inv_freq)  # (B, KV, T, D)
         k = torch.cat([past_k, k], dim=2)  # (B, KV, S, D)
         v = torch.cat([past_v, v], dim=2)
-        rep = self.n_heads // self.n_kv
-        kk = k.repeat_interleave(rep, dim=1) if rep > 1 else k
-        vv = v.repeat_interleave(rep, dim=1) if rep > 1 else v
-        scores = (q.float() @ kk.float().transpose(-1, -2)) / math.sqrt(self.head_dim)
-        scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)  # mask (B, 1, T, S)
-        out = torch.softmax(scores, dim=-1).to(vv.dtype) @ vv
+        out = attend(q, k, v, mask, self.head_dim)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1)), k, v
+
+
+def attend(q, k, v, mask: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Softmax attention written out: q (B, H, T, D), k/v (B, KV, S, D) with H a multiple of KV
+    (grouped queries), mask bool (B, 1, T, S), scores scaled by 1/sqrt(head_dim) (a Python
+    int, so an ONNX trace keeps it a constant). Returns (B, H, T, D)."""
+    rep = q.shape[1] // k.shape[1]
+    kk = k.repeat_interleave(rep, dim=1) if rep > 1 else k
+    vv = v.repeat_interleave(rep, dim=1) if rep > 1 else v
+    scores = (q.float() @ kk.float().transpose(-1, -2)) / math.sqrt(head_dim)
+    scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)
+    return torch.softmax(scores, dim=-1).to(vv.dtype) @ vv
 
 
 class MLP(nn.Module):
@@ -162,19 +170,25 @@ class TorchLM(nn.Module):
         return self.head(h), presents
 
 
-def load_torch_lm(path, dtype: torch.dtype = torch.float32) -> TorchLM:
-    """Build a TorchLM from a Hugging Face checkpoint directory."""
+def load_torch_lm(path, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Build a TorchLM (or, for a hybrid checkpoint, a Qwen3_5LM) from a Hugging Face
+    checkpoint directory."""
     from safetensors.torch import load_file
 
     from runtime.config import weight_files
     from runtime.errors import DuetError
 
     cfg = ModelConfig.from_dir(path)
-    model = TorchLM(cfg)
     state = {}
     for f in weight_files(path):
         state.update(load_file(str(f)))
     state = {k: v for k, v in state.items() if "rotary_emb" not in k}
+    if cfg.is_hybrid:
+        from runtime.backends.torch_qwen3_5 import Qwen3_5LM, text_tower_state
+
+        model, state = Qwen3_5LM(cfg), text_tower_state(state, path)
+    else:
+        model = TorchLM(cfg)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     missing, unexpected = model.load_state_dict(state, strict=False)

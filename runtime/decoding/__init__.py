@@ -17,6 +17,7 @@ from runtime.stats import RunStats
 # One module per method (STYLE 12); each exposes `Options` (a dataclass of its own flags),
 # `NEEDS_DRAFT` and `steps(target, draft, seq, *, max_new, sampling, seed, options,
 # target_cache, draft_cache, timeline)`. Adding a method is one module and one line here.
+# A module that runs hybrid (linear-attention) models names the roles in `RUNS_HYBRID`.
 METHOD_MODULES: dict[str, str] = {
     "ar": "runtime.decoding.ar",
     "sd": "runtime.decoding.sd",
@@ -49,6 +50,22 @@ def option_names() -> set[str]:
     return {f.name for m in METHODS for f in fields(method_module(m).Options)}
 
 
+def cannot_run(method: str, target, draft) -> str | None:
+    """Why `method` cannot run this pair (one line), or None when it can."""
+    mod = method_module(method)
+    if mod.NEEDS_DRAFT and draft is None:
+        return f"--method {method} needs a draft model"
+    hybrid_ok = getattr(mod, "RUNS_HYBRID", ())
+    for role, m in (("target", target), ("draft", draft)):
+        if role not in hybrid_ok and getattr(getattr(m, "config", None), "is_hybrid", False):
+            return (
+                f"--method {method} cannot run a hybrid linear-attention {role} "
+                f"({m.config.model_type}): its tree/branch masks need one state per branch, "
+                "which Gated DeltaNet layers do not keep; use --method sd or ar"
+            )
+    return None
+
+
 def make_steps(
     method: str,
     target,
@@ -72,8 +89,9 @@ def make_steps(
     from runtime.errors import DuetError
 
     mod = method_module(method)
-    if mod.NEEDS_DRAFT and draft is None:
-        raise DuetError(f"--method {method} needs a draft model")
+    why = cannot_run(method, target, draft)
+    if why:
+        raise DuetError(why)
     known = {f.name for f in fields(mod.Options)}
     opts = mod.Options(**{k: v for k, v in options.items() if k in known and v is not None})
     return mod.steps(target, draft, list(seq), max_new=max_new, sampling=sampling, seed=seed,

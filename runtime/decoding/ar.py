@@ -43,6 +43,7 @@ def ar_steps(
         rewind(cache, len(seq))
 
 
+RUNS_HYBRID = ("target", "draft")  # causal windows: a HybridCache lands states on the prefix
 NEEDS_DRAFT = False
 
 

@@ -191,6 +191,9 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return z / z.sum()
 
 
+# the target runs causal windows split at the exit layer (a HybridCache keeps per-layer
+# offsets); the draft's branch rows need masks and forked states, which hybrid caches lack
+RUNS_HYBRID = ("target",)
 NEEDS_DRAFT = True
 
 

@@ -95,6 +95,7 @@ def sd_steps(
         rewind(dc, len(seq))
 
 
+RUNS_HYBRID = ("target", "draft")  # causal windows: a HybridCache lands states on the prefix
 NEEDS_DRAFT = True
 
 

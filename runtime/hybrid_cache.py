@@ -1,0 +1,205 @@
+"""The cache of a hybrid model: KV for full-attention layers, states for linear ones, and
+exact rollback of those states to any accepted prefix without running the model again.
+
+A Gated DeltaNet layer's cache is a conv state (B, C, K-1) and a recurrent state
+(B, Hv, Dk, Dv); unlike keys and values they cannot be sliced back. Two rollbacks:
+
+- `replay` (default). Since the last landing point ("base") the cache keeps, per linear
+  layer, the base states and the per-position quantities each forward consumed: pre-conv
+  inputs (C), l2-normalised k (Hv·Dk, after the grouped-head repeat), v (Hv·Dv), log decay g
+  (Hv) and β (Hv). `trim(n)` lands on the kept prefix of A positions by taking the conv
+  state from the last K-1 inputs and replaying only the recurrence for A steps from the
+  base state (no projection, no conv, no attention, no other layer). Memory per logged
+  position and linear layer: C + Hv·(Dk + Dv + 2) floats (C = 2·Hk·Dk + Hv·Dv), plus one
+  base copy of each state per layer. For Qwen3.5-9B's shapes (Hk=16, Hv=32, Dk=Dv=128)
+  that is 16,448 floats (64 KiB fp32) per position per layer, against 524,288 floats
+  (2 MiB) for a per-position recurrent state: hence replay, not per-position states. The
+  replayed state is bit-identical to the forward's (both call `delta_step`).
+- `redecode` (llama.cpp's approach, the baseline). A checkpoint of the states is kept before
+  each forward (references, no copies: states are never written in place); `trim` restores
+  the latest checkpoint at or before the kept length and drops every later position from all
+  layers, so the accepted tokens run through the whole model again (decoding's `pending`
+  feeds them at the front of the next forward, in the same pass as the next window). A
+  target that verified [last, d1..dγ] in one forward re-runs the A + 1 kept tokens; a draft
+  that fed one token per forward lands on a checkpoint with nothing to re-run.
+
+The log restarts at each landing and at the start of a forward when it would exceed
+`window` positions. Rolling back past its start (rare: speculative decoding never does)
+empties the whole cache, so the next forward re-runs the prefix: slower, never wrong. It does
+not do tree or branch masks (a linear layer has no mask) nor compaction of non-contiguous
+positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from runtime.backends.torch_qwen3_5 import LINEAR, conv_state_after, replay
+from runtime.errors import DuetError
+
+ROLLBACKS = ("replay", "redecode")
+
+
+class _Linear:
+    """One linear layer: live states, the base they were at `base` tokens, and the log."""
+
+    def __init__(self, conv, rec, offset: int = 0):
+        self.conv, self.rec, self.offset = conv, rec, offset
+        self.base_conv, self.base_rec, self.base = conv, rec, offset
+        # per forward: replay keeps (xin, k, v, g, beta), time on the last axis;
+        # redecode keeps the checkpoint (offset, conv, rec) taken before it
+        self.log: list[tuple] = []
+
+    def logged(self) -> int:
+        return self.offset - self.base
+
+    def restart(self) -> None:
+        self.base_conv, self.base_rec, self.base, self.log = self.conv, self.rec, self.offset, []
+
+    def rows(self, rows: list[int]) -> _Linear:
+        new = _Linear(self.conv[rows], self.rec[rows], self.offset)
+        new.base_conv, new.base_rec, new.base = self.base_conv[rows], self.base_rec[rows], self.base
+        new.log = [tuple(t[rows] if torch.is_tensor(t) else t for t in e) for e in self.log]
+        return new
+
+
+class HybridCache:
+    """Per-layer KV (full attention) or states (linear attention), trimmable exactly."""
+
+    is_trimmable = True
+
+    def __init__(self, kinds: Sequence[str], batch: int, empty_kv: Callable[[int], Any],
+                 empty_state: Callable[[int, int], tuple], *, rollback: str = "replay",
+                 window: int = 64):  # fmt: skip
+        if rollback not in ROLLBACKS:
+            raise DuetError(f"--hybrid-rollback {rollback!r}: choose from {', '.join(ROLLBACKS)}")
+        self.kinds, self.rollback, self.window = list(kinds), rollback, window
+        self._batch = batch
+        self._layers: list[Any] = [
+            _Linear(*empty_state(i, batch))
+            if k == LINEAR
+            else [empty_kv(batch), empty_kv(batch), 0]
+            for i, k in enumerate(self.kinds)
+        ]
+
+    @property
+    def offset(self) -> int:
+        return self.layer_offset(len(self._layers) - 1)
+
+    @property
+    def batch(self) -> int:
+        return self._batch
+
+    def layer_offset(self, i: int) -> int:
+        layer = self._layers[i]
+        return layer.offset if isinstance(layer, _Linear) else layer[2]
+
+    def get(self, i: int) -> tuple:
+        """Layer i's past: (keys, values) each (B, KV, offset, D), or (conv, recurrent)."""
+        layer = self._layers[i]
+        if isinstance(layer, _Linear):
+            return layer.conv, layer.rec
+        k, v, n = layer
+        if k.shape[2] != n:
+            layer[0], layer[1] = k[:, :, :n], v[:, :, :n]
+        return layer[0], layer[1]
+
+    def begin(self, i: int, length: int) -> None:
+        """Before a forward of `length` tokens through layer i: restart an over-long log."""
+        layer = self._layers[i]
+        if isinstance(layer, _Linear) and layer.logged() and layer.logged() + length > self.window:
+            layer.restart()
+
+    def put(self, i: int, *present) -> None:
+        """Store layer i's present: (keys, values) or (conv, recurrent, log)."""
+        layer = self._layers[i]
+        if not isinstance(layer, _Linear):
+            k, v = present
+            self._layers[i] = [k, v, k.shape[2]]
+            return
+        conv, rec, log = present
+        layer.log.append(
+            log if self.rollback == "replay" else (layer.offset, layer.conv, layer.rec)
+        )
+        layer.conv, layer.rec = conv, rec
+        layer.offset += log[0].shape[-1]
+
+    def trim(self, n: int) -> int:
+        """Drop the last `n` tokens of every layer (redecode: every token since the base)."""
+        n = max(0, min(n, min(self.layer_offset(i) for i in range(len(self._layers)))))
+        if n == 0:
+            return 0
+        keep = [self.layer_offset(i) - n for i in range(len(self._layers))]
+        if self.rollback == "redecode":
+            keep = [self._checkpoint_at(min(keep))] * len(keep)
+        if any(keep[i] < la.base for i, la in enumerate(self._layers) if isinstance(la, _Linear)):
+            return self._clear()  # before the log: no state to land on, start over
+        for i, layer in enumerate(self._layers):
+            if isinstance(layer, _Linear):
+                self._land(layer, keep[i] - layer.base)
+            else:
+                layer[2] = keep[i]
+        return n
+
+    def _clear(self) -> int:
+        """Empty every layer (the next forward re-runs the whole prefix); returns tokens dropped."""
+        dropped = self.offset
+        for i, layer in enumerate(self._layers):
+            if isinstance(layer, _Linear):
+                zero = (torch.zeros_like(layer.conv), torch.zeros_like(layer.rec))
+                self._layers[i] = _Linear(*zero)
+            else:
+                layer[2] = 0
+        return dropped
+
+    def _checkpoint_at(self, keep: int) -> int:
+        """Where redecode lands: the latest checkpoint at or before `keep` in every linear
+        layer (-1 when some layer has none)."""
+        lands = [max((e[0] for e in la.log if e[0] <= keep), default=-1)
+                 for la in self._layers if isinstance(la, _Linear)]  # fmt: skip
+        return min(lands, default=keep)
+
+    def _land(self, layer: _Linear, a: int) -> None:
+        """Set the live states to those after `a` logged positions, and make that the base."""
+        if self.rollback == "redecode":
+            _, layer.conv, layer.rec = next(e for e in layer.log if e[0] == layer.base + a)
+        elif a == 0:
+            layer.conv, layer.rec = layer.base_conv, layer.base_rec
+        elif a < layer.logged():
+            xin, k, v, g, beta = (torch.cat(t, dim=-1 if j == 0 else 2)
+                                  for j, t in enumerate(zip(*layer.log, strict=True)))  # fmt: skip
+            layer.conv = conv_state_after(layer.base_conv, xin, a)
+            layer.rec = replay(layer.base_rec, k, v, g, beta, a)
+        layer.offset = layer.base + a
+        layer.restart()
+
+    def fork(self, rows: Sequence[int]) -> HybridCache:
+        """A new cache holding copies of `rows`; this one is unchanged."""
+        rows = list(rows)
+        new = HybridCache.__new__(HybridCache)
+        new.kinds, new.rollback, new.window, new._batch = (
+            self.kinds,
+            self.rollback,
+            self.window,
+            len(rows),
+        )
+        new._layers = []
+        for i, layer in enumerate(self._layers):
+            if isinstance(layer, _Linear):
+                new._layers.append(layer.rows(rows))
+            else:
+                k, v = self.get(i)
+                new._layers.append([k[rows], v[rows], layer[2]])
+        return new
+
+    def select(self, rows: Sequence[int]) -> None:
+        """Keep rows `rows`, in that order."""
+        other = self.fork(rows)
+        self._layers, self._batch = other._layers, other._batch
+
+    def states(self) -> list[tuple]:
+        """Every layer's live cache tensors (for parity checks against a fresh prefill)."""
+        return [self.get(i) for i in range(len(self._layers))]

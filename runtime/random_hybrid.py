@@ -1,0 +1,113 @@
+"""Tiny random Qwen3.5 (hybrid) checkpoints from transformers' `Qwen3_5TextConfig`.
+
+`qwen3_5_text` is the text-only layout (`model.*`); `qwen3_5` writes the multimodal
+layout (`model.language_model.*`, a few stand-in `model.visual.*` tensors and a nested
+`text_config`) with the same text weights, so the text-tower loader can be tested without
+building a vision model. Norm weights, decay and β biases are randomised (transformers
+initialises them to constants) so every path of the maths is exercised.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def hybrid_config(*, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
+                  intermediate_size, max_context, eos_token_id, tie_word_embeddings,
+                  initializer_range):  # fmt: skip
+    """A small Qwen3_5TextConfig: linear layers with 2 key / 4 value heads, full attention
+    every 2nd layer, partial RoPE over a quarter of each head."""
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        layer_types=[
+            "linear_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)
+        ],  # fmt: skip
+        max_position_embeddings=max_context,
+        tie_word_embeddings=tie_word_embeddings,
+        initializer_range=initializer_range,
+        rms_norm_eps=1e-6,
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
+
+
+def make_hybrid_checkpoint(path, model_type: str = "qwen3_5_text", *, seed: int = 0,
+                           tokenizer: bool = True, mtp: bool = False, **kw) -> Path:  # fmt: skip
+    """Write a random hybrid checkpoint to `path` (see the module docstring) and return it;
+    `mtp` adds a random multi-token-prediction head (`mtp.*`, runtime/backends/torch_mtp.py)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from runtime.random_checkpoint import byte_tokenizer
+
+    cfg = hybrid_config(**kw)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.normal_(0, 0.2) if "linear_attn" not in name else p.uniform_(0.5, 1.5)
+            elif name.endswith("dt_bias"):
+                p.normal_(0, 0.5)
+            elif name.endswith("A_log"):
+                p.uniform_(-2, 1)
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(p, safe_serialization=True)
+    if model_type == "qwen3_5":  # the multimodal layout, text weights under the language model
+        from safetensors.torch import load_file
+
+        files = sorted(p.glob("*.safetensors"))
+        state = {}
+        for f in files:
+            state.update(load_file(str(f)))
+            f.unlink()
+        state = {("model.language_model." + k[6:] if k.startswith("model.") else k): v
+                 for k, v in state.items()}  # fmt: skip
+        state["model.visual.patch_embed.proj.weight"] = torch.zeros(4, 3, 2, 2)
+        save_file({k: v.contiguous() for k, v in state.items()}, str(p / "model.safetensors"))
+        text = json.loads((p / "config.json").read_text())
+        cfg_mm = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+                  "text_config": text, "vision_config": {"depth": 1},
+                  "tie_word_embeddings": text.get("tie_word_embeddings", False)}  # fmt: skip
+        (p / "config.json").write_text(json.dumps(cfg_mm, indent=2))
+    if mtp:
+        _add_mtp(p, kw["initializer_range"], seed)
+    if tokenizer and kw["vocab_size"] >= 259:
+        byte_tokenizer(kw["vocab_size"]).save(str(p / "tokenizer.json"))
+    return p
+
+
+def _add_mtp(p: Path, std: float, seed: int) -> None:
+    """Append random `mtp.*` weights to the checkpoint's safetensors file."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from runtime.backends.torch_mtp import MTPHead
+    from runtime.config import ModelConfig, weight_files
+
+    torch.manual_seed(seed + 1)
+    head = MTPHead(ModelConfig.from_dir(p))
+    with torch.no_grad():
+        for name, w in head.named_parameters():
+            w.normal_(0, 0.2 if name.endswith("norm.weight") else std)
+    (f,) = weight_files(p)
+    state = load_file(str(f))
+    state.update({"mtp." + k: v.contiguous() for k, v in head.state_dict().items()})
+    save_file(state, str(f), metadata={"format": "pt"})

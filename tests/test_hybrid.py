@@ -1,0 +1,253 @@
+"""Hybrid Qwen3.5 (Gated DeltaNet + gated attention) on the PyTorch reference: parity with
+Hugging Face, exact rollback of linear states, and lossless greedy `sd` on hybrid targets."""
+
+import numpy as np
+import pytest
+import torch
+
+from runtime.backends import load_model
+from runtime.backends.torch_backend import TorchCausalLM
+from runtime.decoding import make_steps, run
+from runtime.decoding.events import GREEDY
+from runtime.errors import DuetError
+
+ATOL_HF = 2e-4  # logits (|x| up to ~10) vs transformers: a chunked vs token-by-token delta rule
+ATOL_STATE = 1e-4  # landed states vs a fresh prefill: the same sums over different batch shapes
+PROMPT = [5, 17, 42, 99, 7, 256, 3]
+N_NEW = 20
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dir):
+    tdir = tiny_dir("qwen3_5_text", seed=1)
+    return {
+        "dir": tdir,
+        "target": load_model(tdir, "torch", threads=1),
+        "hybrid_draft": load_model(
+            tiny_dir("qwen3_5_text", num_layers=2, seed=2), "torch", threads=1
+        ),
+        "attn_draft": load_model(tiny_dir("qwen3", num_layers=1, seed=3), "torch", threads=1),
+        "near_draft": near_copy(tdir),
+    }
+
+
+def near_copy(path, scale=0.02):
+    """The target with 2 % noise on its weights: accepts 0, 1, 3 or all 4 of a window."""
+    m = load_model(path, "torch", threads=1)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in m.module.parameters():
+            if p.numel() > 1:
+                p.add_(torch.randn(p.shape, generator=g) * scale * p.std())
+    return m
+
+
+def hf_model(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path).eval()
+
+
+def test_logits_match_hugging_face_prefill_and_cached_decode(models):
+    hf = hf_model(models["dir"])
+    ids = np.random.default_rng(0).integers(0, 320, (2, 12))
+    m, c = models["target"], models["target"].new_cache(batch=2)
+    ours = np.concatenate([m.forward(ids[:, :8], c), m.forward(ids[:, 8:9], c),
+                           m.forward(ids[:, 9:], c)], axis=1)  # fmt: skip
+    with torch.no_grad():
+        full = hf(torch.from_numpy(ids)).logits.numpy()
+        out = hf(torch.from_numpy(ids[:, :8]), use_cache=True)  # HF's own cached decode
+        step = hf(torch.from_numpy(ids[:, 8:9]), past_key_values=out.past_key_values).logits
+    np.testing.assert_allclose(ours, full, atol=ATOL_HF)
+    np.testing.assert_allclose(ours[:, 8:9], step.numpy(), atol=ATOL_HF)
+
+
+def test_multimodal_layout_loads_its_text_tower(tiny_dir, models, capsys):
+    mm = load_model(tiny_dir("qwen3_5", seed=1), "torch", threads=1)
+    assert "ignoring 1 vision weights" in capsys.readouterr().err
+    ids = np.array([PROMPT])
+    a = mm.forward(ids, mm.new_cache())
+    b = models["target"].forward(ids, models["target"].new_cache())
+    np.testing.assert_array_equal(a, b)
+
+
+def assert_states_close(cache, fresh, atol=ATOL_STATE):
+    assert cache.offset == fresh.offset
+    for i, (got, want) in enumerate(zip(cache.states(), fresh.states(), strict=True)):
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape, f"layer {i}: {tuple(g.shape)} vs {tuple(w.shape)}"
+            np.testing.assert_allclose(g.numpy(), w.numpy(), atol=atol, err_msg=f"layer {i}")
+
+
+def prefill(model, seq):
+    c = model.new_cache()
+    if seq:
+        model.forward(np.array([seq]), c)
+    return c
+
+
+@pytest.mark.parametrize("keep", [0, 1, 3, 5])
+def test_trim_lands_every_state_on_the_prefix(models, keep):
+    m = models["target"]
+    window = [11, 12, 13, 14, 15]
+    c = prefill(m, PROMPT)
+    m.forward(np.array([window]), c)
+    c.trim(len(window) - keep)
+    assert_states_close(c, prefill(m, PROMPT + window[:keep]))
+    # and the next token's logits are the prefix's
+    nxt = m.forward(np.array([[77]]), c)
+    ref = m.forward(np.array([[77]]), prefill(m, PROMPT + window[:keep]))
+    np.testing.assert_allclose(nxt, ref, atol=ATOL_HF)
+
+
+def test_trim_across_single_token_forwards(models):
+    """A draft feeds one token per forward; trimming several lands across forwards."""
+    m = models["target"]
+    c = prefill(m, PROMPT)
+    for t in (21, 22, 23, 24):
+        m.forward(np.array([[t]]), c)
+    c.trim(3)
+    assert_states_close(c, prefill(m, PROMPT + [21]))
+
+
+def test_trim_before_the_log_restarts_from_empty(models):
+    m = models["target"]
+    c = prefill(m, PROMPT)
+    m.forward(np.array([[21]]), c)
+    c.trim(1)  # lands, and the log restarts here
+    c.trim(3)  # before the log: the cache empties, and decoding re-feeds the prefix
+    assert c.offset == 0
+    m.forward(np.array([PROMPT[:4]]), c)
+    assert_states_close(c, prefill(m, PROMPT[:4]))
+
+
+def hf_greedy(path, n):
+    hf = hf_model(path)
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([PROMPT]), max_new_tokens=n, do_sample=False)
+    return out[0, len(PROMPT) :].tolist()
+
+
+def generate(method, target, draft=None, **opts):
+    steps = make_steps(method, target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
+                       **opts)  # fmt: skip
+    return run(steps, max_new=N_NEW).tokens
+
+
+@pytest.mark.parametrize("draft", ["hybrid_draft", "attn_draft", "near_draft"])
+def test_greedy_sd_equals_ar_and_hugging_face(models, draft):
+    target = models["target"]
+    ar = generate("ar", target)
+    assert ar == hf_greedy(models["dir"], N_NEW)
+    assert generate("sd", target, models[draft], gamma=3) == ar
+
+
+@pytest.mark.parametrize("rollback", ["replay", "redecode"])
+def test_states_equal_a_fresh_prefill_after_every_sd_step(models, rollback):
+    target, draft = models["target"], models["near_draft"]
+    if rollback == "redecode":
+        target = TorchCausalLM(target.module, hybrid_rollback="redecode")
+    tc, dc = target.new_cache(), draft.new_cache()
+    seq = list(PROMPT)
+    steps = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
+                       gamma=4, target_cache=tc, draft_cache=dc)  # fmt: skip
+    accepted = set()
+    for ev in steps:
+        seq += ev.tokens
+        accepted.add(ev.accepted)
+        assert_states_close(tc, prefill(target, seq[: tc.offset]))
+        assert_states_close(dc, prefill(draft, seq[: dc.offset]))
+    assert {0, 4} < accepted, f"want rejections, partial and full windows (got {accepted})"
+
+
+def test_replay_and_redecode_give_identical_output(models, tiny_dir):
+    tdir = models["dir"]
+    redecode = TorchCausalLM.load(tdir, threads=1, hybrid_rollback="redecode")
+    draft = models["near_draft"]
+    want = generate("sd", models["target"], draft, gamma=4)
+    assert generate("sd", redecode, draft, gamma=4) == want
+    # redecode lands on the checkpoint before the window: fewer tokens kept, re-fed next step
+    c = prefill(redecode, PROMPT)
+    redecode.forward(np.array([[11, 12, 13]]), c)
+    c.trim(1)
+    assert c.offset == len(PROMPT)
+    assert_states_close(c, prefill(redecode, PROMPT))
+
+
+@pytest.mark.parametrize("method", ["tree", "heterospec"])
+def test_tree_methods_refuse_hybrid_targets(models, method):
+    with pytest.raises(DuetError, match="hybrid linear-attention target"):
+        generate(method, models["target"], models["attn_draft"])
+
+
+def test_mirror_refuses_a_hybrid_draft(models):
+    with pytest.raises(DuetError, match="hybrid linear-attention draft"):
+        generate("mirror", models["target"], models["hybrid_draft"])
+
+
+@pytest.mark.parametrize("exit_layer", [1, 2])  # stop after a linear / an attention layer
+def test_mirror_on_a_hybrid_target_equals_ar_and_lands_states(models, exit_layer):
+    target, draft = models["target"], models["attn_draft"]
+    tc = target.new_cache()
+    seq = list(PROMPT)
+    steps = make_steps("mirror", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
+                       gamma=3, exit_layer=exit_layer, target_cache=tc)  # fmt: skip
+    for ev in steps:
+        seq += ev.tokens
+        assert_states_close(tc, prefill(target, seq[: tc.offset]))
+    assert seq[len(PROMPT) :][:N_NEW] == generate("ar", target)
+
+
+def test_non_causal_mask_is_refused(models):
+    m = models["target"]
+    mask = np.ones((2, 2), dtype=bool)
+    with pytest.raises(DuetError, match="causal windows only"):
+        m.forward(np.array([[1, 2]]), m.new_cache(), mask=mask)
+
+
+def test_backends_without_hybrid_support_refuse_in_one_line(models, tmp_path):
+    from converters.onnx_export import export_onnx
+
+    with pytest.raises(DuetError, match="ONNX export of hybrid"):
+        export_onnx(models["dir"], tmp_path / "m.onnx")
+    with pytest.raises(DuetError, match="MLX backend does not run hybrid"):
+        load_model(models["dir"], "mlx")
+
+
+def test_fork_and_select_rows_carry_states_and_logs(models):
+    m = models["target"]
+    c = prefill(m, PROMPT)
+    two = c.fork([0, 0])
+    m.forward(np.array([[11, 12], [13, 14]]), two)
+    two.trim(1)  # lands both rows by replay
+    two.select([1])
+    assert_states_close(two, prefill(m, PROMPT + [13]))
+    assert c.offset == len(PROMPT)  # the original is unchanged
+
+
+def test_log_window_bounds_what_can_be_landed(models):
+    m = models["target"]
+    c = prefill(m, PROMPT)
+    c.window = 3  # keep at most 3 logged positions across forwards
+    for t in (21, 22, 23, 24):
+        m.forward(np.array([[t]]), c)
+    c.trim(1)  # inside the log (restarted at the 4th forward): exact
+    assert_states_close(c, prefill(m, PROMPT + [21, 22, 23]))
+    c.trim(1)  # before the log: the cache empties rather than guess
+    assert c.offset == 0
+
+
+def test_generate_cli_runs_hybrid_pairs_with_either_rollback(models, tiny_dir, capsys):
+    import json
+
+    from runtime.generate import main
+
+    draft = tiny_dir("qwen3_5_text", num_layers=2, seed=2)  # defaults to the torch backend
+    outs = []
+    sd = ["--method", "sd", "--draft", str(draft)]
+    for extra in (["--method", "ar"], sd, [*sd, "--hybrid-rollback", "redecode"]):
+        argv = ["--target", str(models["dir"]), "--prompt-ids", "5,17,42", "--max-tokens", "6",
+                "--json", *extra]  # fmt: skip
+        assert main(argv) == 0
+        outs.append(json.loads(capsys.readouterr().out)["tokens"])
+    assert outs[0] == outs[1] == outs[2]

@@ -1,0 +1,54 @@
+"""`--draft mtp`: the target checkpoint's own multi-token-prediction head as the draft —
+lossless on a random checkpoint with `mtp.*` weights, refused in one line without them."""
+
+import numpy as np
+import pytest
+
+from runtime.backends import load_model
+from runtime.backends.torch_mtp import MTPDraft
+from runtime.decoding import make_steps, run
+from runtime.decoding.events import GREEDY
+from runtime.errors import DuetError
+
+PROMPT = [5, 17, 42, 99, 7]
+N_NEW = 16
+ATOL = 1e-4  # the head's KV entries: one token at a time vs after recomputation
+
+
+@pytest.fixture(scope="module")
+def target_dir(tiny_dir):
+    return tiny_dir("qwen3_5_text", seed=1, mtp=True)
+
+
+def test_sd_with_the_mtp_head_equals_ar(target_dir):
+    target = load_model(target_dir, "torch", threads=1)
+    ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
+             max_new=N_NEW).tokens  # fmt: skip
+    draft = MTPDraft.load(target, target_dir)
+    tc, dc = target.new_cache(), draft.new_cache()
+    steps = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
+                       gamma=3, target_cache=tc, draft_cache=dc)  # fmt: skip
+    assert run(steps, max_new=N_NEW).tokens == ar
+    # every head entry the target has verified was (re)computed from the target's hidden state
+    n = min(tc.offset, len(dc.exact))
+    assert n > len(PROMPT) and all(dc.exact[:n])
+    fresh = draft.new_cache()
+    draft.forward(np.array([dc.tokens]), fresh)
+    k, _ = dc.kv.get(0)
+    np.testing.assert_allclose(k[:, :, :n].numpy(), fresh.kv.get(0)[0][:, :, :n].numpy(), atol=ATOL)
+
+
+def test_mtp_draft_is_refused_without_mtp_weights(tiny_dir):
+    plain = tiny_dir("qwen3_5_text", seed=1)
+    with pytest.raises(DuetError, match="no mtp.\\* weights"):
+        MTPDraft.load(load_model(plain, "torch", threads=1), plain)
+
+
+def test_generate_cli_takes_draft_mtp(target_dir, tiny_dir, capsys):
+    from runtime.generate import main
+
+    assert main(["--target", str(target_dir), "--draft", "mtp", "--method", "sd",
+                 "--prompt-ids", "5,17,42", "--max-tokens", "4", "--json"]) == 0  # fmt: skip
+    assert main(["--target", str(tiny_dir("qwen3_5_text", seed=1)), "--draft", "mtp",
+                 "--method", "sd", "--prompt-ids", "5,17", "--max-tokens", "4"]) == 2  # fmt: skip
+    assert "no mtp.* weights" in capsys.readouterr().err
