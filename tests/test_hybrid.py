@@ -185,6 +185,13 @@ def test_mirror_refuses_a_hybrid_draft(models):
         generate("mirror", models["target"], models["hybrid_draft"])
 
 
+def test_auto_offers_only_what_the_hybrid_pair_can_run(models):
+    from devices.pair_probe import runnable_methods
+
+    assert runnable_methods(models["target"], models["hybrid_draft"]) == ["ar", "sd"]
+    assert runnable_methods(models["target"], models["attn_draft"]) == ["ar", "sd", "mirror"]
+
+
 @pytest.mark.parametrize("exit_layer", [1, 2])  # stop after a linear / an attention layer
 def test_mirror_on_a_hybrid_target_equals_ar_and_lands_states(models, exit_layer):
     target, draft = models["target"], models["attn_draft"]
