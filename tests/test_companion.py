@@ -3,6 +3,7 @@ PyTorch reference's greedy tokens), and refuse tampered, truncated or incomplete
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -139,3 +140,21 @@ def test_package_refuses_mismatched_target(tiny_dir, tmp_path):
             tmp_path / "o",
             target=tiny_dir("llama", vocab_size=300),
         )
+
+
+def test_package_anchor_draft_records_its_base(tmp_path, capsys):
+    """--anchor: the shipped anchor draft is assembled from its base and the manifest names the
+    base it anchors to (FlexSpec §IV-A), so the phone keeps it while the target evolves."""
+    from runtime.adapter import base_fingerprint
+
+    assets = Path(__file__).parents[1] / "runtime" / "assets"
+    base = assets / "default" / "target"
+    out = tmp_path / "anchor-bundle"
+    assert main(["package", "--anchor", str(assets / "evolving" / "anchor"), "--target", str(base),
+                 "--out", str(out), "--no-coreml", "--max-context", "16"]) == 0  # fmt: skip
+    m = verify_bundle(out)
+    assert m["anchor"]["anchors_to"]["base_sha256"] == base_fingerprint(base)
+    assert m["anchor"]["anchor_layer"] == 7 and m["parity"]["onnx"]["ok"]
+    capsys.readouterr()
+    assert main(["package", "--anchor", str(base), "--out", str(tmp_path / "x")]) == 2
+    assert "not an anchor draft" in capsys.readouterr().err

@@ -27,10 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m apps.companion", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     pk = sub.add_parser("package", help="build a bundle from a draft checkpoint")
-    pk.add_argument(
-        "--draft",
-        required=True,
-        help="draft checkpoint directory (config.json, safetensors, tokenizer.json)",
+    src = pk.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--draft", help="draft checkpoint directory (config.json, safetensors, tokenizer.json)"
+    )
+    src.add_argument(
+        "--anchor",
+        help="a FlexSpec anchor draft (python -m apps.train anchor): assembled from its base "
+        "(--target, or the base it names) and recorded in the manifest with the base it anchors to",
     )
     pk.add_argument("--out", required=True, help="bundle directory to create")
     pk.add_argument(
@@ -103,6 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "package":
         from runtime.preflight import check_checkpoint, check_pair_files
 
+        anchor = None
+        if args.anchor is not None:  # FlexSpec §IV-A: the phone keeps this draft as targets evolve
+            from runtime.anchor import ANCHOR_RECORD, is_anchor_dir, materialize
+
+            if not is_anchor_dir(args.anchor):
+                raise DuetError(f"--anchor {args.anchor}: no {ANCHOR_RECORD} (not an anchor draft)")
+            anchor = json.loads((Path(args.anchor) / ANCHOR_RECORD).read_text())
+            args.draft = str(materialize(args.anchor, [Path(args.target)] if args.target else []))
         check_checkpoint(args.draft, "draft")  # before the converters import torch
         if args.target:
             check_checkpoint(args.target, "target")
@@ -112,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         m = package_bundle(
             args.draft,
             args.out,
+            anchor=anchor,
             target=args.target,
             max_context=args.max_context,
             prefill_len=args.prefill_len,

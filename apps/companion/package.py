@@ -51,12 +51,14 @@ def package_bundle(
     profile: str | None = None,
     codec: str = "ids",
     coreml: bool = True,
+    anchor: dict | None = None,
 ) -> dict:
     """Build the bundle at `out` from the checkpoint `draft`; returns the manifest.
 
     `profile` (a shipped name or a file) and `codec` (a name in CODEC_MODULES) go into
     edge.json; `target` adds the base identity a verifier checks at HELLO. `coreml=False`
-    builds an ONNX-only bundle (Android)."""
+    builds an ONNX-only bundle (Android). `anchor` is an anchor draft's record (anchor.json):
+    the manifest keeps which base it anchors to (FlexSpec §IV-A)."""
     from converters.coreml_export import export_coreml
     from converters.coreml_inspect import describe
     from converters.onnx_static_build import build_static_onnx
@@ -144,6 +146,13 @@ def package_bundle(
                 "vocab_hash": vhash,
             },
             "pairs_with": pairs,
+            "anchor": None
+            if anchor is None
+            else {
+                "anchors_to": anchor["base"],
+                "anchor_layer": anchor.get("anchor_layer"),
+                "kind": anchor.get("kind"),
+            },  # fmt: skip
             "context_length": onnx_r["context"],
             "prefill_len": onnx_r["prefill_len"],
             "io": {
@@ -214,6 +223,10 @@ def summary(manifest: dict, out: Path) -> list[str]:
         + (f", base {manifest['pairs_with']['base']['name']}" if manifest["pairs_with"]["base"]
            else ", no base (package with --target to pin one)"),
     ]  # fmt: skip
+    if manifest.get("anchor"):
+        a = manifest["anchor"]["anchors_to"]
+        lines.append(f"anchor draft: frozen block {manifest['anchor']['anchor_layer']} of the "
+                     f"{a['model_type']} base with weights sha256 {a['base_sha256'][:12]}")  # fmt: skip
     if pc is not None:
         lines.append(
             f"coreml parity (traced module): fp16 max rel {pc['fp16']['max_rel_err']:.1e} "
