@@ -14,7 +14,6 @@ from kernels.bitio import BitWriter
 from kernels.enumerative import bits_for, composition_bits, subset_bits
 from kernels.payload_sqs import _HEAD, _KSQS, K_SQS, VERSION
 from runtime.backends import load_model
-from runtime.decoding import Sampling
 from runtime.edge.client import CloudError, Connection
 from runtime.edge.codecs import CODEC_MODULES, codec, lossy
 from runtime.errors import DuetError
@@ -23,7 +22,7 @@ LOSSY = ("k-sqs", "c-sqs", "cu-hlm")
 # coarse parameters at V = 8, so q̂ is far from q and the negative control has power
 COARSE = {"k-sqs": {"k": 3, "ell": 4}, "c-sqs": {"ell": 4, "beta": 0.15},
           "cu-hlm": {"k": 1}}  # fmt: skip
-N_GOF = 240
+N_GOF = 200
 ALPHA = 1e-3
 
 
@@ -33,7 +32,9 @@ def gof_pair(tiny_dir):
     (residual spread uniformly, coarse lattice) visibly far from q."""
     kw = dict(vocab_size=8, tokenizer=False)
     target = load_model(tiny_dir("qwen3", seed=1, initializer_range=0.12, **kw), "torch", threads=1)
-    draft = load_model(tiny_dir("qwen3", num_layers=1, seed=2, initializer_range=0.08, **kw), "onnx")
+    draft = load_model(
+        tiny_dir("qwen3", num_layers=1, seed=2, initializer_range=0.08, **kw), "onnx"
+    )
     return target, draft
 
 
@@ -93,7 +94,9 @@ def test_sampling_through_the_server_matches_the_target(gof_pair, verifier, name
 
 @pytest.mark.parametrize("name", LOSSY)
 def test_negative_control_server_uses_the_unquantized_q(gof_pair, verifier, monkeypatch, name):
-    sent: list[np.ndarray] = []  # q of each drafted token, in order (edge and server share a process)
+    sent: list[
+        np.ndarray
+    ] = []  # q of each drafted token, in order (edge and server share a process)
     real_law, mod = lossy.Encoder.draft_law, codec(name)
     real_decode = mod.decode
 
@@ -126,8 +129,10 @@ def ksqs_payload(v, k, ell, subset, lattice, pos, nbits_delta=0) -> bytes:
     w.write(subset, subset_bits(v, k))
     w.write(lattice, composition_bits(ell, k))
     w.write(pos, bits_for(k))
-    return _HEAD.pack(K_SQS, VERSION, 1, v, w.nbits + nbits_delta) + _KSQS.pack(k, ell) + (
-        w.getvalue()
+    return (
+        _HEAD.pack(K_SQS, VERSION, 1, v, w.nbits + nbits_delta)
+        + _KSQS.pack(k, ell)
+        + (w.getvalue())
     )
 
 
@@ -157,3 +162,21 @@ def test_server_refuses_lying_payloads_and_keeps_serving(gof_pair, verifier):
     r = flexspec(Connection(st.host, st.port), draft, GOF_PROMPT, 4, sampling=SAMPLING,
                  codec="k-sqs", codec_params=COARSE["k-sqs"])  # fmt: skip
     assert len(r.tokens) == 4
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--codec", "ids", "--temp", "0.8"], "carries no q"),
+        (["--codec", "zstd"], "unknown codec"),
+        (["--codec", "raw", "--ell", "100", "--temp", "1"], "does not apply to --codec raw"),
+        (["--codec", "k-sqs", "--sqs-k", "0", "--temp", "1"], "--sqs-k must be at least 1"),
+        (["--codec", "c-sqs", "--alpha", "2", "--temp", "1"], "alpha"),
+    ],
+)
+def test_generate_cli_refuses_bad_codec_flags_in_one_line(capsys, argv, says):
+    from runtime.generate import main
+
+    assert main(["--method", "flexspec", "--prompt-ids", "1,2", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "\n" not in err, err

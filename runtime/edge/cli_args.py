@@ -62,7 +62,7 @@ def check_edge_args(a: argparse.Namespace) -> None:
     codec_params(a)
 
 
-_CODEC_FLAGS = {"k-sqs": {"sqs_k": "k", "ell": "ell"},
+CODEC_FLAGS = {"k-sqs": {"sqs_k": "k", "ell": "ell"},
                 "c-sqs": {"ell": "ell", "alpha": "alpha", "eta": "eta", "beta": "beta"},
                 "cu-hlm": {"cu_k": "k"}}  # fmt: skip
 
@@ -77,7 +77,7 @@ def codec_params(a: argparse.Namespace) -> dict | None:
     if getattr(a, "temp", 0) > 0 and not mod.CARRIES_Q:
         raise DuetError(f"--codec {name} carries no q, so it cannot be verified at --temp > 0; "
                         "use raw, k-sqs, c-sqs or cu-hlm")  # fmt: skip
-    owned = _CODEC_FLAGS.get(name, {})
+    owned = CODEC_FLAGS.get(name, {})
     for flag in ("sqs_k", "ell", "alpha", "eta", "beta", "cu_k"):
         if getattr(a, flag, None) is not None and flag not in owned:
             raise DuetError(f"--{flag.replace('_', '-')} does not apply to --codec {name}")
@@ -85,7 +85,7 @@ def codec_params(a: argparse.Namespace) -> dict | None:
         if getattr(a, flag, None) is not None and getattr(a, flag) < 1:
             raise DuetError(f"--{flag.replace('_', '-')} must be at least 1")
     params = {key: getattr(a, flag) for flag, key in owned.items() if getattr(a, flag) is not None}
-    if name in _CODEC_FLAGS:
+    if name in CODEC_FLAGS:
         enc = new_encoder(mod, 2**16, params)  # builds the kernel codec: its checks, one line
         if getattr(enc.kernel, "ell", 1) > 0xFFFF:
             raise DuetError("--ell must be at most 65535")
