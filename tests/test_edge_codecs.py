@@ -22,7 +22,7 @@ LOSSY = ("k-sqs", "c-sqs", "cu-hlm")
 # coarse parameters at V = 8, so q̂ is far from q and the negative control has power
 COARSE = {"k-sqs": {"k": 3, "ell": 4}, "c-sqs": {"ell": 4, "beta": 0.15},
           "cu-hlm": {"k": 1}}  # fmt: skip
-N_GOF = 200
+N_GOF = 240
 ALPHA = 1e-3
 
 
