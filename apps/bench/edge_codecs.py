@@ -83,6 +83,7 @@ def run_codecs(a, pair, prompts, host, port, token, links, temps) -> list[dict]:
                         "rejected_rounds": sum(1 for k, x in zip(e["k"], e["accepted"], strict=True) if x < k),
                         "bytes_up": sum(e["bytes_up"]), "payload_bytes": sum(e["bytes_up"]) - heads,
                         "model_bits": sum(mb) if mb else None, "mean_k": e["mean_k"],
+                        "codec_stats": e.get("codec_stats"),
                     })  # fmt: skip
                     print(f"T={temp:g} {link:<9} prompt {i} {name:<7} {len(toks)} tok "
                           f"{wall / max(1, len(toks)) * 1e3:8.1f} ms/tok  mean K {e['mean_k']:.2f}  "
@@ -107,6 +108,7 @@ def summarize(runs: list[dict]) -> list[dict]:
             "resample_rate": sum(r["rejected_rounds"] for r in rs) / max(1, sum(r["rounds"] for r in rs)),
             "ms_per_token": 1e3 * sum(r["wall_s"] for r in rs) / max(1, sum(r["tokens"] for r in rs)),
             "mean_k": sum(r["mean_k"] for r in rs) / len(rs),
+            "theorem2_met": [r["codec_stats"]["theorem2_met"] for r in rs if r.get("codec_stats")],
         })  # fmt: skip
     for s in out:
         raw = [

@@ -101,6 +101,8 @@ def edge_steps(
             if controller is not None:
                 controller.update(**round_, header_bytes=head)
             round_["model_bits"] = enc.last_bits  # header + eq. (1) body bits (compressed q)
+            if hasattr(enc, "stats"):
+                round_["codec_stats"] = enc.stats()
             yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=t1 - t0,
                             verify_s=x.wall_s, extra={"edge": round_})  # fmt: skip
     finally:
@@ -120,6 +122,8 @@ def edge_summary(events) -> dict:
     for key in keys:
         vals = [r[key] for r in rounds]
         out[key] = [v if v != float("inf") else None for v in vals]
+    if rounds and rounds[-1].get("codec_stats"):
+        out["codec_stats"] = rounds[-1]["codec_stats"]  # C-SQS: Theorem 2 over the run
     n = sum(len(ev.tokens) for ev in events) or 1
     out["mean_k"] = sum(out["k"]) / len(rounds) if rounds else 0.0
     out["bytes_up_per_token"] = sum(out["bytes_up"]) / n

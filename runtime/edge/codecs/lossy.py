@@ -15,6 +15,7 @@ import numpy as np
 from kernels.bitio import MalformedPayload
 from kernels.payloads import decode as decode_any
 from kernels.payloads import make_codec
+from kernels.sqs import theorem2_bound
 from runtime.edge.codecs import Draft
 from runtime.edge.wire import E_MALFORMED, ProtocolError
 
@@ -51,6 +52,17 @@ class Encoder:
         th = getattr(self.kernel, "threshold", None)
         if th is not None and drafted:
             th.verdict(accepted)  # Alg. 1 lines 11-13
+
+    def stats(self) -> dict | None:
+        """C-SQS: beta now, the mean dropped mass over kept tokens (eq. 7's left side) and
+        Theorem 2's bound on it (eq. 9); None for the other codecs."""
+        th = getattr(self.kernel, "threshold", None)
+        if th is None or not th.kept:
+            return None
+        mean = th.dropped_sum / th.kept
+        bound = theorem2_bound(th.alpha, th.eta, th.beta1, th.kept)  # eq. (9)
+        return {"beta": th.beta, "kept": th.kept, "mean_dropped": mean,
+                "theorem2_bound": bound, "theorem2_met": mean <= bound}  # fmt: skip
 
 
 def decode_payload(body: bytes, vocab: int, codec_byte: int, name: str) -> Draft:
