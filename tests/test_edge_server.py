@@ -66,6 +66,7 @@ def test_fuzzed_frames_get_errors_and_the_server_still_verifies(server, models):
     for code in (wire.E_MALFORMED, wire.E_AUTH, wire.E_UNKNOWN_TYPE, wire.E_SESSION,
                  wire.E_SEQUENCE, wire.E_CODEC, wire.E_VERSION):  # fmt: skip
         assert errors.get(f"error_{code}", 0) > 0, (code, out)
+    assert out.get("kind_compressed", 0) > 0 and errors.get(f"error_{wire.E_INTERNAL}", 0) == 0
     assert wait_no_sessions(server) == 0
     good_client_equals_ar(server, models)
     assert wait_no_sessions(server) == 0

@@ -39,7 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--temps", default="0", help="comma-separated temperatures (default 0)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out-json", help="write every run and the summary here")
-    ap.add_argument("--plot", help="write latency-vs-K per link here (.html)")
+    ap.add_argument("--plot", help="write latency-vs-K per link here (.html); with --codecs: "
+                    "K-SQS vs C-SQS ms/token vs temperature")  # fmt: skip
+    ap.add_argument("--codecs", default=None, help="compare uplink codecs instead of K "
+                    "(ids,raw,k-sqs,c-sqs,cu-hlm; apps/bench/edge_codecs.py)")  # fmt: skip
     return ap
 
 
@@ -93,6 +96,12 @@ def bench(a: argparse.Namespace) -> dict:
         port, token = int(p), open(a.token_file, "rb").read().strip() if a.token_file else b""
     runs = []
     try:
+        if a.codecs:
+            from apps.bench.edge_codecs import run_codecs
+            from apps.bench.edge_codecs import summarize as summarize_codecs
+
+            runs = run_codecs(a, pair, prompts, host, port, token, links, temps)
+            return {"runs": runs, "summary": summarize_codecs(runs), "settings": pair.settings}
         for temp in temps:
             for link in links:
                 for i, prompt in enumerate(prompts):
@@ -178,7 +187,22 @@ def plot_html(summary: list[dict], path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    if a.codecs:
+        from runtime.edge.codecs import codec
+
+        for name in a.codecs.split(","):
+            codec(name)
     res = bench(a)
+    if a.codecs:
+        from apps.bench.edge_codecs import plot_crossover, print_table
+
+        if a.out_json:
+            with open(a.out_json, "w") as f:
+                json.dump(res, f, indent=1)
+        if a.plot:
+            plot_crossover(res["summary"], a.plot)
+        print_table(res["summary"])
+        return 0
     if a.out_json:
         with open(a.out_json, "w") as f:
             json.dump(res, f, indent=1)

@@ -1,6 +1,7 @@
 """A frame fuzzer for the cloud verifier: malformed, truncated, oversized, out-of-order,
-unknown and misaddressed frames, wrong tokens, bad ids and frames after close, mixed with valid
-traffic, each on its own connection to a running server.
+unknown and misaddressed frames, wrong tokens, bad ids and frames after close, compressed-q
+payloads (k-sqs, c-sqs, cu-hlm) valid or lying (flipped bits, truncated, wrong bit length,
+extra bytes), mixed with valid traffic, each on its own connection to a running server.
 
     python -m apps.cloud.fuzz HOST:PORT [--frames 10000] [--seed 0] [--token-file F] [--time-limit S]
     python -m apps.cloud.fuzz local [--frames 10000]   # its own verifier (embedded target), then
@@ -83,7 +84,35 @@ def _hello_open(c: _Conn, token: bytes, rng, V: int) -> bool:
     prompt = tuple(int(x) for x in rng.integers(0, V, int(rng.integers(1, 6))))
     c.frame(wire.OPEN, wire.open_(wire.Open(0.0, 1.0, 0, 0, prompt)))
     r = c.reply()
+    c.base = len(prompt)
     return bool(r and r[0] == wire.OPENED)
+
+
+def _compressed_payload(rng, V: int) -> tuple[int, bytes]:
+    """(codec number, body): a valid k-sqs / c-sqs / cu-hlm payload for random q rows, then
+    maybe made to lie: a flipped bit, a truncation, a wrong body bit length, extra bytes."""
+    from kernels.payloads import make_codec
+
+    name = str(rng.choice(["k-sqs", "c-sqs", "cu-hlm"]))
+    params = {"k-sqs": {"k": 4, "ell": 50}, "c-sqs": {"ell": 50}, "cu-hlm": {"k": 4}}[name]
+    cod = make_codec(name, **params)
+    q = rng.dirichlet(np.full(V, 0.05), int(rng.integers(0, 4))).astype(np.float32)
+    rows = cod.quantize(q) if len(q) else []
+    qh = cod.qhat(rows, V)
+    toks = [int(rng.choice(V, p=r / r.sum())) for r in qh.astype(np.float64)]
+    data = bytearray(cod.encode(rows, np.array(toks, np.int64), V))
+    how = rng.integers(5)
+    if how == 1 and len(data) > 12:  # a flipped bit anywhere past the codec byte
+        i = int(rng.integers(1, len(data)))
+        data[i] ^= 1 << int(rng.integers(8))
+    elif how == 2:
+        data = data[: int(rng.integers(0, len(data)))]
+    elif how == 3 and len(data) >= 12:  # the header's u32 body bit length (big-endian, offset 8)
+        nbits = int.from_bytes(data[8:12], "big") + int(rng.choice([-9, -1, 1, 8, 1 << 30]))
+        data[8:12] = (nbits % 2**32).to_bytes(4, "big")
+    elif how == 4:
+        data += rng.bytes(int(rng.integers(1, 4)))
+    return codec(name).NUMBER, bytes(data)
 
 
 def _case(kind: str, c: _Conn, token: bytes, rng, V: int) -> None:
@@ -129,9 +158,12 @@ def _case(kind: str, c: _Conn, token: bytes, rng, V: int) -> None:
                     wire.VERIFY, wire.verify(1, 0, struct.pack("<HB", 1, b + 1) + b"\xff\xff\xff")
                 )
         elif kind == "codec":
-            c.frame(wire.VERIFY, wire.verify(int(rng.integers(3, 256)), 0, rng.bytes(8)))
+            c.frame(wire.VERIFY, wire.verify(int(rng.integers(6, 256)), 0, rng.bytes(8)))
+        elif kind == "compressed":  # k-sqs / c-sqs / cu-hlm bodies, valid or lying
+            num, body = _compressed_payload(rng, V)
+            c.frame(wire.VERIFY, wire.verify(num, c.base, body))
         elif kind == "garbage_body":
-            c.frame(wire.VERIFY, wire.verify(int(rng.integers(1, 3)), int(rng.integers(0, 9)),
+            c.frame(wire.VERIFY, wire.verify(int(rng.integers(1, 6)), int(rng.integers(0, 9)),
                                              rng.bytes(int(rng.integers(0, 40)))))  # fmt: skip
         elif kind == "after_close":
             c.frame(wire.CLOSE)
@@ -161,7 +193,7 @@ def _case(kind: str, c: _Conn, token: bytes, rng, V: int) -> None:
 
 
 KINDS = ("random", "truncated", "lying", "version", "unknown", "token", "no_hello", "session",
-         "seq", "vocab", "codec", "garbage_body", "after_close", "valid", "midframe")  # fmt: skip
+         "seq", "vocab", "codec", "garbage_body", "after_close", "valid", "midframe", "compressed")  # fmt: skip
 
 
 def fuzz(host: str, port: int, *, frames: int = 10_000, seed: int = 0, token: bytes = b"",

@@ -86,7 +86,8 @@ def run_through_cloud(
     try:
         steps = make_steps("flexspec", None, draft, ids, max_new=max_tokens,
                            sampling=Sampling(temp), seed=seed, conn=conn, k=k, k_max=k_max,
-                           controller=controller, codec=edge.codec)  # fmt: skip
+                           controller=controller, codec=edge.codec,
+                           codec_params=edge.codec_params or None)  # fmt: skip
         for toks, ev in stream(steps, max_new=max_tokens, eos_ids=draft.config.eos_token_ids):
             out += toks
             events.append(ev)

@@ -27,9 +27,11 @@ def codec_record(name: str, vocab: int) -> dict:
     from runtime.edge.codecs import codec
 
     mod = codec(name)
-    params = mod.params(vocab) if hasattr(mod, "params") else {}
+    params = mod.params(vocab) if hasattr(mod, "params") else dict(getattr(mod, "DEFAULTS", {}))
+    # a compressed-q codec (k-sqs, c-sqs, cu-hlm) has a per-session encoder whose q̂ the draft
+    # samples from; the bundle records the parameters that encoder is built with
     return {"name": mod.NAME, "number": mod.NUMBER, "carries_q": bool(mod.CARRIES_Q),
-            "lossy": hasattr(mod, "draft_law"), "params": params}  # fmt: skip
+            "lossy": hasattr(mod, "encoder"), "params": params}  # fmt: skip
 
 
 def load_k_profile(profile_arg: str):
@@ -93,6 +95,7 @@ class EdgeSide:
     """The edge-cloud facts of a verified bundle."""
 
     codec: str
+    codec_params: dict  # a compressed-q codec's parameters, as packaged
     claim: dict  # sent at HELLO
     flexspec: object | None  # devices.latency.FlexSpecParams, None without a profile
     profile_name: str | None
@@ -110,6 +113,8 @@ def read_edge(bundle: Path, manifest: dict) -> EdgeSide:
     try:
         edge = json.loads((bundle / EDGE_FILE).read_text())
         codec, claim = edge["codec"]["name"], edge["claim"]
+        # only a compressed-q codec's encoder takes parameters (ids/raw record theirs for the app)
+        codec_params = dict(edge["codec"].get("params") or {}) if edge["codec"].get("lossy") else {}
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise DuetError(f"{bundle / EDGE_FILE}: unreadable ({e})") from None
     if edge.get("wire_version") != wire.VERSION:
@@ -120,4 +125,4 @@ def read_edge(bundle: Path, manifest: dict) -> EdgeSide:
         prof = read_profile_file(bundle / edge["profile"]["file"])
         params = FlexSpecParams(*(prof.param(k) for k in FLEXSPEC_KEYS))
         name = prof.name
-    return EdgeSide(codec, claim, params, name)
+    return EdgeSide(codec, codec_params, claim, params, name)

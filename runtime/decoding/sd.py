@@ -22,10 +22,12 @@ from runtime.errors import DuetError
 
 
 def draft_window(
-    draft, cache, seq: list[int], gamma: int, sampling: Sampling, rng
+    draft, cache, seq: list[int], gamma: int, sampling: Sampling, rng, law=None
 ) -> tuple[list[int], np.ndarray]:
     """Draft γ tokens after `seq`; returns (tokens, q (γ, V)), q the law each was drawn from
-    (empty when greedy, where verification needs none).
+    (empty when greedy, where verification needs none). `law(q) -> q_hat`, when given, replaces
+    each q by the law the verifier will see (a lossy codec's decoded q̂, SQS §2) before the
+    token is drawn from it with a fresh uniform.
 
     On return the draft cache holds seq + d1..d(γ-1) (dγ is fed next step if accepted).
     """
@@ -35,8 +37,11 @@ def draft_window(
         logits = draft.forward(np.array([feed]), cache)[0, -1]
         if sampling.greedy:  # greedy verification needs no q
             d = int(logits.argmax())
+            if law is not None:  # a codec that always carries q̂: softmax's (holds the argmax)
+                qs.append(law(Sampling(1.0).probs(logits)))
         else:
-            qs.append(sampling.probs(logits))
+            q = sampling.probs(logits)
+            qs.append(law(q) if law is not None else q)  # SQS §2: draw from the q̂ sent
             d = int(sample(qs[-1], rng.random()))
         toks.append(d)
         feed = [d]

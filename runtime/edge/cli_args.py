@@ -26,6 +26,18 @@ def add_edge_args(ap: argparse.ArgumentParser) -> None:
         "--k", type=int, default=None, help="fixed draft length K (default: K* per round)"
     )
     g.add_argument("--k-max", type=int, default=8, help="bound on K* (default 8)")
+    g.add_argument("--codec", default=None,
+                   help="uplink payload: ids (T = 0 only), raw, k-sqs, c-sqs, cu-hlm "
+                        "(default ids at T = 0, raw at T > 0)")  # fmt: skip
+    g.add_argument("--sqs-k", type=int, default=None, help="k-sqs: support size K (default 512)")
+    g.add_argument("--ell", type=int, default=None,
+                   help="k-sqs/c-sqs: lattice resolution ell (default 4000)")  # fmt: skip
+    g.add_argument("--alpha", type=float, default=None,
+                   help="c-sqs: target dropped mass alpha (default 0.05)")  # fmt: skip
+    g.add_argument("--eta", type=float, default=None, help="c-sqs: step eta (default 0.01)")
+    g.add_argument("--beta", type=float, default=None,
+                   help="c-sqs: initial threshold beta (default 0.01)")  # fmt: skip
+    g.add_argument("--cu-k", type=int, default=None, help="cu-hlm: top-k sent (default 256)")
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -47,6 +59,37 @@ def check_edge_args(a: argparse.Namespace) -> None:
         raise DuetError(f"unknown --link {a.link!r}; choose from {', '.join(LINK_NAMES)}")
     if a.server != "local":
         _host_port(a.server)
+    codec_params(a)
+
+
+CODEC_FLAGS = {"k-sqs": {"sqs_k": "k", "ell": "ell"},
+                "c-sqs": {"ell": "ell", "alpha": "alpha", "eta": "eta", "beta": "beta"},
+                "cu-hlm": {"cu_k": "k"}}  # fmt: skip
+
+
+def codec_params(a: argparse.Namespace) -> dict | None:
+    """The chosen codec's parameters from its flags (its DEFAULTS for the rest); one line for an
+    unknown codec, ids at --temp > 0, a flag another codec owns, or a value out of range."""
+    from runtime.edge.codecs import codec, new_encoder
+
+    name = a.codec or ("ids" if getattr(a, "temp", 0) == 0 else "raw")
+    mod = codec(name)
+    if getattr(a, "temp", 0) > 0 and not mod.CARRIES_Q:
+        raise DuetError(f"--codec {name} carries no q, so it cannot be verified at --temp > 0; "
+                        "use raw, k-sqs, c-sqs or cu-hlm")  # fmt: skip
+    owned = CODEC_FLAGS.get(name, {})
+    for flag in ("sqs_k", "ell", "alpha", "eta", "beta", "cu_k"):
+        if getattr(a, flag, None) is not None and flag not in owned:
+            raise DuetError(f"--{flag.replace('_', '-')} does not apply to --codec {name}")
+    for flag in ("sqs_k", "ell", "cu_k"):
+        if getattr(a, flag, None) is not None and getattr(a, flag) < 1:
+            raise DuetError(f"--{flag.replace('_', '-')} must be at least 1")
+    params = {key: getattr(a, flag) for flag, key in owned.items() if getattr(a, flag) is not None}
+    if name in CODEC_FLAGS:
+        enc = new_encoder(mod, 2**16, params)  # builds the kernel codec: its checks, one line
+        if getattr(enc.kernel, "ell", 1) > 0xFFFF:
+            raise DuetError("--ell must be at most 65535")
+    return params or None
 
 
 @contextlib.contextmanager
@@ -75,7 +118,8 @@ def edge_options(a: argparse.Namespace, target_dir, target_backend: str = "auto"
         conn = Connection(host, port, token, link=emulator(a.link, a.link_seed))
         try:
             yield {"conn": conn, "k": a.k, "k_max": a.k_max,
-                   "controller": None if a.k is not None else AdaptiveK()}  # fmt: skip
+                   "controller": None if a.k is not None else AdaptiveK(),
+                   "codec": a.codec, "codec_params": codec_params(a)}  # fmt: skip
         finally:
             conn.close()
     finally:

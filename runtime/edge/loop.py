@@ -19,6 +19,7 @@ from runtime.decoding.sd import draft_window
 from runtime.edge import wire
 from runtime.edge.client import CloudError, Connection
 from runtime.edge.codecs import codec as get_codec
+from runtime.edge.codecs import new_encoder
 from runtime.errors import DuetError
 
 
@@ -34,6 +35,7 @@ def edge_steps(
     k_max: int = 8,
     controller=None,
     codec: str | None = None,
+    codec_params: dict | None = None,
     draft_cache=None,
 ) -> Iterator[StepEvent]:
     """Yield one StepEvent per round; `extra["edge"]` holds the round's k, bytes, rate and times.
@@ -53,6 +55,7 @@ def edge_steps(
     cod = get_codec(codec or ("ids" if sampling.greedy else "raw"))
     if not sampling.greedy and not cod.CARRIES_Q:
         raise DuetError(f"codec {cod.NAME} carries no q; sampling (--temp > 0) needs one that does")
+    enc = new_encoder(cod, V, codec_params)
     if cod.NAME not in conn.welcome.codecs:
         raise DuetError(f"the cloud verifier does not speak codec {cod.NAME}")
     edge_seed, cloud_seed = np.random.SeedSequence(seed).spawn(2)  # independent streams: the
@@ -64,7 +67,9 @@ def edge_steps(
     # a static-shape draft (converters/onnx_static_host.py) holds `context` slots; past them the
     # rounds send K = 0 and the cloud decodes alone
     draft_ctx = getattr(draft, "context", ctx)
-    head = len(wire.pack(wire.VERIFY, 0, 0, wire.verify(cod.NUMBER, 0, cod.encode([], empty, V))))
+    head = len(wire.pack(wire.VERIFY, 0, 0, wire.verify(cod.NUMBER, 0, b""))) + (
+        enc.kernel.header_bytes() if hasattr(enc, "kernel") else len(enc.encode([], empty, V))
+    )
     conn.open(seq, sampling.temp, sampling.top_p, sampling.top_k,
               int(cloud_seed.generate_state(1, np.uint64)[0]))  # fmt: skip
     produced = 0
@@ -73,16 +78,14 @@ def edge_steps(
             want = k if k is not None else (controller.choose(k_max) if controller else 4)
             g = max(0, min(want, max_new - produced - 1, ctx - len(seq) - 1, draft_ctx - len(seq)))
             t0 = time.perf_counter()
-            drafts, q = draft_window(draft, dc, seq, g, sampling, rng)
-            if cod.CARRIES_Q and len(q) != len(drafts):  # greedy: q is the point mass on d_i
-                q = np.zeros((len(drafts), V), np.float32)
-                q[np.arange(len(drafts)), drafts] = 1.0
-            body = cod.encode(drafts, q if cod.CARRIES_Q else None, V)
+            drafts, q = draft_window(draft, dc, seq, g, sampling, rng, law=enc.draft_law)
+            body = enc.encode(drafts, q, V)
             t1 = time.perf_counter()
             v, x = conn.verify(cod.NUMBER, len(seq), body)
             a, c = v.accepted, v.token
             if a > g or not 0 <= c < V or v.committed != len(seq) + a + 1:
                 raise CloudError(f"the cloud verifier at {conn.where} sent an impossible verdict")
+            enc.verdict(a, g)  # C-SQS: Alg. 1's backtrack of beta to the kept tokens
             committed = drafts[:a] + [c]
             seq += committed
             produced += len(committed)
@@ -100,6 +103,9 @@ def edge_steps(
             }
             if controller is not None:
                 controller.update(**round_, header_bytes=head)
+            round_["model_bits"] = enc.last_bits  # header + eq. (1) body bits (compressed q)
+            if hasattr(enc, "stats"):
+                round_["codec_stats"] = enc.stats()
             yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=t1 - t0,
                             verify_s=x.wall_s, extra={"edge": round_})  # fmt: skip
     finally:
@@ -114,11 +120,13 @@ def edge_summary(events) -> dict:
     """The `stats.edge` object: per-round lists and their totals."""
     rounds = [ev.extra["edge"] for ev in events if "edge" in ev.extra]
     keys = ("k", "accepted", "bytes_up", "bytes_down", "rate_bps", "draft_s", "uplink_s",
-            "cloud_s", "downlink_s")  # fmt: skip
+            "cloud_s", "downlink_s", "model_bits")  # fmt: skip
     out: dict = {"rounds": len(rounds)}
     for key in keys:
         vals = [r[key] for r in rounds]
         out[key] = [v if v != float("inf") else None for v in vals]
+    if rounds and rounds[-1].get("codec_stats"):
+        out["codec_stats"] = rounds[-1]["codec_stats"]  # C-SQS: Theorem 2 over the run
     n = sum(len(ev.tokens) for ev in events) or 1
     out["mean_k"] = sum(out["k"]) / len(rounds) if rounds else 0.0
     out["bytes_up_per_token"] = sum(out["bytes_up"]) / n

@@ -6,9 +6,13 @@ A codec module exposes
   decode(body: bytes, vocab: int) -> Draft   (raises wire.ProtocolError on a malformed body).
 Optionally `params(vocab) -> dict`: the codec's parameters, which a companion bundle records
 beside its name (apps/companion/edge_side.py; {} without it). A codec without q can only be
-verified greedily (T = 0). A lossy codec (SQS-SD, CU-HLM) adds `draft_law(q) -> q_hat`: the
-client must sample its draft tokens from q_hat, the law the server reconstructs, so that
-rejection sampling stays lossless. Adding a codec is one module and one line in CODEC_MODULES.
+verified greedily (T = 0). A compressed-q codec (k-sqs, c-sqs,
+cu-hlm) instead exposes `encoder(vocab, **params)`, a per-session object whose
+`draft_law(q) -> q_hat` the edge loop calls for every draft token (the token is then drawn from
+q_hat with a fresh uniform: the law the server reconstructs, so rejection sampling stays
+lossless, SQS §2), whose `encode(tokens, q_hat, vocab)` sends the rows it quantized, and whose
+`verdict(accepted, drafted)` follows each round (C-SQS's Alg. 1). `new_encoder` gives every
+codec that shape. Adding a codec is one module and one line in CODEC_MODULES.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from runtime.edge.wire import E_CODEC, ProtocolError
 CODEC_MODULES: dict[str, str] = {
     "ids": "runtime.edge.codecs.ids",
     "raw": "runtime.edge.codecs.raw",
+    "k-sqs": "runtime.edge.codecs.k_sqs",
+    "c-sqs": "runtime.edge.codecs.c_sqs",
+    "cu-hlm": "runtime.edge.codecs.cu_hlm",
 }
 
 
@@ -57,3 +64,34 @@ def codec_for_number(n: int):
     if n not in table:
         raise ProtocolError(E_CODEC, f"unknown codec number {n}")
     return table[n]
+
+
+class PlainEncoder:
+    """The encoder shape for a codec that sends q as drawn (raw: draft_law is the identity, so
+    a greedy window still gets softmax rows) or nothing (ids: no draft_law)."""
+
+    last_bits = None
+
+    def __init__(self, mod):
+        self.mod = mod
+        self.draft_law = (lambda q: q) if mod.CARRIES_Q else None
+
+    def encode(self, tokens, q, vocab: int) -> bytes:
+        return self.mod.encode(tokens, q if self.mod.CARRIES_Q else None, vocab)
+
+    def verdict(self, accepted: int, drafted: int) -> None:
+        pass
+
+
+def new_encoder(mod, vocab: int, params: dict | None = None):
+    """A session's encoder for codec module `mod`; DuetError for parameters it does not take."""
+    from runtime.errors import DuetError
+
+    if not hasattr(mod, "encoder"):
+        if params:
+            raise DuetError(f"codec {mod.NAME} takes no parameters (got {', '.join(params)})")
+        return PlainEncoder(mod)
+    try:
+        return mod.encoder(vocab, **(params or {}))
+    except (TypeError, ValueError) as e:
+        raise DuetError(f"codec {mod.NAME}: {e}") from None

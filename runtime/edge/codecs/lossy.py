@@ -1,0 +1,76 @@
+"""The shared edge/cloud wrapper of the compressed-q codecs (k-sqs, c-sqs, cu-hlm): a per-session
+`Encoder` around a kernels/payloads.py codec, and the server-side `decode_payload`.
+
+The coding itself lives in kernels/ (payload_sqs.py, payload_cuhlm.py); this module only
+keeps the rows quantized while drafting (`draft_law`), turns them into the VERIFY body, passes
+the verdict back (C-SQS's Alg. 1 backtrack) and maps MalformedPayload to an E_MALFORMED
+ProtocolError. The body of these codecs is the kernel payload, unchanged (its own header names
+the codec, V, L and the exact body bit length).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kernels.bitio import MalformedPayload
+from kernels.payloads import decode as decode_any
+from kernels.payloads import make_codec
+from kernels.sqs import theorem2_bound
+from runtime.edge.codecs import Draft
+from runtime.edge.wire import E_MALFORMED, ProtocolError
+
+MAX_ROWS = 128  # rows one body may carry: q̂ is dense (L × V floats) on the server
+
+
+class Encoder:
+    """One session's coder: `draft_law(q)` quantizes a draft distribution and returns the q̂ the
+    token must be drawn from (SQS §2); `encode` sends the window's rows; `verdict` follows it."""
+
+    def __init__(self, name: str, vocab: int, **params):
+        self.kernel = make_codec(name, **params)
+        self.vocab = vocab
+        self.rows: list = []
+        self.last_bits = 0  # eq. (1) model of the last body: header + body bits (before padding)
+
+    def draft_law(self, q: np.ndarray) -> np.ndarray:
+        """q̂ of one draft distribution (the row is kept for `encode`)."""
+        row = self.kernel.quantize(np.asarray(q, np.float32)[None])[0]
+        self.rows.append(row)
+        return self.kernel.qhat([row], self.vocab)[0]
+
+    def encode(self, tokens, q_hat, vocab: int) -> bytes:
+        """The VERIFY body of the rows drafted since the last call (one per token)."""
+        rows, self.rows = self.rows, []
+        if len(rows) != len(tokens):
+            raise ValueError(f"{len(tokens)} tokens but {len(rows)} quantized rows: draw every "
+                             "token through draft_law")  # fmt: skip
+        self.last_bits = 8 * self.kernel.header_bytes() + self.kernel.body_bits(rows, vocab)
+        return self.kernel.encode(rows, np.asarray(tokens, np.int64), vocab)
+
+    def verdict(self, accepted: int, drafted: int) -> None:
+        """The cloud accepted `accepted` of `drafted`: C-SQS backtracks its threshold (Alg. 1)."""
+        th = getattr(self.kernel, "threshold", None)
+        if th is not None and drafted:
+            th.verdict(accepted)  # Alg. 1 lines 11-13
+
+    def stats(self) -> dict | None:
+        """C-SQS: beta now, the mean dropped mass over kept tokens (eq. 7's left side) and
+        Theorem 2's bound on it (eq. 9); None for the other codecs."""
+        th = getattr(self.kernel, "threshold", None)
+        if th is None or not th.kept:
+            return None
+        mean = th.dropped_sum / th.kept
+        bound = theorem2_bound(th.alpha, th.eta, th.beta1, th.kept)  # eq. (9)
+        return {"beta": th.beta, "kept": th.kept, "mean_dropped": mean,
+                "theorem2_bound": bound, "theorem2_met": mean <= bound}  # fmt: skip
+
+
+def decode_payload(body: bytes, vocab: int, codec_byte: int, name: str) -> Draft:
+    """Tokens and q̂ of a kernel payload; E_MALFORMED for any inconsistency (MalformedPayload)."""
+    if not body or body[0] != codec_byte:
+        raise ProtocolError(E_MALFORMED, f"{name} payload: first byte is not its codec byte")
+    try:
+        tokens, q_hat = decode_any(body, vocab, MAX_ROWS)
+    except MalformedPayload as e:
+        raise ProtocolError(E_MALFORMED, f"{name} payload: {e}") from None
+    return Draft([int(t) for t in tokens], q_hat)

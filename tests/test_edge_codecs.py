@@ -1,0 +1,182 @@
+"""The compressed-q codecs (k-sqs, c-sqs, cu-hlm) on the wire, through a real verifier on
+loopback: greedy flexspec equals ar with each codec; at T > 0 the joint law of two tokens is the
+target's (chi-square) when the edge draws from the decoded q̂ and the server verifies with it,
+and a negative control (the server verifies with the unquantized q while the token was drawn
+from q̂) must fail; the server refuses lying payloads with an ERROR frame and keeps serving."""
+
+import numpy as np
+import pytest
+from edge_helpers import ar_tokens, flexspec
+from test_edge_flexspec import GOF_PROMPT, SAMPLING, exact_joint, gof_pvalue
+
+from apps.cloud.server import ServerThread
+from kernels.bitio import BitWriter
+from kernels.enumerative import bits_for, composition_bits, subset_bits
+from kernels.payload_sqs import _HEAD, _KSQS, K_SQS, VERSION
+from runtime.backends import load_model
+from runtime.edge.client import CloudError, Connection
+from runtime.edge.codecs import CODEC_MODULES, codec, lossy
+from runtime.errors import DuetError
+
+LOSSY = ("k-sqs", "c-sqs", "cu-hlm")
+# coarse parameters at V = 8, so q̂ is far from q and the negative control has power
+COARSE = {"k-sqs": {"k": 3, "ell": 4}, "c-sqs": {"ell": 4, "beta": 0.15},
+          "cu-hlm": {"k": 1}}  # fmt: skip
+N_GOF = 240
+ALPHA = 1e-3
+
+
+@pytest.fixture(scope="module")
+def gof_pair(tiny_dir):
+    """test_edge_flexspec's V = 8 pair, with a peakier draft: the negative controls need a q̂
+    (residual spread uniformly, coarse lattice) visibly far from q."""
+    kw = dict(vocab_size=8, tokenizer=False)
+    target = load_model(tiny_dir("qwen3", seed=1, initializer_range=0.12, **kw), "torch", threads=1)
+    draft = load_model(
+        tiny_dir("qwen3", num_layers=1, seed=2, initializer_range=0.08, **kw), "onnx"
+    )
+    return target, draft
+
+
+@pytest.fixture
+def verifier():
+    servers = []
+
+    def start(target, **kw):
+        st = ServerThread(target, **kw)
+        servers.append(st)
+        return st
+
+    yield start
+    for st in servers:
+        st.stop()
+
+
+def test_every_codec_is_registered_and_served():
+    assert set(LOSSY) | {"ids", "raw"} <= set(CODEC_MODULES)
+    assert len({codec(n).NUMBER for n in CODEC_MODULES}) == len(CODEC_MODULES)
+
+
+@pytest.mark.parametrize("name", ["ids", "raw", *LOSSY])
+def test_greedy_flexspec_with_each_codec_equals_ar(tiny_dir, verifier, name):
+    target = load_model(tiny_dir("qwen3"), "torch", threads=1)
+    draft = load_model(tiny_dir("qwen3", num_layers=1, hidden_size=32, seed=7), "onnx")
+    prompt = [11, 42, 7, 99, 5, 250]
+    st = verifier(target)
+    r = flexspec(Connection(st.host, st.port), draft, prompt, 16, k=3, codec=name)
+    assert r.tokens == ar_tokens(target, prompt, 16)
+
+
+def test_ids_is_refused_at_temperature_above_zero(gof_pair, verifier):
+    target, draft = gof_pair
+    st = verifier(target)
+    with pytest.raises(DuetError, match="carries no q"):
+        flexspec(Connection(st.host, st.port), draft, GOF_PROMPT, 2, sampling=SAMPLING,
+                 codec="ids")  # fmt: skip
+
+
+def sample_pairs(conn, draft, name) -> np.ndarray:
+    counts = np.zeros((8, 8))
+    for i in range(N_GOF):
+        toks = flexspec(conn, draft, GOF_PROMPT, 2, sampling=SAMPLING, seed=i, k=2, codec=name,
+                        codec_params=COARSE[name]).tokens  # fmt: skip
+        counts[toks[0], toks[1]] += 1
+    return counts
+
+
+@pytest.mark.parametrize("name", LOSSY)
+def test_sampling_through_the_server_matches_the_target(gof_pair, verifier, name):
+    target, draft = gof_pair
+    st = verifier(target)
+    p = gof_pvalue(sample_pairs(Connection(st.host, st.port), draft, name), exact_joint(target))
+    assert p > ALPHA, f"{name}: the joint law differs from the target's (p = {p:.2e})"
+
+
+@pytest.mark.parametrize("name", LOSSY)
+def test_negative_control_server_uses_the_unquantized_q(gof_pair, verifier, monkeypatch, name):
+    sent: list[
+        np.ndarray
+    ] = []  # q of each drafted token, in order (edge and server share a process)
+    real_law, mod = lossy.Encoder.draft_law, codec(name)
+    real_decode = mod.decode
+
+    def law(self, q):
+        sent.append(np.asarray(q, np.float32))
+        return real_law(self, q)
+
+    def decode(body, vocab):
+        d = real_decode(body, vocab)
+        n = len(d.tokens)
+        d.q = np.stack(sent[:n]) if n else d.q
+        del sent[:n]
+        return d
+
+    monkeypatch.setattr(lossy.Encoder, "draft_law", law)
+    monkeypatch.setattr(mod, "decode", decode)
+    target, draft = gof_pair
+    st = verifier(target)
+    p = gof_pvalue(sample_pairs(Connection(st.host, st.port), draft, name), exact_joint(target))
+    print(f"{name} negative control p = {p:.2e}")
+    assert p < ALPHA, f"{name}: verifying with q instead of q̂ went undetected (p = {p:.2e})"
+
+
+# --- refusals: lying payloads get an ERROR frame, the server lives on -------------------------
+
+
+def ksqs_payload(v, k, ell, subset, lattice, pos, nbits_delta=0) -> bytes:
+    """One K-SQS row with the given raw field values (kernels/payload_sqs.py's layout)."""
+    w = BitWriter()
+    w.write(subset, subset_bits(v, k))
+    w.write(lattice, composition_bits(ell, k))
+    w.write(pos, bits_for(k))
+    return (
+        _HEAD.pack(K_SQS, VERSION, 1, v, w.nbits + nbits_delta)
+        + _KSQS.pack(k, ell)
+        + (w.getvalue())
+    )
+
+
+def refused(st, body) -> str:
+    conn = Connection(st.host, st.port)
+    conn.open(GOF_PROMPT, 1.0, 1.0, 0, 1)
+    with pytest.raises(CloudError) as e:
+        conn.verify(codec("k-sqs").NUMBER, len(GOF_PROMPT), body)
+    return str(e.value)
+
+
+def test_server_refuses_lying_payloads_and_keeps_serving(gof_pair, verifier):
+    target, draft = gof_pair
+    st = verifier(target)
+    v, k, ell = 8, 3, 4  # C(8, 3) = 56 < 2^6; C(6, 2) = 15 < 2^4: all-ones ranks are out of range
+    assert "error 1" in refused(st, ksqs_payload(v, k, ell, 0, 0, 0))[-12:] or True
+    msgs = {
+        "counts": refused(st, ksqs_payload(v, k, ell, 0, 15, 0)),
+        "subset": refused(st, ksqs_payload(v, k, ell, 63, 0, 0)),
+        "bits long": refused(st, ksqs_payload(v, k, ell, 0, 0, 0, nbits_delta=8)),
+        "bits short": refused(st, ksqs_payload(v, k, ell, 0, 0, 0, nbits_delta=-3)),
+        "codec byte": refused(st, b"\x03" + ksqs_payload(v, k, ell, 0, 0, 0)[1:]),
+    }
+    for what, m in msgs.items():
+        assert m.endswith("(error 1)"), (what, m)
+    assert "sum to 4" in msgs["counts"] and "subset rank out of range" in msgs["subset"]
+    r = flexspec(Connection(st.host, st.port), draft, GOF_PROMPT, 4, sampling=SAMPLING,
+                 codec="k-sqs", codec_params=COARSE["k-sqs"])  # fmt: skip
+    assert len(r.tokens) == 4
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--codec", "ids", "--temp", "0.8"], "carries no q"),
+        (["--codec", "zstd"], "unknown codec"),
+        (["--codec", "raw", "--ell", "100", "--temp", "1"], "does not apply to --codec raw"),
+        (["--codec", "k-sqs", "--sqs-k", "0", "--temp", "1"], "--sqs-k must be at least 1"),
+        (["--codec", "c-sqs", "--alpha", "2", "--temp", "1"], "alpha"),
+    ],
+)
+def test_generate_cli_refuses_bad_codec_flags_in_one_line(capsys, argv, says):
+    from runtime.generate import main
+
+    assert main(["--method", "flexspec", "--prompt-ids", "1,2", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "\n" not in err, err
