@@ -116,6 +116,25 @@ def test_raw_codec_bundle_equal_to_ar(bundle, verifier, token_file, tmp_path, ca
     assert min(r["stats"]["edge"]["bytes_up"]) > 4 * 320  # q rows crossed the wire
 
 
+def test_compressed_codec_bundle_uses_its_recorded_parameters(bundle, verifier, token_file,
+                                                             tmp_path, capsys):  # fmt: skip
+    """A k-sqs bundle: the client builds its encoder from the parameters edge.json records."""
+    from apps.companion.edge_side import codec_record
+
+    target, st = verifier
+
+    def to_ksqs(edge):
+        edge["codec"] = codec_record("k-sqs", 320) | {"params": {"k": 16, "ell": 64}}
+        edge["claim"]["codec"] = "k-sqs"
+
+    ksqs = resign(bundle, tmp_path / "ksqs", to_ksqs)
+    assert run(ksqs, f"{st.host}:{st.port}", token_file, "--max-tokens", "8", "--k", "3",
+               "--json") == 0  # fmt: skip
+    r = json.loads(capsys.readouterr().out)
+    assert r["tokens"] == ar_tokens(target, PROMPT, 8) and r["stats"]["codec"] == "k-sqs"
+    assert max(r["stats"]["edge"]["bytes_up"]) < 4 * 320  # compressed: far below raw's q rows
+
+
 @pytest.mark.parametrize(
     "other, match",
     [({"vocab_size": 330}, "vocabulary of 320"), ({"num_layers": 2}, "built for base")],
