@@ -16,6 +16,31 @@ from runtime.config import ModelConfig
 FILENAME = "genai_config.json"
 
 
+def genai_decoder(cfg: ModelConfig, filename: str, session_options: dict) -> dict:
+    """genai_config.json's `model.decoder`: the graph file, shapes and our I/O names."""
+    return {
+        "filename": filename,
+        "head_size": cfg.head_dim,
+        "hidden_size": cfg.hidden_size,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "num_hidden_layers": cfg.num_layers,
+        "inputs": {
+            "input_ids": "input_ids",
+            "attention_mask": "attention_mask",
+            "position_ids": "position_ids",
+            "past_key_names": "past_key_values.%d.key",
+            "past_value_names": "past_key_values.%d.value",
+        },
+        "outputs": {
+            "logits": "logits",
+            "present_key_names": "present.%d.key",
+            "present_value_names": "present.%d.value",
+        },
+        "session_options": session_options,
+    }
+
+
 def genai_config(
     cfg: ModelConfig,
     files: dict[str, str],
@@ -33,30 +58,12 @@ def genai_config(
             "context_length": context,
             "eos_token_id": (eos[0] if len(eos) == 1 else eos) if eos else None,
             "pad_token_id": eos[0] if eos else 0,
-            "decoder": {
-                "filename": files["decode"],
-                "head_size": cfg.head_dim,
-                "hidden_size": cfg.hidden_size,
-                "num_attention_heads": cfg.num_heads,
-                "num_key_value_heads": cfg.num_kv_heads,
-                "num_hidden_layers": cfg.num_layers,
-                "inputs": {
-                    "input_ids": "input_ids",
-                    "attention_mask": "attention_mask",
-                    "position_ids": "position_ids",
-                    "past_key_names": "past_key_values.%d.key",
-                    "past_value_names": "past_key_values.%d.value",
-                },
-                "outputs": {
-                    "logits": "logits",
-                    "present_key_names": "present.%d.key",
-                    "present_value_names": "present.%d.value",
-                },
+            "decoder": genai_decoder(
+                cfg,
+                files["decode"],
                 # genai runs the CPU provider when none is named
-                "session_options": {
-                    "provider_options": [] if provider == "cpu" else [{provider: {}}]
-                },
-            },
+                {"provider_options": [] if provider == "cpu" else [{provider: {}}]},
+            ),
         },
         "search": {"max_length": context, "do_sample": False, "past_present_share_buffer": False},
         "duet": {

@@ -16,6 +16,7 @@ import json
 import shutil
 from pathlib import Path
 
+from converters.genai_config import genai_decoder
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
 
@@ -42,27 +43,9 @@ def genai_dynamic_config(cfg: ModelConfig) -> dict:
             # genai needs an eos id in the vocabulary; a checkpoint without one gets the last id
             "eos_token_id": (eos[0] if len(eos) == 1 else eos) if eos else cfg.vocab_size - 1,
             "pad_token_id": eos[0] if eos else 0,
-            "decoder": {
-                "filename": MODEL_FILE,
-                "head_size": cfg.head_dim,
-                "hidden_size": cfg.hidden_size,
-                "num_attention_heads": cfg.num_heads,
-                "num_key_value_heads": cfg.num_kv_heads,
-                "num_hidden_layers": cfg.num_layers,
-                "inputs": {
-                    "input_ids": "input_ids",
-                    "attention_mask": "attention_mask",
-                    "position_ids": "position_ids",
-                    "past_key_names": "past_key_values.%d.key",
-                    "past_value_names": "past_key_values.%d.value",
-                },
-                "outputs": {
-                    "logits": "logits",
-                    "present_key_names": "present.%d.key",
-                    "present_value_names": "present.%d.value",
-                },
-                "session_options": {"provider_options": [], "intra_op_num_threads": 1},
-            },
+            "decoder": genai_decoder(
+                cfg, MODEL_FILE, {"provider_options": [], "intra_op_num_threads": 1}
+            ),
         },
         "search": {
             "max_length": cfg.max_context,
