@@ -78,6 +78,11 @@ CASES = [
     ("devices-unknown-profile", "devices show nosuch-soc", "unknown device profile 'nosuch-soc'"),
     ("devices-calibrate-extension", "devices calibrate --out {tmp}/profile.txt",
      "expected a .toml or .json file name"),
+    ("cloud-missing-target", "apps.cloud serve --target {tmp}/nope", "no such file or directory"),
+    ("cloud-public-without-token", "apps.cloud serve --host 0.0.0.0 --port 0",
+     "without --token-file"),
+    ("cloud-port-range", "apps.cloud serve --port 70000", "--port must be in [0, 65535]"),
+    ("cloud-missing-token-file", "apps.cloud serve --token-file {tmp}/nope-token", "no such file"),
 ]  # fmt: skip
 
 
@@ -148,7 +153,7 @@ def test_table_is_wide():
     assert len({c[0] for c in CASES}) == len(CASES) >= 20
     cmds = {c[1].split()[0] for c in CASES}
     assert cmds >= {"runtime.generate", "runtime.chat", "apps.bench", "apps.profile",
-                    "apps.companion", "apps.server", "converters", "devices"}  # fmt: skip
+                    "apps.companion", "apps.server", "apps.cloud", "converters", "devices"}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

@@ -71,6 +71,8 @@ async def serve(a: argparse.Namespace) -> None:
             raise DuetError(f"--{name.replace('_', '-')} must be at least 1 (got {v})")
     if a.idle_timeout <= 0:
         raise DuetError(f"--idle-timeout must be positive (got {a.idle_timeout})")
+    if not 0 <= a.port <= 65535:
+        raise DuetError(f"--port must be in [0, 65535] (got {a.port})")
     token = read_token(a.token_file)
     limits = Limits(a.max_sessions, a.max_context, a.idle_timeout, a.max_frame or wire.MAX_FRAME)
     from apps.cloud.server import is_loopback
