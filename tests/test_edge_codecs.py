@@ -4,6 +4,8 @@ target's (chi-square) when the edge draws from the decoded q̂ and the server ve
 and a negative control (the server verifies with the unquantized q while the token was drawn
 from q̂) must fail; the server refuses lying payloads with an ERROR frame and keeps serving."""
 
+import json
+
 import numpy as np
 import pytest
 from edge_helpers import ar_tokens, flexspec
@@ -180,3 +182,16 @@ def test_generate_cli_refuses_bad_codec_flags_in_one_line(capsys, argv, says):
     assert main(["--method", "flexspec", "--prompt-ids", "1,2", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and "\n" not in err, err
+
+
+def test_edge_bench_sends_the_codec_it_is_given(tmp_path):
+    """apps.bench --edge --codec k-sqs: every K run sends k-sqs frames, not raw q rows."""
+    from apps.bench.edge import main
+
+    out = tmp_path / "edge.json"
+    assert main(["--links", "none", "--limit", "1", "--max-tokens", "6", "--temps", "1",
+                 "--codec", "k-sqs", "--sqs-k", "32", "--out-json", str(out)]) == 0  # fmt: skip
+    runs = json.loads(out.read_text())["runs"]
+    assert {r["codec"] for r in runs} == {"k-sqs"}
+    raw_row = 4096 * 4  # the embedded pair's V float32: one raw q row
+    assert all(r["bytes_up"] < raw_row for r in runs if r["method"] != "cloud-only")

@@ -46,17 +46,20 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def one_run(conn_factory, draft, prompt, n, sampling, seed, k, eos):
-    """(tokens, wall seconds, edge summary) of one flexspec generation; k None = adaptive."""
+def one_run(conn_factory, draft, prompt, n, sampling, seed, k, eos, codec=None, params=None):
+    """(tokens, wall seconds, edge summary) of one flexspec generation; k None = adaptive.
+    `codec` (and its `params`) is the uplink payload: --codec, or ids at T = 0 and raw above."""
     from devices.kstar import AdaptiveK
     from runtime.decoding import make_steps, stream
     from runtime.edge.loop import edge_summary
 
-    conn = conn_factory()
+    conn = conn_factory()  # (the codec is checked against every temperature before any run)
     try:
         events = []
         steps = make_steps("flexspec", None, draft, prompt, max_new=n, sampling=sampling, seed=seed,
-                           conn=conn, k=k, controller=AdaptiveK() if k is None else None)  # fmt: skip
+                           conn=conn, k=k, controller=AdaptiveK() if k is None else None,
+                           codec=codec or ("ids" if sampling.greedy else "raw"),
+                           codec_params=params)  # fmt: skip
         t0 = time.perf_counter()
         toks = []
         for t, ev in stream(steps, max_new=n, eos_ids=eos):
@@ -80,6 +83,12 @@ def bench(a: argparse.Namespace) -> dict:
         if name not in LINK_NAMES:
             raise DuetError(f"unknown link {name!r}; choose from {', '.join(LINK_NAMES)}")
     temps = [float(t) for t in a.temps.split(",")]
+    params = None
+    if not a.codecs:  # --codec (and its flags) hold for every temperature: check each, once
+        from runtime.edge.cli_args import codec_params
+
+        for t in temps:
+            params = codec_params(argparse.Namespace(**{**vars(a), "temp": t}))
     pair = load_pair_from_args(a, need_draft=True)
     if pair.tokenizer is None:
         raise DuetError("the benchmark needs a tokenizer.json beside the target")
@@ -113,9 +122,11 @@ def bench(a: argparse.Namespace) -> dict:
                                               link=emulator(link, a.link_seed + i))  # fmt: skip
 
                         toks, wall, edge = one_run(factory, pair.draft, prompt, a.max_tokens,
-                                                   Sampling(temp), a.seed + i, k, eos)  # fmt: skip
+                                                   Sampling(temp), a.seed + i, k, eos,
+                                                   a.codec, params)  # fmt: skip
                         acc = sum(edge["accepted"]) / max(1, sum(edge["k"]))
                         runs.append({"temp": temp, "link": link, "prompt": i, "method": name,
+                                     "codec": a.codec or ("ids" if temp == 0 else "raw"),
                                      "k": k, "tokens": len(toks), "wall_s": wall,
                                      "mean_k": edge["mean_k"], "acceptance": acc,
                                      "bytes_up": sum(edge["bytes_up"]),
