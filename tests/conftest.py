@@ -26,3 +26,20 @@ def tiny_dir(tmp_path_factory):
 @pytest.fixture(params=ARCHS)
 def arch(request):
     return request.param
+
+
+@pytest.fixture
+def verifier():
+    """start(target, **kw) -> a running loopback ServerThread; all are stopped afterwards."""
+    from apps.cloud.server import ServerThread
+
+    servers = []
+
+    def start(target, **kw):
+        st = ServerThread(target, **kw)
+        servers.append(st)
+        return st
+
+    yield start
+    for st in servers:
+        st.stop()

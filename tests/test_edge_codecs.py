@@ -11,7 +11,6 @@ import pytest
 from edge_helpers import ar_tokens, flexspec
 from test_edge_flexspec import GOF_PROMPT, SAMPLING, exact_joint, gof_pvalue
 
-from apps.cloud.server import ServerThread
 from kernels.bitio import BitWriter
 from kernels.enumerative import bits_for, composition_bits, subset_bits
 from kernels.payload_sqs import _HEAD, _KSQS, K_SQS, VERSION
@@ -38,20 +37,6 @@ def gof_pair(tiny_dir):
         tiny_dir("qwen3", num_layers=1, seed=2, initializer_range=0.08, **kw), "onnx"
     )
     return target, draft
-
-
-@pytest.fixture
-def verifier():
-    servers = []
-
-    def start(target, **kw):
-        st = ServerThread(target, **kw)
-        servers.append(st)
-        return st
-
-    yield start
-    for st in servers:
-        st.stop()
 
 
 def test_every_codec_is_registered_and_served():

@@ -7,31 +7,16 @@ import math
 import numpy as np
 import pytest
 from edge_helpers import ar_tokens, flexspec
-from scipy.stats import chisquare
+from test_sampling_gof import PROMPT as GOF_PROMPT  # the law, prompt and test of test_sampling_gof
+from test_sampling_gof import SAMPLING, V, exact_joint, gof_pvalue
 
-from apps.cloud.server import ServerThread
 from devices.kstar import AdaptiveK
 from devices.latency import FlexSpecParams
 from runtime.backends import load_model
-from runtime.decoding import Sampling
 from runtime.edge.client import Connection
 
 PROMPT = [11, 42, 7, 99, 5, 250]
 N = 24
-
-
-@pytest.fixture
-def verifier():
-    servers = []
-
-    def start(target, **kw):
-        st = ServerThread(target, **kw)
-        servers.append(st)
-        return st
-
-    yield start
-    for st in servers:
-        st.stop()
 
 
 def test_greedy_flexspec_equals_ar(tiny_dir, arch, verifier):
@@ -70,9 +55,6 @@ def test_embedded_pair_greedy_equals_ar(verifier):
 
 # --- T > 0: the joint law of the first two tokens, through the server -------------------------
 
-V = 8
-GOF_PROMPT = [1, 2, 3]
-SAMPLING = Sampling(temp=1.0, top_p=0.95)
 N_GOF = 300
 ALPHA = 1e-3
 
@@ -83,28 +65,6 @@ def gof_pair(tiny_dir):
     target = load_model(tiny_dir("qwen3", seed=1, **kw), "torch", threads=1)
     draft = load_model(tiny_dir("qwen3", num_layers=1, seed=2, **kw), "onnx")
     return target, draft
-
-
-def exact_joint(target) -> np.ndarray:
-    c = target.new_cache()
-    p1 = SAMPLING.probs(target.forward(np.array([GOF_PROMPT]), c)[0, -1])
-    joint = np.zeros((V, V))
-    for t1 in range(V):
-        c.trim(c.offset - len(GOF_PROMPT))
-        joint[t1] = p1[t1] * SAMPLING.probs(target.forward(np.array([[t1]]), c)[0, -1])
-    return joint
-
-
-def gof_pvalue(counts, joint) -> float:
-    exp = joint.ravel() / joint.sum() * counts.sum()
-    obs = counts.ravel()
-    big = exp >= 5
-    o = np.append(obs[big], obs[~big].sum())
-    e = np.append(exp[big], exp[~big].sum())
-    if e[-1] == 0:
-        o, e = o[:-1], e[:-1]
-    assert big.sum() >= 10
-    return chisquare(o, e * o.sum() / e.sum()).pvalue
 
 
 def sample_pairs(conn, draft) -> np.ndarray:
