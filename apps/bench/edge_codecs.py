@@ -17,7 +17,6 @@ The plot: ms per token vs temperature for K-SQS and C-SQS per link (SQS Fig. 2's
 from __future__ import annotations
 
 import sys
-import time
 
 from runtime.errors import DuetError
 
@@ -26,24 +25,9 @@ VERIFY_HEAD = 16 + 5  # frame header + u8 codec, u32 base
 
 def one_run(factory, draft, prompt, n, sampling, seed, codec, params, eos):
     """(tokens, wall seconds, edge summary) of one adaptive-K* flexspec run with `codec`."""
-    from devices.kstar import AdaptiveK
-    from runtime.decoding import make_steps, stream
-    from runtime.edge.loop import edge_summary
+    from apps.bench.edge import one_run as edge_run
 
-    conn = factory()
-    try:
-        events, toks = [], []
-        steps = make_steps("flexspec", None, draft, prompt, max_new=n, sampling=sampling,
-                           seed=seed, conn=conn, controller=AdaptiveK(), codec=codec,
-                           codec_params=params)  # fmt: skip
-        t0 = time.perf_counter()
-        for t, ev in stream(steps, max_new=n, eos_ids=eos):
-            toks += t
-            events.append(ev)
-        wall = time.perf_counter() - t0
-    finally:
-        conn.close()
-    return toks, wall, edge_summary(events)
+    return edge_run(factory, draft, prompt, n, sampling, seed, None, eos, codec, params)
 
 
 def run_codecs(a, pair, prompts, host, port, token, links, temps) -> list[dict]:
