@@ -82,7 +82,8 @@ def load_pair(
     Thread counts are set on purpose: the draft gets `draft_threads` ONNX Runtime intra-op
     threads and a PyTorch target the remaining cores (`target_threads`), so the two
     workers of Mirror-SD do not fight over the same cores. A hybrid (Qwen3.5) model runs on
-    the PyTorch backend with `hybrid_rollback` ("replay" or "redecode", runtime/hybrid_cache.py).
+    the PyTorch or MLX backend with `hybrid_rollback` ("replay" or "redecode",
+    runtime/hybrid_cache.py, runtime/backends/mlx_hybrid_cache.py).
 
     `adapter`: a LoRA adapter (PEFT format) for the target, checked against it and merged at
     load (runtime/adapter.py). A FlexSpec anchor draft (runtime/anchor.py) is assembled from
@@ -132,7 +133,7 @@ def load_pair(
             "hybrid_rollback": hybrid_rollback,
         }
     else:
-        kw = {}
+        kw = {"hybrid_rollback": hybrid_rollback}  # mlx: used by a hybrid checkpoint only
     t = load_model(tdir, target_backend, **kw)
     d = None
     settings = {"target_backend": target_backend,
@@ -152,6 +153,8 @@ def load_pair(
         kw = {"intra_threads": draft_threads, "provider": provider} if db == "onnx" else {}
         if db == "torch":
             kw = {"threads": draft_threads, "hybrid_rollback": hybrid_rollback}
+        elif db == "mlx":
+            kw = {"hybrid_rollback": hybrid_rollback}
         d = load_model(ddir, db, **kw)
         check_pair(tdir, ddir, t.config, d.config)
         settings.update(

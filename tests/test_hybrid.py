@@ -217,8 +217,6 @@ def test_backends_without_hybrid_support_refuse_in_one_line(models, tmp_path):
 
     with pytest.raises(DuetError, match="ONNX export of hybrid"):
         export_onnx(models["dir"], tmp_path / "m.onnx")
-    with pytest.raises(DuetError, match="MLX backend does not run hybrid"):
-        load_model(models["dir"], "mlx")
 
 
 def test_fork_and_select_rows_carry_states_and_logs(models):

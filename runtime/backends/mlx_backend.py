@@ -65,20 +65,20 @@ class MLXCausalLM:
         self._lm_head = inner.embed_tokens.as_linear if tied else model.lm_head
 
     @classmethod
-    def load(cls, path, dtype: str | None = None) -> MLXCausalLM:
+    def load(cls, path, dtype: str | None = None, hybrid_rollback: str = "replay") -> MLXCausalLM:
         """Load a Hugging Face or mlx-community directory with mlx-lm.
 
         dtype: None keeps the checkpoint's on a GPU and uses float32 on the CPU
-        (bf16 matmuls are emulated there, and slower).
+        (bf16 matmuls are emulated there, and slower). A hybrid Qwen3.5 checkpoint loads as
+        an MLXQwen3_5LM (runtime/backends/mlx_qwen3_5.py) with `hybrid_rollback`.
         """
         from mlx_lm.utils import load_model
 
         config = ModelConfig.from_dir(path)
         if config.is_hybrid:
-            raise DuetError(
-                f"{path}: the MLX backend does not run hybrid {config.model_type} models yet; "
-                "use --target-backend torch / --draft-backend torch"
-            )
+            from runtime.backends.mlx_qwen3_5 import MLXQwen3_5LM
+
+            return MLXQwen3_5LM.load(path, dtype, hybrid_rollback)
         raw = config.raw
         overrides = {}
         if "rope_theta" not in raw:  # transformers >= 5 writes rope_parameters instead

@@ -1,0 +1,181 @@
+"""Hybrid Qwen3.5 on the MLX backend (mlx-lm's qwen3_5 classes, our walk, MLXHybridCache):
+parity with Hugging Face, the PyTorch reference and mlx-lm's own forward; exact rollback of
+the linear states; lossless greedy `sd` and `mirror` on an MLX hybrid target."""
+
+import numpy as np
+import pytest
+import torch
+from test_hybrid import N_NEW, PROMPT, generate, hf_greedy, hf_model, near_copy
+
+from runtime.backends import load_model
+from runtime.decoding import make_steps
+from runtime.decoding.events import GREEDY
+from runtime.errors import DuetError
+
+ATOL_HF = 2e-4  # logits (|x| up to ~10) vs transformers / the torch reference (fp32, other sums)
+ATOL_MLX_LM = 1e-5  # vs mlx-lm's own uncached forward: the same ops, other batch shapes
+ATOL_STATE = 1e-5  # landed states vs a fresh prefill (measured max ~1e-6)
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dir):
+    tdir = tiny_dir("qwen3_5_text", seed=1)
+    return {
+        "dir": tdir,
+        "target": load_model(tdir, "mlx"),
+        "torch_target": load_model(tdir, "torch", threads=1),
+        "hybrid_draft": load_model(tiny_dir("qwen3_5_text", num_layers=2, seed=2), "mlx"),
+        "attn_draft": load_model(tiny_dir("qwen3", num_layers=1, seed=3), "mlx"),
+        "near_draft": near_copy(tdir),  # torch: 0, 1, 3 or all 4 of a window accepted
+    }
+
+
+def test_logits_match_hugging_face_the_reference_and_mlx_lm(models):
+    import mlx.core as mx
+
+    ids = np.random.default_rng(0).integers(0, 320, (2, 12))
+    m, c = models["target"], models["target"].new_cache(batch=2)
+    ours = np.concatenate([m.forward(ids[:, :8], c), m.forward(ids[:, 8:9], c),
+                           m.forward(ids[:, 9:], c)], axis=1)  # fmt: skip
+    hf = hf_model(models["dir"])
+    with torch.no_grad():
+        full = hf(torch.from_numpy(ids)).logits.numpy()
+        out = hf(torch.from_numpy(ids[:, :8]), use_cache=True)  # HF's own cached decode
+        step = hf(torch.from_numpy(ids[:, 8:9]), past_key_values=out.past_key_values).logits
+    np.testing.assert_allclose(ours, full, atol=ATOL_HF)
+    np.testing.assert_allclose(ours[:, 8:9], step.numpy(), atol=ATOL_HF)
+    ref = models["torch_target"]
+    np.testing.assert_allclose(ours, ref.forward(ids, ref.new_cache(batch=2)), atol=ATOL_HF)
+    np.testing.assert_allclose(ours, np.array(m.model(mx.array(ids))), atol=ATOL_MLX_LM)
+
+
+def test_states_match_the_torch_reference(models):
+    """mlx-lm's layouts are the reference's transposed: conv (B, K-1, C), rec (B, Hv, Dv, Dk)."""
+    m, ref = models["target"], models["torch_target"]
+    ours, theirs = prefill(m, PROMPT).states(), prefill(ref, PROMPT).states()
+    for i, (kind, a, b) in enumerate(zip(m.config.layer_types, ours, theirs, strict=True)):
+        if kind == "linear_attention":
+            want = (b[0].numpy().transpose(0, 2, 1), b[1].numpy().transpose(0, 1, 3, 2))
+        else:
+            want = tuple(t.numpy() for t in b)
+        for x, y in zip(a, want, strict=True):
+            np.testing.assert_allclose(np.array(x), y, atol=1e-5, err_msg=f"layer {i}")
+
+
+def test_multimodal_layout_loads_its_text_tower(tiny_dir, models, capsys):
+    mm = load_model(tiny_dir("qwen3_5", seed=1), "mlx")
+    assert "ignoring 1 vision weights" in capsys.readouterr().err
+    ids = np.array([PROMPT])
+    a = mm.forward(ids, mm.new_cache())
+    np.testing.assert_array_equal(a, models["target"].forward(ids, models["target"].new_cache()))
+
+
+def prefill(model, seq):
+    c = model.new_cache()
+    if seq:
+        model.forward(np.array([seq]), c)
+    return c
+
+
+def assert_states_close(cache, fresh, atol=ATOL_STATE):
+    assert cache.offset == fresh.offset
+    for i, (got, want) in enumerate(zip(cache.states(), fresh.states(), strict=True)):
+        for g, w in zip(got, want, strict=True):
+            g, w = np.array(g), np.array(w)
+            assert g.shape == w.shape, f"layer {i}: {g.shape} vs {w.shape}"
+            np.testing.assert_allclose(g, w, atol=atol, err_msg=f"layer {i}")
+
+
+@pytest.mark.parametrize("keep", [0, 1, 3, 5])
+def test_trim_lands_every_state_on_the_prefix(models, keep):
+    m = models["target"]
+    window = [11, 12, 13, 14, 15]
+    c = prefill(m, PROMPT)
+    m.forward(np.array([window]), c)
+    c.trim(len(window) - keep)
+    fresh = prefill(m, PROMPT + window[:keep])
+    assert_states_close(c, fresh)
+    nxt = m.forward(np.array([[77]]), c)
+    np.testing.assert_allclose(nxt, m.forward(np.array([[77]]), fresh), atol=ATOL_HF)
+
+
+def test_trim_across_single_token_forwards_and_before_the_log(models):
+    m = models["target"]
+    c = prefill(m, PROMPT)
+    for t in (21, 22, 23, 24):
+        m.forward(np.array([[t]]), c)
+    c.trim(3)  # lands across forwards by replay
+    assert_states_close(c, prefill(m, PROMPT + [21]))
+    c.trim(3)  # before the log (restarted at the landing): the cache empties
+    assert c.offset == 0
+    m.forward(np.array([PROMPT[:4]]), c)
+    assert_states_close(c, prefill(m, PROMPT[:4]))
+
+
+def test_fork_and_select_rows_carry_states_and_logs(models):
+    m = models["target"]
+    c = prefill(m, PROMPT)
+    two = c.fork([0, 0])
+    m.forward(np.array([[11, 12], [13, 14]]), two)
+    two.trim(1)  # lands both rows by replay
+    two.select([1])
+    assert_states_close(two, prefill(m, PROMPT + [13]))
+    assert c.offset == len(PROMPT)  # the original is unchanged
+
+
+@pytest.mark.parametrize("draft", ["hybrid_draft", "attn_draft", "near_draft"])
+def test_greedy_sd_equals_ar_and_hugging_face(models, draft):
+    target = models["target"]
+    ar = generate("ar", target)
+    assert ar == hf_greedy(models["dir"], N_NEW)
+    assert generate("sd", target, models[draft], gamma=3) == ar
+
+
+@pytest.mark.parametrize("rollback", ["replay", "redecode"])
+def test_states_equal_a_fresh_prefill_after_every_sd_step(models, rollback):
+    from runtime.backends.mlx_qwen3_5 import MLXQwen3_5LM
+
+    target, draft = models["target"], models["near_draft"]
+    target = MLXQwen3_5LM(target.model, target.config, hybrid_rollback=rollback)
+    tc = target.new_cache()
+    seq = list(PROMPT)
+    steps = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
+                       gamma=4, target_cache=tc)  # fmt: skip
+    accepted, out = set(), []
+    for ev in steps:
+        seq += ev.tokens
+        out += ev.tokens
+        accepted.add(ev.accepted)
+        assert_states_close(tc, prefill(target, seq[: tc.offset]))
+    assert {0, 4} < accepted, f"want rejections, partial and full windows (got {accepted})"
+    assert out[:N_NEW] == generate("ar", models["target"])
+
+
+@pytest.mark.parametrize("exit_layer", [1, 2])  # stop after a linear / an attention layer
+def test_mirror_on_an_mlx_hybrid_target_equals_ar_and_lands_states(models, exit_layer):
+    target, draft = models["target"], models["attn_draft"]
+    tc = target.new_cache()
+    seq = list(PROMPT)
+    steps = make_steps("mirror", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
+                       gamma=3, exit_layer=exit_layer, target_cache=tc)  # fmt: skip
+    for ev in steps:
+        seq += ev.tokens
+        assert_states_close(tc, prefill(target, seq[: tc.offset]))
+    assert seq[len(PROMPT) :][:N_NEW] == generate("ar", target)
+
+
+def test_what_mlx_hybrids_refuse_in_one_line(models, tiny_dir, tmp_path):
+    import json
+    import shutil
+
+    m = models["target"]
+    with pytest.raises(DuetError, match="causal windows only"):
+        m.forward(np.array([[1, 2]]), m.new_cache(), mask=np.ones((2, 2), dtype=bool))
+    odd = tmp_path / "odd"  # linear, full, full, linear: no full_attention_interval fits
+    shutil.copytree(models["dir"], odd)
+    cfg = json.loads((odd / "config.json").read_text())
+    cfg["layer_types"] = ["linear_attention", "full_attention", "full_attention",
+                          "linear_attention"]  # fmt: skip
+    (odd / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DuetError, match="do not follow one interval"):
+        load_model(odd, "mlx")
