@@ -142,6 +142,11 @@ def load_pair(
     if need_draft and ddir == "mtp":
         from runtime.backends.torch_mtp import MTPDraft
 
+        if t.backend != "torch":  # the head reads the torch target's recorded hidden states
+            raise DuetError(
+                f"--draft mtp runs on the torch backend only (the target is on {t.backend}); "
+                "add --target-backend torch"
+            )
         d = MTPDraft.load(t, tdir)
         settings.update(draft_backend="mtp (target's own head)")
     elif need_draft:

@@ -27,6 +27,7 @@ def models(tiny_dir):
         "hybrid_draft": load_model(tiny_dir("qwen3_5_text", num_layers=2, seed=2), "mlx"),
         "attn_draft": load_model(tiny_dir("qwen3", num_layers=1, seed=3), "mlx"),
         "near_draft": near_copy(tdir),  # torch: 0, 1, 3 or all 4 of a window accepted
+        "hf_greedy": hf_greedy(tdir, N_NEW),
     }
 
 
@@ -126,9 +127,8 @@ def test_fork_and_select_rows_carry_states_and_logs(models):
 @pytest.mark.parametrize("draft", ["hybrid_draft", "attn_draft", "near_draft"])
 def test_greedy_sd_equals_ar_and_hugging_face(models, draft):
     target = models["target"]
-    ar = generate("ar", target)
-    assert ar == hf_greedy(models["dir"], N_NEW)
-    assert generate("sd", target, models[draft], gamma=3) == ar
+    assert generate("ar", target) == models["hf_greedy"]
+    assert generate("sd", target, models[draft], gamma=3) == models["hf_greedy"]
 
 
 @pytest.mark.parametrize("rollback", ["replay", "redecode"])
@@ -148,7 +148,7 @@ def test_states_equal_a_fresh_prefill_after_every_sd_step(models, rollback):
         accepted.add(ev.accepted)
         assert_states_close(tc, prefill(target, seq[: tc.offset]))
     assert {0, 4} < accepted, f"want rejections, partial and full windows (got {accepted})"
-    assert out[:N_NEW] == generate("ar", models["target"])
+    assert out[:N_NEW] == models["hf_greedy"]
 
 
 @pytest.mark.parametrize("exit_layer", [1, 2])  # stop after a linear / an attention layer
@@ -161,7 +161,7 @@ def test_mirror_on_an_mlx_hybrid_target_equals_ar_and_lands_states(models, exit_
     for ev in steps:
         seq += ev.tokens
         assert_states_close(tc, prefill(target, seq[: tc.offset]))
-    assert seq[len(PROMPT) :][:N_NEW] == generate("ar", target)
+    assert seq[len(PROMPT) :][:N_NEW] == models["hf_greedy"]
 
 
 def test_what_mlx_hybrids_refuse_in_one_line(models, tiny_dir, tmp_path):
@@ -179,3 +179,33 @@ def test_what_mlx_hybrids_refuse_in_one_line(models, tiny_dir, tmp_path):
     (odd / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(DuetError, match="do not follow one interval"):
         load_model(odd, "mlx")
+
+
+def test_generate_cli_runs_mlx_hybrid_pairs_and_refuses_mtp(models, tiny_dir, capsys):
+    import json
+
+    from runtime.generate import main
+
+    draft = tiny_dir("qwen3_5_text", num_layers=2, seed=2)
+    base = ["--target", str(models["dir"]), "--prompt-ids", "5,17,42", "--max-tokens", "6",
+            "--json", "--target-backend", "mlx"]  # fmt: skip
+    sd = ["--method", "sd", "--draft", str(draft), "--draft-backend", "mlx"]
+    outs = []
+    for extra in (["--method", "ar"], sd, [*sd, "--hybrid-rollback", "redecode"]):
+        assert main([*base, *extra]) == 0
+        outs.append(json.loads(capsys.readouterr().out)["tokens"])
+    assert outs[0] == outs[1] == outs[2]
+    assert main([*base, "--method", "sd", "--draft", "mtp"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--draft mtp runs on the torch backend only" in err and "\n" not in err
+
+
+def test_mlx_lm_baseline_shows_its_own_refusal(models, tiny_dir):
+    from types import SimpleNamespace
+
+    from apps.bench.mlx_lm_runner import MlxLmRunner
+
+    pair = SimpleNamespace(target=models["target"], target_dir=models["dir"],
+                           draft_path=tiny_dir("qwen3", num_layers=1, seed=3))  # fmt: skip
+    with pytest.raises(DuetError, match="mlx-lm refuses: .*trimmable prompt cache"):
+        MlxLmRunner(pair, gamma=3)

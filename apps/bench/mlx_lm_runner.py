@@ -34,6 +34,7 @@ class MlxLmRunner:
         target = pair.target if pair.target.backend == "mlx" else load_model(pair.target_dir, "mlx")
         self.model = target.model
         self.draft = load_model(pair.draft_path, "mlx").model  # mlx_lm.utils.load_model inside
+        _check_trimmable(self.model, self.draft)
         self.gamma = gamma
         self.eos = set(pair.target.config.eos_token_ids)
         self.mx = mx
@@ -80,3 +81,18 @@ class MlxLmRunner:
         if run:  # cut by EOS or max_new mid-window
             lengths.append(run)
         return TurnResult(out, wall, lengths)
+
+
+def _check_trimmable(*models) -> None:
+    """mlx-lm's own refusal, before any work: its speculative loop trims both prompt caches,
+    and a hybrid (Qwen3.5) model's ArraysCache cannot be trimmed."""
+    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+    for m in models:
+        cache = make_prompt_cache(m)
+        if not can_trim_prompt_cache(cache):
+            kinds = sorted({type(c).__name__ for c in cache})
+            raise DuetError(
+                f"mlx-lm refuses: speculative decoding requires a trimmable prompt cache "
+                f"(got {', '.join(kinds)} for {m.model_type})"
+            )
