@@ -42,6 +42,8 @@ def quantize_mlx(
         raise DuetError(
             f"{src}: already quantized ({cfg.raw['quantization']}); start from full precision"
         )
+    if cfg.is_hybrid:
+        _check_hybrid(src, cfg)
     if cfg.hidden_size % group_size:
         raise DuetError(f"group size {group_size} does not divide hidden_size {cfg.hidden_size}")
     if out.exists() and any(out.iterdir()):
@@ -73,3 +75,22 @@ def quantize_mlx(
 
 def _weights_size(d: Path) -> int:
     return sum(f.stat().st_size for f in d.glob("*.safetensors"))
+
+
+def _check_hybrid(src: Path, cfg: ModelConfig) -> None:
+    """mlx_lm.convert builds a hybrid Qwen3.5 only from the multimodal `qwen3_5` layout (it
+    has no `qwen3_5_text` module), with full attention every `full_attention_interval`-th
+    layer: refuse in one line what it would build wrongly or not at all."""
+    from runtime.backends.mlx_qwen3_5 import attention_interval
+
+    if not cfg.raw.get("multimodal"):
+        raise DuetError(
+            f"{src}: mlx-lm's converter has no qwen3_5_text model; quantize a multimodal "
+            "qwen3_5 checkpoint, or run this one unquantized with --target-backend mlx"
+        )
+    every = int(cfg.raw.get("full_attention_interval", 4))
+    if attention_interval(cfg.layer_types) != every:
+        raise DuetError(
+            f"{src}: layer_types do not put full attention every {every}th layer "
+            "(full_attention_interval), which is how mlx-lm's converter builds the model"
+        )

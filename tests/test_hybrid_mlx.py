@@ -2,6 +2,8 @@
 parity with Hugging Face, the PyTorch reference and mlx-lm's own forward; exact rollback of
 the linear states; lossless greedy `sd` and `mirror` on an MLX hybrid target."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -165,7 +167,6 @@ def test_mirror_on_an_mlx_hybrid_target_equals_ar_and_lands_states(models, exit_
 
 
 def test_what_mlx_hybrids_refuse_in_one_line(models, tiny_dir, tmp_path):
-    import json
     import shutil
 
     m = models["target"]
@@ -182,8 +183,6 @@ def test_what_mlx_hybrids_refuse_in_one_line(models, tiny_dir, tmp_path):
 
 
 def test_generate_cli_runs_mlx_hybrid_pairs_and_refuses_mtp(models, tiny_dir, capsys):
-    import json
-
     from runtime.generate import main
 
     draft = tiny_dir("qwen3_5_text", num_layers=2, seed=2)
@@ -209,3 +208,36 @@ def test_mlx_lm_baseline_shows_its_own_refusal(models, tiny_dir):
                            draft_path=tiny_dir("qwen3", num_layers=1, seed=3))  # fmt: skip
     with pytest.raises(DuetError, match="mlx-lm refuses: .*trimmable prompt cache"):
         MlxLmRunner(pair, gamma=3)
+
+
+def test_rollback_bench_runs_on_mlx(models, capsys):
+    from apps.bench.hybrid_rollback import main
+
+    argv = ["--target", str(models["dir"]), "--backend", "mlx", "--gamma", "2", "--reps", "1",
+            "--prompt-len", "4"]  # fmt: skip
+    assert main(argv) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["backend"] == "mlx" and set(res["replay_ms"]) == {"0", "1", "2"}
+    assert all(v >= 0 for v in res["redecode_ms"].values()) and res["verify_ms"] > 0
+
+
+def test_mlx_quantization_of_hybrids(models, tiny_dir, tmp_path):
+    """mlx-lm's converter quantizes the multimodal layout (our MLX backend loads the result and
+    lands its states); the text-only layout, which it has no class for, is refused."""
+    import shutil
+
+    from converters.mlx_quantize import quantize_mlx
+
+    with pytest.raises(DuetError, match="no qwen3_5_text model"):
+        quantize_mlx(models["dir"], tmp_path / "q_text")
+    mm = tmp_path / "mm"
+    shutil.copytree(tiny_dir("qwen3_5", seed=1), mm)
+    cfg = json.loads((mm / "config.json").read_text())
+    cfg["text_config"]["full_attention_interval"] = 2  # what mlx-lm builds the layers from
+    (mm / "config.json").write_text(json.dumps(cfg))
+    quantize_mlx(mm, tmp_path / "q8", bits=8, parity=False)
+    q = load_model(tmp_path / "q8", "mlx")
+    c = prefill(q, PROMPT)
+    q.forward(np.array([[11, 12, 13]]), c)
+    c.trim(2)
+    assert_states_close(c, prefill(q, PROMPT + [11]))

@@ -6,7 +6,8 @@ On a hybrid (Qwen3.5) checkpoint, for each accepted length A of a γ+1 window it
     linear layer) as a share of that pass,
   - rollback by redecode (llama.cpp: restore the checkpoint, re-run the A+1 kept tokens
     through the whole model), timed as that re-run.
-Median of --reps runs each, PyTorch backend, --threads threads. Prints one JSON object.
+Median of --reps runs each, on --backend torch (--threads threads) or mlx (mlx-lm's classes,
+runtime/backends/mlx_qwen3_5.py; MLX's own CPU threads). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import numpy as np
 from runtime.errors import DuetError, cli_main
 
 
-def measure(path, *, gamma: int = 4, prompt_len: int = 64, reps: int = 20, threads: int = 1):
+def measure(path, *, gamma: int = 4, prompt_len: int = 64, reps: int = 20, threads: int = 1,
+            backend: str = "torch"):  # fmt: skip
     """{verify_ms, replay_ms[A], replay_share[A], redecode_ms[A]} for A in 0..γ."""
-    from runtime.backends.torch_backend import TorchCausalLM
+    from runtime.backends import load_model
 
-    model = TorchCausalLM.load(path, threads=threads)
+    model = load_model(path, backend, **({"threads": threads} if backend == "torch" else {}))
     if not model.config.is_hybrid:
         raise DuetError(f"{path}: not a hybrid (linear-attention) checkpoint")
     rng = np.random.default_rng(0)
@@ -47,7 +49,7 @@ def measure(path, *, gamma: int = 4, prompt_len: int = 64, reps: int = 20, threa
         model.forward(window, cache)
         return time.perf_counter() - t
 
-    out = {"gamma": gamma, "prompt_len": prompt_len, "threads": threads,
+    out = {"backend": backend, "gamma": gamma, "prompt_len": prompt_len, "threads": threads,
            "verify_ms": timed(verify), "replay_ms": {}, "redecode_ms": {}}  # fmt: skip
     for a in range(gamma + 1):
         kept = a + 1  # accepted drafts + the last committed token
@@ -78,11 +80,12 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--backend", choices=("torch", "mlx"), default="torch")
     a = ap.parse_args(argv)
     if a.gamma < 1 or a.reps < 1 or a.prompt_len < 1 or a.threads < 1:
         raise DuetError("--gamma, --reps, --prompt-len and --threads must be at least 1")
     print(json.dumps(measure(a.target, gamma=a.gamma, prompt_len=a.prompt_len, reps=a.reps,
-                             threads=a.threads), indent=1))  # fmt: skip
+                             threads=a.threads, backend=a.backend), indent=1))  # fmt: skip
     return 0
 
 

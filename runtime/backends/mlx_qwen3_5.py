@@ -116,7 +116,7 @@ class MLXQwen3_5LM(MLXCausalLM):
 
         config = ModelConfig.from_dir(path)
         raw = json.loads((Path(path) / "config.json").read_text())
-        every = _attention_interval(config.layer_types)
+        every = attention_interval(config.layer_types)
         if every is None:
             raise DuetError(
                 f"{path}: mlx-lm's qwen3_5 places full attention every n-th layer; this "
@@ -185,7 +185,7 @@ class MLXQwen3_5LM(MLXCausalLM):
             return replay_recurrence(self._layers[i].linear_attn, rec, k, v, a, b)
 
 
-def _attention_interval(kinds) -> int | None:
+def attention_interval(kinds) -> int | None:
     """n when layer i is full attention exactly when (i + 1) % n == 0, else None."""
     full = [i for i, k in enumerate(kinds) if k == "full_attention"]
     if not full:
