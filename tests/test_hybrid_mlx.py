@@ -241,3 +241,36 @@ def test_mlx_quantization_of_hybrids(models, tiny_dir, tmp_path):
     q.forward(np.array([[11, 12, 13]]), c)
     c.trim(2)
     assert_states_close(c, prefill(q, PROMPT + [11]))
+
+
+@pytest.fixture(scope="module")
+def sampling_pair(tiny_dir):
+    """test_hybrid_sampling_gof's pair (a peaked hybrid draft), both on MLX."""
+    from test_sampling_gof import V
+
+    kw = dict(vocab_size=V, tokenizer=False, hidden_size=32)
+    tdir = tiny_dir("qwen3_5_text", num_layers=2, seed=1, initializer_range=0.12, **kw)
+    ddir = tiny_dir("qwen3_5_text", num_layers=1, seed=2, initializer_range=0.6, **kw)
+    return load_model(tdir, "mlx"), load_model(ddir, "mlx")
+
+
+@pytest.mark.parametrize("control", [False, True])
+def test_sd_on_an_mlx_hybrid_target_keeps_its_law(sampling_pair, monkeypatch, control):
+    """The chi-square test of tests/test_sampling_gof.py at T > 0; the negative control (a
+    flattened q in the acceptance rule) must fail it."""
+    from test_hybrid_sampling_gof import N
+    from test_sampling_gof import ALPHA, exact_joint, gof_pvalue, sample_pairs
+
+    from kernels.sampling import probs_from_logits
+    from runtime.decoding import sd as sd_module
+
+    target, draft = sampling_pair
+    if control:
+        real = sd_module.verify_sampling
+
+        def wrong_q(p, q, d, ua, ur):
+            return real(p, probs_from_logits(np.log(q + 1e-9), temp=3.0), d, ua, ur)
+
+        monkeypatch.setattr(sd_module, "verify_sampling", wrong_q)
+    p = gof_pvalue(sample_pairs("sd", target, draft, N, seed=0), exact_joint(target))
+    assert (p < ALPHA) if control else (p > ALPHA), f"control={control}: p = {p:.2e}"
