@@ -111,7 +111,6 @@ class MLXQwen3_5LM(MLXCausalLM):
     def load(cls, path, dtype: str | None = None, hybrid_rollback: str = "replay"):
         """Load a Hugging Face or mlx-community qwen3_5(_text) directory with mlx-lm's loader
         and its qwen3_5 classes (float32 on the CPU, as MLXCausalLM.load)."""
-        from mlx_lm.models import qwen3_5
         from mlx_lm.utils import load_model
 
         config = ModelConfig.from_dir(path)
@@ -128,9 +127,7 @@ class MLXQwen3_5LM(MLXCausalLM):
             overrides = {"full_attention_interval": every}
         _say_vision_ignored(path)
         try:
-            model, _ = load_model(Path(path), model_config=overrides,
-                                  get_model_classes=lambda config: (qwen3_5.Model,
-                                                                    qwen3_5.ModelArgs))  # fmt: skip
+            model, _ = load_model(Path(path), model_config=overrides, get_model_classes=_classes)
         except (ValueError, FileNotFoundError, KeyError) as e:
             raise DuetError(
                 f"{path}: mlx-lm could not load it ({str(e).splitlines()[0]})"
@@ -183,6 +180,14 @@ class MLXQwen3_5LM(MLXCausalLM):
         """Layer i's recurrent state after the logged positions (the cache's rollback)."""
         with mx.stream(self.stream):
             return replay_recurrence(self._layers[i].linear_attn, rec, k, v, a, b)
+
+
+def _classes(config: dict):
+    """mlx-lm's qwen3_5 classes for both layouts: its `ModelArgs.from_dict` wraps a text-only
+    config as the `text_config` (mlx-lm has no `qwen3_5_text` module to find by model_type)."""
+    from mlx_lm.models import qwen3_5
+
+    return qwen3_5.Model, qwen3_5.ModelArgs
 
 
 def attention_interval(kinds) -> int | None:
