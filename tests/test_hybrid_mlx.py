@@ -274,3 +274,11 @@ def test_sd_on_an_mlx_hybrid_target_keeps_its_law(sampling_pair, monkeypatch, co
         monkeypatch.setattr(sd_module, "verify_sampling", wrong_q)
     p = gof_pvalue(sample_pairs("sd", target, draft, N, seed=0), exact_joint(target))
     assert (p < ALPHA) if control else (p > ALPHA), f"control={control}: p = {p:.2e}"
+
+
+def test_mtp_weights_are_not_needed_and_not_loaded(models, tiny_dir):
+    """mlx-lm's sanitize drops `mtp.*`: the checkpoint with a head runs as the one without."""
+    m = load_model(tiny_dir("qwen3_5_text", seed=1, mtp=True), "mlx")
+    ids = np.array([PROMPT])
+    a = m.forward(ids, m.new_cache())
+    np.testing.assert_array_equal(a, models["target"].forward(ids, models["target"].new_cache()))
