@@ -69,13 +69,13 @@ def export_onnx(
     t0 = time.perf_counter()
     lm = load_torch_lm(model_dir, dtype)
     cfg = lm.cfg
-    if cfg.is_hybrid:
-        from runtime.errors import DuetError
+    if cfg.is_hybrid:  # states as graph I/O, one token per call (onnx_hybrid_export.py)
+        from converters.onnx_hybrid_export import export_hybrid_onnx
 
-        raise DuetError(
-            f"{model_dir}: ONNX export of hybrid {cfg.model_type} models (state inputs and "
-            "outputs) is not built yet; run it with --draft-backend torch"
-        )
+        out = Path(out)
+        export_hybrid_onnx(lm, out, dtype)
+        _embed_config(out, cfg)
+        return {"path": str(out), "seconds": time.perf_counter() - t0, "bytes": out.stat().st_size}
     B, T, P = 1, 2, 3  # dummy sizes; every axis below is declared dynamic
     ids = torch.zeros(B, T, dtype=torch.int64)
     am = torch.ones(B, P + T, dtype=torch.int64)

@@ -1,0 +1,101 @@
+"""The ONNX Runtime backend for a hybrid Qwen3.5 draft: the one-token graph of
+converters/onnx_hybrid_export.py, run once per token, with a StepStateCache.
+
+A forward of T tokens is T session calls; after each the cache keeps the linear layers' states,
+so rolling the draft back to any accepted length picks the states kept for it
+(runtime/step_state_cache.py: exact, nothing re-run, γ + 1 states per linear layer and row
+held per window). Masks: causal, or the key holes of branch rows forked with `fork_at` (each
+row's attention skips exactly the columns its linear states did not take); a tree mask is
+refused. Like the plain ONNX backend it runs whole models only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from runtime.backends.torch_qwen3_5 import LINEAR
+from runtime.config import ModelConfig
+from runtime.errors import DuetError
+from runtime.model import check_tokens, default_positions
+from runtime.step_state_cache import StepStateCache
+
+
+def hybrid_io_names(cfg: ModelConfig) -> tuple[list[str], list[str]]:
+    """(input names, output names) of the hybrid one-token graph, in graph order."""
+    ins, outs = ["input_ids", "attention_mask", "position_ids"], ["logits"]
+    for i, kind in enumerate(cfg.layer_types):
+        if kind == LINEAR:
+            ins += [f"past_conv.{i}", f"past_recurrent.{i}"]
+            outs += [f"present_conv.{i}", f"present_recurrent.{i}"]
+        else:
+            ins += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+            outs += [f"present.{i}.key", f"present.{i}.value"]
+    return ins, outs
+
+
+class OnnxHybridLM:
+    """CausalLM over a hybrid one-token ONNX graph (states as inputs and outputs)."""
+
+    backend = "onnx"
+    supports_layer_range = False
+
+    def __init__(self, session, config: ModelConfig, path, provider: str, threads: tuple):
+        self.session, self.config, self.provider, self.threads = session, config, provider, threads
+        ins, self._outputs = hybrid_io_names(config)
+        self._past_names = ins[3:]
+        got = {i.name: i for i in session.get_inputs()}
+        if [i.name for i in session.get_inputs()] != ins or got["input_ids"].shape[1] != 1:
+            raise DuetError(
+                f"{path}: not a Duet hybrid one-token export for this config (expected inputs "
+                f"{ins[:5]}...); re-export it with `python -m converters export --format onnx`"
+            )
+        r = config.raw
+        self._conv = (2 * int(r["linear_num_key_heads"]) * int(r["linear_key_head_dim"])
+                      + int(r["linear_num_value_heads"]) * int(r["linear_value_head_dim"]),
+                      int(r.get("linear_conv_kernel_dim", 4)) - 1)  # fmt: skip
+        self._rec = (int(r["linear_num_value_heads"]), int(r["linear_key_head_dim"]),
+                     int(r["linear_value_head_dim"]))  # fmt: skip
+        self._dtype = np.float16 if "float16" in got["past_conv.0"].type else np.float32
+
+    def new_cache(self, batch: int = 1) -> StepStateCache:
+        c = self.config
+        return StepStateCache(
+            c.layer_types,
+            batch,
+            lambda b: np.zeros((b, c.num_kv_heads, 0, c.head_dim), self._dtype),
+            lambda i, b: (
+                np.zeros((b, *self._conv), self._dtype),
+                np.zeros((b, *self._rec), np.float32),
+            ),  # fmt: skip
+        )
+
+    def forward(self, tokens, cache: StepStateCache, *, positions=None, mask=None) -> np.ndarray:
+        ids = check_tokens(tokens, self.config.vocab_size)
+        B, T = ids.shape
+        off = cache.offset
+        pos = default_positions(off, B, T) if positions is None else np.asarray(positions)
+        m = None if mask is None else np.broadcast_to(np.asarray(mask, bool), (B, T, off + T))
+        out = []
+        for t in range(T):  # the graph takes one token: a window is T calls
+            keys = np.ones((B, off + t + 1), bool) if m is None else m[:, t, : off + t + 1]
+            if m is not None and (m[:, t, off + t + 1 :].any() or not cache.holes_ok(keys)):
+                raise DuetError(
+                    "the hybrid ONNX draft takes causal masks, or the key holes of branch rows "
+                    "forked at their own lengths (fork_at); a tree mask needs mlx or torch"
+                )
+            feed = {"input_ids": ids[:, t : t + 1], "attention_mask": keys.astype(np.int64),
+                    "position_ids": np.ascontiguousarray(pos[:, t : t + 1], np.int64)}  # fmt: skip
+            past = zip(self._past_names, cache.past(), strict=True)
+            feed.update({n: np.ascontiguousarray(a) for n, a in past})
+            res = self.session.run(self._outputs, feed)
+            cache.push(res[1:])
+            out.append(res[0])
+        return np.concatenate(out, axis=1).astype(np.float32, copy=False)
+
+    def forward_layers(self, x, cache, start, stop, *, positions=None, mask=None):
+        raise DuetError(
+            "the ONNX backend runs whole models only; use --draft-backend torch for layer ranges"
+        )
+
+    def head(self, hidden):
+        raise DuetError("the ONNX backend runs whole models only; it has no separate LM head")
