@@ -26,7 +26,18 @@ from typing import Any
 
 import numpy as np
 
-from runtime.backends.torch_qwen3_5 import LINEAR
+LINEAR = "linear_attention"  # a layer_types entry (as torch_qwen3_5.LINEAR; no torch import here)
+
+
+def branch_keys_ok(fork: tuple[int, np.ndarray] | None, keys: np.ndarray) -> bool:
+    """Do `keys` (B, S) bool, one query's visible keys per row, hide exactly the columns each
+    row's linear states did not take? Without a fork (None): no holes at all. With
+    fork = (offset at the fork, per-row lengths): row r sees [0, length_r) and [offset, S)."""
+    if fork is None:
+        return bool(keys.all())
+    at, lengths = fork
+    cols = np.arange(keys.shape[1])[None, :]
+    return bool(np.array_equal(keys, (cols < lengths[:, None]) | (cols >= at)))
 
 
 class StepStateCache:
@@ -107,11 +118,7 @@ class StepStateCache:
     def holes_ok(self, keys: np.ndarray) -> bool:
         """Is `keys` (B, offset + 1) bool, one query's visible keys, exactly what each row's
         linear states saw: all columns, or (after fork_at) [0, length_r) and the fork's own?"""
-        cols = np.arange(keys.shape[1])[None, :]
-        if self._fork is None:
-            return bool(keys.all())
-        at, lengths = self._fork
-        return bool(np.array_equal(keys, (cols < lengths[:, None]) | (cols >= at)))
+        return branch_keys_ok(self._fork, keys)
 
     def _rows(self, rows: list[int]) -> dict:
         kv = {i: (k[rows], v[rows]) for i, (k, v) in self._kv.items()}
@@ -156,9 +163,10 @@ class StepStateCache:
         prefix = cols[: len(cols) - len(own)]
         assert own == list(range(at, at + len(own))) and prefix == list(range(len(prefix)))
         assert self._batch > 1 or len(prefix) == lengths[0], "the prefix the row's states saw"
-        states = self._states[at + len(own)]
+        p = len(prefix)  # the row's own states stay, re-keyed after the prefix: landable later
+        self._states = {p + n - at: s for n, s in self._states.items() if at <= n <= at + len(own)}
         self._kv = {i: (k[:, :, cols], v[:, :, cols]) for i, (k, v) in self._kv.items()}
-        self._offset, self._states, self._fork = len(cols), {len(cols): states}, None
+        self._offset, self._fork = len(cols), None
 
     def states(self) -> list[tuple]:
         """Every layer's live cache arrays (for parity checks against a fresh prefill)."""

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.backends.torch_qwen3_5 import LINEAR
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.model import check_tokens, default_positions
-from runtime.step_state_cache import StepStateCache
+from runtime.step_state_cache import LINEAR, StepStateCache
 
 
 def hybrid_io_names(cfg: ModelConfig) -> tuple[list[str], list[str]]:
