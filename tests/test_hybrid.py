@@ -180,15 +180,11 @@ def test_tree_methods_refuse_hybrid_targets(models, method):
         generate(method, models["target"], models["attn_draft"])
 
 
-def test_mirror_refuses_a_hybrid_draft(models):
-    with pytest.raises(DuetError, match="hybrid linear-attention draft"):
-        generate("mirror", models["target"], models["hybrid_draft"])
-
-
 def test_auto_offers_only_what_the_hybrid_pair_can_run(models):
     from devices.pair_probe import runnable_methods
 
-    assert runnable_methods(models["target"], models["hybrid_draft"]) == ["ar", "sd"]
+    # mirror forks a hybrid draft's states per branch row (tests/test_hybrid_mirror.py)
+    assert runnable_methods(models["target"], models["hybrid_draft"]) == ["ar", "sd", "mirror"]
     assert runnable_methods(models["target"], models["attn_draft"]) == ["ar", "sd", "mirror"]
 
 
