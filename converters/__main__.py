@@ -1,6 +1,7 @@
 """`python -m converters export --model DIR --format coreml|onnx|mlx --out PATH`.
 
-  onnx    dynamic-shape export (the desktop/CPU draft); --out DIR (not ending in .onnx)
+  onnx    dynamic-shape export (the desktop/CPU draft; a hybrid qwen3_5_text draft as a
+          one-token graph with its states as I/O); --out DIR (not ending in .onnx)
           writes an ONNX Runtime GenAI folder (model.onnx, genai_config.json, tokenizer
           files) that onnxruntime_genai.Model(DIR) loads as is; with --static-shapes, fixed
           query length and --max-context as QNN needs, optionally --quantize int8|int16

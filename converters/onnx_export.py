@@ -6,7 +6,9 @@ the same file:
           position_ids (B, T) int64, past_key_values.{i}.key / .value (B, KV, past, D)
   outputs logits (B, T, V), present.{i}.key / .value (B, KV, past + T, D)
 The graph is our PyTorch reference (runtime/backends/torch_ref.py) traced with
-the TorchScript exporter; shapes are dynamic in batch, sequence and past.
+the TorchScript exporter; shapes are dynamic in batch, sequence and past. A hybrid
+(`qwen3_5_text`) checkpoint exports the one-token graph of onnx_hybrid_export.py instead,
+its linear layers' conv and recurrent states as further inputs and outputs.
 """
 
 from __future__ import annotations

@@ -199,7 +199,7 @@ RUNS_HYBRID = ("target", "draft")
 
 def why_not(target, draft) -> str | None:
     """Why this pair cannot run mirror beyond the shared checks (one line), or None."""
-    if draft is None or not getattr(draft.config, "is_hybrid", False):
+    if not getattr(getattr(draft, "config", None), "is_hybrid", False):
         return None
     if getattr(draft, "hybrid_rollback", "replay") != "replay":
         return ("--method mirror forks a hybrid torch draft's branch rows by replay; drop "
