@@ -85,8 +85,9 @@ class StepStateCache:
                 flat += [k[:, :, : self._offset], v[:, :, : self._offset]]
         return flat
 
-    def push(self, presents: Sequence[Any]) -> None:
-        """Store one token's presents (graph order): the KV grown by one, the states after it."""
+    def push(self, presents: Sequence[Any], n: int = 1) -> None:
+        """Store the presents (graph order) of a call over `n` tokens: the KV grown by n, the
+        states after the last (the positions inside a chunk get none: not landable)."""
         lin = []
         for i, kind in enumerate(self.kinds):
             a, b = presents[2 * i], presents[2 * i + 1]
@@ -94,7 +95,7 @@ class StepStateCache:
                 lin.append((a, b))
             else:
                 self._kv[i] = (a, b)
-        self._offset += 1
+        self._offset += n
         self._states[self._offset] = lin
         for old in [n for n in self._states if n < self._offset - self.window]:
             del self._states[old]

@@ -109,13 +109,14 @@ class OnnxCausalLM:
             raise DuetError(f"ONNX draft not found: {p}")
         config = ModelConfig.from_dir(config_dir) if config_dir is not None else _file_config(p)
         if config.is_hybrid:  # one-token graph with the linear states as I/O
-            from runtime.backends.onnx_hybrid import OnnxHybridLM
+            from runtime.backends.onnx_hybrid import OnnxHybridLM, prefill_path
 
             prov, intra, inter = (kw.get("provider", "cpu"), kw.get("intra_threads", 1),
                                   kw.get("inter_threads", 1))  # fmt: skip
-            return OnnxHybridLM(
-                open_session(p, prov, intra, inter), config, p, prov, (intra, inter)
-            )
+            pre = prefill_path(p)
+            pre = open_session(pre, prov, intra, inter) if pre.is_file() else None
+            return OnnxHybridLM(open_session(p, prov, intra, inter), config, p, prov,
+                                (intra, inter), pre)  # fmt: skip
         return cls(p, config, **kw)
 
     def new_cache(self, batch: int = 1) -> ConcatKVCache:
