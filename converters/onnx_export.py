@@ -75,9 +75,13 @@ def export_onnx(
         from converters.onnx_hybrid_export import export_hybrid_onnx
 
         out = Path(out)
+        from runtime.backends.onnx_hybrid import prefill_path
+
         export_hybrid_onnx(lm, out, dtype)
         _embed_config(out, cfg)
-        return {"path": str(out), "seconds": time.perf_counter() - t0, "bytes": out.stat().st_size}
+        pre = prefill_path(out)
+        return {"path": str(out), "prefill_path": str(pre), "seconds": time.perf_counter() - t0,
+                "bytes": out.stat().st_size + pre.stat().st_size}  # fmt: skip
     B, T, P = 1, 2, 3  # dummy sizes; every axis below is declared dynamic
     ids = torch.zeros(B, T, dtype=torch.int64)
     am = torch.ones(B, P + T, dtype=torch.int64)
