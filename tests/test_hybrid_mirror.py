@@ -131,3 +131,21 @@ def test_drafts_that_cannot_fork_their_states_are_refused(models, tiny_dir):
     mtp = MTPDraft.load(mtp_target, tiny_dir("qwen3_5_text", seed=1, mtp=True))
     assert "cannot fork its states per row" in cannot_run("mirror", mtp_target, mtp)
     assert cannot_run("mirror", target, models["onnx_near"]) is None
+
+
+def test_process_worker_with_a_hybrid_onnx_draft_equals_ar(models, tiny_dir, tmp_path):
+    """--draft-process: the worker's process loads the ONNX hybrid draft from its load_spec
+    and keeps its cache between generations (the second one starts from the first's prefix)."""
+    from converters.onnx_export import export_onnx
+
+    export_onnx(tiny_dir("qwen3_5_text", num_layers=2, seed=2), tmp_path / "d.onnx")
+    draft, target = load_model(tmp_path / "d.onnx", intra_threads=1), models["target"]
+    try:
+        for prompt in (PROMPT, PROMPT + [9, 8, 7]):
+            ar = run(make_steps("ar", target, None, prompt, max_new=12, sampling=GREEDY,
+                                seed=0), max_new=12).tokens  # fmt: skip
+            steps = make_steps("mirror", target, draft, prompt, max_new=12, sampling=GREEDY,
+                               seed=0, gamma=3, draft_process=True)  # fmt: skip
+            assert run(steps, max_new=12).tokens == ar
+    finally:
+        draft._duet_draft_host.close()
