@@ -121,17 +121,20 @@ class StepStateCache:
         linear states saw: all columns, or (after fork_at) [0, length_r) and the fork's own?"""
         return branch_keys_ok(self._fork, keys)
 
-    def _rows(self, rows: list[int]) -> dict:
+    def _rows(self, rows: list[int], history: bool) -> dict:
         kv = {i: (k[rows], v[rows]) for i, (k, v) in self._kv.items()}
-        states = {n: [(c[rows], r[rows]) for c, r in s] for n, s in self._states.items()}
+        kept = self._states if history else {self._offset: self._states[self._offset]}
+        states = {n: [(c[rows], r[rows]) for c, r in s] for n, s in kept.items()}
         fork = None if self._fork is None else (self._fork[0], self._fork[1][rows])
         return {"_kv": kv, "_states": states, "_fork": fork, "_batch": len(rows)}
 
     def fork(self, rows: Sequence[int]) -> StepStateCache:
-        """A new cache holding copies of `rows`; this one is unchanged."""
+        """A new cache holding copies of `rows`; this one is unchanged. Only the live states
+        are copied (copying each kept position's, MiBs per layer on real models, for every row
+        would dwarf the KV): the fork can land back to where it was forked, not before."""
         new = StepStateCache.__new__(StepStateCache)
         new.__dict__.update(self.__dict__)
-        new.__dict__.update(self._rows(list(rows)))
+        new.__dict__.update(self._rows(list(rows), history=False))
         return new
 
     def fork_at(self, rows: Sequence[int], lengths: Sequence[int]) -> StepStateCache:
@@ -147,8 +150,8 @@ class StepStateCache:
         return new
 
     def select(self, rows: Sequence[int]) -> None:
-        """Keep rows `rows`, in that order."""
-        self.__dict__.update(self._rows(list(rows)))
+        """Keep rows `rows`, in that order (with every kept position's states)."""
+        self.__dict__.update(self._rows(list(rows), history=True))
 
     def keep_columns(self, cols: Sequence[int]) -> None:
         """Commit a branch row: keep KV columns `cols`, which are a prefix [0, p) and then the
