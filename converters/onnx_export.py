@@ -6,7 +6,9 @@ the same file:
           position_ids (B, T) int64, past_key_values.{i}.key / .value (B, KV, past, D)
   outputs logits (B, T, V), present.{i}.key / .value (B, KV, past + T, D)
 The graph is our PyTorch reference (runtime/backends/torch_ref.py) traced with
-the TorchScript exporter; shapes are dynamic in batch, sequence and past.
+the TorchScript exporter; shapes are dynamic in batch, sequence and past. A hybrid
+(`qwen3_5_text`) checkpoint exports the one-token graph of onnx_hybrid_export.py instead,
+its linear layers' conv and recurrent states as further inputs and outputs.
 """
 
 from __future__ import annotations
@@ -69,13 +71,17 @@ def export_onnx(
     t0 = time.perf_counter()
     lm = load_torch_lm(model_dir, dtype)
     cfg = lm.cfg
-    if cfg.is_hybrid:
-        from runtime.errors import DuetError
+    if cfg.is_hybrid:  # states as graph I/O, one token per call (onnx_hybrid_export.py)
+        from converters.onnx_hybrid_export import export_hybrid_onnx
 
-        raise DuetError(
-            f"{model_dir}: ONNX export of hybrid {cfg.model_type} models (state inputs and "
-            "outputs) is not built yet; run it with --draft-backend torch"
-        )
+        out = Path(out)
+        from runtime.backends.onnx_hybrid import prefill_path
+
+        export_hybrid_onnx(lm, out, dtype)
+        _embed_config(out, cfg)
+        pre = prefill_path(out)
+        return {"path": str(out), "prefill_path": str(pre), "seconds": time.perf_counter() - t0,
+                "bytes": out.stat().st_size + pre.stat().st_size}  # fmt: skip
     B, T, P = 1, 2, 3  # dummy sizes; every axis below is declared dynamic
     ids = torch.zeros(B, T, dtype=torch.int64)
     am = torch.ones(B, P + T, dtype=torch.int64)

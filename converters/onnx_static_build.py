@@ -29,6 +29,13 @@ def build_static_onnx(
     """
     t0 = time.perf_counter()
     cfg = ModelConfig.from_dir(model_dir)
+    if cfg.is_hybrid:
+        from runtime.errors import DuetError
+
+        raise DuetError(
+            f"{model_dir}: --static-shapes (and its int8/int16 quantization) is not built for "
+            f"hybrid {cfg.model_type} models; export the one-token fp32 graph without it"
+        )
     info = export_onnx_static(model_dir, out, context=context, prefill_len=prefill_len)
     report = {
         "format": "onnx",

@@ -25,9 +25,13 @@ A Gated DeltaNet layer's cache is a conv state (B, C, K-1) and a recurrent state
 
 The log restarts at each landing and at the start of a forward when it would exceed
 `window` positions. Rolling back past its start (rare: speculative decoding never does)
-empties the whole cache, so the next forward re-runs the prefix: slower, never wrong. It does
-not do tree or branch masks (a linear layer has no mask) nor compaction of non-contiguous
-positions.
+empties the whole cache, so the next forward re-runs the prefix: slower, never wrong.
+
+Branch rows (Mirror-SD's rollouts, replay only): `fork_at(rows, lengths)` lands each new row's
+linear states on its own branch point and copies the whole KV; the caller's mask hides the KV
+columns the row did not take (`holes_ok` checks exactly that: a linear layer reads no mask), and
+`keep_columns` commits one row, keeping its own positions' log so it can still land on them.
+It does not do tree masks (a state per node) nor other compactions of non-contiguous positions.
 """
 
 from __future__ import annotations
@@ -35,10 +39,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from runtime.backends.torch_qwen3_5 import LINEAR, conv_state_after, replay
 from runtime.errors import DuetError
+from runtime.step_state_cache import branch_keys_ok
 
 ROLLBACKS = ("replay", "redecode")
 
@@ -59,6 +65,39 @@ class _Linear:
     def restart(self) -> None:
         self.base_conv, self.base_rec, self.base, self.log = self.conv, self.rec, self.offset, []
 
+    def _cat_log(self) -> tuple:
+        """The logged (xin (B, C, n), k, v (B, H, n, D), g, β (B, H, n)) over every forward."""
+        return tuple(torch.cat(t, dim=-1 if j == 0 else 2)
+                     for j, t in enumerate(zip(*self.log, strict=True)))  # fmt: skip
+
+    def state_at(self, length: int, row: int) -> tuple:
+        """Row `row`'s (conv, recurrent) after `length` tokens, each (1, ...): the live states,
+        the base, or a replay of the log (replay rollback only)."""
+        a, r = length - self.base, slice(row, row + 1)
+        assert 0 <= a <= self.logged(), (
+            f"length {length} outside the log [{self.base}, {self.offset}]"
+        )
+        if a == self.logged():
+            return self.conv[r], self.rec[r]
+        if a == 0:
+            return self.base_conv[r], self.base_rec[r]
+        xin, k, v, g, beta = (t[r] for t in self._cat_log())
+        return conv_state_after(self.base_conv[r], xin, a), replay(
+            self.base_rec[r], k, v, g, beta, a
+        )
+
+    def keep_own(self, prefix: int, m: int) -> None:
+        """Commit a forked row: land on its first m own positions and re-key the base (the fork)
+        to `prefix` tokens, keeping the log of those m positions so it can land on them later."""
+        if m < self.logged():
+            log = tuple(
+                t[..., :m] if j == 0 else t[:, :, :m] for j, t in enumerate(self._cat_log())
+            )
+            self.log = [log] if m else []
+            self.conv = conv_state_after(self.base_conv, log[0], m) if m else self.base_conv
+            self.rec = replay(self.base_rec, *log[1:], m) if m else self.base_rec
+        self.base, self.offset = prefix, prefix + m
+
     def rows(self, rows: list[int]) -> _Linear:
         new = _Linear(self.conv[rows], self.rec[rows], self.offset)
         new.base_conv, new.base_rec, new.base = self.base_conv[rows], self.base_rec[rows], self.base
@@ -78,6 +117,7 @@ class HybridCache:
             raise DuetError(f"--hybrid-rollback {rollback!r}: choose from {', '.join(ROLLBACKS)}")
         self.kinds, self.rollback, self.window = list(kinds), rollback, window
         self._batch = batch
+        self._fork: tuple[int, Any] | None = None  # (offset at fork_at, per-row lengths)
         self._layers: list[Any] = [
             _Linear(*empty_state(i, batch))
             if k == LINEAR
@@ -146,7 +186,7 @@ class HybridCache:
 
     def _clear(self) -> int:
         """Empty every layer (the next forward re-runs the whole prefix); returns tokens dropped."""
-        dropped = self.offset
+        dropped, self._fork = self.offset, None
         for i, layer in enumerate(self._layers):
             if isinstance(layer, _Linear):
                 zero = (torch.zeros_like(layer.conv), torch.zeros_like(layer.rec))
@@ -169,8 +209,7 @@ class HybridCache:
         elif a == 0:
             layer.conv, layer.rec = layer.base_conv, layer.base_rec
         elif a < layer.logged():
-            xin, k, v, g, beta = (torch.cat(t, dim=-1 if j == 0 else 2)
-                                  for j, t in enumerate(zip(*layer.log, strict=True)))  # fmt: skip
+            xin, k, v, g, beta = layer._cat_log()
             layer.conv = conv_state_after(layer.base_conv, xin, a)
             layer.rec = replay(layer.base_rec, k, v, g, beta, a)
         layer.offset = layer.base + a
@@ -186,6 +225,7 @@ class HybridCache:
             self.window,
             len(rows),
         )
+        new._fork = None if self._fork is None else (self._fork[0], self._fork[1][rows])
         new._layers = []
         for i, layer in enumerate(self._layers):
             if isinstance(layer, _Linear):
@@ -198,7 +238,52 @@ class HybridCache:
     def select(self, rows: Sequence[int]) -> None:
         """Keep rows `rows`, in that order."""
         other = self.fork(rows)
-        self._layers, self._batch = other._layers, other._batch
+        self._layers, self._batch, self._fork = other._layers, other._batch, other._fork
+
+    def fork_at(self, rows: Sequence[int], lengths: Sequence[int]) -> HybridCache:
+        """Branch rows (Mirror-SD's rollouts): row r copies row `rows[r]`'s KV (all `offset`
+        columns) and its linear states after `lengths[r]` tokens, landed by replay from the log.
+        The caller masks the KV columns [lengths[r], offset) (`holes_ok` checks exactly that)."""
+        if self.rollback != "replay":
+            raise DuetError("branch rows of a hybrid draft land by replay; run the torch draft "
+                            "with --hybrid-rollback replay (or the ONNX draft)")  # fmt: skip
+        rows, lengths = list(rows), [int(n) for n in lengths]
+        new, at = self.fork(rows), self.offset
+        keys = list(zip(rows, lengths, strict=True))  # (source row, length) per new row
+        for i, layer in enumerate(self._layers):
+            if isinstance(layer, _Linear):
+                got = {key: layer.state_at(key[1], key[0]) for key in set(keys)}
+                conv, rec = (torch.cat([got[key][t] for key in keys]) for t in (0, 1))
+                new._layers[i] = _Linear(conv, rec, at)
+        new._fork = (at, np.array(lengths))
+        return new
+
+    def holes_ok(self, keys) -> bool:
+        """Do `keys` (B, S) hide exactly what each row's linear states did not see?"""
+        return branch_keys_ok(self._fork, keys)
+
+    def keep_columns(self, cols: Sequence[int]) -> None:
+        """Commit a branch row: keep KV columns `cols`, a prefix [0, p) and then the row's own
+        first m columns after the fork; its linear states land on its m own tokens (on an
+        unforked cache `cols` must be a prefix: a trim)."""
+        cols = list(cols)
+        if self._fork is None:
+            assert cols == list(range(len(cols))), "keep_columns on an unforked cache is a trim"
+            self.trim(self.offset - len(cols))
+            return
+        at, lengths = self._fork
+        own = [c for c in cols if c >= at]
+        prefix = len(cols) - len(own)
+        assert own == list(range(at, at + len(own))) and cols[:prefix] == list(range(prefix))
+        assert self._batch > 1 or prefix == lengths[0], "the prefix the row's states saw"
+        for i, layer in enumerate(self._layers):
+            if isinstance(layer, _Linear):
+                assert layer.base == at, "the log restarted after the fork"
+                layer.keep_own(prefix, len(own))
+            else:
+                k, v = self.get(i)
+                self._layers[i] = [k[:, :, cols], v[:, :, cols], len(cols)]
+        self._fork = None
 
     def states(self) -> list[tuple]:
         """Every layer's live cache tensors (for parity checks against a fresh prefill)."""

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.backends import backend_for_path, load_model
-from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.preflight import check_checkpoint, check_pair_files
 from runtime.tokenizer import Tokenizer, check_pair
@@ -81,9 +80,11 @@ def load_pair(
 
     Thread counts are set on purpose: the draft gets `draft_threads` ONNX Runtime intra-op
     threads and a PyTorch target the remaining cores (`target_threads`), so the two
-    workers of Mirror-SD do not fight over the same cores. A hybrid (Qwen3.5) model runs on
+    workers of Mirror-SD do not fight over the same cores. A hybrid (Qwen3.5) target runs on
     the PyTorch or MLX backend with `hybrid_rollback` ("replay" or "redecode",
-    runtime/hybrid_cache.py, runtime/backends/mlx_hybrid_cache.py).
+    runtime/hybrid_cache.py, runtime/backends/mlx_hybrid_cache.py); a hybrid draft, like any
+    draft, defaults to ONNX (a one-token graph whose rollback picks the states kept per
+    position, runtime/step_state_cache.py).
 
     `adapter`: a LoRA adapter (PEFT format) for the target, checked against it and merged at
     load (runtime/adapter.py). A FlexSpec anchor draft (runtime/anchor.py) is assembled from
@@ -153,8 +154,6 @@ def load_pair(
         db = draft_backend or (
             "onnx" if backend_for_path(ddir) in ("mlx", "onnx") else backend_for_path(ddir)
         )
-        if draft_backend is None and Path(ddir).is_dir() and ModelConfig.from_dir(ddir).is_hybrid:
-            db = "torch"  # no ONNX export of the hybrid states yet
         kw = {"intra_threads": draft_threads, "provider": provider} if db == "onnx" else {}
         if db == "torch":
             kw = {"threads": draft_threads, "hybrid_rollback": hybrid_rollback}

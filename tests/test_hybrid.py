@@ -180,15 +180,11 @@ def test_tree_methods_refuse_hybrid_targets(models, method):
         generate(method, models["target"], models["attn_draft"])
 
 
-def test_mirror_refuses_a_hybrid_draft(models):
-    with pytest.raises(DuetError, match="hybrid linear-attention draft"):
-        generate("mirror", models["target"], models["hybrid_draft"])
-
-
 def test_auto_offers_only_what_the_hybrid_pair_can_run(models):
     from devices.pair_probe import runnable_methods
 
-    assert runnable_methods(models["target"], models["hybrid_draft"]) == ["ar", "sd"]
+    # mirror forks a hybrid draft's states per branch row (tests/test_hybrid_mirror.py)
+    assert runnable_methods(models["target"], models["hybrid_draft"]) == ["ar", "sd", "mirror"]
     assert runnable_methods(models["target"], models["attn_draft"]) == ["ar", "sd", "mirror"]
 
 
@@ -210,13 +206,6 @@ def test_non_causal_mask_is_refused(models):
     mask = np.ones((2, 2), dtype=bool)
     with pytest.raises(DuetError, match="causal windows only"):
         m.forward(np.array([[1, 2]]), m.new_cache(), mask=mask)
-
-
-def test_backends_without_hybrid_support_refuse_in_one_line(models, tmp_path):
-    from converters.onnx_export import export_onnx
-
-    with pytest.raises(DuetError, match="ONNX export of hybrid"):
-        export_onnx(models["dir"], tmp_path / "m.onnx")
 
 
 def test_fork_and_select_rows_carry_states_and_logs(models):
@@ -247,7 +236,7 @@ def test_generate_cli_runs_hybrid_pairs_with_either_rollback(models, tiny_dir, c
 
     from runtime.generate import main
 
-    draft = tiny_dir("qwen3_5_text", num_layers=2, seed=2)  # defaults to the torch backend
+    draft = tiny_dir("qwen3_5_text", num_layers=2, seed=2)  # defaults to ONNX (exported here)
     outs = []
     sd = ["--method", "sd", "--draft", str(draft)]
     for extra in (["--method", "ar"], sd, [*sd, "--hybrid-rollback", "redecode"]):

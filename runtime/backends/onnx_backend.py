@@ -43,6 +43,32 @@ def key_mask(mask, batch: int, offset: int, length: int) -> np.ndarray:
     return cols.astype(np.int64)
 
 
+def open_session(path, provider: str, intra_threads: int, inter_threads: int):
+    """An ONNX Runtime session on `provider` with these thread counts; bad input is a DuetError."""
+    import onnxruntime as ort
+
+    if provider not in PROVIDERS:
+        raise DuetError(
+            f"unknown ONNX Runtime provider {provider!r}; choose from {', '.join(PROVIDERS)}"
+        )
+    ep = PROVIDERS[provider]
+    if ep not in ort.get_available_providers():
+        raise DuetError(
+            f"ONNX Runtime provider {provider!r} ({ep}) is not available in this build; "
+            f"available: {', '.join(ort.get_available_providers())}"
+        )
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = intra_threads
+    so.inter_op_num_threads = inter_threads
+    try:
+        session = ort.InferenceSession(str(path), so, providers=[ep])
+    except Exception as e:  # ORT raises its own types for a bad file
+        raise DuetError(
+            f"{path}: ONNX Runtime could not load it ({str(e).splitlines()[0]})"
+        ) from None
+    return session
+
+
 class OnnxCausalLM:
     """CausalLM over an ONNX file with optimum/onnxruntime-genai I/O names."""
 
@@ -57,27 +83,7 @@ class OnnxCausalLM:
         intra_threads: int = 1,
         inter_threads: int = 1,
     ):
-        import onnxruntime as ort
-
-        if provider not in PROVIDERS:
-            raise DuetError(
-                f"unknown ONNX Runtime provider {provider!r}; choose from {', '.join(PROVIDERS)}"
-            )
-        ep = PROVIDERS[provider]
-        if ep not in ort.get_available_providers():
-            raise DuetError(
-                f"ONNX Runtime provider {provider!r} ({ep}) is not available in this build; "
-                f"available: {', '.join(ort.get_available_providers())}"
-            )
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = intra_threads
-        so.inter_op_num_threads = inter_threads
-        try:
-            self.session = ort.InferenceSession(str(path), so, providers=[ep])
-        except Exception as e:  # ORT raises its own types for a bad file
-            raise DuetError(
-                f"{path}: ONNX Runtime could not load it ({str(e).splitlines()[0]})"
-            ) from None
+        self.session = open_session(path, provider, intra_threads, inter_threads)
         self.config = config  # None until `load` reads it from the file's metadata
         self.provider = provider
         self.threads = (intra_threads, inter_threads)
@@ -101,17 +107,17 @@ class OnnxCausalLM:
         p = Path(onnx_path)
         if not p.is_file():
             raise DuetError(f"ONNX draft not found: {p}")
-        if config_dir is not None:
-            return cls(p, ModelConfig.from_dir(config_dir), **kw)
-        model = cls(p, None, **kw)
-        meta = model.session.get_modelmeta().custom_metadata_map
-        if "duet.config" in meta:
-            model.config = ModelConfig.from_dict(
-                json.loads(meta["duet.config"]), where=f"{p} metadata"
-            )
-        else:
-            model.config = ModelConfig.from_dir(p.parent)
-        return model
+        config = ModelConfig.from_dir(config_dir) if config_dir is not None else _file_config(p)
+        if config.is_hybrid:  # one-token graph with the linear states as I/O
+            from runtime.backends.onnx_hybrid import OnnxHybridLM, prefill_path
+
+            prov, intra, inter = (kw.get("provider", "cpu"), kw.get("intra_threads", 1),
+                                  kw.get("inter_threads", 1))  # fmt: skip
+            pre = prefill_path(p)
+            pre = open_session(pre, prov, intra, inter) if pre.is_file() else None
+            return OnnxHybridLM(open_session(p, prov, intra, inter), config, p, prov,
+                                (intra, inter), pre)  # fmt: skip
+        return cls(p, config, **kw)
 
     def new_cache(self, batch: int = 1) -> ConcatKVCache:
         c = self.config
@@ -150,3 +156,16 @@ class OnnxCausalLM:
 
     def head(self, hidden):
         raise DuetError("the ONNX backend runs whole models only; it has no separate LM head")
+
+
+def _file_config(p: Path) -> ModelConfig:
+    """The `duet.config` our exporter embeds in the file's metadata, else config.json beside it."""
+    import onnx
+
+    try:
+        meta = {m.key: m.value for m in onnx.load(str(p), load_external_data=False).metadata_props}
+    except Exception as e:  # not ONNX at all
+        raise DuetError(f"{p}: ONNX Runtime could not load it ({str(e).splitlines()[0]})") from None
+    if "duet.config" in meta:
+        return ModelConfig.from_dict(json.loads(meta["duet.config"]), where=f"{p} metadata")
+    return ModelConfig.from_dir(p.parent)

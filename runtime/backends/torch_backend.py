@@ -3,8 +3,9 @@ protocol.
 
 On the CPU (default) or a CUDA GPU (`device="cuda"`, `--target-device cuda`): weights,
 cache and every intermediate stay on that device; only logits come back, as numpy.
-A hybrid model gets a HybridCache (runtime/hybrid_cache.py) and runs only causal
-windows: its linear-attention layers have no mask, so tree and branch masks are refused.
+A hybrid model gets a HybridCache (runtime/hybrid_cache.py) and runs only causal windows,
+or branch rows forked at their branch points: its linear-attention layers have no mask, so
+tree masks are refused.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ class TorchCausalLM:
         B, T = x.shape[:2]
         offset = cache.layer_offset(start)
         if self.config.is_hybrid and mask is not None:
-            _causal_only(np.asarray(mask, dtype=bool), offset, T)
+            _causal_only(np.asarray(mask, dtype=bool), offset, T, cache)
         pos, m = self._inputs(T, B, offset, positions, mask)
         if self.config.is_hybrid:
             for i in range(start, stop):
@@ -143,13 +144,18 @@ class TorchCausalLM:
         self.last_cache = cache
 
 
-def _causal_only(mask: np.ndarray, offset: int, length: int) -> None:
-    """Refuse a non-causal mask on a hybrid model: linear-attention layers read no mask."""
+def _causal_only(mask: np.ndarray, offset: int, length: int, cache) -> None:
+    """Refuse a mask a hybrid model cannot honour: its linear-attention layers read no mask, so
+    only causal windows pass, or the key holes of branch rows whose linear states were forked
+    at their own branch points (HybridCache.fork_at: each row hides what its states skipped)."""
     from runtime.errors import DuetError
 
     want = causal_mask(offset, length)
-    if mask.shape[-2:] != want.shape or not (mask == want).all():
+    m = np.broadcast_to(mask, (cache.batch, *mask.shape[-2:]))
+    ok = m.shape[-2:] == want.shape and not (m & ~want).any()
+    if not (ok and all(cache.holes_ok(m[:, t, : offset + t + 1]) for t in range(length))):
         raise DuetError(
-            "a hybrid (linear-attention) model runs causal windows only: tree and branch masks "
-            "need a state per branch, which its cache does not keep"
+            "a hybrid (linear-attention) model runs causal windows only (and the branch rows "
+            "of a cache forked at their branch points): a tree mask needs a state per node, "
+            "which its cache does not keep"
         )

@@ -17,7 +17,8 @@ from runtime.stats import RunStats
 # One module per method (STYLE 12); each exposes `Options` (a dataclass of its own flags),
 # `NEEDS_DRAFT` and `steps(target, draft, seq, *, max_new, sampling, seed, options,
 # target_cache, draft_cache, timeline)`. Adding a method is one module and one line here.
-# A module that runs hybrid (linear-attention) models names the roles in `RUNS_HYBRID`.
+# A module that runs hybrid (linear-attention) models names the roles in `RUNS_HYBRID`; one
+# with refusals of its own adds `why_not(target, draft) -> str | None`.
 METHOD_MODULES: dict[str, str] = {
     "ar": "runtime.decoding.ar",
     "sd": "runtime.decoding.sd",
@@ -63,7 +64,8 @@ def cannot_run(method: str, target, draft) -> str | None:
                 f"({m.config.model_type}): its tree/branch masks need one state per branch, "
                 "which Gated DeltaNet layers do not keep; use --method sd or ar"
             )
-    return None
+    why_not = getattr(mod, "why_not", None)
+    return why_not(target, draft) if why_not is not None else None
 
 
 def make_steps(

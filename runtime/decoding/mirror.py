@@ -192,8 +192,24 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 
 # the target runs causal windows split at the exit layer (a HybridCache keeps per-layer
-# offsets); the draft's branch rows need masks and forked states, which hybrid caches lack
-RUNS_HYBRID = ("target",)
+# offsets); a hybrid draft's branch rows fork both kinds of state (fork_at: the KV whole, the
+# linear states at each row's branch point), so `why_not` refuses drafts whose cache cannot
+RUNS_HYBRID = ("target", "draft")
+
+
+def why_not(target, draft) -> str | None:
+    """Why this pair cannot run mirror beyond the shared checks (one line), or None."""
+    if not getattr(getattr(draft, "config", None), "is_hybrid", False):
+        return None
+    if getattr(draft, "hybrid_rollback", "replay") != "replay":
+        return ("--method mirror forks a hybrid torch draft's branch rows by replay; drop "
+                "--hybrid-rollback redecode for it (or use the ONNX draft)")  # fmt: skip
+    if not hasattr(draft.new_cache(), "fork_at"):
+        return (f"--method mirror rolls out branch rows; this hybrid {draft.backend} draft "
+                "cannot fork its states per row (use the ONNX or torch hybrid draft)")  # fmt: skip
+    return None
+
+
 NEEDS_DRAFT = True
 
 

@@ -260,7 +260,7 @@ class DraftWorker:
             chunk = ranked[i : i + self.branch_batch]
             g2 = [self._window_size(produced + b.depth + 1, base + b.depth + 1) for b in chunk]
             rngs = [self._rng(step + 1, b.depth, b.token) for b in chunk]
-            wave = _Wave(self.draft, self.cache.fork([0] * len(chunk)), chunk, base, g2, rngs,
+            wave = _Wave(self.draft, _fork_rows(self.cache, chunk, base), chunk, base, g2, rngs,
                          self.sampling)  # fmt: skip
             waves.append(wave)
             t0 = now_ns()
@@ -274,6 +274,16 @@ class DraftWorker:
             if not wave.finished():
                 break
         return waves
+
+
+def _fork_rows(cache, chunk: list[Branch], base: int):
+    """The wave's rows over the shared prefix cache. A hybrid draft's cache forks each row's
+    linear states at its own branch point |committed| + j (fork_at): its mask hides the later
+    KV columns from attention layers, but a linear layer reads no mask."""
+    rows = [0] * len(chunk)
+    if hasattr(cache, "fork_at"):
+        return cache.fork_at(rows, [base + b.depth for b in chunk])
+    return cache.fork(rows)
 
 
 class _Wave:
