@@ -180,6 +180,10 @@ def test_what_mlx_hybrids_refuse_in_one_line(models, tiny_dir, tmp_path):
     (odd / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(DuetError, match="do not follow one interval"):
         load_model(odd, "mlx")
+    from runtime.decoding import cannot_run
+
+    # an MLX hybrid draft cannot fork its states per branch row (non-causal masks)
+    assert "cannot fork its states per row" in cannot_run("mirror", m, m)
 
 
 def test_generate_cli_runs_mlx_hybrid_pairs_and_refuses_mtp(models, tiny_dir, capsys):
