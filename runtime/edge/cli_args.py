@@ -37,7 +37,7 @@ def add_edge_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--eta", type=float, default=None, help="c-sqs: step eta (default 0.01)")
     g.add_argument("--beta", type=float, default=None,
                    help="c-sqs: initial threshold beta (default 0.01)")  # fmt: skip
-    g.add_argument("--cu-k", type=int, default=None, help="cu-hlm: top-k sent (default 256)")
+    g.add_argument("--cu-k", type=int, default=None, help="cu-hlm: top-k sent (default 128)")
     g.add_argument("--skip", action="store_true",
                    help="cu-hlm, --temp > 0: LOSSY CU-HLM skipping: commit drafts whose "
                         "uncertainty is <= u_th without verification (stats say lossy)")  # fmt: skip
