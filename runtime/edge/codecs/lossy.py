@@ -13,8 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.bitio import MalformedPayload
-from kernels.payloads import decode_rows
-from kernels.payloads import make_codec
+from kernels.payloads import decode_rows, make_codec
 from kernels.sqs import theorem2_bound
 from runtime.edge.codecs import Draft
 from runtime.edge.wire import E_MALFORMED, ProtocolError
