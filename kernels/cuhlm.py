@@ -130,6 +130,49 @@ def rejection_risk(u: np.ndarray, a: float, b: float, u_th: float) -> float:
     return float(np.mean(np.where(inside, a * u + b, 0.0)))
 
 
+def theorem1_bound(
+    u: np.ndarray, a: float, b: float, delta: float, m: int, u_th: float | None = None
+) -> float:
+    """Eq. (13)'s bound on R: Delta^{3/2} / sqrt(3a) * sqrt(int_{-b/a}^{u_th} f(u)^2 du).
+
+    u (eq. 9) takes the values j / M, so f is the histogram density with bins of width 1/M
+    centred on them (the paper uses a Gaussian KDE); the integral is exact for that density.
+    u_th defaults to eq. (12)'s (Delta - b) / a; for another threshold the same Hölder step
+    gives (a u_th + b)^{3/2} in place of Delta^{3/2}.
+    """
+    if a <= 0:
+        raise ValueError(f"eq. (13) needs a > 0 (got a = {a})")
+    u = np.asarray(u, np.float64)
+    if u.size == 0:
+        return 0.0
+    h = 1.0 / m
+    j = np.rint(u * m).astype(np.int64)
+    f = np.bincount(j, minlength=m + 1) / (u.size * h)  # density on bin j: [j/M - h/2, j/M + h/2]
+    lo = -b / a  # eq. (14)'s range, up to u_th of eq. (12) unless another is given
+    hi = (delta - b) / a if u_th is None else u_th
+    if hi <= lo:
+        return 0.0
+    left = np.arange(m + 1) * h - h / 2
+    overlap = np.clip(np.minimum(left + h, hi) - np.maximum(left, lo), 0.0, None)
+    top = (a * hi + b) ** 1.5  # Delta^{3/2} at eq. (12)'s u_th
+    return float(top / math.sqrt(3 * a) * math.sqrt(float(np.sum(f**2 * overlap))))  # eq. (13)
+
+
+def theorem1_bound_reference(u, a: float, b: float, delta: float, m: int, u_th=None) -> float:
+    """Plain twin of theorem1_bound: midpoint sum of f^2 on a fine grid over [-b/a, u_th]."""
+    n, lo, hi = len(u), -b / a, (delta - b) / a if u_th is None else u_th
+    if n == 0 or hi <= lo:
+        return 0.0
+    steps = 20_000
+    du = (hi - lo) / steps
+    total = 0.0
+    for i in range(steps):
+        x = lo + (i + 0.5) * du
+        c = sum(1 for v in u if abs(x - round(v * m) / m) < 0.5 / m)
+        total += (c / (n / m)) ** 2 * du
+    return (a * hi + b) ** 1.5 / math.sqrt(3 * a) * math.sqrt(total)
+
+
 # --- compressed vocabulary ----------------------------------------------------------------
 
 

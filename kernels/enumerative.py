@@ -10,23 +10,32 @@
   min_part = 0 (Alg. 2's counts, which may be 0) there are C(ell+K-1, K-1) points:
   SQS eq. (2), the form this codebase uses. min_part = 1 (counts >= 1) gives C(ell-1, K-1).
 
-Small subsets use math.comb directly (K binomials to rank, a binary search per
-element to unrank); large ones walk n up or down updating one binomial by exact
-integer ratios, O(V) small-int steps. `*_reference` twins enumerate every
-subset with itertools (tiny V only) and define the order the fast paths must match.
+The fast path works in GMP integers (gmpy2: Python's own big ints spend O(V x bits) on a
+walk, ~1 s per row at V = 152064, K = 512). Ranking keeps one binomial C(c_i, i) and moves
+it to the next element either by the ratio C(n2, j) / C(n, j) = C(n2, g) / C(n2 - j, g)
+(g = n2 - n: a short jump, two small binomials) or, for a long jump, by C(n2, j) directly.
+Unranking guesses each element from lgamma (the largest c with log C(c, i) <= log r) and
+corrects the guess exactly with single-step ratios C(n +- 1, i). The `_plain` paths (Python
+ints: math.comb per element for small K, an O(V) walk of exact ratios otherwise) are kept as
+the slow reference and must agree; `*_reference` twins enumerate every subset with itertools
+(tiny V only) and define the order both must match.
 
 What it is not: a bit format (kernels/bitio.py) or a quantizer (kernels/lattice.py).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
 
+import gmpy2
 import numpy as np
 
 DIRECT_MAX_K = 64  # at most this many elements: math.comb per element beats an O(V) walk
+WALK_MAX = 64  # unranking: a guess this close is reached by single steps, farther by C(c, i)
+DENSE_GAP = 16  # unranking K of V < 16 K: every element is a short walk away, no guesses
 
 
 def bits_for(count: int) -> int:
@@ -36,15 +45,17 @@ def bits_for(count: int) -> int:
     return (count - 1).bit_length()
 
 
+@functools.lru_cache(maxsize=4096)
 def subset_bits(v: int, k: int) -> int:
     """ceil(log2 C(V, K)): SQS eq. (5), the cost of a K-subset of a V vocabulary."""
-    return bits_for(math.comb(v, k))
+    return bits_for(int(gmpy2.comb(v, k)))
 
 
+@functools.lru_cache(maxsize=4096)
 def composition_count(ell: int, k: int, min_part: int = 0) -> int:
     """Lattice points of K counts >= min_part summing to ell: C(ell - K*min_part + K - 1, K - 1)."""
     m = ell - k * min_part
-    return math.comb(m + k - 1, k - 1) if m >= 0 and k >= 1 else 0
+    return int(gmpy2.comb(m + k - 1, k - 1)) if m >= 0 and k >= 1 else 0
 
 
 def composition_bits(ell: int, k: int, min_part: int = 0) -> int:
@@ -55,8 +66,8 @@ def composition_bits(ell: int, k: int, min_part: int = 0) -> int:
 # --- subsets -----------------------------------------------------------------------------
 
 
-def _rank_colex(c: Sequence[int]) -> int:
-    """sum_i C(c_i, i+1) for ascending c (combinatorial number system)."""
+def _rank_colex_plain(c: Sequence[int]) -> int:
+    """sum_i C(c_i, i+1) for ascending c (combinatorial number system), Python ints."""
     k = len(c)
     if k == 0:
         return 0
@@ -72,8 +83,8 @@ def _rank_colex(c: Sequence[int]) -> int:
     return total
 
 
-def _unrank_colex(r: int, v: int, k: int) -> list[int]:
-    """Inverse of _rank_colex over {0..v-1}; caller guarantees 0 <= r < C(v, k)."""
+def _unrank_colex_plain(r: int, v: int, k: int) -> list[int]:
+    """Inverse of _rank_colex_plain over {0..v-1}; caller guarantees 0 <= r < C(v, k)."""
     out = [0] * k
     if k == 0:
         return out
@@ -104,30 +115,110 @@ def _unrank_colex(r: int, v: int, k: int) -> list[int]:
     return out
 
 
+def _rank_colex(c: Sequence[int]) -> int:
+    """sum_i C(c_i, i+1) for ascending c, in GMP integers; equals _rank_colex_plain."""
+    k = len(c)
+    if k == 0:
+        return 0
+    comb = gmpy2.comb
+    total = gmpy2.mpz(0)
+    n, a = c[0], gmpy2.mpz(1)  # invariant: a = C(n, i) with n = c_i (>= i, so a > 0)
+    for i in range(k):
+        total += a * (n - i) // (i + 1)  # C(c_i, i+1) = C(c_i, i) (c_i - i) / (i + 1)
+        if i + 1 < k:
+            j, n2 = i + 1, c[i + 1]
+            a, n = a * (n + 1) // j, n + 1  # C(c_i + 1, i + 1)
+            g = n2 - n
+            if g > j:  # a long jump: the binomial itself is cheaper than the ratio
+                a = comb(n2, j)
+            elif g > 0:  # C(n2, j) / C(n, j) = C(n2, g) / C(n2 - j, g)
+                a = a * comb(n2, g) // comb(n2 - j, g)
+            n = n2
+    return int(total)
+
+
+def _log_comb(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+def _log_int(r) -> float:
+    b = r.bit_length()
+    shift = max(0, b - 53)
+    return math.log(int(r >> shift)) + shift * math.log(2)
+
+
+def _unrank_colex(r: int, v: int, k: int) -> list[int]:
+    """Inverse of _rank_colex over {0..v-1}; equals _unrank_colex_plain. Single steps stay in
+    Python ints (their one-limb fast paths beat gmpy2's conversions); far jumps use GMP."""
+    if v < DENSE_GAP * k:  # gaps this short: the plain O(V) walk of one-limb steps is fastest
+        return _unrank_colex_plain(r, v, k)
+    out = [0] * k
+    if k == 0:
+        return out
+    n = v - 1
+    a = int(gmpy2.comb(n, k))  # invariant: a = C(n, i)
+    for i in range(k, 0, -1):
+        if a > r:  # c_i < n
+            # a step down divides a by about n / (n - i): (log a - log r) / log(n / (n - i))
+            # steps remain; for more than WALK_MAX of them a guess from lgamma is cheaper
+            lr = _log_int(r) + 1e-9 if r > 0 else -math.inf
+            if n > i + WALK_MAX and _log_int(a) - lr > WALK_MAX * -math.log1p(-i / n):
+                lo, hi = i - 1, n - 1  # the largest c with log C(c, i) <= log r
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if _log_comb(mid, i) <= lr:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                n, a = lo, int(gmpy2.comb(lo, i))  # exact at the guess; corrected below
+            while a > r:  # C(n-1, i) = C(n, i) (n - i) / n
+                a, n = a * (n - i) // n, n - 1
+            while True:  # the guess may sit low: C(n+1, i) = C(n, i) (n + 1) / (n + 1 - i)
+                up = a * (n + 1) // (n + 1 - i) if n + 1 > i else 1  # C(i, i) = 1
+                if up > r:
+                    break
+                a, n = up, n + 1
+        out[i - 1] = n
+        r -= a
+        if a == 0:  # n == i - 1: the rest are forced to 0..i-2
+            out[: i - 1] = range(i - 1)
+            break
+        a, n = a * i // n, n - 1  # C(n-1, i-1)
+    return out
+
+
 def _complement(c: np.ndarray, v: int) -> np.ndarray:
     keep = np.ones(v, bool)
     keep[c] = False
     return np.flatnonzero(keep)
 
 
-def rank_subset(ids: Sequence[int] | np.ndarray, v: int) -> int:
-    """Rank of a set of distinct ids in [0, v) among all subsets of its size: in [0, C(v, K))."""
+def rank_subset(ids: Sequence[int] | np.ndarray, v: int, *, plain: bool = False) -> int:
+    """Rank of a set of distinct ids in [0, v) among all subsets of its size: in [0, C(v, K)).
+    plain=True takes the slow reference path (Python ints)."""
     c = np.sort(np.asarray(ids, dtype=np.int64))
     k = len(c)
     if k and (c[0] < 0 or c[-1] >= v or (np.diff(c) == 0).any()):
         raise ValueError(f"ids must be {k} distinct values in [0, {v})")
     if 2 * k > v:  # rank the complement: fewer elements, same count
         c = _complement(c, v)
-    return _rank_colex(c.tolist())
+    return (_rank_colex_plain if plain else _rank_colex)(c.tolist())
 
 
-def unrank_subset(r: int, v: int, k: int) -> np.ndarray:
-    """The K ascending ids whose rank_subset is r; ValueError if r is out of [0, C(v, K))."""
-    if not (0 <= k <= v) or not (0 <= r < math.comb(v, k)):
+def unrank_subset(r: int, v: int, k: int, *, plain: bool = False) -> np.ndarray:
+    """The K ascending ids whose rank_subset is r; ValueError if r is out of [0, C(v, K)).
+    plain=True takes the slow reference path (Python ints)."""
+    if not (0 <= k <= v) or not (0 <= r < _count(v, k)):
         raise ValueError(f"subset rank {r} out of range for C({v}, {k})")
+    unrank = _unrank_colex_plain if plain else _unrank_colex
     if 2 * k > v:
-        return _complement(np.asarray(_unrank_colex(r, v, v - k), dtype=np.int64), v)
-    return np.asarray(_unrank_colex(r, v, k), dtype=np.int64)
+        return _complement(np.asarray(unrank(r, v, v - k), dtype=np.int64), v)
+    return np.asarray(unrank(r, v, k), dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=4096)
+def _count(v: int, k: int) -> int:
+    return int(gmpy2.comb(v, k))
 
 
 def rank_subset_reference(ids: Sequence[int], v: int) -> int:
@@ -142,7 +233,9 @@ def rank_subset_reference(ids: Sequence[int], v: int) -> int:
 # --- lattice points (compositions) -------------------------------------------------------
 
 
-def rank_composition(b: Sequence[int] | np.ndarray, ell: int, min_part: int = 0) -> int:
+def rank_composition(
+    b: Sequence[int] | np.ndarray, ell: int, min_part: int = 0, *, plain: bool = False
+) -> int:
     """Rank of counts b (each >= min_part, summing to ell) in [0, composition_count)."""
     b = np.asarray(b, dtype=np.int64)
     k = len(b)
@@ -151,16 +244,18 @@ def rank_composition(b: Sequence[int] | np.ndarray, ell: int, min_part: int = 0)
     m = b - min_part
     n = ell - k * min_part + k - 1
     bars = np.cumsum(m[:-1]) + np.arange(k - 1)  # stars and bars: s_j = m_0 + ... + m_j + j
-    return rank_subset(bars, n)
+    return rank_subset(bars, n, plain=plain)
 
 
-def unrank_composition(r: int, ell: int, k: int, min_part: int = 0) -> np.ndarray:
+def unrank_composition(
+    r: int, ell: int, k: int, min_part: int = 0, *, plain: bool = False
+) -> np.ndarray:
     """Inverse of rank_composition; ValueError if r is out of range."""
     count = composition_count(ell, k, min_part)
     if not (0 <= r < count):
         raise ValueError(f"lattice rank {r} out of range [0, {count}) for ell={ell}, K={k}")
     n = ell - k * min_part + k - 1
-    bars = unrank_subset(r, n, k - 1)
+    bars = unrank_subset(r, n, k - 1, plain=plain)
     edges = np.concatenate([[-1], bars, [n]])
     return np.diff(edges) - 1 + min_part  # parts between consecutive bars
 

@@ -9,6 +9,12 @@ Layout, big-endian:
             k levels               8 bits each              (b_prob = 8)
             the draft token's id   ceil(log2 V) bits
 
+Version 2 (only when some row is skipped) puts one flag bit before each row: 0 = the row
+above, 1 = a skipped row (CU-HLM eq. 10, delta(t) = 0), which is the token's id alone: the
+edge accepted it without verification, and the verifier must commit it as is (lossy; the
+"index exchange" that keeps both sides' sequences aligned, CU-HLM §III-B). A payload with no
+skipped row is version 1, byte for byte as before.
+
 The receiver rebuilds x^ by eq. (15) (kernels/cuhlm.py `reconstruct`); the draft
 token was sampled from that same x^, so verification is exact. The k(b_prob +
 b_index) part is eq. (4) with |V| replaced by k. `decode` refuses inconsistent
@@ -30,6 +36,7 @@ from kernels.cuhlm import PROB_BITS, PROB_LEVELS, reconstruct
 from kernels.enumerative import bits_for
 
 VERSION = 1
+VERSION_SKIP = 2  # a flag bit per row; skipped rows carry only the token id
 CU_HLM = 3
 _HEAD = struct.Struct(">BBHIIB")  # codec, version, L, V, body bits, b_prob
 
@@ -47,21 +54,30 @@ def row_bits(v: int, k: int) -> int:
     return bits_for(v - 1) + k * (PROB_BITS + bits_for(v)) + bits_for(v)  # eq. (4) with k for |V|
 
 
-def body_bits(rows: list[CuRow], v: int) -> int:
-    """The payload body's exact bit length (before byte padding)."""
-    return sum(row_bits(v, len(r.ids)) for r in rows)
+def body_bits(rows: list[CuRow | None], v: int) -> int:
+    """The payload body's exact bit length (before byte padding); None rows are skipped ones."""
+    if all(r is not None for r in rows):
+        return sum(row_bits(v, len(r.ids)) for r in rows)
+    return sum(1 + (bits_for(v) if r is None else row_bits(v, len(r.ids))) for r in rows)
 
 
 HEADER_BYTES = _HEAD.size
 
 
-def qhat_rows(rows: list[CuRow], v: int) -> np.ndarray:
-    """(L, V) float32: each row's x^ of eq. (15)."""
-    return (
-        np.stack([reconstruct(r.ids, r.levels, v) for r in rows])
-        if rows
-        else np.zeros((0, v), np.float32)
-    )
+def qhat_rows(rows: list[CuRow | None], v: int, tokens=None) -> np.ndarray:
+    """(L, V) float32: each row's x^ of eq. (15); a skipped (None) row, which carries no q, gets
+    the one-hot of its token (a placeholder the verifier never tests: it commits that row)."""
+    if not rows:
+        return np.zeros((0, v), np.float32)
+    out = []
+    for n, r in enumerate(rows):
+        if r is None:
+            row = np.zeros(v, np.float32)
+            row[int(tokens[n])] = 1.0
+            out.append(row)
+        else:
+            out.append(reconstruct(r.ids, r.levels, v))
+    return np.stack(out)
 
 
 def _check_row(ids: np.ndarray, levels: np.ndarray, v: int, err: type[ValueError], n: int) -> None:
@@ -74,13 +90,22 @@ def _check_row(ids: np.ndarray, levels: np.ndarray, v: int, err: type[ValueError
         raise err(f"row {n}: probabilities sum past 1")
 
 
-def encode(rows: list[CuRow], tokens: np.ndarray, v: int) -> bytes:
-    """Bytes for a batch of compressed rows; ValueError on invalid rows or a token without mass."""
+def encode(rows: list[CuRow | None], tokens: np.ndarray, v: int) -> bytes:
+    """Bytes for a batch of compressed rows (None: a skipped row, version 2); ValueError on
+    invalid rows or a token without mass."""
     tokens = np.asarray(tokens, np.int64)
     if len(tokens) != len(rows) or len(rows) > 0xFFFF or not 2 <= v <= 0xFFFFFFFF:
         raise ValueError(f"need one token per row, at most 65535 rows and V >= 2 (V = {v})")
+    flags = any(r is None for r in rows)
     w = BitWriter()
     for n, (r, tok) in enumerate(zip(rows, tokens, strict=True)):
+        if flags:
+            w.write(int(r is None), 1)  # version 2: the skip flag
+        if r is None:
+            if not 0 <= tok < v:
+                raise ValueError(f"row {n}: token {tok} outside [0, {v})")
+            w.write(int(tok), bits_for(v))
+            continue
         ids, lv = np.asarray(r.ids, np.int64), np.asarray(r.levels, np.int64)
         _check_row(ids, lv, v, ValueError, n)
         if reconstruct(ids, lv, v)[tok] <= 0:
@@ -89,15 +114,19 @@ def encode(rows: list[CuRow], tokens: np.ndarray, v: int) -> bytes:
         w.write_array(ids, bits_for(v))  # b_index = ceil(log2 V) (eq. 4)
         w.write_array(lv, PROB_BITS)  # b_prob = 8
         w.write(int(tok), bits_for(v))
-    return _HEAD.pack(CU_HLM, VERSION, len(rows), v, w.nbits, PROB_BITS) + w.getvalue()
+    version = VERSION_SKIP if flags else VERSION
+    return _HEAD.pack(CU_HLM, version, len(rows), v, w.nbits, PROB_BITS) + w.getvalue()
 
 
-def decode(data: bytes, v: int, max_rows: int = 128) -> tuple[np.ndarray, np.ndarray, list[CuRow]]:
-    """Tokens (L,), x^ rows (L, V) float32 and the coded rows, from a CU-HLM payload."""
+def decode(
+    data: bytes, v: int, max_rows: int = 128
+) -> tuple[np.ndarray, np.ndarray, list[CuRow | None]]:
+    """Tokens (L,), x^ rows (L, V) float32 and the coded rows (None: skipped, to be committed
+    unverified), from a CU-HLM payload."""
     if len(data) < _HEAD.size:
         raise MalformedPayload(f"payload of {len(data)} bytes is shorter than its header")
     codec, version, n_rows, v_sent, nbits, pbits = _HEAD.unpack_from(data)
-    if codec != CU_HLM or version != VERSION or pbits != PROB_BITS:
+    if codec != CU_HLM or version not in (VERSION, VERSION_SKIP) or pbits != PROB_BITS:
         raise MalformedPayload(
             f"not a CU-HLM payload (codec {codec}, version {version}, b_prob {pbits})"
         )
@@ -109,6 +138,13 @@ def decode(data: bytes, v: int, max_rows: int = 128) -> tuple[np.ndarray, np.nda
     rows, tokens = [], np.zeros(n_rows, np.int64)
     bi = bits_for(v)
     for n in range(n_rows):
+        if version == VERSION_SKIP and r.read(1):  # a skipped row: the token id alone
+            tok = r.read(bi)
+            if tok >= v:
+                raise MalformedPayload(f"row {n}: skipped token {tok} outside [0, {v})")
+            rows.append(None)
+            tokens[n] = tok
+            continue
         k = r.read(bits_for(v - 1)) + 1
         if k * (bi + PROB_BITS) > r.remaining:  # refuse before reading k fields
             raise MalformedPayload(f"row {n}: k = {k} does not fit in the {r.remaining} bits left")
@@ -122,4 +158,4 @@ def decode(data: bytes, v: int, max_rows: int = 128) -> tuple[np.ndarray, np.nda
         rows.append(CuRow(ids, lv.astype(np.uint8)))
         tokens[n] = tok
     r.expect_end()
-    return tokens, qhat_rows(rows, v), rows
+    return tokens, qhat_rows(rows, v, tokens), rows

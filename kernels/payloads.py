@@ -148,7 +148,13 @@ def decode(data: bytes, v: int, max_rows: int = 128) -> tuple[np.ndarray, np.nda
     More than `max_rows` rows is refused: q^ is dense, so L x V x 4 bytes is what a
     payload of a few bytes per row could otherwise make the verifier allocate.
     """
+    tokens, q_hat, _ = decode_rows(data, v, max_rows)
+    return tokens, q_hat
+
+
+def decode_rows(data: bytes, v: int, max_rows: int = 128) -> tuple[np.ndarray, np.ndarray, list]:
+    """As `decode`, plus the coded rows; a CU-HLM row that is None was skipped (eq. 10) and
+    must be committed without verification."""
     if not data or data[0] not in _DECODERS:
         raise MalformedPayload(f"unknown payload codec byte {data[0] if data else None}")
-    tokens, q_hat, _ = _DECODERS[data[0]](bytes(data), v, max_rows)
-    return tokens, q_hat
+    return _DECODERS[data[0]](bytes(data), v, max_rows)

@@ -14,21 +14,33 @@ import numpy as np
 from kernels.sampling import sample
 
 
-def verify_greedy(target_logits: np.ndarray, draft_tokens: np.ndarray) -> tuple[int, int]:
+def verify_greedy(
+    target_logits: np.ndarray, draft_tokens: np.ndarray, forced: np.ndarray | None = None
+) -> tuple[int, int]:
     """Greedy rule: accept d_i while d_i == argmax p_i; c = argmax p_A.
 
     target_logits (γ+1, V), draft_tokens (γ,). The committed tokens are exactly
     the target's own greedy tokens, so the output equals target-alone decoding.
+    `forced` (γ,) bool marks rows the edge skipped (CU-HLM eq. 10): accepted untested, which
+    is lossy; None (the default) forces nothing.
     """
     best = np.asarray(target_logits).argmax(-1)
     d = np.asarray(draft_tokens)
-    miss = np.nonzero(best[: len(d)] != d)[0]
+    ok = best[: len(d)] == d
+    if forced is not None:
+        ok |= np.asarray(forced, bool)  # CU-HLM eq. (10): delta = 0, committed unverified
+    miss = np.nonzero(~ok)[0]
     a = int(miss[0]) if miss.size else len(d)
     return a, int(best[a])
 
 
 def verify_sampling(
-    p: np.ndarray, q: np.ndarray, draft_tokens: np.ndarray, u_accept: np.ndarray, u_resample: float
+    p: np.ndarray,
+    q: np.ndarray,
+    draft_tokens: np.ndarray,
+    u_accept: np.ndarray,
+    u_resample: float,
+    forced: np.ndarray | None = None,
 ) -> tuple[int, int]:
     """Leviathan et al. / Chen et al. speculative sampling.
 
@@ -39,6 +51,8 @@ def verify_sampling(
     d_i was drawn from.
 
     p (γ+1, V) target probs; q (γ, V) draft probs; u_accept (γ,); u_resample scalar.
+    `forced` (γ,) bool: rows skipped by the edge (CU-HLM eq. 10) are accepted whatever p says,
+    which breaks the guarantee above (lossy, off unless the edge asks); None forces nothing.
     """
     p = np.asarray(p, dtype=np.float32)
     q = np.asarray(q, dtype=np.float32)
@@ -47,6 +61,8 @@ def verify_sampling(
     rows = np.arange(g)
     pd, qd = p[rows, d], q[rows, d]
     ok = np.asarray(u_accept, dtype=np.float32) * qd < pd  # u < p/q without dividing by q = 0
+    if forced is not None:
+        ok |= np.asarray(forced, bool)  # CU-HLM eq. (10): delta = 0, committed unverified
     miss = np.nonzero(~ok)[0]
     if miss.size == 0:
         return g, int(sample(p[g], u_resample))

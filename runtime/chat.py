@@ -137,7 +137,9 @@ def answer(session: ChatSession, text: str, out) -> None:
     out.flush()
     if session.last_stats is not None:
         s = session.last_stats
-        print(stats_line(s.extra.get("method", session.method), s), file=sys.stderr, flush=True)
+        lossy = " LOSSY (--skip: see /stats)" if s.extra.get("lossy") else ""
+        print(stats_line(s.extra.get("method", session.method), s) + lossy, file=sys.stderr,
+              flush=True)  # fmt: skip
 
 
 def stats_text(session: ChatSession) -> str:
@@ -146,6 +148,11 @@ def stats_text(session: ChatSession) -> str:
     if s is None:
         return "[no answer yet]"
     lines = [stats_line(s.extra.get("method", session.method), s)]
+    sk = s.extra.get("skip")
+    if sk:
+        lines.append(f"LOSSY (--skip): {sk['skipped']} of {sk['output_tokens']} tokens committed "
+                     f"unverified (u_th {sk['u_th']:.3f}); measured risk R {sk['measured_risk']:.4f}, "
+                     f"Theorem 1 bound {sk.get('theorem1_bound', float('nan')):.4f}")  # fmt: skip
     auto = s.extra.get("auto")
     if auto:
         lines.append(f"auto picked {auto['choice']}: {auto['why']}")

@@ -193,10 +193,12 @@ class ChatSession:
             **self.extra,
         )
         out: list[int] = []
+        events = []
         self.n_answers += 1
         try:
-            for toks, _ in stream(steps, max_new=max_new, eos_ids=self.eos, stats=stats):
+            for toks, ev in stream(steps, max_new=max_new, eos_ids=self.eos, stats=stats):
                 out += toks
+                events.append(ev)
                 yield toks
         finally:
             steps.close()
@@ -208,7 +210,17 @@ class ChatSession:
             stats.extra["finish"] = (
                 "eos" if out and out[-1] in self.eos else ("length" if out else "stopped")
             )
+            if self.extra.get("skip") is not None:  # CU-HLM skipping (--skip): LOSSY, audited
+                stats.extra.update(lossy=True, skip=self._skip_stats(events, seq, out))
             self.last_stats = stats
+
+    def _skip_stats(self, events, seq: list[int], out: list[int]) -> dict:
+        """stats.skip of one answer: R measured against the target (runtime/edge/skip.py)."""
+        from runtime.edge.skip import audit, skip_summary, skipped_positions
+
+        pos, xs = skipped_positions(events, len(seq), len(out))
+        betas = audit(self.target, seq + out, pos, xs, self.sampling)
+        return skip_summary(events, self.extra["skip"], len(out), betas)
 
 
 def stats_line(method: str, stats: RunStats) -> str:

@@ -178,6 +178,19 @@ def generate(a: argparse.Namespace) -> dict:
         return _generate(a, pair, edge)
 
 
+def skip_stats(pair, events, rule, prompt: list[int], out: list[int], sampling) -> dict:
+    """stats.skip: the skip rate and the rejection risk R measured by auditing the skipped
+    tokens against the target when it is loaded here (runtime/edge/skip.py says how)."""
+    from runtime.edge.skip import audit, skip_summary, skipped_positions
+
+    pos, xs = skipped_positions(events, len(prompt), len(out))
+    if pair.settings.get("target_backend") == "remote":
+        return skip_summary(events, rule, len(out), None,
+                            "no target loaded here (remote verifier without --target)")  # fmt: skip
+    betas = audit(pair.target, prompt + out, pos, xs, sampling)
+    return skip_summary(events, rule, len(out), betas)
+
+
 def _generate(a: argparse.Namespace, pair, edge: dict) -> dict:
     ids = prompt_tokens(a, pair)
     emu = None
@@ -250,7 +263,10 @@ def _generate(a: argparse.Namespace, pair, edge: dict) -> dict:
         from runtime.edge.loop import edge_summary
 
         stats.extra.update(k=a.k, k_max=a.k_max, link=a.link, link_seed=a.link_seed,
-                           server=a.server, edge=edge_summary(events))  # fmt: skip
+                           server=a.server, edge=edge_summary(events),
+                           lossy=edge.get("skip") is not None)  # fmt: skip
+        if edge.get("skip") is not None:  # CU-HLM skipping: measured R (runtime/edge/skip.py)
+            stats.extra["skip"] = skip_stats(pair, events, edge["skip"], ids, out, sampling)
     if auto is not None:
         stats.extra["auto"] = auto
     if emu is not None:

@@ -180,3 +180,20 @@ def test_edge_bench_sends_the_codec_it_is_given(tmp_path):
     assert {r["codec"] for r in runs} == {"k-sqs"}
     raw_row = 4096 * 4  # the embedded pair's V float32: one raw q row
     assert all(r["bytes_up"] < raw_row for r in runs if r["method"] != "cloud-only")
+
+
+def test_edge_bench_skip_runs_are_labelled_lossy(tmp_path):
+    """apps.bench --edge --codecs cu-hlm --skip: a cu-hlm+skip row beside cu-hlm, lossy with
+    its skip rate and measured risk; the lossless row says lossy false."""
+    from apps.bench.edge import main
+
+    out = tmp_path / "skip.json"
+    assert main(["--links", "none", "--limit", "1", "--max-tokens", "8", "--temps", "1",
+                 "--codecs", "cu-hlm", "--skip", "--u-th", "0.7", "--out-json", str(out)]) == 0  # fmt: skip
+    rows = {s["codec"]: s for s in json.loads(out.read_text())["summary"]}
+    assert rows["cu-hlm"]["lossy"] is False and "skip_rate" not in rows["cu-hlm"]
+    sk = rows["cu-hlm+skip"]
+    assert sk["lossy"] is True and 0 <= sk["skip_rate"] <= 1 and sk["u_th"] == 0.7
+    assert 0 <= sk["measured_risk"] <= 1 and sk["theorem1_bound"] >= 0
+    with pytest.raises(DuetError, match="include cu-hlm"):
+        main(["--links", "none", "--temps", "1", "--codecs", "raw", "--skip"])

@@ -152,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eta", type=float, default=1e-3, help="C-SQS eta (default 1e-3, SQS §4)")
     ap.add_argument("--beta", type=float, default=0.01, help="C-SQS initial beta (default 0.01)")
     ap.add_argument("--theta", type=float, default=0.1, help="CU-HLM TVD tolerance (default 0.1)")
+    ap.add_argument("--cu-k", type=int, default=None,
+                    help="CU-HLM with this fixed k (the wire codec's) instead of the online k(t)*")  # fmt: skip
     ap.add_argument("--m", type=int, default=16, help="CU-HLM perturbation samples M (default 16)")
     ap.add_argument("--theta-max", type=float, default=1.0, help="CU-HLM theta_max (default 1)")
     ap.add_argument("--seed", type=int, default=0)
@@ -185,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                   "cu-hlm": dict(k=args.k)}  # fmt: skip
         row = {"raw_acceptance": float(np.minimum(p, q).sum(-1).mean())}
         for name, prm in params.items():
-            if name == "cu-hlm" and cu.get("ks"):
+            if name == "cu-hlm" and args.cu_k is not None:
+                row[name] = run_codec(name, {"k": args.cu_k}, p, q, args.gamma, rng, args.budget)
+            elif name == "cu-hlm" and cu.get("ks"):
                 row[name] = run_cuhlm_online(p, q, cu["ks"], args.gamma, rng, args.budget)
             else:
                 row[name] = run_codec(name, prm, p, q, args.gamma, rng, args.budget)

@@ -46,9 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def one_run(conn_factory, draft, prompt, n, sampling, seed, k, eos, codec=None, params=None):
+def one_run(conn_factory, draft, prompt, n, sampling, seed, k, eos, codec=None, params=None,
+            skip=None, target=None):  # fmt: skip
     """(tokens, wall seconds, edge summary) of one flexspec generation; k None = adaptive.
-    `codec` (and its `params`) is the uplink payload: --codec, or ids at T = 0 and raw above."""
+    `codec` (and its `params`) is the uplink payload: --codec, or ids at T = 0 and raw above.
+    `skip` (a SkipRule): CU-HLM's LOSSY skipping; the summary's `skip` then holds the skip rate
+    and the rejection risk R measured against `target` (runtime/edge/skip.py)."""
     from devices.kstar import AdaptiveK
     from runtime.decoding import make_steps, stream
     from runtime.edge.loop import edge_summary
@@ -59,7 +62,7 @@ def one_run(conn_factory, draft, prompt, n, sampling, seed, k, eos, codec=None, 
         steps = make_steps("flexspec", None, draft, prompt, max_new=n, sampling=sampling, seed=seed,
                            conn=conn, k=k, controller=AdaptiveK() if k is None else None,
                            codec=codec or ("ids" if sampling.greedy else "raw"),
-                           codec_params=params)  # fmt: skip
+                           codec_params=params, skip=skip)  # fmt: skip
         t0 = time.perf_counter()
         toks = []
         for t, ev in stream(steps, max_new=n, eos_ids=eos):
@@ -68,7 +71,14 @@ def one_run(conn_factory, draft, prompt, n, sampling, seed, k, eos, codec=None, 
         wall = time.perf_counter() - t0
     finally:
         conn.close()
-    return toks, wall, edge_summary(events)
+    summary = edge_summary(events)
+    if skip is not None:
+        from runtime.edge.skip import audit, skip_summary, skipped_positions
+
+        pos, xs = skipped_positions(events, len(prompt), len(toks))
+        betas = audit(target, list(prompt) + toks, pos, xs, sampling)
+        summary["skip"] = skip_summary(events, skip, len(toks), betas)
+    return toks, wall, summary
 
 
 def bench(a: argparse.Namespace) -> dict:
@@ -83,12 +93,17 @@ def bench(a: argparse.Namespace) -> dict:
         if name not in LINK_NAMES:
             raise DuetError(f"unknown link {name!r}; choose from {', '.join(LINK_NAMES)}")
     temps = [float(t) for t in a.temps.split(",")]
-    params = None
+    params, skips = None, {}
     if not a.codecs:  # --codec (and its flags) hold for every temperature: check each, once
-        from runtime.edge.cli_args import codec_params
+        from runtime.edge.cli_args import codec_params, skip_rule_from
 
         for t in temps:
             params = codec_params(argparse.Namespace(**{**vars(a), "temp": t}))
+            skips[t] = skip_rule_from(argparse.Namespace(**{**vars(a), "temp": t}))
+    elif a.skip and "cu-hlm" not in a.codecs.split(","):
+        raise DuetError("--skip adds cu-hlm+skip runs beside cu-hlm: include cu-hlm in --codecs")
+    elif a.skip and not any(t > 0 for t in temps):
+        raise DuetError("--skip needs a temperature > 0 in --temps (CU-HLM's skip rule)")
     pair = load_pair_from_args(a, need_draft=True)
     if pair.tokenizer is None:
         raise DuetError("the benchmark needs a tokenizer.json beside the target")
@@ -123,14 +138,16 @@ def bench(a: argparse.Namespace) -> dict:
 
                         toks, wall, edge = one_run(factory, pair.draft, prompt, a.max_tokens,
                                                    Sampling(temp), a.seed + i, k, eos,
-                                                   a.codec, params)  # fmt: skip
+                                                   a.codec, params, skips.get(temp),
+                                                   pair.target)  # fmt: skip
                         acc = sum(edge["accepted"]) / max(1, sum(edge["k"]))
                         runs.append({"temp": temp, "link": link, "prompt": i, "method": name,
                                      "codec": a.codec or ("ids" if temp == 0 else "raw"),
                                      "k": k, "tokens": len(toks), "wall_s": wall,
                                      "mean_k": edge["mean_k"], "acceptance": acc,
                                      "bytes_up": sum(edge["bytes_up"]),
-                                     "bytes_down": sum(edge["bytes_down"]), "ids": toks})  # fmt: skip
+                                     "bytes_down": sum(edge["bytes_down"]), "ids": toks,
+                                     "lossy": "skip" in edge, "skip": edge.get("skip")})  # fmt: skip
                         print(f"T={temp:g} {link:<9} prompt {i} {name:<10} {len(toks)} tok "
                               f"{wall / max(1, len(toks)) * 1e3:8.1f} ms/tok  mean K "
                               f"{edge['mean_k']:.2f}", file=sys.stderr, flush=True)  # fmt: skip
@@ -155,11 +172,25 @@ def summarize(runs: list[dict]) -> list[dict]:
                       "mean_k": sum(r["mean_k"] for r in mr) / len(mr),
                       "bytes_up_per_token": sum(r["bytes_up"] for r in mr) / toks,
                       "bytes_down_per_token": sum(r["bytes_down"] for r in mr) / toks,
-                      "acceptance": sum(r["acceptance"] for r in mr) / len(mr)}  # fmt: skip
+                      "acceptance": sum(r["acceptance"] for r in mr) / len(mr),
+                      "lossy": any(r.get("lossy") for r in mr)}  # fmt: skip
+            if per[m]["lossy"]:  # --skip: skip rate and measured R over these runs
+                per[m].update(skip_totals([r["skip"] for r in mr]))
         base = per.get("cloud-only", {}).get("ms_per_token")
         for v in per.values():
             v["speedup"] = base / v["ms_per_token"] if base else None
             out.append(v)
+    return out
+
+
+def skip_totals(skips: list[dict]) -> dict:
+    """Skip rate and measured R (runtime/edge/skip.py) pooled over runs, by output token."""
+    n = sum(s["output_tokens"] for s in skips) or 1
+    out = {"skip_rate": sum(s["skipped"] for s in skips) / n,
+           "u_th": skips[0]["u_th"] if skips else None,
+           "theorem1_bound": max((s.get("theorem1_bound") or 0.0 for s in skips), default=None)}  # fmt: skip
+    if all(s["measured_risk"] is not None for s in skips):
+        out["measured_risk"] = sum(s["measured_risk"] * s["output_tokens"] for s in skips) / n
     return out
 
 
@@ -224,5 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in res["summary"]:
         print(f"{s['temp']:>3g} {s['link']:<9} {s['method']:<10} {s['ms_per_token']:>8.1f} "
               f"{s['speedup']:>8.2f} {s['mean_k']:>7.2f} {s['bytes_up_per_token']:>9.1f} "
-              f"{s['bytes_down_per_token']:>10.1f} {s['acceptance']:>7.2f}")  # fmt: skip
+              f"{s['bytes_down_per_token']:>10.1f} {s['acceptance']:>7.2f}"
+              + (f"  LOSSY skip {s['skip_rate']:.2f} R {s.get('measured_risk', float('nan')):.4f}"
+                 if s["lossy"] else ""))  # fmt: skip
     return 0

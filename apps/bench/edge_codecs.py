@@ -11,6 +11,9 @@ bytes, and the eq. (1) model + payload header, which must match up to the 21-byt
 VERIFY header and byte padding), acceptance (accepted / drafted), resampling rate (rounds with a
 rejection / rounds), ms per token end to end. Codec parameters: each codec's DEFAULTS
 (runtime/edge/codecs/) unless the codec flags of `--method flexspec` say otherwise.
+`--skip` adds `cu-hlm+skip` runs at T > 0: cu-hlm with CU-HLM's LOSSY skipping, marked lossy,
+with the skip rate and the rejection risk R measured against the target (runtime/edge/skip.py).
+Each summary row keeps the mean per-round time split (draft, uplink, cloud, downlink ms).
 The plot: ms per token vs temperature for K-SQS and C-SQS per link (SQS Fig. 2's crossover).
 """
 
@@ -21,13 +24,19 @@ import sys
 from runtime.errors import DuetError
 
 VERIFY_HEAD = 16 + 5  # frame header + u8 codec, u32 base
+EDGE_KEYS = ("total_draft_s", "total_uplink_s", "total_cloud_s", "total_downlink_s", "rounds",
+             "sent_rounds", "bytes_up", "rate_bps")  # per-round time split kept per run  # fmt: skip
 
 
-def one_run(factory, draft, prompt, n, sampling, seed, codec, params, eos):
+SKIP = "cu-hlm+skip"  # --skip: cu-hlm with CU-HLM's LOSSY skipping (runtime/edge/skip.py)
+
+
+def one_run(factory, draft, prompt, n, sampling, seed, codec, params, eos, skip=None, target=None):
     """(tokens, wall seconds, edge summary) of one adaptive-K* flexspec run with `codec`."""
     from apps.bench.edge import one_run as edge_run
 
-    return edge_run(factory, draft, prompt, n, sampling, seed, None, eos, codec, params)
+    return edge_run(factory, draft, prompt, n, sampling, seed, None, eos, codec, params, skip,
+                    target)  # fmt: skip
 
 
 def run_codecs(a, pair, prompts, host, port, token, links, temps) -> list[dict]:
@@ -36,29 +45,32 @@ def run_codecs(a, pair, prompts, host, port, token, links, temps) -> list[dict]:
     from runtime.decoding import Sampling
     from runtime.edge.cli_args import CODEC_FLAGS
     from runtime.edge.client import Connection
+    from runtime.edge.skip import skip_rule
 
-    codecs = a.codecs.split(",")
+    codecs = a.codecs.split(",") + ([SKIP] if a.skip else [])
     eos = pair.target.config.eos_token_ids
     runs = []
     for temp in temps:
         todo = [c for c in codecs if temp > 0 or c in ("ids", "raw")]
         todo = [c for c in todo if not (temp > 0 and c == "ids")]
+        rule = skip_rule(temp, a.u_th) if a.skip and temp > 0 else None
         for link in links:
             for i, prompt in enumerate(prompts):
                 for name in todo[i % len(todo) :] + todo[: i % len(todo)]:
                     params = {
                         key: getattr(a, flag)
-                        for flag, key in CODEC_FLAGS.get(name, {}).items()
+                        for flag, key in CODEC_FLAGS.get(name.removesuffix("+skip"), {}).items()
                         if getattr(a, flag) is not None
                     }
 
                     def factory(link=link, i=i):
                         return Connection(host, port, token, link=emulator(link, a.link_seed + i))
 
-                    toks, wall, e = one_run(factory, pair.draft, prompt, a.max_tokens,
-                                            Sampling(temp), a.seed + i, name, params or None, eos)  # fmt: skip
+                    toks, wall, e = one_run(factory, pair.draft, prompt, a.max_tokens, Sampling(temp),
+                                            a.seed + i, name.removesuffix("+skip"), params or None,
+                                            eos, rule if name == SKIP else None, pair.target)  # fmt: skip
                     drafted = sum(e["k"]) or 1
-                    heads = VERIFY_HEAD * e["rounds"]
+                    heads = VERIFY_HEAD * e["sent_rounds"]
                     mb = [b for b in e["model_bits"] if b is not None]
                     runs.append({
                         "temp": temp, "link": link, "prompt": i, "codec": name,
@@ -67,7 +79,8 @@ def run_codecs(a, pair, prompts, host, port, token, links, temps) -> list[dict]:
                         "rejected_rounds": sum(1 for k, x in zip(e["k"], e["accepted"], strict=True) if x < k),
                         "bytes_up": sum(e["bytes_up"]), "payload_bytes": sum(e["bytes_up"]) - heads,
                         "model_bits": sum(mb) if mb else None, "mean_k": e["mean_k"],
-                        "codec_stats": e.get("codec_stats"),
+                        "codec_stats": e.get("codec_stats"), "lossy": "skip" in e,
+                        "skip": e.get("skip"), "edge": {key: e[key] for key in EDGE_KEYS},
                     })  # fmt: skip
                     print(f"T={temp:g} {link:<9} prompt {i} {name:<7} {len(toks)} tok "
                           f"{wall / max(1, len(toks)) * 1e3:8.1f} ms/tok  mean K {e['mean_k']:.2f}  "
@@ -93,7 +106,13 @@ def summarize(runs: list[dict]) -> list[dict]:
             "ms_per_token": 1e3 * sum(r["wall_s"] for r in rs) / max(1, sum(r["tokens"] for r in rs)),
             "mean_k": sum(r["mean_k"] for r in rs) / len(rs),
             "theorem2_met": [r["codec_stats"]["theorem2_met"] for r in rs if r.get("codec_stats")],
+            "lossy": any(r["lossy"] for r in rs),
+            "split_ms_per_round": split_per_round(rs),
         })  # fmt: skip
+        if out[-1]["lossy"]:
+            from apps.bench.edge import skip_totals
+
+            out[-1].update(skip_totals([r["skip"] for r in rs]))
     for s in out:
         raw = [
             x for x in out if (x["temp"], x["link"], x["codec"]) == (s["temp"], s["link"], "raw")
@@ -104,6 +123,13 @@ def summarize(runs: list[dict]) -> list[dict]:
         s["acceptance_vs_raw"] = s["acceptance"] - raw[0]["acceptance"] if raw else None
         s["speedup_vs_raw"] = raw[0]["ms_per_token"] / s["ms_per_token"] if raw else None
     return out
+
+
+def split_per_round(rs: list[dict]) -> dict:
+    """Mean ms per sent round spent drafting, on the uplink, in the cloud and on the downlink."""
+    n = sum(r["edge"]["sent_rounds"] for r in rs) or 1
+    return {k: 1e3 * sum(r["edge"][f"total_{k}_s"] for r in rs) / n
+            for k in ("draft", "uplink", "cloud", "downlink")}  # fmt: skip
 
 
 def plot_crossover(summary: list[dict], path: str) -> None:
@@ -152,4 +178,6 @@ def print_table(summary: list[dict]) -> None:
               f"{s['payload_bits_per_draft']:>10.0f} {f(s['model_bits_per_draft'], '9.0f'):>9} "
               f"{f(s['bits_vs_raw'], '7.3f'):>7} {s['acceptance']:>7.3f} "
               f"{f(s['acceptance_vs_raw'], '+6.3f'):>6} {s['resample_rate']:>8.2f} "
-              f"{s['ms_per_token']:>8.1f} {f(s['speedup_vs_raw'], '5.2f'):>5}")  # fmt: skip
+              f"{s['ms_per_token']:>8.1f} {f(s['speedup_vs_raw'], '5.2f'):>5}"
+              + (f"  LOSSY skip {s['skip_rate']:.2f} R {s.get('measured_risk', float('nan')):.4f}"
+                 f" (Thm 1 bound {s['theorem1_bound']:.3f})" if s["lossy"] else ""))  # fmt: skip

@@ -60,11 +60,12 @@ class Session:
         window = pending(self.cache, self.seq) + draft.tokens
         logits = self.target.forward(np.array([window]), self.cache)[0, -(k + 1) :]  # (K+1, V)
         d = np.array(draft.tokens, dtype=np.int64)
+        forced = draft.forced  # rows the edge skipped (CU-HLM eq. 10): committed unverified
         if self.sampling.greedy:
-            a, c = verify_greedy(logits, d)
+            a, c = verify_greedy(logits, d, forced)
         else:
             p = self.sampling.probs(logits)
-            a, c = verify_sampling(p, draft.q, d, self.rng.random(k), self.rng.random())
+            a, c = verify_sampling(p, draft.q, d, self.rng.random(k), self.rng.random(), forced)
         self.seq += draft.tokens[:a] + [c]
         rewind(
             self.cache, len(self.seq) - 1

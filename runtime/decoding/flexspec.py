@@ -25,6 +25,7 @@ class Options:
     controller: object = None  # devices.kstar.AdaptiveK (eq. (11)); None: K = 4
     codec: str | None = None  # payload codec; default ids at T = 0, raw at T > 0
     codec_params: dict | None = None  # a compressed-q codec's parameters (its DEFAULTS otherwise)
+    skip: object = None  # runtime.edge.skip.SkipRule: CU-HLM's LOSSY skipping (--skip); None: off
 
 
 def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
@@ -36,4 +37,5 @@ def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=
         raise DuetError("--method flexspec needs a cloud verifier (--server HOST:PORT or local)")
     return edge_steps(draft, options.conn, seq, max_new=max_new, sampling=sampling, seed=seed,
                       k=options.k, k_max=options.k_max, controller=options.controller,
-                      codec=options.codec, codec_params=options.codec_params, draft_cache=draft_cache)  # fmt: skip
+                      codec=options.codec, codec_params=options.codec_params, draft_cache=draft_cache,
+                      skip=options.skip)  # fmt: skip

@@ -22,12 +22,13 @@ from runtime.errors import DuetError
 
 
 def draft_window(
-    draft, cache, seq: list[int], gamma: int, sampling: Sampling, rng, law=None
+    draft, cache, seq: list[int], gamma: int, sampling: Sampling, rng, law=None, observe=None
 ) -> tuple[list[int], np.ndarray]:
     """Draft γ tokens after `seq`; returns (tokens, q (γ, V)), q the law each was drawn from
     (empty when greedy, where verification needs none). `law(q) -> q_hat`, when given, replaces
     each q by the law the verifier will see (a lossy codec's decoded q̂, SQS §2) before the
-    token is drawn from it with a fresh uniform.
+    token is drawn from it with a fresh uniform. `observe(logits, d, q_row)`, when given, sees
+    each token after its draw (CU-HLM's skip rule, runtime/edge/skip.py).
 
     On return the draft cache holds seq + d1..d(γ-1) (dγ is fed next step if accepted).
     """
@@ -44,6 +45,8 @@ def draft_window(
             qs.append(law(q) if law is not None else q)  # SQS §2: draw from the q̂ sent
             d = int(sample(qs[-1], rng.random()))
         toks.append(d)
+        if observe is not None:
+            observe(logits, d, qs[-1] if qs else None)
         feed = [d]
     return toks, (np.stack(qs) if qs else np.zeros((0, draft.config.vocab_size), np.float32))
 

@@ -37,7 +37,13 @@ def add_edge_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--eta", type=float, default=None, help="c-sqs: step eta (default 0.01)")
     g.add_argument("--beta", type=float, default=None,
                    help="c-sqs: initial threshold beta (default 0.01)")  # fmt: skip
-    g.add_argument("--cu-k", type=int, default=None, help="cu-hlm: top-k sent (default 256)")
+    g.add_argument("--cu-k", type=int, default=None, help="cu-hlm: top-k sent (default 128)")
+    g.add_argument("--skip", action="store_true",
+                   help="cu-hlm, --temp > 0: LOSSY CU-HLM skipping: commit drafts whose "
+                        "uncertainty is <= u_th without verification (stats say lossy)")  # fmt: skip
+    g.add_argument("--u-th", type=float, default=None,
+                   help="--skip: the threshold u_th (default: Theorem 1, eq. 12, with the "
+                        "embedded pair's fit)")  # fmt: skip
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -60,6 +66,22 @@ def check_edge_args(a: argparse.Namespace) -> None:
     if a.server != "local":
         _host_port(a.server)
     codec_params(a)
+    skip_rule_from(a)
+
+
+def skip_rule_from(a: argparse.Namespace):
+    """The SkipRule of --skip (None without it); one line for --u-th without --skip, --skip
+    with a codec other than cu-hlm, or at --temp 0."""
+    from runtime.edge.skip import skip_rule
+
+    if not getattr(a, "skip", False):
+        if getattr(a, "u_th", None) is not None:
+            raise DuetError("--u-th applies only with --skip")
+        return None
+    if a.codec != "cu-hlm":
+        raise DuetError("--skip is CU-HLM's uncertainty-aware skipping: it needs --codec cu-hlm "
+                        f"(got --codec {a.codec or 'default'})")  # fmt: skip
+    return skip_rule(getattr(a, "temp", 0.0), a.u_th)
 
 
 CODEC_FLAGS = {"k-sqs": {"sqs_k": "k", "ell": "ell"},
@@ -119,7 +141,8 @@ def edge_options(a: argparse.Namespace, target_dir, target_backend: str = "auto"
         try:
             yield {"conn": conn, "k": a.k, "k_max": a.k_max,
                    "controller": None if a.k is not None else AdaptiveK(),
-                   "codec": a.codec, "codec_params": codec_params(a)}  # fmt: skip
+                   "codec": a.codec, "codec_params": codec_params(a),
+                   "skip": skip_rule_from(a)}  # fmt: skip
         finally:
             conn.close()
     finally:

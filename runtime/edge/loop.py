@@ -20,6 +20,8 @@ from runtime.edge import wire
 from runtime.edge.client import CloudError, Connection
 from runtime.edge.codecs import codec as get_codec
 from runtime.edge.codecs import new_encoder
+from runtime.edge.codecs.lossy import MAX_ROWS
+from runtime.edge.skip import Skipper
 from runtime.errors import DuetError
 
 
@@ -37,12 +39,16 @@ def edge_steps(
     codec: str | None = None,
     codec_params: dict | None = None,
     draft_cache=None,
+    skip=None,
 ) -> Iterator[StepEvent]:
     """Yield one StepEvent per round; `extra["edge"]` holds the round's k, bytes, rate and times.
 
     k fixes K; otherwise `controller.choose(k_max)` picks it each round and
     `controller.update(...)` learns from the round. codec defaults to `ids` at T = 0 and `raw`
     (ids + q) at T > 0. The server session is closed when the generator is closed.
+    `skip` (runtime.edge.skip.SkipRule, cu-hlm at T > 0 only) turns on CU-HLM's LOSSY skipping:
+    drafts with u <= u_th are committed unverified, and a window of only such drafts is not
+    sent (its ids lead the next window); rounds then carry `u`, `skipped` and `sent`.
     """
     if k is not None and k < 0:
         raise DuetError(f"--k must be >= 0 (got {k})")
@@ -56,6 +62,12 @@ def edge_steps(
     if not sampling.greedy and not cod.CARRIES_Q:
         raise DuetError(f"codec {cod.NAME} carries no q; sampling (--temp > 0) needs one that does")
     enc = new_encoder(cod, V, codec_params)
+    skipper = None
+    if skip is not None:
+        if cod.NAME != "cu-hlm" or sampling.greedy:
+            raise DuetError("--skip is CU-HLM's: it needs --codec cu-hlm and --temp > 0 "
+                            f"(got --codec {cod.NAME}, --temp {sampling.temp:g})")  # fmt: skip
+        skipper = Skipper(skip, np.random.default_rng(np.random.SeedSequence(seed).spawn(3)[2]))
     if cod.NAME not in conn.welcome.codecs:
         raise DuetError(f"the cloud verifier does not speak codec {cod.NAME}")
     edge_seed, cloud_seed = np.random.SeedSequence(seed).spawn(2)  # independent streams: the
@@ -73,20 +85,48 @@ def edge_steps(
     conn.open(seq, sampling.temp, sampling.top_p, sampling.top_k,
               int(cloud_seed.generate_state(1, np.uint64)[0]))  # fmt: skip
     produced = 0
+    held: list[int] = []  # skipped drafts committed here, not yet sent (they lead the next body)
     try:
         while produced < max_new:
             want = k if k is not None else (controller.choose(k_max) if controller else 4)
-            g = max(0, min(want, max_new - produced - 1, ctx - len(seq) - 1, draft_ctx - len(seq)))
+            g = max(0, min(want, max_new - produced - 1, ctx - len(seq) - 1, draft_ctx - len(seq),
+                           MAX_ROWS - len(held)))  # fmt: skip
+            flags: list[tuple[float, bool, float]] = []  # per draft: u, skipped, x_d = q̂(d)
+
+            def observe(logits, d, q_row, flags=flags):
+                u = skipper.uncertainty(logits, d)  # eq. (8)-(9)
+                s = skipper.decide(u)  # eq. (10)
+                if s:
+                    enc.skip_last()  # its row on the wire is the id alone
+                flags.append((u, s, float(q_row[d])))
+
             t0 = time.perf_counter()
-            drafts, q = draft_window(draft, dc, seq, g, sampling, rng, law=enc.draft_law)
-            body = enc.encode(drafts, q, V)
+            drafts, q = draft_window(draft, dc, seq, g, sampling, rng, law=enc.draft_law,
+                                     observe=observe if skipper else None)  # fmt: skip
+            if skipper and g and all(f[1] for f in flags):  # nothing to verify: no round trip
+                base = len(seq)
+                seq += drafts
+                held += drafts
+                produced += g
+                t1 = time.perf_counter()
+                yield StepEvent(tokens=drafts, accepted=g, drafted=g, draft_s=t1 - t0, extra={
+                    "edge": {"k": g, "accepted": g, "bytes_up": 0, "bytes_down": 0,
+                             "rate_bps": float("inf"), "draft_s": t1 - t0, "uplink_s": 0.0,
+                             "cloud_s": 0.0, "downlink_s": 0.0, "model_bits": 0, "sent": False,
+                             "u": [f[0] for f in flags], "skip_flags": [f[1] for f in flags],
+                             "skipped": [(base + i, f[2]) for i, f in enumerate(flags)]}})  # fmt: skip
+                continue
+            body = enc.encode(held + drafts, q, V)
             t1 = time.perf_counter()
-            v, x = conn.verify(cod.NUMBER, len(seq), body)
-            a, c = v.accepted, v.token
-            if a > g or not 0 <= c < V or v.committed != len(seq) + a + 1:
+            base, h = len(seq) - len(held), len(held)
+            v, x = conn.verify(cod.NUMBER, base, body)
+            a, c = v.accepted - h, v.token  # the held rows are committed by the verifier as is
+            if not 0 <= a <= g or not 0 <= c < V or v.committed != len(seq) + a + 1:
                 raise CloudError(f"the cloud verifier at {conn.where} sent an impossible verdict")
+            held = []
             enc.verdict(a, g)  # C-SQS: Alg. 1's backtrack of beta to the kept tokens
             committed = drafts[:a] + [c]
+            skipped = [(len(seq) + i, f[2]) for i, f in enumerate(flags[:a]) if f[1]]
             seq += committed
             produced += len(committed)
             rewind(dc, len(seq) - 1)  # FlexSpec §IV-C: the edge rolls back with the cloud
@@ -106,6 +146,9 @@ def edge_steps(
             round_["model_bits"] = enc.last_bits  # header + eq. (1) body bits (compressed q)
             if hasattr(enc, "stats"):
                 round_["codec_stats"] = enc.stats()
+            if skipper:
+                round_.update(sent=True, u=[f[0] for f in flags],
+                              skip_flags=[f[1] for f in flags], skipped=skipped)  # fmt: skip
             yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=t1 - t0,
                             verify_s=x.wall_s, extra={"edge": round_})  # fmt: skip
     finally:
@@ -121,7 +164,7 @@ def edge_summary(events) -> dict:
     rounds = [ev.extra["edge"] for ev in events if "edge" in ev.extra]
     keys = ("k", "accepted", "bytes_up", "bytes_down", "rate_bps", "draft_s", "uplink_s",
             "cloud_s", "downlink_s", "model_bits")  # fmt: skip
-    out: dict = {"rounds": len(rounds)}
+    out: dict = {"rounds": len(rounds), "sent_rounds": sum(r.get("sent", True) for r in rounds)}
     for key in keys:
         vals = [r[key] for r in rounds]
         out[key] = [v if v != float("inf") else None for v in vals]

@@ -35,10 +35,12 @@ CODEC_MODULES: dict[str, str] = {
 
 @dataclass
 class Draft:
-    """A decoded window: the draft tokens and, when the codec carries it, q (K, V) float32."""
+    """A decoded window: the draft tokens and, when the codec carries it, q (K, V) float32;
+    `forced` (K,) bool marks rows the edge skipped (CU-HLM eq. 10: commit unverified), or None."""
 
     tokens: list[int]
     q: np.ndarray | None
+    forced: list[bool] | None = None
 
 
 def codec(name: str):

@@ -13,8 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.bitio import MalformedPayload
-from kernels.payloads import decode as decode_any
-from kernels.payloads import make_codec
+from kernels.payloads import decode_rows, make_codec
 from kernels.sqs import theorem2_bound
 from runtime.edge.codecs import Draft
 from runtime.edge.wire import E_MALFORMED, ProtocolError
@@ -37,6 +36,12 @@ class Encoder:
         row = self.kernel.quantize(np.asarray(q, np.float32)[None])[0]
         self.rows.append(row)
         return self.kernel.qhat([row], self.vocab)[0]
+
+    def skip_last(self) -> None:
+        """The last row's token is committed unverified (CU-HLM eq. 10): send its id alone."""
+        if self.kernel.name != "cu-hlm":
+            raise ValueError("only cu-hlm rows can be skipped (CU-HLM eq. 10)")
+        self.rows[-1] = None
 
     def encode(self, tokens, q_hat, vocab: int) -> bytes:
         """The VERIFY body of the rows drafted since the last call (one per token)."""
@@ -70,7 +75,8 @@ def decode_payload(body: bytes, vocab: int, codec_byte: int, name: str) -> Draft
     if not body or body[0] != codec_byte:
         raise ProtocolError(E_MALFORMED, f"{name} payload: first byte is not its codec byte")
     try:
-        tokens, q_hat = decode_any(body, vocab, MAX_ROWS)
+        tokens, q_hat, rows = decode_rows(body, vocab, MAX_ROWS)
     except MalformedPayload as e:
         raise ProtocolError(E_MALFORMED, f"{name} payload: {e}") from None
-    return Draft([int(t) for t in tokens], q_hat)
+    forced = [r is None for r in rows]
+    return Draft([int(t) for t in tokens], q_hat, forced if any(forced) else None)
