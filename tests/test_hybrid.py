@@ -310,3 +310,20 @@ def test_generate_cli_runs_hybrid_pairs_with_either_rollback(models, tiny_dir, c
         assert main(argv) == 0
         outs.append(json.loads(capsys.readouterr().out)["tokens"])
     assert outs[0] == outs[1] == outs[2]
+
+
+def test_rollback_bench_runs_sd_both_ways(models, tiny_dir, capsys):
+    import json
+
+    from apps.bench.hybrid_rollback import main
+
+    draft = tiny_dir("qwen3_5_text", num_layers=2, seed=2)
+    argv = ["--target", str(models["dir"]), "--draft", str(draft), "--gamma", "2", "--reps", "1",
+            "--prompt-len", "4", "--max-new", "8", "--e2e-reps", "1"]  # fmt: skip
+    assert main(argv) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert set(res["redecode_ms"]) == {"0", "1", "2"} and res["verify_ms"] > 0
+    sd = res["sd"]
+    assert sd["same_tokens"] and sd["replay"]["redecoded"] == 0
+    # redecode processes exactly replay's windows plus the tokens it re-ran
+    assert sd["redecode"]["processed"] == sd["replay"]["processed"] + sd["redecode"]["redecoded"]
