@@ -84,7 +84,9 @@ def cache_with(model, rollback: str):
 def end_to_end(path, draft_path, *, gamma: int = 4, prompt_len: int = 16, max_new: int = 64,
                reps: int = 3, threads: int = 1, backend: str = "torch"):  # fmt: skip
     """Greedy sd, replay and redecode alternating: {rollback: {processed, redecoded,
-    accepted, steps, tok_s}} (tok_s the median; the counts are the same every run)."""
+    generated, steps, accepted, draft_s, verify_s, tok_s}} (tok_s the median, the seconds
+    the last run's; the counts are the same every run). Rollback time is in neither draft_s
+    nor verify_s, only in tok_s."""
     from runtime.backends import load_model
     from runtime.decoding import make_steps, run
     from runtime.decoding.events import GREEDY
@@ -113,7 +115,9 @@ def end_to_end(path, draft_path, *, gamma: int = 4, prompt_len: int = 16, max_ne
             row["tok_s"].append(len(res.tokens) / (time.perf_counter() - t))
             tokens.setdefault(r, res.tokens)
             row.update(processed=counted[0], redecoded=getattr(tc, "redecoded", 0),
-                       generated=len(res.tokens))  # fmt: skip
+                       generated=len(res.tokens), steps=len(res.stats.accepted),
+                       accepted=sum(res.stats.accepted), draft_s=res.stats.draft_s,
+                       verify_s=res.stats.verify_s)  # fmt: skip
     for row in out.values():
         row["tok_s"] = statistics.median(row["tok_s"])
     out["same_tokens"] = tokens["replay"] == tokens["redecode"]
