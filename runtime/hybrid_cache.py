@@ -22,11 +22,13 @@ A Gated DeltaNet layer's cache is a conv state (B, C, K-1) and a recurrent state
   checkpoint through the whole model at once, as their own pass (the `redecode` callback:
   the model's layers, no head), as llama.cpp re-decodes the accepted tokens after restoring
   its checkpoint. So after every rollback every layer sits at the committed length, and the
-  next forward's checkpoint is taken there. A target that verified
-  [last, d1..dγ] in one forward re-runs the A + 1 kept tokens, never more (no growth across
-  rounds); a draft that fed one token per forward lands on a checkpoint with nothing to
-  re-run. This costs what llama.cpp pays: a second, separate pass of A + 1 tokens per
-  rejection (checkpointing at the kept length inside the next forward would hide that pass).
+  next forward's checkpoint is taken there. A target that verified [last, d1..dγ] in one
+  forward re-runs the A + 1 kept tokens, never more (no growth across rounds); a draft that
+  fed one token per forward lands on a checkpoint with nothing to re-run. This costs what
+  llama.cpp pays: a second, separate pass of A + 1 tokens per rejection (checkpointing at the
+  kept length inside the next forward would hide that pass, so it is not done). One excess
+  remains: `sd` sends the prompt in the target's first window, with no checkpoint inside it,
+  so a rejection in that first round re-runs the prompt too (once; llama.cpp prefills first).
 
 The log restarts at each landing and at the start of a forward when it would exceed
 `window` positions. Rolling back past its start (rare: speculative decoding never does)
