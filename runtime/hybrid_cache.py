@@ -16,12 +16,19 @@ A Gated DeltaNet layer's cache is a conv state (B, C, K-1) and a recurrent state
   (2 MiB) for a per-position recurrent state: hence replay, not per-position states. The
   replayed state is bit-identical to the forward's (both call `delta_step`).
 - `redecode` (llama.cpp's approach, the baseline). A checkpoint of the states is kept before
-  each forward (references, no copies: states are never written in place); `trim` restores
-  the latest checkpoint at or before the kept length and drops every later position from all
-  layers, so the accepted tokens run through the whole model again (decoding's `pending`
-  feeds them at the front of the next forward, in the same pass as the next window). A
-  target that verified [last, d1..dγ] in one forward re-runs the A + 1 kept tokens; a draft
-  that fed one token per forward lands on a checkpoint with nothing to re-run.
+  each forward (references, no copies: states are never written in place), and the cache
+  keeps the token ids it was fed. `trim` restores the latest checkpoint at or before the kept
+  length, drops every later position from all layers, and re-runs the kept tokens after the
+  checkpoint through the whole model at once, as their own pass (the `redecode` callback:
+  the model's layers, no head), as llama.cpp re-decodes the accepted tokens after restoring
+  its checkpoint. So after every rollback every layer sits at the committed length, and the
+  next forward's checkpoint is taken there. A target that verified [last, d1..dγ] in one
+  forward re-runs the A + 1 kept tokens, never more (no growth across rounds); a draft that
+  fed one token per forward lands on a checkpoint with nothing to re-run. This costs what
+  llama.cpp pays: a second, separate pass of A + 1 tokens per rejection (checkpointing at the
+  kept length inside the next forward would hide that pass, so it is not done). One excess
+  remains: `sd` sends the prompt in the target's first window, with no checkpoint inside it,
+  so a rejection in that first round re-runs the prompt too (once; llama.cpp prefills first).
 
 The log restarts at each landing and at the start of a forward when it would exceed
 `window` positions. Rolling back past its start (rare: speculative decoding never does)
@@ -112,12 +119,17 @@ class HybridCache:
 
     def __init__(self, kinds: Sequence[str], batch: int, empty_kv: Callable[[int], Any],
                  empty_state: Callable[[int, int], tuple], *, rollback: str = "replay",
-                 window: int = 64):  # fmt: skip
+                 window: int = 64,
+                 redecode: Callable[[np.ndarray, Any], Any] | None = None):  # fmt: skip
+        """`redecode(tokens (B, T), cache)` runs tokens through all layers of the model into
+        `cache` (no head): how `redecode` rollback re-runs the kept tokens."""
         if rollback not in ROLLBACKS:
             raise DuetError(f"--hybrid-rollback {rollback!r}: choose from {', '.join(ROLLBACKS)}")
         self.kinds, self.rollback, self.window = list(kinds), rollback, window
-        self._batch = batch
+        self._batch, self._redecode = batch, redecode
         self._fork: tuple[int, Any] | None = None  # (offset at fork_at, per-row lengths)
+        self._tokens = np.zeros((batch, 0), np.int64)  # redecode: the ids fed, per position
+        self.redecoded = 0  # redecode: tokens re-run by `trim` so far
         self._layers: list[Any] = [
             _Linear(*empty_state(i, batch))
             if k == LINEAR
@@ -147,6 +159,11 @@ class HybridCache:
             layer[0], layer[1] = k[:, :, :n], v[:, :, :n]
         return layer[0], layer[1]
 
+    def feed(self, tokens: np.ndarray) -> None:
+        """Before a forward from layer 0: note its token ids (B, T) (redecode re-runs them)."""
+        if self.rollback == "redecode":
+            self._tokens = np.concatenate([self._tokens, np.asarray(tokens, np.int64)], axis=1)
+
     def begin(self, i: int, length: int) -> None:
         """Before a forward of `length` tokens through layer i: restart an over-long log."""
         layer = self._layers[i]
@@ -168,13 +185,14 @@ class HybridCache:
         layer.offset += log[0].shape[-1]
 
     def trim(self, n: int) -> int:
-        """Drop the last `n` tokens of every layer (redecode: every token since the base)."""
+        """Drop the last `n` tokens of every layer (redecode: restore the checkpoint at or
+        before the kept length, then re-run the kept tokens after it as their own pass)."""
         n = max(0, min(n, min(self.layer_offset(i) for i in range(len(self._layers)))))
         if n == 0:
             return 0
         keep = [self.layer_offset(i) - n for i in range(len(self._layers))]
         if self.rollback == "redecode":
-            keep = [self._checkpoint_at(min(keep))] * len(keep)
+            return self._restore_and_redecode(min(keep), n)
         if any(keep[i] < la.base for i, la in enumerate(self._layers) if isinstance(la, _Linear)):
             return self._clear()  # before the log: no state to land on, start over
         for i, layer in enumerate(self._layers):
@@ -184,9 +202,29 @@ class HybridCache:
                 layer[2] = keep[i]
         return n
 
+    def _restore_and_redecode(self, keep: int, n: int) -> int:
+        """llama.cpp's rollback: land every layer on the latest checkpoint at or before
+        `keep`, then run the tokens from there to `keep` through the whole model again."""
+        at = self._checkpoint_at(keep)
+        if at < 0:
+            return self._clear()  # no checkpoint that early: start over
+        known = self._redecode is not None and self._tokens.shape[1] == self.layer_offset(0)
+        for layer in self._layers:
+            if isinstance(layer, _Linear):
+                self._land(layer, at - layer.base)
+            else:
+                layer[2] = at
+        rerun, self._tokens = self._tokens[:, at:keep], self._tokens[:, :at]
+        if known and rerun.shape[1]:
+            self._redecode(rerun, self)  # feeds the ids back and appends their positions
+            self.redecoded += rerun.shape[1]  # the next forward checkpoints at `keep`
+            return n
+        return n + keep - at  # nothing to re-run with: decoding re-feeds the dropped tokens
+
     def _clear(self) -> int:
         """Empty every layer (the next forward re-runs the whole prefix); returns tokens dropped."""
         dropped, self._fork = self.offset, None
+        self._tokens = self._tokens[:, :0]
         for i, layer in enumerate(self._layers):
             if isinstance(layer, _Linear):
                 zero = (torch.zeros_like(layer.conv), torch.zeros_like(layer.rec))
@@ -196,18 +234,19 @@ class HybridCache:
         return dropped
 
     def _checkpoint_at(self, keep: int) -> int:
-        """Where redecode lands: the latest checkpoint at or before `keep` in every linear
-        layer (-1 when some layer has none)."""
-        lands = [max((e[0] for e in la.log if e[0] <= keep), default=-1)
+        """Where redecode lands: the latest checkpoint (the base, or the start of a logged
+        forward) at or before `keep` in every linear layer (-1 when some layer has none)."""
+        lands = [max((e[0] for e in la.log if e[0] <= keep),
+                     default=la.base if la.base <= keep else -1)
                  for la in self._layers if isinstance(la, _Linear)]  # fmt: skip
         return min(lands, default=keep)
 
     def _land(self, layer: _Linear, a: int) -> None:
         """Set the live states to those after `a` logged positions, and make that the base."""
-        if self.rollback == "redecode":
-            _, layer.conv, layer.rec = next(e for e in layer.log if e[0] == layer.base + a)
-        elif a == 0:
+        if a == 0:
             layer.conv, layer.rec = layer.base_conv, layer.base_rec
+        elif self.rollback == "redecode" and a < layer.logged():
+            _, layer.conv, layer.rec = next(e for e in layer.log if e[0] == layer.base + a)
         elif a < layer.logged():
             xin, k, v, g, beta = layer._cat_log()
             layer.conv = conv_state_after(layer.base_conv, xin, a)
@@ -226,6 +265,7 @@ class HybridCache:
             len(rows),
         )
         new._fork = None if self._fork is None else (self._fork[0], self._fork[1][rows])
+        new._redecode, new._tokens, new.redecoded = self._redecode, self._tokens[rows], 0
         new._layers = []
         for i, layer in enumerate(self._layers):
             if isinstance(layer, _Linear):

@@ -166,12 +166,66 @@ def test_replay_and_redecode_give_identical_output(models, tiny_dir):
     draft = models["near_draft"]
     want = generate("sd", models["target"], draft, gamma=4)
     assert generate("sd", redecode, draft, gamma=4) == want
-    # redecode lands on the checkpoint before the window: fewer tokens kept, re-fed next step
+    # redecode restores the checkpoint before the window and re-runs the kept tokens
     c = prefill(redecode, PROMPT)
     redecode.forward(np.array([[11, 12, 13]]), c)
     c.trim(1)
-    assert c.offset == len(PROMPT)
-    assert_states_close(c, prefill(redecode, PROMPT))
+    assert c.offset == len(PROMPT) + 2 and c.redecoded == 2
+    assert_states_close(c, prefill(redecode, PROMPT + [11, 12]))
+    c.trim(1)  # lands on the checkpoint at the committed length: only [11] re-runs
+    assert c.offset == len(PROMPT) + 1 and c.redecoded == 3
+    assert_states_close(c, prefill(redecode, PROMPT + [11]))
+
+
+def counted(model):
+    """`model` with its forward_layers wrapped: returns the list of T of every forward from
+    layer 0 (verify windows, prefill, and redecode's re-runs all go through it)."""
+    calls, inner = [], model.forward_layers
+
+    def forward_layers(x, cache, start, stop, **kw):
+        if start == 0:
+            calls.append(np.asarray(x).shape[1])
+        return inner(x, cache, start, stop, **kw)
+
+    model.forward_layers = forward_layers
+    return calls
+
+
+def rounds_of(target, draft, calls):
+    """Greedy sd (γ = 4, 40 tokens) with `calls` = counted(target): per step (tokens the
+    verify forward ran beyond the pending ones, accepted, drafted, tokens re-run after)."""
+    tc = target.new_cache()
+    rounds, pending = [], len(PROMPT)  # the first window carries the whole prompt
+    steps = make_steps("sd", target, draft, PROMPT, max_new=40, sampling=GREEDY, seed=0,
+                       gamma=4, target_cache=tc)  # fmt: skip
+    for ev in steps:
+        rounds.append((calls[0] - pending, ev.accepted, ev.drafted, sum(calls[1:])))
+        calls.clear()
+        pending = 1  # then only the last committed token
+    return rounds, tc
+
+
+def test_redecode_reruns_only_the_accepted_tokens_of_each_round(models):
+    """llama.cpp's cost, not more: after a rejection the A + 1 kept tokens of that window are
+    re-run once, as their own pass, and the next window starts at the committed length (the
+    re-run does not grow across rounds; a full acceptance re-runs nothing)."""
+    draft = models["near_draft"]
+    replay = TorchCausalLM(models["target"].module, hybrid_rollback="replay")
+    redecode = TorchCausalLM(models["target"].module, hybrid_rollback="redecode")
+    rounds_replay, _ = rounds_of(replay, draft, counted(replay))
+    rounds, tc = rounds_of(redecode, draft, counted(redecode))
+    assert [r[:3] for r in rounds] == [r[:3] for r in rounds_replay]  # same acceptances
+    for i, (extra, a, g, rerun) in enumerate(rounds):
+        assert extra == g  # [pending, d1..dγ]: the window never grows
+        # sd's first window carries the prompt (no checkpoint inside it): its re-run includes
+        # the prompt's first tokens once; after that, the A + 1 kept tokens only
+        head = len(PROMPT) - 1 if i == 0 else 0
+        assert rerun == (head + a + 1 if a < g else 0)
+    for *_, rerun in rounds_replay:
+        assert rerun == 0  # replay runs only the recurrence, no model pass
+    rejected = [a for _, a, g, _ in rounds if a < g]
+    assert len(rejected) >= 3 and any(0 < a for a in rejected)
+    assert tc.redecoded == sum(r[3] for r in rounds)
 
 
 @pytest.mark.parametrize("method", ["tree", "heterospec"])
@@ -245,3 +299,20 @@ def test_generate_cli_runs_hybrid_pairs_with_either_rollback(models, tiny_dir, c
         assert main(argv) == 0
         outs.append(json.loads(capsys.readouterr().out)["tokens"])
     assert outs[0] == outs[1] == outs[2]
+
+
+def test_rollback_bench_runs_sd_both_ways(models, tiny_dir, capsys):
+    import json
+
+    from apps.bench.hybrid_rollback import main
+
+    draft = tiny_dir("qwen3_5_text", num_layers=2, seed=2)
+    argv = ["--target", str(models["dir"]), "--draft", str(draft), "--gamma", "2", "--reps", "1",
+            "--prompt-len", "4", "--max-new", "8", "--e2e-reps", "1"]  # fmt: skip
+    assert main(argv) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert set(res["redecode_ms"]) == {"0", "1", "2"} and res["verify_ms"] > 0
+    sd = res["sd"]
+    assert sd["same_tokens"] and sd["replay"]["redecoded"] == 0
+    # redecode processes exactly replay's windows plus the tokens it re-ran
+    assert sd["redecode"]["processed"] == sd["replay"]["processed"] + sd["redecode"]["redecoded"]

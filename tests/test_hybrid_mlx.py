@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_hybrid import N_NEW, PROMPT, generate, hf_greedy, hf_model, near_copy
+from test_hybrid import N_NEW, PROMPT, counted, generate, hf_greedy, hf_model, near_copy, rounds_of
 
 from runtime.backends import load_model
 from runtime.decoding import make_steps
@@ -151,6 +151,23 @@ def test_states_equal_a_fresh_prefill_after_every_sd_step(models, rollback):
         assert_states_close(tc, prefill(target, seq[: tc.offset]))
     assert {0, 4} < accepted, f"want rejections, partial and full windows (got {accepted})"
     assert out[:N_NEW] == models["hf_greedy"]
+
+
+def test_mlx_redecode_reruns_only_the_accepted_tokens_of_each_round(models):
+    """The MLX cache inherits redecode's bookkeeping: the A + 1 kept tokens re-run once per
+    rejection through the MLX layers, never a grown window (as tests/test_hybrid.py)."""
+    from runtime.backends.mlx_qwen3_5 import MLXQwen3_5LM
+
+    m, draft = models["target"], models["near_draft"]
+    replay = MLXQwen3_5LM(m.model, m.config, hybrid_rollback="replay")
+    redecode = MLXQwen3_5LM(m.model, m.config, hybrid_rollback="redecode")
+    want, _ = rounds_of(replay, draft, counted(replay))
+    rounds, tc = rounds_of(redecode, draft, counted(redecode))
+    assert [r[:3] for r in rounds] == [r[:3] for r in want]  # same acceptances
+    for i, (extra, a, g, rerun) in enumerate(rounds):
+        assert extra == g
+        assert rerun == ((len(PROMPT) - 1 if i == 0 else 0) + a + 1 if a < g else 0)
+    assert sum(a < g for _, a, g, _ in rounds) >= 3 and tc.redecoded == sum(r[3] for r in rounds)
 
 
 @pytest.mark.parametrize("exit_layer", [1, 2])  # stop after a linear / an attention layer

@@ -2,7 +2,8 @@
 layers, conv and recurrent states for the Gated DeltaNet layers, and the same exact rollback.
 
 The bookkeeping (the base each linear layer's log starts from, when the log restarts, where
-`trim` lands, `redecode`'s checkpoints, emptying the cache when asked to land before the
+`trim` lands, `redecode`'s checkpoints and its re-run of the kept tokens as a pass of their
+own through the model's `forward_layers`, emptying the cache when asked to land before the
 log) is HybridCache's, inherited unchanged; this class supplies the MLX arrays:
 
 - full-attention layers keep `[keys, values, n]` with (B, KV, capacity, D) buffers that grow
@@ -37,9 +38,9 @@ class MLXHybridCache(HybridCache):
     def __init__(self, kinds: Sequence[str], batch: int,
                  empty_state: Callable[[int, int], tuple],
                  replay: Callable[..., mx.array], *, rollback: str = "replay",
-                 window: int = 64):  # fmt: skip
+                 window: int = 64, redecode: Callable | None = None):  # fmt: skip
         super().__init__(kinds, batch, lambda b: None, empty_state, rollback=rollback,
-                         window=window)  # fmt: skip
+                         window=window, redecode=redecode)  # fmt: skip
         self._replay = replay  # (layer, rec, k, v, a, b) -> the state after those positions
 
     def get(self, i: int) -> tuple:
@@ -89,6 +90,7 @@ class MLXHybridCache(HybridCache):
 
     def _clear(self) -> int:
         dropped = self.offset
+        self._tokens = self._tokens[:, :0]
         for i, layer in enumerate(self._layers):
             if isinstance(layer, _Linear):
                 self._layers[i] = _Linear(mx.zeros_like(layer.conv), mx.zeros_like(layer.rec))
@@ -102,6 +104,7 @@ class MLXHybridCache(HybridCache):
         new = MLXHybridCache.__new__(MLXHybridCache)
         new.kinds, new.rollback, new.window = self.kinds, self.rollback, self.window
         new._batch, new._replay, new._layers = len(rows), self._replay, []
+        new._redecode, new._tokens, new.redecoded = self._redecode, self._tokens[list(rows)], 0
         for layer in self._layers:
             if isinstance(layer, _Linear):
                 copy = _Linear(layer.conv[idx], layer.rec[idx], layer.offset)

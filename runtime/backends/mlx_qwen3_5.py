@@ -141,7 +141,11 @@ class MLXQwen3_5LM(MLXCausalLM):
 
     def new_cache(self, batch: int = 1) -> MLXHybridCache:
         return MLXHybridCache(self.config.layer_types, batch, self._empty_state, self.replay,
-                              rollback=self.hybrid_rollback)  # fmt: skip
+                              rollback=self.hybrid_rollback, redecode=self._redecode)  # fmt: skip
+
+    def _redecode(self, tokens: np.ndarray, cache: MLXHybridCache) -> None:
+        """Re-run `tokens` through every layer into `cache` (redecode rollback; no head)."""
+        mx.eval(self.forward_layers(tokens, cache, 0, self.config.num_layers))
 
     def _empty_state(self, i: int, batch: int) -> tuple[mx.array, mx.array]:
         """Zero conv state (B, K-1, Cc) and recurrent state (B, Hv, Dv, Dk) of layer i."""
@@ -154,7 +158,9 @@ class MLXQwen3_5LM(MLXCausalLM):
 
     def forward_layers(self, x, cache, start, stop, *, positions=None, mask=None):
         if start == 0:
-            x = self._embed(mx.array(check_tokens(x, self.config.vocab_size)))
+            ids = check_tokens(x, self.config.vocab_size)
+            cache.feed(ids)  # redecode rollback re-runs these ids
+            x = self._embed(mx.array(ids))
         B, T = x.shape[:2]
         offset = cache.layer_offset(start)
         if mask is not None:

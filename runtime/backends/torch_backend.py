@@ -81,6 +81,7 @@ class TorchCausalLM:
                     t.to(self.device) for t in layers[i].linear_attn.empty_state(b, dtype)
                 ),
                 rollback=self.hybrid_rollback,
+                redecode=lambda t, cache: self.forward_layers(t, cache, 0, c.num_layers),
             )
         return ConcatKVCache(
             c.num_layers,
@@ -102,7 +103,10 @@ class TorchCausalLM:
     @torch.inference_mode()
     def forward_layers(self, x, cache, start, stop, *, positions=None, mask=None):
         if start == 0:
-            x = torch.from_numpy(check_tokens(x, self.config.vocab_size)).to(self.device)
+            x = check_tokens(x, self.config.vocab_size)
+            if self.config.is_hybrid:
+                cache.feed(x)  # HybridCache's redecode re-runs these ids
+            x = torch.from_numpy(x).to(self.device)
         B, T = x.shape[:2]
         offset = cache.layer_offset(start)
         if self.config.is_hybrid and mask is not None:
