@@ -6,6 +6,11 @@ its checkpoint directory. Accepted length is measured, not assumed: each step
 yields its accepted draft tokens with `from_draft=True` and ends with one
 target token (`from_draft=False`). mlx-lm accepts a draft token only when it
 equals the target's own sample, so at temperature > 0 acceptance collapses.
+
+A hybrid Qwen3.5 pair (which Duet's MLX backend may not run) is loaded with mlx-lm's own
+`qwen3_5` class (`model_type` qwen3_5_text read as qwen3_5, the interval of its full-attention
+layers from `layer_types`); mlx-lm then refuses to speculate on it with a ValueError (its
+`ArraysCache` cannot be trimmed), and that text is the turn's result (runner.refused).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from pathlib import Path
 
 from runtime.errors import DuetError
 
-from .runner import TurnResult
+from .runner import TurnResult, refused
 
 
 class MlxLmRunner:
@@ -31,9 +36,15 @@ class MlxLmRunner:
             raise DuetError(
                 f"mlx-lm needs the draft as a checkpoint directory (got {pair.draft_path})"
             )
-        target = pair.target if pair.target.backend == "mlx" else load_model(pair.target_dir, "mlx")
-        self.model = target.model
-        self.draft = load_model(pair.draft_path, "mlx").model  # mlx_lm.utils.load_model inside
+        if pair.target.config.is_hybrid:
+            self.model = _mlx_lm_hybrid(pair.target_dir)
+            self.draft = _mlx_lm_hybrid(pair.draft_path)
+        else:
+            target = (
+                pair.target if pair.target.backend == "mlx" else load_model(pair.target_dir, "mlx")
+            )
+            self.model = target.model
+            self.draft = load_model(pair.draft_path, "mlx").model  # mlx_lm.utils.load_model inside
         self.gamma = gamma
         self.eos = set(pair.target.config.eos_token_ids)
         self.mx = mx
@@ -74,9 +85,35 @@ class MlxLmRunner:
                     run = 0
                 if tok in self.eos:
                     break
+        except ValueError as e:  # "Speculative decoding requires a trimmable prompt cache"
+            if out:
+                raise
+            return refused(f"mlx-lm: {e}")
         finally:
             steps.close()
         wall = time.perf_counter() - t0
         if run:  # cut by EOS or max_new mid-window
             lengths.append(run)
         return TurnResult(out, wall, lengths)
+
+
+def _mlx_lm_hybrid(path):
+    """mlx-lm's own `qwen3_5` model for a hybrid checkpoint (text-only or multimodal layout)."""
+    import json
+
+    from mlx_lm.utils import load_model as mlx_lm_load
+
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    over = {"model_type": "qwen3_5"}
+    kinds = text.get("layer_types") or []
+    if "full_attention" in kinds:  # mlx-lm places full attention by an interval
+        every = kinds.index("full_attention") + 1
+        if kinds != [("full_attention" if (i + 1) % every == 0 else "linear_attention")
+                     for i in range(len(kinds))]:  # fmt: skip
+            raise DuetError(f"{path}: mlx-lm cannot express layer_types {kinds}")
+        over["full_attention_interval"] = every
+    if "text_config" in cfg:
+        over = {"text_config": {**text, **over, "model_type": "qwen3_5_text"},
+                "model_type": "qwen3_5"}  # fmt: skip
+    return mlx_lm_load(Path(path), model_config=over)[0]
