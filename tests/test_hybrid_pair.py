@@ -180,3 +180,55 @@ def test_hybrid_server_equals_generate_ar(hybrid_dirs):
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+# --- the hybrid benches: refusals as rows, the missing pair's command, replay vs redecode --
+
+
+@pytest.fixture(scope="module")
+def pair_root(hybrid_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("hybroot")
+    (root / "target").symlink_to(hybrid_dirs[0])
+    (root / "draft").symlink_to(hybrid_dirs[1])
+    return root
+
+
+def test_bench_rows_show_the_baselines_refusals(pair_root):
+    pytest.importorskip("mlx_lm")
+    from apps.bench.__main__ import bench, build_parser
+    from apps.bench.report import table
+
+    a = build_parser().parse_args(["--hybrid", str(pair_root), "--methods",
+                                   "ar,sd,mlx-lm,hf-assisted", "--limit", "1", "--max-tokens",
+                                   "6", "--temps", "0", "--no-warmup"])  # fmt: skip
+    res = bench(a)
+    rows = {r["method"]: r for r in res["rows"]}
+    assert rows["sd"]["matches_ar"] == "1/1" and rows["sd"]["tokens_per_s"] > 0
+    assert "trimmable prompt cache" in rows["mlx-lm"]["refused"]
+    assert "not supported with stateful models" in rows["hf-assisted"]["refused"]
+    assert rows["mlx-lm"]["tokens_per_s"] is None and rows["hf-assisted"]["speedup"] is None
+    text = table(res["rows"])
+    assert "refused: mlx-lm: Speculative decoding requires a trimmable prompt cache" in text
+    assert "refused: transformers: assisted generation is not supported" in text
+
+
+@pytest.mark.parametrize("module", ["apps.bench", "apps.bench.hybrid_rollback"])
+def test_a_missing_pair_names_the_command(module, tmp_path):
+    argv = [sys.executable, "-m", module, "--hybrid", str(tmp_path)]
+    if module != "apps.bench":  # the default pair is out/hybrid; point it at an empty folder
+        argv = [sys.executable, "-c", "import apps.bench.hybrid_pair as h, pathlib, sys; "
+                f"h.DEFAULT_DIR = pathlib.Path({str(tmp_path)!r}); "
+                "from apps.bench.hybrid_rollback import main; sys.exit(main(['--sd']))"]  # fmt: skip
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "python -m apps.train --arch qwen3_5 --out" in r.stderr
+
+
+def test_rollback_bench_end_to_end_replay_and_redecode_equal_ar(pair_root):
+    from apps.bench.hybrid_rollback import end_to_end
+
+    res = end_to_end(pair_root / "target", pair_root / "draft", gamma=3, prompts=2, max_new=8,
+                     threads=1)  # fmt: skip
+    for name in ("ar", "sd_replay", "sd_redecode"):
+        assert res[name]["equals_ar"] == "2/2" and res[name]["tokens"] > 0
+    assert res["sd_replay_vs_redecode"] > 0

@@ -6,7 +6,11 @@ On a hybrid (Qwen3.5) checkpoint, for each accepted length A of a γ+1 window it
     linear layer) as a share of that pass,
   - rollback by redecode (llama.cpp: restore the checkpoint, re-run the A+1 kept tokens
     through the whole model), timed as that re-run.
-Median of --reps runs each, PyTorch backend, --threads threads. Prints one JSON object.
+Median of --reps runs each, PyTorch backend, --threads threads. With --sd it also decodes
+--prompts prompts end to end, alternating per prompt (rotated order) `ar`, `sd` with replay
+and `sd` with redecode at the same γ, greedy, and reports tokens/s, speedups and whether
+every output equals `ar`'s. Prints one JSON object. The default pair is out/hybrid
+(apps/bench/hybrid_pair.py: a missing pair is answered with the command that builds it).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import time
 import numpy as np
 
 from runtime.errors import DuetError, cli_main
+
+from .hybrid_pair import hybrid_pair_dirs
 
 
 def measure(path, *, gamma: int = 4, prompt_len: int = 64, reps: int = 20, threads: int = 1):
@@ -69,20 +75,92 @@ def measure(path, *, gamma: int = 4, prompt_len: int = 64, reps: int = 20, threa
     return out
 
 
+def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int, threads: int):
+    """Greedy tokens/s of ar, sd (replay) and sd (redecode), alternated per prompt."""
+    from runtime.backends.torch_backend import TorchCausalLM
+    from runtime.chat_session import ChatTemplate
+    from runtime.decoding import make_steps, run
+    from runtime.decoding.events import GREEDY
+    from runtime.tokenizer import Tokenizer
+
+    from .prompts import load_prompts, turn_ids
+
+    target = TorchCausalLM.load(target_dir, threads=threads)
+    draft = TorchCausalLM.load(draft_dir, threads=threads)
+    tok, template = Tokenizer(target_dir), ChatTemplate.load(target_dir)
+    runs = {"ar": (None, "replay"), "sd_replay": (draft, "replay"),
+            "sd_redecode": (draft, "redecode")}  # fmt: skip
+    tot = {k: {"tokens": 0, "wall_s": 0.0, "steps": 0} for k in runs}
+    same = {k: 0 for k in runs}
+    recs = load_prompts(None, limit=prompts)
+
+    def once(name, ids, n):
+        d, mode = runs[name]
+        target.hybrid_rollback = draft.hybrid_rollback = mode  # read by new_cache()
+        m = "ar" if d is None else "sd"
+        kw = {} if d is None else {"gamma": gamma}
+        steps = make_steps(m, target, d, ids, max_new=n, sampling=GREEDY, seed=0, **kw)
+        return run(steps, max_new=n, eos_ids=target.config.eos_token_ids, prompt_len=len(ids))
+
+    once("sd_replay", turn_ids(tok, template, recs[0]["turns"][:1], []), 4)  # warm-up
+    names = list(runs)
+    for i, rec in enumerate(recs):
+        ids = turn_ids(tok, template, rec["turns"][:1], [])
+        out = {}
+        for name in names[i % 3 :] + names[: i % 3]:
+            g = once(name, ids, max_new)
+            out[name] = g.tokens
+            tot[name]["tokens"] += len(g.tokens)
+            tot[name]["wall_s"] += g.stats.wall_s
+            tot[name]["steps"] += len(g.stats.accept_lengths)
+        for name in runs:
+            same[name] += out[name] == out["ar"]
+    res = {"gamma": gamma, "prompts": len(recs), "max_new": max_new, "threads": threads}
+    for name, t in tot.items():
+        res[name] = {"tokens_per_s": round(t["tokens"] / t["wall_s"], 2), **t,
+                     "mean_accepted": round(t["tokens"] / max(t["steps"], 1), 3),
+                     "equals_ar": f"{same[name]}/{len(recs)}"}  # fmt: skip
+    tps = {k: res[k]["tokens_per_s"] for k in runs}
+    res["sd_replay_vs_ar"] = round(tps["sd_replay"] / tps["ar"], 3)
+    res["sd_redecode_vs_ar"] = round(tps["sd_redecode"] / tps["ar"], 3)
+    res["sd_replay_vs_redecode"] = round(tps["sd_replay"] / tps["sd_redecode"], 3)
+    return res
+
+
 @cli_main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m apps.bench.hybrid_rollback", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("--target", required=True, help="a hybrid (qwen3_5_text) checkpoint directory")
+    ap.add_argument(
+        "--target",
+        default=None,
+        help="a hybrid (qwen3_5_text) checkpoint directory (default out/hybrid/target)",
+    )
+    ap.add_argument("--draft", default=None, help="--sd: the draft (default out/hybrid/draft)")
+    ap.add_argument(
+        "--sd",
+        action="store_true",
+        help="also decode prompts end to end: ar, sd replay, sd redecode alternated",
+    )
+    ap.add_argument("--prompts", type=int, default=8, help="--sd: first N of apps/prompts")
+    ap.add_argument("--max-tokens", type=int, default=64, help="--sd: new tokens per prompt")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
-    if a.gamma < 1 or a.reps < 1 or a.prompt_len < 1 or a.threads < 1:
-        raise DuetError("--gamma, --reps, --prompt-len and --threads must be at least 1")
-    print(json.dumps(measure(a.target, gamma=a.gamma, prompt_len=a.prompt_len, reps=a.reps,
-                             threads=a.threads), indent=1))  # fmt: skip
+    if min(a.gamma, a.reps, a.prompt_len, a.threads, a.prompts, a.max_tokens) < 1:
+        raise DuetError("--gamma, --reps, --prompt-len, --threads, --prompts and --max-tokens "
+                        "must be at least 1")  # fmt: skip
+    if a.target is None or (a.sd and a.draft is None):
+        t, d = hybrid_pair_dirs()
+        a.target, a.draft = a.target or t, a.draft or d
+    out = measure(a.target, gamma=a.gamma, prompt_len=a.prompt_len, reps=a.reps,
+                  threads=a.threads)  # fmt: skip
+    if a.sd:
+        out["end_to_end"] = end_to_end(a.target, a.draft, gamma=a.gamma, prompts=a.prompts,
+                                       max_new=a.max_tokens, threads=a.threads)  # fmt: skip
+    print(json.dumps(out, indent=1))
     return 0
 
 
