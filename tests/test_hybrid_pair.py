@@ -72,6 +72,8 @@ def test_builds_a_hybrid_pair_on_the_embedded_vocabulary(pair):
         assert tok == (default_pair()[0] / "tokenizer.json").read_text()
     assert report["stages"]["target"]["steps"] == 3 and report["stages"]["draft"]["steps"] == 2
     assert report["arch"] == "qwen3_5" and 0 < report["draft_target_flop_ratio"] < 1
+    for name in ("target", "draft"):  # our reference read the checkpoint as transformers does
+        assert report["stages"][name]["reference_parity"]["max_abs_diff"] <= ATOL_HF
 
 
 def test_our_reference_equals_hugging_face_on_the_trained_checkpoint(pair):

@@ -33,7 +33,7 @@ import torch
 from runtime.errors import DuetError
 
 from . import plan as planning
-from .checkpoint import check_reload, load_model, save_model
+from .checkpoint import check_reference, check_reload, load_model, save_model
 from .configs import (
     DRAFT,
     TARGET,
@@ -344,6 +344,10 @@ def train_pair(a: TrainArgs) -> dict:
         stages["draft"]["reload_check"] = check_reload(draft, out / "draft", probe_ids)
 
     shutil.rmtree(tok_dir, ignore_errors=True)
+    if a.arch != "qwen3":  # our runtime's reference must read the checkpoint as transformers does
+        for name in ("target", "draft"):
+            if name in stages:
+                stages[name]["reference_parity"] = check_reference(out / name, probe_ids)
 
     report = {
         "command": "python -m apps.train " + " ".join(a.argv),
