@@ -32,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_pair_args(ap)
+    ap.add_argument("--hybrid", nargs="?", const="", default=None, metavar="DIR",
+                    help="bench the hybrid Qwen3.5 pair built by `python -m apps.train --arch "
+                    "qwen3_5` (DIR/target, DIR/draft; default out/hybrid) on the PyTorch "
+                    "backend; a missing pair is answered with the command that builds it")  # fmt: skip
     ap.add_argument(
         "--prompts", default=None, help="prompt set .jsonl or folder (default apps/prompts/)"
     )
@@ -178,6 +182,12 @@ def bench(a: argparse.Namespace) -> dict:
         methods = [m for m in methods if m not in BASELINES]
         for m, why in skipped.items():
             print(f"skipping {m} under --emulate: {why}", file=sys.stderr)
+    if a.hybrid is not None:  # the hybrid pair (apps/bench/hybrid_pair.py), torch backends
+        from .hybrid_pair import hybrid_pair_dirs
+
+        t, d = hybrid_pair_dirs(a.hybrid or None)
+        a.target, a.draft, a.target_backend = str(t), str(d), "torch"
+        a.draft_backend = a.draft_backend or "torch"
     pair = load_pair_from_args(a, need_draft=len(methods) > 1)
     if pair.tokenizer is None:
         raise DuetError(f"{pair.target_dir}: no tokenizer.json; the bench needs one")

@@ -6,14 +6,16 @@ The assistant's generation config is pinned to a fair fixed-window comparison:
 temperature > 0 transformers uses speculative sampling (lossless); top-k is
 switched off so the law is the target's. Accepted length is measured: the
 streamer receives each verification pass's committed tokens in one `put`, so
-there is one put per target forward (the first put is the prompt).
+there is one put per target forward (the first put is the prompt). On a stateful model
+(hybrid Qwen3.5) transformers refuses assisted generation with a ValueError; that text is
+the turn's result (runner.refused).
 """
 
 from __future__ import annotations
 
 import time
 
-from .runner import TurnResult
+from .runner import TurnResult, refused
 
 
 class _StepLengths:
@@ -81,22 +83,29 @@ class HfAssistedRunner:
         )
         t0 = time.perf_counter()
         with torch.inference_mode():
-            y = self.target.generate(
-                x,
-                attention_mask=torch.ones_like(x),
-                assistant_model=self.draft,
-                max_new_tokens=max_new,
-                min_new_tokens=0,
-                eos_token_id=self.eos or None,
-                pad_token_id=self.eos[0] if self.eos else 0,
-                num_assistant_tokens=self.gamma,
-                num_assistant_tokens_schedule="constant",
-                assistant_confidence_threshold=0.0,
-                streamer=streamer,
-                **kw,
-            )
+            try:
+                y = self._generate(x, max_new, streamer, kw)
+            except ValueError as e:  # "assisted generation is not supported with stateful ..."
+                return refused(f"transformers: {e}")
         wall = time.perf_counter() - t0
         out = y[0, len(ids) :].tolist()
         if sum(streamer.lengths) != len(out):  # should not happen; do not report a wrong figure
             return TurnResult(out, wall, None, "streamer saw a different token count than output")
         return TurnResult(out, wall, streamer.lengths)
+
+    def _generate(self, x, max_new, streamer, kw):
+        torch = self.torch
+        return self.target.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            assistant_model=self.draft,
+            max_new_tokens=max_new,
+            min_new_tokens=0,
+            eos_token_id=self.eos or None,
+            pad_token_id=self.eos[0] if self.eos else 0,
+            num_assistant_tokens=self.gamma,
+            num_assistant_tokens_schedule="constant",
+            assistant_confidence_threshold=0.0,
+            streamer=streamer,
+            **kw,
+        )

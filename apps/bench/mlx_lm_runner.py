@@ -6,6 +6,11 @@ its checkpoint directory. Accepted length is measured, not assumed: each step
 yields its accepted draft tokens with `from_draft=True` and ends with one
 target token (`from_draft=False`). mlx-lm accepts a draft token only when it
 equals the target's own sample, so at temperature > 0 acceptance collapses.
+
+A hybrid Qwen3.5 pair (which Duet's MLX backend may not run) is loaded with mlx-lm's own
+`qwen3_5` class (`model_type` qwen3_5_text read as qwen3_5, the interval of its full-attention
+layers from `layer_types`); mlx-lm then refuses to speculate on it with a ValueError (its
+`ArraysCache` cannot be trimmed), and that text is the turn's result (runner.refused).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from pathlib import Path
 
 from runtime.errors import DuetError
 
-from .runner import TurnResult
+from .runner import TurnResult, refused
 
 
 class MlxLmRunner:
@@ -34,7 +39,6 @@ class MlxLmRunner:
         target = pair.target if pair.target.backend == "mlx" else load_model(pair.target_dir, "mlx")
         self.model = target.model
         self.draft = load_model(pair.draft_path, "mlx").model  # mlx_lm.utils.load_model inside
-        _check_trimmable(self.model, self.draft)
         self.gamma = gamma
         self.eos = set(pair.target.config.eos_token_ids)
         self.mx = mx
@@ -75,6 +79,10 @@ class MlxLmRunner:
                     run = 0
                 if tok in self.eos:
                     break
+        except ValueError as e:  # "Speculative decoding requires a trimmable prompt cache"
+            if out:
+                raise
+            return refused(f"mlx-lm: {e}")
         finally:
             steps.close()
         wall = time.perf_counter() - t0
@@ -82,17 +90,3 @@ class MlxLmRunner:
             lengths.append(run)
         return TurnResult(out, wall, lengths)
 
-
-def _check_trimmable(*models) -> None:
-    """mlx-lm's own refusal, before any work: its speculative loop trims both prompt caches,
-    and a hybrid (Qwen3.5) model's ArraysCache cannot be trimmed."""
-    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
-
-    for m in models:
-        cache = make_prompt_cache(m)
-        if not can_trim_prompt_cache(cache):
-            kinds = sorted({type(c).__name__ for c in cache})
-            raise DuetError(
-                f"mlx-lm refuses: speculative decoding requires a trimmable prompt cache "
-                f"(got {', '.join(kinds)} for {m.model_type})"
-            )

@@ -2,7 +2,8 @@
 
 tokens/s is total new tokens over total wall time (prefill included) across
 prompts; mean accepted length is the mean of every step's committed tokens, as
-Spec-Bench reports it; speedup is over `ar` at the same temperature.
+Spec-Bench reports it; speedup is over `ar` at the same temperature. A baseline whose
+library refused the pair gets a row with its refusal text and no figures.
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ def summarize(records: list[dict], methods: list[str], temps: list[float]) -> li
         for m in methods:
             rs = [r for r in records if r["method"] == m and r["temp"] == t]
             if not rs:
+                continue
+            if any("refused" in r for r in rs):  # the library's words instead of a number
+                why = next(r["refused"] for r in rs if "refused" in r)
+                rows.append({"method": m, "temp": t, "prompts": len(rs), "refused": why,
+                             "tokens_per_s": None, "mean_accepted": None, "speedup": None,
+                             "matches_ar": None})  # fmt: skip
                 continue
             toks = sum(sum(r["new_tokens"]) for r in rs)
             wall = sum(sum(r["wall_time"]) for r in rs)
@@ -115,6 +122,7 @@ def table(rows: list[dict]) -> str:
             r["matches_ar"] or "",
         ]
         for r in rows
+        if "refused" not in r
     ]
     w = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
     line = lambda cells: "  ".join(str(c).ljust(n) for c, n in zip(cells, w, strict=False)).rstrip()  # noqa: E731
@@ -129,4 +137,8 @@ def table(rows: list[dict]) -> str:
          if r["method"] == "tree" and "vs_sd" in r] + [
         f"temp {r['temp']:g}: heterospec is {r['vs_tree']:.2f}x tree" for r in rows if "vs_tree" in r
     ]  # fmt: skip
-    return "\n".join([line(head), line(["-" * n for n in w])] + [line(b) for b in body] + notes)
+    refusals = [line([r["method"], f"{r['temp']:g}"]) + f"  refused: {r['refused']}"
+                for r in rows if "refused" in r]  # fmt: skip
+    return "\n".join(
+        [line(head), line(["-" * n for n in w])] + [line(b) for b in body] + refusals + notes
+    )

@@ -3,7 +3,8 @@
 Within a prompt the runners go in an order rotated by the prompt's index, so
 slow drift (thermal, a background job) hits every method equally; each
 temperature uses the same seed for every method. Greedy outputs are compared
-with `ar`'s token for token (`matches_ar`); a mismatch is reported, not hidden.
+with `ar`'s token for token (`matches_ar`); a mismatch is reported, not hidden. A runner
+whose library refuses the pair leaves a record holding only its refusal text.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ def run_prompt(runner, rec: dict, tok, template, *, temp, top_p, max_new, seed, 
     for _ in rec["turns"]:
         ids, n = _fit(turn_ids(tok, template, rec["turns"], answers), max_new, context)
         r = runner.generate(ids, n, temp, top_p, seed)
+        if r.refused:  # the library refused this pair: its words, no figures
+            return {"method": runner.name, "temp": temp, "question_id": rec["question_id"],
+                    "category": rec["category"], "refused": r.refused, "matches_ar": None}  # fmt: skip
         tokens.append(r.tokens)
         walls.append(r.wall_s)
         if r.stage_s is None or stages is None:
@@ -101,6 +105,7 @@ def run_bench(
             }
             if t == 0 and "ar" in done:
                 for d in done.values():
-                    d["matches_ar"] = d["tokens"] == done["ar"]["tokens"]
+                    if "refused" not in d and "refused" not in done["ar"]:
+                        d["matches_ar"] = d["tokens"] == done["ar"]["tokens"]
             records += [done[r.name] for r in runners]
     return records

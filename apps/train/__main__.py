@@ -12,7 +12,7 @@ from pathlib import Path
 
 from runtime.errors import DuetError, cli_main
 
-from .configs import DRAFT, TARGET, parse_shape
+from .configs import ARCHS, DRAFT, TARGET, parse_shape
 from .corpus import DEFAULT_EXCLUDE_DIRS, DEFAULT_INCLUDE
 from .pipeline import TrainArgs, train_pair
 
@@ -82,6 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
     m = ap.add_argument_group("models")
+    m.add_argument(
+        "--arch",
+        choices=ARCHS,
+        default="qwen3",
+        help="qwen3 (default; the embedded pair) or qwen3_5: hybrid Gated DeltaNet / gated "
+        "attention layers 3 : 1 (qwen3_5_text), on the embedded pair's tokenizer; e.g. "
+        "nice -n 10 python -m apps.train --arch qwen3_5 --out out/hybrid --time-budget-min 35 "
+        "--threads 1",
+    )
     m.add_argument(
         "--target-shape",
         default=_shape_str(TARGET),
@@ -153,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="reuse OUT/target (and its tokenizer) and only distil the draft",
     )
+    r.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue a stopped run from OUT/.resume (same arguments); a finished stage is "
+        "kept, an unfinished one goes on from its last checkpoint",
+    )
     r.add_argument("--no-eval", action="store_true", help="skip the final evaluation")
     r.add_argument(
         "--eval-prompts",
@@ -219,6 +234,8 @@ def args_from(ns: argparse.Namespace, argv: list[str]) -> TrainArgs:
         evaluate=not ns.no_eval,
         skip_target=ns.skip_target,
         allow_draft_over_budget=ns.allow_draft_over_budget,
+        arch=ns.arch,
+        resume=ns.resume,
         argv=argv,
     )
 

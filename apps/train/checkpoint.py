@@ -70,3 +70,29 @@ def check_reload(model, path: str | Path, probe: torch.Tensor) -> dict:
         f"{path}: reloaded logits differ by {diff:.4f} (scale {scale:.2f})"
     )
     return {"max_abs_diff": round(diff, 5), "logit_scale": round(scale, 3), "argmax_agree": agree}
+
+
+# Our PyTorch reference runs the delta rule token by token, transformers in chunks: the same
+# sums in another order (tests/test_hybrid.py holds random checkpoints to 2e-4).
+REFERENCE_ATOL = 1e-3
+
+
+@torch.no_grad()
+def check_reference(path: str | Path, probe: torch.Tensor) -> dict:
+    """Logits of Duet's own PyTorch backend (runtime/backends, e.g. torch_qwen3_5.py for a
+    hybrid) against transformers' on the saved checkpoint `path`, probe (1, T) int64.
+
+    Returns {"max_abs_diff", "logit_scale", "argmax_agree"}; raises AssertionError above
+    REFERENCE_ATOL times the logit scale (at least 1)."""
+    from runtime.backends import load_model as load_runtime
+
+    ours = load_runtime(path, "torch", threads=torch.get_num_threads())
+    got = torch.from_numpy(ours.forward(probe.numpy(), ours.new_cache())).float()
+    ref = load_model(path)(input_ids=probe).logits.float()
+    diff = (ref - got).abs().max().item()
+    scale = ref.abs().max().item()
+    agree = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
+    assert diff <= REFERENCE_ATOL * max(scale, 1.0), (
+        f"{path}: Duet's reference differs from transformers by {diff:.5f} (scale {scale:.2f})"
+    )
+    return {"max_abs_diff": round(diff, 6), "logit_scale": round(scale, 3), "argmax_agree": agree}

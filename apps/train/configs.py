@@ -1,4 +1,4 @@
-"""The target and draft shapes (Qwen3) and their per-token compute.
+"""The target and draft shapes (Qwen3, or hybrid Qwen3.5) and their per-token compute.
 
 Compute is counted as the weights of the matmuls one token passes through:
 every linear in the decoder layers plus the LM head (the embedding lookup is
@@ -72,6 +72,64 @@ def qwen3_config(shape: Shape, vocab_size: int, eos_token_id: int):
     )
 
 
+ARCHS = ("qwen3", "qwen3_5")
+# Qwen3.5's pattern: three Gated DeltaNet (linear-attention) layers, then one gated full
+# attention layer; a model shallower than 4 layers ends on its one full-attention layer.
+FULL_ATTENTION_INTERVAL = 4
+
+
+def layer_types(num_layers: int) -> list[str]:
+    """'linear_attention' x3 then 'full_attention', repeated (the last layer of a model of
+    fewer than FULL_ATTENTION_INTERVAL layers is full attention)."""
+    every = min(FULL_ATTENTION_INTERVAL, num_layers)
+    return [
+        "full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(num_layers)
+    ]
+
+
+def qwen3_5_config(shape: Shape, vocab_size: int, eos_token_id: int):
+    """A `qwen3_5_text` config of `shape`: full attention as in qwen3_config (plus Qwen3.5's
+    output gate and partial RoPE), linear layers with one key and one value head per
+    attention head, of the attention head's width, and Qwen3.5's conv kernel of 4."""
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(
+        vocab_size=vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        linear_num_key_heads=shape.num_heads,
+        linear_num_value_heads=shape.num_heads,
+        linear_key_head_dim=shape.head_dim,
+        linear_value_head_dim=shape.head_dim,
+        linear_conv_kernel_dim=4,
+        layer_types=layer_types(shape.num_layers),
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=shape.tie_word_embeddings,
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
+        pad_token_id=eos_token_id,
+        rms_norm_eps=1e-6,
+    )
+
+
+def model_config(arch: str, shape: Shape, vocab_size: int, eos_token_id: int):
+    """The transformers config of `arch` ('qwen3' or 'qwen3_5') for `shape`."""
+    if arch == "qwen3_5":
+        return qwen3_5_config(shape, vocab_size, eos_token_id)
+    return qwen3_config(shape, vocab_size, eos_token_id)
+
+
+def causal_lm(config):
+    """A freshly initialised transformers causal LM for `config` (Qwen3 or Qwen3.5 text)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(config)
+
+
 def matmul_params(shape: Shape, vocab_size: int) -> int:
     """Weights of the matmuls per token: decoder-layer linears + LM head."""
     d, hd = shape.hidden_size, shape.head_dim
@@ -105,6 +163,29 @@ def compute_summary(target: Shape, draft: Shape, vocab_size: int, context: int =
         "draft_target_flop_ratio": d / t,
         f"draft_target_flop_ratio_with_attention_at_{context}": (2 * d + attn_flops(draft))
         / (2 * t + attn_flops(target)),
+    }
+
+
+def counted_summary(summary: dict, target_cfg, draft_cfg) -> dict:
+    """`summary` with parameter counts and the matmul FLOP ratio counted on built models
+    (for layouts whose linears the formulas above do not describe, such as Qwen3.5's
+    Gated DeltaNet layers: the conv1d and the per-head decay are counted as parameters,
+    not as matmul weights)."""
+    import torch
+
+    def counts(cfg) -> tuple[int, int]:
+        m = causal_lm(cfg)
+        lin = sum(x.weight.numel() for x in m.modules() if isinstance(x, torch.nn.Linear))
+        return sum(p.numel() for p in m.parameters()), lin
+
+    (tp, tm), (dp, dm) = counts(target_cfg), counts(draft_cfg)
+    return {
+        **{k: v for k, v in summary.items() if "flop" not in k},
+        "target_params": tp,
+        "draft_params": dp,
+        "target_matmul_flops_per_token": 2 * tm,
+        "draft_matmul_flops_per_token": 2 * dm,
+        "draft_target_flop_ratio": dm / tm,
     }
 
 

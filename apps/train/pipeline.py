@@ -7,6 +7,13 @@ and the same machine the run is repeatable. The output directory receives:
     split.json               the corpus root, the rule, and the held-out file list
     loss_log.jsonl           one line per logged step of both stages
     training_report.json     arguments, plan, parameter counts, compute ratio, evaluation
+    .resume/                 per-stage weights, optimizer and step at every checkpoint, so
+                             `--resume` continues a stopped run (and skips a finished stage)
+
+`arch` picks the family: Qwen3 (the embedded pair) or hybrid Qwen3.5 (`qwen3_5_text`, Gated
+DeltaNet layers 3 : 1 with gated full attention; configs.py), which reuses the embedded pair's
+tokenizer so both pairs share one vocabulary, and trains in float32: under bf16 autocast
+transformers' pure-torch gated-delta fallback ran ~4x slower per step on this CPU.
 """
 
 from __future__ import annotations
@@ -26,8 +33,17 @@ import torch
 from runtime.errors import DuetError
 
 from . import plan as planning
-from .checkpoint import check_reload, load_model, save_model
-from .configs import DRAFT, TARGET, Shape, check_draft_budget, compute_summary, qwen3_config
+from .checkpoint import check_reference, check_reload, load_model, save_model
+from .configs import (
+    DRAFT,
+    TARGET,
+    Shape,
+    causal_lm,
+    check_draft_budget,
+    compute_summary,
+    counted_summary,
+    model_config,
+)
 from .corpus import (
     DEFAULT_EXCLUDE_DIRS,
     DEFAULT_INCLUDE,
@@ -37,7 +53,7 @@ from .corpus import (
     token_stream,
 )
 from .evaluate import evaluate_pair, heldout_loss
-from .loop import LoopConfig, train_loop
+from .loop import LoopConfig, make_optimizer, train_loop
 from .losses import distill_loss, next_token_loss
 from .tokenizer import eos_id, load_tokenizer, save_tokenizer, train_tokenizer
 
@@ -70,6 +86,8 @@ class TrainArgs:
     evaluate: bool = True
     skip_target: bool = False
     allow_draft_over_budget: bool = False
+    arch: str = "qwen3"
+    resume: bool = False
     argv: list[str] = field(default_factory=list)
 
 
@@ -100,12 +118,39 @@ def _distill_step(draft, teacher, ce_weight: float):
     return step
 
 
-def _quick_eval(model, windows):
+def _quick_eval(model, windows, bf16: bool = True):
     def ev():
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             return {"heldout_loss_quick": round(heldout_loss(model, windows), 4)}
 
     return ev
+
+
+def _save_state(resume_dir: Path, stage: str, model, opt, step: int, steps: int) -> None:
+    """Write OUT/.resume/STAGE.pt: weights, optimizer, step and planned steps; with no model,
+    mark the stage done (its saved Hugging Face directory is the result)."""
+    resume_dir.mkdir(parents=True, exist_ok=True)
+    st = {"step": step, "steps": steps, "done": model is None}
+    if model is not None:
+        st.update(model=model.state_dict(), optimizer=opt.state_dict())
+    torch.save(st, resume_dir / f"{stage}.pt.tmp")
+    (resume_dir / f"{stage}.pt.tmp").replace(resume_dir / f"{stage}.pt")
+
+
+def _load_state(resume_dir: Path, stage: str) -> dict | None:
+    f = resume_dir / f"{stage}.pt"
+    return torch.load(f, weights_only=False) if f.is_file() else None
+
+
+def _restore(model, cfg: LoopConfig, state: dict | None):
+    """(optimizer, start step): fresh, or the resumed stage's weights and optimizer loaded."""
+    opt = make_optimizer(model, cfg)
+    if not state:
+        return opt, 0
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    _say(f"resuming {cfg.stage} at step {state['step']} of {state['steps']}")
+    return opt, state["step"]
 
 
 def train_pair(a: TrainArgs) -> dict:
@@ -114,7 +159,12 @@ def train_pair(a: TrainArgs) -> dict:
     deadline = t_start + a.time_budget_min * 60 if a.time_budget_min else None
     torch.set_num_threads(a.threads)
     seed_everything(a.seed)
-    from transformers import Qwen3ForCausalLM
+    bf16 = a.arch != "qwen3_5"  # see the module docstring
+    resume_dir = Path(a.out) / ".resume"
+    if not a.resume:
+        shutil.rmtree(resume_dir, ignore_errors=True)
+    target_state = _load_state(resume_dir, "target")
+    skip_target = a.skip_target or bool(target_state and target_state["done"])
 
     corpus = load_corpus(
         a.corpus, include=a.include, exclude_dirs=a.exclude_dirs, heldout_frac=a.heldout_frac
@@ -142,10 +192,14 @@ def train_pair(a: TrainArgs) -> dict:
 
     # Tokenizer: trained on train files only; reused as-is when the target is reused.
     tok_dir = Path(tempfile.mkdtemp(prefix="duet-tok-"))
-    if a.skip_target:
+    if skip_target:
         if not (out / "target" / "config.json").is_file():
             raise DuetError(f"--skip-target: no trained target in {out / 'target'}")
         tok = load_tokenizer(out / "target")
+    elif a.arch == "qwen3_5":
+        from runtime.assets import default_pair
+
+        tok = load_tokenizer(default_pair()[0])  # the embedded pair's vocabulary
     else:
         tok = train_tokenizer(corpus.texts("train"), a.vocab_size)
     save_tokenizer(tok, tok_dir)
@@ -161,30 +215,37 @@ def train_pair(a: TrainArgs) -> dict:
     )
 
     summary = compute_summary(a.target_shape, a.draft_shape, vocab, a.seq_len)
+    t_cfg = model_config(a.arch, a.target_shape, vocab, eos)
+    d_cfg = model_config(a.arch, a.draft_shape, vocab, eos)
+    if a.arch != "qwen3":
+        summary = counted_summary(summary, t_cfg, d_cfg)
+    summary["arch"] = a.arch
     check_draft_budget(summary, a.allow_draft_over_budget)
     _say(
         f"target {summary['target_params'] / 1e6:.2f} M params, draft {summary['draft_params'] / 1e6:.2f} M params, "
         f"draft/target compute per token {summary['draft_target_flop_ratio']:.4f}"
     )
-    t_cfg = qwen3_config(a.target_shape, vocab, eos)
-    d_cfg = qwen3_config(a.draft_shape, vocab, eos)
     tokens_per_step = a.batch_size * a.seq_len
 
     plan = None
     if a.time_budget_min:
         probe = BatchSampler(train_stream, a.batch_size, a.seq_len, seed=a.seed + 99)
-        tm = Qwen3ForCausalLM(t_cfg)
-        t_step = planning.time_steps(tm, _ce_step(tm), probe)
-        dm = Qwen3ForCausalLM(d_cfg)
-        d_step = planning.time_steps(dm, _distill_step(dm, tm.eval(), a.draft_ce_weight), probe)
+        tm = causal_lm(t_cfg)
+        t_step = planning.time_steps(tm, _ce_step(tm), probe, bf16=bf16)
+        dm = causal_lm(d_cfg)
+        d_step = planning.time_steps(
+            dm, _distill_step(dm, tm.eval(), a.draft_ce_weight), probe, bf16=bf16
+        )
         del tm, dm
         remaining = deadline - time.monotonic()
         plan = planning.plan_steps(remaining, t_step, d_step)
-        if a.skip_target:
+        if skip_target:
             plan = planning.plan_steps(remaining, t_step, d_step, target_frac=0.0)
         _say(plan.describe(tokens_per_step))
     target_steps = a.target_steps or (plan.target_steps if plan else None)
     draft_steps = a.draft_steps or (plan.draft_steps if plan else None)
+    if target_state and not target_state["done"]:
+        target_steps = target_state["steps"]  # a resumed stage keeps its schedule
     assert target_steps and draft_steps, "the CLI requires steps or a time budget"
 
     log_path = out / "loss_log.jsonl"
@@ -192,10 +253,11 @@ def train_pair(a: TrainArgs) -> dict:
     stages = {}
 
     # Stage 1: the target, next-token loss on the train stream.
-    if not a.skip_target:
-        log_path.write_text("")
+    if not skip_target:
+        if not target_state:
+            log_path.write_text("")
         seed_everything(a.seed)
-        target = Qwen3ForCausalLM(t_cfg)
+        target = causal_lm(t_cfg)
         limit = plan.target_time_s if plan else None
         cfg = LoopConfig(
             "target",
@@ -205,18 +267,27 @@ def train_pair(a: TrainArgs) -> dict:
             time_limit_s=limit,
             log_every=a.log_every,
             ckpt_every=a.ckpt_every,
+            bf16=bf16,
         )
-        ckpt = lambda step: save_model(target, out / "target", tok_dir, eos)  # noqa: E731
+        opt, start = _restore(target, cfg, target_state)
+
+        def ckpt(step):
+            save_model(target, out / "target", tok_dir, eos)
+            _save_state(resume_dir, "target", target, opt, step, target_steps)
+
         stages["target"] = train_loop(
             target,
             _ce_step(target),
-            BatchSampler(train_stream, a.batch_size, a.seq_len, a.seed + 1),
+            BatchSampler(train_stream, a.batch_size, a.seq_len, a.seed + 1 + start),
             cfg,
             log_path,
             ckpt,
-            _quick_eval(target, quick_windows),
+            _quick_eval(target, quick_windows, bf16),
+            optimizer=opt,
+            start_step=start,
         )
         save_model(target, out / "target", tok_dir, eos)
+        _save_state(resume_dir, "target", None, None, stages["target"]["steps"], target_steps)
         stages["target"]["reload_check"] = check_reload(target, out / "target", probe_ids)
         del target
     teacher = load_model(out / "target")  # distil from the target exactly as saved (bf16 weights)
@@ -225,14 +296,17 @@ def train_pair(a: TrainArgs) -> dict:
 
     # Stage 2: the draft, distilled from the saved target.
     seed_everything(a.seed + 2)
-    draft = Qwen3ForCausalLM(d_cfg)
+    draft = causal_lm(d_cfg)
+    draft_state = _load_state(resume_dir, "draft")
+    if draft_state:
+        draft_steps = draft_state["steps"]
     limit = None
     if deadline is not None:
         limit = max(deadline - time.monotonic() - planning.EVAL_RESERVE_S, 30.0)
         if plan:
             draft_steps = (
                 min(draft_steps, max(1, int(limit * 0.9 / plan.draft_step_s)))
-                if not a.draft_steps
+                if not (a.draft_steps or draft_state)
                 else draft_steps
             )
     cfg = LoopConfig(
@@ -243,21 +317,37 @@ def train_pair(a: TrainArgs) -> dict:
         time_limit_s=limit,
         log_every=a.log_every,
         ckpt_every=a.ckpt_every,
+        bf16=bf16,
     )
-    ckpt = lambda step: save_model(draft, out / "draft", tok_dir, eos)  # noqa: E731
-    stages["draft"] = train_loop(
-        draft,
-        _distill_step(draft, teacher, a.draft_ce_weight),
-        BatchSampler(train_stream, a.batch_size, a.seq_len, a.seed + 3),
-        cfg,
-        log_path,
-        ckpt,
-        _quick_eval(draft, quick_windows),
-    )
-    save_model(draft, out / "draft", tok_dir, eos)
-    stages["draft"]["reload_check"] = check_reload(draft, out / "draft", probe_ids)
+    if draft_state and draft_state["done"]:  # --resume after a finished draft: evaluate only
+        stages["draft"] = {"steps": draft_state["step"], "resumed_done": True}
+    else:
+        opt, start = _restore(draft, cfg, draft_state)
+
+        def ckpt(step):
+            save_model(draft, out / "draft", tok_dir, eos)
+            _save_state(resume_dir, "draft", draft, opt, step, draft_steps)
+
+        stages["draft"] = train_loop(
+            draft,
+            _distill_step(draft, teacher, a.draft_ce_weight),
+            BatchSampler(train_stream, a.batch_size, a.seq_len, a.seed + 3 + start),
+            cfg,
+            log_path,
+            ckpt,
+            _quick_eval(draft, quick_windows, bf16),
+            optimizer=opt,
+            start_step=start,
+        )
+        save_model(draft, out / "draft", tok_dir, eos)
+        _save_state(resume_dir, "draft", None, None, stages["draft"]["steps"], draft_steps)
+        stages["draft"]["reload_check"] = check_reload(draft, out / "draft", probe_ids)
 
     shutil.rmtree(tok_dir, ignore_errors=True)
+    if a.arch != "qwen3":  # our runtime's reference must read the checkpoint as transformers does
+        for name in ("target", "draft"):
+            if name in stages:
+                stages[name]["reference_parity"] = check_reference(out / name, probe_ids)
 
     report = {
         "command": "python -m apps.train " + " ".join(a.argv),

@@ -34,14 +34,14 @@ class Plan:
         )
 
 
-def time_steps(model: torch.nn.Module, step_fn, batches, n: int = 3) -> float:
+def time_steps(model: torch.nn.Module, step_fn, batches, n: int = 3, bf16: bool = True) -> float:
     """Seconds per optimisation step of `step_fn` on `model`, after one warm-up step."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     times = []
     for i in range(n + 1):
         x, y = next(batches)
         t = time.monotonic()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss, _ = step_fn(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
