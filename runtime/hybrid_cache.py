@@ -279,6 +279,7 @@ class HybridCache:
         """Keep rows `rows`, in that order."""
         other = self.fork(rows)
         self._layers, self._batch, self._fork = other._layers, other._batch, other._fork
+        self._tokens = other._tokens
 
     def fork_at(self, rows: Sequence[int], lengths: Sequence[int]) -> HybridCache:
         """Branch rows (Mirror-SD's rollouts): row r copies row `rows[r]`'s KV (all `offset`

@@ -89,7 +89,7 @@ class MLXHybridCache(HybridCache):
         super()._land(layer, a)  # a == 0, a == logged, or redecode: no arrays to build
 
     def _clear(self) -> int:
-        dropped = self.offset
+        dropped, self._fork = self.offset, None
         self._tokens = self._tokens[:, :0]
         for i, layer in enumerate(self._layers):
             if isinstance(layer, _Linear):
@@ -105,6 +105,7 @@ class MLXHybridCache(HybridCache):
         new.kinds, new.rollback, new.window = self.kinds, self.rollback, self.window
         new._batch, new._replay, new._layers = len(rows), self._replay, []
         new._redecode, new._tokens, new.redecoded = self._redecode, self._tokens[list(rows)], 0
+        new._fork = None  # MLX rows are never forked at branch points (mirror refuses them)
         for layer in self._layers:
             if isinstance(layer, _Linear):
                 copy = _Linear(layer.conv[idx], layer.rec[idx], layer.offset)
