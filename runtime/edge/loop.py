@@ -70,6 +70,9 @@ def edge_steps(
     head = len(wire.pack(wire.VERIFY, 0, 0, wire.verify(cod.NUMBER, 0, b""))) + (
         enc.kernel.header_bytes() if hasattr(enc, "kernel") else len(enc.encode([], empty, V))
     )
+    link = getattr(conn.link, "link", None)
+    if link is not None and hasattr(controller, "expect_link"):  # E[1/R] for eq. (8)'s b/R_n
+        controller.expect_link(link.mean_inverse_rate())
     conn.open(seq, sampling.temp, sampling.top_p, sampling.top_k,
               int(cloud_seed.generate_state(1, np.uint64)[0]))  # fmt: skip
     produced = 0
