@@ -1,14 +1,28 @@
-"""FlexSpec's channel-aware draft length (flexspec.txt §IV-B eq. (10)-(11), Alg. 2), online.
+"""FlexSpec's channel-aware draft length (flexspec.txt §IV-B eq. (7)-(11), Alg. 2), online.
 
 `AdaptiveK` is the edge client's K controller: before a round, `choose(k_max)` returns
-K* = argmax E[τ|K] / (T_fixed + K·T_marginal) (eq. (11)) from what it has measured; after a
-round, `update(...)` folds in the round's acceptance (EMA, Alg. 2), the link rate R_n the round
-saw, the real frame bytes and the measured edge, cloud and network times. E[τ|K] defaults to
-the bounded geometric model (1 − γ̂^{K+1}) / (1 − γ̂); Alg. 2's unbounded 1 + γ̂·K is available
-as model="alg2" (with it K* = K_max whenever the round trip dominates).
+K* = argmax E[τ|K] / E[T_fixed + K·T_marginal] (eq. (11)) from what it has measured; after a
+round, `update(...)` folds in the round's accepted length, the link rate R_n the round saw, the
+real frame bytes and the measured edge, cloud and network times. It does no I/O.
 
-Without profile parameters, α_edge/β and T_base/δ_cloud are fitted online by exponentially
-weighted least squares of the measured draft and verify times on K. It does no I/O.
+What it estimates, and why (each checked against recorded rounds; see tests/test_kstar.py):
+  * acceptance: E[τ|K] defaults to the bounded geometric model (1 − γ^{K+1}) / (1 − γ) with γ
+    the per-token acceptance. A round that drafts K and accepts A is a truncated geometric
+    draw, so γ is estimated by its maximum likelihood ΣA / (ΣA + #rounds that ended in a
+    rejection), exponentially weighted, with Alg. 2's γ̂ = 0.8 as a two-trial prior. Alg. 2's
+    own EMA of A/K estimates the accepted *fraction*, which is what its numerator 1 + γ̂·K
+    needs (model="alg2" keeps it) but which under-estimates γ for K > 1 (E[A/K] =
+    γ(1 − γ^K) / (K(1 − γ))): fed to the geometric model it drove K* well below the best K.
+  * rate: the emulated links draw one block-fading gain per round, independently, so the last
+    round's R_n says nothing about the next one; eq. (11) is a ratio of expectations (tokens per
+    round over seconds per round), and the seconds are linear in 1/R_n, so the controller uses
+    E[1/R]: the weighted mean of the measured 1/R_n, started from the link condition's own
+    E[1/R] when it is known (`inv_rate_prior`, devices.links.Link.mean_inverse_rate). Under
+    Rayleigh fading E[1/R] is 2-3× 1/median(R) on 4g and wifi-weak.
+  * costs: α_edge/β (draft + encode, eq. (10)'s linear T_edge), T_base/δ_cloud (eq. (9)) and
+    the round's network time beyond serialization (propagation, framing, the server's payload
+    decode) are each an exponentially weighted least-squares line in K, so a per-token part of
+    the network time is not charged to T_fixed. Profile parameters (`params`) replace the fits.
 """
 
 from __future__ import annotations
@@ -49,43 +63,101 @@ class _AffineEMA:
 
 
 @dataclass
+class AcceptanceMLE:
+    """Per-token acceptance γ of truncated-geometric rounds: exponentially weighted maximum
+    likelihood ΣA / (ΣA + #rejections), with a prior of `prior_weight` trials at `gamma0`."""
+
+    gamma0: float = 0.8
+    prior_weight: float = 2.0
+    decay: float = 0.9
+    accepted: float = field(init=False)
+    rejected: float = field(init=False)
+
+    def __post_init__(self):
+        self.accepted = self.gamma0 * self.prior_weight  # Alg. 2: γ̂ ← 0.8, as pseudo-trials
+        self.rejected = (1.0 - self.gamma0) * self.prior_weight
+
+    def add(self, k: int, accepted: int) -> None:
+        """One round that drafted k and kept `accepted` (< k: it ended in a rejection)."""
+        if k <= 0:
+            return
+        self.accepted = self.decay * self.accepted + accepted
+        self.rejected = self.decay * self.rejected + (1.0 if accepted < k else 0.0)
+
+    @property
+    def gamma(self) -> float:
+        """argmax_γ Π γ^{A_n} (1 − γ)^{[A_n < K_n]}: the truncated geometric's MLE."""
+        return self.accepted / (self.accepted + self.rejected)  # §IV-B geometric decay's γ
+
+
+@dataclass
 class AdaptiveK:
     """K* per round by eq. (11). `params`: a profile's α_edge, β, δ_cloud, T_base (None: fitted
-    online); mu: Alg. 2's EMA decay (the paper gives no value; 0.3 here); gamma0: Alg. 2's 0.8."""
+    online); model: E[τ|K] ("geometric" default, or Alg. 2's "alg2"); mu: Alg. 2's EMA decay
+    (model="alg2" only; the paper gives no value, 0.3 here); gamma0: Alg. 2's 0.8;
+    inv_rate_prior: the link's E[1/R] in s/bit when known, worth `prior_rounds` measured rounds.
+    """
 
     params: FlexSpecParams | None = None
     model: str = "geometric"
     mu: float = 0.3
     gamma0: float = 0.8
     k_first: int = 4  # before anything is measured
+    inv_rate_prior: float | None = None
+    prior_rounds: float = 8.0
+    decay: float = 0.9
     gamma_hat: float = field(init=False)
+    acceptance: AcceptanceMLE = field(init=False)
     edge: _AffineEMA = field(default_factory=lambda: _AffineEMA("slope"))
     cloud: _AffineEMA = field(default_factory=lambda: _AffineEMA("intercept"))
-    net_s: float | None = None  # EMA of the round's network time beyond serialization
-    rate_bps: float = math.inf  # R_n of the last round
-    bits_per_token: float = 0.0  # b, from the real frames
+    net: _AffineEMA = field(default_factory=lambda: _AffineEMA("intercept"))
+    inv_rate: list[float] = field(default_factory=lambda: [0.0, 0.0])  # Σw/R_n, Σw
+    bits: list[float] = field(default_factory=lambda: [0.0, 0.0])  # Σw·body bits, Σw·K
     header_bits: float = 0.0  # O_header, from the real frames
+    rounds: int = 0
     history: list[dict] = field(default_factory=list)
 
     def __post_init__(self):
         self.gamma_hat = self.gamma0  # Alg. 2: γ̂ ← 0.8
+        self.acceptance = AcceptanceMLE(self.gamma0, decay=self.decay)
+        if self.inv_rate_prior is not None:
+            self.inv_rate = [self.prior_rounds * self.inv_rate_prior, self.prior_rounds]
+
+    def expect_link(self, inv_rate: float) -> None:
+        """Take a link condition's E[1/R] (s/bit) as the prior, unless one was given."""
+        if self.inv_rate_prior is None:
+            self.inv_rate_prior = inv_rate
+            s, w = self.inv_rate
+            self.inv_rate = [s + self.prior_rounds * inv_rate, w + self.prior_rounds]
+
+    @property
+    def mean_inv_rate(self) -> float:
+        """E[1/R] (s/bit): weighted mean of the measured 1/R_n and the prior; 0 if neither."""
+        s, w = self.inv_rate
+        return s / w if w > 0 else 0.0
+
+    @property
+    def bits_per_token(self) -> float:
+        """b of eq. (8): the frames' body bits per drafted token (weighted over rounds)."""
+        return self.bits[0] / self.bits[1] if self.bits[1] > 0 else 0.0
 
     def terms(self) -> tuple[float, float]:
-        """(T_fixed, T_marginal) of eq. (10) from the current estimates."""
+        """(T_fixed, T_marginal) of eq. (10) in expectation over the fading: 1/R_n → E[1/R]."""
         if self.params is not None:
             alpha, beta = self.params.alpha_edge, self.params.beta
             t_base, delta = self.params.t_base, self.params.delta_cloud
         else:
             beta, alpha = self.edge.fit() or (0.0, 0.0)
             t_base, delta = self.cloud.fit() or (0.0, 0.0)
-        r = self.rate_bps
-        t_fixed = (self.net_s or 0.0) + t_base + beta + self.header_bits / r  # eq. (10) T_fixed
-        t_marg = alpha + self.bits_per_token / r + delta  # eq. (10) T_marginal(n)
+        net0, net1 = self.net.fit() or (0.0, 0.0)  # T_prop + T_down (+ per-token framing)
+        inv_r = self.mean_inv_rate
+        t_fixed = net0 + t_base + beta + self.header_bits * inv_r  # eq. (10) T_fixed
+        t_marg = alpha + net1 + self.bits_per_token * inv_r + delta  # eq. (10) T_marginal(n)
         return t_fixed, t_marg
 
     def choose(self, k_max: int) -> int:
         """K*_n ∈ [1, k_max] by eq. (11) (k_first before the first round)."""
-        if self.net_s is None:
+        if self.rounds == 0:
             k = min(self.k_first, k_max)
         else:
             t_fixed, t_marg = self.terms()
@@ -95,16 +167,23 @@ class AdaptiveK:
 
     def update(self, *, k, accepted, bytes_up, bytes_down, rate_bps, draft_s, uplink_s, cloud_s,
                downlink_s, header_bytes=None) -> None:  # fmt: skip
-        """Fold in one round: acceptance (Alg. 2 EMA), R_n, frame sizes and measured times."""
-        if k > 0:
-            self.gamma_hat = ema_acceptance(self.gamma_hat, accepted, k, self.mu)  # Alg. 2
-        self.rate_bps = rate_bps
+        """Fold in one round: accepted length, R_n, frame sizes and measured times."""
+        self.rounds += 1
+        if self.model == "alg2":
+            if k > 0:  # Alg. 2: EMA of the accepted fraction τ/K, what 1 + γ̂·K needs
+                self.gamma_hat = ema_acceptance(self.gamma_hat, accepted, k, self.mu)
+        else:
+            self.acceptance.add(k, accepted)  # geometric model: the per-token γ's MLE
+            self.gamma_hat = self.acceptance.gamma
         if header_bytes is not None:
             self.header_bits = 8.0 * header_bytes
-            if k > 0:
-                self.bits_per_token = 8.0 * (bytes_up - header_bytes) / k
-        serial = 8.0 * (bytes_up + bytes_down) / rate_bps
-        net = max(0.0, uplink_s + downlink_s - serial)
-        self.net_s = net if self.net_s is None else 0.7 * self.net_s + 0.3 * net
+            if k > 0:  # eq. (8): B_up(K) = K·b + O_header, b weighted over rounds
+                self.bits = [self.decay * self.bits[0] + 8.0 * (bytes_up - header_bytes),
+                             self.decay * self.bits[1] + k]  # fmt: skip
+        inv_r = 0.0 if math.isinf(rate_bps) else 1.0 / rate_bps
+        self.inv_rate = [self.inv_rate[0] + inv_r, self.inv_rate[1] + 1.0]  # E[1/R], no decay:
+        # the rounds' gains are i.i.d. (block fading), so every round weighs the same
+        serial = 8.0 * (bytes_up + bytes_down) * inv_r
+        self.net.add(k, max(0.0, uplink_s + downlink_s - serial))
         self.edge.add(k, draft_s)
         self.cloud.add(k, cloud_s)

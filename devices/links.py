@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 import numpy as np
 
@@ -65,6 +66,26 @@ class Link:
         snr = 10 ** (self.mean_snr_db / 10) * fading_gain(rng, self.fading, self.rician_k_db)
         rate = shannon_rate(self.bandwidth_hz, snr)  # CU-HLM eq. (5) under block fading
         return max(rate, OUTAGE_FLOOR * self.rate_bps)
+
+    def mean_inverse_rate(self, n: int = 400) -> float:
+        """E[1/R] in s/bit over the block-fading law (floored as in `sample_rate`), by
+        deterministic quadrature on n (Rayleigh) or n² (Rician) quantile points. A round's
+        expected serialization time is bits · E[1/R] (FlexSpec eq. (8) averaged over the fading)."""
+        if math.isinf(self.rate_bps):
+            return 0.0
+        u = (np.arange(n) + 0.5) / n  # mid-quantiles
+        if self.fading == "none":
+            g = np.ones(1)
+        elif self.fading == "rayleigh":
+            g = -np.log1p(-u)  # Exp(1) quantiles
+        else:
+            z = np.array([NormalDist().inv_cdf(x) for x in u])
+            k = 10 ** ((self.rician_k_db or 0.0) / 10)
+            los, sigma = math.sqrt(k / (k + 1)), math.sqrt(1 / (2 * (k + 1)))
+            g = ((los + sigma * z[:, None]) ** 2 + (sigma * z[None, :]) ** 2).ravel()
+        snr = 10 ** (self.mean_snr_db / 10) * g
+        rate = np.maximum(self.bandwidth_hz * np.log2(1.0 + snr), OUTAGE_FLOOR * self.rate_bps)
+        return float(np.mean(1.0 / rate))  # CU-HLM eq. (5) rate, inverted and averaged
 
     def to_dict(self) -> dict:
         return {

@@ -1,8 +1,8 @@
 """The edge client's decoding loop (FlexSpec §IV-C): draft K tokens here, send them to the cloud
 verifier, apply its verdict (A, c), keep the draft cache in step with the committed sequence.
 
-K comes from a controller (devices.kstar.AdaptiveK: eq. (11) from the measured link and an EMA
-of acceptance) or is fixed. The bytes counted are the real frame lengths; the link emulator's
+K comes from a controller (devices.kstar.AdaptiveK: eq. (11) from the measured link, the
+link condition's E[1/R] as a prior, and the per-token acceptance's estimate) or is fixed. The bytes counted are the real frame lengths; the link emulator's
 waits are real sleeps inside `Connection.request`, so wall-clock time includes them. This module
 opens no sockets itself (the caller passes a connected `Connection`).
 """
@@ -82,6 +82,9 @@ def edge_steps(
     head = len(wire.pack(wire.VERIFY, 0, 0, wire.verify(cod.NUMBER, 0, b""))) + (
         enc.kernel.header_bytes() if hasattr(enc, "kernel") else len(enc.encode([], empty, V))
     )
+    link = getattr(conn.link, "link", None)
+    if link is not None and hasattr(controller, "expect_link"):  # E[1/R] for eq. (8)'s b/R_n
+        controller.expect_link(link.mean_inverse_rate())
     conn.open(seq, sampling.temp, sampling.top_p, sampling.top_k,
               int(cloud_seed.generate_state(1, np.uint64)[0]))  # fmt: skip
     produced = 0
