@@ -92,6 +92,10 @@ def load_pair(
         from runtime.assets import default_pair
 
         tdir, ddir = default_pair()
+    elif target is None and draft == "mtp":  # the embedded target's own MTP head
+        from runtime.assets import default_pair
+
+        tdir, ddir = default_pair()[0], "mtp"
     elif target is None:
         raise DuetError(
             "--draft given without --target; pass both, or neither for the embedded pair"

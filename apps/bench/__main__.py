@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_auto_args(ap)
     ap.add_argument(
+        "--drafts",
+        default=None,
+        help="more drafts, comma-separated (`mtp`: the target's own MTP head, or a path): every "
+        "drafting method also runs with each, as METHOD+NAME, alternated (apps/bench/drafts.py)",
+    )
+    ap.add_argument(
         "--gamma", type=int, default=4, help="draft tokens per step, every method (default 4)"
     )
     ap.add_argument("--kappa", type=int, default=None, help="passed to methods that take it")
@@ -178,7 +184,7 @@ def bench(a: argparse.Namespace) -> dict:
         methods = [m for m in methods if m not in BASELINES]
         for m, why in skipped.items():
             print(f"skipping {m} under --emulate: {why}", file=sys.stderr)
-    pair = load_pair_from_args(a, need_draft=len(methods) > 1)
+    pair = load_pair_from_args(a, need_draft=len(methods) > 1 or bool(a.drafts))
     if pair.tokenizer is None:
         raise DuetError(f"{pair.target_dir}: no tokenizer.json; the bench needs one")
     emu = None
@@ -186,7 +192,10 @@ def bench(a: argparse.Namespace) -> dict:
         from devices.emulated_model import emulate_pair
 
         emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
+    from .drafts import extra_runners
+
     runners = make_runners(methods, pair, a)
+    runners += extra_runners(methods, pair, a, make_runners, skip=(*BASELINES, AUTO))
     ctx = min(
         [pair.target.config.max_context]
         + ([pair.draft.config.max_context] if pair.draft is not None else [])
@@ -217,7 +226,7 @@ def bench(a: argparse.Namespace) -> dict:
         "top_p": a.top_p,
         "threads": thread_settings(runners),
     }
-    rows = summarize(records, methods, temps)
+    rows = summarize(records, [r.name for r in runners], temps)
     if emu is not None:
         settings.update(emulated=emu.label, skipped=skipped, emulation=emu.summary())
         for r in rows:

@@ -1,72 +1,110 @@
-"""`--draft mtp`: a Qwen3.5 checkpoint's own multi-token-prediction head as the draft.
+"""`--draft mtp`: a target's multi-token-prediction head (`mtp.*` weights) as the draft.
 
-The head (`mtp.*` weights) reads the target's hidden state h_i at position i and the
-embedding of the next token x_{i+1}: u = fc([norm_e(embed(x_{i+1})); norm_h(h_i)]), one
-full-attention decoder layer with its own KV cache (RoPE position i), then its own norm; the
+The head reads the target's hidden state h_i at position i and the embedding of the next
+token x_{i+1}: u = fc([norm_e(embed(x_{i+1})); norm_h(h_i)]), one decoder layer of the
+target's own family with its own KV cache (RoPE position i), then its own norm; the
 target's LM head turns that into the law of x_{i+2}. Drafting γ tokens chains the head on its
 own output hidden state. Conventions (post-norm hidden states in and out, embedding first in
 the concatenation, RoPE position i) follow vLLM's Qwen3-Next MTP; they are not checked here
-against a released checkpoint.
+against a released checkpoint. On a hybrid (qwen3_5) target the layer is its gated attention
+layer and the norms are (1 + w); on Llama / Qwen2 / Qwen3 the layer is a plain decoder layer.
+
+Where the weights are found (`find_mtp_weights`): the checkpoint's own `mtp.*` tensors (as
+Qwen3.5 / Qwen3.6 releases ship them), else the sidecar TARGET/.duet/mtp/model.safetensors
+that `python -m apps.train mtp` writes in the same layout (`mtp.` prefix), so any of our
+targets gets one without copying the target.
 
 `MTPDraft` is a CausalLM over the draft positions, so `sd` runs it unchanged. The target's
 post-norm hidden states come from the target's own cache (the PyTorch backend records them
 when asked): a hidden state is used only for positions the target cache holds, i.e. the
 committed prefix. Entries of the head's cache computed from its own (chained) hidden state
-are recomputed from the target's once the target has verified those positions. It runs on
-the target's device and process and takes no tree/branch masks or layer ranges; it does not
-train a head (no `apps.train mtp`).
+are recomputed from the target's, in one batched pass, once the target has verified those
+positions. It runs on the target's device and process and takes no tree/branch masks or
+layer ranges; training lives in apps/train/mtp.py.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
 from runtime.backends.torch_qwen3_5 import FULL, HybridLayer, OffsetRMSNorm
+from runtime.backends.torch_ref import DecoderLayer, RMSNorm
 from runtime.cache import ConcatKVCache
 from runtime.config import ModelConfig, weight_files
 from runtime.errors import DuetError
-from runtime.model import check_tokens
+from runtime.model import causal_mask, check_tokens
+
+SIDECAR = Path(".duet") / "mtp"  # relative to the target directory
+WEIGHTS = "model.safetensors"
+
+
+def mtp_sidecar(target_dir) -> Path:
+    """The directory `apps.train mtp` writes to by default and `--draft mtp` reads."""
+    return Path(target_dir) / SIDECAR
 
 
 class MTPHead(nn.Module):
-    """fc over [normed embedding; normed hidden], one gated-attention layer, a final norm."""
+    """fc over [normed embedding; normed hidden], one decoder layer, a final norm."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        h = cfg.hidden_size
+        h, norm = cfg.hidden_size, OffsetRMSNorm if cfg.is_hybrid else RMSNorm
+        self.hybrid = cfg.is_hybrid
         self.fc = nn.Linear(2 * h, h, bias=False)
-        self.pre_fc_norm_embedding = OffsetRMSNorm(h, cfg.rms_norm_eps)
-        self.pre_fc_norm_hidden = OffsetRMSNorm(h, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList([HybridLayer(cfg, FULL)])
-        self.norm = OffsetRMSNorm(h, cfg.rms_norm_eps)
+        self.pre_fc_norm_embedding = norm(h, cfg.rms_norm_eps)
+        self.pre_fc_norm_hidden = norm(h, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            [HybridLayer(cfg, FULL) if cfg.is_hybrid else DecoderLayer(cfg)]
+        )
+        self.norm = norm(h, cfg.rms_norm_eps)
 
     def step(self, emb, hidden, positions, mask, past, inv_freq):
-        """emb, hidden (B, T, H) -> post-norm hidden (B, T, H) and the layer's (k, v)."""
+        """emb, hidden (B, T, H) -> post-norm hidden (B, T, H) and the layer's (past + new) k, v.
+
+        mask (B, 1, T, S + T) bool over past then new keys; past (k, v) each (B, KV, S, D)."""
         e, h = self.pre_fc_norm_embedding(emb), self.pre_fc_norm_hidden(hidden)
         u = self.fc(torch.cat([e, h], dim=-1))
-        u, (k, v) = self.layers[0](u, positions, mask, past, inv_freq)
+        if self.hybrid:
+            u, (k, v) = self.layers[0](u, positions, mask, past, inv_freq)
+        else:
+            u, k, v = self.layers[0](u, positions, mask, past[0], past[1], inv_freq)
         return self.norm(u), k, v
 
 
-def load_mtp_head(path, cfg: ModelConfig, dtype=torch.float32) -> MTPHead:
-    """The `mtp.*` weights of checkpoint `path` as an MTPHead, or one DuetError."""
+def find_mtp_weights(path) -> tuple[dict, Path]:
+    """The `mtp.*` tensors (prefix stripped) of checkpoint `path` or of its sidecar, and the
+    file or directory they came from; one DuetError naming both places when neither has them."""
     from safetensors.torch import load_file
 
     state = {}
     for f in weight_files(path):
         state.update({k[4:]: v for k, v in load_file(str(f)).items() if k.startswith("mtp.")})
-    if not state:
-        raise DuetError(
-            f"{path}: no mtp.* weights; --draft mtp needs a checkpoint with a "
-            "multi-token-prediction head (Qwen3.5 / Qwen3.6 releases ship one)"
-        )
+    if state:
+        return state, Path(path)
+    side = mtp_sidecar(path) / WEIGHTS
+    if side.is_file():
+        state = {k[4:]: v for k, v in load_file(str(side)).items() if k.startswith("mtp.")}
+        if state:
+            return state, side
+    raise DuetError(
+        f"{path}: no mtp.* weights in the checkpoint nor in {side}; --draft mtp needs a "
+        f"multi-token-prediction head (Qwen3.5 / Qwen3.6 releases ship one; fit one with "
+        f"`python -m apps.train mtp --target {path}`)"
+    )
+
+
+def load_mtp_head(path, cfg: ModelConfig, dtype=torch.float32) -> MTPHead:
+    """The `mtp.*` weights of checkpoint `path` (or its sidecar) as an MTPHead, or a DuetError."""
+    state, src = find_mtp_weights(path)
     head = MTPHead(cfg)
     missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise DuetError(
-            f"{path}: mtp.* weights do not match a one-layer MTP head "
+            f"{src}: mtp.* weights do not match a one-layer MTP head for this target "
             f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
         )
     return head.to(dtype).eval()
@@ -113,12 +151,17 @@ class MTPDraft:
 
     backend = "torch"
     supports_layer_range = False
+    reads_target_hidden = True  # the target must record its hidden states while this drafts
 
     def __init__(self, target, head: MTPHead):
-        if target.backend != "torch" or not target.config.is_hybrid:
-            raise DuetError("--draft mtp runs on a hybrid (qwen3_5) target on the torch backend")
-        self.target, self.head_module = target, head
-        self.config = target.config
+        if target.backend != "torch":
+            raise DuetError(
+                "--draft mtp runs beside a PyTorch target (--target-backend torch): it reads "
+                "the target's last hidden state"
+            )
+        self.target, self.config = target, target.config
+        self.device = getattr(target, "device", torch.device("cpu"))
+        self.head_module = head.to(self.device)
         target.record_hidden = True  # the target cache keeps its post-norm hidden states
 
     @classmethod
@@ -130,13 +173,35 @@ class MTPDraft:
         if batch != 1:
             raise DuetError("--draft mtp drafts one row only (no branch rollouts)")
         c, dtype = self.config, next(self.head_module.parameters()).dtype
-        return MTPCache(lambda b: torch.zeros(b, c.num_kv_heads, 0, c.head_dim, dtype=dtype))
+        return MTPCache(lambda b: torch.zeros(b, c.num_kv_heads, 0, c.head_dim, dtype=dtype,
+                                              device=self.device))  # fmt: skip
 
-    def _target_hidden(self) -> torch.Tensor:
-        """The target's post-norm hidden states (N, H) over its committed positions."""
+    def _target_hidden(self, tokens: list[int]) -> torch.Tensor:
+        """The target's post-norm hidden states (N, H) over the committed positions its last
+        cache shares with `tokens` (a cache of another sequence shares only a common prefix,
+        where causal hidden states are the same)."""
         tc = getattr(self.target, "last_cache", None)
-        h = getattr(tc, "hidden", None)
-        return h[: tc.offset] if h is not None else torch.zeros(0, self.config.hidden_size)
+        h, ids = getattr(tc, "hidden", None), getattr(tc, "hidden_ids", [])
+        n = 0 if h is None else min(tc.offset, len(ids), len(tokens))
+        if n and ids[:n] != tokens[:n]:  # usually equal; a stale cache shares only a prefix
+            n = next(i for i, (a, b) in enumerate(zip(ids, tokens, strict=False)) if a != b)
+        if h is None or n == 0:
+            return torch.zeros(0, self.config.hidden_size, device=self.device)
+        return h[:n]
+
+    def _run(self, cache: MTPCache, j: int, hidden: torch.Tensor, exact: bool) -> None:
+        """Append head entries j .. j+n-1 (tokens x_{j+1..j+n}, hidden (n, H), RoPE j..)."""
+        n, m = hidden.shape[0], self.target.module
+        k_past, v_past = cache.kv.get(0)
+        dev = self.device
+        pos = torch.arange(j, j + n, device=dev)[None]
+        mask = torch.from_numpy(causal_mask(k_past.shape[2], n))[None, None].to(dev)
+        x = m.model.embed_tokens(torch.tensor([cache.tokens[j + 1 : j + 1 + n]], device=dev))
+        out, k, v = self.head_module.step(x, hidden.to(x.dtype)[None], pos, mask,
+                                          (k_past, v_past), m.inv_freq)  # fmt: skip
+        cache.kv.put(0, k, v)
+        cache.out += list(out[0])
+        cache.exact += [exact] * n
 
     @torch.inference_mode()
     def forward(self, tokens, cache: MTPCache, *, positions=None, mask=None) -> np.ndarray:
@@ -146,27 +211,20 @@ class MTPDraft:
         if new.shape[0] != 1:
             raise DuetError("--draft mtp drafts one row only")
         cache.tokens += new[0].tolist()
-        th = self._target_hidden()
-        stale = [j for j, ok in enumerate(cache.exact) if not ok and j < th.shape[0]]
-        cache._keep(stale[0] if stale else len(cache.exact))  # redo entries now verifiable
-        m, emb = self.target.module, self.target.module.model.embed_tokens
-        for j in range(len(cache.exact), cache.offset - 1):  # entry j: token x_{j+1}, hidden h_j
-            exact = j < th.shape[0]
-            if exact:
-                hid = th[j]
-            else:
-                hid = cache.out[j - 1] if j else torch.zeros(self.config.hidden_size)
-            k_past, v_past = cache.kv.get(0)
-            pos = torch.tensor([[j]])
-            mask_t = torch.ones(1, 1, 1, k_past.shape[2] + 1, dtype=torch.bool)
-            x = emb(torch.tensor([[cache.tokens[j + 1]]]))
-            out, k, v = self.head_module.step(x, hid.to(x.dtype)[None, None], pos, mask_t,
-                                              (k_past, v_past), m.inv_freq)  # fmt: skip
-            cache.kv.put(0, k, v)
-            cache.out.append(out[0, 0])
-            cache.exact.append(exact)
-        T = new.shape[1]
-        rows = [cache.out[p - 1] if p >= 1 else torch.zeros(self.config.hidden_size)
+        th = self._target_hidden(cache.tokens)
+        first = len(cache.exact)  # chained (inexact) entries are a suffix of the cache
+        while first and not cache.exact[first - 1]:
+            first -= 1
+        if first < min(len(cache.exact), th.shape[0]):
+            cache._keep(first)  # redo the chained entries the target has now verified
+        j, end = len(cache.exact), cache.offset - 1  # entry j: token x_{j+1}, hidden h_j
+        if j < min(end, th.shape[0]):  # every entry the target has verified, in one pass
+            self._run(cache, j, th[j : min(end, th.shape[0])], True)
+        zero = torch.zeros(1, self.config.hidden_size, device=self.device)
+        for j in range(len(cache.exact), end):  # chained on the head's own output
+            self._run(cache, j, cache.out[j - 1][None] if j else zero, False)
+        T, m = new.shape[1], self.target.module
+        rows = [cache.out[p - 1] if p >= 1 else zero[0]
                 for p in range(cache.offset - T, cache.offset)]  # fmt: skip
-        w = emb.weight if self.config.tie_word_embeddings else m.lm_head.weight
-        return (torch.stack(rows) @ w.T).float().numpy()[None]
+        w = m.model.embed_tokens.weight if self.config.tie_word_embeddings else m.lm_head.weight
+        return (torch.stack(rows) @ w.T).float().cpu().numpy()[None]
