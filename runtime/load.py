@@ -145,8 +145,9 @@ def load_pair(
     if need_draft and ddir == "mtp":
         from runtime.backends.torch_mtp import MTPDraft
 
-        d = MTPDraft.load(t, tdir)
-        settings.update(draft_backend="mtp (target's own head)")
+        mb = "torch" if draft_backend == "torch" or target_device != "cpu" else "onnx"
+        d = MTPDraft.load(t, tdir, backend=mb, threads=draft_threads)
+        settings.update(draft_backend=f"mtp (target's own head, {mb})")
     elif need_draft:
         db = draft_backend or (
             "onnx" if backend_for_path(ddir) in ("mlx", "onnx") else backend_for_path(ddir)

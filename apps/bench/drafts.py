@@ -34,8 +34,9 @@ def extra_pair(pair, name: str, a):
     if name == "mtp":
         from runtime.backends.torch_mtp import MTPDraft
 
-        draft = MTPDraft.load(pair.target, pair.target_dir)
-        settings = pair.settings | {"draft_backend": "mtp (target's own head)"}
+        mb = "torch" if a.draft_backend == "torch" or a.target_device != "cpu" else "onnx"
+        draft = MTPDraft.load(pair.target, pair.target_dir, backend=mb, threads=a.draft_threads)
+        settings = pair.settings | {"draft_backend": f"mtp (target's own head, {mb})"}
         return replace(pair, draft=draft, draft_path=Path("mtp"), settings=settings)
     path = resolve(name, "drafts")
     other = load_pair(str(pair.target_dir), str(path), need_draft=True,

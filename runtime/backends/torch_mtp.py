@@ -112,14 +112,15 @@ def load_mtp_head(path, cfg: ModelConfig, dtype=torch.float32) -> MTPHead:
 
 class MTPCache:
     """Tokens seen, and per draft position p >= 1 the head's KV entry (RoPE position p - 1),
-    its output hidden state and whether its input hidden state was the target's."""
+    its output hidden state and logits, and whether its input hidden state was the target's."""
 
     is_trimmable = True
 
     def __init__(self, empty):
         self.tokens: list[int] = []
         self.kv = ConcatKVCache(1, 1, empty)  # entry j is draft position j + 1
-        self.out: list[torch.Tensor] = []  # post-norm hidden (H,) per entry
+        self.out: list = []  # post-norm hidden (H,) per entry (the stepper's array type)
+        self.logits: list[np.ndarray] = []  # (V,) float32 per entry
         self.exact: list[bool] = []
 
     @property
@@ -139,6 +140,7 @@ class MTPCache:
     def _keep(self, entries: int) -> None:
         self.kv.trim(self.kv.offset - min(entries, self.kv.offset))
         self.out, self.exact = self.out[:entries], self.exact[:entries]
+        self.logits = self.logits[:entries]
 
     def fork(self, rows):
         raise DuetError("--draft mtp drafts one row only (no branch rollouts)")
@@ -146,64 +148,95 @@ class MTPCache:
     select = fork
 
 
-class MTPDraft:
-    """The target's MTP head behind the CausalLM protocol (torch backend, batch 1)."""
+class TorchMTPStep:
+    """One head step in PyTorch on the target's device: the reference twin of the ONNX step
+    (runtime/backends/onnx_mtp.py)."""
 
-    backend = "torch"
+    def __init__(self, target, head: MTPHead):
+        self.m, self.cfg = target.module, target.config
+        self.device = getattr(target, "device", torch.device("cpu"))
+        self.head = head.to(self.device)
+        self.dtype = next(head.parameters()).dtype
+
+    def empty(self, b: int):
+        c = self.cfg
+        return torch.zeros(b, c.num_kv_heads, 0, c.head_dim, dtype=self.dtype, device=self.device)
+
+    def hidden(self, h: torch.Tensor) -> torch.Tensor:
+        return h
+
+    def zeros(self) -> torch.Tensor:
+        return torch.zeros(1, self.cfg.hidden_size, dtype=self.dtype, device=self.device)
+
+    @torch.inference_mode()
+    def __call__(self, ids: list[int], hidden, j: int, past):
+        """Entries j.. for tokens `ids` reading `hidden` (n, H): (outs, logits rows, (k, v))."""
+        n, m, dev = len(ids), self.m, self.device
+        pos = torch.arange(j, j + n, device=dev)[None]
+        mask = torch.from_numpy(causal_mask(past[0].shape[2], n))[None, None].to(dev)
+        x = m.model.embed_tokens(torch.tensor([ids], device=dev))
+        out, k, v = self.head.step(x, hidden.to(x.dtype)[None], pos, mask, past, m.inv_freq)
+        w = m.model.embed_tokens.weight if self.cfg.tie_word_embeddings else m.lm_head.weight
+        return list(out[0]), list((out[0] @ w.T).float().cpu().numpy()), (k, v)
+
+
+class MTPDraft:
+    """The target's MTP head behind the CausalLM protocol (batch 1), stepped in PyTorch or,
+    on a CPU target, in ONNX Runtime (`load(..., backend="onnx")`)."""
+
     supports_layer_range = False
     reads_target_hidden = True  # the target must record its hidden states while this drafts
 
-    def __init__(self, target, head: MTPHead):
+    def __init__(self, target, head: MTPHead, step=None):
         if target.backend != "torch":
             raise DuetError(
                 "--draft mtp runs beside a PyTorch target (--target-backend torch): it reads "
                 "the target's last hidden state"
             )
         self.target, self.config = target, target.config
-        self.device = getattr(target, "device", torch.device("cpu"))
-        self.head_module = head.to(self.device)
+        self.step = step if step is not None else TorchMTPStep(target, head)
+        self.head_module = head
+        self.backend = "onnx" if step is not None else "torch"
         target.record_hidden = True  # the target cache keeps its post-norm hidden states
 
     @classmethod
-    def load(cls, target, path) -> MTPDraft:
+    def load(cls, target, path, backend: str = "torch", threads: int = 1) -> MTPDraft:
+        """The head of checkpoint `path` (or its sidecar) beside `target`; `backend` onnx runs
+        its steps in ONNX Runtime (exported once into the sidecar folder)."""
         dtype = next(target.module.parameters()).dtype
-        return cls(target, load_mtp_head(path, target.config, dtype))
+        head = load_mtp_head(path, target.config, dtype)
+        if backend == "onnx":
+            from runtime.backends.onnx_mtp import OnnxMTPStep
+
+            return cls(target, head, OnnxMTPStep.for_target(target, head, path, threads))
+        return cls(target, head)
 
     def new_cache(self, batch: int = 1) -> MTPCache:
         if batch != 1:
             raise DuetError("--draft mtp drafts one row only (no branch rollouts)")
-        c, dtype = self.config, next(self.head_module.parameters()).dtype
-        return MTPCache(lambda b: torch.zeros(b, c.num_kv_heads, 0, c.head_dim, dtype=dtype,
-                                              device=self.device))  # fmt: skip
+        return MTPCache(self.step.empty)
 
-    def _target_hidden(self, tokens: list[int]) -> torch.Tensor:
+    def _target_hidden(self, tokens: list[int]) -> torch.Tensor | None:
         """The target's post-norm hidden states (N, H) over the committed positions its last
         cache shares with `tokens` (a cache of another sequence shares only a common prefix,
-        where causal hidden states are the same)."""
+        where causal hidden states are the same); None when there are none."""
         tc = getattr(self.target, "last_cache", None)
         h, ids = getattr(tc, "hidden", None), getattr(tc, "hidden_ids", [])
         n = 0 if h is None else min(tc.offset, len(ids), len(tokens))
         if n and ids[:n] != tokens[:n]:  # usually equal; a stale cache shares only a prefix
             n = next(i for i, (a, b) in enumerate(zip(ids, tokens, strict=False)) if a != b)
-        if h is None or n == 0:
-            return torch.zeros(0, self.config.hidden_size, device=self.device)
-        return h[:n]
+        return h[:n] if n else None
 
-    def _run(self, cache: MTPCache, j: int, hidden: torch.Tensor, exact: bool) -> None:
+    def _run(self, cache: MTPCache, j: int, hidden, exact: bool) -> None:
         """Append head entries j .. j+n-1 (tokens x_{j+1..j+n}, hidden (n, H), RoPE j..)."""
-        n, m = hidden.shape[0], self.target.module
-        k_past, v_past = cache.kv.get(0)
-        dev = self.device
-        pos = torch.arange(j, j + n, device=dev)[None]
-        mask = torch.from_numpy(causal_mask(k_past.shape[2], n))[None, None].to(dev)
-        x = m.model.embed_tokens(torch.tensor([cache.tokens[j + 1 : j + 1 + n]], device=dev))
-        out, k, v = self.head_module.step(x, hidden.to(x.dtype)[None], pos, mask,
-                                          (k_past, v_past), m.inv_freq)  # fmt: skip
+        n = hidden.shape[0]
+        outs, logits, (k, v) = self.step(cache.tokens[j + 1 : j + 1 + n], hidden, j,
+                                         cache.kv.get(0))  # fmt: skip
         cache.kv.put(0, k, v)
-        cache.out += list(out[0])
+        cache.out += outs
+        cache.logits += logits
         cache.exact += [exact] * n
 
-    @torch.inference_mode()
     def forward(self, tokens, cache: MTPCache, *, positions=None, mask=None) -> np.ndarray:
         if positions is not None or mask is not None:
             raise DuetError("--draft mtp takes no explicit positions or masks (no trees)")
@@ -212,19 +245,18 @@ class MTPDraft:
             raise DuetError("--draft mtp drafts one row only")
         cache.tokens += new[0].tolist()
         th = self._target_hidden(cache.tokens)
+        n_th = 0 if th is None else th.shape[0]
         first = len(cache.exact)  # chained (inexact) entries are a suffix of the cache
         while first and not cache.exact[first - 1]:
             first -= 1
-        if first < min(len(cache.exact), th.shape[0]):
+        if first < min(len(cache.exact), n_th):
             cache._keep(first)  # redo the chained entries the target has now verified
         j, end = len(cache.exact), cache.offset - 1  # entry j: token x_{j+1}, hidden h_j
-        if j < min(end, th.shape[0]):  # every entry the target has verified, in one pass
-            self._run(cache, j, th[j : min(end, th.shape[0])], True)
-        zero = torch.zeros(1, self.config.hidden_size, device=self.device)
+        if j < min(end, n_th):  # every entry the target has verified, in one pass
+            self._run(cache, j, self.step.hidden(th[j : min(end, n_th)]), True)
         for j in range(len(cache.exact), end):  # chained on the head's own output
-            self._run(cache, j, cache.out[j - 1][None] if j else zero, False)
-        T, m = new.shape[1], self.target.module
-        rows = [cache.out[p - 1] if p >= 1 else zero[0]
+            self._run(cache, j, cache.out[j - 1][None] if j else self.step.zeros(), False)
+        T, V = new.shape[1], self.config.vocab_size
+        rows = [cache.logits[p - 1] if p >= 1 else np.zeros(V, np.float32)
                 for p in range(cache.offset - T, cache.offset)]  # fmt: skip
-        w = m.model.embed_tokens.weight if self.config.tie_word_embeddings else m.lm_head.weight
-        return (torch.stack(rows) @ w.T).float().cpu().numpy()[None]
+        return np.stack(rows)[None]
