@@ -3,6 +3,7 @@
     python -m apps.bench --limit 20 --max-tokens 128 --temps 0,1 --json
     python -m apps.bench --methods ar,sd,mlx-lm --out answers/   # Spec-Bench answer files
     python -m apps.bench --edge --links 5g,4g,wifi-weak          # edge-cloud (apps/bench/edge.py)
+    python -m apps.bench --methods ar,sd --drafts mtp            # sd+mtp: the target's MTP head
 
 Defaults: the embedded pair and the held-out prompt set in apps/prompts/.
 Methods: any of runtime.decoding.METHODS, plus `mlx-lm` (speculative_generate_step)

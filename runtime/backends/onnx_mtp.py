@@ -60,8 +60,8 @@ class OnnxMTPStep:
     def hidden(self, h) -> np.ndarray:
         return h.float().cpu().numpy()
 
-    def zeros(self) -> np.ndarray:
-        return np.zeros((1, self.cfg.hidden_size), np.float32)
+    def zeros(self, n: int) -> np.ndarray:
+        return np.zeros((n, self.cfg.hidden_size), np.float32)
 
     def __call__(self, ids: list[int], hidden: np.ndarray, j: int, past):
         """Entries j.. for tokens `ids` reading `hidden` (n, H): (outs, logits rows, (k, v))."""

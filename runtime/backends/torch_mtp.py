@@ -165,8 +165,8 @@ class TorchMTPStep:
     def hidden(self, h: torch.Tensor) -> torch.Tensor:
         return h
 
-    def zeros(self) -> torch.Tensor:
-        return torch.zeros(1, self.cfg.hidden_size, dtype=self.dtype, device=self.device)
+    def zeros(self, n: int) -> torch.Tensor:
+        return torch.zeros(n, self.cfg.hidden_size, dtype=self.dtype, device=self.device)
 
     @torch.inference_mode()
     def __call__(self, ids: list[int], hidden, j: int, past):
@@ -254,8 +254,11 @@ class MTPDraft:
         j, end = len(cache.exact), cache.offset - 1  # entry j: token x_{j+1}, hidden h_j
         if j < min(end, n_th):  # every entry the target has verified, in one pass
             self._run(cache, j, self.step.hidden(th[j : min(end, n_th)]), True)
+        j = len(cache.exact)
+        if end - j > 1:  # no target hidden yet (a fresh prompt): zeros, one pass, redone later
+            self._run(cache, j, self.step.zeros(end - 1 - j), False)
         for j in range(len(cache.exact), end):  # chained on the head's own output
-            self._run(cache, j, cache.out[j - 1][None] if j else self.step.zeros(), False)
+            self._run(cache, j, cache.out[j - 1][None] if j else self.step.zeros(1), False)
         T, V = new.shape[1], self.config.vocab_size
         rows = [cache.logits[p - 1] if p >= 1 else np.zeros(V, np.float32)
                 for p in range(cache.offset - T, cache.offset)]  # fmt: skip
