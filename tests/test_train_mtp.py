@@ -178,3 +178,12 @@ def test_bench_runs_sd_with_the_head_beside_sd(tiny_dir, corpus, tmp_path, capsy
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["method"] for r in rows] == ["ar", "sd", "sd+mtp"]
     assert all(r["matches_ar"] == "1/1" for r in rows)
+
+
+def test_draft_mtp_beside_a_non_torch_target_is_one_line(tiny_dir, capsys):
+    from runtime.generate import main as generate
+
+    argv = ["--target", str(tiny_dir("qwen3", seed=3)), "--draft", "mtp", "--method", "sd",
+            "--target-backend", "mlx", "--prompt-ids", "5,17", "--max-tokens", "2"]  # fmt: skip
+    assert generate(argv) == 2
+    assert "runs beside a PyTorch target" in capsys.readouterr().err

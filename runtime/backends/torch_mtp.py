@@ -148,6 +148,14 @@ class MTPCache:
     select = fork
 
 
+def _check_target(target) -> None:
+    if target.backend != "torch":
+        raise DuetError(
+            "--draft mtp runs beside a PyTorch target (--target-backend torch): it reads "
+            "the target's last hidden state"
+        )
+
+
 class TorchMTPStep:
     """One head step in PyTorch on the target's device: the reference twin of the ONNX step
     (runtime/backends/onnx_mtp.py)."""
@@ -188,11 +196,7 @@ class MTPDraft:
     reads_target_hidden = True  # the target must record its hidden states while this drafts
 
     def __init__(self, target, head: MTPHead, step=None):
-        if target.backend != "torch":
-            raise DuetError(
-                "--draft mtp runs beside a PyTorch target (--target-backend torch): it reads "
-                "the target's last hidden state"
-            )
+        _check_target(target)
         self.target, self.config = target, target.config
         self.step = step if step is not None else TorchMTPStep(target, head)
         self.head_module = head
@@ -203,6 +207,7 @@ class MTPDraft:
     def load(cls, target, path, backend: str = "torch", threads: int = 1) -> MTPDraft:
         """The head of checkpoint `path` (or its sidecar) beside `target`; `backend` onnx runs
         its steps in ONNX Runtime (exported once into the sidecar folder)."""
+        _check_target(target)
         dtype = next(target.module.parameters()).dtype
         head = load_mtp_head(path, target.config, dtype)
         if backend == "onnx":
