@@ -165,10 +165,13 @@ def test_negative_control_wrong_q_fails_with_the_head(gof_pair, monkeypatch):
 
 def test_bench_runs_sd_with_the_head_beside_sd(tiny_dir, corpus, tmp_path, capsys):
     """`apps.bench --drafts mtp`: a `sd+mtp` row alternated with `sd`, greedy equal to ar."""
+    import shutil
+
     from apps.bench.__main__ import main as bench
 
-    t = tiny_dir("qwen3", seed=3)
-    assert _fit(t, corpus, 1, "--fresh") == 0
+    t = tmp_path / "target"
+    shutil.copytree(tiny_dir("qwen3", seed=3), t)
+    assert _fit(t, corpus, 1) == 0
     q = tmp_path / "q.jsonl"
     q.write_text(json.dumps({"question_id": 1, "category": "code", "turns": ["def f(x):"]}))
     capsys.readouterr()
