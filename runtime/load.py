@@ -94,6 +94,10 @@ def load_pair(
         from runtime.assets import default_pair
 
         tdir, ddir = default_pair()
+    elif target is None and draft == "mtp":  # the embedded target's own MTP head
+        from runtime.assets import default_pair
+
+        tdir, ddir = default_pair()[0], "mtp"
     elif target is None:
         raise DuetError(
             "--draft given without --target; pass both, or neither for the embedded pair"
@@ -143,13 +147,9 @@ def load_pair(
     if need_draft and ddir == "mtp":
         from runtime.backends.torch_mtp import MTPDraft
 
-        if t.backend != "torch":  # the head reads the torch target's recorded hidden states
-            raise DuetError(
-                f"--draft mtp runs on the torch backend only (the target is on {t.backend}); "
-                "add --target-backend torch"
-            )
-        d = MTPDraft.load(t, tdir)
-        settings.update(draft_backend="mtp (target's own head)")
+        mb = "torch" if draft_backend == "torch" or target_device != "cpu" else "onnx"
+        d = MTPDraft.load(t, tdir, backend=mb, threads=draft_threads)
+        settings.update(draft_backend=f"mtp (target's own head, {mb})")
     elif need_draft:
         db = draft_backend or (
             "onnx" if backend_for_path(ddir) in ("mlx", "onnx") else backend_for_path(ddir)

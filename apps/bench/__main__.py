@@ -3,6 +3,7 @@
     python -m apps.bench --limit 20 --max-tokens 128 --temps 0,1 --json
     python -m apps.bench --methods ar,sd,mlx-lm --out answers/   # Spec-Bench answer files
     python -m apps.bench --edge --links 5g,4g,wifi-weak          # edge-cloud (apps/bench/edge.py)
+    python -m apps.bench --methods ar,sd --drafts mtp            # sd+mtp: the target's MTP head
 
 Defaults: the embedded pair and the held-out prompt set in apps/prompts/.
 Methods: any of runtime.decoding.METHODS, plus `mlx-lm` (speculative_generate_step)
@@ -48,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
         "method the latency model predicts fastest, per prompt (default: %(default)s)",
     )
     add_auto_args(ap)
+    ap.add_argument(
+        "--drafts",
+        default=None,
+        help="more drafts, comma-separated (`mtp`: the target's own MTP head, or a path): every "
+        "drafting method also runs with each, as METHOD+NAME, alternated (apps/bench/drafts.py)",
+    )
     ap.add_argument(
         "--gamma", type=int, default=4, help="draft tokens per step, every method (default 4)"
     )
@@ -188,7 +195,7 @@ def bench(a: argparse.Namespace) -> dict:
         t, d = hybrid_pair_dirs(a.hybrid or None)
         a.target, a.draft, a.target_backend = str(t), str(d), "torch"
         a.draft_backend = a.draft_backend or "torch"
-    pair = load_pair_from_args(a, need_draft=len(methods) > 1)
+    pair = load_pair_from_args(a, need_draft=len(methods) > 1 or bool(a.drafts))
     if pair.tokenizer is None:
         raise DuetError(f"{pair.target_dir}: no tokenizer.json; the bench needs one")
     emu = None
@@ -196,7 +203,10 @@ def bench(a: argparse.Namespace) -> dict:
         from devices.emulated_model import emulate_pair
 
         emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
+    from .drafts import extra_runners
+
     runners = make_runners(methods, pair, a)
+    runners += extra_runners(methods, pair, a, make_runners, skip=(*BASELINES, AUTO))
     ctx = min(
         [pair.target.config.max_context]
         + ([pair.draft.config.max_context] if pair.draft is not None else [])
@@ -227,7 +237,7 @@ def bench(a: argparse.Namespace) -> dict:
         "top_p": a.top_p,
         "threads": thread_settings(runners),
     }
-    rows = summarize(records, methods, temps)
+    rows = summarize(records, [r.name for r in runners], temps)
     if emu is not None:
         settings.update(emulated=emu.label, skipped=skipped, emulation=emu.summary())
         for r in rows:

@@ -53,6 +53,8 @@ class DuetRunner:
             self.picked[method] = self.picked.get(method, 0) + 1
             note = f"auto picked {method}: {rec['why']}"
         draft = self.pair.draft if method != "ar" else None
+        if hasattr(self.pair.target, "record_hidden"):  # only an MTP draft reads them
+            self.pair.target.record_hidden = getattr(draft, "reads_target_hidden", False)
         steps = make_steps(
             method,
             self.pair.target,

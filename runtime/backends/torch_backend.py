@@ -133,18 +133,22 @@ class TorchCausalLM:
             tokens, cache, 0, self.config.num_layers, positions=positions, mask=mask
         )
         if self.record_hidden:
-            self._record(cache, h)
+            self._record(cache, h, tokens)
         return self.head(h)
 
     @torch.inference_mode()
-    def _record(self, cache, h) -> None:
-        """cache.hidden: (offset, H) post-norm hidden states of row 0, position-aligned."""
+    def _record(self, cache, h, tokens) -> None:
+        """cache.hidden: (offset, H) post-norm hidden states of row 0, position-aligned, and
+        cache.hidden_ids the token ids they were computed for (-1 where never recorded)."""
         hn = self.module.model.norm(h)[0]
         start = cache.offset - hn.shape[0]
         prev = getattr(cache, "hidden", None)
+        ids = getattr(cache, "hidden_ids", [])[:start]
         if prev is None or prev.shape[0] < start:  # positions never recorded: zeros
-            prev = torch.zeros(start, hn.shape[1], dtype=hn.dtype)
+            prev = torch.zeros(start, hn.shape[1], dtype=hn.dtype, device=hn.device)
+            ids = [-1] * start
         cache.hidden = torch.cat([prev[:start], hn])
+        cache.hidden_ids = ids + np.asarray(tokens)[0].tolist()
         self.last_cache = cache
 
 

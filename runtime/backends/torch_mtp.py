@@ -1,72 +1,110 @@
-"""`--draft mtp`: a Qwen3.5 checkpoint's own multi-token-prediction head as the draft.
+"""`--draft mtp`: a target's multi-token-prediction head (`mtp.*` weights) as the draft.
 
-The head (`mtp.*` weights) reads the target's hidden state h_i at position i and the
-embedding of the next token x_{i+1}: u = fc([norm_e(embed(x_{i+1})); norm_h(h_i)]), one
-full-attention decoder layer with its own KV cache (RoPE position i), then its own norm; the
+The head reads the target's hidden state h_i at position i and the embedding of the next
+token x_{i+1}: u = fc([norm_e(embed(x_{i+1})); norm_h(h_i)]), one decoder layer of the
+target's own family with its own KV cache (RoPE position i), then its own norm; the
 target's LM head turns that into the law of x_{i+2}. Drafting γ tokens chains the head on its
 own output hidden state. Conventions (post-norm hidden states in and out, embedding first in
 the concatenation, RoPE position i) follow vLLM's Qwen3-Next MTP; they are not checked here
-against a released checkpoint.
+against a released checkpoint. On a hybrid (qwen3_5) target the layer is its gated attention
+layer and the norms are (1 + w); on Llama / Qwen2 / Qwen3 the layer is a plain decoder layer.
+
+Where the weights are found (`find_mtp_weights`): the checkpoint's own `mtp.*` tensors (as
+Qwen3.5 / Qwen3.6 releases ship them), else the sidecar TARGET/.duet/mtp/model.safetensors
+that `python -m apps.train mtp` writes in the same layout (`mtp.` prefix), so any of our
+targets gets one without copying the target.
 
 `MTPDraft` is a CausalLM over the draft positions, so `sd` runs it unchanged. The target's
 post-norm hidden states come from the target's own cache (the PyTorch backend records them
 when asked): a hidden state is used only for positions the target cache holds, i.e. the
 committed prefix. Entries of the head's cache computed from its own (chained) hidden state
-are recomputed from the target's once the target has verified those positions. It runs on
-the target's device and process and takes no tree/branch masks or layer ranges; it does not
-train a head (no `apps.train mtp`).
+are recomputed from the target's, in one batched pass, once the target has verified those
+positions. It runs on the target's device and process and takes no tree/branch masks or
+layer ranges; training lives in apps/train/mtp.py.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
 from runtime.backends.torch_qwen3_5 import FULL, HybridLayer, OffsetRMSNorm
+from runtime.backends.torch_ref import DecoderLayer, RMSNorm
 from runtime.cache import ConcatKVCache
 from runtime.config import ModelConfig, weight_files
 from runtime.errors import DuetError
-from runtime.model import check_tokens
+from runtime.model import causal_mask, check_tokens
+
+SIDECAR = Path(".duet") / "mtp"  # relative to the target directory
+WEIGHTS = "model.safetensors"
+
+
+def mtp_sidecar(target_dir) -> Path:
+    """The directory `apps.train mtp` writes to by default and `--draft mtp` reads."""
+    return Path(target_dir) / SIDECAR
 
 
 class MTPHead(nn.Module):
-    """fc over [normed embedding; normed hidden], one gated-attention layer, a final norm."""
+    """fc over [normed embedding; normed hidden], one decoder layer, a final norm."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        h = cfg.hidden_size
+        h, norm = cfg.hidden_size, OffsetRMSNorm if cfg.is_hybrid else RMSNorm
+        self.hybrid = cfg.is_hybrid
         self.fc = nn.Linear(2 * h, h, bias=False)
-        self.pre_fc_norm_embedding = OffsetRMSNorm(h, cfg.rms_norm_eps)
-        self.pre_fc_norm_hidden = OffsetRMSNorm(h, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList([HybridLayer(cfg, FULL)])
-        self.norm = OffsetRMSNorm(h, cfg.rms_norm_eps)
+        self.pre_fc_norm_embedding = norm(h, cfg.rms_norm_eps)
+        self.pre_fc_norm_hidden = norm(h, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            [HybridLayer(cfg, FULL) if cfg.is_hybrid else DecoderLayer(cfg)]
+        )
+        self.norm = norm(h, cfg.rms_norm_eps)
 
     def step(self, emb, hidden, positions, mask, past, inv_freq):
-        """emb, hidden (B, T, H) -> post-norm hidden (B, T, H) and the layer's (k, v)."""
+        """emb, hidden (B, T, H) -> post-norm hidden (B, T, H) and the layer's (past + new) k, v.
+
+        mask (B, 1, T, S + T) bool over past then new keys; past (k, v) each (B, KV, S, D)."""
         e, h = self.pre_fc_norm_embedding(emb), self.pre_fc_norm_hidden(hidden)
         u = self.fc(torch.cat([e, h], dim=-1))
-        u, (k, v) = self.layers[0](u, positions, mask, past, inv_freq)
+        if self.hybrid:
+            u, (k, v) = self.layers[0](u, positions, mask, past, inv_freq)
+        else:
+            u, k, v = self.layers[0](u, positions, mask, past[0], past[1], inv_freq)
         return self.norm(u), k, v
 
 
-def load_mtp_head(path, cfg: ModelConfig, dtype=torch.float32) -> MTPHead:
-    """The `mtp.*` weights of checkpoint `path` as an MTPHead, or one DuetError."""
+def find_mtp_weights(path) -> tuple[dict, Path]:
+    """The `mtp.*` tensors (prefix stripped) of checkpoint `path` or of its sidecar, and the
+    file or directory they came from; one DuetError naming both places when neither has them."""
     from safetensors.torch import load_file
 
     state = {}
     for f in weight_files(path):
         state.update({k[4:]: v for k, v in load_file(str(f)).items() if k.startswith("mtp.")})
-    if not state:
-        raise DuetError(
-            f"{path}: no mtp.* weights; --draft mtp needs a checkpoint with a "
-            "multi-token-prediction head (Qwen3.5 / Qwen3.6 releases ship one)"
-        )
+    if state:
+        return state, Path(path)
+    side = mtp_sidecar(path) / WEIGHTS
+    if side.is_file():
+        state = {k[4:]: v for k, v in load_file(str(side)).items() if k.startswith("mtp.")}
+        if state:
+            return state, side
+    raise DuetError(
+        f"{path}: no mtp.* weights in the checkpoint nor in {side}; --draft mtp needs a "
+        f"multi-token-prediction head (Qwen3.5 / Qwen3.6 releases ship one; fit one with "
+        f"`python -m apps.train mtp --target {path}`)"
+    )
+
+
+def load_mtp_head(path, cfg: ModelConfig, dtype=torch.float32) -> MTPHead:
+    """The `mtp.*` weights of checkpoint `path` (or its sidecar) as an MTPHead, or a DuetError."""
+    state, src = find_mtp_weights(path)
     head = MTPHead(cfg)
     missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise DuetError(
-            f"{path}: mtp.* weights do not match a one-layer MTP head "
+            f"{src}: mtp.* weights do not match a one-layer MTP head for this target "
             f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
         )
     return head.to(dtype).eval()
@@ -74,14 +112,15 @@ def load_mtp_head(path, cfg: ModelConfig, dtype=torch.float32) -> MTPHead:
 
 class MTPCache:
     """Tokens seen, and per draft position p >= 1 the head's KV entry (RoPE position p - 1),
-    its output hidden state and whether its input hidden state was the target's."""
+    its output hidden state and logits, and whether its input hidden state was the target's."""
 
     is_trimmable = True
 
     def __init__(self, empty):
         self.tokens: list[int] = []
         self.kv = ConcatKVCache(1, 1, empty)  # entry j is draft position j + 1
-        self.out: list[torch.Tensor] = []  # post-norm hidden (H,) per entry
+        self.out: list = []  # post-norm hidden (H,) per entry (the stepper's array type)
+        self.logits: list[np.ndarray] = []  # (V,) float32 per entry
         self.exact: list[bool] = []
 
     @property
@@ -101,6 +140,7 @@ class MTPCache:
     def _keep(self, entries: int) -> None:
         self.kv.trim(self.kv.offset - min(entries, self.kv.offset))
         self.out, self.exact = self.out[:entries], self.exact[:entries]
+        self.logits = self.logits[:entries]
 
     def fork(self, rows):
         raise DuetError("--draft mtp drafts one row only (no branch rollouts)")
@@ -108,37 +148,100 @@ class MTPCache:
     select = fork
 
 
-class MTPDraft:
-    """The target's MTP head behind the CausalLM protocol (torch backend, batch 1)."""
+def _check_target(target) -> None:
+    if target.backend != "torch":
+        raise DuetError(
+            "--draft mtp runs beside a PyTorch target (--target-backend torch): it reads "
+            "the target's last hidden state"
+        )
 
-    backend = "torch"
-    supports_layer_range = False
+
+class TorchMTPStep:
+    """One head step in PyTorch on the target's device: the reference twin of the ONNX step
+    (runtime/backends/onnx_mtp.py)."""
 
     def __init__(self, target, head: MTPHead):
-        if target.backend != "torch" or not target.config.is_hybrid:
-            raise DuetError("--draft mtp runs on a hybrid (qwen3_5) target on the torch backend")
-        self.target, self.head_module = target, head
-        self.config = target.config
+        self.m, self.cfg = target.module, target.config
+        self.device = getattr(target, "device", torch.device("cpu"))
+        self.head = head.to(self.device)
+        self.dtype = next(head.parameters()).dtype
+
+    def empty(self, b: int):
+        c = self.cfg
+        return torch.zeros(b, c.num_kv_heads, 0, c.head_dim, dtype=self.dtype, device=self.device)
+
+    def hidden(self, h: torch.Tensor) -> torch.Tensor:
+        return h
+
+    def zeros(self, n: int) -> torch.Tensor:
+        return torch.zeros(n, self.cfg.hidden_size, dtype=self.dtype, device=self.device)
+
+    @torch.inference_mode()
+    def __call__(self, ids: list[int], hidden, j: int, past):
+        """Entries j.. for tokens `ids` reading `hidden` (n, H): (outs, logits rows, (k, v))."""
+        n, m, dev = len(ids), self.m, self.device
+        pos = torch.arange(j, j + n, device=dev)[None]
+        mask = torch.from_numpy(causal_mask(past[0].shape[2], n))[None, None].to(dev)
+        x = m.model.embed_tokens(torch.tensor([ids], device=dev))
+        out, k, v = self.head.step(x, hidden.to(x.dtype)[None], pos, mask, past, m.inv_freq)
+        w = m.model.embed_tokens.weight if self.cfg.tie_word_embeddings else m.lm_head.weight
+        return list(out[0]), list((out[0] @ w.T).float().cpu().numpy()), (k, v)
+
+
+class MTPDraft:
+    """The target's MTP head behind the CausalLM protocol (batch 1), stepped in PyTorch or,
+    on a CPU target, in ONNX Runtime (`load(..., backend="onnx")`)."""
+
+    supports_layer_range = False
+    reads_target_hidden = True  # the target must record its hidden states while this drafts
+
+    def __init__(self, target, head: MTPHead, step=None):
+        _check_target(target)
+        self.target, self.config = target, target.config
+        self.step = step if step is not None else TorchMTPStep(target, head)
+        self.head_module = head
+        self.backend = "onnx" if step is not None else "torch"
         target.record_hidden = True  # the target cache keeps its post-norm hidden states
 
     @classmethod
-    def load(cls, target, path) -> MTPDraft:
+    def load(cls, target, path, backend: str = "torch", threads: int = 1) -> MTPDraft:
+        """The head of checkpoint `path` (or its sidecar) beside `target`; `backend` onnx runs
+        its steps in ONNX Runtime (exported once into the sidecar folder)."""
+        _check_target(target)
         dtype = next(target.module.parameters()).dtype
-        return cls(target, load_mtp_head(path, target.config, dtype))
+        head = load_mtp_head(path, target.config, dtype)
+        if backend == "onnx":
+            from runtime.backends.onnx_mtp import OnnxMTPStep
+
+            return cls(target, head, OnnxMTPStep.for_target(target, head, path, threads))
+        return cls(target, head)
 
     def new_cache(self, batch: int = 1) -> MTPCache:
         if batch != 1:
             raise DuetError("--draft mtp drafts one row only (no branch rollouts)")
-        c, dtype = self.config, next(self.head_module.parameters()).dtype
-        return MTPCache(lambda b: torch.zeros(b, c.num_kv_heads, 0, c.head_dim, dtype=dtype))
+        return MTPCache(self.step.empty)
 
-    def _target_hidden(self) -> torch.Tensor:
-        """The target's post-norm hidden states (N, H) over its committed positions."""
+    def _target_hidden(self, tokens: list[int]) -> torch.Tensor | None:
+        """The target's post-norm hidden states (N, H) over the committed positions its last
+        cache shares with `tokens` (a cache of another sequence shares only a common prefix,
+        where causal hidden states are the same); None when there are none."""
         tc = getattr(self.target, "last_cache", None)
-        h = getattr(tc, "hidden", None)
-        return h[: tc.offset] if h is not None else torch.zeros(0, self.config.hidden_size)
+        h, ids = getattr(tc, "hidden", None), getattr(tc, "hidden_ids", [])
+        n = 0 if h is None else min(tc.offset, len(ids), len(tokens))
+        if n and ids[:n] != tokens[:n]:  # usually equal; a stale cache shares only a prefix
+            n = next(i for i, (a, b) in enumerate(zip(ids, tokens, strict=False)) if a != b)
+        return h[:n] if n else None
 
-    @torch.inference_mode()
+    def _run(self, cache: MTPCache, j: int, hidden, exact: bool) -> None:
+        """Append head entries j .. j+n-1 (tokens x_{j+1..j+n}, hidden (n, H), RoPE j..)."""
+        n = hidden.shape[0]
+        outs, logits, (k, v) = self.step(cache.tokens[j + 1 : j + 1 + n], hidden, j,
+                                         cache.kv.get(0))  # fmt: skip
+        cache.kv.put(0, k, v)
+        cache.out += outs
+        cache.logits += logits
+        cache.exact += [exact] * n
+
     def forward(self, tokens, cache: MTPCache, *, positions=None, mask=None) -> np.ndarray:
         if positions is not None or mask is not None:
             raise DuetError("--draft mtp takes no explicit positions or masks (no trees)")
@@ -146,27 +249,22 @@ class MTPDraft:
         if new.shape[0] != 1:
             raise DuetError("--draft mtp drafts one row only")
         cache.tokens += new[0].tolist()
-        th = self._target_hidden()
-        stale = [j for j, ok in enumerate(cache.exact) if not ok and j < th.shape[0]]
-        cache._keep(stale[0] if stale else len(cache.exact))  # redo entries now verifiable
-        m, emb = self.target.module, self.target.module.model.embed_tokens
-        for j in range(len(cache.exact), cache.offset - 1):  # entry j: token x_{j+1}, hidden h_j
-            exact = j < th.shape[0]
-            if exact:
-                hid = th[j]
-            else:
-                hid = cache.out[j - 1] if j else torch.zeros(self.config.hidden_size)
-            k_past, v_past = cache.kv.get(0)
-            pos = torch.tensor([[j]])
-            mask_t = torch.ones(1, 1, 1, k_past.shape[2] + 1, dtype=torch.bool)
-            x = emb(torch.tensor([[cache.tokens[j + 1]]]))
-            out, k, v = self.head_module.step(x, hid.to(x.dtype)[None, None], pos, mask_t,
-                                              (k_past, v_past), m.inv_freq)  # fmt: skip
-            cache.kv.put(0, k, v)
-            cache.out.append(out[0, 0])
-            cache.exact.append(exact)
-        T = new.shape[1]
-        rows = [cache.out[p - 1] if p >= 1 else torch.zeros(self.config.hidden_size)
+        th = self._target_hidden(cache.tokens)
+        n_th = 0 if th is None else th.shape[0]
+        first = len(cache.exact)  # chained (inexact) entries are a suffix of the cache
+        while first and not cache.exact[first - 1]:
+            first -= 1
+        if first < min(len(cache.exact), n_th):
+            cache._keep(first)  # redo the chained entries the target has now verified
+        j, end = len(cache.exact), cache.offset - 1  # entry j: token x_{j+1}, hidden h_j
+        if j < min(end, n_th):  # every entry the target has verified, in one pass
+            self._run(cache, j, self.step.hidden(th[j : min(end, n_th)]), True)
+        j = len(cache.exact)
+        if end - j > 1:  # no target hidden yet (a fresh prompt): zeros, one pass, redone later
+            self._run(cache, j, self.step.zeros(end - 1 - j), False)
+        for j in range(len(cache.exact), end):  # chained on the head's own output
+            self._run(cache, j, cache.out[j - 1][None] if j else self.step.zeros(1), False)
+        T, V = new.shape[1], self.config.vocab_size
+        rows = [cache.logits[p - 1] if p >= 1 else np.zeros(V, np.float32)
                 for p in range(cache.offset - T, cache.offset)]  # fmt: skip
-        w = emb.weight if self.config.tie_word_embeddings else m.lm_head.weight
-        return (torch.stack(rows) @ w.T).float().numpy()[None]
+        return np.stack(rows)[None]

@@ -1,0 +1,62 @@
+"""`--drafts`: the same methods with other drafts beside the pair's own, alternated in one run.
+
+    python -m apps.bench --methods ar,sd --drafts mtp --gamma 4 --temps 0,1
+
+Each entry is `mtp` (the target's multi-token-prediction head: its checkpoint's `mtp.*`
+weights or the sidecar `python -m apps.train mtp` writes, runtime/backends/torch_mtp.py) or a
+draft checkpoint path. Every drafting method then also runs with that draft, as a runner
+named `METHOD+LABEL` (`sd+mtp`), in the same round-robin as the others (apps/bench/schedule.py),
+so the rows compare drafts under the same drift. The target is shared, not reloaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from runtime.errors import DuetError
+
+
+def parse_drafts(text: str | None) -> list[str]:
+    """Comma-separated draft names; [] for None or empty."""
+    return [d.strip() for d in (text or "").split(",") if d.strip()]
+
+
+def label(name: str) -> str:
+    """The suffix of the runner name: `mtp`, or the draft folder's name."""
+    return "mtp" if name == "mtp" else Path(name).name or name
+
+
+def extra_pair(pair, name: str, a):
+    """`pair` with its draft replaced by `name` (same target object, same tokenizer)."""
+    from runtime.load import load_pair, resolve
+
+    if name == "mtp":
+        from runtime.backends.torch_mtp import MTPDraft
+
+        mb = "torch" if a.draft_backend == "torch" or a.target_device != "cpu" else "onnx"
+        draft = MTPDraft.load(pair.target, pair.target_dir, backend=mb, threads=a.draft_threads)
+        settings = pair.settings | {"draft_backend": f"mtp (target's own head, {mb})"}
+        return replace(pair, draft=draft, draft_path=Path("mtp"), settings=settings)
+    path = resolve(name, "drafts")
+    other = load_pair(str(pair.target_dir), str(path), need_draft=True,
+                      target_backend=pair.settings["target_backend"],
+                      draft_backend=a.draft_backend, draft_threads=a.draft_threads,
+                      provider=a.provider, target_threads=pair.settings.get("target_threads"),
+                      target_device=pair.settings.get("target_device", "cpu"))  # fmt: skip
+    return replace(pair, draft=other.draft, draft_path=path, settings=other.settings)
+
+
+def extra_runners(methods: list[str], pair, a, make_runners, skip=()) -> list:
+    """Runners `METHOD+LABEL` for every drafting method in `methods` and every `--drafts`."""
+    names = parse_drafts(getattr(a, "drafts", None))
+    drafting = [m for m in methods if m != "ar" and m not in skip]
+    if names and not drafting:
+        raise DuetError("--drafts needs a drafting method in --methods (e.g. sd)")
+    out = []
+    for name in names:
+        p = extra_pair(pair, name, a)
+        for r in make_runners(drafting, p, a):
+            r.name = f"{r.name}+{label(name)}"
+            out.append(r)
+    return out

@@ -1,0 +1,76 @@
+"""The MTP head's step in ONNX Runtime: what `--draft mtp` runs on a CPU target.
+
+A head step is a dozen small PyTorch ops per token, whose dispatch costs more than their
+arithmetic on a CPU; ONNX Runtime runs the same step graph (converters/onnx_mtp.py, the
+target's embedding and LM head baked in) in one call, as the ONNX draft does. The graph is
+exported once into the head's sidecar folder (TARGET/.duet/mtp/step.onnx) and re-exported
+when the head's weights are newer. Same interface as torch_mtp.TorchMTPStep, numpy arrays.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from runtime.errors import DuetError
+from runtime.model import causal_mask
+
+STEP_FILE = "step.onnx"
+
+
+class OnnxMTPStep:
+    """One head step over n entries in an ONNX Runtime session (CPU, `threads` intra-op)."""
+
+    def __init__(self, path: Path, cfg, threads: int = 1):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        self.cfg = cfg
+
+    @classmethod
+    def for_target(cls, target, head, path, threads: int = 1) -> OnnxMTPStep:
+        """The step graph of `head` for checkpoint `path`, exported on first use."""
+        from runtime.backends.torch_mtp import find_mtp_weights, mtp_sidecar
+
+        if getattr(target, "device", None) is not None and target.device.type != "cpu":
+            raise DuetError(
+                "--draft mtp on ONNX Runtime needs a CPU target; use --draft-backend torch"
+            )
+        _, src = find_mtp_weights(path)
+        srcs = list(Path(src).glob("*.safetensors")) if Path(src).is_dir() else [Path(src)]
+        out = mtp_sidecar(path) / STEP_FILE
+        if not out.is_file() or out.stat().st_mtime < max(f.stat().st_mtime for f in srcs):
+            from converters.onnx_mtp import export_mtp_onnx
+
+            try:
+                export_mtp_onnx(target.module, head, out)
+            except OSError as e:
+                raise DuetError(
+                    f"{out}: cannot write the MTP head's ONNX export ({e}); "
+                    "use --draft-backend torch"
+                ) from None
+        return cls(out, target.config, threads)
+
+    def empty(self, b: int) -> np.ndarray:
+        return np.zeros((b, self.cfg.num_kv_heads, 0, self.cfg.head_dim), np.float32)
+
+    def hidden(self, h) -> np.ndarray:
+        return h.float().cpu().numpy()
+
+    def zeros(self, n: int) -> np.ndarray:
+        return np.zeros((n, self.cfg.hidden_size), np.float32)
+
+    def __call__(self, ids: list[int], hidden: np.ndarray, j: int, past):
+        """Entries j.. for tokens `ids` reading `hidden` (n, H): (outs, logits rows, (k, v))."""
+        n, S = len(ids), past[0].shape[2]
+        feed = {"input_ids": np.array([ids], np.int64),
+                "hidden": np.ascontiguousarray(hidden, np.float32)[None],
+                "position_ids": np.arange(j, j + n, dtype=np.int64)[None],
+                "mask": causal_mask(S, n)[None, None],
+                "past_key": np.ascontiguousarray(past[0]),
+                "past_value": np.ascontiguousarray(past[1])}  # fmt: skip
+        logits, out, k, v = self.session.run(None, feed)
+        return list(out[0]), list(logits[0]), (k, v)
