@@ -50,6 +50,17 @@ def _load_model(path, backend: str | None = None, **kw):
     backend = backend or backend_for_path(p)
     if backend not in BACKENDS:
         raise DuetError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    from runtime.ss_checkpoint import is_ss_dir
+
+    if p.is_dir() and is_ss_dir(p):  # a speculative-streaming draft: PyTorch only for now
+        if backend != "torch":
+            raise DuetError(
+                f"{p} is a speculative-streaming draft, which runs on the torch backend only "
+                f"(got {backend}); pass --draft-backend torch"
+            )
+        from runtime.backends.torch_ss import SSCausalLM
+
+        return SSCausalLM.load(p, **kw)
     if backend == "mlx":
         from runtime.backends.mlx_backend import MLXCausalLM
 
