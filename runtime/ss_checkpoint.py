@@ -82,11 +82,13 @@ def save_ss_checkpoint(
     *,
     dtype: torch.dtype | None = None,
     extra: dict | None = None,
+    keep: tuple[str, ...] = (),
 ) -> Path:
     """Write `module` as an SS checkpoint in `out` (config and side files from `src_dir`, the
     checkpoint it was initialised from); replaced atomically enough that a crash mid-save
     never leaves a half directory. dtype: bf16 by default. `extra` goes into the config's SS
-    entry."""
+    entry. Entries of an existing `out` named in `keep` (a trainer's resume state) are moved
+    into the new directory."""
     import torch
     from safetensors.torch import save_file
 
@@ -105,6 +107,9 @@ def save_ss_checkpoint(
     for name in SIDE_FILES:
         if (src / name).is_file():
             shutil.copy(src / name, tmp / name)
+    for name in keep:
+        if (out / name).exists():
+            (out / name).rename(tmp / name)
     old = out.with_name(out.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if out.exists():

@@ -38,18 +38,19 @@ class SSTorchLM(TorchLM):
         # (n, H), stored under this name beside the Hugging Face weight names
         self.ss_stream_embeddings = nn.Parameter(torch.zeros(streams, cfg.hidden_size))
 
-    def stream_inputs(self, tokens: torch.Tensor, first: int) -> torch.Tensor:
-        """(B, T + P*n, H): embed(tokens), then embed(x_p) + E_j for p >= first (p-major)."""
+    def stream_inputs(self, tokens: torch.Tensor, owners) -> torch.Tensor:
+        """(B, T + P*n, H): embed(tokens), then embed(x_p) + E_j for each owner p (p-major)."""
         e = self.model.embed_tokens(tokens)  # (B, T, H)
-        s = e[:, first:, None, :] + self.ss_stream_embeddings.to(e.dtype)  # (B, P, n, H)
+        s = e[:, owners, None, :] + self.ss_stream_embeddings.to(e.dtype)  # (B, P, n, H)
         return torch.cat([e, s.flatten(1, 2)], dim=1)
 
-    def stream_pass(self, tokens, first: int, positions, mask, past):
-        """Main logits (B, T, V), stream logits (B, P, n, V) and the presents (main columns
-        first, then the stream columns). positions (B, T + P*n), mask (B, 1, ., S + P*n)."""
-        T, P = tokens.shape[1], tokens.shape[1] - first
+    def stream_pass(self, tokens, owners, positions, mask, past):
+        """Main logits (B, T, V), stream logits (B, P, n, V) of the main positions `owners`
+        (a list or 1-D int tensor) and the presents (main columns first, then the stream
+        columns). positions (B, T + P*n), mask (B, 1, ., S + P*n) (kernels/stream_mask.py)."""
+        T, P = tokens.shape[1], len(owners)
         h, presents = self.run_layers(
-            self.stream_inputs(tokens, first), 0, self.cfg.num_layers, positions, mask, past
+            self.stream_inputs(tokens, owners), 0, self.cfg.num_layers, positions, mask, past
         )
         logits = self.head(h)
         B, V = logits.shape[0], logits.shape[-1]
@@ -105,11 +106,12 @@ class SSCausalLM(TorchCausalLM):
         pos = default_positions(off, B, T) if positions is None else np.asarray(positions)
         m = causal_mask(off, T) if mask is None else np.asarray(mask, dtype=bool)
         m = np.broadcast_to(m, (B, T, off + T))
-        full_pos = torch.from_numpy(stream_positions(pos, n, first)).to(self.device)
-        full_mask = torch.from_numpy(multi_stream_mask(m, n, first))[:, None].to(self.device)
+        owners = list(range(first, T))
+        full_pos = torch.from_numpy(stream_positions(pos, n, owners)).to(self.device)
+        full_mask = torch.from_numpy(multi_stream_mask(m, n, owners))[:, None].to(self.device)
         past = [cache.get(i) for i in range(self.config.num_layers)]
         x = torch.from_numpy(ids).to(self.device)
-        main, streams, presents = self.module.stream_pass(x, first, full_pos, full_mask, past)
+        main, streams, presents = self.module.stream_pass(x, owners, full_pos, full_mask, past)
         for i, present in enumerate(presents):
             cache.put(i, *present)
         cache.trim((T - first) * n)  # drop the stream columns: the cache holds main tokens only

@@ -1,0 +1,133 @@
+"""The speculative-streaming (SS) draft: the one-pass streams equal the explicit-sequence
+reference, an SS window is token for token the AR window of its main stream (same q), it
+takes fewer passes when the streams guess right, and greedy sd / mirror with it equal ar."""
+
+import numpy as np
+import pytest
+
+from kernels.stream_mask import multi_stream_mask, stream_positions
+from runtime.backends import load_model
+from runtime.backends.torch_ss import reference_stream_logits
+from runtime.decoding import Sampling, make_steps, run
+from runtime.decoding.sd import draft_window
+from runtime.errors import DuetError
+from runtime.model import causal_mask
+from runtime.ss_checkpoint import is_ss_dir, make_ss_checkpoint
+
+STREAMS = 3
+PROMPT = [11, 42, 7, 99, 5, 250]
+
+
+@pytest.fixture(scope="module")
+def ss_dirs(tiny_dir, tmp_path_factory):
+    """(target dir, plain draft dir, SS draft dir made from the plain one)."""
+    td = tiny_dir("qwen3")
+    dd = tiny_dir("qwen3", num_layers=2, seed=7)
+    ss = make_ss_checkpoint(dd, tmp_path_factory.mktemp("ss") / "draft", STREAMS, scale=0.5)
+    return td, dd, ss
+
+
+def test_stream_mask_layout():
+    m = multi_stream_mask(causal_mask(2, 3)[None], 2, [1, 2])  # 2 cached, 3 main, owners 1, 2
+    assert m.shape == (1, 3 + 4, 5 + 4)
+    assert not m[0, :3, 5:].any()  # main never sees a stream
+    assert (m[0, 3, :5] == causal_mask(2, 3)[1]).all()  # stream (1, 1) sees what main 1 sees
+    assert m[0, 4, 5:].tolist() == [True, True, False, False]  # stream (1, 2): streams 1..2 of 1
+    assert m[0, 5, 5:].tolist() == [False, False, True, False]  # stream (2, 1): its own only
+    pos = stream_positions(np.array([[2, 3, 4]]), 2, [1, 2])
+    assert pos.tolist() == [[2, 3, 4, 4, 5, 5, 6]]
+
+
+def test_one_pass_streams_equal_explicit_sequences(ss_dirs):
+    _, _, ss = ss_dirs
+    m = load_model(ss, "torch")
+    assert m.ss_streams == STREAMS
+    toks = np.random.default_rng(0).integers(0, m.config.vocab_size, 12)
+    c = m.new_cache()
+    m.forward(toks[None, :5], c)  # a cached prefix, then one pass of 7 main tokens
+    main, streams = m.forward_streams(toks[None, 5:12], c, first=2)
+    assert c.offset == 12 and streams.shape == (1, 5, STREAMS, m.config.vocab_size)
+    for k, p in enumerate(range(7, 12)):
+        ref = reference_stream_logits(m.module, toks, p, 0)
+        np.testing.assert_allclose(main[0, p - 5], ref, atol=1e-4, rtol=1e-4)
+        for j in range(1, STREAMS + 1):
+            ref = reference_stream_logits(m.module, toks, p, j)
+            np.testing.assert_allclose(streams[0, k, j - 1], ref, atol=1e-4, rtol=1e-4)
+    # the main stream is the plain model: the cache it left gives the plain next logits
+    nxt = m.forward(toks[None, 11:12] * 0 + 3, c)[0, -1]
+    c2 = m.new_cache()
+    np.testing.assert_allclose(
+        nxt, m.forward(np.append(toks, 3)[None], c2)[0, -1], atol=1e-4, rtol=1e-4
+    )
+
+
+class OracleStreams:
+    """An SS draft whose streams guess `future` (absolute position -> token) exactly."""
+
+    def __init__(self, inner, future: dict[int, int]):
+        self.inner, self.future = inner, future
+        self.config, self.ss_streams = inner.config, inner.ss_streams
+
+    def forward_streams(self, tokens, cache, *, first=None):
+        off = cache.offset
+        main, streams = self.inner.forward_streams(tokens, cache, first=first)
+        first = tokens.shape[1] - 1 if first is None else first
+        for k in range(streams.shape[1]):
+            for j in range(1, self.ss_streams + 1):
+                t = self.future.get(off + first + k + 1 + j)
+                if t is not None:
+                    streams[0, k, j - 1, t] = 1e4
+        return main, streams
+
+
+@pytest.mark.parametrize("temp", [0.0, 1.0])
+def test_ss_window_is_the_main_stream_window(ss_dirs, temp):
+    _, dd, ss = ss_dirs
+    plain, m = load_model(dd, "torch"), load_model(ss, "torch")
+    s = Sampling(temp)
+    for gamma in (1, 4, 7):
+        c1, c2 = plain.new_cache(), m.new_cache()
+        a, qa = draft_window(plain, c1, PROMPT, gamma, s, np.random.default_rng(1))
+        info = {}
+        b, qb = draft_window(m, c2, PROMPT, gamma, s, np.random.default_rng(1), info=info)
+        assert a == b and c1.offset == c2.offset == len(PROMPT) + gamma - 1
+        np.testing.assert_allclose(qa, qb, atol=1e-5)  # each token's q is the law it came from
+        assert 1 <= info["passes"] <= gamma
+        # streams that guess right: the same tokens, fewer passes (η up to n + 1 per pass)
+        oracle = OracleStreams(m, {len(PROMPT) + i: t for i, t in enumerate(a)})
+        c3 = m.new_cache()
+        info = {}
+        b, qb = draft_window(oracle, c3, PROMPT, gamma, s, np.random.default_rng(1), info=info)
+        assert b == a and c3.offset == c1.offset
+        np.testing.assert_allclose(qa, qb, atol=1e-5)
+        assert info["passes"] == {1: 1, 4: 2, 7: 3}[gamma]
+
+
+def test_greedy_sd_and_mirror_with_ss_draft_equal_ar(ss_dirs):
+    td, _, ss = ss_dirs
+    target, draft = load_model(td, "mlx"), load_model(ss, "torch")
+    n = 20
+    ref = run(make_steps("ar", target, None, PROMPT, max_new=n, sampling=Sampling(), seed=0),
+              max_new=n).tokens  # fmt: skip
+    for method, gammas in (("sd", (1, 3, 5)), ("mirror", (2, 4))):
+        for gamma in gammas:
+            steps = make_steps(method, target, draft, PROMPT, max_new=n, sampling=Sampling(),
+                               seed=0, gamma=gamma, kappa=3, exit_layer=2)  # fmt: skip
+            assert run(steps, max_new=n).tokens == ref, (method, gamma)
+
+
+def test_sd_reports_draft_passes(ss_dirs):
+    td, _, ss = ss_dirs
+    target, draft = load_model(td, "torch"), load_model(ss, "torch")
+    steps = make_steps("sd", target, draft, PROMPT, max_new=12, sampling=Sampling(), seed=0,
+                       gamma=3)  # fmt: skip
+    st = run(steps, max_new=12).stats.as_dict()
+    j = st["per_step"]["draft_passes"]
+    assert len(j) == st["steps"] and all(0 <= x <= 3 for x in j)
+
+
+def test_ss_checkpoint_marked_and_onnx_refused(ss_dirs):
+    _, dd, ss = ss_dirs
+    assert is_ss_dir(ss) and not is_ss_dir(dd)
+    with pytest.raises(DuetError, match="speculative-streaming draft"):
+        load_model(ss, "onnx")
