@@ -131,3 +131,77 @@ def test_ss_checkpoint_marked_and_onnx_refused(ss_dirs):
     assert is_ss_dir(ss) and not is_ss_dir(dd)
     with pytest.raises(DuetError, match="speculative-streaming draft"):
         load_model(ss, "onnx")
+
+
+class OracleRows:
+    """An SS draft whose streams guess, per batch row, the tokens `rows[r]` holds at each
+    position (absolute position -> token)."""
+
+    def __init__(self, inner, rows: list[dict[int, int]]):
+        self.inner, self.rows = inner, rows
+        self.config, self.ss_streams = inner.config, inner.ss_streams
+
+    def forward_streams(self, tokens, cache, *, first=None, positions=None, mask=None):
+        main, streams = self.inner.forward_streams(tokens, cache, first=first,
+                                                   positions=positions, mask=mask)  # fmt: skip
+        for r, future in enumerate(self.rows):
+            for k in range(streams.shape[1]):
+                for j in range(1, self.ss_streams + 1):
+                    t = future.get(int(positions[r, first + k]) + 1 + j)
+                    if t is not None:
+                        streams[r, k, j - 1, t] = 1e4
+        return main, streams
+
+
+@pytest.mark.parametrize("temp", [0.0, 1.0])
+@pytest.mark.parametrize("oracle", [False, True])
+def test_ss_branch_wave_equals_the_ar_wave(ss_dirs, temp, oracle):
+    """Mirror-SD branch rows drafted with SS passes: the same tokens and q as the ordinary
+    wave, each row's committed cache the same, and fewer passes when the streams guess right."""
+    from runtime.mirror.branches import Branch
+    from runtime.mirror.draft_worker import _Wave
+    from runtime.mirror.ss_wave import SSWave
+
+    _, _, ss = ss_dirs
+    m = load_model(ss, "torch")
+    s = Sampling(temp)
+    window = [17, 23, 5]  # d1..dγ after PROMPT
+    cache = m.new_cache()
+    m.forward(np.array([PROMPT + window]), cache)
+    base = len(PROMPT)
+    branches = [Branch(0, 40, 0.0), Branch(2, 41, 0.0), Branch(3, 42, 0.0), Branch(1, 43, 0.0)]
+    g2 = [5, 4, 5, 2]
+
+    def rngs():
+        return [np.random.default_rng([9, r]) for r in range(len(branches))]
+
+    ar = _Wave(m, cache.fork([0] * 4), branches, base, g2, rngs(), s)
+    while not ar.finished():
+        ar.advance()
+    future = [{base + b.depth + 1 + i: t for i, t in enumerate(ar.toks[r, : g2[r]].tolist())}
+              for r, b in enumerate(branches)]  # fmt: skip
+    draft = OracleRows(m, future) if oracle else m
+    ssw = SSWave(draft, cache.fork([0] * 4), branches, base, g2, rngs(), s)
+    while not ssw.finished():
+        ssw.advance()
+    assert ssw.k <= ar.k
+    if oracle:
+        assert ssw.k == 2  # one pass for t1 and the guesses, one to confirm them (g ≤ n + 1)
+    for r, b in enumerate(branches):
+        ta, qa = ar.window(r)
+        tb, qb = ssw.window(r)
+        assert ta == tb
+        np.testing.assert_allclose(qa, qb, atol=1e-5)
+        ca, cb = cache.fork([0] * 4), cache.fork([0] * 4)  # commit row r of fresh copies
+        ar2 = _Wave(m, ca, branches, base, g2, rngs(), s)
+        while not ar2.finished():
+            ar2.advance()
+        ss2 = SSWave(draft, cb, branches, base, g2, rngs(), s)
+        while not ss2.finished():
+            ss2.advance()
+        end = base + b.depth
+        ar2.commit(r, end, g2[r])
+        ss2.commit(r, end, g2[r])
+        assert ca.offset == cb.offset == end + g2[r]
+        probe = np.array([[ta[-1]]])
+        np.testing.assert_allclose(m.forward(probe, ca), m.forward(probe, cb), atol=1e-4)
