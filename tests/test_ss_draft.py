@@ -109,21 +109,14 @@ def test_greedy_sd_and_mirror_with_ss_draft_equal_ar(ss_dirs):
     n = 20
     ref = run(make_steps("ar", target, None, PROMPT, max_new=n, sampling=Sampling(), seed=0),
               max_new=n).tokens  # fmt: skip
-    for method, gammas in (("sd", (1, 3, 5)), ("mirror", (2, 4))):
+    for method, gammas in (("sd", (1, 4)), ("mirror", (3,))):
         for gamma in gammas:
             steps = make_steps(method, target, draft, PROMPT, max_new=n, sampling=Sampling(),
                                seed=0, gamma=gamma, kappa=3, exit_layer=2)  # fmt: skip
-            assert run(steps, max_new=n).tokens == ref, (method, gamma)
-
-
-def test_sd_reports_draft_passes(ss_dirs):
-    td, _, ss = ss_dirs
-    target, draft = load_model(td, "torch"), load_model(ss, "torch")
-    steps = make_steps("sd", target, draft, PROMPT, max_new=12, sampling=Sampling(), seed=0,
-                       gamma=3)  # fmt: skip
-    st = run(steps, max_new=12).stats.as_dict()
-    j = st["per_step"]["draft_passes"]
-    assert len(j) == st["steps"] and all(0 <= x <= 3 for x in j)
+            r = run(steps, max_new=n)
+            assert r.tokens == ref, (method, gamma)
+            j = r.stats.as_dict()["per_step"]["draft_passes"]  # J per window, reported
+            assert len(j) == r.stats.as_dict()["steps"] and all(0 <= x <= gamma for x in j)
 
 
 def test_ss_checkpoint_marked_and_onnx_refused(ss_dirs):
@@ -153,8 +146,7 @@ class OracleRows:
         return main, streams
 
 
-@pytest.mark.parametrize("temp", [0.0, 1.0])
-@pytest.mark.parametrize("oracle", [False, True])
+@pytest.mark.parametrize("temp,oracle", [(1.0, False), (0.0, True), (1.0, True)])
 def test_ss_branch_wave_equals_the_ar_wave(ss_dirs, temp, oracle):
     """Mirror-SD branch rows drafted with SS passes: the same tokens and q as the ordinary
     wave, each row's committed cache the same, and fewer passes when the streams guess right."""
@@ -187,11 +179,13 @@ def test_ss_branch_wave_equals_the_ar_wave(ss_dirs, temp, oracle):
     assert ssw.k <= ar.k
     if oracle:
         assert ssw.k == 2  # one pass for t1 and the guesses, one to confirm them (g ≤ n + 1)
-    for r, b in enumerate(branches):
+    for r in range(len(branches)):
         ta, qa = ar.window(r)
         tb, qb = ssw.window(r)
         assert ta == tb
         np.testing.assert_allclose(qa, qb, atol=1e-5)
+    for r in (1, 3):  # commit: row r alone, holes closed, the same cache as the AR wave's
+        b, ta = branches[r], ar.window(r)[0]
         ca, cb = cache.fork([0] * 4), cache.fork([0] * 4)  # commit row r of fresh copies
         ar2 = _Wave(m, ca, branches, base, g2, rngs(), s)
         while not ar2.finished():
