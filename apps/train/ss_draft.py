@@ -9,8 +9,9 @@ windows of the corpus' training files, one multi-stream pass gives, at every pos
 the main stream's next-token distribution and stream j's distribution of x_{t+1+j}; the
 loss is KL(p_target(. | x<=t) || main_t) + sum_j KL(p_target(. | x<=t+j) || stream_{t,j}),
 the target's own next-(j+1)-token distributions under teacher forcing (the streams'
-"future n-gram" objective, distilled as the embedded draft was). The whole draft is trained;
-the main-stream term keeps it a good ordinary draft. The report gives, on held-out files,
+"future n-gram" objective, distilled as the embedded draft was). The whole draft is trained
+(the main-stream term keeps it a good ordinary draft), or with --freeze-main only the
+stream embeddings, so the main stream stays the initial draft exactly. The report gives, on held-out files,
 each stream's top-1 agreement with the target's argmax (what an SS pass can confirm).
 
 Resumable: state in OUT/.resume/ (every --ckpt-every steps); OUT is an SS checkpoint
@@ -68,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ckpt-every", type=int, default=100)
     ap.add_argument("--fresh", action="store_true", help="ignore a resume state in OUT")
+    ap.add_argument("--freeze-main", action="store_true",
+                    help="train the stream embeddings only: the main stream stays the initial "
+                    "draft exactly (its tokens and acceptance unchanged; only J changes)")  # fmt: skip
     return ap
 
 
@@ -166,6 +170,9 @@ def run(a: argparse.Namespace) -> dict:
     student.load_state_dict(load_torch_lm(draft).state_dict(), strict=False)
     with torch.no_grad():
         student.ss_stream_embeddings.normal_(0.0, 0.02)
+    if a.freeze_main:  # only E_1..E_n learn; the main-stream term is then a constant
+        student.requires_grad_(False)
+        student.ss_stream_embeddings.requires_grad_(True)
     tok = load_tokenizer(target / "tokenizer.json")
     eos = tcfg.eos_token_ids[0] if tcfg.eos_token_ids else 0
     corpus = load_corpus(a.corpus)
@@ -197,7 +204,8 @@ def run(a: argparse.Namespace) -> dict:
     before = None if start else heldout_agreement(student.eval(), teacher, held)
     meta = {"init_draft": str(draft), "target": str(target), "corpus": "train split "
             "(apps/train/corpus.py)", "seed": a.seed, "seq_len": a.seq_len,
-            "batch_size": a.batch_size, "stream_stride": a.stream_stride}  # fmt: skip
+            "batch_size": a.batch_size, "stream_stride": a.stream_stride,
+            "freeze_main": a.freeze_main}  # fmt: skip
 
     def save(step: int) -> None:
         resume.mkdir(exist_ok=True)
