@@ -44,17 +44,43 @@ class SSTorchLM(TorchLM):
         s = e[:, owners, None, :] + self.ss_stream_embeddings.to(e.dtype)  # (B, P, n, H)
         return torch.cat([e, s.flatten(1, 2)], dim=1)
 
-    def stream_pass(self, tokens, owners, positions, mask, past):
+    def stream_pass(self, tokens, owners, positions, mask, past, stream_head: bool = True):
         """Main logits (B, T, V), stream logits (B, P, n, V) of the main positions `owners`
         (a list or 1-D int tensor) and the presents (main columns first, then the stream
-        columns). positions (B, T + P*n), mask (B, 1, ., S + P*n) (kernels/stream_mask.py)."""
+        columns). positions (B, T + P*n), mask (B, 1, ., S + P*n) (kernels/stream_mask.py).
+        stream_head=False returns the streams' last hidden states (B, P, n, H) instead, for
+        a caller that needs the logits of a few of them only."""
         T, P = tokens.shape[1], len(owners)
         h, presents = self.run_layers(
             self.stream_inputs(tokens, owners), 0, self.cfg.num_layers, positions, mask, past
         )
-        logits = self.head(h)
-        B, V = logits.shape[0], logits.shape[-1]
-        return logits[:, :T], logits[:, T:].reshape(B, P, self.n_streams, V), presents
+        B = h.shape[0]
+        streams = h[:, T:].reshape(B, P, self.n_streams, -1)
+        return self.head(h[:, :T]), self.head(streams) if stream_head else streams, presents
+
+
+class StreamLogits:
+    """Stream logits (B, P, n, V) whose LM head runs on demand: `[b, k]` gives owner k of row
+    b's n rows (what a draft walk reads: one owner per pass), `np.asarray` all of them."""
+
+    def __init__(self, module: SSTorchLM, hidden: torch.Tensor, vocab: int):
+        self.module, self.hidden = module, hidden  # (B, P, n, H)
+        self.shape = (*hidden.shape[:3], vocab)
+
+    @torch.inference_mode()
+    def __getitem__(self, idx):
+        if (
+            isinstance(idx, tuple)
+            and len(idx) == 2
+            and all(isinstance(i, int | np.integer) for i in idx)
+        ):
+            return self.module.head(self.hidden[int(idx[0]), int(idx[1])]).float().cpu().numpy()
+        return np.asarray(self)[idx]
+
+    @torch.inference_mode()
+    def __array__(self, dtype=None, copy=None):
+        out = self.module.head(self.hidden).float().cpu().numpy()
+        return out if dtype is None else out.astype(dtype)
 
 
 def reference_stream_logits(module: SSTorchLM, tokens: np.ndarray, p: int, j: int) -> np.ndarray:
@@ -92,10 +118,10 @@ class SSCausalLM(TorchCausalLM):
     @torch.inference_mode()
     def forward_streams(
         self, tokens, cache, *, first: int | None = None, positions=None, mask=None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, StreamLogits]:
         """One SS pass over `tokens` (B, T) appended to `cache`, streams on main positions
         `first`..T-1 (default: the last one only). Returns float32 main logits (B, T, V) and
-        stream logits (B, P, n, V). The cache keeps only the T main columns (the stream
+        stream logits (B, P, n, V) (a StreamLogits: the head runs for the owners read). The cache keeps only the T main columns (the stream
         columns are laid out last and trimmed). positions/mask are the main tokens' (as
         `forward`'s: (B, T) and (B, T, offset + T) or (T, offset + T))."""
         ids = check_tokens(tokens, self.config.vocab_size)
@@ -111,8 +137,10 @@ class SSCausalLM(TorchCausalLM):
         full_mask = torch.from_numpy(multi_stream_mask(m, n, owners))[:, None].to(self.device)
         past = [cache.get(i) for i in range(self.config.num_layers)]
         x = torch.from_numpy(ids).to(self.device)
-        main, streams, presents = self.module.stream_pass(x, owners, full_pos, full_mask, past)
+        main, hidden, presents = self.module.stream_pass(
+            x, owners, full_pos, full_mask, past, stream_head=False
+        )
         for i, present in enumerate(presents):
             cache.put(i, *present)
         cache.trim((T - first) * n)  # drop the stream columns: the cache holds main tokens only
-        return main.float().cpu().numpy(), streams.float().cpu().numpy()
+        return main.float().cpu().numpy(), StreamLogits(self.module, hidden, self.config.vocab_size)

@@ -64,7 +64,7 @@ def ss_draft_window(
             walked += 1  # the guess is the token drawn: its main logits are valid next
         rewind(cache, base + walked)  # keep the fed tokens and the confirmed guesses
         room = gamma - len(toks) - 1  # tokens still to draw after the one just drawn
-        guesses = [int(t) for t in streams[0, walked].argmax(-1)[: max(room, 0)]]
+        guesses = [int(t) for t in streams[0, walked].argmax(-1)[:room]] if room > 0 else []
         feed = [d]
     rewind(cache, len(seq) + len(toks) - 1)
     q = np.stack(qs) if qs else np.zeros((0, draft.config.vocab_size), np.float32)

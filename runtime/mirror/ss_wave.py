@@ -96,7 +96,9 @@ class SSWave:
             self.cols[r] += list(range(off, off + 1 + walked))
             self.next_pos[r] += 1 + walked
             room = int(self.g2[r]) - len(self.toks[r]) - 1
-            self.guesses[r] = [int(t) for t in streams[r, walked].argmax(-1)[: max(room, 0)]]
+            self.guesses[r] = (
+                [int(t) for t in streams[r, walked].argmax(-1)[:room]] if room > 0 else []
+            )
             self.feed[r] = self.toks[r][-1]
         self.keys = np.concatenate([self.keys, new_keys], axis=1)
         self.ready_ns.append(now_ns())
