@@ -11,7 +11,6 @@ from runtime.backends import backend_for_path, load_model
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.preflight import check_checkpoint, check_pair_files
-from runtime.ss_checkpoint import is_ss_dir
 from runtime.tokenizer import Tokenizer, check_pair
 
 
@@ -150,8 +149,6 @@ def load_pair(
         )
         if draft_backend is None and Path(ddir).is_dir() and ModelConfig.from_dir(ddir).is_hybrid:
             db = "torch"  # no ONNX export of the hybrid states yet
-        if draft_backend is None and is_ss_dir(ddir):
-            db = "torch"  # a speculative-streaming draft's streams run on PyTorch
         kw = {"intra_threads": draft_threads, "provider": provider} if db == "onnx" else {}
         if db == "torch":
             kw = {"threads": draft_threads, "hybrid_rollback": hybrid_rollback}

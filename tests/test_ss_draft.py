@@ -122,11 +122,11 @@ def test_greedy_sd_and_mirror_with_ss_draft_equal_ar(ss_dirs):
             assert len(j) == r.stats.as_dict()["steps"] and all(0 <= x <= gamma for x in j)
 
 
-def test_ss_checkpoint_marked_and_onnx_refused(ss_dirs):
+def test_ss_checkpoint_marked_and_mlx_refused(ss_dirs):
     _, dd, ss = ss_dirs
     assert is_ss_dir(ss) and not is_ss_dir(dd)
     with pytest.raises(DuetError, match="speculative-streaming draft"):
-        load_model(ss, "onnx")
+        load_model(ss, "mlx")
 
 
 class OracleRows:
@@ -203,3 +203,29 @@ def test_ss_branch_wave_equals_the_ar_wave(ss_dirs, temp, oracle):
         assert ca.offset == cb.offset == end + g2[r]
         probe = np.array([[ta[-1]]])
         np.testing.assert_allclose(m.forward(probe, ca), m.forward(probe, cb), atol=1e-4)
+
+
+def test_onnx_ss_draft_equals_torch_and_stays_lossless(ss_dirs):
+    """The exported SS graph (converters/onnx_ss_export.py): same main and stream logits as
+    the PyTorch one, the same windows, and greedy mirror with it equals ar."""
+    td, _, ss = ss_dirs
+    o, t = load_model(ss, "onnx"), load_model(ss, "torch")
+    assert o.ss_streams == t.ss_streams == STREAMS
+    toks = np.random.default_rng(1).integers(0, t.config.vocab_size, 12)
+    c1, c2 = o.new_cache(), t.new_cache()
+    np.testing.assert_allclose(o.forward(toks[None, :5], c1), t.forward(toks[None, :5], c2),
+                               atol=1e-4, rtol=1e-4)  # fmt: skip
+    ma, sa = o.forward_streams(toks[None, 5:12], c1, first=2)
+    mb, sb = t.forward_streams(toks[None, 5:12], c2, first=2)
+    assert c1.offset == c2.offset == 12
+    np.testing.assert_allclose(ma, mb, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(sa, np.asarray(sb), atol=1e-4, rtol=1e-4)
+    s = Sampling(1.0)
+    a = draft_window(o, o.new_cache(), PROMPT, 5, s, np.random.default_rng(2))[0]
+    assert a == draft_window(t, t.new_cache(), PROMPT, 5, s, np.random.default_rng(2))[0]
+    target = load_model(td, "mlx")
+    ref = run(make_steps("ar", target, None, PROMPT, max_new=16, sampling=Sampling(), seed=0),
+              max_new=16).tokens  # fmt: skip
+    steps = make_steps("mirror", target, o, PROMPT, max_new=16, sampling=Sampling(), seed=0,
+                       gamma=3, kappa=3, exit_layer=2)  # fmt: skip
+    assert run(steps, max_new=16).tokens == ref

@@ -50,12 +50,12 @@ class SSTorchLM(TorchLM):
         columns). positions (B, T + P*n), mask (B, 1, ., S + P*n) (kernels/stream_mask.py).
         stream_head=False returns the streams' last hidden states (B, P, n, H) instead, for
         a caller that needs the logits of a few of them only."""
-        T, P = tokens.shape[1], len(owners)
+        T = tokens.shape[1]
         h, presents = self.run_layers(
             self.stream_inputs(tokens, owners), 0, self.cfg.num_layers, positions, mask, past
         )
         B = h.shape[0]
-        streams = h[:, T:].reshape(B, P, self.n_streams, -1)
+        streams = h[:, T:].reshape(B, -1, self.n_streams, h.shape[-1])  # (B, P, n, H)
         return self.head(h[:, :T]), self.head(streams) if stream_head else streams, presents
 
 
