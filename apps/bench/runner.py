@@ -19,3 +19,4 @@ class TurnResult:
     note: str | None = None  # why accept_lengths is None, or anything else a reader must know
     stage_s: dict | None = None  # Duet's methods: seconds in drafting and in verification
     verified_tokens: int | None = None  # Duet's methods: tokens the target's passes verified
+    draft_passes: list | None = None  # sd / mirror: the draft passes J per window (SS: < γ)
