@@ -9,7 +9,8 @@ At each position and γ the same draft drafts the window twice, alternating: as 
 autoregressive draft (its main stream, one pass per token) and with its lookahead streams
 (runtime/decoding/ss_draft.py, J passes). The two windows are the same tokens (checked);
 only J and the time differ. `--ar-draft DIR` adds a separate ordinary draft (e.g. the
-embedded draft the SS one was distilled from) on the same backend. Timings exclude the
+embedded draft the SS one was distilled from) on the same backend (`--backend`, default
+onnx: on ONNX Runtime "autoregressive" is the SS graph with no streams). Timings exclude the
 prefill of the context (a cache fork per window). It does not run the target's verification.
 """
 
@@ -110,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", default=None, help="prompt set (default apps/prompts/)")
     ap.add_argument("--continuation", type=int, default=48, help="target tokens after a prompt")
     ap.add_argument("--windows", type=int, default=8, help="positions per context (default 8)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--backend", choices=["onnx", "torch"], default="onnx",
+                    help="runs both drafts (default onnx, the draft's home)")  # fmt: skip
+    ap.add_argument("--threads", type=int, default=1, help="draft / torch threads (default 1)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)
     try:
@@ -128,20 +131,21 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(a.threads)
     tdir = a.target or str(default_pair()[0])
-    ss = load_model(a.draft, "torch")
+    kw = {"intra_threads": a.threads} if a.backend == "onnx" else {}
+    ss = load_model(a.draft, a.backend, **kw)
     if not is_ss_draft(ss):
         raise DuetError(f"--draft {a.draft}: not a speculative-streaming draft")
     target = load_model(tdir, "torch", threads=a.threads)
-    extra = load_model(a.ar_draft, "torch") if a.ar_draft else None
+    extra = load_model(a.ar_draft, a.backend, **kw) if a.ar_draft else None
     ctxs = contexts(target, Tokenizer(tdir), a.limit, a.continuation, a.prompts)
     res = measure(ss, extra, ctxs, gammas, a.windows)
-    report = {"draft": a.draft, "streams": ss.ss_streams, "backend": "torch", "threads": a.threads,
+    report = {"draft": a.draft, "streams": ss.ss_streams, "backend": a.backend, "threads": a.threads,
               "contexts": len(ctxs), "greedy": True, "per_gamma": res,
               "note": "machine shared with other jobs: timings are noisy"}  # fmt: skip
     if a.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"SS draft {a.draft} ({ss.ss_streams} streams), torch, {a.threads} thread(s), "
+    print(f"SS draft {a.draft} ({ss.ss_streams} streams), {a.backend}, {a.threads} thread(s), "
           f"{len(ctxs)} contexts x {a.windows} positions, greedy", file=sys.stderr)  # fmt: skip
     cols = "gamma  J_ar  J_ss  eta_bar  ar_ms  ss_ms  speedup" + ("  ar_draft_ms" if extra else "")
     print(cols)
