@@ -229,3 +229,13 @@ def test_onnx_ss_draft_equals_torch_and_stays_lossless(ss_dirs):
     steps = make_steps("mirror", target, o, PROMPT, max_new=16, sampling=Sampling(), seed=0,
                        gamma=3, kappa=3, exit_layer=2)  # fmt: skip
     assert run(steps, max_new=16).tokens == ref
+
+
+def test_bench_rows_report_j():
+    from apps.bench.report import summarize
+
+    rec = {"method": "sd", "temp": 0.0, "new_tokens": [6], "wall_time": [1.0],
+           "accept_lengths": [3, 3], "matches_ar": True, "note": None,
+           "draft_passes": [2, 3]}  # fmt: skip
+    (row,) = summarize([rec], ["sd"], [0.0])
+    assert row["draft_passes_per_window"] == 2.5
