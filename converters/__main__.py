@@ -49,7 +49,18 @@ def export_onnx_checked(model: str, out: str, tol: float) -> dict:
     from converters.parity import decode_parity
     from runtime.backends.onnx_backend import OnnxCausalLM
     from runtime.backends.torch_backend import TorchCausalLM
+    from runtime.ss_checkpoint import is_ss_dir
 
+    if is_ss_dir(model):  # a speculative-streaming draft: its own graph (main + streams)
+        from converters.onnx_ss_export import export_ss_onnx
+        from runtime.backends.onnx_ss import OnnxSSCausalLM
+        from runtime.backends.torch_ss import SSCausalLM
+
+        ref = SSCausalLM.load(model)
+        info = export_ss_onnx(model, out)
+        par = decode_parity(ref, OnnxSSCausalLM.load(out))  # the main stream's parity
+        info.update(parity=par, tolerance=tol, ok=par["max_abs"] <= tol)
+        return info
     ref = TorchCausalLM.load(model)  # validates the checkpoint before the export starts
     info = export_onnx(model, out)
     # a hybrid's prompt runs through its prefill graph in chunks: cover two and the tail

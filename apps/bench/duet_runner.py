@@ -71,4 +71,5 @@ class DuetRunner:
             out += toks
         return TurnResult(out, time.perf_counter() - t0, list(stats.accept_lengths), note=note,
                           stage_s={"draft": stats.draft_s, "verify": stats.verify_s},
-                          verified_tokens=sum(stats.drafted) + len(stats.drafted))  # fmt: skip
+                          verified_tokens=sum(stats.drafted) + len(stats.drafted),
+                          draft_passes=stats.per_step.get("draft_passes"))  # fmt: skip

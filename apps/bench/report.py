@@ -50,6 +50,7 @@ def summarize(records: list[dict], methods: list[str], temps: list[float]) -> li
                 }
                 | calls_and_tokens(rs)
                 | draft_share(rs)
+                | draft_passes(rs)
             )
         sd = next((r for r in rows if r["method"] == "sd" and r["temp"] == t), None)
         tree = next((r for r in rows if r["method"] == "tree" and r["temp"] == t), None)
@@ -82,6 +83,13 @@ def draft_share(rs: list[dict]) -> dict:
         return {}
     share = d / (d + v)
     return {"draft_share": round(share, 4), "mirror_ceiling_vs_sd": round(1 / (1 - share), 3)}
+
+
+def draft_passes(rs: list[dict]) -> dict:
+    """J, the draft's internal passes per window (Mirror-SD App. C), when the method reports
+    it: γ for an ordinary draft, fewer for a speculative-streaming one."""
+    js = [j for r in rs for j in (r.get("draft_passes") or [])]
+    return {"draft_passes_per_window": round(sum(js) / len(js), 3)} if js else {}
 
 
 def mismatches(records: list[dict]) -> list[dict]:

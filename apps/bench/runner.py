@@ -22,6 +22,7 @@ class TurnResult:
     stage_s: dict | None = None  # Duet's methods: seconds in drafting and in verification
     verified_tokens: int | None = None  # Duet's methods: tokens the target's passes verified
     refused: str | None = None  # the library's own refusal; nothing else is meaningful then
+    draft_passes: list | None = None  # sd / mirror: the draft passes J per window (SS: < γ)
 
 
 def refused(text: str) -> TurnResult:

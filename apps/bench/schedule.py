@@ -27,6 +27,7 @@ def run_prompt(runner, rec: dict, tok, template, *, temp, top_p, max_new, seed, 
     eos = set(getattr(runner, "eos", ()))
     answers, tokens, walls, lengths, steps, notes = [], [], [], [], [], set()
     stages: dict | None = {}
+    passes: list = []  # draft passes J per window, over the turns (sd / mirror)
     verified: int | None = 0
     for _ in rec["turns"]:
         ids, n = _fit(turn_ids(tok, template, rec["turns"], answers), max_new, context)
@@ -35,6 +36,7 @@ def run_prompt(runner, rec: dict, tok, template, *, temp, top_p, max_new, seed, 
             return {"method": runner.name, "temp": temp, "question_id": rec["question_id"],
                     "category": rec["category"], "refused": r.refused, "matches_ar": None}  # fmt: skip
         tokens.append(r.tokens)
+        passes += [j for j in (getattr(r, "draft_passes", None) or []) if j is not None]
         walls.append(r.wall_s)
         if r.stage_s is None or stages is None:
             stages = None
@@ -66,6 +68,7 @@ def run_prompt(runner, rec: dict, tok, template, *, temp, top_p, max_new, seed, 
         "note": "; ".join(sorted(notes)) or None,
         "stage_s": stages,
         "verified_tokens": verified,
+        "draft_passes": passes or None,
         "matches_ar": None,
     }
 

@@ -50,6 +50,25 @@ def _load_model(path, backend: str | None = None, **kw):
     backend = backend or backend_for_path(p)
     if backend not in BACKENDS:
         raise DuetError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    from runtime.ss_checkpoint import is_ss_dir
+
+    if p.is_dir() and is_ss_dir(p):  # a speculative-streaming draft: torch or ONNX Runtime
+        if backend == "torch":
+            from runtime.backends.torch_ss import SSCausalLM
+
+            return SSCausalLM.load(p, **kw)
+        if backend == "onnx":
+            from runtime.backends.onnx_ss import OnnxSSCausalLM
+
+            return OnnxSSCausalLM.load(ss_onnx_for_dir(p), **kw)
+        raise DuetError(
+            f"{p} is a speculative-streaming draft, which runs on the torch or onnx backend "
+            f"(got {backend}); pass --draft-backend torch or onnx"
+        )
+    if backend == "onnx" and p.suffix == ".onnx" and _is_ss_onnx(p):
+        from runtime.backends.onnx_ss import OnnxSSCausalLM
+
+        return OnnxSSCausalLM.load(p, **kw)
     if backend == "mlx":
         from runtime.backends.mlx_backend import MLXCausalLM
 
@@ -85,6 +104,30 @@ def _is_static_onnx(p: Path) -> bool:
     except Exception:  # not ONNX at all: let the loader report it in its own words
         return False
     return any(m.key == "duet.static" for m in meta)
+
+
+def _is_ss_onnx(p: Path) -> bool:
+    import onnx
+
+    try:
+        meta = onnx.load(str(p), load_external_data=False).metadata_props
+    except Exception:  # not ONNX at all: let the loader report it in its own words
+        return False
+    return any(m.key == "duet.config" and "duet_speculative_streaming" in m.value for m in meta)
+
+
+def ss_onnx_for_dir(d: Path) -> Path:
+    """An SS draft's ONNX export, cached under `d/.duet/` (made once, redone when older)."""
+    out = d / ".duet" / "model_ss.onnx"
+    newest = max(f.stat().st_mtime for f in d.glob("*.safetensors"))
+    if not out.is_file() or out.stat().st_mtime < newest:
+        from converters.onnx_ss_export import export_ss_onnx
+
+        try:
+            export_ss_onnx(d, out)
+        except OSError as e:
+            raise DuetError(f"{d}: cannot write the on-the-fly ONNX export ({e})") from None
+    return out
 
 
 def _need_dir(p: Path, backend: str) -> None:

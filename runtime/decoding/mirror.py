@@ -160,6 +160,8 @@ def mirror_steps(
                 "window_source": win.source,
                 "exit_layer": le,
                 "exit_head": "raw" if tuned is None else "tuned",
+                # J: draft passes that made this window (an SS draft's η ≥ 1 per pass, §3.2)
+                "per_step": {"draft_passes": win.info.get("draft_passes")},
             }
             step += 1
             if more:

@@ -18,20 +18,33 @@ import numpy as np
 from kernels.sampling import sample
 from kernels.verify import verify_greedy, verify_sampling
 from runtime.decoding.events import GREEDY, Sampling, StepEvent, pending, rewind
+from runtime.decoding.ss_draft import is_ss_draft, ss_draft_window
 from runtime.errors import DuetError
 
 
 def draft_window(
-    draft, cache, seq: list[int], gamma: int, sampling: Sampling, rng, law=None, observe=None
+    draft, cache, seq: list[int], gamma: int, sampling: Sampling, rng, law=None, observe=None,
+    info=None,
 ) -> tuple[list[int], np.ndarray]:
     """Draft γ tokens after `seq`; returns (tokens, q (γ, V)), q the law each was drawn from
     (empty when greedy, where verification needs none). `law(q) -> q_hat`, when given, replaces
     each q by the law the verifier will see (a lossy codec's decoded q̂, SQS §2) before the
     token is drawn from it with a fresh uniform. `observe(logits, d, q_row)`, when given, sees
-    each token after its draw (CU-HLM's skip rule, runtime/edge/skip.py).
+    each token after its draw (CU-HLM's skip rule, runtime/edge/skip.py). A speculative-
+    streaming draft drafts the same tokens in fewer passes (runtime/decoding/ss_draft.py;
+    not under `observe`, which needs every token's own logits: its main stream then drafts
+    one pass per token); `info["passes"]`, when a dict is given, receives the draft passes J
+    the window took (γ for an ordinary draft).
 
     On return the draft cache holds seq + d1..d(γ-1) (dγ is fed next step if accepted).
     """
+    if is_ss_draft(draft) and observe is None:  # Mirror-SD §3.2: η ≥ 1 tokens per pass
+        toks, q, passes = ss_draft_window(draft, cache, seq, gamma, sampling, rng, law)
+        if info is not None:
+            info["passes"] = passes
+        return toks, q
+    if info is not None:
+        info["passes"] = gamma  # one pass per token
     toks, qs = [], []
     feed = pending(cache, seq)
     for _ in range(gamma):
@@ -80,7 +93,8 @@ def sd_steps(
         while produced < max_new:
             g = max(0, min(gamma, max_new - produced - 1, ctx - len(seq) - 1))
             t0 = time.perf_counter()
-            drafts, q = draft_window(draft, dc, seq, g, sampling, rng)
+            info: dict = {}
+            drafts, q = draft_window(draft, dc, seq, g, sampling, rng, info=info)
             t1 = time.perf_counter()
             window = pending(tc, seq) + drafts
             logits = target.forward(np.array([window]), tc)[0, -(g + 1) :]  # (γ+1, V)
@@ -95,9 +109,8 @@ def sd_steps(
             produced += len(committed)
             rewind(tc, len(seq) - 1)  # target saw the window; keep the accepted prefix
             rewind(dc, len(seq) - 1)
-            yield StepEvent(
-                tokens=committed, accepted=a, drafted=g, draft_s=t1 - t0, verify_s=t2 - t1
-            )
+            yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=t1 - t0,
+                            verify_s=t2 - t1, extra={"per_step": {"draft_passes": info["passes"]}})  # fmt: skip
     finally:
         rewind(tc, len(seq))
         rewind(dc, len(seq))

@@ -32,8 +32,10 @@ from kernels.sampling import sample
 from kernels.topk_channel import decode
 from runtime.decoding.events import Sampling, rewind
 from runtime.decoding.sd import draft_window
+from runtime.decoding.ss_draft import is_ss_draft
 from runtime.mirror.branches import Branch, rank_branches, reuse_key
 from runtime.mirror.messages import STOP, EarlyExit, FinalVerify, Window, WorkerFailed
+from runtime.mirror.ss_wave import SSWave
 from runtime.mirror.timeline import Timeline, now_ns
 
 INITIAL, WINDOW = 0, 1  # RNG stream tags
@@ -168,9 +170,11 @@ class DraftWorker:
         step, produced = 0, 0
         t0 = now_ns()
         g = self._window_size(produced, len(self.seq))
-        window, q = draft_window(self.draft, self.cache, self.seq, g, self.sampling, self._rng(0))
+        j: dict = {}
+        window, q = draft_window(self.draft, self.cache, self.seq, g, self.sampling, self._rng(0),
+                                 info=j)  # fmt: skip
         self.tl.add("draft", "initial rollout", t0, now_ns(), step=step, tokens=g)
-        self.outbox.put(Window(step, window, q, now_ns(), "initial"))
+        self.outbox.put(Window(step, window, q, now_ns(), "initial", {"draft_passes": j["passes"]}))
         while True:
             self._extend(step, self.seq + window)
             ee = self._get()
@@ -206,34 +210,40 @@ class DraftWorker:
                 self.cache = wave.cache
                 done = len(window)
                 if done == g:
-                    info.update(source="reuse", ready_ns=wave.row_ready_ns(row), fallback_ns=0)
+                    info.update(source="reuse", ready_ns=wave.row_ready_ns(row), fallback_ns=0,
+                                draft_passes=wave.row_passes(row))  # fmt: skip
                 else:  # its wave was cut short: continue this row where it stopped
+                    j = {}
                     more, q2 = draft_window(self.draft, self.cache, self.seq + window, g - done,
-                                            self.sampling, wave.rngs[row])  # fmt: skip
+                                            self.sampling, wave.rngs[row], info=j)  # fmt: skip
                     window, q = window + more, np.concatenate([q, q2])
                     f1 = now_ns()
                     self.tl.add("draft", "resume rollout", f0, f1, step=step, tokens=g - done)
-                    info.update(source="resume", ready_ns=f1, fallback_ns=f1 - f0)
+                    info.update(source="resume", ready_ns=f1, fallback_ns=f1 - f0,
+                                draft_passes=wave.row_passes(row) + j["passes"])  # fmt: skip
             else:
                 rewind(self.cache, len(self.seq) - 1)
+                j = {}
                 window, q = draft_window(self.draft, self.cache, self.seq, g, self.sampling,
-                                         self._rng(step, a, c))  # fmt: skip
+                                         self._rng(step, a, c), info=j)  # fmt: skip
                 f1 = now_ns()
                 self.tl.add("draft", "fallback rollout", f0, f1, step=step, tokens=g)
-                info.update(source="fallback", ready_ns=f1, fallback_ns=f1 - f0)
+                info.update(source="fallback", ready_ns=f1, fallback_ns=f1 - f0,
+                            draft_passes=j["passes"])  # fmt: skip
             if not claimed:
                 self.outbox.put(Window(step, window, q, now_ns(), info["source"], info))
                 time.sleep(0)  # let the waiting target thread take the GIL at once
 
     def _publish(self, step: int, wave: _Wave) -> None:
         """Post the rows this pass completed as ready windows for step + 1."""
-        rows = np.nonzero(wave.g2 == wave.k)[0]
+        rows = wave.just_completed()
         if not rows.size:
             return
         info = {"ee_recv_ns": self._ee_recv, "ready_ns": wave.ready_ns[wave.k - 1],
                 "source": "reuse", "fallback_ns": 0, "shared": True}  # fmt: skip
         done = set(rows.tolist())
-        wins = {key: Window(step + 1, *wave.window(r), now_ns(), "reuse", info)
+        wins = {key: Window(step + 1, *wave.window(r), now_ns(), "reuse",
+                            {**info, "draft_passes": wave.row_passes(r)})
                 for key, r in wave.index.items() if r in done}  # fmt: skip
         with self._lock:
             if self._ready_step == step:
@@ -260,8 +270,9 @@ class DraftWorker:
             chunk = ranked[i : i + self.branch_batch]
             g2 = [self._window_size(produced + b.depth + 1, base + b.depth + 1) for b in chunk]
             rngs = [self._rng(step + 1, b.depth, b.token) for b in chunk]
-            wave = _Wave(self.draft, _fork_rows(self.cache, chunk, base), chunk, base, g2, rngs,
-                         self.sampling)  # fmt: skip
+            kind = SSWave if is_ss_draft(self.draft) else _Wave  # §3.2: η ≥ 1 tokens per pass
+            wave = kind(self.draft, _fork_rows(self.cache, chunk, base), chunk, base, g2, rngs,
+                        self.sampling)  # fmt: skip
             waves.append(wave)
             t0 = now_ns()
             while not wave.finished():
@@ -321,6 +332,14 @@ class _Wave:
     def row_ready_ns(self, row: int) -> int:
         g = int(self.g2[row])
         return self.ready_ns[g - 1] if g else 0
+
+    def just_completed(self) -> np.ndarray:
+        """Rows the last pass completed."""
+        return np.nonzero(self.g2 == self.k)[0]
+
+    def row_passes(self, row: int) -> int:
+        """Passes this row's window took: one per token."""
+        return min(self.k, int(self.g2[row]))
 
     def advance(self) -> None:
         """One batched draft pass: every row gets its next token."""

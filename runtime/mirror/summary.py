@@ -11,6 +11,7 @@ resume_rate       steps whose branch was cut short by (A, c) and continued where
 fallback_rate     steps that needed a fresh rollout (ff plus branches never started)
 omega_kappa       mean top-κ mass overlap Ω_κ (eq. 9) at the correction position
 step_ms_measured  mean step time; step_ms_predicted: eq. (10) from the measured stages
+draft_passes_per_window  J, the draft passes that made a window (App. C; SS drafts, §3.2)
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def mirror_summary(events: list[StepEvent], timeline: Timeline) -> dict:
     mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
     rv_ee = mean(ee)
     rv_fv = mean([x["rv_fv_ns"] for x in full])
+    passes = [p for e in events if (p := e.extra.get("per_step", {}).get("draft_passes"))]
     predicted = []
     for x in full:  # eq. (10): prefix + T_rv(ee) + max(suffix, T_draft^gen) + T_rv(fv)
         d = x["draft"]
@@ -86,4 +88,5 @@ def mirror_summary(events: list[StepEvent], timeline: Timeline) -> dict:
         "step_ms_predicted": 1e3 * mean(predicted) if n else None,
         "prefix_ms": 1e3 * mean([x["prefix_s"] for x in full]) if n else None,
         "suffix_ms": 1e3 * mean([x["suffix_s"] for x in full]) if n else None,
+        "draft_passes_per_window": mean(passes),  # J (App. C): γ for an AR draft, less for SS
     }

@@ -1,0 +1,241 @@
+"""`python -m apps.train ss-draft`: distil a speculative-streaming draft from a target.
+
+    nice -n 10 python -m apps.train ss-draft --target runtime/assets/default/target \\
+        --out runs/ss-draft --time-budget-min 25 --threads 1
+
+Mirror-SD §3.2 (Bhendawade et al. 2024): the draft (default: the embedded draft, whose
+weights it starts from) gains n lookahead streams (runtime/backends/torch_ss.py). On random
+windows of the corpus' training files, one multi-stream pass gives, at every position t,
+the main stream's next-token distribution and stream j's distribution of x_{t+1+j}; the
+loss is KL(p_target(. | x<=t) || main_t) + sum_j KL(p_target(. | x<=t+j) || stream_{t,j}),
+the target's own next-(j+1)-token distributions under teacher forcing (the streams'
+"future n-gram" objective, distilled as the embedded draft was). The whole draft is trained
+(the main-stream term keeps it a good ordinary draft), or with --freeze-main only the
+stream embeddings, so the main stream stays the initial draft exactly. The report gives, on held-out files,
+each stream's top-1 agreement with the target's argmax (what an SS pass can confirm).
+
+Resumable: state in OUT/.resume/ (every --ckpt-every steps); OUT is an SS checkpoint
+(runtime/ss_checkpoint.py) rewritten at each checkpoint. It does not measure speed
+(apps.bench does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from runtime.errors import DuetError
+
+from .corpus import BatchSampler, eval_windows, load_corpus, token_stream
+from .loop import LoopConfig, make_optimizer, train_loop
+from .tokenizer import load_tokenizer
+
+KEEP = (".resume", "loss_log.jsonl")  # carried over each time OUT is rewritten
+DEFAULT_STREAMS = (
+    3  # Mirror-SD App. D.2 Fig. 6b: "an autoregressive draft with 3 lookahead streams"
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from runtime.assets import default_pair
+
+    tdir, ddir = default_pair()
+    ap = argparse.ArgumentParser(prog="python -m apps.train ss-draft", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--target", default=str(tdir), help="teacher target (default: embedded)")
+    ap.add_argument("--draft", default=str(ddir),
+                    help="draft to start from (default: the embedded draft)")  # fmt: skip
+    ap.add_argument("--out", required=True, help="output SS checkpoint directory")
+    ap.add_argument("--streams", type=int, default=DEFAULT_STREAMS, help="lookahead streams n")
+    ap.add_argument("--steps", type=int, default=3000, help="planned steps (default 3000)")
+    ap.add_argument("--time-budget-min", type=float, default=None, help="wall-clock cap")
+    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--stream-stride", type=int, default=4,
+                    help="streams on every k-th position of a window, from a random offset "
+                    "(default 4: a quarter of the stream tokens, the same positions in time)")  # fmt: skip
+    ap.add_argument("--max-corpus-chars", type=int, default=4_000_000,
+                    help="train on the first N characters of the corpus's train files")  # fmt: skip
+    ap.add_argument("--corpus", default=None, help="directory of code (default: the stdlib)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ckpt-every", type=int, default=100)
+    ap.add_argument("--fresh", action="store_true", help="ignore a resume state in OUT")
+    ap.add_argument("--freeze-main", action="store_true",
+                    help="train the stream embeddings only: the main stream stays the initial "
+                    "draft exactly (its tokens and acceptance unchanged; only J changes)")  # fmt: skip
+    return ap
+
+
+def multi_stream_batch(T: int, n: int, owners: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions (1, T + P*n) and mask (1, 1, ., .) of a cache-free pass, streams on `owners`."""
+    from kernels.stream_mask import multi_stream_mask, stream_positions
+    from runtime.model import causal_mask
+
+    pos = stream_positions(np.arange(T, dtype=np.int64)[None], n, owners)
+    mask = multi_stream_mask(causal_mask(0, T)[None], n, owners)
+    return torch.from_numpy(pos), torch.from_numpy(mask)[:, None]
+
+
+def stream_logits(student, x: torch.Tensor, owners: np.ndarray):
+    """Main (B, T, V) and stream (B, P, n, V) logits of one cache-free multi-stream pass."""
+    B, T = x.shape
+    cfg = student.cfg
+    pos, mask = multi_stream_batch(T, student.n_streams, owners)
+    empty = torch.zeros(B, cfg.num_kv_heads, 0, cfg.head_dim)
+    past = [(empty, empty)] * cfg.num_layers
+    main, streams, _ = student.stream_pass(
+        x, torch.from_numpy(owners), pos.expand(B, -1), mask, past
+    )
+    return main, streams
+
+
+def ss_loss(main, streams, teacher_logits, owners: np.ndarray) -> tuple[torch.Tensor, dict]:
+    """KL(teacher_t || main_t) + sum_j KL(teacher_{p+j} || stream_{p,j}) over the owners p
+    (stream j predicts x_{p+1+j}: the teacher's distribution at p+j); p+j >= T has no label."""
+    T, n = main.shape[1], streams.shape[2]
+    lt = F.log_softmax(teacher_logits.float(), -1)  # (B, T, V)
+    own = torch.from_numpy(owners)
+
+    def kl(student_logits, teacher_lp):
+        s = F.log_softmax(student_logits.float(), -1)
+        return (teacher_lp.exp() * (teacher_lp - s)).sum(-1).mean()
+
+    loss = kl(main, lt)
+    metrics = {"kl_main": loss.item()}
+    arg = teacher_logits.argmax(-1)
+    with torch.no_grad():
+        metrics["agree_main"] = (main.argmax(-1) == arg).float().mean().item()
+    for j in range(1, n + 1):
+        k_ok = own + j < T  # owners with a label for stream j
+        if not k_ok.any():
+            continue
+        sl, lab = streams[:, k_ok, j - 1], own[k_ok] + j
+        k = kl(sl, lt[:, lab])
+        loss = loss + k
+        metrics[f"kl_s{j}"] = k.item()
+        with torch.no_grad():
+            metrics[f"agree_s{j}"] = (sl.argmax(-1) == arg[:, lab]).float().mean().item()
+    return loss, metrics
+
+
+@torch.no_grad()
+def heldout_agreement(student, teacher, windows: list[np.ndarray]) -> dict:
+    """Mean KL and top-1 agreement with the target, main stream and each stream, held out."""
+    sums: dict[str, float] = {}
+    for w in windows:
+        x = torch.from_numpy(w[None, :-1])
+        owners = np.arange(x.shape[1], dtype=np.int64)
+        main, streams = stream_logits(student, x, owners)
+        _, m = ss_loss(main, streams, teacher(input_ids=x).logits, owners)
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0.0) + v
+    return {k: round(v / max(1, len(windows)), 4) for k, v in sums.items()}
+
+
+def run(a: argparse.Namespace) -> dict:
+    from runtime.backends.torch_ref import load_torch_lm
+    from runtime.backends.torch_ss import SSTorchLM
+    from runtime.config import ModelConfig
+    from runtime.ss_checkpoint import load_ss_module, save_ss_checkpoint
+    from runtime.tokenizer import check_pair
+
+    from .checkpoint import load_model
+
+    target, draft, out = Path(a.target), Path(a.draft), Path(a.out)
+    for name, p in (("--target", target), ("--draft", draft)):
+        if not (p / "config.json").is_file():
+            raise DuetError(f"{name} {p}: not a checkpoint directory (no config.json)")
+    if min(a.streams, a.steps, a.threads, a.batch_size, a.stream_stride) < 1 or a.seq_len < 8:
+        raise DuetError(
+            "--streams, --steps, --threads, --batch-size, --stream-stride must be >= 1, "
+            "--seq-len >= 8"
+        )
+    if a.time_budget_min is not None and a.time_budget_min <= 0:
+        raise DuetError(f"--time-budget-min must be positive; got {a.time_budget_min}")
+    tcfg, dcfg = ModelConfig.from_dir(target), ModelConfig.from_dir(draft)
+    check_pair(target, draft, tcfg, dcfg)
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    teacher = load_model(target).requires_grad_(False)
+    student = SSTorchLM(dcfg, a.streams)
+    student.load_state_dict(load_torch_lm(draft).state_dict(), strict=False)
+    with torch.no_grad():
+        student.ss_stream_embeddings.normal_(0.0, 0.02)
+    if a.freeze_main:  # only E_1..E_n learn; the main-stream term is then a constant
+        student.requires_grad_(False)
+        student.ss_stream_embeddings.requires_grad_(True)
+    tok = load_tokenizer(target / "tokenizer.json")
+    eos = tcfg.eos_token_ids[0] if tcfg.eos_token_ids else 0
+    corpus = load_corpus(a.corpus)
+    enc = lambda ts: [e.ids for e in tok.encode_batch(ts)]  # noqa: E731
+    texts, n = [], 0
+    for t in corpus.texts("train"):
+        texts.append(t)
+        n += len(t)
+        if n >= a.max_corpus_chars:
+            break
+    ids = token_stream(iter(texts), enc, eos)
+    held = eval_windows(token_stream(corpus.texts("heldout"), enc, eos), a.seq_len, 8 * a.seq_len)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = LoopConfig(stage="ss-draft", steps=a.steps, lr=a.lr, warmup=20, weight_decay=0.0,
+                     time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
+                     ckpt_every=a.ckpt_every, bf16=False)  # fmt: skip
+    opt = make_optimizer(student, cfg)
+    resume, start = out / ".resume", 0
+    if a.fresh:
+        shutil.rmtree(resume, ignore_errors=True)
+    if (resume / "state.pt").is_file():
+        st = torch.load(resume / "state.pt", weights_only=False)
+        if st.get("streams") != a.streams:
+            raise DuetError(f"{resume}: a run with {st.get('streams')} streams; pass --fresh")
+        student.load_state_dict(st["student"])
+        opt.load_state_dict(st["optimizer"])
+        start = st["step"]
+        print(f"resuming {out} at step {start}", flush=True)
+    before = None if start else heldout_agreement(student.eval(), teacher, held)
+    meta = {"init_draft": str(draft), "target": str(target), "corpus": "train split "
+            "(apps/train/corpus.py)", "seed": a.seed, "seq_len": a.seq_len,
+            "batch_size": a.batch_size, "stream_stride": a.stream_stride,
+            "freeze_main": a.freeze_main}  # fmt: skip
+
+    def save(step: int) -> None:
+        resume.mkdir(exist_ok=True)
+        torch.save({"student": student.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                    "streams": a.streams}, resume / "state.pt.tmp")  # fmt: skip
+        (resume / "state.pt.tmp").replace(resume / "state.pt")
+        save_ss_checkpoint(student, out, draft, extra={**meta, "steps": step}, keep=KEEP)
+
+    pick = np.random.default_rng([a.seed, start])
+
+    def step_fn(x, y):
+        with torch.no_grad():
+            t_logits = teacher(input_ids=x).logits
+        owners = np.arange(int(pick.integers(a.stream_stride)), x.shape[1], a.stream_stride)
+        main, streams = stream_logits(student, x, owners)
+        return ss_loss(main, streams, t_logits, owners)
+
+    t0 = time.monotonic()
+    sampler = BatchSampler(ids, a.batch_size, a.seq_len, a.seed + start)
+    summary = train_loop(student, step_fn, sampler, cfg, out / "loss_log.jsonl",
+                         checkpoint=save, optimizer=opt, start_step=start)  # fmt: skip
+    save(summary["steps"])
+    after = heldout_agreement(load_ss_module(out).eval(), teacher, held)
+    report = {"out": str(out), "streams": a.streams, "steps": summary["steps"],
+              "time_capped": summary["time_capped"], "wall_s": round(time.monotonic() - t0, 1),
+              "heldout_before": before, "heldout_after": after, **meta}  # fmt: skip
+    (out / "ss_train_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def main(argv: list[str]) -> int:
+    print(json.dumps(run(build_parser().parse_args(argv)), indent=2))
+    return 0
