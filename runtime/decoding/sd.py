@@ -23,7 +23,14 @@ from runtime.errors import DuetError
 
 
 def draft_window(
-    draft, cache, seq: list[int], gamma: int, sampling: Sampling, rng, law=None, observe=None,
+    draft,
+    cache,
+    seq: list[int],
+    gamma: int,
+    sampling: Sampling,
+    rng,
+    law=None,
+    observe=None,
     info=None,
 ) -> tuple[list[int], np.ndarray]:
     """Draft γ tokens after `seq`; returns (tokens, q (γ, V)), q the law each was drawn from
