@@ -89,4 +89,3 @@ class MlxLmRunner:
         if run:  # cut by EOS or max_new mid-window
             lengths.append(run)
         return TurnResult(out, wall, lengths)
-
