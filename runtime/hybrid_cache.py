@@ -30,9 +30,11 @@ A Gated DeltaNet layer's cache is a conv state (B, C, K-1) and a recurrent state
   remains: `sd` sends the prompt in the target's first window, with no checkpoint inside it,
   so a rejection in that first round re-runs the prompt too (once; llama.cpp prefills first).
 
-The log restarts at each landing and at the start of a forward when it would exceed
-`window` positions. Rolling back past its start (rare: speculative decoding never does)
-empties the whole cache, so the next forward re-runs the prefix: slower, never wrong.
+The log restarts at each landing. A forward that would take it past `window` positions first
+drops its front (replay: the base states are landed by replaying the dropped positions, so the
+positions just before the live offset stay landable; redecode: it restarts). Rolling back past
+its start (rare: speculative decoding never does) empties the whole cache, so the next forward
+re-runs the prefix: slower, never wrong.
 
 Branch rows (Mirror-SD's rollouts, replay only): `fork_at(rows, lengths)` lands each new row's
 linear states on its own branch point and copies the whole KV; the caller's mask hides the KV
@@ -165,10 +167,24 @@ class HybridCache:
             self._tokens = np.concatenate([self._tokens, np.asarray(tokens, np.int64)], axis=1)
 
     def begin(self, i: int, length: int) -> None:
-        """Before a forward of `length` tokens through layer i: restart an over-long log."""
+        """Before a forward of `length` tokens through layer i: shorten an over-long log so that
+        it keeps its last `window - length` positions (replay) or restart it (redecode)."""
         layer = self._layers[i]
         if isinstance(layer, _Linear) and layer.logged() and layer.logged() + length > self.window:
+            self._drop_front(layer, layer.logged() + length - self.window)
+
+    def _drop_front(self, layer: _Linear, a: int) -> None:
+        """Move the log's base `a` positions on, landing the base states there by replay, so the
+        positions just before the live offset stay landable (Mirror-SD forks a hybrid draft at
+        the committed length, which may lie before a forward that overflows the log)."""
+        if self.rollback != "replay" or a >= layer.logged():
             layer.restart()
+            return
+        xin, k, v, g, beta = layer._cat_log()
+        layer.base_conv = conv_state_after(layer.base_conv, xin, a)
+        layer.base_rec = replay(layer.base_rec, k, v, g, beta, a)
+        layer.base += a
+        layer.log = [(xin[..., a:], k[:, :, a:], v[:, :, a:], g[:, :, a:], beta[:, :, a:])]
 
     def put(self, i: int, *present) -> None:
         """Store layer i's present: (keys, values) or (conv, recurrent, log)."""

@@ -151,3 +151,19 @@ def test_process_worker_with_a_hybrid_onnx_draft_equals_ar(models, tiny_dir, tmp
             assert run(steps, max_new=12).tokens == ar
     finally:
         draft._duet_draft_host.close()
+
+
+def test_mirror_with_a_hybrid_draft_on_a_prompt_longer_than_the_log(models):
+    """A prompt near the cache's 64-position log: the forward that overflows the log shortens it
+    from the front (landing its base by replay) instead of restarting it at the live offset, so
+    the draft can still fork at the committed length before it (this failed with 'length 62
+    outside the log [64, ...]', first seen on the trained hybrid pair's chat prompts)."""
+    target, d = models["target"], models["torch_near"]
+    prompt = [int(t) for t in np.random.default_rng(62).integers(0, 320, 62)]
+    ar = run(make_steps("ar", target, None, prompt, max_new=N_NEW, sampling=GREEDY, seed=0),
+             max_new=N_NEW).tokens  # fmt: skip
+    dc = d.new_cache()
+    steps = make_steps("mirror", target, d, prompt, max_new=N_NEW, sampling=GREEDY, seed=0,
+                       gamma=4, exit_layer=1, draft_cache=dc)  # fmt: skip
+    assert run(steps, max_new=N_NEW).tokens == ar
+    assert state_err(d, dc, prompt + ar) <= ATOL_STATE

@@ -75,6 +75,9 @@ class MLXHybridCache(HybridCache):
         layer.conv, layer.rec = conv, rec
         layer.offset += log[0].shape[1]
 
+    def _drop_front(self, layer: _Linear, a: int) -> None:
+        layer.restart()  # MLX rows are never forked at branch points: no need to keep the front
+
     def _land(self, layer: _Linear, a: int) -> None:
         if self.rollback == "replay" and 0 < a < layer.logged():
             i = self._layers.index(layer)
