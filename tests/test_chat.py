@@ -189,8 +189,15 @@ def test_ctrl_c_stops_the_answer_not_the_session(pair_dirs):
         "--max-tokens",
         "1000",
     ]  # answers run to the context limit
+    # A shell without job control starts background jobs with SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt handler: give the child a terminal's default disposition.
     p = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     p.stdin.write(b"hello\n")
     p.stdin.flush()
