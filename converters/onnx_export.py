@@ -35,6 +35,15 @@ def io_names(num_layers: int) -> tuple[list[str], list[str]]:
     return ins, outs
 
 
+def padded_causal_mask(input_ids, attention_mask):
+    """The (B, 1, T, S) boolean mask of T new tokens over S positions: causal, and hiding the
+    positions a 2-D padding `attention_mask` (B, S) zeroes (the optimum calling convention)."""
+    T, S = input_ids.shape[1], attention_mask.shape[1]
+    q = torch.arange(T, device=input_ids.device)[:, None] + (S - T)
+    k = torch.arange(S, device=input_ids.device)[None, :]
+    return (k <= q)[None, None] & attention_mask[:, None, None, :].bool()
+
+
 class OnnxGraph(nn.Module):
     """TorchLM with the optimum calling convention: a 2-D padding mask, flat past tensors."""
 
@@ -43,10 +52,7 @@ class OnnxGraph(nn.Module):
         self.lm = lm
 
     def forward(self, input_ids, attention_mask, position_ids, *past_flat):
-        T, S = input_ids.shape[1], attention_mask.shape[1]
-        q = torch.arange(T, device=input_ids.device)[:, None] + (S - T)
-        k = torch.arange(S, device=input_ids.device)[None, :]
-        mask = (k <= q)[None, None] & attention_mask[:, None, None, :].bool()  # (B, 1, T, S)
+        mask = padded_causal_mask(input_ids, attention_mask)
         past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
         logits, presents = self.lm(input_ids, position_ids, mask, past)
         return (logits, *[t for kv in presents for t in kv])

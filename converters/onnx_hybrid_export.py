@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from converters.onnx_export import padded_causal_mask
 from runtime.backends.onnx_hybrid import DEFAULT_PREFILL, hybrid_io_names, prefill_path
 from runtime.backends.torch_qwen3_5 import LINEAR
 
@@ -40,10 +41,7 @@ class HybridStepGraph(nn.Module):
         self.lm = lm
 
     def forward(self, input_ids, attention_mask, position_ids, *past_flat):
-        T, S = input_ids.shape[1], attention_mask.shape[1]
-        q = torch.arange(T, device=input_ids.device)[:, None] + (S - T)
-        k = torch.arange(S, device=input_ids.device)[None, :]
-        mask = (k <= q)[None, None] & attention_mask[:, None, None, :].bool()  # (B, 1, T, S)
+        mask = padded_causal_mask(input_ids, attention_mask)
         past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
         n = self.lm.cfg.num_layers
         h, presents = self.lm.run_layers(input_ids, 0, n, position_ids, mask, past)

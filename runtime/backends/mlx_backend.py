@@ -49,6 +49,24 @@ def _attention(attn, x, mask, layer_cache, positions, offset):
     return attn.o_proj(o.transpose(0, 2, 1, 3).reshape(B, T, -1))
 
 
+def mlx_lm_load(path, raw: dict, overrides: dict, dtype: str | None, **kw):
+    """mlx-lm's `load_model` with `overrides` on config.json (`raw`), one line on failure; then
+    the weights in `dtype` (None: float32 on the CPU, where bf16 matmuls are emulated, and the
+    checkpoint's own on a GPU; a quantized checkpoint keeps its own), evaluated."""
+    from mlx_lm.utils import load_model
+
+    try:
+        model, _ = load_model(Path(path), model_config=overrides, **kw)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        raise DuetError(f"{path}: mlx-lm could not load it ({str(e).splitlines()[0]})") from None
+    if dtype is None and mx.default_device() == mx.cpu:
+        dtype = "float32"
+    if dtype is not None and "quantization" not in raw:
+        model.set_dtype(getattr(mx, dtype))
+    mx.eval(model.parameters())
+    return model
+
+
 class MLXCausalLM:
     """CausalLM over an mlx-lm `Model`."""
 
@@ -72,8 +90,6 @@ class MLXCausalLM:
         (bf16 matmuls are emulated there, and slower). A hybrid Qwen3.5 checkpoint loads as
         an MLXQwen3_5LM (runtime/backends/mlx_qwen3_5.py) with `hybrid_rollback`.
         """
-        from mlx_lm.utils import load_model
-
         config = ModelConfig.from_dir(path)
         if config.is_hybrid:
             from runtime.backends.mlx_qwen3_5 import MLXQwen3_5LM
@@ -85,18 +101,7 @@ class MLXCausalLM:
             overrides["rope_theta"] = config.rope_theta
             if config.rope_scaling:
                 overrides["rope_scaling"] = config.rope_scaling
-        try:
-            model, _ = load_model(Path(path), model_config=overrides)
-        except (ValueError, FileNotFoundError, KeyError) as e:
-            raise DuetError(
-                f"{path}: mlx-lm could not load it ({str(e).splitlines()[0]})"
-            ) from None
-        if dtype is None and mx.default_device() == mx.cpu:
-            dtype = "float32"
-        if dtype is not None and "quantization" not in raw:
-            model.set_dtype(getattr(mx, dtype))
-        mx.eval(model.parameters())
-        return cls(model, config)
+        return cls(mlx_lm_load(path, raw, overrides, dtype), config)
 
     @property
     def stream(self):

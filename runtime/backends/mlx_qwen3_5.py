@@ -33,7 +33,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from runtime.backends.mlx_backend import MLXCausalLM, _rope
+from runtime.backends.mlx_backend import MLXCausalLM, _rope, mlx_lm_load
 from runtime.backends.mlx_hybrid_cache import MLXHybridCache
 from runtime.config import ModelConfig, weight_files
 from runtime.errors import DuetError
@@ -111,8 +111,6 @@ class MLXQwen3_5LM(MLXCausalLM):
     def load(cls, path, dtype: str | None = None, hybrid_rollback: str = "replay"):
         """Load a Hugging Face or mlx-community qwen3_5(_text) directory with mlx-lm's loader
         and its qwen3_5 classes (float32 on the CPU, as MLXCausalLM.load)."""
-        from mlx_lm.utils import load_model
-
         config = ModelConfig.from_dir(path)
         raw = json.loads((Path(path) / "config.json").read_text())
         every = attention_interval(config.layer_types)
@@ -126,17 +124,7 @@ class MLXQwen3_5LM(MLXCausalLM):
         else:
             overrides = {"full_attention_interval": every}
         _say_vision_ignored(path)
-        try:
-            model, _ = load_model(Path(path), model_config=overrides, get_model_classes=_classes)
-        except (ValueError, FileNotFoundError, KeyError) as e:
-            raise DuetError(
-                f"{path}: mlx-lm could not load it ({str(e).splitlines()[0]})"
-            ) from None
-        if dtype is None and mx.default_device() == mx.cpu:
-            dtype = "float32"
-        if dtype is not None and "quantization" not in raw:
-            model.set_dtype(getattr(mx, dtype))
-        mx.eval(model.parameters())
+        model = mlx_lm_load(path, raw, overrides, dtype, get_model_classes=_classes)
         return cls(model, config, hybrid_rollback)
 
     def new_cache(self, batch: int = 1) -> MLXHybridCache:
