@@ -128,13 +128,9 @@ def run(a: argparse.Namespace) -> dict:
     student = AnchorStudent(base, a.seed)
     tok = load_tokenizer(base / "tokenizer.json")
     eos = tok.token_to_id("<|endoftext|>") or 0
-    corpus, texts, n = load_corpus(), [], 0
-    for t in corpus.texts("train"):
-        texts.append(t)
-        n += len(t)
-        if n >= a.max_corpus_chars:
-            break
-    ids = token_stream(iter(texts), lambda ts: [e.ids for e in tok.encode_batch(ts)], eos)
+    corpus = load_corpus()
+    texts = corpus.texts("train", a.max_corpus_chars)
+    ids = token_stream(texts, lambda ts: [e.ids for e in tok.encode_batch(ts)], eos)
     out.mkdir(parents=True, exist_ok=True)
     cfg = LoopConfig(stage="anchor", steps=a.steps, lr=a.lr, warmup=20, weight_decay=0.0,
                      time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,

@@ -44,9 +44,16 @@ class Corpus:
     def read(self, rel: str) -> str:
         return read_text(self.root / rel)
 
-    def texts(self, which: str) -> Iterator[str]:
+    def texts(self, which: str, max_chars: int | None = None) -> Iterator[str]:
+        """The texts of split `which` in order; with `max_chars`, stop after the text that
+        brings the total to at least that many characters."""
+        n = 0
         for rel in getattr(self, which):
-            yield self.read(rel)
+            text = self.read(rel)
+            yield text
+            n += len(text)
+            if max_chars is not None and n >= max_chars:
+                return
 
 
 def read_text(path: Path) -> str:

@@ -175,16 +175,6 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _texts(corpus, which: str, max_chars: int) -> list[str]:
-    out, n = [], 0
-    for t in corpus.texts(which):
-        out.append(t)
-        n += len(t)
-        if n >= max_chars:
-            break
-    return out
-
-
 def run(a: argparse.Namespace) -> dict:
     from runtime.backends import load_model
     from runtime.backends.torch_mtp import mtp_sidecar
@@ -210,8 +200,8 @@ def run(a: argparse.Namespace) -> dict:
     def encode(ts):
         return [e.ids for e in tok.encode_batch(ts)]
 
-    ids = token_stream(iter(_texts(corpus, "train", a.max_corpus_chars)), encode, eos_id(tok))
-    held = token_stream(iter(_texts(corpus, "heldout", 4 * a.eval_tokens)), encode, eos_id(tok))
+    ids = token_stream(corpus.texts("train", a.max_corpus_chars), encode, eos_id(tok))
+    held = token_stream(corpus.texts("heldout", 4 * a.eval_tokens), encode, eos_id(tok))
     out = Path(a.out) if a.out else mtp_sidecar(tdir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = LoopConfig(stage="mtp", steps=a.steps, lr=a.lr, warmup=min(20, a.steps),

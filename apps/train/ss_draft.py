@@ -177,13 +177,7 @@ def run(a: argparse.Namespace) -> dict:
     eos = tcfg.eos_token_ids[0] if tcfg.eos_token_ids else 0
     corpus = load_corpus(a.corpus)
     enc = lambda ts: [e.ids for e in tok.encode_batch(ts)]  # noqa: E731
-    texts, n = [], 0
-    for t in corpus.texts("train"):
-        texts.append(t)
-        n += len(t)
-        if n >= a.max_corpus_chars:
-            break
-    ids = token_stream(iter(texts), enc, eos)
+    ids = token_stream(corpus.texts("train", a.max_corpus_chars), enc, eos)
     held = eval_windows(token_stream(corpus.texts("heldout"), enc, eos), a.seq_len, 8 * a.seq_len)
     out.mkdir(parents=True, exist_ok=True)
     cfg = LoopConfig(stage="ss-draft", steps=a.steps, lr=a.lr, warmup=20, weight_decay=0.0,
