@@ -193,12 +193,13 @@ class ChatSession:
             **self.extra,
         )
         out: list[int] = []
-        events = []
+        events = [] if self.extra.get("skip") is not None else None  # --skip's audit reads them
         self.n_answers += 1
         try:
             for toks, ev in stream(steps, max_new=max_new, eos_ids=self.eos, stats=stats):
                 out += toks
-                events.append(ev)
+                if events is not None:
+                    events.append(ev)
                 yield toks
         finally:
             steps.close()
@@ -210,7 +211,7 @@ class ChatSession:
             stats.extra["finish"] = (
                 "eos" if out and out[-1] in self.eos else ("length" if out else "stopped")
             )
-            if self.extra.get("skip") is not None:  # CU-HLM skipping (--skip): LOSSY, audited
+            if events is not None:  # CU-HLM skipping (--skip): LOSSY, audited
                 stats.extra.update(lossy=True, skip=self._skip_stats(events, seq, out))
             self.last_stats = stats
 

@@ -35,6 +35,8 @@ from runtime.hybrid_cache import HybridCache, _Linear
 class MLXHybridCache(HybridCache):
     """Per-layer KV buffers (full attention) or states (linear attention), trimmable exactly."""
 
+    fork_at = None  # no branch rows: the MLX hybrid model refuses non-causal masks
+
     def __init__(self, kinds: Sequence[str], batch: int,
                  empty_state: Callable[[int, int], tuple],
                  replay: Callable[..., mx.array], *, rollback: str = "replay",

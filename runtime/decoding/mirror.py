@@ -206,7 +206,7 @@ def why_not(target, draft) -> str | None:
     if getattr(draft, "hybrid_rollback", "replay") != "replay":
         return ("--method mirror forks a hybrid torch draft's branch rows by replay; drop "
                 "--hybrid-rollback redecode for it (or use the ONNX draft)")  # fmt: skip
-    if draft.backend == "mlx" or not hasattr(draft.new_cache(), "fork_at"):
+    if getattr(draft.new_cache(), "fork_at", None) is None:
         return (f"--method mirror rolls out branch rows; this hybrid {draft.backend} draft "
                 "cannot fork its states per row (use the ONNX or torch hybrid draft)")  # fmt: skip
     return None

@@ -292,7 +292,7 @@ def _fork_rows(cache, chunk: list[Branch], base: int):
     linear states at its own branch point |committed| + j (fork_at): its mask hides the later
     KV columns from attention layers, but a linear layer reads no mask."""
     rows = [0] * len(chunk)
-    if hasattr(cache, "fork_at"):
+    if getattr(cache, "fork_at", None) is not None:
         return cache.fork_at(rows, [base + b.depth for b in chunk])
     return cache.fork(rows)
 
