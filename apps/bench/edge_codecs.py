@@ -64,7 +64,9 @@ def run_codecs(a, pair, prompts, host, port, token, links, temps) -> list[dict]:
                     }
 
                     def factory(link=link, i=i):
-                        return Connection(host, port, token, link=emulator(link, a.link_seed + i))
+                        return Connection(host, port, token,
+                                          link=emulator(link, a.link_seed + i,
+                                                        a.link_clock == "virtual"))  # fmt: skip
 
                     toks, wall, e = one_run(factory, pair.draft, prompt, a.max_tokens, Sampling(temp),
                                             a.seed + i, name.removesuffix("+skip"), params or None,

@@ -2,7 +2,8 @@
 
 It frames requests (runtime/edge/wire.py), passes them through an optional link emulator (an
 object with `start_round() -> rate_bps`, `uplink_s(nbytes)`, `downlink_s(nbytes)`, e.g.
-devices.links.LinkEmulator, built by the command layer) whose delays are slept for real, and
+devices.links.LinkEmulator, built by the command layer) whose delays are slept for real (or
+kept on the emulator's virtual clock, whose seconds are added to each Exchange's times), and
 returns each reply with the bytes that really crossed and where the time went. It does no
 drafting (runtime/edge/loop.py) and knows nothing of the server's internals.
 
@@ -75,11 +76,12 @@ class Connection:
     def request(self, ftype: int, payload: bytes) -> Exchange:
         """Send one frame and read its reply; CloudError on an ERROR reply or a lost server."""
         t0 = time.perf_counter()
+        v0 = self._virtual()
         frame = wire.pack(ftype, self.session, self.seq, payload)
         rate = float("inf")
         if self.link is not None:
             rate = self.link.start_round()
-            time.sleep(self.link.uplink_s(len(frame)))  # propagation + serialization, for real
+            self._wait(self.link.uplink_s(len(frame)))  # propagation + serialization
         try:
             self.sock.sendall(frame)
         except OSError as e:
@@ -87,12 +89,14 @@ class Connection:
                 f"lost the cloud verifier at {self.where}: {e.strerror or e}"
             ) from None
         t1 = time.perf_counter()
+        v1 = self._virtual()
         h = wire.unpack_header(self._recv(wire.HEADER_SIZE), 1 << 30)
         body = self._recv(h.length)
         t2 = time.perf_counter()
         if self.link is not None:
-            time.sleep(self.link.downlink_s(wire.HEADER_SIZE + len(body)))
+            self._wait(self.link.downlink_s(wire.HEADER_SIZE + len(body)))
         t3 = time.perf_counter()
+        up_v, down_v = v1 - v0, self._virtual() - v1  # link time on a virtual clock (else 0)
         if h.type == wire.ERROR:
             code, msg = wire.read_error(body)
             raise CloudError(f"the cloud verifier at {self.where} refused "
@@ -101,8 +105,19 @@ class Connection:
             raise CloudError(f"the cloud verifier at {self.where} answered out of order")
         self.seq += 1
         self.last = Exchange(h, body, len(frame), wire.HEADER_SIZE + len(body), rate,
-                             t1 - t0, (t2 - t1) + (t3 - t2), t3 - t0)  # fmt: skip
+                             t1 - t0 + up_v, (t2 - t1) + (t3 - t2) + down_v,
+                             t3 - t0 + up_v + down_v)  # fmt: skip
         return self.last
+
+    def _wait(self, seconds: float) -> None:
+        wait = getattr(self.link, "wait", None)  # LinkEmulator: a sleep or its virtual clock
+        if wait is None:
+            time.sleep(seconds)
+        else:
+            wait(seconds)
+
+    def _virtual(self) -> float:
+        return getattr(self.link, "virtual_s", 0.0) if self.link is not None else 0.0
 
     def open(self, prompt: list[int], temp: float, top_p: float, top_k: int, seed: int) -> int:
         """Open a session prefilled with `prompt`; returns its committed length."""
