@@ -10,7 +10,8 @@
   (eq. 15). The paper fixes b_prob = 8 (§V-A) but not what the 8 bits mean: `"linear"`
   levels are v / 255; `"log"` levels are p = 2^(-v * LOG_SPAN / 255) for v < 255 and no
   mass for v = 255. At T = 1 most top-k probabilities are below 1/255, where linear
-  levels round them to 0 or 1/255; log levels keep every one within a factor 2^(±1/32). Offline k* (eq. 21) from E_t[U_TV(k, t)] (eq. 20) and online k(t)*
+  levels round them to 0 or 1/255; log levels keep each one above 2^-16 within a factor
+  2^(8/255) ~ 2^(1/32). Offline k* (eq. 21) from E_t[U_TV(k, t)] (eq. 20) and online k(t)*
   (eq. 23-24) from the device-side bound.
 
 Departure from the paper, on purpose: the paper samples the draft token from
@@ -34,9 +35,8 @@ from kernels.sampling import sample
 
 PROB_BITS = 8  # b_prob = 8 (CU-HLM §V-A)
 PROB_LEVELS = (1 << PROB_BITS) - 1  # linear: a probability is v / 255, v in 0..255
-LOG_SPAN = (
-    16  # log: level v < 255 is p = 2^(-v * 16 / 255), so 2^-16 <= p <= 1 in steps of 2^(1/16)
-)
+# log: level v < 255 is p = 2^(-v * 16 / 255): 2^-16 <= p <= 1 in steps of 2^(16/255) ~ 2^(1/16)
+LOG_SPAN = 16
 LOG_NONE = PROB_LEVELS  # log: level 255 sends no mass for that id
 # p of each log level (float64, level 255 -> 0), built with Python's ** as the plain twin does
 LOG_TABLE = np.array([2.0 ** (-v * LOG_SPAN / PROB_LEVELS) for v in range(LOG_NONE)] + [0.0])
@@ -224,7 +224,7 @@ def quantize_probs_log(x: np.ndarray) -> np.ndarray:
 
     Round to nearest; while the sent probabilities sum past 1, lower by one level (v + 1)
     the entries rounded up the most, so eq. (15)'s residual is >= 0. One pass suffices:
-    nearest rounding overshoots by at most 2^(1/32) and one level takes 2^(1/16) off.
+    nearest rounding overshoots by at most 2^(8/255) and one level takes 2^(16/255) off.
     """
     t = _log_targets(x)
     v = np.minimum(np.floor(t + 0.5), LOG_NONE).astype(np.int64)  # b_prob = 8 (CU-HLM §V-A)
