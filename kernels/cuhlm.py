@@ -7,7 +7,11 @@
   (Theorem 1, eq. 12; risk-averse: -b/a) from the linear fit beta_d = a u + b (eq. 7).
 - Compressed vocabulary: the top-k probabilities as 8 bits each plus their ids;
   the receiver spreads the residual mass uniformly over the other V - k tokens
-  (eq. 15). Offline k* (eq. 21) from E_t[U_TV(k, t)] (eq. 20) and online k(t)*
+  (eq. 15). The paper fixes b_prob = 8 (§V-A) but not what the 8 bits mean: `"linear"`
+  levels are v / 255; `"log"` levels are p = 2^(-v * LOG_SPAN / 255) for v < 255 and no
+  mass for v = 255. At T = 1 most top-k probabilities are below 1/255, where linear
+  levels round them to 0 or 1/255; log levels keep each one above 2^-16 within a factor
+  2^(8/255) ~ 2^(1/32). Offline k* (eq. 21) from E_t[U_TV(k, t)] (eq. 20) and online k(t)*
   (eq. 23-24) from the device-side bound.
 
 Departure from the paper, on purpose: the paper samples the draft token from
@@ -17,7 +21,7 @@ exact (SQS §2's quantize-and-sample argument): compression costs acceptance,
 never fidelity. Skipping (eq. 10) still accepts unverified tokens and is lossy.
 
 Plain twins: `uncertainty_reference`, `residual_deviation_reference`,
-`fit_linear_reference`, `quantize_probs_u8_reference`.
+`fit_linear_reference`, `quantize_probs_u8_reference`, `quantize_probs_log_reference`.
 """
 
 from __future__ import annotations
@@ -30,7 +34,13 @@ import numpy as np
 from kernels.sampling import sample
 
 PROB_BITS = 8  # b_prob = 8 (CU-HLM §V-A)
-PROB_LEVELS = (1 << PROB_BITS) - 1  # a probability is v / 255, v in 0..255
+PROB_LEVELS = (1 << PROB_BITS) - 1  # linear: a probability is v / 255, v in 0..255
+# log: level v < 255 is p = 2^(-v * 16 / 255): 2^-16 <= p <= 1 in steps of 2^(16/255) ~ 2^(1/16)
+LOG_SPAN = 16
+LOG_NONE = PROB_LEVELS  # log: level 255 sends no mass for that id
+# p of each log level (float64, level 255 -> 0), built with Python's ** as the plain twin does
+LOG_TABLE = np.array([2.0 ** (-v * LOG_SPAN / PROB_LEVELS) for v in range(LOG_NONE)] + [0.0])
+LEVELS = ("log", "linear")  # the meanings of the 8 bits (b_prob = 8, CU-HLM §V-A)
 
 
 # --- uncertainty and skipping -------------------------------------------------------------
@@ -202,6 +212,71 @@ def quantize_probs_u8_reference(x) -> list[int]:
     return v
 
 
+def _log_targets(x: np.ndarray) -> np.ndarray:
+    """The exact (real) log level of each probability: -log2(x) * 255 / LOG_SPAN (inf at 0)."""
+    x = np.asarray(x, np.float64)
+    with np.errstate(divide="ignore"):
+        return -np.log2(x) * (PROB_LEVELS / LOG_SPAN)
+
+
+def quantize_probs_log(x: np.ndarray) -> np.ndarray:
+    """8-bit log levels (uint8): v = round(-log2(x) * 255 / 16), 255 (no mass) past 2^-16.
+
+    Round to nearest; while the sent probabilities sum past 1, lower by one level (v + 1)
+    the entries rounded up the most, so eq. (15)'s residual is >= 0. One pass suffices:
+    nearest rounding overshoots by at most 2^(8/255) and one level takes 2^(16/255) off.
+    """
+    t = _log_targets(x)
+    v = np.minimum(np.floor(t + 0.5), LOG_NONE).astype(np.int64)  # b_prob = 8 (CU-HLM §V-A)
+    total = math.fsum(LOG_TABLE[v].tolist())
+    if total > 1.0:
+        order = np.argsort(-(t - v), kind="stable")  # most rounded up (t - v largest) first
+        order = order[v[order] < LOG_NONE]
+        cut = LOG_TABLE[v[order]] - LOG_TABLE[v[order] + 1]  # what one level lower takes off
+        before = np.concatenate([[0.0], np.cumsum(cut)[:-1]])  # taken off before each entry
+        n = int(np.count_nonzero(total - before > 1.0))  # entries lowered until the sum <= 1
+        v[order[:n]] += 1
+    return v.astype(np.uint8)
+
+
+def quantize_probs_log_reference(x) -> list[int]:
+    """Plain twin of quantize_probs_log: one entry at a time."""
+    t = [math.inf if float(p) <= 0 else -math.log2(float(p)) * PROB_LEVELS / LOG_SPAN for p in x]
+    v = [min(LOG_NONE, math.floor(ti + 0.5)) if ti < math.inf else LOG_NONE for ti in t]
+
+    def prob(level: int) -> float:
+        return 0.0 if level >= LOG_NONE else 2.0 ** (-level * LOG_SPAN / PROB_LEVELS)
+
+    total = math.fsum(prob(lv) for lv in v)
+    taken = 0.0
+    for i in sorted(range(len(v)), key=lambda i: (-(t[i] - v[i]), i)):
+        if total - taken <= 1.0:
+            break
+        if v[i] < LOG_NONE:
+            taken += prob(v[i]) - prob(v[i] + 1)
+            v[i] += 1
+    return v
+
+
+def quantize_levels(x: np.ndarray, levels: str) -> np.ndarray:
+    """The 8-bit levels of probabilities x in the named scale ("log" or "linear")."""
+    if levels == "log":
+        return quantize_probs_log(x)
+    if levels == "linear":
+        return quantize_probs_u8(x)
+    raise ValueError(f"unknown probability levels {levels!r}; choose from {', '.join(LEVELS)}")
+
+
+def dequantize(levels: np.ndarray, scale: str = "linear") -> np.ndarray:
+    """The probabilities (float64) that 8-bit levels stand for: v / 255, or 2^(-16 v / 255)."""
+    lv = np.asarray(levels, np.int64)
+    if scale == "log":
+        return LOG_TABLE[lv]
+    if scale == "linear":
+        return lv / PROB_LEVELS
+    raise ValueError(f"unknown probability levels {scale!r}; choose from {', '.join(LEVELS)}")
+
+
 def topk_ids(x: np.ndarray, k: int) -> np.ndarray:
     """The k most likely ids, most likely first (ties: lower id)."""
     x = np.asarray(x)
@@ -213,13 +288,17 @@ def topk_ids(x: np.ndarray, k: int) -> np.ndarray:
     return part[np.lexsort((part, -x[part]))]
 
 
-def reconstruct(ids: np.ndarray, levels: np.ndarray, v: int) -> np.ndarray:
-    """x^ of eq. (15) from the sent ids and 8-bit levels: levels / 255 there, the rest uniform. (V,) float32."""
+def reconstruct(ids: np.ndarray, levels: np.ndarray, v: int, scale: str = "linear") -> np.ndarray:
+    """x^ of eq. (15) from the sent ids and 8-bit levels in `scale`: the levels' probabilities
+    there, the residual uniform over the other V - k ids. (V,) float32."""
     k = len(ids)
-    sent = np.asarray(levels, np.float64) / PROB_LEVELS
-    out = np.full(
-        v, (PROB_LEVELS - int(np.sum(levels, dtype=np.int64))) / (PROB_LEVELS * (v - k))
-    )  # eq. (15)
+    if scale == "linear":  # integer residual: exact for v / 255 levels
+        sent = np.asarray(levels, np.float64) / PROB_LEVELS
+        rest = (PROB_LEVELS - int(np.sum(levels, dtype=np.int64))) / (PROB_LEVELS * (v - k))
+    else:
+        sent = dequantize(levels, scale)
+        rest = max(0.0, 1.0 - math.fsum(sent.tolist())) / (v - k)  # sum <= 1 up to rounding
+    out = np.full(v, rest)  # eq. (15): the residual mass spread uniformly
     out[np.asarray(ids, np.int64)] = sent  # eq. (15): x^_i = x_i for the top k
     return out.astype(np.float32)
 

@@ -98,14 +98,21 @@ class CSqs:
 class CuHlm:
     """CU-HLM's compressed transmission: top-k with 8-bit probabilities, eq. (15) at the receiver.
 
-    k is fixed (the offline k*, eq. 21) unless `ks` is given per call (the online k(t)*, eq. 24).
+    `levels` is what the 8 bits mean (kernels/cuhlm.py): "log" (default; 2^(-16 v / 255), payload
+    version 3) or "linear" (v / 255, version 1, what older clients send). k is fixed (the offline k*, eq. 21) unless `ks` is given per call (the online k(t)*, eq. 24).
     The online rule needs a draft token and its uncertainty before x^ exists: use a
     provisional d0 ~ x for them, then draw the sent token afresh from `qhat` (not with
     d0's uniform), so the token's law given x^ is x^ and verification stays exact.
     """
 
     k: int = 32
+    levels: str = "log"
     name: str = "cu-hlm"
+
+    def __post_init__(self) -> None:
+        if self.levels not in cuhlm.LEVELS:
+            raise ValueError(f"cu-hlm levels must be one of {', '.join(cuhlm.LEVELS)}, "
+                             f"got {self.levels!r}")  # fmt: skip
 
     def quantize(self, q: np.ndarray, ks: list[int] | None = None) -> list[payload_cuhlm.CuRow]:
         """One row per draft distribution: top-k ids, most likely first, and their 8-bit levels."""
@@ -114,7 +121,8 @@ class CuHlm:
         out = []
         for row, k in zip(q, ks, strict=True):
             ids = cuhlm.topk_ids(row, min(k, row.size - 1))
-            out.append(payload_cuhlm.CuRow(ids, cuhlm.quantize_probs_u8(row[ids])))
+            lv = cuhlm.quantize_levels(row[ids], self.levels)  # b_prob = 8 (CU-HLM §V-A)
+            out.append(payload_cuhlm.CuRow(ids, lv, self.levels))
         return out
 
     def qhat(self, rows, v: int) -> np.ndarray:

@@ -19,13 +19,14 @@ Q = np.array([0.35, 0.30, 0.20, 0.10, 0.03, 0.01, 0.005, 0.005])  # draft: tail 
 PARAMS = {
     "k-sqs": dict(k=3, ell=10),
     "c-sqs": dict(ell=12, alpha=0.2, eta=0.05, beta=0.1),  # beta moves on every row
-    "cu-hlm": dict(k=2),
+    "cu-hlm": dict(k=2),  # log levels (the default, payload version 3)
+    "cu-hlm/linear": dict(k=2, levels="linear"),  # v / 255 levels (version 1)
 }
 
 
 def committed_counts(name, verify_with_q, seed):
     rng = np.random.default_rng(seed)
-    codec = make_codec(name, **PARAMS[name])
+    codec = make_codec(name.split("/")[0], **PARAMS[name])
     rows = codec.quantize(np.tile(Q, (N, 1)))
     q_hat = codec.qhat(rows, V)
     tokens = sample(q_hat, rng.random(N))  # the draft samples from q^

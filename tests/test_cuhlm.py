@@ -68,6 +68,55 @@ def test_u8_quantization_and_reconstruction():
         cuhlm.topk_ids(np.full(5, 0.2), 5)  # k = V leaves no residual
 
 
+def test_log_quantization_matches_reference_and_keeps_sum():
+    """Log levels (v -> 2^(-16 v / 255), 255 = no mass): the fast quantizer equals its plain twin,
+    every sent p is within one rounding step of x (or x < 2^-16 and dropped), the sum never
+    passes 1, and the lowering pass really runs (peaked rows whose top-k holds almost all mass)."""
+    rng = np.random.default_rng(5)
+    step = 2.0 ** (cuhlm.LOG_SPAN / cuhlm.PROB_LEVELS)  # one level: a factor 2^(16/255)
+    lowered = 0
+    for n in range(400):
+        alpha = (0.02, 0.2, 1.0)[n % 3]
+        x = rng.dirichlet(np.full(30, alpha))
+        k = int(rng.integers(1, 30))
+        ids = cuhlm.topk_ids(x, k)
+        lv = cuhlm.quantize_probs_log(x[ids])
+        assert lv.dtype == np.uint8 and lv.tolist() == cuhlm.quantize_probs_log_reference(x[ids])
+        sent = cuhlm.dequantize(lv, "log")
+        assert math.fsum(sent.tolist()) <= 1.0
+        kept = lv < cuhlm.LOG_NONE
+        assert (
+            sent[kept] <= x[ids][kept] * step**0.5 * (1 + 1e-12)
+        ).all()  # never over half a level
+        assert (sent[kept] >= x[ids][kept] / step**1.5 * (1 - 1e-12)).all()  # at most one lowering
+        assert (x[ids][~kept] < 2.0**-cuhlm.LOG_SPAN * step**0.5).all()  # dropped: below the range
+        with np.errstate(divide="ignore"):  # x = 0 -> level 255
+            t = -np.log2(x[ids]) * cuhlm.PROB_LEVELS / cuhlm.LOG_SPAN
+        nearest = np.minimum(np.floor(t + 0.5), 255)
+        lowered += int((lv != nearest).any())
+        xh = cuhlm.reconstruct(ids, lv, 30, "log")
+        assert math.isclose(float(xh.astype(np.float64).sum()), 1.0, abs_tol=1e-6)
+        rest = np.setdiff1d(np.arange(30), ids)
+        assert np.ptp(xh[rest]) == 0  # eq. (15): the residual is uniform
+    assert lowered > 0, "no row needed the lowering pass: the test does not cover it"
+    assert cuhlm.quantize_probs_log(np.array([1.0, 0.0])).tolist() == [0, 255]
+    assert cuhlm.quantize_probs_log_reference([1.0, 0.0]) == [0, 255]
+    assert cuhlm.LOG_TABLE[0] == 1.0 and cuhlm.LOG_TABLE[255] == 0.0
+    with pytest.raises(ValueError, match="levels"):
+        cuhlm.quantize_levels(np.array([0.5]), "cubic")
+
+
+def test_log_levels_beat_linear_on_small_probabilities():
+    """At T = 1 most top-k probabilities are below 1/255: linear levels send them as 0 or 1/255,
+    log levels within a factor 2^(1/32); the TV distance to x shrinks accordingly."""
+    rng = np.random.default_rng(6)
+    x = probs_from_logits(rng.normal(0, 1.5, 2000), 1.0)
+    ids = cuhlm.topk_ids(x, 256)
+    tv = {s: 0.5 * np.abs(cuhlm.reconstruct(ids, cuhlm.quantize_levels(x[ids], s), 2000, s) - x).sum()
+          for s in cuhlm.LEVELS}  # fmt: skip
+    assert tv["log"] < 0.5 * tv["linear"], tv
+
+
 def test_residual_deviation_matches_reference():
     rng = np.random.default_rng(3)
     for alpha in [0.05, 1.0, 20.0]:

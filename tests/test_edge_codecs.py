@@ -159,6 +159,11 @@ def test_server_refuses_lying_payloads_and_keeps_serving(gof_pair, verifier):
         (["--codec", "raw", "--ell", "100", "--temp", "1"], "does not apply to --codec raw"),
         (["--codec", "k-sqs", "--sqs-k", "0", "--temp", "1"], "--sqs-k must be at least 1"),
         (["--codec", "c-sqs", "--alpha", "2", "--temp", "1"], "alpha"),
+        (
+            ["--codec", "k-sqs", "--cu-levels", "log", "--temp", "1"],
+            "does not apply to --codec k-sqs",
+        ),
+        (["--codec", "cu-hlm", "--cu-k", "0", "--temp", "1"], "--cu-k must be at least 1"),
     ],
 )
 def test_generate_cli_refuses_bad_codec_flags_in_one_line(capsys, argv, says):
@@ -167,6 +172,30 @@ def test_generate_cli_refuses_bad_codec_flags_in_one_line(capsys, argv, says):
     assert main(["--method", "flexspec", "--prompt-ids", "1,2", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and "\n" not in err, err
+
+
+@pytest.mark.parametrize("flags, version, k", [([], 3, 256), (["--cu-levels", "linear"], 1, 256),
+                                               (["--cu-levels", "log", "--cu-k", "7"], 3, 7)])  # fmt: skip
+def test_cu_levels_flag_picks_the_payload_version(flags, version, k):
+    """cu-hlm defaults to log levels at k = 256 (payload version 3); --cu-levels linear sends
+    the v / 255 levels of version 1, which older servers read."""
+    import argparse
+
+    from runtime.edge.cli_args import add_edge_args, codec_params
+    from runtime.edge.codecs import codec, new_encoder
+
+    ap = argparse.ArgumentParser()
+    add_edge_args(ap)
+    ap.add_argument("--temp", type=float, default=1.0)
+    params = codec_params(ap.parse_args(["--codec", "cu-hlm", *flags]))
+    enc = new_encoder(codec("cu-hlm"), 300, params)
+    q = np.random.default_rng(0).dirichlet(np.full(300, 0.3))
+    q_hat = enc.draft_law(q)
+    tok = int(np.argmax(q_hat))
+    body = enc.encode([tok], None, 300)
+    assert body[1] == version and enc.kernel.k == k
+    draft = codec("cu-hlm").decode(body, 300)
+    assert draft.tokens == [tok] and (draft.q == q_hat[None]).all()
 
 
 def test_edge_bench_sends_the_codec_it_is_given(tmp_path):

@@ -185,33 +185,107 @@ def test_decode_bounds_rows():
         decode(data, 12, max_rows=39)
 
 
-def test_cuhlm_decode_refuses_malformed():
+# (valid levels, bad cases) per scale: linear v / 255, log 2^(-16 v / 255) with 255 = no mass
+MALFORMED_LEVELS = {
+    "linear": ([100, 100], [[200, 100], [255, 0]]),  # past 1; token 4 at level 0
+    "log": ([16, 16], [[0, 0], [0, 255]]),  # 1 + 1 past 1; token 4 at level 255 (no mass)
+}
+
+
+@pytest.mark.parametrize("levels", list(MALFORMED_LEVELS))
+def test_cuhlm_decode_refuses_malformed(levels):
     v = 30
-    codec = make_codec("cu-hlm", k=4)
+    codec = make_codec("cu-hlm", k=4, levels=levels)
     rows = codec.quantize(draft_rows(v, 1, seed=6))
     data = codec.encode(rows, [rows[0].ids[0]], v)
+    assert data[1] == {"linear": 1, "log": 3}[levels]
     from kernels.bitio import BitWriter
 
-    def body(k, ids, levels, tok):
+    def body(k, ids, lv, tok):
         w = BitWriter()
         w.write(k - 1, 5)
         for i in ids:
             w.write(i, 5)
-        for x in levels:
+        for x in lv:
             w.write(x, 8)
         w.write(tok, 5)
         return data[:8] + struct.pack(">I", w.nbits) + data[12:13] + w.getvalue()
 
-    assert decode(body(2, [3, 4], [100, 100], 3), v)[0].tolist() == [3]
+    ok, (past_one, no_mass) = MALFORMED_LEVELS[levels]
+    assert decode(body(2, [3, 4], ok, 3), v)[0].tolist() == [3]
     for bad in [
-        body(2, [3, 3], [100, 100], 3),  # repeated id
-        body(2, [3, 4], [200, 100], 3),  # levels past 1
-        body(2, [3, 31], [100, 100], 3),  # id out of range
-        body(2, [3, 4], [255, 0], 4),  # token with no mass
+        body(2, [3, 3], ok, 3),  # repeated id
+        body(2, [3, 4], past_one, 3),  # levels past 1
+        body(2, [3, 31], ok, 3),  # id out of range
+        body(2, [3, 4], no_mass, 4),  # token with no mass
         body(30, list(range(30)), [1] * 30, 0),  # k = V: no residual
     ]:
         with pytest.raises(MalformedPayload):
             decode(bad, v)
+    for version in (0, 5):  # unknown versions
+        with pytest.raises(MalformedPayload, match="version"):
+            decode(data[:1] + bytes([version]) + data[2:], v)
+
+
+def test_cuhlm_log_sum_tolerance_is_named_and_tight():
+    """The log levels' sum may pass 1 by float rounding only: LOG_SUM_TOL, far below one level."""
+    from kernels import payload_cuhlm
+    from kernels.bitio import BitWriter
+
+    v = 30
+    w = BitWriter()
+    w.write(1, 5)  # k = 2
+    w.write_array(np.array([3, 4]), 5)
+    w.write_array(np.array([16, 15]), 8)  # 2^-1.004 + 2^-0.941 = 1.018: past 1 by far more
+    w.write(3, 5)
+    head = struct.pack(">BBHIIB", payload_cuhlm.CU_HLM, payload_cuhlm.VERSION_LOG, 1, v, w.nbits, 8)
+    with pytest.raises(MalformedPayload, match="tolerance"):
+        decode(head + w.getvalue(), v)
+    assert payload_cuhlm.LOG_SUM_TOL < 1e-6
+
+
+# Bytes of kernels/payload_cuhlm.py before log levels existed (main at be6e3b8), V = 13
+OLD_V1 = "030100020000000d0000004008272b783c03200fe5"  # two rows, no skip
+OLD_V2 = "030200030000000d00000047081395bc1e01bd001fc0"  # the same with a skipped row between
+
+
+def test_cuhlm_versions_1_and_2_are_unchanged_byte_for_byte():
+    from kernels import payload_cuhlm as P
+
+    r0 = P.CuRow(np.array([7, 2, 11]), np.array([120, 60, 3], np.uint8))  # scale: linear
+    r2 = P.CuRow(np.array([0]), np.array([254], np.uint8))
+    assert P.encode([r0, r2], [2, 5], 13).hex() == OLD_V1
+    assert P.encode([r0, None, r2], [7, 4, 0], 13).hex() == OLD_V2
+    toks, q_hat, rows = P.decode(bytes.fromhex(OLD_V2), 13)
+    assert toks.tolist() == [7, 4, 0] and rows[1] is None and rows[0].scale == "linear"
+    np.testing.assert_array_equal(q_hat[0], P.qhat_rows([r0], 13)[0])
+
+
+@pytest.mark.parametrize("levels", ["log", "linear"])
+def test_cuhlm_round_trips_in_both_scales(levels):
+    q = draft_rows(12, 6, seed=2)
+    for k in (1, 5, 11):  # k = V - 1 included
+        codec, rows, data = round_trip("cu-hlm", q, k=k, levels=levels)
+        assert data[1] == {"log": 3, "linear": 1}[levels]
+    round_trip("cu-hlm", draft_rows(4096, 4, seed=9, temp=1.0), k=256, levels=levels)
+    with pytest.raises(ValueError, match="levels"):
+        make_codec("cu-hlm", levels="cubic")
+
+
+def test_cuhlm_log_rows_with_skips_are_version_4():
+    from kernels import payload_cuhlm as P
+
+    codec = make_codec("cu-hlm", k=3, levels="log")
+    rows = codec.quantize(draft_rows(20, 2, seed=12))
+    toks = [int(rows[0].ids[0]), 9, int(rows[1].ids[0])]
+    data = P.encode([rows[0], None, rows[1]], toks, 20)
+    assert data[1] == P.VERSION_LOG_SKIP
+    got, q_hat, back = P.decode(data, 20)
+    assert got.tolist() == toks and back[1] is None and back[0].scale == "log"
+    np.testing.assert_array_equal(q_hat[[0, 2]], codec.qhat(rows, 20))
+    lin = make_codec("cu-hlm", k=3, levels="linear").quantize(draft_rows(20, 1, seed=12))
+    with pytest.raises(ValueError, match="one scale"):
+        P.encode([rows[0], lin[0]], [toks[0], int(lin[0].ids[0])], 20)
 
 
 @pytest.mark.parametrize("name", list(PARAMS))

@@ -9,7 +9,7 @@ codec (k-sqs, c-sqs, cu-hlm):
     batches of --gamma rows) and the codec's bit model; against raw float32 and
     float16 (V values per token);
   - expected acceptance per token, E[sum_x min(p, q^)] with q^ the *decoded*
-    distribution the draft sampled from, against raw's E[sum_x min(p, q)];
+    distribution the draft sampled from, against raw's E[sum_x min(p, q)] (and their ratio);
   - the batch length L^t that SQS §4's per-batch budget B (--budget bits of eq. 1)
     allows, averaged over consecutive batches of these rows;
   - C-SQS: the Theorem 2 check (mean dropped mass over kept tokens vs eq. 9), with
@@ -17,6 +17,8 @@ codec (k-sqs, c-sqs, cu-hlm):
   - CU-HLM: the eq. (7) fit of beta_d on u (a, b, r), Delta, u_th (eq. 12), the skip
     rate at u_th and the measured rejection risk E[beta_d 1(u <= u_th)] (skipping is
     lossy and is not applied to the codec rows), and the mean online k(t)* (eq. 24).
+    CU-HLM's rows use the online k(t)* unless --cu-k fixes k (the wire codec's way), with
+    --cu-levels log (default) or linear 8-bit probabilities.
 The eq. (7) fit is in-sample (fitted and evaluated on the same positions).
 Teacher forcing continues the reference text after a rejection, where a real
 run would continue from the correction: the contexts are real text, the
@@ -154,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--theta", type=float, default=0.1, help="CU-HLM TVD tolerance (default 0.1)")
     ap.add_argument("--cu-k", type=int, default=None,
                     help="CU-HLM with this fixed k (the wire codec's) instead of the online k(t)*")  # fmt: skip
+    ap.add_argument("--cu-levels", default="log", choices=("log", "linear"),
+                    help="CU-HLM's 8-bit probabilities: log 2^(-16 v/255) (default) or linear v/255")  # fmt: skip
     ap.add_argument("--m", type=int, default=16, help="CU-HLM perturbation samples M (default 16)")
     ap.add_argument("--theta-max", type=float, default=1.0, help="CU-HLM theta_max (default 1)")
     ap.add_argument("--seed", type=int, default=0)
@@ -170,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         raise DuetError(f"--temps {args.temps!r}: expected comma-separated numbers") from None
     if any(t <= 0 for t in temps) or args.gamma < 1 or args.k < 1 or args.ell < 1:
         raise DuetError("--temps must be > 0, and --gamma, --k, --ell >= 1")
+    if args.cu_k is not None and args.cu_k < 1:
+        raise DuetError(f"--cu-k must be at least 1 (got {args.cu_k})")
     pair = load_pair_from_args(args, need_draft=True)
     if pair.tokenizer is None:
         raise DuetError("this benchmark needs a tokenizer.json beside the target")
@@ -184,15 +190,15 @@ def main(argv: list[str] | None = None) -> int:
         cu = cuhlm_stats(lt, ld, temp, args.m, args.theta_max, args.theta, rng)
         params = {"k-sqs": dict(k=args.k, ell=args.ell),
                   "c-sqs": dict(ell=args.ell, alpha=args.alpha, eta=args.eta, beta=args.beta),
-                  "cu-hlm": dict(k=args.k)}  # fmt: skip
+                  "cu-hlm": dict(k=args.cu_k or args.k, levels=args.cu_levels)}  # fmt: skip
         row = {"raw_acceptance": float(np.minimum(p, q).sum(-1).mean())}
         for name, prm in params.items():
-            if name == "cu-hlm" and args.cu_k is not None:
-                row[name] = run_codec(name, {"k": args.cu_k}, p, q, args.gamma, rng, args.budget)
-            elif name == "cu-hlm" and cu.get("ks"):
-                row[name] = run_cuhlm_online(p, q, cu["ks"], args.gamma, rng, args.budget)
+            if name == "cu-hlm" and args.cu_k is None and cu.get("ks"):
+                row[name] = run_cuhlm_online(p, q, cu["ks"], args.gamma, rng, args.budget,
+                                             args.cu_levels)  # fmt: skip
             else:
                 row[name] = run_codec(name, prm, p, q, args.gamma, rng, args.budget)
+            row[name]["acceptance_vs_raw"] = row[name]["acceptance"] / row["raw_acceptance"]
         cu.pop("ks", None)
         row["cu-hlm-fit"] = cu
         report["temps"][str(temp)] = row
@@ -204,10 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_cuhlm_online(p, q, ks, gamma, rng, budget=5000):
+def run_cuhlm_online(p, q, ks, gamma, rng, budget=5000, levels="log"):
     """CU-HLM rows with the online k(t)* of eq. (24) per position."""
     v = q.shape[1]
-    codec = make_codec("cu-hlm")
+    codec = make_codec("cu-hlm", levels=levels)
     wire = model = 0
     accept, bits = [], []
     for s in range(0, len(q), gamma):
@@ -229,7 +235,7 @@ def print_table(r) -> None:
     print(f"{r['positions']} positions, V = {r['vocab']}: raw float32 {r['raw_float32_bits']} "
           f"bits/token, float16 {r['raw_float16_bits']}")  # fmt: skip
     print(f"{'temp':>5} {'codec':>7} {'bits/tok':>9} {'model':>9} {'%f32':>6} {'%f16':>6} "
-          f"{'accept':>7} {'raw acc':>7} {'L^t':>6}")  # fmt: skip
+          f"{'accept':>7} {'raw acc':>7} {'acc/raw':>7} {'L^t':>6}")  # fmt: skip
     for temp, row in r["temps"].items():
         for name in ("k-sqs", "c-sqs", "cu-hlm"):
             c = row[name]
@@ -237,7 +243,7 @@ def print_table(r) -> None:
                   f"{100 * c['bits_per_token'] / r['raw_float32_bits']:6.2f} "
                   f"{100 * c['bits_per_token'] / r['raw_float16_bits']:6.2f} "
                   f"{c['acceptance']:7.3f} {row['raw_acceptance']:7.3f} "
-                  f"{c['mean_batch_length']:6.1f}")  # fmt: skip
+                  f"{c['acceptance_vs_raw']:7.3f} {c['mean_batch_length']:6.1f}")  # fmt: skip
         t2 = row["c-sqs"]["theorem2"]
         f = row["cu-hlm-fit"]
         print(

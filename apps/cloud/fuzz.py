@@ -94,7 +94,9 @@ def _compressed_payload(rng, V: int) -> tuple[int, bytes]:
     from kernels.payloads import make_codec
 
     name = str(rng.choice(["k-sqs", "c-sqs", "cu-hlm"]))
-    params = {"k-sqs": {"k": 4, "ell": 50}, "c-sqs": {"ell": 50}, "cu-hlm": {"k": 4}}[name]
+    levels = str(rng.choice(["log", "linear"]))  # cu-hlm payload versions 3 and 1
+    params = {"k-sqs": {"k": 4, "ell": 50}, "c-sqs": {"ell": 50},
+              "cu-hlm": {"k": 4, "levels": levels}}[name]  # fmt: skip
     cod = make_codec(name, **params)
     q = rng.dirichlet(np.full(V, 0.05), int(rng.integers(0, 4))).astype(np.float32)
     rows = cod.quantize(q) if len(q) else []

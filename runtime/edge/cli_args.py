@@ -37,7 +37,10 @@ def add_edge_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--eta", type=float, default=None, help="c-sqs: step eta (default 0.01)")
     g.add_argument("--beta", type=float, default=None,
                    help="c-sqs: initial threshold beta (default 0.01)")  # fmt: skip
-    g.add_argument("--cu-k", type=int, default=None, help="cu-hlm: top-k sent (default 128)")
+    g.add_argument("--cu-k", type=int, default=None, help="cu-hlm: top-k sent (default 256)")
+    g.add_argument("--cu-levels", default=None, choices=("log", "linear"),
+                   help="cu-hlm: what the 8-bit probabilities mean: log (2^(-16 v/255), "
+                        "default) or linear (v/255, what older clients send)")  # fmt: skip
     g.add_argument("--skip", action="store_true",
                    help="cu-hlm, --temp > 0: LOSSY CU-HLM skipping: commit drafts whose "
                         "uncertainty is <= u_th without verification (stats say lossy)")  # fmt: skip
@@ -86,7 +89,7 @@ def skip_rule_from(a: argparse.Namespace):
 
 CODEC_FLAGS = {"k-sqs": {"sqs_k": "k", "ell": "ell"},
                 "c-sqs": {"ell": "ell", "alpha": "alpha", "eta": "eta", "beta": "beta"},
-                "cu-hlm": {"cu_k": "k"}}  # fmt: skip
+                "cu-hlm": {"cu_k": "k", "cu_levels": "levels"}}  # fmt: skip
 
 
 def codec_params(a: argparse.Namespace) -> dict | None:
@@ -100,7 +103,7 @@ def codec_params(a: argparse.Namespace) -> dict | None:
         raise DuetError(f"--codec {name} carries no q, so it cannot be verified at --temp > 0; "
                         "use raw, k-sqs, c-sqs or cu-hlm")  # fmt: skip
     owned = CODEC_FLAGS.get(name, {})
-    for flag in ("sqs_k", "ell", "alpha", "eta", "beta", "cu_k"):
+    for flag in ("sqs_k", "ell", "alpha", "eta", "beta", "cu_k", "cu_levels"):
         if getattr(a, flag, None) is not None and flag not in owned:
             raise DuetError(f"--{flag.replace('_', '-')} does not apply to --codec {name}")
     for flag in ("sqs_k", "ell", "cu_k"):
