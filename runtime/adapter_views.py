@@ -10,10 +10,12 @@ modified. The cloud verifier (apps/cloud) keeps one base and one view per `--ada
 
 Memory: a view adds exactly the adapted weights, merged, in the base's dtype: sum over adapted
 linears of out x in x 4 bytes in float32 (`added_bytes` counts it from the tensors themselves;
-the serve command prints it per adapter). The embedded target with a shipped adapter (r = 8 on
-all seven linears of layers 0..6) adds 42.0 MiB over the base's 60.0 MiB: 70 % of the base,
-because a merged view trades memory for speed (no extra matmul per token). Unmerged LoRA
-would add only r (in + out) per linear; that is not what this does.
+the serve command prints it per adapter). Measured on the embedded target (float32, 60.0 MiB of
+weights) with each shipped adapter (runtime/assets/evolving/lora-*: r = 8 on all seven linears
+of layers 0..6): 42.0 MiB added per adapter (70 % of the base; the process RSS grew by 47 to
+56 MiB per view on torch and MLX, the rest being allocator slack and the adapter's own file),
+against 102 MiB for a second merged copy. A merged view trades memory for speed (no extra
+matmul per token); unmerged LoRA would add only r (in + out) per linear, but is not this.
 
 Backends: PyTorch (`TorchCausalLM`) and MLX (`MLXCausalLM`); any other target is refused with
 one line. What it does not do: hybrid (Qwen3.5) targets, whose weight names differ from the
