@@ -154,3 +154,18 @@ def test_generate_flexspec_names_the_adapter(evolving, refs, server, capsys):
     assert json.loads(capsys.readouterr().out)["tokens"] == refs["code"]
     assert main(common + ["--draft", draft, "--adapter-name", "code"]) == 2
     assert "--server local pass --adapter" in capsys.readouterr().err
+
+
+def test_bench_e2e_column_is_link_time_plus_measured_compute(server, evolving):
+    """apps.bench evolving's ms/token: a session per prompt on the named adapter, the link on
+    its virtual clock (so nothing sleeps), link time a part of the total."""
+    from apps.bench.evolving_e2e import ms_per_token
+
+    class One:  # the server fixture in place of the bench's verifier processes
+        def get(self, base):
+            return server.host, server.port, b""
+
+    out = ms_per_token(One(), evolving[0], "code", evolving[3], [PROMPT, PROMPT[:3]],
+                       link="4g", max_new=6, k=2, eos=[])  # fmt: skip
+    assert out["e2e_tokens"] == 12 and 0 < out["e2e_mean_k"] <= 2  # K = 2, fewer at the end
+    assert out["ms_per_token"] > out["link_ms_per_token"] > 0
