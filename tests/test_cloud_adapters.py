@@ -169,3 +169,17 @@ def test_bench_e2e_column_is_link_time_plus_measured_compute(server, evolving):
                        link="4g", max_new=6, k=2, eos=[])  # fmt: skip
     assert out["e2e_tokens"] == 12 and 0 < out["e2e_mean_k"] <= 2  # K = 2, fewer at the end
     assert out["ms_per_token"] > out["link_ms_per_token"] > 0
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_a_view_equals_the_adapter_merged_at_load(evolving, backend):
+    """Same weights bit for bit on the CPU, so the same logits, on both target backends."""
+    base, adapters, _, _ = evolving
+    ids = np.array([PROMPT])
+    target = load_pair(str(base), None, need_draft=False, target_backend=backend).target
+    merged = load_pair(str(base), None, need_draft=False, target_backend=backend,
+                       adapter=str(adapters["prose"])).target  # fmt: skip
+    view = adapter_view(target, base, adapters["prose"])
+    want = merged.forward(ids, merged.new_cache())
+    assert np.array_equal(view.forward(ids, view.new_cache()), want)
+    assert not np.array_equal(target.forward(ids, target.new_cache()), want)
