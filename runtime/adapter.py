@@ -11,7 +11,8 @@ merge costs nothing per token and MLX, PyTorch and ONNX see the same weights.
 The formula is PEFT's own LoRA merge for `nn.Linear` (LoraLayer.get_delta_weight); we apply it
 from the saved tensors rather than importing peft so that the runtime does not depend on it.
 What it does not do: DoRA, rank/alpha patterns, bias training or modules_to_save (refused),
-quantized (MLX-format) bases (refused), or holding several adapters over one loaded backbone.
+quantized (MLX-format) bases (refused). Several adapters over one loaded backbone, each a view
+sharing the base's untouched tensors (the cloud verifier's), are runtime/adapter_views.py.
 """
 
 from __future__ import annotations
@@ -111,20 +112,29 @@ def check_adapter(adapter_dir: str | Path, base_dir: str | Path) -> tuple[dict, 
     return cfg, pairs
 
 
+def lora_scale(cfg: dict) -> float:
+    """PEFT's LoRA scaling s: alpha / r, or alpha / sqrt(r) with rsLoRA."""
+    r, alpha = cfg["r"], cfg["lora_alpha"]
+    return alpha / r**0.5 if cfg.get("use_rslora") else alpha / r
+
+
+def merged_weight(name: str, W, A, B, scale: float, adapter_dir) -> object:
+    """W + s * B @ A in float32 (torch tensors); one line when the shapes do not fit."""
+    if tuple(W.shape) != (B.shape[0], A.shape[1]):
+        raise DuetError(f"--adapter {adapter_dir}: {name} is {tuple(W.shape)} in the base, "
+                        f"the adapter's B @ A is {(B.shape[0], A.shape[1])}")  # fmt: skip
+    return W.float() + scale * (B.float() @ A.float())  # W' = W + (alpha/r) B A
+
+
 def merged_state(base_dir: str | Path, adapter_dir: str | Path) -> dict:
     """The base's tensors with every adapted weight replaced by W + s * B @ A (float32)."""
     cfg, pairs = check_adapter(adapter_dir, base_dir)
-    r, alpha = cfg["r"], cfg["lora_alpha"]
-    scale = alpha / r**0.5 if cfg.get("use_rslora") else alpha / r  # PEFT's LoRA scaling
+    scale = lora_scale(cfg)
     state = _base_tensors(Path(base_dir))
     for name, (A, B) in pairs.items():
         if name not in state:
             raise DuetError(f"--adapter {adapter_dir}: adapts {name}, which the base lacks")
-        W = state[name]
-        if tuple(W.shape) != (B.shape[0], A.shape[1]):
-            raise DuetError(f"--adapter {adapter_dir}: {name} is {tuple(W.shape)} in the base, "
-                            f"the adapter's B @ A is {(B.shape[0], A.shape[1])}")  # fmt: skip
-        state[name] = W.float() + scale * (B.float() @ A.float())  # W' = W + (alpha/r) B A
+        state[name] = merged_weight(name, state[name], A, B, scale, adapter_dir)
     return {k: v.float().contiguous() for k, v in state.items()}
 
 

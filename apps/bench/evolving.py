@@ -9,8 +9,10 @@ own domain (apps/train/domains.py; the base's: the stdlib held-out files), each 
 `--prompt-tokens` tokens; as a control, the base also runs on each evolved domain's prompts
 (rows carry `prompts`, the domain the prompts come from). All targets run on the PyTorch backend, both drafts on ONNX Runtime.
 
-What it does not do: end-to-end ms/token over a link with `--method flexspec` (the edge-cloud
-verifier, apps/cloud, lives on another branch): `ms_per_token` is null, with the reason.
+`ms_per_token` is end-to-end greedy `--method flexspec` over one named link (`--link`, default
+4g): **emulated link time (virtual clock) + measured compute**, with the LoRA-evolved targets
+as adapters of one verifier over the base (apps/bench/evolving_e2e.py says how; each row also
+carries the link's share, `link_ms_per_token`). `--link none` leaves it null.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from runtime.decoding import METHODS, Sampling, make_steps, stream
+from runtime.decoding import Sampling, make_steps, stream
 from runtime.errors import DuetError, cli_main
 from runtime.load import load_pair
 from runtime.stats import RunStats
@@ -91,38 +93,58 @@ def acceptance(pair, prompts, temp: float, max_new: int, gamma: int) -> float:
     return acc / drafted if drafted else float("nan")
 
 
-def e2e_note() -> str:
-    if "flexspec" not in METHODS:
-        return "--method flexspec (apps/cloud edge-cloud verifier) is not on this branch"
-    return "end-to-end FlexSpec over a link is measured by the edge-cloud bench, not here"
-
-
 def run(a: argparse.Namespace) -> dict:
     if not (ANCHOR / "anchor.json").is_file():
         raise DuetError(f"no anchor draft at {ANCHOR}; train it with python -m apps.train "
                         f"anchor --base {BASE.relative_to(ROOT)} --out {ANCHOR.relative_to(ROOT)}")  # fmt: skip
+    from apps.bench.evolving_e2e import Verifiers
+
     drafts = {"generic": GENERIC, "anchor": ANCHOR}
-    rows, note, t0 = [], e2e_note(), time.monotonic()
-    for t in targets(not a.no_controls):
-        prompts = None
-        for dname, dpath in drafts.items():
-            pair = load_pair(str(t["dir"]), str(dpath), need_draft=True, target_backend="torch",
-                             adapter=str(t["adapter"]) if t["adapter"] else None,
-                             target_threads=a.threads)  # fmt: skip
-            if prompts is None:
-                prompts = domain_prompts(t["domain"], pair.tokenizer, a.prompts, a.prompt_tokens)
-            row = {"draft": dname, "target": t["name"], "prompts": t["domain"]}
-            for key, temp in (("acceptance_greedy", 0.0), ("acceptance_t1", 1.0)):
-                row[key] = round(acceptance(pair, prompts, temp, a.max_tokens, a.gamma), 4)
-            row["ms_per_token"] = None
-            row["ms_per_token_reason"] = note
-            rows.append(row)
-            print(f"{dname:8s} {t['name']:22s} {t['domain']:13s} greedy {row['acceptance_greedy']:.3f} "
-                  f"T=1 {row['acceptance_t1']:.3f}", file=sys.stderr, flush=True)  # fmt: skip
+    rows, t0 = [], time.monotonic()
+    tlist = targets(not a.no_controls)
+    lora = {t["adapter"].name: t["adapter"] for t in tlist if t["adapter"] is not None}
+    verifiers = Verifiers({BASE: lora}, a.threads)
+    try:
+        for t in tlist:
+            rows.extend(target_rows(a, t, drafts, verifiers))
+    finally:
+        verifiers.stop()
     settings = {"method": "sd", "gamma": a.gamma, "prompts_per_target": a.prompts,
                 "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_tokens,
+                "e2e": {"method": "flexspec", "link": a.link, "link_clock": "virtual",
+                        "k": a.k if a.k is not None else "adaptive K* (eq. 11)", "codec": "ids",
+                        "temp": 0, "threads": a.threads,
+                        "ms_per_token": "emulated link time + measured compute"},
                 "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
     return {"rows": rows, "settings": settings}
+
+
+def target_rows(a: argparse.Namespace, t: dict, drafts: dict, verifiers):
+    """The rows of one target: acceptance of each draft, then its end-to-end ms/token."""
+    from apps.bench.evolving_e2e import ms_per_token
+
+    prompts = None
+    for dname, dpath in drafts.items():
+        pair = load_pair(str(t["dir"]), str(dpath), need_draft=True, target_backend="torch",
+                         adapter=str(t["adapter"]) if t["adapter"] else None,
+                         target_threads=a.threads)  # fmt: skip
+        if prompts is None:
+            prompts = domain_prompts(t["domain"], pair.tokenizer, a.prompts, a.prompt_tokens)
+        row = {"draft": dname, "target": t["name"], "prompts": t["domain"]}
+        for key, temp in (("acceptance_greedy", 0.0), ("acceptance_t1", 1.0)):
+            row[key] = round(acceptance(pair, prompts, temp, a.max_tokens, a.gamma), 4)
+        row["ms_per_token"] = None
+        if a.link == "none":
+            row["ms_per_token_reason"] = "--link none: no link to measure over"
+        else:  # the verifier of t's base, the session naming t's adapter
+            row.update(ms_per_token(verifiers, Path(t["dir"]), t["adapter"].name if t["adapter"]
+                                    else "", pair.draft, prompts, link=a.link,
+                                    max_new=a.max_tokens, k=a.k,
+                                    eos=pair.target.config.eos_token_ids))  # fmt: skip
+        print(f"{dname:8s} {t['name']:22s} {t['domain']:13s} greedy {row['acceptance_greedy']:.3f} "
+              f"T=1 {row['acceptance_t1']:.3f} e2e {row['ms_per_token']} ms/tok", file=sys.stderr,
+              flush=True)  # fmt: skip
+        yield row
 
 
 def summary(rows: list[dict]) -> list[str]:
@@ -152,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-tokens", type=int, default=48, help="new tokens per prompt (48)")
     ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (4)")
     ap.add_argument("--threads", type=int, default=1, help="PyTorch target threads (1)")
+    ap.add_argument("--link", default="4g",
+                    help="named link of the end-to-end flexspec column: 5g, 4g, wifi-weak, none "
+                         "(default 4g; its time is emulated on a virtual clock)")  # fmt: skip
+    ap.add_argument("--k", type=int, default=None,
+                    help="end-to-end: fixed draft length K (default adaptive K*, eq. 11)")  # fmt: skip
     ap.add_argument("--no-controls", action="store_true",
                     help="skip the base target on each evolved domain's prompts")  # fmt: skip
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -163,16 +190,23 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if min(a.prompts, a.prompt_tokens, a.max_tokens, a.gamma, a.threads) < 1:
         raise DuetError("--prompts, --prompt-tokens, --max-tokens, --gamma, --threads must be >= 1")
+    from devices.links import LINK_NAMES
+
+    if a.link not in LINK_NAMES:
+        raise DuetError(f"unknown --link {a.link!r}; choose from {', '.join(LINK_NAMES)}")
+    if a.k is not None and a.k < 1:
+        raise DuetError(f"--k must be at least 1 (got {a.k})")
     res = run(a)
     if a.json:
         print(json.dumps(res))
         return 0
-    print(
-        f"{'draft':8s} {'target':22s} {'prompts':13s} {'acc greedy':>10s} {'acc T=1':>8s}  ms/token"
-    )
+    print(f"{'draft':8s} {'target':22s} {'prompts':13s} {'acc greedy':>10s} {'acc T=1':>8s}  "
+          f"ms/token ({a.link}: emulated link time + measured compute)")  # fmt: skip
     for r in res["rows"]:
+        e2e = (f"{r['ms_per_token']:8.1f} (link {r['link_ms_per_token']:.1f})"
+               if r["ms_per_token"] is not None else f"null ({r['ms_per_token_reason']})")  # fmt: skip
         print(f"{r['draft']:8s} {r['target']:22s} {r['prompts']:13s} {r['acceptance_greedy']:10.3f} "
-              f"{r['acceptance_t1']:8.3f}  null ({r['ms_per_token_reason']})")  # fmt: skip
+              f"{r['acceptance_t1']:8.3f}  {e2e}")  # fmt: skip
     print("\n".join(summary(res["rows"])))
     return 0
 

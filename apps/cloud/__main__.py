@@ -2,9 +2,14 @@
 
     python -m apps.cloud serve [--target DIR] [--host 127.0.0.1] [--port 0] [--token-file F]
         [--max-sessions N] [--max-context N] [--idle-timeout S] [--max-frame BYTES]
+        [--adapter [NAME=]DIR ...]
 
 The first line on stdout is exactly `listening on HOST:PORT` (port 0 picks a free one). The
-target defaults to the embedded one. Without --token-file any token is accepted, and the server
+target defaults to the embedded one. Each `--adapter` (repeatable; NAME defaults to the
+directory's name) is a LoRA adapter for the target, checked against it (one line and exit 2 for
+another base) and held as a merged view sharing the backbone (runtime/adapter_views.py); a
+session picks one by name at OPEN, or runs the base target. Per adapter, stderr says how many
+bytes its view adds to the base's. Without --token-file any token is accepted, and the server
 refuses to bind anything but a loopback address.
 """
 
@@ -33,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-context", type=int, default=None, help="tokens per session at most")
     s.add_argument("--idle-timeout", type=float, default=60.0, help="seconds (default 60)")
     s.add_argument("--max-frame", type=int, default=None, help="payload bytes at most (16 MiB)")
+    s.add_argument("--adapter", action="append", default=[], metavar="[NAME=]DIR",
+                   help="LoRA adapter (PEFT format) a session may pick by NAME at OPEN "
+                        "(repeatable; NAME defaults to the directory's name)")  # fmt: skip
     return ap
 
 
@@ -51,14 +59,33 @@ def read_token(path: str | None) -> bytes | None:
     return tok
 
 
-def load_target(target: str | None, backend: str, threads: int | None):
-    """(target model (embedded by default) on `backend`, its identity for HELLO claims)."""
+def load_target(target: str | None, backend: str, threads: int | None, adapters=()):
+    """(target model (embedded by default) on `backend`, its identity for HELLO claims,
+    {name: merged view} for `adapters`, the [NAME=]DIR specs of --adapter)."""
+    from runtime.adapter import check_adapter
+    from runtime.adapter_views import adapter_view, added_bytes, parse_adapter_spec, weight_bytes
     from runtime.edge.identity import target_identity
-    from runtime.load import load_pair
+    from runtime.load import load_pair, resolve
 
+    specs = [parse_adapter_spec(s) for s in adapters]
+    names = [n for n, _ in specs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise DuetError(f"--adapter: the name {dup[0]!r} is given twice; name them NAME=DIR")
+    if specs:  # refuse an adapter for another base before the (slow) model load
+        from runtime.assets import default_pair
+
+        base_dir = resolve(target, "target") if target is not None else default_pair()[0]
+        for _, d in specs:
+            check_adapter(d, base_dir)
     pair = load_pair(target, None, need_draft=False, target_backend=backend,
                      target_threads=threads)  # fmt: skip
-    return pair.target, target_identity(pair.target_dir)
+    views = {}
+    for name, d in specs:
+        views[name] = adapter_view(pair.target, pair.target_dir, d)
+        print(f"adapter {name} ({d}): adds {added_bytes(views[name], pair.target) / 2**20:.1f} "
+              f"MiB to the base's {weight_bytes(pair.target) / 2**20:.1f} MiB", file=sys.stderr)  # fmt: skip
+    return pair.target, target_identity(pair.target_dir), views
 
 
 async def serve(a: argparse.Namespace) -> None:
@@ -79,8 +106,8 @@ async def serve(a: argparse.Namespace) -> None:
 
     if token is None and not is_loopback(a.host):  # check before the (slow) model load
         raise DuetError(f"refusing to serve on {a.host} without --token-file")
-    model, identity = load_target(a.target, a.target_backend, a.target_threads)
-    server = VerifierServer(model, token=token, limits=limits, identity=identity)
+    model, identity, views = load_target(a.target, a.target_backend, a.target_threads, a.adapter)
+    server = VerifierServer(model, token=token, limits=limits, identity=identity, adapters=views)
     try:
         host, port = await server.start(a.host, a.port)
     except OSError as e:

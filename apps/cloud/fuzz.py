@@ -1,7 +1,9 @@
 """A frame fuzzer for the cloud verifier: malformed, truncated, oversized, out-of-order,
 unknown and misaddressed frames, wrong tokens, bad ids and frames after close, compressed-q
 payloads (k-sqs, c-sqs, cu-hlm) valid or lying (flipped bits, truncated, wrong bit length,
-extra bytes), mixed with valid traffic, each on its own connection to a running server.
+extra bytes), OPENs naming adapters (unknown, not UTF-8, lying about their length), mixed with
+valid traffic (on the server's `adapters` too, when given), each on its own connection to a
+running server.
 
     python -m apps.cloud.fuzz HOST:PORT [--frames 10000] [--seed 0] [--token-file F] [--time-limit S]
     python -m apps.cloud.fuzz local [--frames 10000]   # its own verifier (embedded target), then
@@ -76,13 +78,14 @@ class _Conn:
         self.s.close()
 
 
-def _hello_open(c: _Conn, token: bytes, rng, V: int) -> bool:
+def _hello_open(c: _Conn, token: bytes, rng, V: int, adapters: tuple = ()) -> bool:
     c.frame(wire.HELLO, wire.hello(token))
     r = c.reply()
     if not r or r[0] != wire.WELCOME:
         return False
     prompt = tuple(int(x) for x in rng.integers(0, V, int(rng.integers(1, 6))))
-    c.frame(wire.OPEN, wire.open_(wire.Open(0.0, 1.0, 0, 0, prompt)))
+    name = str(rng.choice(("",) + tuple(adapters)))  # the base or one the server holds
+    c.frame(wire.OPEN, wire.open_(wire.Open(0.0, 1.0, 0, 0, prompt, name)))
     r = c.reply()
     c.base = len(prompt)
     return bool(r and r[0] == wire.OPENED)
@@ -117,7 +120,21 @@ def _compressed_payload(rng, V: int) -> tuple[int, bytes]:
     return codec(name).NUMBER, bytes(data)
 
 
-def _case(kind: str, c: _Conn, token: bytes, rng, V: int) -> None:
+def _adapter_open(rng) -> bytes:
+    """An OPEN body whose adapter field is an unknown name (often not UTF-8), lies about its
+    length, or is followed by extra bytes."""
+    body = wire.open_(wire.Open(0.0, 1.0, 0, 0, (1, 2)))
+    n = int(rng.integers(1, 12))
+    name = bytes(rng.integers(97, 123, n).astype(np.uint8)) if rng.random() < 0.7 else rng.bytes(n)
+    how = rng.integers(4)
+    if how < 2:  # well framed: an unknown name (E_ADAPTER) or one that is not UTF-8
+        return body + bytes([len(name)]) + name
+    if how == 2:
+        return body + bytes([len(name) + int(rng.integers(1, 9))]) + name
+    return body + bytes([len(name)]) + name + rng.bytes(int(rng.integers(1, 4)))
+
+
+def _case(kind: str, c: _Conn, token: bytes, rng, V: int, adapters: tuple = ()) -> None:
     ids = codec("ids")
     if kind == "random":  # random bytes, maybe with a valid magic
         blob = rng.bytes(int(rng.integers(1, 64)))
@@ -138,7 +155,12 @@ def _case(kind: str, c: _Conn, token: bytes, rng, V: int) -> None:
         c.frame(wire.HELLO, wire.hello(rng.bytes(8)))
     elif kind == "no_hello":
         c.frame(wire.VERIFY, wire.verify(1, 0, ids.encode([1], None, V)))
-    elif _hello_open(c, token, rng, V):
+    elif kind == "adapter":
+        c.frame(wire.HELLO, wire.hello(token))
+        r = c.reply()
+        if r and r[0] == wire.WELCOME:
+            c.frame(wire.OPEN, _adapter_open(rng))
+    elif _hello_open(c, token, rng, V, adapters):
         base = None
         if kind == "session":  # someone else's session id
             c.frame(
@@ -195,12 +217,14 @@ def _case(kind: str, c: _Conn, token: bytes, rng, V: int) -> None:
 
 
 KINDS = ("random", "truncated", "lying", "version", "unknown", "token", "no_hello", "session",
-         "seq", "vocab", "codec", "garbage_body", "after_close", "valid", "midframe", "compressed")  # fmt: skip
+         "seq", "vocab", "codec", "garbage_body", "after_close", "valid", "midframe", "compressed",
+         "adapter")  # fmt: skip
 
 
 def fuzz(host: str, port: int, *, frames: int = 10_000, seed: int = 0, token: bytes = b"",
-         vocab: int, time_limit_s: float = 600.0) -> dict:  # fmt: skip
-    """Send at least `frames` frames (or stop at the time limit); return the counts."""
+         vocab: int, time_limit_s: float = 600.0, adapters: tuple = ()) -> dict:  # fmt: skip
+    """Send at least `frames` frames (or stop at the time limit); return the counts.
+    `adapters`: names the server holds, which valid sessions then pick at random."""
     rng = np.random.default_rng(seed)
     stats: Counter = Counter()
     t0 = time.perf_counter()
@@ -208,7 +232,7 @@ def fuzz(host: str, port: int, *, frames: int = 10_000, seed: int = 0, token: by
         kind = KINDS[int(rng.integers(len(KINDS)))]
         c = _Conn(host, port, stats)
         try:
-            _case(kind, c, token, rng, vocab)
+            _case(kind, c, token, rng, vocab, tuple(adapters))
         finally:
             c.close()
         stats["connections"] += 1

@@ -12,6 +12,11 @@ close another's. Model work runs on one worker thread (the target and its caches
 by one thread at a time; sessions are verified in arrival order, not batched), so the event
 loop keeps serving timeouts and errors while a window is verified. Any protocol error sends an
 ERROR frame and closes that connection only.
+
+Adapters (FlexSpec's evolving cloud): the server may hold LoRA-adapted views of its target by
+name (runtime/adapter_views.py: one backbone, each view sharing every tensor its adapter does
+not touch); a session runs the one its OPEN names, or the base target when OPEN names none.
+A name it does not hold gets E_ADAPTER on that connection only.
 """
 
 from __future__ import annotations
@@ -54,8 +59,9 @@ class VerifierServer:
     """Holds the target and the open sessions; `serve_forever` runs it on an event loop."""
 
     def __init__(self, target, *, token: bytes | None, limits: Limits | None = None,
-                 identity: dict | None = None):  # fmt: skip
+                 identity: dict | None = None, adapters: dict | None = None):  # fmt: skip
         self.target = target
+        self.adapters = dict(adapters or {})  # name -> a view of `target` with that adapter
         self.identity = identity  # runtime.edge.identity.target_identity, for HELLO claims
         self.token = token
         self.limits = limits or Limits()
@@ -152,6 +158,7 @@ class VerifierServer:
             return wire.WELCOME, wire.welcome(w), "ready", 0
         if t == wire.OPEN and state == "ready":
             o = wire.read_open(body)
+            model = self._model_for(o.adapter)
             if len(self.sessions) >= self.limits.max_sessions:
                 raise ProtocolError(wire.E_LIMIT, f"{self.limits.max_sessions} sessions are open "
                                     "(the server's limit); try again later")  # fmt: skip
@@ -160,7 +167,7 @@ class VerifierServer:
                 new = secrets.randbits(32) or 1
             self.sessions[new] = None  # reserve the slot while prefilling
             try:
-                sess = await self._run(Session, self.target, o, self.max_context)
+                sess = await self._run(Session, model, o, self.max_context)
             except BaseException:
                 self.sessions.pop(new, None)
                 raise
@@ -180,6 +187,16 @@ class VerifierServer:
             return wire.CLOSED, wire.u32(len(sess.seq)), "ready", 0
         raise ProtocolError(wire.E_SEQUENCE, f"{wire.NAMES[t]} is not valid now (state {state})")
 
+    def _model_for(self, adapter: str):
+        """The base target (no name) or the named adapter's view; E_ADAPTER for another name."""
+        if not adapter:
+            return self.target
+        if adapter not in self.adapters:
+            held = ", ".join(sorted(self.adapters)) or "none"
+            raise ProtocolError(wire.E_ADAPTER, f"OPEN names adapter {adapter[:64]!r}, which "
+                                f"this verifier does not hold (it holds: {held})")  # fmt: skip
+        return self.adapters[adapter]
+
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
@@ -191,10 +208,12 @@ class ServerThread:
     `host`, `port`, `server`; `stop()` closes it."""
 
     def __init__(self, target, *, token: bytes | None = None, limits: Limits | None = None,
-                 host: str = "127.0.0.1", identity: dict | None = None):  # fmt: skip
+                 host: str = "127.0.0.1", identity: dict | None = None,
+                 adapters: dict | None = None):  # fmt: skip
         import threading
 
-        self.server = VerifierServer(target, token=token, limits=limits, identity=identity)
+        self.server = VerifierServer(target, token=token, limits=limits, identity=identity,
+                                     adapters=adapters)  # fmt: skip
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
 

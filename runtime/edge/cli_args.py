@@ -14,11 +14,15 @@ from runtime.errors import DuetError
 
 
 def add_edge_args(ap: argparse.ArgumentParser) -> None:
-    """--server, --token-file, --link, --link-seed, --k, --k-max."""
+    """--server, --token-file, --adapter-name, --link, --link-seed, --k, --k-max, codec flags."""
     g = ap.add_argument_group("edge-cloud (--method flexspec)")
     g.add_argument("--server", default="local", metavar="HOST:PORT|local",
-                   help="cloud verifier; local (default) starts one on 127.0.0.1 for --target")  # fmt: skip
+                   help="cloud verifier; local (default) starts one on 127.0.0.1 for --target "
+                        "(and --adapter)")  # fmt: skip
     g.add_argument("--token-file", help="file with the verifier's shared secret")
+    g.add_argument("--adapter-name", default=None, metavar="NAME",
+                   help="the verifier's LoRA adapter the session runs (default: --adapter's "
+                        "directory name with --adapter, else the base target)")  # fmt: skip
     g.add_argument("--link", default="none",
                    help="emulated wireless link: none, 5g, 4g, wifi-weak (default none)")  # fmt: skip
     g.add_argument("--link-seed", type=int, default=0, help="seed of the link's fading (default 0)")
@@ -68,8 +72,40 @@ def check_edge_args(a: argparse.Namespace) -> None:
         raise DuetError(f"unknown --link {a.link!r}; choose from {', '.join(LINK_NAMES)}")
     if a.server != "local":
         _host_port(a.server)
+    adapter_name(a)
     codec_params(a)
     skip_rule_from(a)
+
+
+def adapter_name(a: argparse.Namespace) -> str:
+    """The adapter the session names at OPEN: --adapter-name, else --adapter's directory name,
+    else "" (the base target); one line for a name the wire cannot carry, or --adapter-name
+    with --server local but no --adapter (the local verifier holds only --adapter)."""
+    from runtime.adapter_views import NAME_RE
+
+    name, adapter = getattr(a, "adapter_name", None), getattr(a, "adapter", None)
+    if name is not None and not NAME_RE.fullmatch(name):
+        raise DuetError(f"--adapter-name {name!r}: 1 to 64 of A-Z a-z 0-9 . _ + -")
+    if name is not None and a.server == "local" and adapter is None:
+        raise DuetError("--adapter-name picks an adapter of a remote verifier (--server "
+                        "HOST:PORT); with --server local pass --adapter DIR")  # fmt: skip
+    if name is None and adapter is not None:
+        name = Path(adapter.rstrip("/")).name
+        if not NAME_RE.fullmatch(name):
+            raise DuetError(f"--adapter {adapter}: its directory name cannot name it on the "
+                            "wire; add --adapter-name NAME")  # fmt: skip
+    return name or ""
+
+
+def _local_base(a: argparse.Namespace):
+    """The target directory before any adapter (what the local verifier loads)."""
+    from runtime.load import resolve
+
+    if a.target is not None:
+        return resolve(a.target, "target")
+    from runtime.assets import default_pair
+
+    return default_pair()[0]
 
 
 def skip_rule_from(a: argparse.Namespace):
@@ -127,10 +163,14 @@ def edge_options(a: argparse.Namespace, target_dir, target_backend: str = "auto"
     from runtime.edge.local import LocalVerifier
 
     check_edge_args(a)
+    name = adapter_name(a)
     local = None
     try:
         if a.server == "local":
-            local = LocalVerifier(target_dir, target_backend=target_backend)
+            extra: tuple[str, ...] = ()
+            if getattr(a, "adapter", None) is not None:  # the verifier holds base + the adapter
+                target_dir, extra = _local_base(a), ("--adapter", f"{name}={a.adapter}")
+            local = LocalVerifier(target_dir, target_backend=target_backend, extra_args=extra)
             host, port, token = local.host, local.port, local.token
         else:
             host, port = _host_port(a.server)
@@ -140,7 +180,7 @@ def edge_options(a: argparse.Namespace, target_dir, target_backend: str = "auto"
                 if not p.is_file():
                     raise DuetError(f"--token-file {a.token_file}: no such file")
                 token = p.read_bytes().strip()
-        conn = Connection(host, port, token, link=emulator(a.link, a.link_seed))
+        conn = Connection(host, port, token, link=emulator(a.link, a.link_seed), adapter=name)
         try:
             yield {"conn": conn, "k": a.k, "k_max": a.k_max,
                    "controller": None if a.k is not None else AdaptiveK(),

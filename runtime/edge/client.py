@@ -41,12 +41,15 @@ class Exchange:
 
 class Connection:
     """A connection to `host:port` that has said HELLO; `welcome` is the server's answer.
-    `claim` (runtime/edge/identity.py) asks the verifier to check the draft's identity first."""
+    `claim` (runtime/edge/identity.py) asks the verifier to check the draft's identity first;
+    `adapter` names the verifier's LoRA adapter every session it opens runs ("" the base)."""
 
     def __init__(self, host: str, port: int, token: bytes = b"", *, link=None,
-                 timeout_s: float = 300.0, claim: dict | None = None):  # fmt: skip
+                 timeout_s: float = 300.0, claim: dict | None = None,
+                 adapter: str = ""):  # fmt: skip
         self.where = f"{host}:{port}"
         self.link = link
+        self.adapter = adapter
         self.seq = 0
         self.session = 0
         try:
@@ -120,9 +123,10 @@ class Connection:
         return getattr(self.link, "virtual_s", 0.0) if self.link is not None else 0.0
 
     def open(self, prompt: list[int], temp: float, top_p: float, top_k: int, seed: int) -> int:
-        """Open a session prefilled with `prompt`; returns its committed length."""
+        """Open a session prefilled with `prompt` on this connection's adapter (or the base);
+        returns its committed length."""
         x = self.request(wire.OPEN, wire.open_(wire.Open(temp, top_p, top_k, seed & (2**64 - 1),
-                                                         tuple(prompt))))  # fmt: skip
+                                                         tuple(prompt), self.adapter)))  # fmt: skip
         self.session = x.header.session
         return wire.read_u32(x.body, "OPENED")
 

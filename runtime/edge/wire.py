@@ -30,6 +30,8 @@ NAMES = {HELLO: "HELLO", WELCOME: "WELCOME", OPEN: "OPEN", OPENED: "OPENED", VER
 E_MALFORMED, E_VERSION, E_AUTH, E_UNKNOWN_TYPE, E_SESSION, E_SEQUENCE = 1, 2, 3, 4, 5, 6
 E_TOO_LARGE, E_LIMIT, E_CONTEXT, E_CODEC, E_VOCAB, E_IDLE, E_INTERNAL = 7, 8, 9, 10, 11, 12, 13
 E_IDENTITY = 14  # HELLO claim names another base checkpoint than the verifier's target
+E_ADAPTER = 15  # OPEN names an adapter the verifier does not hold
+MAX_ADAPTER_NAME = 255  # bytes of OPEN's adapter name (u8 length)
 
 
 class ProtocolError(Exception):
@@ -153,24 +155,39 @@ class Open:
     top_k: int
     seed: int
     prompt: tuple[int, ...]
+    adapter: str = ""  # the verifier's adapter this session runs ("": the base target)
 
 
 def open_(o: Open) -> bytes:
-    """OPEN: f32 temp, f32 top_p, u32 top_k, u64 seed, u32 n, n × u32 prompt ids."""
-    return struct.pack(f"<ffIQI{len(o.prompt)}I", o.temp, o.top_p, o.top_k, o.seed,
-                       len(o.prompt), *o.prompt)  # fmt: skip
+    """OPEN: f32 temp, f32 top_p, u32 top_k, u64 seed, u32 n, n × u32 prompt ids; with an
+    adapter, then u8 m + m bytes of its UTF-8 name. Without one the frame is version 1's."""
+    out = struct.pack(f"<ffIQI{len(o.prompt)}I", o.temp, o.top_p, o.top_k, o.seed,
+                      len(o.prompt), *o.prompt)  # fmt: skip
+    if o.adapter:
+        name = o.adapter.encode()
+        if len(name) > MAX_ADAPTER_NAME:
+            raise ValueError(f"adapter name of {len(name)} bytes (at most {MAX_ADAPTER_NAME})")
+        out += struct.pack("<B", len(name)) + name
+    return out
 
 
 def read_open(p: bytes) -> Open:
     r = Reader(p, "OPEN")
     temp, top_p, top_k, seed, n = r.fmt("ffIQI")
-    if 4 * n != len(p) - r.pos:
+    if 4 * n > len(p) - r.pos:
         raise ProtocolError(
             E_MALFORMED, f"OPEN: says {n} prompt ids, carries {len(p) - r.pos} bytes"
         )
     ids = r.fmt(f"{n}I")
+    adapter = ""
+    if r.pos < len(r.buf):  # the optional adapter name
+        (m,) = r.fmt("B")
+        try:
+            adapter = r.take(m).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError(E_MALFORMED, "OPEN: the adapter name is not UTF-8") from None
     r.end()
-    return Open(temp, top_p, top_k, seed, tuple(ids))
+    return Open(temp, top_p, top_k, seed, tuple(ids), adapter)
 
 
 def verify(codec: int, base: int, body: bytes) -> bytes:
