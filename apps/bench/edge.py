@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--limit", type=int, default=3, help="first N prompts (default 3)")
     ap.add_argument("--max-tokens", type=int, default=32, help="new tokens per prompt (32)")
     ap.add_argument("--temps", default="0", help="comma-separated temperatures (default 0)")
+    ap.add_argument("--top-p", type=float, default=1.0,
+                    help="nucleus p at T > 0 on both sides (default 1: the full law; FlexSpec's "
+                    "Table IV, Regime B, samples with top-p 0.9 at T = 1)")  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out-json", help="write every run and the summary here")
     ap.add_argument("--plot", help="write latency-vs-K per link here (.html); with --codecs: "
@@ -102,6 +105,8 @@ def bench(a: argparse.Namespace) -> dict:
         if name not in LINK_NAMES:
             raise DuetError(f"unknown link {name!r}; choose from {', '.join(LINK_NAMES)}")
     temps = [float(t) for t in a.temps.split(",")]
+    if not 0 < a.top_p <= 1:
+        raise DuetError(f"--top-p must be in (0, 1] (got {a.top_p})")
     params, skips = None, {}
     if not a.codecs:  # --codec (and its flags) hold for every temperature: check each, once
         from runtime.edge.cli_args import codec_params, skip_rule_from
@@ -147,11 +152,12 @@ def bench(a: argparse.Namespace) -> dict:
                                                             a.link_clock == "virtual"))  # fmt: skip
 
                         toks, wall, edge = one_run(factory, pair.draft, prompt, a.max_tokens,
-                                                   Sampling(temp), a.seed + i, k, eos,
+                                                   Sampling(temp, a.top_p), a.seed + i, k, eos,
                                                    a.codec, params, skips.get(temp),
                                                    pair.target)  # fmt: skip
                         acc = sum(edge["accepted"]) / max(1, sum(edge["k"]))
-                        runs.append({"temp": temp, "link": link, "prompt": i, "method": name,
+                        runs.append({"temp": temp, "top_p": a.top_p, "link": link,
+                                     "prompt": i, "method": name,
                                      "codec": a.codec or ("ids" if temp == 0 else "raw"),
                                      "k": k, "tokens": len(toks), "wall_s": wall,
                                      "mean_k": edge["mean_k"], "acceptance": acc,

@@ -68,7 +68,7 @@ def run_codecs(a, pair, prompts, host, port, token, links, temps) -> list[dict]:
                                           link=emulator(link, a.link_seed + i,
                                                         a.link_clock == "virtual"))  # fmt: skip
 
-                    toks, wall, e = one_run(factory, pair.draft, prompt, a.max_tokens, Sampling(temp),
+                    toks, wall, e = one_run(factory, pair.draft, prompt, a.max_tokens, Sampling(temp, a.top_p),
                                             a.seed + i, name.removesuffix("+skip"), params or None,
                                             eos, rule if name == SKIP else None, pair.target)  # fmt: skip
                     drafted = sum(e["k"]) or 1
