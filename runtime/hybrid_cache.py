@@ -270,9 +270,10 @@ class HybridCache:
         o = layer.offset
         layer.conv, layer.rec = conv, rec
         layer.offset += log[0].shape[-1]
-        if kept and kept[0]:
+        if kept and (self.keep or self.stride):
             marks, recent = layer.marks, layer.offset - self.keep
             marks.update((o + j, st) for j, st in kept[0].items())
+            marks[layer.offset] = rec  # the live state: a landing point once the next forward ran
             for m in [m for m in marks if m < recent and (not self.stride or m % self.stride)]:
                 del marks[m]
 

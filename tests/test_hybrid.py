@@ -133,17 +133,25 @@ def test_kept_states_land_exactly_where_replay_does(models):
     assert landed and all(len(la.marks) <= kept.keep + kept.window // 4 + 1 for la in landed)
 
 
-def test_sd_with_kept_states_equals_sd_by_replay(models):
+def test_sd_with_kept_states_equals_sd_by_replay(models, monkeypatch):
     """sd (γ = 4, a near draft: rejections at every depth) lands its target and draft caches on
-    the same tensors with and without kept states, after every step."""
+    the same tensors with and without kept states, after every step; with them, no landing
+    replays a single recurrence step."""
+    import runtime.hybrid_cache as hc
+
     target, draft = models["target"], models["near_draft"]
-    runs = []
+    replayed, inner = [], hc.replay
+    monkeypatch.setattr(hc, "replay", lambda *a, **k: replayed.append(1) or inner(*a, **k))
+    runs, replays = [], []
     for fresh in (lambda c: c, pure_replay):
         tc, dc = fresh(target.new_cache()), fresh(draft.new_cache())
+        replayed.clear()
         steps = make_steps("sd", target, draft, PROMPT, max_new=30, sampling=GREEDY, seed=0,
                            gamma=4, target_cache=tc, draft_cache=dc)  # fmt: skip
         runs.append([(ev.tokens, [t.clone() for s in tc.states() + dc.states() for t in s])
                      for ev in steps])  # fmt: skip
+        replays.append(len(replayed))
+    assert replays[0] == 0 < replays[1]
     assert len(runs[0]) == len(runs[1])
     for (tok_a, st_a), (tok_b, st_b) in zip(*runs, strict=True):
         assert tok_a == tok_b and all(torch.equal(x, y) for x, y in zip(st_a, st_b, strict=True))
