@@ -34,9 +34,9 @@ A Gated DeltaNet layer's cache is a conv state (B, C, K-1) and a recurrent state
   `redecode` callback: the model's layers, no head). A draft that fed one token per forward
   lands on a checkpoint with nothing to re-run (llama.cpp restores its draft to the
   checkpoint taken before drafting and re-decodes the accepted tokens there: the draft side
-  of this baseline is cheaper than llama.cpp's, never dearer). One excess remains: `sd` sends
-  the prompt in the target's first window, with no checkpoint inside it, so a rejection in
-  that first round re-runs the prompt too (once; llama.cpp prefills first).
+  of this baseline is cheaper than llama.cpp's, never dearer). As llama.cpp, `sd` with a
+  redecode target prefills the prompt but its last token first, so a rejection in the first
+  round does not re-run the prompt.
 
 The log restarts at each landing. A forward that would take it past `window` positions first
 drops its front (replay: the base moves to the latest mark at most that far on, or, with none

@@ -249,16 +249,15 @@ def counted(model):
 
 
 def rounds_of(target, draft, calls):
-    """Greedy sd (γ = 4, 40 tokens) with `calls` = counted(target): per step (tokens the
-    verify forward ran beyond the pending ones, accepted, drafted, tokens re-run after)."""
+    """Greedy sd (γ = 4, 40 tokens) with `calls` = counted(target): per step (the tokens of each
+    target forward from layer 0, accepted, drafted)."""
     tc = target.new_cache()
-    rounds, pending = [], len(PROMPT)  # the first window carries the whole prompt
+    rounds = []
     steps = make_steps("sd", target, draft, PROMPT, max_new=40, sampling=GREEDY, seed=0,
                        gamma=4, target_cache=tc)  # fmt: skip
     for ev in steps:
-        rounds.append((calls[0] - pending, ev.accepted, ev.drafted, sum(calls[1:])))
+        rounds.append((list(calls), ev.accepted, ev.drafted))
         calls.clear()
-        pending = 1  # then only the last committed token
     return rounds, tc
 
 
@@ -278,20 +277,21 @@ def assert_llama_cpp_rounds(replay, redecode, draft):
     """The round structure test_redecode_re_verifies_the_kept_tokens_as_llama_cpp_does names."""
     rounds_replay, _ = rounds_of(replay, draft, counted(replay))
     rounds, tc = rounds_of(redecode, draft, counted(redecode))
+    n = len(PROMPT)
+    # replay: the first window carries the prompt, then [last, d1..dγ]; no token fed twice
+    assert all(fed == [(n if i == 0 else 1) + g] for i, (fed, _, g) in enumerate(rounds_replay))
+    # redecode prefills the prompt but its last token first (a checkpoint there, as llama.cpp)
+    assert rounds[0][0] == [n - 1, 1 + rounds[0][2]]
     refed = 0
-    for i, (extra, a, g, rerun) in enumerate(rounds):
-        assert rerun == 0  # no pass of its own: the re-decode is the next window
-        prev = rounds[i - 1] if i else None
-        if prev is not None and prev[1] < prev[2]:  # the round after a rejection
-            # sd's first window carries the prompt (no checkpoint inside it): re-fed once
-            head = len(PROMPT) - 1 if i == 1 else 0
-            assert (g, a, extra) == (0, 0, head + prev[1] + 1)
-            refed += extra
+    for i, (fed, a, g) in enumerate(rounds[1:], start=1):
+        prev = rounds[i - 1]
+        if prev[1] < prev[2]:  # after a rejection: the kept tokens and c, no drafts, one pass
+            assert (g, a, fed) == (0, 0, [prev[1] + 2])
+            refed += prev[1] + 1
         else:
-            assert extra == g  # [pending, d1..dγ]
+            assert fed == [1 + g]  # [last, d1..dγ]: nothing re-run as a pass of its own
     assert tc.redecoded == refed
-    assert all(extra == g and rerun == 0 for extra, _, g, rerun in rounds_replay)
-    rejected = [a for _, a, g, _ in rounds if a < g]
+    rejected = [a for _, a, g in rounds if a < g]
     assert len(rejected) >= 3 and any(0 < a for a in rejected)
 
 

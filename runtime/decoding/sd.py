@@ -104,7 +104,13 @@ def sd_steps(
             info: dict = {}
             drafts, q = draft_window(draft, dc, seq, g, sampling, rng, info=info)
             t1 = time.perf_counter()
-            window = pending(tc, seq) + drafts
+            window = pending(tc, seq)
+            if len(window) > 1 and not reverify and getattr(tc, "rollback", None) == "redecode":
+                # llama.cpp prefills the prompt but its last token first, so that a rejection in
+                # the first round restores a checkpoint there, not the empty cache
+                target.forward(np.array([window[:-1]]), tc)
+                window = window[-1:]
+            window += drafts
             logits = target.forward(np.array([window]), tc)[0, -(g + 1) :]  # (γ+1, V)
             d = np.array(drafts, dtype=np.int64)
             if sampling.greedy:
