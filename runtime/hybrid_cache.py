@@ -29,9 +29,11 @@ A Gated DeltaNet layer's cache is a conv state (B, C, K-1) and a recurrent state
   speculative checkpointing: restore the target's and the draft's checkpoints, make the
   accepted tokens and the correction the next "draft", `continue`), and `sd` then re-verifies
   [last, d1..dA, c] as its next window, with no new drafts, which re-decodes the A + 1 kept
-  tokens and yields one more token, as llama.cpp's re-verification does. `trim` (every other
-  caller) restores the checkpoint and re-runs the kept tokens at once, as their own pass (the
-  `redecode` callback: the model's layers, no head). A draft that fed one token per forward
+  tokens and yields one more token, as llama.cpp's re-verification does (that token shifts
+  the next windows by one, which on repetitive text can change acceptance either way).
+  `trim` (every other caller, and `sd` when `reverify` is False) restores the checkpoint and
+  re-runs the kept tokens at once, as their own pass (the `redecode` callback: the model's
+  layers, no head), yielding nothing. A draft that fed one token per forward
   lands on a checkpoint with nothing to re-run (llama.cpp restores its draft to the
   checkpoint taken before drafting and re-decodes the accepted tokens there: the draft side
   of this baseline is cheaper than llama.cpp's, never dearer). As llama.cpp, `sd` with a
@@ -168,6 +170,9 @@ class HybridCache:
     """Per-layer KV (full attention) or states (linear attention), trimmable exactly."""
 
     is_trimmable = True
+    # redecode: `sd` re-verifies the restored tokens as its next window (llama.cpp's loop);
+    # False: it trims, re-running them as a pass of their own (no token; the earlier baseline)
+    reverify = True
 
     def __init__(self, kinds: Sequence[str], batch: int, empty_kv: Callable[[int], Any],
                  empty_state: Callable[[int, int], tuple], *, rollback: str = "replay",

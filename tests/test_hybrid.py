@@ -223,6 +223,10 @@ def test_replay_and_redecode_give_identical_output(models, tiny_dir):
     draft = models["near_draft"]
     want = generate("sd", models["target"], draft, gamma=4)
     assert generate("sd", redecode, draft, gamma=4) == want
+    own_pass = redecode.new_cache()
+    own_pass.reverify = False  # the re-run as a pass of its own inside `trim`
+    assert generate("sd", redecode, draft, gamma=4, target_cache=own_pass) == want
+    assert own_pass.redecoded > 0
     # redecode restores the checkpoint before the window and re-runs the kept tokens
     c = prefill(redecode, PROMPT)
     redecode.forward(np.array([[11, 12, 13]]), c)

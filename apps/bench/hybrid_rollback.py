@@ -18,7 +18,8 @@ tokens processed (every forward from layer 0: windows and redecode's re-runs), t
 re-run, and tokens/s (median). Prints one JSON object.
 
 With --sd it also decodes --prompts prompts end to end on the pair (torch), alternating per
-prompt (rotated order) `ar`, `sd` with replay and `sd` with redecode at the same γ, greedy
+prompt (rotated order) `ar`, `sd` with replay and `sd` with redecode at the same γ (llama.cpp's
+loop, and `sd_redecode_pass`: the re-run as a pass of its own that yields no token), greedy
 (or at --temperature, seed 0), and reports tokens/s, speedups and, greedy, whether every
 output equals `ar`'s. Without --target the
 pair is out/hybrid (apps/bench/hybrid_pair.py: a missing pair is answered with the command
@@ -168,7 +169,7 @@ def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int,
     draft = TorchCausalLM.load(draft_dir, threads=threads)
     tok, template = Tokenizer(target_dir), ChatTemplate.load(target_dir)
     runs = {"ar": (None, "replay"), "sd_replay": (draft, "replay"),
-            "sd_redecode": (draft, "redecode")}  # fmt: skip
+            "sd_redecode": (draft, "redecode"), "sd_redecode_pass": (draft, "redecode")}  # fmt: skip
     tot = {k: {"tokens": 0, "wall_s": 0.0, "steps": 0} for k in runs}
     same = {k: 0 for k in runs}
     recs = load_prompts(None, limit=prompts)
@@ -179,6 +180,9 @@ def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int,
         target.hybrid_rollback = draft.hybrid_rollback = mode  # read by new_cache()
         m = "ar" if d is None else "sd"
         kw = {} if d is None else {"gamma": gamma}
+        if name == "sd_redecode_pass":  # the re-run as a pass of its own, yielding no token
+            kw["target_cache"] = target.new_cache()
+            kw["target_cache"].reverify = False
         steps = make_steps(m, target, d, ids, max_new=n, sampling=sampling, seed=0, **kw)
         return run(steps, max_new=n, eos_ids=target.config.eos_token_ids, prompt_len=len(ids))
 
@@ -187,7 +191,7 @@ def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int,
     for i, rec in enumerate(recs):
         ids = turn_ids(tok, template, rec["turns"][:1], [])
         out = {}
-        for name in names[i % 3 :] + names[: i % 3]:
+        for name in names[i % len(names) :] + names[: i % len(names)]:
             g = once(name, ids, max_new)
             out[name] = g.tokens
             tot[name]["tokens"] += len(g.tokens)
@@ -206,6 +210,7 @@ def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int,
     res["sd_replay_vs_ar"] = round(tps["sd_replay"] / tps["ar"], 3)
     res["sd_redecode_vs_ar"] = round(tps["sd_redecode"] / tps["ar"], 3)
     res["sd_replay_vs_redecode"] = round(tps["sd_replay"] / tps["sd_redecode"], 3)
+    res["sd_replay_vs_redecode_pass"] = round(tps["sd_replay"] / tps["sd_redecode_pass"], 3)
     return res
 
 

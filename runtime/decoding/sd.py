@@ -121,7 +121,7 @@ def sd_steps(
             committed = drafts[:a] + [c]
             seq += committed
             produced += len(committed)
-            if a < g and getattr(tc, "rollback", None) == "redecode":
+            if a < g and getattr(tc, "rollback", None) == "redecode" and tc.reverify:
                 # llama.cpp on a hybrid target: restore the checkpoint before the window; the
                 # kept tokens and c are the next window, re-verified (yielding one token)
                 reverify = tc.restore(len(seq) - 1) < len(seq) - 1
