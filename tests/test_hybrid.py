@@ -138,10 +138,12 @@ def test_sd_with_kept_states_equals_sd_by_replay(models, monkeypatch):
     the same tensors with and without kept states, after every step; with them, no landing
     replays a single recurrence step."""
     import runtime.hybrid_cache as hc
+    import runtime.hybrid_linear as hl
 
     target, draft = models["target"], models["near_draft"]
     replayed, inner = [], hc.replay
-    monkeypatch.setattr(hc, "replay", lambda *a, **k: replayed.append(1) or inner(*a, **k))
+    for mod in (hc, hl):
+        monkeypatch.setattr(mod, "replay", lambda *a, **k: replayed.append(1) or inner(*a, **k))
     runs, replays = [], []
     for fresh in (lambda c: c, pure_replay):
         tc, dc = fresh(target.new_cache()), fresh(draft.new_cache())
