@@ -28,8 +28,9 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--draft-threads", type=int, default=1,
                     help="ONNX Runtime intra-op threads for the draft (default 1)")  # fmt: skip
     ap.add_argument("--hybrid-rollback", choices=["replay", "redecode"], default="replay",
-                    help="hybrid (Qwen3.5) linear-attention states after a rejection: replay the "
-                         "kept recurrence steps, or redecode (llama.cpp: restore a checkpoint, "
+                    help="hybrid (Qwen3.5) linear-attention states after a rejection: replay "
+                         "(no second pass: pick the state the verify pass kept, or replay the "
+                         "kept recurrence steps), or redecode (llama.cpp: restore a checkpoint, "
                          "re-run the accepted tokens) (default replay)")  # fmt: skip
     ap.add_argument("--provider", default="cpu",
                     help="ONNX Runtime execution provider: cpu, coreml, cuda, tensorrt, qnn (default cpu)")  # fmt: skip

@@ -2,37 +2,49 @@
 exact rollback of those states to any accepted prefix without running the model again.
 
 A Gated DeltaNet layer's cache is a conv state (B, C, K-1) and a recurrent state
-(B, Hv, Dk, Dv); unlike keys and values they cannot be sliced back. Two rollbacks:
+(B, Hv, Dk, Dv); unlike keys and values they cannot be sliced back (one layer's states, log
+and kept states: runtime/hybrid_linear.py; the policy is here). Two rollbacks:
 
-- `replay` (default). Since the last landing point ("base") the cache keeps, per linear
-  layer, the base states and the per-position quantities each forward consumed: pre-conv
-  inputs (C), l2-normalised k (Hv·Dk, after the grouped-head repeat), v (Hv·Dv), log decay g
-  (Hv) and β (Hv). `trim(n)` lands on the kept prefix of A positions by taking the conv
-  state from the last K-1 inputs and replaying only the recurrence for A steps from the
-  base state (no projection, no conv, no attention, no other layer). Memory per logged
-  position and linear layer: C + Hv·(Dk + Dv + 2) floats (C = 2·Hk·Dk + Hv·Dv), plus one
-  base copy of each state per layer. For Qwen3.5-9B's shapes (Hk=16, Hv=32, Dk=Dv=128)
-  that is 16,448 floats (64 KiB fp32) per position per layer, against 524,288 floats
-  (2 MiB) for a per-position recurrent state: hence replay, not per-position states. The
-  replayed state is bit-identical to the forward's (both call `delta_step`).
+- `replay` (default): no second pass. The recurrent form computes the state after every
+  position of a window anyway; the cache keeps, per linear layer, the forward's own recurrent
+  states after the last `keep` (8) positions and at every `stride`-th (32) length ("marks",
+  references to tensors the forward made, not copies), so landing a verify window of γ ≤ 7 on
+  its accepted prefix is a pick, and the conv state is a slice of the last K-1 pre-conv inputs.
+  Behind the marks sits the replay log: since the last landing point ("base"), the base states
+  and the per-position quantities each forward consumed: pre-conv inputs (C), l2-normalised k
+  (Hv·Dk, after the grouped-head repeat), v (Hv·Dv), log decay g (Hv) and β (Hv). A length
+  with no mark (a longer window, a Mirror-SD branch point deep in the log) lands by replaying
+  only the recurrence from the nearest mark before it (no projection, no conv, no attention,
+  no other layer). Both are bit-identical to the forward's states (a mark is the forward's
+  tensor; a replay calls the same `delta_step` on the same inputs; tests check it).
+  Memory per window and linear layer: at most keep + window/stride + 1 = 11 recurrent states
+  of Hv·Dk·Dv floats (96 KiB fp32 at the trained hybrid pair's Hv=6, Dk=Dv=64: ~1 MiB; 2 MiB
+  each, 22 MiB, at Qwen3.5-9B's Hv=32, Dk=Dv=128), plus the log: C + Hv·(Dk + Dv + 2) floats
+  per logged position (16,448, 64 KiB, at 9B's shapes, where Hk=16). `keep=0, stride=0`
+  keeps no state and lands every length by replay from the base: the log's memory only.
 - `redecode` (llama.cpp's approach, the baseline). A checkpoint of the states is kept before
   each forward (references, no copies: states are never written in place), and the cache
-  keeps the token ids it was fed. `trim` restores the latest checkpoint at or before the kept
-  length, drops every later position from all layers, and re-runs the kept tokens after the
-  checkpoint through the whole model at once, as their own pass (the `redecode` callback:
-  the model's layers, no head), as llama.cpp re-decodes the accepted tokens after restoring
-  its checkpoint. So after every rollback every layer sits at the committed length, and the
-  next forward's checkpoint is taken there. A target that verified [last, d1..dγ] in one
-  forward re-runs the A + 1 kept tokens, never more (no growth across rounds); a draft that
-  fed one token per forward lands on a checkpoint with nothing to re-run. This costs what
-  llama.cpp pays: a second, separate pass of A + 1 tokens per rejection (checkpointing at the
-  kept length inside the next forward would hide that pass, so it is not done). One excess
-  remains: `sd` sends the prompt in the target's first window, with no checkpoint inside it,
-  so a rejection in that first round re-runs the prompt too (once; llama.cpp prefills first).
+  keeps the token ids it was fed. `restore(keep)` lands every layer on the latest checkpoint at
+  or before the kept length and drops every later position: that is what llama.cpp's
+  speculative loop does on a partial acceptance (examples/speculative-simple, and the server's
+  speculative checkpointing: restore the target's and the draft's checkpoints, make the
+  accepted tokens and the correction the next "draft", `continue`), and `sd` then re-verifies
+  [last, d1..dA, c] as its next window, with no new drafts, which re-decodes the A + 1 kept
+  tokens and yields one more token, as llama.cpp's re-verification does (that token shifts
+  the next windows by one, which on repetitive text can change acceptance either way).
+  `trim` (every other caller, and `sd` when `reverify` is False) restores the checkpoint and
+  re-runs the kept tokens at once, as their own pass (the `redecode` callback: the model's
+  layers, no head), yielding nothing. A draft that fed one token per forward
+  lands on a checkpoint with nothing to re-run (llama.cpp restores its draft to the
+  checkpoint taken before drafting and re-decodes the accepted tokens there: the draft side
+  of this baseline is cheaper than llama.cpp's, never dearer). As llama.cpp, `sd` with a
+  redecode target prefills the prompt but its last token first, so a rejection in the first
+  round does not re-run the prompt.
 
 The log restarts at each landing. A forward that would take it past `window` positions first
-drops its front (replay: the base states are landed by replaying the dropped positions, so the
-positions just before the live offset stay landable; redecode: it restarts). Rolling back past
+drops its front (replay: the base moves to the latest mark at most that far on, or, with none
+kept there, is landed by replaying the dropped positions, so the positions just before the live
+offset stay landable; redecode: it restarts). Rolling back past
 its start (rare: speculative decoding never does) empties the whole cache, so the next forward
 re-runs the prefix: slower, never wrong.
 
@@ -53,81 +65,34 @@ import torch
 
 from runtime.backends.torch_qwen3_5 import LINEAR, conv_state_after, replay
 from runtime.errors import DuetError
+from runtime.hybrid_linear import LinearLayerState as _Linear
 from runtime.step_state_cache import branch_keys_ok
 
 ROLLBACKS = ("replay", "redecode")
-
-
-class _Linear:
-    """One linear layer: live states, the base they were at `base` tokens, and the log."""
-
-    def __init__(self, conv, rec, offset: int = 0):
-        self.conv, self.rec, self.offset = conv, rec, offset
-        self.base_conv, self.base_rec, self.base = conv, rec, offset
-        # per forward: replay keeps (xin, k, v, g, beta), time on the last axis;
-        # redecode keeps the checkpoint (offset, conv, rec) taken before it
-        self.log: list[tuple] = []
-
-    def logged(self) -> int:
-        return self.offset - self.base
-
-    def restart(self) -> None:
-        self.base_conv, self.base_rec, self.base, self.log = self.conv, self.rec, self.offset, []
-
-    def _cat_log(self) -> tuple:
-        """The logged (xin (B, C, n), k, v (B, H, n, D), g, β (B, H, n)) over every forward."""
-        return tuple(torch.cat(t, dim=-1 if j == 0 else 2)
-                     for j, t in enumerate(zip(*self.log, strict=True)))  # fmt: skip
-
-    def state_at(self, length: int, row: int) -> tuple:
-        """Row `row`'s (conv, recurrent) after `length` tokens, each (1, ...): the live states,
-        the base, or a replay of the log (replay rollback only)."""
-        a, r = length - self.base, slice(row, row + 1)
-        assert 0 <= a <= self.logged(), (
-            f"length {length} outside the log [{self.base}, {self.offset}]"
-        )
-        if a == self.logged():
-            return self.conv[r], self.rec[r]
-        if a == 0:
-            return self.base_conv[r], self.base_rec[r]
-        xin, k, v, g, beta = (t[r] for t in self._cat_log())
-        return conv_state_after(self.base_conv[r], xin, a), replay(
-            self.base_rec[r], k, v, g, beta, a
-        )
-
-    def keep_own(self, prefix: int, m: int) -> None:
-        """Commit a forked row: land on its first m own positions and re-key the base (the fork)
-        to `prefix` tokens, keeping the log of those m positions so it can land on them later."""
-        if m < self.logged():
-            log = tuple(
-                t[..., :m] if j == 0 else t[:, :, :m] for j, t in enumerate(self._cat_log())
-            )
-            self.log = [log] if m else []
-            self.conv = conv_state_after(self.base_conv, log[0], m) if m else self.base_conv
-            self.rec = replay(self.base_rec, *log[1:], m) if m else self.base_rec
-        self.base, self.offset = prefix, prefix + m
-
-    def rows(self, rows: list[int]) -> _Linear:
-        new = _Linear(self.conv[rows], self.rec[rows], self.offset)
-        new.base_conv, new.base_rec, new.base = self.base_conv[rows], self.base_rec[rows], self.base
-        new.log = [tuple(t[rows] if torch.is_tensor(t) else t for t in e) for e in self.log]
-        return new
+KEEP = 8  # replay: recurrent states kept for the last KEEP positions (γ ≤ 7 lands by a pick)
+STRIDE = 32  # ... and at every STRIDE-th length, where the log's front moves without a replay
 
 
 class HybridCache:
     """Per-layer KV (full attention) or states (linear attention), trimmable exactly."""
 
     is_trimmable = True
+    # redecode: `sd` re-verifies the restored tokens as its next window (llama.cpp's loop);
+    # False: it trims, re-running them as a pass of their own (no token; the earlier baseline)
+    reverify = True
 
     def __init__(self, kinds: Sequence[str], batch: int, empty_kv: Callable[[int], Any],
                  empty_state: Callable[[int, int], tuple], *, rollback: str = "replay",
-                 window: int = 64,
+                 window: int = 64, keep: int = KEEP, stride: int = STRIDE,
                  redecode: Callable[[np.ndarray, Any], Any] | None = None):  # fmt: skip
         """`redecode(tokens (B, T), cache)` runs tokens through all layers of the model into
-        `cache` (no head): how `redecode` rollback re-runs the kept tokens."""
+        `cache` (no head): how `redecode` rollback re-runs the kept tokens. `keep` and `stride`
+        (replay): the forward's recurrent states kept for the last `keep` positions and every
+        `stride`-th (0 and 0: none, every landing replays from the base)."""
         if rollback not in ROLLBACKS:
             raise DuetError(f"--hybrid-rollback {rollback!r}: choose from {', '.join(ROLLBACKS)}")
         self.kinds, self.rollback, self.window = list(kinds), rollback, window
+        self.keep, self.stride = (keep, stride) if rollback == "replay" else (0, 0)
         self._batch, self._redecode = batch, redecode
         self._fork: tuple[int, Any] | None = None  # (offset at fork_at, per-row lengths)
         self._tokens = np.zeros((batch, 0), np.int64)  # redecode: the ids fed, per position
@@ -166,6 +131,15 @@ class HybridCache:
         if self.rollback == "redecode":
             self._tokens = np.concatenate([self._tokens, np.asarray(tokens, np.int64)], axis=1)
 
+    def wanted(self, i: int, length: int) -> frozenset:
+        """The lengths j (1 <= j < length) of a forward of `length` tokens through linear layer
+        i after which its recurrent state is to be kept: the last `keep` positions, and those
+        at multiples of `stride` (where the log's front can later move without a replay)."""
+        o = self._layers[i].offset
+        recent = range(max(1, length - self.keep), length)
+        strided = range(self.stride - o % self.stride, length, self.stride) if self.stride else ()
+        return frozenset(recent).union(strided)
+
     def begin(self, i: int, length: int) -> None:
         """Before a forward of `length` tokens through layer i: shorten an over-long log so that
         it keeps its last `window - length` positions (replay) or restart it (redecode)."""
@@ -174,31 +148,46 @@ class HybridCache:
             self._drop_front(layer, layer.logged() + length - self.window)
 
     def _drop_front(self, layer: _Linear, a: int) -> None:
-        """Move the log's base `a` positions on, landing the base states there by replay, so the
-        positions just before the live offset stay landable (Mirror-SD forks a hybrid draft at
-        the committed length, which may lie before a forward that overflows the log)."""
+        """Move the log's base at least `a` positions on, so the positions just before the live
+        offset stay landable (Mirror-SD forks a hybrid draft at the committed length, which may
+        lie before a forward that overflows the log). The new base is the latest kept state at
+        most `a` on (no replay; the log may then overrun the window by less than `stride`), or,
+        with none kept there, the base landed `a` on by replay."""
         if self.rollback != "replay" or a >= layer.logged():
             layer.restart()
             return
+        to = max((m for m in layer.marks if layer.base < m <= layer.base + a), default=None)
+        if to is None and a < self.stride:
+            return  # the next kept state is less than `stride` on: move there later
+        a = a if to is None else to - layer.base
         xin, k, v, g, beta = layer._cat_log()
         layer.base_conv = conv_state_after(layer.base_conv, xin, a)
-        layer.base_rec = replay(layer.base_rec, k, v, g, beta, a)
+        layer.base_rec = replay(layer.base_rec, k, v, g, beta, a) if to is None else layer.marks[to]
         layer.base += a
         layer.log = [(xin[..., a:], k[:, :, a:], v[:, :, a:], g[:, :, a:], beta[:, :, a:])]
+        layer.marks = {m: st for m, st in layer.marks.items() if m > layer.base}
 
     def put(self, i: int, *present) -> None:
-        """Store layer i's present: (keys, values) or (conv, recurrent, log)."""
+        """Store layer i's present: (keys, values) or (conv, recurrent, log[, kept]), kept the
+        recurrent states after the window lengths `wanted` named."""
         layer = self._layers[i]
         if not isinstance(layer, _Linear):
             k, v = present
             self._layers[i] = [k, v, k.shape[2]]
             return
-        conv, rec, log = present
+        conv, rec, log, *kept = present
         layer.log.append(
             log if self.rollback == "replay" else (layer.offset, layer.conv, layer.rec)
         )
+        o = layer.offset
         layer.conv, layer.rec = conv, rec
         layer.offset += log[0].shape[-1]
+        if kept and (self.keep or self.stride):
+            marks, recent = layer.marks, layer.offset - self.keep
+            marks.update((o + j, st) for j, st in kept[0].items())
+            marks[layer.offset] = rec  # the live state: a landing point once the next forward ran
+            for m in [m for m in marks if m < recent and (not self.stride or m % self.stride)]:
+                del marks[m]
 
     def trim(self, n: int) -> int:
         """Drop the last `n` tokens of every layer (redecode: restore the checkpoint at or
@@ -218,9 +207,21 @@ class HybridCache:
                 layer[2] = keep[i]
         return n
 
-    def _restore_and_redecode(self, keep: int, n: int) -> int:
+    def restore(self, keep: int) -> int:
+        """Redecode rollback inside llama.cpp's speculative loop: land every layer on the latest
+        checkpoint at or before `keep` tokens and re-run nothing; returns the length landed on.
+        The caller re-feeds the tokens from there (`sd` re-verifies them, with the correction,
+        as its next window, as llama.cpp does); they count in `redecoded`."""
+        if self.rollback != "redecode" or self.offset <= keep:
+            self.trim(self.offset - keep)
+            return self.offset
+        self._restore_and_redecode(keep, self.offset - keep, rerun=False)
+        return self.offset
+
+    def _restore_and_redecode(self, keep: int, n: int, rerun: bool = True) -> int:
         """llama.cpp's rollback: land every layer on the latest checkpoint at or before
-        `keep`, then run the tokens from there to `keep` through the whole model again."""
+        `keep`, then (`rerun`) run the tokens from there to `keep` through the whole model
+        again."""
         at = self._checkpoint_at(keep)
         if at < 0:
             return self._clear()  # no checkpoint that early: start over
@@ -230,10 +231,12 @@ class HybridCache:
                 self._land(layer, at - layer.base)
             else:
                 layer[2] = at
-        rerun, self._tokens = self._tokens[:, at:keep], self._tokens[:, :at]
-        if known and rerun.shape[1]:
-            self._redecode(rerun, self)  # feeds the ids back and appends their positions
-            self.redecoded += rerun.shape[1]  # the next forward checkpoints at `keep`
+        again, self._tokens = self._tokens[:, at:keep], self._tokens[:, :at]
+        if not rerun:
+            self.redecoded += keep - at  # the caller re-feeds them
+        elif known and again.shape[1]:
+            self._redecode(again, self)  # feeds the ids back and appends their positions
+            self.redecoded += again.shape[1]  # the next forward checkpoints at `keep`
             return n
         return n + keep - at  # nothing to re-run with: decoding re-feeds the dropped tokens
 
@@ -263,10 +266,9 @@ class HybridCache:
             layer.conv, layer.rec = layer.base_conv, layer.base_rec
         elif self.rollback == "redecode" and a < layer.logged():
             _, layer.conv, layer.rec = next(e for e in layer.log if e[0] == layer.base + a)
-        elif a < layer.logged():
-            xin, k, v, g, beta = layer._cat_log()
-            layer.conv = conv_state_after(layer.base_conv, xin, a)
-            layer.rec = replay(layer.base_rec, k, v, g, beta, a)
+        elif a < layer.logged():  # a kept state, or a replay from the nearest one before
+            at = layer.base + a
+            layer.conv, layer.rec = layer.conv_at(at), layer.rec_at(at)
         layer.offset = layer.base + a
         layer.restart()
 
@@ -280,12 +282,14 @@ class HybridCache:
             self.window,
             len(rows),
         )
+        new.keep, new.stride = self.keep, self.stride
         new._fork = None if self._fork is None else (self._fork[0], self._fork[1][rows])
         new._redecode, new._tokens, new.redecoded = self._redecode, self._tokens[rows], 0
         new._layers = []
+        same = rows == list(range(self._batch))
         for i, layer in enumerate(self._layers):
             if isinstance(layer, _Linear):
-                new._layers.append(layer.rows(rows))
+                new._layers.append(layer.rows(rows, same))
             else:
                 k, v = self.get(i)
                 new._layers.append([k[rows], v[rows], layer[2]])

@@ -7,7 +7,15 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_hybrid import N_NEW, PROMPT, counted, generate, hf_greedy, hf_model, near_copy, rounds_of
+from test_hybrid import (
+    N_NEW,
+    PROMPT,
+    assert_llama_cpp_rounds,
+    generate,
+    hf_greedy,
+    hf_model,
+    near_copy,
+)
 
 from runtime.backends import load_model
 from runtime.decoding import make_steps
@@ -153,21 +161,16 @@ def test_states_equal_a_fresh_prefill_after_every_sd_step(models, rollback):
     assert out[:N_NEW] == models["hf_greedy"]
 
 
-def test_mlx_redecode_reruns_only_the_accepted_tokens_of_each_round(models):
-    """The MLX cache inherits redecode's bookkeeping: the A + 1 kept tokens re-run once per
-    rejection through the MLX layers, never a grown window (as tests/test_hybrid.py)."""
+def test_mlx_redecode_re_verifies_the_kept_tokens_as_llama_cpp_does(models):
+    """The MLX cache inherits redecode's bookkeeping: after a rejection sd restores the
+    checkpoint and re-verifies the A + 1 kept tokens and the correction as its next window,
+    never a pass of its own nor a grown window (as tests/test_hybrid.py)."""
     from runtime.backends.mlx_qwen3_5 import MLXQwen3_5LM
 
     m, draft = models["target"], models["near_draft"]
     replay = MLXQwen3_5LM(m.model, m.config, hybrid_rollback="replay")
     redecode = MLXQwen3_5LM(m.model, m.config, hybrid_rollback="redecode")
-    want, _ = rounds_of(replay, draft, counted(replay))
-    rounds, tc = rounds_of(redecode, draft, counted(redecode))
-    assert [r[:3] for r in rounds] == [r[:3] for r in want]  # same acceptances
-    for i, (extra, a, g, rerun) in enumerate(rounds):
-        assert extra == g
-        assert rerun == ((len(PROMPT) - 1 if i == 0 else 0) + a + 1 if a < g else 0)
-    assert sum(a < g for _, a, g, _ in rounds) >= 3 and tc.redecoded == sum(r[3] for r in rounds)
+    assert_llama_cpp_rounds(replay, redecode, draft)
 
 
 @pytest.mark.parametrize("exit_layer", [1, 2])  # stop after a linear / an attention layer

@@ -231,6 +231,6 @@ def test_rollback_bench_end_to_end_replay_and_redecode_equal_ar(pair_root):
 
     res = end_to_end(pair_root / "target", pair_root / "draft", gamma=3, prompts=2, max_new=8,
                      threads=1)  # fmt: skip
-    for name in ("ar", "sd_replay", "sd_redecode"):
+    for name in ("ar", "sd_replay", "sd_redecode", "sd_redecode_pass"):
         assert res[name]["equals_ar"] == "2/2" and res[name]["tokens"] > 0
     assert res["sd_replay_vs_redecode"] > 0

@@ -2,10 +2,13 @@
 
 On a hybrid (Qwen3.5) checkpoint, for each accepted length A of a γ+1 window it times
   - the verify pass itself (the window through the whole model),
-  - rollback by replay (runtime/hybrid_cache.py: only the recurrence, A+1 steps per
-    linear layer) as a share of that pass,
+  - rollback by replay (runtime/hybrid_cache.py: pick the state the verify pass kept, and
+    slice the conv state) as a share of that pass, and the same landing with no state kept
+    (`replay_log_ms`: only the recurrence replayed, A+1 steps per linear layer, from the base),
   - rollback by redecode (llama.cpp: restore the checkpoint, re-run the A+1 kept tokens
-    through the whole model as a pass of their own), timed as the redecode cache's `trim`.
+    through the whole model as a pass of their own), timed as the redecode cache's `trim`
+    (inside `sd` that re-run is the next window, [last, d1..dA, c], which also yields a token,
+    as in llama.cpp's loop: runtime/hybrid_cache.py).
 Median of --reps runs each, on --backend torch (--threads threads) or mlx (mlx-lm's classes,
 runtime/backends/mlx_qwen3_5.py; MLX's own CPU threads).
 
@@ -15,8 +18,10 @@ tokens processed (every forward from layer 0: windows and redecode's re-runs), t
 re-run, and tokens/s (median). Prints one JSON object.
 
 With --sd it also decodes --prompts prompts end to end on the pair (torch), alternating per
-prompt (rotated order) `ar`, `sd` with replay and `sd` with redecode at the same γ, greedy,
-and reports tokens/s, speedups and whether every output equals `ar`'s. Without --target the
+prompt (rotated order) `ar`, `sd` with replay and `sd` with redecode at the same γ (llama.cpp's
+loop, and `sd_redecode_pass`: the re-run as a pass of its own that yields no token), greedy
+(or at --temperature, seed 0), and reports tokens/s, speedups and, greedy, whether every
+output equals `ar`'s. Without --target the
 pair is out/hybrid (apps/bench/hybrid_pair.py: a missing pair is answered with the command
 that builds it).
 """
@@ -37,7 +42,8 @@ from .hybrid_pair import hybrid_pair_dirs
 
 def measure(path, *, gamma: int = 4, prompt_len: int = 64, reps: int = 20, threads: int = 1,
             backend: str = "torch"):  # fmt: skip
-    """{verify_ms, replay_ms[A], replay_share[A], redecode_ms[A]} for A in 0..γ."""
+    """{verify_ms, replay_ms[A], replay_share[A], redecode_ms[A], replay_log_ms[A]} for A in
+    0..γ."""
     from runtime.backends import load_model
 
     model = load_model(path, backend, **({"threads": threads} if backend == "torch" else {}))
@@ -47,8 +53,13 @@ def measure(path, *, gamma: int = 4, prompt_len: int = 64, reps: int = 20, threa
     prompt = rng.integers(0, model.config.vocab_size, (1, prompt_len))
     window = rng.integers(0, model.config.vocab_size, (1, gamma + 1))
     prefilled = {r: cache_with(model, r) for r in ("replay", "redecode")}
+    prefilled["replay_log"] = cache_with(model, "replay")
+    if backend == "torch":
+        prefilled["replay_log"].keep = prefilled["replay_log"].stride = 0  # no kept states
     for cache in prefilled.values():
         model.forward(prompt, cache)
+        model.forward(window[:, :1], cache)  # and land back: the log starts at the prompt's
+        cache.trim(1)  # end, as it does after each verify in sd (not inside a long prefill)
 
     def timed(fn, rollback: str = "replay") -> tuple[float, float]:
         """(median, min) ms of fn(cache) over fresh copies of the prefilled cache (on a shared
@@ -68,7 +79,8 @@ def measure(path, *, gamma: int = 4, prompt_len: int = 64, reps: int = 20, threa
     out = {"backend": backend, "gamma": gamma, "prompt_len": prompt_len, "threads": threads,
            "reps": reps}  # fmt: skip
     out["verify_ms"], out["verify_ms_min"] = timed(verify)
-    for k in ("replay_ms", "redecode_ms", "replay_ms_min", "redecode_ms_min"):
+    for k in ("replay_ms", "redecode_ms", "replay_log_ms", "replay_ms_min", "redecode_ms_min",
+              "replay_log_ms_min"):  # fmt: skip
         out[k] = {}
     for a in range(gamma + 1):
         kept = a + 1  # accepted drafts + the last committed token
@@ -82,6 +94,7 @@ def measure(path, *, gamma: int = 4, prompt_len: int = 64, reps: int = 20, threa
         out["replay_ms"][a], out["replay_ms_min"][a] = timed(replay_trim)
         # restore + re-run the kept tokens
         out["redecode_ms"][a], out["redecode_ms_min"][a] = timed(replay_trim, "redecode")
+        out["replay_log_ms"][a], out["replay_log_ms_min"][a] = timed(replay_trim, "replay_log")
     out["replay_share"] = {a: ms / out["verify_ms"] for a, ms in out["replay_ms"].items()}
     out["replay_share_min"] = {a: ms / out["verify_ms_min"]
                                for a, ms in out["replay_ms_min"].items()}  # fmt: skip
@@ -141,12 +154,13 @@ def counted_sd(path, draft_path, *, gamma: int = 4, prompt_len: int = 16, max_ne
     return out
 
 
-def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int, threads: int):
-    """Greedy tokens/s of ar, sd (replay) and sd (redecode), alternated per prompt."""
+def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int, threads: int,
+               temperature: float = 0.0):  # fmt: skip
+    """Tokens/s of ar, sd (replay) and sd (redecode), alternated per prompt."""
     from runtime.backends.torch_backend import TorchCausalLM
     from runtime.chat_session import ChatTemplate
     from runtime.decoding import make_steps, run
-    from runtime.decoding.events import GREEDY
+    from runtime.decoding.events import Sampling
     from runtime.tokenizer import Tokenizer
 
     from .prompts import load_prompts, turn_ids
@@ -155,17 +169,21 @@ def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int,
     draft = TorchCausalLM.load(draft_dir, threads=threads)
     tok, template = Tokenizer(target_dir), ChatTemplate.load(target_dir)
     runs = {"ar": (None, "replay"), "sd_replay": (draft, "replay"),
-            "sd_redecode": (draft, "redecode")}  # fmt: skip
+            "sd_redecode": (draft, "redecode"), "sd_redecode_pass": (draft, "redecode")}  # fmt: skip
     tot = {k: {"tokens": 0, "wall_s": 0.0, "steps": 0} for k in runs}
     same = {k: 0 for k in runs}
     recs = load_prompts(None, limit=prompts)
+    sampling = Sampling(temperature)
 
     def once(name, ids, n):
         d, mode = runs[name]
         target.hybrid_rollback = draft.hybrid_rollback = mode  # read by new_cache()
         m = "ar" if d is None else "sd"
         kw = {} if d is None else {"gamma": gamma}
-        steps = make_steps(m, target, d, ids, max_new=n, sampling=GREEDY, seed=0, **kw)
+        if name == "sd_redecode_pass":  # the re-run as a pass of its own, yielding no token
+            kw["target_cache"] = target.new_cache()
+            kw["target_cache"].reverify = False
+        steps = make_steps(m, target, d, ids, max_new=n, sampling=sampling, seed=0, **kw)
         return run(steps, max_new=n, eos_ids=target.config.eos_token_ids, prompt_len=len(ids))
 
     once("sd_replay", turn_ids(tok, template, recs[0]["turns"][:1], []), 4)  # warm-up
@@ -173,7 +191,7 @@ def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int,
     for i, rec in enumerate(recs):
         ids = turn_ids(tok, template, rec["turns"][:1], [])
         out = {}
-        for name in names[i % 3 :] + names[: i % 3]:
+        for name in names[i % len(names) :] + names[: i % len(names)]:
             g = once(name, ids, max_new)
             out[name] = g.tokens
             tot[name]["tokens"] += len(g.tokens)
@@ -181,15 +199,18 @@ def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int,
             tot[name]["steps"] += len(g.stats.accept_lengths)
         for name in runs:
             same[name] += out[name] == out["ar"]
-    res = {"gamma": gamma, "prompts": len(recs), "max_new": max_new, "threads": threads}
+    res = {"gamma": gamma, "prompts": len(recs), "max_new": max_new, "threads": threads,
+           "temperature": temperature}  # fmt: skip
     for name, t in tot.items():
         res[name] = {"tokens_per_s": round(t["tokens"] / t["wall_s"], 2), **t,
-                     "mean_accepted": round(t["tokens"] / max(t["steps"], 1), 3),
-                     "equals_ar": f"{same[name]}/{len(recs)}"}  # fmt: skip
+                     "tokens_per_step": round(t["tokens"] / max(t["steps"], 1), 3)}  # fmt: skip
+        if sampling.greedy:
+            res[name]["equals_ar"] = f"{same[name]}/{len(recs)}"
     tps = {k: res[k]["tokens_per_s"] for k in runs}
     res["sd_replay_vs_ar"] = round(tps["sd_replay"] / tps["ar"], 3)
     res["sd_redecode_vs_ar"] = round(tps["sd_redecode"] / tps["ar"], 3)
     res["sd_replay_vs_redecode"] = round(tps["sd_replay"] / tps["sd_redecode"], 3)
+    res["sd_replay_vs_redecode_pass"] = round(tps["sd_replay"] / tps["sd_redecode_pass"], 3)
     return res
 
 
@@ -214,6 +235,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--prompts", type=int, default=8, help="--sd: first N of apps/prompts")
     ap.add_argument("--max-tokens", type=int, default=64, help="--sd: new tokens per prompt")
+    ap.add_argument("--temperature", type=float, default=0.0, help="--sd: 0 is greedy")
     ap.add_argument("--max-new", type=int, default=64, help="end-to-end tokens per run")
     ap.add_argument("--e2e-reps", type=int, default=3)
     a = ap.parse_args(argv)
@@ -221,6 +243,8 @@ def main(argv=None) -> int:
            a.max_tokens) < 1:  # fmt: skip
         raise DuetError("--gamma, --reps, --prompt-len, --threads, --max-new, --e2e-reps, "
                         "--prompts and --max-tokens must be at least 1")  # fmt: skip
+    if not a.temperature >= 0:
+        raise DuetError(f"--temperature must be at least 0 (got {a.temperature})")
     counted = a.draft is not None and not a.sd
     if a.target is None or (a.sd and a.draft is None):
         t, d = hybrid_pair_dirs()
@@ -233,7 +257,8 @@ def main(argv=None) -> int:
                                backend=a.backend)  # fmt: skip
     if a.sd:
         res["end_to_end"] = end_to_end(a.target, a.draft, gamma=a.gamma, prompts=a.prompts,
-                                       max_new=a.max_tokens, threads=a.threads)  # fmt: skip
+                                       max_new=a.max_tokens, threads=a.threads,
+                                       temperature=a.temperature)  # fmt: skip
     print(json.dumps(res, indent=1))
     return 0
 

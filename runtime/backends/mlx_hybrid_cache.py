@@ -16,7 +16,9 @@ log) is HybridCache's, inherited unchanged; this class supplies the MLX arrays:
   the model's own `gated_delta_update` call (MLXQwen3_5LM.replay): no projection, no conv,
   no other layer. Memory per logged position and linear layer: Cc + Hk·Dk + Hv·Dv + 2·Hv
   values (Cc = 2·Hk·Dk + Hv·Dv); for Qwen3.5-9B's shapes (Hk=16, Hv=32, Dk=Dv=128) 14,400
-  (56 KiB fp32), against 524,288 for a per-position recurrent state.
+  (56 KiB fp32), against 524,288 for a per-position recurrent state. No recurrent state is
+  kept per position here (HybridCache's `marks` stay empty): mlx-lm's `gated_delta_update`
+  returns only the state after the whole window, so every landing replays from the base.
 
 It does not do tree or branch masks (a linear layer has no mask) nor compaction of
 non-contiguous positions (`compact`/`keep_columns`).
@@ -108,6 +110,7 @@ class MLXHybridCache(HybridCache):
         idx = mx.array(list(rows), dtype=mx.int32)
         new = MLXHybridCache.__new__(MLXHybridCache)
         new.kinds, new.rollback, new.window = self.kinds, self.rollback, self.window
+        new.keep, new.stride = self.keep, self.stride
         new._batch, new._replay, new._layers = len(rows), self._replay, []
         new._redecode, new._tokens, new.redecoded = self._redecode, self._tokens[list(rows)], 0
         new._fork = None  # MLX rows are never forked at branch points (mirror refuses them)

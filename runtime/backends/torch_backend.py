@@ -116,6 +116,10 @@ class TorchCausalLM:
             for i in range(start, stop):
                 cache.begin(i, T)
         past = [cache.get(i) for i in range(start, stop)]
+        if self.config.is_hybrid:  # linear layers: which of the window's states to keep
+            kinds = self.config.layer_types
+            past = [(*p, cache.wanted(i, T)) if kinds[i] == "linear_attention" else p
+                    for i, p in zip(range(start, stop), past, strict=True)]  # fmt: skip
         h, presents = self.module.run_layers(x, start, stop, pos, m, past)
         for i, present in zip(range(start, stop), presents, strict=True):
             cache.put(i, *present)

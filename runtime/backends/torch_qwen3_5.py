@@ -5,9 +5,10 @@ The hybrid twin of torch_ref.py (its RMSNorm, RoPE, softmax attention and MLP ar
 not copied). A linear-attention layer takes its conv state (B, C, K-1) (the last K-1
 pre-conv inputs) and its recurrent state (B, Hv, Dk, Dv) in and returns the new ones, like
 a KV cache; it also returns the per-position quantities of the window (pre-conv inputs, k,
-v, decay g, β), which is what runtime/hybrid_cache.py keeps to land the state on any
-accepted prefix by replaying only the recurrence (`delta_step` is the one function both
-the forward and the replay call, so a replayed state is bit-identical to the forward's).
+v, decay g, β) and the recurrent states after the window positions the cache asks for, which
+is what runtime/hybrid_cache.py keeps to land the state on any accepted prefix: by picking a
+kept state, or by replaying only the recurrence (`delta_step` is the one function both the
+forward and the replay call, so a replayed state is bit-identical to the forward's).
 
 The delta rule runs token by token (the recurrent form) for decode and for windows alike:
 slow and obviously correct. Numbers follow transformers' modeling_qwen3_5.py: (1 + w)
@@ -63,11 +64,12 @@ def delta_step(state, k, v, g, beta):
     return state + k[..., None] * delta[..., None, :]
 
 
-def replay(state, k, v, g, beta, n: int):
-    """The recurrent state after the first `n` logged positions.
+def replay(state, k, v, g, beta, n: int, start: int = 0):
+    """The recurrent state after logged positions [start, n), from `state` (the state after
+    the first `start`).
 
     k/v (B, H, T, D), g/β (B, H, T)."""
-    for t in range(n):
+    for t in range(start, n):
         state = delta_step(state, k[:, :, t], v[:, :, t], g[:, :, t], beta[:, :, t])
     return state
 
@@ -105,11 +107,13 @@ class GatedDeltaNet(nn.Module):
         return (torch.zeros(batch, self.conv_dim, self.kernel - 1, dtype=dtype),
                 torch.zeros(batch, self.n_v, self.dk, self.dv, dtype=torch.float32))  # fmt: skip
 
-    def forward(self, x, conv_state, rec_state):
-        """x (B, T, C) -> (out, new conv state, new recurrent state, log).
+    def forward(self, x, conv_state, rec_state, keep=()):
+        """x (B, T, C) -> (out, new conv state, new recurrent state, log, kept).
 
         log = (xin (B, C, T) pre-conv inputs, k (B, Hv, T, Dk), v (B, Hv, T, Dv), g, β (B, Hv, T)):
         everything the recurrence consumed, so a cache can land on any prefix of the window.
+        kept = {j: the recurrent state after the window's first j tokens} for j in `keep`: the
+        recurrent form computes each of them anyway, so keeping one costs only its memory.
         """
         B, T, _ = x.shape
         xin = self.in_proj_qkv(x).transpose(1, 2)  # (B, C, T)
@@ -127,15 +131,17 @@ class GatedDeltaNet(nn.Module):
         beta = self.in_proj_b(x).sigmoid().float().transpose(1, 2)  # (B, Hv, T)
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
         g = g.transpose(1, 2)  # log decay (B, Hv, T)
-        state, outs = rec_state, []
+        state, outs, kept = rec_state, [], {}
         for t in range(T):  # the recurrent form, one token at a time
             state = delta_step(state, k[:, :, t], v[:, :, t], g[:, :, t], beta[:, :, t])
             outs.append((state * q[:, :, t, :, None]).sum(dim=-2))  # (B, Hv, Dv)
+            if t + 1 in keep:
+                kept[t + 1] = state
         core = torch.stack(outs, dim=1).to(x.dtype)  # (B, T, Hv, Dv)
         z = self.in_proj_z(x).reshape(B, T, self.n_v, self.dv)
         out = self.out_proj(self.norm(core, z).reshape(B, T, -1))
         new_conv = xcat[:, :, xcat.shape[-1] - (self.kernel - 1) :]
-        return out, new_conv, state, (xin, k, v, g, beta)
+        return out, new_conv, state, (xin, k, v, g, beta), kept
 
 
 class GatedAttention(nn.Module):
@@ -180,11 +186,12 @@ class HybridLayer(nn.Module):
         self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, h, positions, mask, past, inv_freq):
-        """past: (k, v) for full attention, (conv, recurrent) for linear. Returns h, present."""
+        """past: (k, v) for full attention, (conv, recurrent[, keep]) for linear (keep: the
+        window lengths whose recurrent states to return). Returns h, present."""
         x = self.input_layernorm(h)
         if self.kind == LINEAR:
-            a, conv, rec, log = self.linear_attn(x, *past)
-            present = (conv, rec, log)
+            a, conv, rec, log, kept = self.linear_attn(x, *past)
+            present = (conv, rec, log, kept)
         else:
             a, k, v = self.self_attn(x, positions, mask, *past, inv_freq)
             present = (k, v)
@@ -210,7 +217,7 @@ def rotary_dim(cfg: ModelConfig) -> int:
 
 
 class Qwen3_5LM(nn.Module):
-    """The hybrid causal LM: per-layer past/present are (k, v) or (conv, recurrent[, log])."""
+    """The hybrid causal LM: per-layer past/present are (k, v) or (conv, recurrent[, ...])."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

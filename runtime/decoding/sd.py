@@ -96,14 +96,21 @@ def sd_steps(
     dc = draft_cache if draft_cache is not None else draft.new_cache()
     ctx = min(target.config.max_context, draft.config.max_context)
     produced = 0
+    reverify = False  # a redecode target restored its checkpoint: re-verify, no new drafts
     try:
         while produced < max_new:
-            g = max(0, min(gamma, max_new - produced - 1, ctx - len(seq) - 1))
+            g = 0 if reverify else max(0, min(gamma, max_new - produced - 1, ctx - len(seq) - 1))
             t0 = time.perf_counter()
             info: dict = {}
             drafts, q = draft_window(draft, dc, seq, g, sampling, rng, info=info)
             t1 = time.perf_counter()
-            window = pending(tc, seq) + drafts
+            window = pending(tc, seq)
+            if len(window) > 1 and not reverify and getattr(tc, "rollback", None) == "redecode":
+                # llama.cpp prefills the prompt but its last token first, so that a rejection in
+                # the first round restores a checkpoint there, not the empty cache
+                target.forward(np.array([window[:-1]]), tc)
+                window = window[-1:]
+            window += drafts
             logits = target.forward(np.array([window]), tc)[0, -(g + 1) :]  # (γ+1, V)
             d = np.array(drafts, dtype=np.int64)
             if sampling.greedy:
@@ -114,7 +121,13 @@ def sd_steps(
             committed = drafts[:a] + [c]
             seq += committed
             produced += len(committed)
-            rewind(tc, len(seq) - 1)  # target saw the window; keep the accepted prefix
+            if a < g and getattr(tc, "rollback", None) == "redecode" and tc.reverify:
+                # llama.cpp on a hybrid target: restore the checkpoint before the window; the
+                # kept tokens and c are the next window, re-verified (yielding one token)
+                reverify = tc.restore(len(seq) - 1) < len(seq) - 1
+            else:
+                rewind(tc, len(seq) - 1)  # target saw the window; keep the accepted prefix
+                reverify = False
             rewind(dc, len(seq) - 1)
             yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=t1 - t0,
                             verify_s=t2 - t1, extra={"per_step": {"draft_passes": info["passes"]}})  # fmt: skip
