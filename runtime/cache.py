@@ -76,31 +76,35 @@ class ConcatKVCache:
 
     def keep_columns(self, cols: Sequence[int]) -> None:
         """Keep only these sequence positions (in this order): closes the holes a masked branch
-        batch leaves, once one branch row is committed. The leading run 0, 1, 2, ... is kept
-        as a slice and only the rest is gathered and concatenated, like every forward here
-        (inference tensors refuse in-place writes outside inference mode; gathering the whole
-        prefix by an index list cost milliseconds per tree step on the torch backend)."""
-        idx = list(cols)
-        run = 0
-        while run < len(idx) and idx[run] == run:
-            run += 1
-        rest = idx[run:]
+        batch leaves, once one branch row is committed. Runs of consecutive positions are
+        sliced and the slices concatenated, like every forward here (inference tensors refuse
+        in-place writes outside inference mode; gathering the whole prefix by an index list
+        cost milliseconds per tree step on the torch backend)."""
+        runs: list[list[int]] = []  # [start, stop) of each run of consecutive positions
+        for c in cols:
+            if runs and runs[-1][1] == c:
+                runs[-1][1] += 1
+            else:
+                runs.append([c, c + 1])
         kv = []
         for i in range(len(self._kv)):
             k, v = self.get(i)
-            if rest:
-                k, v = _cat(k[:, :, :run], k[:, :, rest]), _cat(v[:, :, :run], v[:, :, rest])
+            if len(runs) == 1 and runs[0][0] == 0:  # a prefix: a view, like trim
+                k, v = k[:, :, : runs[0][1]], v[:, :, : runs[0][1]]
+            elif not runs:
+                k, v = k[:, :, :0], v[:, :, :0]
             else:
-                k, v = k[:, :, :run], v[:, :, :run]
+                k = _cat([k[:, :, a:b] for a, b in runs])
+                v = _cat([v[:, :, a:b] for a, b in runs])
             kv.append((k, v))
         self._kv = kv
-        self._offsets = [len(idx)] * len(self._kv)
+        self._offsets = [len(cols)] * len(self._kv)
 
 
-def _cat(a: Any, b: Any) -> Any:
-    """Concatenate along the sequence axis (2) for NumPy or torch arrays."""
-    if isinstance(a, np.ndarray):
-        return np.concatenate([a, b], axis=2)
+def _cat(parts: list) -> Any:
+    """Concatenate NumPy or torch arrays along the sequence axis (2)."""
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts, axis=2)
     import torch
 
-    return torch.cat([a, b], dim=2)
+    return torch.cat(parts, dim=2)

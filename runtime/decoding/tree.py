@@ -104,7 +104,8 @@ def tree_steps(
                 tree = drafter.tree
                 if not drafter.sampled:
                     tree = tree.prune(min(n, budget))  # EAGLE-2 reranking
-                else:
+                else:  # nothing pruned by value: prune(len) only puts the nodes in preorder
+                    tree = tree.prune(len(tree))
                     q = sibling_laws(tree, draft.config.vocab_size)
                 tokens, parents = tree.tokens, tree.parents
                 info["draft_calls"] = drafter.calls

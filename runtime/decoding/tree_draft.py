@@ -98,10 +98,21 @@ class DraftTree:
         return out
 
     def prune(self, n: int) -> DraftTree:
-        """The top-n nodes by cumulative score (ties: shallower first), renumbered in their
-        original (topological) order; EAGLE-2's reranking."""
+        """The top-n nodes by cumulative score (ties: shallower first), EAGLE-2's reranking,
+        renumbered in depth-first preorder with siblings in draw order: still topological,
+        and the first-child chain comes first, so committing an accepted path along it leaves
+        the target cache a prefix to keep (no gather)."""
         order = sorted(range(len(self)), key=lambda i: (-self.scores[i], self.depths[i], i))
-        keep = sorted(order[: max(0, n)])
+        kept = set(order[: max(0, n)])
+        kids: dict[int, list[int]] = {}
+        for i in sorted(kept):  # index order = draw order among siblings
+            kids.setdefault(self.parents[i], []).append(i)
+        keep, stack = [], list(reversed(kids.get(-1, [])))
+        while stack:
+            i = stack.pop()
+            keep.append(i)
+            stack += reversed(kids.get(i, []))
+        assert len(keep) == len(kept), "pruning must keep ancestors"
         new_index = {old: new for new, old in enumerate(keep)}
         new_index[-1] = -1
         t = DraftTree()
