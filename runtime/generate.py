@@ -85,11 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="mirror: target layer ℓe whose hidden state gives the early exit (default N/2)",
     )
     ap.add_argument("--tree-k", type=int, default=None,
-                    help="tree, heterospec: top-K children per node and nodes expanded per level (default 4)")  # fmt: skip
+                    help="tree, heterospec: top-K children per expanded node (default 2)")  # fmt: skip
+    ap.add_argument("--expand", type=int, default=None,
+                    help="tree, heterospec: nodes expanded per level (default 1: the greedy chain and its siblings; EAGLE-2: --tree-k)")  # fmt: skip
     ap.add_argument("--top-n", type=int, default=None,
-                    help="tree, heterospec: nodes kept after reranking, verified per step (default 16)")  # fmt: skip
+                    help="tree, heterospec: nodes kept after reranking, verified per step (default 12)")  # fmt: skip
     ap.add_argument("--depth", type=int, default=None,
-                    help="tree, heterospec: tree levels (heterospec: the base depth d_base) (default 5)")  # fmt: skip
+                    help="tree, heterospec: tree levels (heterospec: the base depth d_base) (default 6)")  # fmt: skip
     ap.add_argument("--bins", default=None,
                     help="heterospec: entropy bins from `python -m apps.train bins` (default: the embedded pair's)")  # fmt: skip
     ap.add_argument("--exit-head", choices=("raw", "tuned"), default=None,
@@ -222,6 +224,7 @@ def _generate(a: argparse.Namespace, pair, edge: dict) -> dict:
         timeline=timeline,
         branches=a.branches,
         tree_k=a.tree_k,
+        expand=a.expand,
         top_n=a.top_n,
         depth=a.depth,
         bins=a.bins,

@@ -34,7 +34,7 @@ def test_refit_from_saved_paths(tmp_path, capsys):
     assert main(args + ["--min-leaf", "0.01"]) == 0
     assert len(load_bins(out)["thresholds"]) == 7
     svg = plot.read_text()
-    assert svg.startswith("<svg") and svg.count("<rect") == 16 + 8  # top-N ranks + 8 bins
+    assert svg.startswith("<svg") and svg.count("<rect") == 12 + 8  # top-N ranks (12) + 8 bins
     assert main(["--out", str(out), "--from-paths", str(out)]) == 2  # a bins file, not paths
     assert "not a file from --save-paths" in capsys.readouterr().err
 

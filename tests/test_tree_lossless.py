@@ -29,9 +29,9 @@ def test_greedy_tree_and_heterospec_equal_ar(tiny_dir, arch, draft_backend):
     dd = tiny_dir(arch, num_layers=1, hidden_size=32, seed=7)  # a weak, different draft
     target, draft = load_model(td, "mlx"), load_model(dd, draft_backend)
     ref = gen("ar", target, None).tokens
-    shapes = [dict(tree_k=4, top_n=16, depth=5)]
+    shapes = [{}, dict(tree_k=4, top_n=16, depth=5, expand=4)]  # the defaults, EAGLE-2's K x K
     if draft_backend == "onnx":
-        shapes.append(dict(tree_k=2, top_n=5, depth=3))
+        shapes.append(dict(tree_k=2, top_n=5, depth=3, expand=2))
     for kw in shapes:
         assert gen("tree", target, draft, **kw).tokens == ref, kw
         assert gen("heterospec", target, draft, **kw).tokens == ref, kw
@@ -58,7 +58,7 @@ def test_embedded_pair_greedy(tiny_dir):
 def test_target_as_its_own_draft_accepts_the_full_depth(tiny_dir):
     target = load_model(tiny_dir("qwen3"), "mlx")
     # top_n covers every node, so the target's greedy path is always in the tree
-    r = gen("tree", target, target, n=5 * 4, tree_k=2, top_n=10, depth=3)  # 2 + 4 + 4 nodes
+    r = gen("tree", target, target, n=5 * 4, tree_k=2, top_n=10, depth=3, expand=2)  # 2+4+4
     assert r.stats.accept_lengths == [4] * 5
     assert r.tokens == gen("ar", target, None, n=20).tokens
     d = r.stats.as_dict()

@@ -1,8 +1,8 @@
 """At temperature > 0, `tree`'s output law is the target's: the chi-square test of
 tests/test_sampling_gof.py on the first two generated tokens, end to end through drafting,
 the tree pass and the commit, with a negative control (siblings tried against the full p
-instead of the residual) that must fail. Depth 2: the root's siblings are drawn from q
-without replacement and the best of them is expanded."""
+instead of the residual) that must fail. Depth 2: the root's two siblings are drawn from q
+without replacement and the best of them is expanded into two more (the default shape)."""
 
 import numpy as np
 import pytest
@@ -28,7 +28,7 @@ def sample_pairs(target, draft, n, seed) -> np.ndarray:
     tc, dc = target.new_cache(), draft.new_cache()
     for i in range(n):
         out = []
-        steps = make_steps("tree", target, draft, PROMPT, max_new=3, tree_k=3, top_n=4, depth=2,
+        steps = make_steps("tree", target, draft, PROMPT, max_new=3, tree_k=2, top_n=4, depth=2,
                            sampling=SAMPLING, seed=seed * 100003 + i, target_cache=tc,
                            draft_cache=dc)  # fmt: skip
         for ev in steps:

@@ -63,12 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--branches", type=int, default=None, help="mirror: branches per batched draft pass"
     )
-    ap.add_argument("--tree-k", type=int, default=None, help="tree, heterospec: top-K (default 4)")
+    ap.add_argument("--tree-k", type=int, default=None, help="tree, heterospec: top-K (default 2)")
     ap.add_argument(
-        "--top-n", type=int, default=None, help="tree, heterospec: nodes verified (default 16)"
+        "--expand",
+        type=int,
+        default=None,
+        help="tree, heterospec: nodes expanded per level (default 1)",
     )
     ap.add_argument(
-        "--depth", type=int, default=None, help="tree, heterospec: (base) depth (default 5)"
+        "--top-n", type=int, default=None, help="tree, heterospec: nodes verified (default 12)"
+    )
+    ap.add_argument(
+        "--depth", type=int, default=None, help="tree, heterospec: (base) depth (default 6)"
     )
     ap.add_argument(
         "--bins", default=None, help="heterospec: bins JSON (default: the embedded pair's)"
@@ -136,6 +142,7 @@ def make_runners(methods: list[str], pair, a) -> list:
                     exit_layer=a.exit_layer,
                     branches=a.branches,
                     tree_k=a.tree_k,
+                    expand=a.expand,
                     top_n=a.top_n,
                     depth=a.depth,
                     bins=a.bins,

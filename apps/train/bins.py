@@ -31,7 +31,7 @@ from runtime.errors import DuetError, cli_main
 
 
 def collect(pair, prompts: list[list[int]], *, max_new: int, top_k: int, top_n: int,
-            depth: int, temp: float) -> tuple[np.ndarray, np.ndarray, list[int]]:  # fmt: skip
+            depth: int, temp: float, expand: int = 1) -> tuple[np.ndarray, np.ndarray, list[int]]:  # fmt: skip
     """(Φ, TCR, accepted length) of every step that accepted a path, and every step's
     accepted length."""
     phis, ranks, lengths, accepted = [], [], [], []
@@ -41,7 +41,7 @@ def collect(pair, prompts: list[list[int]], *, max_new: int, top_k: int, top_n: 
 
     for i, ids in enumerate(prompts):
         steps = tree_steps(pair.target, pair.draft, ids, max_new=max_new, top_k=top_k,
-                           top_n=top_n, depth=depth, sampling=Sampling(temp),
+                           top_n=top_n, depth=depth, expand=expand, sampling=Sampling(temp),
                            rng=np.random.default_rng(i), shape=record)  # fmt: skip
         produced = 0
         for ev in steps:
@@ -99,9 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--skip", type=int, default=10, help="prompts skipped first (default 10)")
     ap.add_argument("--limit", type=int, default=30, help="prompts used (default 30)")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per prompt (default 128)")
-    ap.add_argument("--tree-k", type=int, default=4, help="tree top-K (default 4)")
-    ap.add_argument("--top-n", type=int, default=16, help="tree top-N (default 16)")
-    ap.add_argument("--depth", type=int, default=5, help="base tree depth (default 5)")
+    # defaults: the tree method's (runtime/decoding/tree.py Options), which the bins serve
+    ap.add_argument("--tree-k", type=int, default=2, help="tree top-K (default 2)")
+    ap.add_argument("--expand", type=int, default=1, help="nodes expanded per level (default 1)")
+    ap.add_argument("--top-n", type=int, default=12, help="tree top-N (default 12)")
+    ap.add_argument("--depth", type=int, default=6, help="base tree depth (default 6)")
     ap.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0)")
     ap.add_argument(
         "--save-paths", default=None, help="also write the (Φ, TCR, accepted) rows here (JSON)"
@@ -145,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             raise DuetError(f"no prompts left after --skip {a.skip}")
         ids = [turn_ids(pair.tokenizer, None, r["turns"], []) for r in recs]
         phi, tcr, lengths, accepted = collect(pair, ids, max_new=a.max_tokens, top_k=a.tree_k,
-                                              top_n=a.top_n, depth=a.depth, temp=a.temp)  # fmt: skip
+                                              top_n=a.top_n, depth=a.depth, temp=a.temp,
+                                              expand=a.expand)  # fmt: skip
         target, n_prompts = os.path.relpath(pair.target_dir), len(ids)
         if a.save_paths:
             Path(a.save_paths).write_text(json.dumps({
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     bins = fit_bins(phi, tcr, lengths, min_leaf=a.min_leaf)
     # HeteroSpec §3.2's heterogeneity: how concentrated the accepted paths' ranks are
     bins["tcr_top_quartile_share"] = round(float((tcr <= max(1, a.top_n / 4)).mean()), 3)
-    bins.update(top_k=a.tree_k, top_n=a.top_n, depth=a.depth, temp=a.temp,
+    bins.update(top_k=a.tree_k, expand=a.expand, top_n=a.top_n, depth=a.depth, temp=a.temp,
                 prompts=n_prompts, skip=a.skip, max_tokens=a.max_tokens,
                 steps=len(accepted), mean_accepted=round(float(np.mean(accepted)), 3),
                 target=target, min_leaf=a.min_leaf, fit_s=round(time.perf_counter() - t0, 1))  # fmt: skip

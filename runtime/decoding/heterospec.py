@@ -85,18 +85,20 @@ NEEDS_DRAFT = True
 
 @dataclass
 class Options:
-    tree_k: int = 4  # top-K of the tree (--tree-k: --top-k is sampling's)
-    top_n: int = 16
-    depth: int = 5  # d_base
+    tree_k: int = 2  # top-K of the tree (--tree-k: --top-k is sampling's)
+    top_n: int = 12
+    depth: int = 6  # d_base
+    expand: int = 1  # nodes expanded per level (runtime/decoding/tree.py's Options)
     bins: str | None = None  # bins JSON (default: the embedded pair's)
 
 
 def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
           draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
-    check_tree_args(options.tree_k, options.top_n, options.depth)
+    check_tree_args(options.tree_k, options.top_n, options.depth, options.expand)
     bins = load_bins(options.bins or DEFAULT_BINS)
     return tree_steps(target, draft, seq, max_new=max_new, top_k=options.tree_k,
-                      top_n=options.top_n, depth=options.depth, sampling=sampling,
+                      top_n=options.top_n, depth=options.depth, expand=options.expand,
+                      sampling=sampling,
                       rng=np.random.default_rng(seed), target_cache=target_cache,
                       draft_cache=draft_cache, shape=make_shape(bins, options.tree_k))  # fmt: skip

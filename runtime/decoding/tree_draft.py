@@ -1,9 +1,12 @@
 """EAGLE-2 dynamic draft trees (HeteroSpec §2.2): expansion level by level, then reranking.
 
 Expansion: the root's top-K tokens are the first level; each further level expands the
-top-K nodes of the level before (by cumulative draft log-probability, the V_i of EAGLE-2)
-into their top-K children. Reranking: all nodes sorted by cumulative log-probability, the
-top N kept (ancestor-closed, since a child never scores above its parent).
+`expand` best nodes of the level before (by cumulative draft log-probability, the V_i of
+EAGLE-2; EAGLE-2 itself expands K) into their top-K children. Reranking: all nodes sorted by
+cumulative log-probability, the top N kept (ancestor-closed, since a child never scores
+above its parent). With expand = 1 the tree is the draft's greedy chain with its K - 1
+runner-up siblings at every level: on a CPU target, where each verified token costs real
+compute, that shape won (see runtime/decoding/tree.py's Options).
 
 One draft pass per level, batched as rows: the draft cache is forked into one row per node
 being expanded, each row holding exactly that node's root-to-node path, so every pass is an
@@ -14,10 +17,14 @@ extended by the sequence's pending tokens; the rows live in a fork and are dropp
 Greedy (temperature 0): siblings are the draft's top-K, a deterministic proposal, and the
 tree is reranked to the top N. Sampling: siblings are drawn without replacement from the
 draft's sampling law q (what makes rejection sampling accept often when q is close to p),
-`sample_children` of them under each of the `sample_children` best nodes per level, and
+K of them under each of `expand` nodes per level (without `expand`: K/2 under K/2), and
 nothing is pruned afterwards by value: kernels/tree_verify.py's rule is exact only if which
-siblings exist never depends on their own values (expanding a node by its score is fine:
-its children are drawn after). This module does not verify and knows no bins.
+siblings exist never depends on their own values (expanding a node by its score is fine: its
+children are drawn after). The nodes expanded are the first-drawn children (then by score):
+the first child is tried first and accepted with sd's probability, later ones only against
+what is left, so with expand = 1 the tree is sd's sampled chain plus its runner-up draws
+(expanding the best-scored sibling instead cut T = 1's tau from 2.78 (sd) to 2.33).
+This module does not verify and knows no bins.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ class DraftTree:
     parents: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
     depths: list[int] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)  # place among its siblings (draw order)
     expanded: dict[int, np.ndarray] = field(default_factory=dict)
     q: dict[int, np.ndarray] = field(default_factory=dict)  # sampling: law children came from
 
@@ -80,19 +88,31 @@ class DraftTree:
             with np.errstate(divide="ignore"):
                 logp = np.log(q)  # scores: the law the tokens were drawn from
         out = []
-        for t in top:
+        for r, t in enumerate(top):
             out.append(len(self.tokens))
             self.tokens.append(int(t))
             self.parents.append(node)
             self.scores.append(base + float(logp[t]))
             self.depths.append(depth)
+            self.ranks.append(r)
         return out
 
     def prune(self, n: int) -> DraftTree:
-        """The top-n nodes by cumulative score (ties: shallower first), renumbered in their
-        original (topological) order; EAGLE-2's reranking."""
+        """The top-n nodes by cumulative score (ties: shallower first), EAGLE-2's reranking,
+        renumbered in depth-first preorder with siblings in draw order: still topological,
+        and the first-child chain comes first, so committing an accepted path along it leaves
+        the target cache a prefix to keep (no gather)."""
         order = sorted(range(len(self)), key=lambda i: (-self.scores[i], self.depths[i], i))
-        keep = sorted(order[: max(0, n)])
+        kept = set(order[: max(0, n)])
+        kids: dict[int, list[int]] = {}
+        for i in sorted(kept):  # index order = draw order among siblings
+            kids.setdefault(self.parents[i], []).append(i)
+        keep, stack = [], list(reversed(kids.get(-1, [])))
+        while stack:
+            i = stack.pop()
+            keep.append(i)
+            stack += reversed(kids.get(i, []))
+        assert len(keep) == len(kept), "pruning must keep ancestors"
         new_index = {old: new for new, old in enumerate(keep)}
         new_index[-1] = -1
         t = DraftTree()
@@ -102,6 +122,7 @@ class DraftTree:
             t.parents.append(new_index[self.parents[old]])
             t.scores.append(self.scores[old])
             t.depths.append(self.depths[old])
+            t.ranks.append(self.ranks[old])
         t.expanded = {new_index[o]: lp for o, lp in self.expanded.items() if o in new_index}
         t.q = {new_index[o]: q for o, q in self.q.items() if o in new_index}
         return t
@@ -112,12 +133,17 @@ class TreeDrafter:
     to extend the tree deeper (HeteroSpec's dynamic extended drafting)."""
 
     def __init__(self, draft, cache, seq: list[int], top_k: int, sampling: Sampling = GREEDY,
-                 rng=None, root_children: int | None = None):  # fmt: skip
+                 rng=None, root_children: int | None = None, expand: int | None = None):  # fmt: skip
+        """Draft the root's children at once; `grow` adds levels. `expand`: nodes expanded per
+        level (their `top_k` children each); None: top_k (sampling: top_k // 2 of each)."""
         self.draft, self.top_k = draft, top_k
         self.sampling, self.rng = sampling, rng
         self.sampled = not sampling.greedy  # children drawn from q, no pruning by value
-        # per level: nodes expanded, children each (sampling: fewer, as nothing is pruned)
+        # per level: `expand` nodes expanded, `top_k` children each; without `expand`, K x K
+        # (sampling: K/2 x K/2, as nothing is pruned)
         self.expand = self.children = max(1, top_k // 2) if self.sampled else top_k
+        if expand is not None:
+            self.expand, self.children = max(1, expand), top_k
         self.tree = DraftTree()
         self.calls = 0
         logits = draft.forward(np.array([pending(cache, seq)]), cache)[0, -1]  # root
@@ -138,12 +164,15 @@ class TreeDrafter:
         return self.tree.add_children(node, log_softmax(logits), k, q, self.rng)
 
     def grow(self, levels: int) -> None:
-        """Expand `levels` more levels: the top-K frontier nodes each get top-K children."""
+        """Expand `levels` more levels: the `expand` best frontier nodes get their children."""
         for _ in range(levels):
             if not self.frontier:
                 return
             t = self.tree
-            chosen = sorted(self.frontier, key=lambda i: -t.scores[i])[: self.expand]
+            # sampling: first-drawn children first (tried first, accepted most often)
+            rank = t.ranks if self.sampled else [0] * len(t)
+            chosen = sorted(self.frontier, key=lambda i: (rank[i], -t.scores[i]))  # noqa: B023
+            chosen = chosen[: self.expand]
             parent_rows = [self._row_nodes.index(t.parents[i]) for i in chosen]
             if self._rows is None:
                 self._rows = self._base.fork(parent_rows)
