@@ -204,16 +204,18 @@ class MTPDraft:
         target.record_hidden = True  # the target cache keeps its post-norm hidden states
 
     @classmethod
-    def load(cls, target, path, backend: str = "torch", threads: int = 1) -> MTPDraft:
+    def load(cls, target, path, backend: str = "torch", threads: int = 1,
+             quant: str = "int8") -> MTPDraft:  # fmt: skip
         """The head of checkpoint `path` (or its sidecar) beside `target`; `backend` onnx runs
-        its steps in ONNX Runtime (exported once into the sidecar folder)."""
+        its steps in ONNX Runtime (exported once into the sidecar folder), with int8 weights
+        unless `quant` is fp32 (runtime/backends/onnx_mtp.py)."""
         _check_target(target)
         dtype = next(target.module.parameters()).dtype
         head = load_mtp_head(path, target.config, dtype)
         if backend == "onnx":
             from runtime.backends.onnx_mtp import OnnxMTPStep
 
-            return cls(target, head, OnnxMTPStep.for_target(target, head, path, threads))
+            return cls(target, head, OnnxMTPStep.for_target(target, head, path, threads, quant))
         return cls(target, head)
 
     def new_cache(self, batch: int = 1) -> MTPCache:
