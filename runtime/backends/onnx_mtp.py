@@ -84,7 +84,7 @@ class OnnxMTPStep:
         feed = {"input_ids": np.array([ids], np.int64),
                 "hidden": np.ascontiguousarray(hidden, np.float32)[None],
                 "position_ids": np.arange(j, j + n, dtype=np.int64)[None],
-                "mask": causal_mask(S, n)[None, None],
+                "mask": causal_mask(S, n)[None, None] if n > 1 else np.ones((1, 1, 1, S + 1), bool),
                 "past_key": np.ascontiguousarray(past[0]),
                 "past_value": np.ascontiguousarray(past[1])}  # fmt: skip
         logits, out, k, v = self.session.run(None, feed)

@@ -267,6 +267,8 @@ class MTPDraft:
         for j in range(len(cache.exact), end):  # chained on the head's own output
             self._run(cache, j, cache.out[j - 1][None] if j else self.step.zeros(1), False)
         T, V = new.shape[1], self.config.vocab_size
+        if T == 1 and cache.offset >= 2:  # a drafting step: one row (a copy: callers may scale it)
+            return cache.logits[cache.offset - 2][None, None].copy()
         rows = [cache.logits[p - 1] if p >= 1 else np.zeros(V, np.float32)
                 for p in range(cache.offset - T, cache.offset)]  # fmt: skip
         return np.stack(rows)[None]
