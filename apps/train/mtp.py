@@ -8,7 +8,9 @@ target's normed last hidden state, one decoder layer of the target's own family,
 target's LM head shared) is distilled from the frozen target on the corpus (apps/train/
 corpus.py, the stdlib's source by default): at grid entry j (token x_{j+1}, RoPE position j)
 it must give the target's own law of x_{j+2}, KL(p_target ‖ q_head) at temperature 1 (the
-loss of apps/train/losses.py). Drafting chains the head on its own output, so the loss is
+loss of apps/train/losses.py), plus `--tv-weight` x TV(p, q), whose complement is the
+chance that sampling at T = 1 accepts the head's token (the committed head: KL alone to step
+1110, then KL + 1.0 TV). Drafting chains the head on its own output, so the loss is
 unrolled `--unroll` steps: step r reads step r-1's output at entry j-1 and attends, as at
 inference, to the target-fed entries up to j-r+1 and to its own chain's entries after them
 (`chain_mask`). The layer starts as a copy of the target's last layer, fc as [small; I].
