@@ -6,8 +6,18 @@ values (1, KV, S, D) in; the logits under the target's LM head (1, n, V), the he
 post-norm outputs (1, n, H) and the present keys and values (1, KV, S + n, D) out. The
 target's embedding and LM head are baked in, so ONNX Runtime runs a draft step with no
 PyTorch call (a dozen torch ops per token cost more than the step's arithmetic on a CPU).
-`export_mtp_onnx` checks the file against the PyTorch head on a probe (MTP_ONNX_ATOL). It
-does not quantize, and it takes no hybrid state: the head is one attention layer.
+`export_mtp_onnx` checks the file against the PyTorch head on a probe (MTP_ONNX_ATOL); it
+takes no hybrid state: the head is one attention layer.
+
+`quantize_mtp_onnx` writes the same graph with int8 weights: every MatMul with a constant
+weight (fc, the layer's projections, the LM head) becomes ONNX Runtime's weight-only
+MatMulNBits (8 bits, blocks of 32 along K, symmetric; ORT's own quantizer, not a copy of it),
+computed with int8 activations (accuracy_level 4). A head step reads about a quarter of the
+fp32 bytes: on a CPU a one-token step is a chain of matrix-vector products bound by memory,
+so that is most of its time. Lossless decoding does not depend on it (the verifier accepts
+with the q the draft drew from, whatever computed it); acceptance does, slightly, so the
+file is checked against the fp32 graph on the same probe (MTP_INT8_RTOL of the largest
+logit). The embedding stays a float Gather (it reads one row per token).
 """
 
 from __future__ import annotations
@@ -22,6 +32,8 @@ from torch import nn
 from converters.onnx_export import OPSET
 
 MTP_ONNX_ATOL = 1e-3  # float32 logits, ORT's fused kernels vs PyTorch's
+MTP_INT8_RTOL = 0.05  # int8 weights and activations vs float32, of the largest |logit|
+INT8_BLOCK = 32  # weights per quantization block along K (one scale each)
 INPUTS = ["input_ids", "hidden", "position_ids", "mask", "past_key", "past_value"]
 OUTPUTS = ["logits", "out_hidden", "present_key", "present_value"]
 
@@ -44,15 +56,35 @@ class MTPStepGraph(nn.Module):
         return out @ self.lm.T, out, k, v
 
 
+def _probe(cfg) -> tuple:
+    """Dummy step inputs (n = 2 entries after S = 3 past ones; n and S are dynamic)."""
+    n, S = 2, 3
+    g = torch.Generator().manual_seed(0)
+    return (torch.randint(0, cfg.vocab_size, (1, n), generator=g),
+            torch.randn(1, n, cfg.hidden_size, generator=g),
+            torch.arange(S, S + n)[None], torch.ones(1, 1, n, S + n, dtype=torch.bool),
+            torch.randn(1, cfg.num_kv_heads, S, cfg.head_dim, generator=g),
+            torch.randn(1, cfg.num_kv_heads, S, cfg.head_dim, generator=g))  # fmt: skip
+
+
+def _run(path: Path, args) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return sess.run(OUTPUTS, {k: np.asarray(a) for k, a in zip(INPUTS, args, strict=True)})
+
+
+def _check(name: str, want, got, tol: float, what: str) -> None:
+    err = float(np.abs(want - got).max())
+    if err > tol * max(1.0, float(np.abs(want).max())):
+        raise AssertionError(f"{what}: {name} differs by {err:.2e}")
+
+
 def export_mtp_onnx(target_module, head, out: str | Path) -> Path:
     """Write the step graph of `head` (an MTPHead for `target_module`) to `out`; parity-checked."""
     cfg = target_module.cfg
     graph = MTPStepGraph(target_module, head).float().eval()
-    n, S = 2, 3  # dummy sizes; n and S are dynamic
-    args = (torch.zeros(1, n, dtype=torch.int64), torch.randn(1, n, cfg.hidden_size),
-            torch.arange(S, S + n)[None], torch.ones(1, 1, n, S + n, dtype=torch.bool),
-            torch.randn(1, cfg.num_kv_heads, S, cfg.head_dim),
-            torch.randn(1, cfg.num_kv_heads, S, cfg.head_dim))  # fmt: skip
+    args = _probe(cfg)
     dyn = {"input_ids": {1: "n"}, "hidden": {1: "n"}, "position_ids": {1: "n"},
            "mask": {2: "n", 3: "total"}, "past_key": {2: "past"}, "past_value": {2: "past"},
            "logits": {1: "n"}, "out_hidden": {1: "n"}, "present_key": {2: "total"},
@@ -65,14 +97,35 @@ def export_mtp_onnx(target_module, head, out: str | Path) -> Path:
         torch.onnx.export(graph, args, str(tmp), input_names=INPUTS, output_names=OUTPUTS,
                           dynamic_axes=dyn, opset_version=OPSET, dynamo=False)  # fmt: skip
         want = graph(*args)
-    import onnxruntime as ort
-
-    got = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"]).run(
-        OUTPUTS, {k: a.numpy() for k, a in zip(INPUTS, args, strict=True)}
-    )
+    got = _run(tmp, [a.numpy() for a in args])
     for name, w, g in zip(OUTPUTS, want, got, strict=True):
-        err = float(np.abs(w.numpy() - g).max())
-        if err > MTP_ONNX_ATOL * max(1.0, float(np.abs(w.numpy()).max())):
-            raise AssertionError(f"MTP ONNX export: {name} differs from PyTorch by {err:.2e}")
+        _check(name, w.numpy(), g, MTP_ONNX_ATOL, "MTP ONNX export vs PyTorch")
+    tmp.replace(out)
+    return out
+
+
+def quantize_mtp_onnx(src: str | Path, out: str | Path, cfg) -> Path:
+    """Write `src` (an fp32 step graph) with int8 weight-only MatMulNBits to `out`; checked
+    against `src` on the export's probe (logits within MTP_INT8_RTOL of the largest)."""
+    import logging
+
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    src, out = Path(src), Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    log = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    level = log.level
+    log.setLevel(logging.WARNING)  # it logs every node it skips at INFO
+    try:
+        q = MatMulNBitsQuantizer(onnx.load(str(src)), bits=8, block_size=INT8_BLOCK,
+                                 is_symmetric=True, accuracy_level=4)  # fmt: skip
+        q.process()
+        q.model.save_model_to_file(str(tmp))
+    finally:
+        log.setLevel(level)
+    args = [a.numpy() for a in _probe(cfg)]
+    want, got = _run(src, args)[0], _run(tmp, args)[0]
+    _check("logits", want, got, MTP_INT8_RTOL, "MTP int8 ONNX vs fp32")
     tmp.replace(out)
     return out

@@ -149,7 +149,8 @@ def load_pair(
 
         mb = "torch" if draft_backend == "torch" or target_device != "cpu" else "onnx"
         d = MTPDraft.load(t, tdir, backend=mb, threads=draft_threads)
-        settings.update(draft_backend=f"mtp (target's own head, {mb})")
+        label = "torch" if mb == "torch" else "onnx, int8 weights"
+        settings.update(draft_backend=f"mtp (target's own head, {label})")
     elif need_draft:
         db = draft_backend or (
             "onnx" if backend_for_path(ddir) in ("mlx", "onnx") else backend_for_path(ddir)

@@ -52,3 +52,20 @@ def test_generate_cli_takes_draft_mtp(target_dir, tiny_dir, capsys):
     assert main(["--target", str(tiny_dir("qwen3_5_text", seed=1)), "--draft", "mtp",
                  "--method", "sd", "--prompt-ids", "5,17", "--max-tokens", "4"]) == 2  # fmt: skip
     assert "no mtp.* weights" in capsys.readouterr().err
+
+
+def test_sd_drafts_the_first_window_from_the_target_hidden_states(target_dir):
+    """sd feeds the target the prompt before the head's first window, so no window is drafted
+    from zero hidden states (a blind window, almost all rejected); output still equals ar."""
+    target = load_model(target_dir, "torch", threads=1)
+    ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
+             max_new=N_NEW).tokens  # fmt: skip
+    draft = MTPDraft.load(target, target_dir)
+
+    def blind(n):
+        raise AssertionError(f"the head drafted {n} entries without the target's hidden state")
+
+    draft.step.zeros = blind
+    steps = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
+                       gamma=3)  # fmt: skip
+    assert run(steps, max_new=N_NEW).tokens == ar

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from apps.train.mtp import chain_outputs, init_head, main, mtp_step, save_head, target_pass
+from converters.onnx_mtp import MTP_INT8_RTOL
 from runtime.backends import load_model
 from runtime.backends.torch_mtp import MTPDraft, mtp_sidecar
 from runtime.decoding import make_steps, run
@@ -38,12 +39,19 @@ def _fit(target_dir, corpus, steps, *extra):
 
 
 def _greedy_equals_ar(target_dir):
-    """sd with the head, stepped in PyTorch and in ONNX Runtime, gives ar's tokens; the two
-    steppers give the same draft logits. Returns the PyTorch draft."""
+    """sd with the head, stepped in PyTorch and in ONNX Runtime (fp32 and int8 weights), gives
+    ar's tokens; the PyTorch and fp32 ONNX steppers give the same draft logits, the int8 one
+    close logits. Returns the PyTorch draft."""
+    import onnx
+
     target = load_model(target_dir, "torch", threads=1)
     ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
              max_new=N_NEW).tokens  # fmt: skip
-    drafts = {b: MTPDraft.load(target, target_dir, backend=b) for b in ("torch", "onnx")}
+    drafts = {"torch": MTPDraft.load(target, target_dir),
+              "onnx": MTPDraft.load(target, target_dir, backend="onnx", quant="fp32"),
+              "int8": MTPDraft.load(target, target_dir, backend="onnx")}  # fmt: skip
+    ops = {n.op_type for n in onnx.load(str(mtp_sidecar(target_dir) / "step.int8.onnx")).graph.node}
+    assert "MatMulNBits" in ops  # the default ONNX step reads int8 weights
     for draft in drafts.values():
         for gamma in (1, 3):
             sd = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
@@ -55,6 +63,8 @@ def _greedy_equals_ar(target_dir):
            + [d.forward(np.array([[t]]), c)[0] for t in ar[9:12]] for b, d in drafts.items()}  # fmt: skip
     np.testing.assert_allclose(np.concatenate(got["onnx"]), np.concatenate(got["torch"]),
                                atol=ONNX_ATOL, rtol=ONNX_ATOL)  # fmt: skip
+    ref, q8 = np.concatenate(got["onnx"]), np.concatenate(got["int8"])
+    assert np.abs(q8 - ref).max() <= MTP_INT8_RTOL * max(1.0, np.abs(ref).max())
     return drafts["torch"]
 
 
@@ -80,9 +90,11 @@ def test_a_stopped_run_resumes(tiny_dir, corpus, tmp_path, capsys):
     out = tmp_path / "mtp"
     assert _fit(tiny_dir("qwen3", seed=3), corpus, 2, "--out", str(out)) == 0
     capsys.readouterr()
-    assert _fit(tiny_dir("qwen3", seed=3), corpus, 3, "--out", str(out)) == 0
+    assert _fit(tiny_dir("qwen3", seed=3), corpus, 3, "--out", str(out), "--tv-weight", "0.5") == 0
     printed = capsys.readouterr().out
-    assert "resuming" in printed and json.loads(printed[printed.index("{") :])["steps"] == 3
+    rec = json.loads(printed[printed.index("{") :])
+    assert "resuming" in printed and rec["steps"] == 3 and rec["tv_weight"] == 0.5
+    assert 0 <= rec["heldout_tv_1"] <= 1  # the held-out TV distance per chained step
     assert not (mtp_sidecar(tiny_dir("qwen3", seed=3)) / "model.safetensors").exists()
 
 
@@ -136,13 +148,18 @@ def gof_pair(tiny_dir, tmp_path_factory):
         (target_dir / f.name).symlink_to(f)
     (target_dir / ".duet").mkdir()
     (target_dir / ".duet" / "mtp").symlink_to(out)
-    return target, MTPDraft.load(target, target_dir)
+    return target, MTPDraft.load(target, target_dir), target_dir
 
 
-def test_sampling_with_the_fitted_head_matches_the_target(gof_pair):
+@pytest.mark.parametrize("stepper", ["torch", "onnx int8"])
+def test_sampling_with_the_fitted_head_matches_the_target(gof_pair, stepper):
+    """Also with the int8-weight ONNX step: its q differs from the float head's, and the
+    verifier must accept with exactly that q."""
     from test_sampling_gof import exact_joint, gof_pvalue, sample_pairs
 
-    target, draft = gof_pair
+    target, draft, target_dir = gof_pair
+    if stepper != "torch":
+        draft = MTPDraft.load(target, target_dir, backend="onnx", quant="int8")
     p = gof_pvalue(sample_pairs("sd", target, draft, N, seed=0), exact_joint(target))
     assert p > ALPHA, f"sd with the MTP head: joint law differs from the target's (p = {p:.2e})"
 
@@ -152,7 +169,7 @@ def test_negative_control_wrong_q_fails_with_the_head(gof_pair, monkeypatch):
 
     from kernels.sampling import probs_from_logits
 
-    target, draft = gof_pair
+    target, draft, _ = gof_pair
     real = sd_module.verify_sampling
 
     def wrong_q(p, q, d, ua, ur):
@@ -177,9 +194,9 @@ def test_bench_runs_sd_with_the_head_beside_sd(tiny_dir, corpus, tmp_path, capsy
     capsys.readouterr()
     assert bench(["--target", str(t), "--draft", str(t), "--draft-backend", "onnx",
                   "--prompts", str(q), "--max-tokens", "6", "--temps", "0", "--no-warmup",
-                  "--methods", "ar,sd", "--drafts", "mtp", "--json"]) == 0  # fmt: skip
+                  "--methods", "ar,sd", "--drafts", "mtp,mtp-fp32", "--json"]) == 0  # fmt: skip
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert [r["method"] for r in rows] == ["ar", "sd", "sd+mtp"]
+    assert [r["method"] for r in rows] == ["ar", "sd", "sd+mtp", "sd+mtp-fp32"]
     assert all(r["matches_ar"] == "1/1" for r in rows)
 
 
@@ -190,3 +207,17 @@ def test_draft_mtp_beside_a_non_torch_target_is_one_line(tiny_dir, capsys):
             "--target-backend", "mlx", "--prompt-ids", "5,17", "--max-tokens", "2"]  # fmt: skip
     assert generate(argv) == 2
     assert "runs beside a PyTorch target" in capsys.readouterr().err
+
+
+def test_tv_term_is_half_the_l1_distance():
+    """distill_loss's TV term: ½ Σ|p - q| per token, added x tv_weight to the KL loss."""
+    from apps.train.losses import distill_loss
+
+    g = torch.Generator().manual_seed(0)
+    s, t = torch.randn(2, 3, 7, generator=g), torch.randn(2, 3, 7, generator=g)
+    y = torch.zeros(2, 3, dtype=torch.long)
+    kl, m0 = distill_loss(s, t, y)
+    both, m = distill_loss(s, t, y, tv_weight=2.0)
+    want = 0.5 * (t.softmax(-1) - s.softmax(-1)).abs().sum(-1).mean()
+    assert m["tv"] == pytest.approx(want.item(), rel=1e-5) and m0["tv"] == m["tv"]
+    assert both.item() == pytest.approx(kl.item() + 2.0 * want.item(), rel=1e-5)

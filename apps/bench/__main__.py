@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--drafts",
         default=None,
-        help="more drafts, comma-separated (`mtp`: the target's own MTP head, or a path): every "
+        help="more drafts, comma-separated (`mtp`: the target's own MTP head, `mtp-fp32`: its "
+        "float32 ONNX step, or a path): every "
         "drafting method also runs with each, as METHOD+NAME, alternated (apps/bench/drafts.py)",
     )
     ap.add_argument(

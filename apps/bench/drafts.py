@@ -3,10 +3,11 @@
     python -m apps.bench --methods ar,sd --drafts mtp --gamma 4 --temps 0,1
 
 Each entry is `mtp` (the target's multi-token-prediction head: its checkpoint's `mtp.*`
-weights or the sidecar `python -m apps.train mtp` writes, runtime/backends/torch_mtp.py) or a
-draft checkpoint path. Every drafting method then also runs with that draft, as a runner
-named `METHOD+LABEL` (`sd+mtp`), in the same round-robin as the others (apps/bench/schedule.py),
-so the rows compare drafts under the same drift. The target is shared, not reloaded.
+weights or the sidecar `python -m apps.train mtp` writes, runtime/backends/torch_mtp.py; on a
+CPU target its ONNX step with int8 weights), `mtp-fp32` (the same head's float32 ONNX step,
+to compare) or a draft checkpoint path. Every drafting method then also runs with that draft,
+as a runner named `METHOD+LABEL` (`sd+mtp`), in the same round-robin as the others
+(apps/bench/schedule.py), so the rows compare drafts under the same drift. The target is shared, not reloaded.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 
 from runtime.errors import DuetError
 
+MTP_NAMES = {"mtp": "int8", "mtp-fp32": "fp32"}  # --drafts name -> the ONNX step's weights
+
 
 def parse_drafts(text: str | None) -> list[str]:
     """Comma-separated draft names; [] for None or empty."""
@@ -23,20 +26,23 @@ def parse_drafts(text: str | None) -> list[str]:
 
 
 def label(name: str) -> str:
-    """The suffix of the runner name: `mtp`, or the draft folder's name."""
-    return "mtp" if name == "mtp" else Path(name).name or name
+    """The suffix of the runner name: `mtp` / `mtp-fp32`, or the draft folder's name."""
+    return name if name in MTP_NAMES else Path(name).name or name
 
 
 def extra_pair(pair, name: str, a):
     """`pair` with its draft replaced by `name` (same target object, same tokenizer)."""
     from runtime.load import load_pair, resolve
 
-    if name == "mtp":
+    if name in MTP_NAMES:
         from runtime.backends.torch_mtp import MTPDraft
 
         mb = "torch" if a.draft_backend == "torch" or a.target_device != "cpu" else "onnx"
-        draft = MTPDraft.load(pair.target, pair.target_dir, backend=mb, threads=a.draft_threads)
-        settings = pair.settings | {"draft_backend": f"mtp (target's own head, {mb})"}
+        quant = MTP_NAMES[name]
+        draft = MTPDraft.load(pair.target, pair.target_dir, backend=mb, threads=a.draft_threads,
+                              quant=quant)  # fmt: skip
+        how = "torch" if mb == "torch" else f"onnx, {quant} weights"
+        settings = pair.settings | {"draft_backend": f"mtp (target's own head, {how})"}
         return replace(pair, draft=draft, draft_path=Path("mtp"), settings=settings)
     path = resolve(name, "drafts")
     other = load_pair(str(pair.target_dir), str(path), need_draft=True,

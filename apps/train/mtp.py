@@ -8,7 +8,9 @@ target's normed last hidden state, one decoder layer of the target's own family,
 target's LM head shared) is distilled from the frozen target on the corpus (apps/train/
 corpus.py, the stdlib's source by default): at grid entry j (token x_{j+1}, RoPE position j)
 it must give the target's own law of x_{j+2}, KL(p_target ‖ q_head) at temperature 1 (the
-loss of apps/train/losses.py). Drafting chains the head on its own output, so the loss is
+loss of apps/train/losses.py), plus `--tv-weight` x TV(p, q), whose complement is the
+chance that sampling at T = 1 accepts the head's token (the committed head: KL alone to step
+1110, then KL + 1.0 TV). Drafting chains the head on its own output, so the loss is
 unrolled `--unroll` steps: step r reads step r-1's output at entry j-1 and attends, as at
 inference, to the target-fed entries up to j-r+1 and to its own chain's entries after them
 (`chain_mask`). The layer starts as a copy of the target's last layer, fc as [small; I].
@@ -104,8 +106,11 @@ def chain_outputs(target, head, x: torch.Tensor, hid: torch.Tensor, unroll: int)
     return outs
 
 
-def mtp_step(target, head, unroll: int):
-    """(x, y) -> (mean KL over the unrolled steps, metrics): the step function for train_loop."""
+def mtp_step(target, head, unroll: int, tv_weight: float = 0.0):
+    """(x, y) -> (mean loss over the unrolled steps, metrics): the step function for train_loop.
+
+    The loss per step is KL(p_target ‖ q_head) plus `tv_weight` x TV(p, q) (1 - TV: the
+    chance that rejection sampling at T = 1 accepts the head's token)."""
     m = target.module
     w = m.model.embed_tokens.weight if target.config.tie_word_embeddings else m.lm_head.weight
 
@@ -114,9 +119,11 @@ def mtp_step(target, head, unroll: int):
         total, metrics = 0.0, {}
         for r, out in enumerate(chain_outputs(target, head, x, hid, unroll), start=1):
             # step r at entry j predicts x_{j+2}: the teacher is the target's logits at j + 1
-            kl, mt = distill_loss(out[:, r - 1 :] @ w.T, teach[:, r:], y[:, r:])
-            total = total + kl
+            loss, mt = distill_loss(out[:, r - 1 :] @ w.T, teach[:, r:], y[:, r:],
+                                    tv_weight=tv_weight)  # fmt: skip
+            total = total + loss
             metrics[f"kl_{r}"], metrics[f"top1_{r}"] = mt["kl"], mt["top1_agree"]
+            metrics[f"tv_{r}"] = mt["tv"]
         return total / unroll, metrics
 
     return step
@@ -124,7 +131,8 @@ def mtp_step(target, head, unroll: int):
 
 @torch.no_grad()
 def heldout_agreement(target, head, windows, unroll: int) -> dict:
-    """Mean KL and top-1 agreement with the target per chained step on held-out windows."""
+    """Mean KL, top-1 agreement and TV distance to the target per chained step on held-out
+    windows."""
     step = mtp_step(target, head, unroll)
     acc: dict = {}
     for wdw in windows:
@@ -163,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--time-budget-min", type=float, default=None, help="wall-clock cap")
     ap.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
     ap.add_argument("--unroll", type=int, default=3, help="chained steps in the loss (default 3)")
+    ap.add_argument("--tv-weight", type=float, default=0.0,
+                    help="add this x TV(p_target, q_head) to the KL loss: 1 - TV is the chance "
+                    "a token sampled at T = 1 is accepted (default 0)")  # fmt: skip
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--max-corpus-chars", type=int, default=4_000_000,
@@ -187,6 +198,8 @@ def run(a: argparse.Namespace) -> dict:
     for name in ("steps", "threads", "unroll", "batch_size", "seq_len"):
         if getattr(a, name) < 1:
             raise DuetError(f"--{name.replace('_', '-')} must be positive (got {getattr(a, name)})")
+    if a.tv_weight < 0:
+        raise DuetError(f"--tv-weight must be >= 0 (got {a.tv_weight})")
     if a.time_budget_min is not None and a.time_budget_min <= 0:
         raise DuetError(f"--time-budget-min must be positive (got {a.time_budget_min})")
     torch.set_num_threads(a.threads)
@@ -226,12 +239,12 @@ def run(a: argparse.Namespace) -> dict:
 
     t0 = time.monotonic()
     sampler = BatchSampler(ids, a.batch_size, a.seq_len, a.seed + start)
-    summary = train_loop(head, mtp_step(target, head, a.unroll), sampler, cfg,
+    summary = train_loop(head, mtp_step(target, head, a.unroll, a.tv_weight), sampler, cfg,
                          out / "loss_log.jsonl", checkpoint=save_resume, optimizer=opt,
                          start_step=start)  # fmt: skip
     save_resume(summary["steps"])
     windows = eval_windows(held, a.seq_len, a.eval_tokens)
-    meta = {"steps": summary["steps"], "unroll": a.unroll, "batch_size": a.batch_size,
+    meta = {"steps": summary["steps"], "unroll": a.unroll, "tv_weight": a.tv_weight, "batch_size": a.batch_size,
             "seq_len": a.seq_len, "lr": a.lr, "train_tokens": int(len(ids)),
             "final_loss_ema": summary["final_loss_ema"], "time_capped": summary["time_capped"],
             "wall_s": round(time.monotonic() - t0, 1), "seed": a.seed,

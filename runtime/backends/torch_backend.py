@@ -142,17 +142,26 @@ class TorchCausalLM:
 
     @torch.inference_mode()
     def _record(self, cache, h, tokens) -> None:
-        """cache.hidden: (offset, H) post-norm hidden states of row 0, position-aligned, and
-        cache.hidden_ids the token ids they were computed for (-1 where never recorded)."""
-        hn = self.module.model.norm(h)[0]
-        start = cache.offset - hn.shape[0]
-        prev = getattr(cache, "hidden", None)
-        ids = getattr(cache, "hidden_ids", [])[:start]
-        if prev is None or prev.shape[0] < start:  # positions never recorded: zeros
-            prev = torch.zeros(start, hn.shape[1], dtype=hn.dtype, device=hn.device)
-            ids = [-1] * start
-        cache.hidden = torch.cat([prev[:start], hn])
-        cache.hidden_ids = ids + np.asarray(tokens)[0].tolist()
+        """cache.hidden: post-norm hidden states of row 0, position-aligned (rows past
+        len(cache.hidden_ids) are spare capacity), and cache.hidden_ids the token ids they
+        were computed for (-1 where never recorded). Written in place into a buffer that
+        doubles when full: a verify step copies its window, not the whole history."""
+        hn = self.module.model.norm(h)[0]  # (T, H)
+        end = cache.offset
+        start = end - hn.shape[0]
+        buf, ids = getattr(cache, "hidden", None), getattr(cache, "hidden_ids", [])
+        if buf is None or len(ids) < start:  # positions never recorded: zeros
+            buf, ids = None, [-1] * start
+        del ids[start:]
+        if buf is None or buf.shape[0] < end:
+            grown = torch.zeros(max(end, 2 * (0 if buf is None else buf.shape[0]), 64),
+                                hn.shape[1], dtype=hn.dtype, device=hn.device)  # fmt: skip
+            if buf is not None:
+                grown[:start] = buf[:start]
+            buf = grown
+        buf[start:end] = hn
+        ids += np.asarray(tokens)[0].tolist()
+        cache.hidden, cache.hidden_ids = buf, ids
         self.last_cache = cache
 
 

@@ -204,16 +204,18 @@ class MTPDraft:
         target.record_hidden = True  # the target cache keeps its post-norm hidden states
 
     @classmethod
-    def load(cls, target, path, backend: str = "torch", threads: int = 1) -> MTPDraft:
+    def load(cls, target, path, backend: str = "torch", threads: int = 1,
+             quant: str = "int8") -> MTPDraft:  # fmt: skip
         """The head of checkpoint `path` (or its sidecar) beside `target`; `backend` onnx runs
-        its steps in ONNX Runtime (exported once into the sidecar folder)."""
+        its steps in ONNX Runtime (exported once into the sidecar folder), with int8 weights
+        unless `quant` is fp32 (runtime/backends/onnx_mtp.py)."""
         _check_target(target)
         dtype = next(target.module.parameters()).dtype
         head = load_mtp_head(path, target.config, dtype)
         if backend == "onnx":
             from runtime.backends.onnx_mtp import OnnxMTPStep
 
-            return cls(target, head, OnnxMTPStep.for_target(target, head, path, threads))
+            return cls(target, head, OnnxMTPStep.for_target(target, head, path, threads, quant))
         return cls(target, head)
 
     def new_cache(self, batch: int = 1) -> MTPCache:
@@ -265,6 +267,8 @@ class MTPDraft:
         for j in range(len(cache.exact), end):  # chained on the head's own output
             self._run(cache, j, cache.out[j - 1][None] if j else self.step.zeros(1), False)
         T, V = new.shape[1], self.config.vocab_size
+        if T == 1 and cache.offset >= 2:  # a drafting step: one row (a copy: callers may scale it)
+            return cache.logits[cache.offset - 2][None, None].copy()
         rows = [cache.logits[p - 1] if p >= 1 else np.zeros(V, np.float32)
                 for p in range(cache.offset - T, cache.offset)]  # fmt: skip
         return np.stack(rows)[None]
