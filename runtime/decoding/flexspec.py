@@ -15,7 +15,10 @@ from runtime.decoding.events import StepEvent
 from runtime.errors import DuetError
 
 NEEDS_DRAFT = True
-RUNS_HYBRID = ("target", "draft")  # the verifier trims a HybridCache like any cache (FlexSpec §IV-C)
+RUNS_HYBRID = (
+    "target",
+    "draft",
+)  # the verifier trims a HybridCache like any cache (FlexSpec §IV-C)
 
 
 @dataclass
