@@ -7,6 +7,7 @@ directory before any backend touches its weights. It does not load weights.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,3 +154,16 @@ def weight_files(path: str | Path) -> list[Path]:
     if not files:
         raise DuetError(f"{p}: no *.safetensors weights found")
     return files
+
+
+def replace_dir(tmp: Path, out: Path) -> Path:
+    """Put the finished directory `tmp` at `out`, replacing what was there, so that a crash
+    mid-save never leaves a half-written checkpoint at `out` (the old one is kept aside as
+    `out.old` until the new one is in place). Returns `out`."""
+    old = out.with_name(out.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+    return out

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runtime.config import ModelConfig, weight_files
+from runtime.config import ModelConfig, replace_dir, weight_files
 from runtime.errors import DuetError
 
 if TYPE_CHECKING:  # torch is imported where a model is built, not to read a config
@@ -110,13 +110,7 @@ def save_ss_checkpoint(
     for name in keep:
         if (out / name).exists():
             (out / name).rename(tmp / name)
-    old = out.with_name(out.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        out.rename(old)
-    tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
-    return out
+    return replace_dir(tmp, out)
 
 
 def make_ss_checkpoint(

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from runtime.config import replace_dir
+
 # Rounding the weights to bf16 (8 bits of mantissa) moves logits by ~0.4 % of
 # their scale; this bound leaves room for depth without hiding a real mismatch.
 BF16_LOGIT_RTOL = 0.05
@@ -36,14 +38,7 @@ def save_model(model, out_dir: str | Path, tokenizer_dir: str | Path, eos_token_
     m.save_pretrained(tmp, safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(Path(tokenizer_dir) / name, tmp / name)
-    # Replace atomically enough that a crash mid-save never leaves a half directory.
-    old = out.with_name(out.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        out.rename(old)
-    tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
-    return out
+    return replace_dir(tmp, out)
 
 
 def load_model(path: str | Path, dtype=torch.float32):
