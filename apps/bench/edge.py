@@ -105,8 +105,10 @@ def bench(a: argparse.Namespace) -> dict:
         if name not in LINK_NAMES:
             raise DuetError(f"unknown link {name!r}; choose from {', '.join(LINK_NAMES)}")
     temps = [float(t) for t in a.temps.split(",")]
-    if not 0 < a.top_p <= 1:
-        raise DuetError(f"--top-p must be in (0, 1] (got {a.top_p})")
+    from runtime.cli_args import check_decoding_args
+
+    for t in temps:  # --max-tokens, each temperature and --top-p, one line each
+        check_decoding_args(argparse.Namespace(**{**vars(a), "temp": t, "method": "ar"}))
     params, skips = None, {}
     if not a.codecs:  # --codec (and its flags) hold for every temperature: check each, once
         from runtime.edge.cli_args import codec_params, skip_rule_from
