@@ -68,3 +68,17 @@ def test_adaptive_vs_fixed_ratio_and_interval():
     (row,) = adaptive_vs_fixed(_runs(noisy), resamples=500)
     lo, hi = row["ci95"]
     assert lo < row["ratio"] < hi and hi - lo > 0.02
+
+
+def test_keep_share_uses_only_the_prompts_both_runs_hold():
+    from apps.bench.edge_keep import keep_shares
+
+    def runs(ms_cloud, ms_adapt):  # {link: {method: {prompt: (wall_s, tokens)}}}, 10 tokens
+        return {"4g": {"cloud-only": {p: (v / 100, 10) for p, v in enumerate(ms_cloud)},
+                       "adaptive": {p: (v / 100, 10) for p, v in enumerate(ms_adapt)}}}  # fmt: skip
+
+    t0 = runs([600, 600], [200, 200])  # 3x on prompts 0-1
+    t1 = runs([600, 600, 600], [240, 240, 60])  # 2.5x on 0-1; an easy extra prompt 2
+    (row,) = keep_shares(t1, t0, resamples=200)
+    assert row["prompts"] == 2 and abs(row["share"] - 2.5 / 3) < 1e-9  # prompt 2 not counted
+    assert abs(row["ci95"][0] - 2.5 / 3) < 1e-9 and abs(row["ci95"][1] - 2.5 / 3) < 1e-9
