@@ -226,11 +226,13 @@ def test_a_missing_pair_names_the_command(module, tmp_path):
     assert "python -m apps.train --arch qwen3_5 --out" in r.stderr
 
 
-def test_rollback_bench_end_to_end_replay_and_redecode_equal_ar(pair_root):
+@pytest.mark.parametrize("draft_backend", ["onnx", "torch"])
+def test_rollback_bench_end_to_end_replay_and_redecode_equal_ar(pair_root, draft_backend):
     from apps.bench.hybrid_rollback import end_to_end
 
     res = end_to_end(pair_root / "target", pair_root / "draft", gamma=3, prompts=2, max_new=8,
-                     threads=1)  # fmt: skip
+                     threads=1, draft_backend=draft_backend)  # fmt: skip
+    assert res["draft_backend"] == draft_backend
     for name in ("ar", "sd_replay", "sd_redecode", "sd_redecode_pass"):
         assert res[name]["equals_ar"] == "2/2" and res[name]["tokens"] > 0
     assert res["sd_replay_vs_redecode"] > 0

@@ -155,8 +155,10 @@ def counted_sd(path, draft_path, *, gamma: int = 4, prompt_len: int = 16, max_ne
 
 
 def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int, threads: int,
-               temperature: float = 0.0):  # fmt: skip
-    """Tokens/s of ar, sd (replay) and sd (redecode), alternated per prompt."""
+               temperature: float = 0.0, draft_backend: str = "onnx"):  # fmt: skip
+    """Tokens/s of ar, sd (replay) and sd (redecode), alternated per prompt. The draft runs on
+    `draft_backend`: onnx (what `runtime.generate` loads for a hybrid draft, its rollback picking
+    the states kept per position) or torch (its rollback then follows the target's mode)."""
     from runtime.backends.torch_backend import TorchCausalLM
     from runtime.chat_session import ChatTemplate
     from runtime.decoding import make_steps, run
@@ -166,7 +168,13 @@ def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int,
     from .prompts import load_prompts, turn_ids
 
     target = TorchCausalLM.load(target_dir, threads=threads)
-    draft = TorchCausalLM.load(draft_dir, threads=threads)
+    if draft_backend == "onnx":
+        from runtime.load import load_pair
+
+        draft = load_pair(str(target_dir), str(draft_dir), need_draft=True,
+                          target_backend="torch", target_threads=threads).draft  # fmt: skip
+    else:
+        draft = TorchCausalLM.load(draft_dir, threads=threads)
     tok, template = Tokenizer(target_dir), ChatTemplate.load(target_dir)
     runs = {"ar": (None, "replay"), "sd_replay": (draft, "replay"),
             "sd_redecode": (draft, "redecode"), "sd_redecode_pass": (draft, "redecode")}  # fmt: skip
@@ -177,7 +185,9 @@ def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int,
 
     def once(name, ids, n):
         d, mode = runs[name]
-        target.hybrid_rollback = draft.hybrid_rollback = mode  # read by new_cache()
+        target.hybrid_rollback = mode  # read by new_cache()
+        if draft_backend == "torch":
+            draft.hybrid_rollback = mode
         m = "ar" if d is None else "sd"
         kw = {} if d is None else {"gamma": gamma}
         if name == "sd_redecode_pass":  # the re-run as a pass of its own, yielding no token
@@ -200,7 +210,7 @@ def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int,
         for name in runs:
             same[name] += out[name] == out["ar"]
     res = {"gamma": gamma, "prompts": len(recs), "max_new": max_new, "threads": threads,
-           "temperature": temperature}  # fmt: skip
+           "temperature": temperature, "draft_backend": draft_backend}  # fmt: skip
     for name, t in tot.items():
         res[name] = {"tokens_per_s": round(t["tokens"] / t["wall_s"], 2), **t,
                      "tokens_per_step": round(t["tokens"] / max(t["steps"], 1), 3)}  # fmt: skip
@@ -236,6 +246,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=8, help="--sd: first N of apps/prompts")
     ap.add_argument("--max-tokens", type=int, default=64, help="--sd: new tokens per prompt")
     ap.add_argument("--temperature", type=float, default=0.0, help="--sd: 0 is greedy")
+    ap.add_argument("--draft-backend", choices=("onnx", "torch"), default="onnx",
+                    help="--sd: the draft's backend (default onnx, what runtime.generate loads "
+                    "for a hybrid draft; torch: its rollback follows the target's mode)")  # fmt: skip
     ap.add_argument("--max-new", type=int, default=64, help="end-to-end tokens per run")
     ap.add_argument("--e2e-reps", type=int, default=3)
     a = ap.parse_args(argv)
@@ -258,7 +271,8 @@ def main(argv=None) -> int:
     if a.sd:
         res["end_to_end"] = end_to_end(a.target, a.draft, gamma=a.gamma, prompts=a.prompts,
                                        max_new=a.max_tokens, threads=a.threads,
-                                       temperature=a.temperature)  # fmt: skip
+                                       temperature=a.temperature,
+                                       draft_backend=a.draft_backend)  # fmt: skip
     print(json.dumps(res, indent=1))
     return 0
 
