@@ -50,7 +50,7 @@ class KSqs:
         return payload_sqs.encode(rows, tokens, v, self.ell, variable_k=False)
 
     def body_bits(self, rows, v: int) -> int:
-        """The bit model: sum over rows of eq. (1) + the token's index (before padding)."""
+        """The bit model: sum over rows of eq. (1) + the token's id and count (before padding)."""
         return payload_sqs.body_bits(rows, v, self.ell, variable_k=False)
 
     def header_bytes(self) -> int:

@@ -50,16 +50,22 @@ def verify_sampling(
     law is exactly the target's p, provided q is *exactly* the distribution each
     d_i was drawn from.
 
-    p (γ+1, V) target probs; q (γ, V) draft probs; u_accept (γ,); u_resample scalar.
+    p (γ+1, V) target probs; q (γ, V) draft probs, or rows left coded (an object with
+    `token_probs` (γ,) = q_i(d_i) and `row(i)` -> q_i, kernels/payload_sqs.CodedRows: only the
+    first rejected row is ever expanded); u_accept (γ,); u_resample scalar.
     `forced` (γ,) bool: rows skipped by the edge (CU-HLM eq. 10) are accepted whatever p says,
     which breaks the guarantee above (lossy, off unless the edge asks); None forces nothing.
     """
     p = np.asarray(p, dtype=np.float32)
-    q = np.asarray(q, dtype=np.float32)
     d = np.asarray(draft_tokens)
     g = len(d)
     rows = np.arange(g)
-    pd, qd = p[rows, d], q[rows, d]
+    if hasattr(q, "token_probs"):  # coded rows: q_i(d_i) sent beside them, rows on demand
+        qd, q_row = np.asarray(q.token_probs, np.float32), q.row
+    else:
+        q = np.asarray(q, dtype=np.float32)
+        qd, q_row = q[rows, d], q.__getitem__
+    pd = p[rows, d]
     ok = np.asarray(u_accept, dtype=np.float32) * qd < pd  # u < p/q without dividing by q = 0
     if forced is not None:
         ok |= np.asarray(forced, bool)  # CU-HLM eq. (10): delta = 0, committed unverified
@@ -67,7 +73,7 @@ def verify_sampling(
     if miss.size == 0:
         return g, int(sample(p[g], u_resample))
     a = int(miss[0])
-    residual = np.maximum(p[a] - q[a], 0.0)
+    residual = np.maximum(p[a] - q_row(a), 0.0)
     if residual.sum() <= 0:  # only when p_a == q_a up to rounding; then p_a is the residual's limit
         residual = p[a]
     return a, int(sample(residual, u_resample))

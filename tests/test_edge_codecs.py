@@ -110,12 +110,13 @@ def test_negative_control_server_uses_the_unquantized_q(gof_pair, verifier, monk
 # --- refusals: lying payloads get an ERROR frame, the server lives on -------------------------
 
 
-def ksqs_payload(v, k, ell, subset, lattice, pos, nbits_delta=0) -> bytes:
+def ksqs_payload(v, k, ell, subset, lattice, token, nbits_delta=0, count=1) -> bytes:
     """One K-SQS row with the given raw field values (kernels/payload_sqs.py's layout)."""
     w = BitWriter()
     w.write(subset, subset_bits(v, k))
     w.write(lattice, composition_bits(ell, k))
-    w.write(pos, bits_for(k))
+    w.write(token, bits_for(v))
+    w.write(count - 1, bits_for(ell))
     return (
         _HEAD.pack(K_SQS, VERSION, 1, v, w.nbits + nbits_delta)
         + _KSQS.pack(k, ell)

@@ -69,18 +69,18 @@ def test_ksqs_bits_match_eq1_per_row():
     from kernels.sqs import ksqs_bits
 
     codec, rows, data = round_trip("k-sqs", draft_rows(1000, 4, seed=3), k=8, ell=100)
-    assert codec.body_bits(rows, 1000) == 4 * (ksqs_bits(1000, 8, 100) + 3)  # + the token's index
+    # + the token's id (10 bits) and its count (7 bits), sent in the clear since version 2
+    assert codec.body_bits(rows, 1000) == 4 * (ksqs_bits(1000, 8, 100) + 10 + 7)
 
 
 def test_csqs_and_cuhlm_bits_match_their_models():
-    from kernels.enumerative import bits_for
     from kernels.sqs import csqs_bits
 
     v = 1000
     codec, rows, _ = round_trip("c-sqs", draft_rows(v, 6, seed=7), ell=100)
     ks = [len(r.ids) for r in rows]
     assert len(set(ks)) > 1  # the support really varies
-    assert codec.body_bits(rows, v) == sum(csqs_bits(v, k, 100) + bits_for(k) for k in ks)
+    assert codec.body_bits(rows, v) == sum(csqs_bits(v, k, 100) + 10 + 7 for k in ks)
     codec, rows, _ = round_trip("cu-hlm", draft_rows(v, 3, seed=8), k=16)
     assert codec.body_bits(rows, v) == 3 * (10 + 16 * (8 + 10) + 10)  # k-1, eq. (4) for k, token
 
@@ -123,10 +123,11 @@ def test_decode_refuses_malformed_payloads():
     v, k, ell = 20, 4, 10
     data = _ksqs_payload(v, k, ell)
     head = payload_sqs.header_bytes(False)
-    sb, lb, tb = (
+    sb, lb, tb, cb = (
         math.ceil(math.log2(math.comb(v, k))),
         math.ceil(math.log2(math.comb(ell + k - 1, k - 1))),
-        2,
+        5,  # the token's id: ceil(log2 20)
+        4,  # its count - 1: ceil(log2 10)
     )
     cases = {
         "empty": b"",
@@ -140,11 +141,13 @@ def test_decode_refuses_malformed_payloads():
         "truncated body": data[:-1],
         "extra byte": data + b"\0",
         "subset rank out of range": _rewrite_body(
-            data, head, [(math.comb(v, k), sb), (0, lb), (0, tb)]
+            data, head, [(math.comb(v, k), sb), (0, lb), (0, tb), (0, cb)]
         ),
         "counts not summing to ell": _rewrite_body(
-            data, head, [(0, sb), (math.comb(ell + k - 1, k - 1), lb), (0, tb)]
+            data, head, [(0, sb), (math.comb(ell + k - 1, k - 1), lb), (0, tb), (0, cb)]
         ),
+        "token out of range": _rewrite_body(data, head, [(0, sb), (0, lb), (20, tb), (0, cb)]),
+        "count above ell": _rewrite_body(data, head, [(0, sb), (0, lb), (0, tb), (10, cb)]),
         "K above V": data[: head - 6] + struct.pack(">IH", v + 1, ell) + data[head:],
         "ell zero": data[: head - 2] + struct.pack(">H", 0) + data[head:],
     }
@@ -162,17 +165,71 @@ def test_decode_refuses_token_without_mass_and_huge_k():
         math.ceil(math.log2(math.comb(v, k))),
         math.ceil(math.log2(math.comb(ell + k - 1, k - 1))),
     )
-    # lattice rank 0 is (0, 0, 0, ell) in colex order: index 0 has no mass
-    with pytest.raises(MalformedPayload, match="no mass"):
-        decode(_rewrite_body(data, head, [(0, sb), (0, lb), (0, 2)]), v)
+    # subset rank 0 is {0, 1, 2, 3}, lattice rank 0 is (0, 0, 0, ell) in colex order: token 0
+    # has no mass, and token 3 has count ell, not 1; both pass every check but the unranked one
+    no_mass = _rewrite_body(data, head, [(0, sb), (0, lb), (0, 5), (0, 4)])
+    wrong_count = _rewrite_body(data, head, [(0, sb), (0, lb), (3, 5), (0, 4)])
+    for bad, says in ((no_mass, "no mass"), (wrong_count, "not its lattice count")):
+        with pytest.raises(MalformedPayload, match=says):
+            decode(bad, v)
+        tokens, coded = payload_sqs.decode_lazy(bad, v)
+        with pytest.raises(MalformedPayload, match=says):
+            coded.row(0)
     # C-SQS claiming K = V/2 of a 152k vocabulary in a 100-byte body: refused before any big binomial
     big_v = 152_064
     body = b"\x7f" * 100
     fake = (
-        struct.pack(">BBHII", payload_sqs.C_SQS, 1, 1, big_v, 800) + struct.pack(">H", 100) + body
+        struct.pack(">BBHII", payload_sqs.C_SQS, payload_sqs.VERSION, 1, big_v, 800)
+        + struct.pack(">H", 100)
+        + body
     )
     with pytest.raises(MalformedPayload, match="cannot fit"):
         decode(fake, big_v)
+
+
+@pytest.mark.parametrize("name", ["k-sqs", "c-sqs"])
+def test_lazy_decode_equals_the_eager_one(name):
+    """decode_lazy's q^_i(d_i) are the dense rows' entries bit for bit, and row(i) unranks one
+    row to what decode gives, counting the rows it unranked."""
+    v = 300
+    codec = make_codec(name, **({"k": 40, "ell": 200} if name == "k-sqs" else {"ell": 200}))
+    rows = codec.quantize(draft_rows(v, 5, seed=11))
+    rng = np.random.default_rng(0)
+    q_hat = codec.qhat(rows, v)
+    tokens = [int(rng.choice(v, p=r / r.sum())) for r in q_hat.astype(np.float64)]
+    data = codec.encode(rows, tokens, v)
+    toks, dense, _ = payload_sqs.decode(data, v)
+    ltoks, coded = payload_sqs.decode_lazy(data, v)
+    assert ltoks.tolist() == toks.tolist() == tokens and len(coded) == 5
+    assert np.array_equal(coded.token_probs, dense[np.arange(5), toks])
+    assert coded.unranked == 0
+    assert np.array_equal(coded.row(3), dense[3]) and coded.unranked == 1
+    assert np.array_equal(coded.dense(), dense)
+
+
+def test_verify_sampling_expands_only_the_rejected_row():
+    """kernels.verify.verify_sampling on coded rows: same verdict as on the dense q^, and the
+    only row unranked is the first rejected one (none when all are accepted)."""
+    from kernels.verify import verify_sampling
+
+    v = 300
+    codec = make_codec("k-sqs", k=40, ell=200)
+    rows = codec.quantize(draft_rows(v, 6, seed=12))
+    q_hat = codec.qhat(rows, v)
+    rng = np.random.default_rng(1)
+    tokens = [int(rng.choice(v, p=r / r.sum())) for r in q_hat.astype(np.float64)]
+    data = codec.encode(rows, tokens, v)
+    p = draft_rows(v, 7, seed=13)
+    seen = set()
+    for trial in range(40):
+        u = rng.random(6) * (trial % 4 != 0)  # u = 0 accepts every row (p > 0 everywhere)
+        u_last = rng.random()
+        _, coded = payload_sqs.decode_lazy(data, v)
+        a, c = verify_sampling(p, coded, np.array(tokens), u, u_last)
+        assert (a, c) == verify_sampling(p, q_hat, np.array(tokens), u, u_last)
+        assert coded.unranked == (0 if a == 6 else 1)
+        seen.add(a == 6)
+    assert seen == {True, False}  # both paths were taken
 
 
 def test_decode_bounds_rows():

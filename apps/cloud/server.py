@@ -26,8 +26,9 @@ import hmac
 import ipaddress
 import secrets
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from apps.cloud.session import Session
 from runtime.edge import wire
@@ -175,8 +176,7 @@ class VerifierServer:
             return wire.OPENED, wire.u32(len(sess.seq)), "open", new
         if t == wire.VERIFY and state == "open":
             num, base, payload = wire.read_verify(body)
-            draft = codec_for_number(num).decode(payload, self.target.config.vocab_size)
-            v = await self._run(self.sessions[sid].verify, draft, base)
+            v = await self._run(self._verify, self.sessions[sid], num, payload, base)
             return wire.VERDICT, wire.verdict(v), "open", sid
         if t == wire.ROLLBACK and state == "open":
             n = await self._run(self.sessions[sid].rollback, wire.read_u32(body, "ROLLBACK"))
@@ -186,6 +186,15 @@ class VerifierServer:
             sess = self.sessions.pop(sid)
             return wire.CLOSED, wire.u32(len(sess.seq)), "ready", 0
         raise ProtocolError(wire.E_SEQUENCE, f"{wire.NAMES[t]} is not valid now (state {state})")
+
+    def _verify(self, sess: Session, num: int, payload: bytes, base: int) -> wire.Verdict:
+        """Decode a VERIFY payload and verify it, on the worker. The verdict's server seconds
+        count the decode too: unranking a compressed q is cloud work, not link time (and off
+        the event loop, it no longer stalls the other connections)."""
+        t0 = time.perf_counter()
+        draft = codec_for_number(num).decode(payload, self.target.config.vocab_size)
+        v = sess.verify(draft, base)
+        return replace(v, server_s=time.perf_counter() - t0)
 
     def _model_for(self, adapter: str):
         """The base target (no name) or the named adapter's view; E_ADAPTER for another name."""

@@ -206,7 +206,7 @@ class Verdict:
     accepted: int  # A
     token: int  # c: correction or bonus
     committed: int  # committed length after this verdict
-    server_s: float  # cloud verification time (forward + acceptance)
+    server_s: float  # cloud verification time (payload decode + forward + acceptance)
 
 
 def verdict(v: Verdict) -> bytes:

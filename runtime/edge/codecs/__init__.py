@@ -35,7 +35,8 @@ CODEC_MODULES: dict[str, str] = {
 
 @dataclass
 class Draft:
-    """A decoded window: the draft tokens and, when the codec carries it, q (K, V) float32;
+    """A decoded window: the draft tokens and, when the codec carries it, q (K, V) float32 or
+    rows left coded (k-sqs, c-sqs: `token_probs` and `row(i)`, runtime/edge/codecs/lossy.py);
     `forced` (K,) bool marks rows the edge skipped (CU-HLM eq. 10: commit unverified), or None."""
 
     tokens: list[int]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernels import payload_sqs
 from kernels.bitio import MalformedPayload
 from kernels.payloads import decode_rows, make_codec
 from kernels.sqs import theorem2_bound
@@ -70,10 +71,35 @@ class Encoder:
                 "theorem2_bound": bound, "theorem2_met": mean <= bound}  # fmt: skip
 
 
+class _Rows:
+    """An SQS payload's rows left coded (kernels/payload_sqs.CodedRows) for the verifier: a row
+    found inconsistent when rejection sampling unranks it is an E_MALFORMED ProtocolError."""
+
+    def __init__(self, coded: payload_sqs.CodedRows, name: str):
+        self.coded, self.name = coded, name
+        self.token_probs = coded.token_probs
+
+    def __len__(self) -> int:
+        return len(self.coded)
+
+    def row(self, i: int) -> np.ndarray:
+        try:
+            return self.coded.row(i)
+        except MalformedPayload as e:
+            raise ProtocolError(E_MALFORMED, f"{self.name} payload: {e}") from None
+
+
 def decode_payload(body: bytes, vocab: int, codec_byte: int, name: str) -> Draft:
-    """Tokens and q̂ of a kernel payload; E_MALFORMED for any inconsistency (MalformedPayload)."""
+    """Tokens and q̂ of a kernel payload; E_MALFORMED for any inconsistency (MalformedPayload).
+    K-SQS and C-SQS rows stay coded (`_Rows`): the verifier unranks only the row it rejects at."""
     if not body or body[0] != codec_byte:
         raise ProtocolError(E_MALFORMED, f"{name} payload: first byte is not its codec byte")
+    if codec_byte in (payload_sqs.K_SQS, payload_sqs.C_SQS):
+        try:
+            tokens, coded = payload_sqs.decode_lazy(body, vocab, MAX_ROWS)
+        except MalformedPayload as e:
+            raise ProtocolError(E_MALFORMED, f"{name} payload: {e}") from None
+        return Draft([int(t) for t in tokens], _Rows(coded, name))
     try:
         tokens, q_hat, rows = decode_rows(body, vocab, MAX_ROWS)
     except MalformedPayload as e:
