@@ -204,6 +204,7 @@ def test_bench_rows_show_the_baselines_refusals(pair_root):
                                    "ar,sd,mlx-lm,hf-assisted", "--limit", "1", "--max-tokens",
                                    "6", "--temps", "0", "--no-warmup"])  # fmt: skip
     res = bench(a)
+    assert res["settings"]["draft_backend"] == "onnx"  # where runtime.generate runs a draft
     rows = {r["method"]: r for r in res["rows"]}
     assert rows["sd"]["matches_ar"] == "1/1" and rows["sd"]["tokens_per_s"] > 0
     assert "trimmable prompt cache" in rows["mlx-lm"]["refused"]

@@ -35,8 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_pair_args(ap)
     ap.add_argument("--hybrid", nargs="?", const="", default=None, metavar="DIR",
                     help="bench the hybrid Qwen3.5 pair built by `python -m apps.train --arch "
-                    "qwen3_5` (DIR/target, DIR/draft; default out/hybrid) on the PyTorch "
-                    "backend; a missing pair is answered with the command that builds it")  # fmt: skip
+                    "qwen3_5` (DIR/target, DIR/draft; default out/hybrid): the target on "
+                    "PyTorch, the draft on --draft-backend (default onnx, as runtime.generate "
+                    "runs it); a missing pair is answered with the command that builds it")  # fmt: skip
     ap.add_argument(
         "--prompts", default=None, help="prompt set .jsonl or folder (default apps/prompts/)"
     )
@@ -197,12 +198,11 @@ def bench(a: argparse.Namespace) -> dict:
         methods = [m for m in methods if m not in BASELINES]
         for m, why in skipped.items():
             print(f"skipping {m} under --emulate: {why}", file=sys.stderr)
-    if a.hybrid is not None:  # the hybrid pair (apps/bench/hybrid_pair.py), torch backends
-        from .hybrid_pair import hybrid_pair_dirs
+    if a.hybrid is not None:  # the hybrid pair (apps/bench/hybrid_pair.py): a torch target, and
+        from .hybrid_pair import hybrid_pair_dirs  # the draft where runtime.generate runs it
 
         t, d = hybrid_pair_dirs(a.hybrid or None)
         a.target, a.draft, a.target_backend = str(t), str(d), "torch"
-        a.draft_backend = a.draft_backend or "torch"
     pair = load_pair_from_args(a, need_draft=len(methods) > 1 or bool(a.drafts))
     if pair.tokenizer is None:
         raise DuetError(f"{pair.target_dir}: no tokenizer.json; the bench needs one")
@@ -244,6 +244,7 @@ def bench(a: argparse.Namespace) -> dict:
         "temps": temps,
         "top_p": a.top_p,
         "threads": thread_settings(runners),
+        **{k: pair.settings[k] for k in ("target_backend", "draft_backend") if k in pair.settings},
     }
     rows = summarize(records, [r.name for r in runners], temps)
     if emu is not None:
