@@ -139,6 +139,11 @@ class ConformalThreshold:
         self._batch.append((before, a))
         return ids
 
+    def undo(self) -> None:
+        """Forget the last `support` call: its row was not drafted (SQS §4's budget stopped the
+        batch before it), so Alg. 1 never applied its update (8) and beta goes back."""
+        self.beta = self._batch.pop()[0]
+
     def verdict(self, accepted: int, q_bonus: np.ndarray | None = None) -> None:
         """Backtrack after the cloud accepted `accepted` of this batch's drafts (Alg. 1 lines 11-13)."""
         n = len(self._batch)

@@ -58,11 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def one_run(conn_factory, draft, prompt, n, sampling, seed, k, eos, codec=None, params=None,
-            skip=None, target=None):  # fmt: skip
+            skip=None, target=None, k_max=8, bit_budget=None):  # fmt: skip
     """(tokens, wall seconds, edge summary) of one flexspec generation; k None = adaptive.
     `codec` (and its `params`) is the uplink payload: --codec, or ids at T = 0 and raw above.
     `skip` (a SkipRule): CU-HLM's LOSSY skipping; the summary's `skip` then holds the skip rate
-    and the rejection risk R measured against `target` (runtime/edge/skip.py)."""
+    and the rejection risk R measured against `target` (runtime/edge/skip.py). `bit_budget`:
+    SQS §4's per-round budget (k-sqs, c-sqs), which sets each round's length up to k or k_max."""
     from devices.kstar import AdaptiveK
     from runtime.decoding import make_steps, stream
     from runtime.edge.loop import edge_summary
@@ -71,7 +72,8 @@ def one_run(conn_factory, draft, prompt, n, sampling, seed, k, eos, codec=None, 
     try:
         events = []
         steps = make_steps("flexspec", None, draft, prompt, max_new=n, sampling=sampling, seed=seed,
-                           conn=conn, k=k, controller=AdaptiveK() if k is None else None,
+                           conn=conn, k=k, k_max=k_max, bit_budget=bit_budget,
+                           controller=AdaptiveK() if k is None and bit_budget is None else None,
                            codec=codec or ("ids" if sampling.greedy else "raw"),
                            codec_params=params, skip=skip)  # fmt: skip
         t0, v0 = time.perf_counter(), getattr(conn.link, "virtual_s", 0.0)
@@ -109,6 +111,11 @@ def bench(a: argparse.Namespace) -> dict:
 
     for t in temps:  # --max-tokens, each temperature and --top-p, one line each
         check_decoding_args(argparse.Namespace(**{**vars(a), "temp": t, "method": "ar"}))
+    from runtime.edge.cli_args import check_bit_budget
+
+    for t in temps:  # --bit-budget: SQS §4's, for k-sqs / c-sqs only
+        check_bit_budget(argparse.Namespace(**{**vars(a), "temp": t}),
+                         tuple(a.codecs.split(",")) if a.codecs else None)  # fmt: skip
     params, skips = None, {}
     if not a.codecs:  # --codec (and its flags) hold for every temperature: check each, once
         from runtime.edge.cli_args import codec_params, skip_rule_from

@@ -31,12 +31,14 @@ EDGE_KEYS = ("total_draft_s", "total_uplink_s", "total_cloud_s", "total_downlink
 SKIP = "cu-hlm+skip"  # --skip: cu-hlm with CU-HLM's LOSSY skipping (runtime/edge/skip.py)
 
 
-def one_run(factory, draft, prompt, n, sampling, seed, codec, params, eos, skip=None, target=None):
-    """(tokens, wall seconds, edge summary) of one adaptive-K* flexspec run with `codec`."""
+def one_run(factory, draft, prompt, n, sampling, seed, codec, params, eos, skip=None, target=None,
+            k=None, k_max=8, bit_budget=None):  # fmt: skip
+    """(tokens, wall seconds, edge summary) of one flexspec run with `codec`: adaptive K*, or
+    with `bit_budget` SQS §4's budget-set round length capped by k (else k_max)."""
     from apps.bench.edge import one_run as edge_run
 
-    return edge_run(factory, draft, prompt, n, sampling, seed, None, eos, codec, params, skip,
-                    target)  # fmt: skip
+    return edge_run(factory, draft, prompt, n, sampling, seed, k, eos, codec, params, skip,
+                    target, k_max, bit_budget)  # fmt: skip
 
 
 def run_codecs(a, pair, prompts, host, port, token, links, temps) -> list[dict]:
@@ -48,6 +50,7 @@ def run_codecs(a, pair, prompts, host, port, token, links, temps) -> list[dict]:
     from runtime.edge.skip import skip_rule
 
     codecs = a.codecs.split(",") + ([SKIP] if a.skip else [])
+    budget = getattr(a, "bit_budget", None)  # checked by apps.bench.edge.bench
     eos = pair.target.config.eos_token_ids
     runs = []
     for temp in temps:
@@ -70,7 +73,8 @@ def run_codecs(a, pair, prompts, host, port, token, links, temps) -> list[dict]:
 
                     toks, wall, e = one_run(factory, pair.draft, prompt, a.max_tokens, Sampling(temp, a.top_p),
                                             a.seed + i, name.removesuffix("+skip"), params or None,
-                                            eos, rule if name == SKIP else None, pair.target)  # fmt: skip
+                                            eos, rule if name == SKIP else None, pair.target,
+                                            a.k if budget else None, a.k_max, budget)  # fmt: skip
                     drafted = sum(e["k"]) or 1
                     heads = VERIFY_HEAD * e["sent_rounds"]
                     mb = [b for b in e["model_bits"] if b is not None]
@@ -81,6 +85,7 @@ def run_codecs(a, pair, prompts, host, port, token, links, temps) -> list[dict]:
                         "rejected_rounds": sum(1 for k, x in zip(e["k"], e["accepted"], strict=True) if x < k),
                         "bytes_up": sum(e["bytes_up"]), "payload_bytes": sum(e["bytes_up"]) - heads,
                         "model_bits": sum(mb) if mb else None, "mean_k": e["mean_k"],
+                        "max_body_bits": max(e["body_bits"]) if e.get("body_bits") else None,
                         "codec_stats": e.get("codec_stats"), "lossy": "skip" in e,
                         "skip": e.get("skip"), "edge": {key: e[key] for key in EDGE_KEYS},
                     })  # fmt: skip

@@ -30,6 +30,7 @@ class Options:
     codec: str | None = None  # payload codec; default ids at T = 0, raw at T > 0
     codec_params: dict | None = None  # a compressed-q codec's parameters (its DEFAULTS otherwise)
     skip: object = None  # runtime.edge.skip.SkipRule: CU-HLM's LOSSY skipping (--skip); None: off
+    bit_budget: int | None = None  # SQS §4's per-batch uplink bits B (k-sqs, c-sqs); None: off
 
 
 def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
@@ -42,4 +43,4 @@ def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=
     return edge_steps(draft, options.conn, seq, max_new=max_new, sampling=sampling, seed=seed,
                       k=options.k, k_max=options.k_max, controller=options.controller,
                       codec=options.codec, codec_params=options.codec_params, draft_cache=draft_cache,
-                      skip=options.skip)  # fmt: skip
+                      skip=options.skip, bit_budget=options.bit_budget)  # fmt: skip

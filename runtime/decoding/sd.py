@@ -36,7 +36,8 @@ def draft_window(
     """Draft γ tokens after `seq`; returns (tokens, q (γ, V)), q the law each was drawn from
     (empty when greedy, where verification needs none). `law(q) -> q_hat`, when given, replaces
     each q by the law the verifier will see (a lossy codec's decoded q̂, SQS §2) before the
-    token is drawn from it with a fresh uniform. `observe(logits, d, q_row)`, when given, sees
+    token is drawn from it with a fresh uniform; a `law` that returns None ends the window
+    there, before any draw (SQS §4's bit budget), so fewer than γ tokens may come back. `observe(logits, d, q_row)`, when given, sees
     each token after its draw (CU-HLM's skip rule, runtime/edge/skip.py). A speculative-
     streaming draft drafts the same tokens in fewer passes (runtime/decoding/ss_draft.py;
     not under `observe`, which needs every token's own logits: its main stream then drafts
@@ -63,7 +64,13 @@ def draft_window(
         else:
             q = sampling.probs(logits)
             qs.append(law(q) if law is not None else q)  # SQS §2: draw from the q̂ sent
-            d = int(sample(qs[-1], rng.random()))
+            if qs[-1] is not None:
+                d = int(sample(qs[-1], rng.random()))
+        if law is not None and qs[-1] is None:  # the law ends the window (SQS §4's budget)
+            qs.pop()
+            if toks:
+                rewind(cache, len(seq) + len(toks) - 1)  # as if γ had been len(toks)
+            break
         toks.append(d)
         if observe is not None:
             observe(logits, d, qs[-1] if qs else None)

@@ -33,7 +33,8 @@ def ss_draft_window(
     """Draft γ tokens after `seq` with SS passes; returns (tokens, q (γ, V), J passes).
 
     q is empty when greedy (verification needs none), as in `sd.draft_window`; `law(q)`
-    replaces each q by the law the verifier will see before the token is drawn. On return
+    replaces each q by the law the verifier will see before the token is drawn (None: the
+    window ends there, as in `sd.draft_window`). On return
     the cache holds seq + d1..d(γ-1), as after `sd.draft_window`.
     """
     toks: list[int] = []
@@ -41,7 +42,8 @@ def ss_draft_window(
     feed = pending(cache, seq)  # tokens the cache lacks; the last one's main logits give d1
     guesses: list[int] = []
     passes = 0
-    while len(toks) < gamma:
+    stopped = False  # a law returned None: the window ends (SQS §4's bit budget)
+    while len(toks) < gamma and not stopped:
         base = cache.offset + len(feed)  # cache length once every fed token is in
         inp = feed + guesses
         first = len(feed) - 1  # streams on the last fed token and on every guess
@@ -57,12 +59,19 @@ def ss_draft_window(
             else:
                 q = sampling.probs(logits)
                 qs.append(law(q) if law is not None else q)
-                d = int(sample(qs[-1], rng.random()))
+                if qs[-1] is not None:
+                    d = int(sample(qs[-1], rng.random()))
+            if law is not None and qs[-1] is None:
+                qs.pop()
+                stopped = True
+                break
             toks.append(d)
             if len(toks) == gamma or walked >= len(guesses) or d != guesses[walked]:
                 break
             walked += 1  # the guess is the token drawn: its main logits are valid next
         rewind(cache, base + walked)  # keep the fed tokens and the confirmed guesses
+        if stopped:
+            break
         room = gamma - len(toks) - 1  # tokens still to draw after the one just drawn
         guesses = [int(t) for t in streams[0, walked].argmax(-1)[:room]] if room > 0 else []
         feed = [d]

@@ -41,6 +41,10 @@ def add_edge_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--eta", type=float, default=None, help="c-sqs: step eta (default 0.01)")
     g.add_argument("--beta", type=float, default=None,
                    help="c-sqs: initial threshold beta (default 0.01)")  # fmt: skip
+    g.add_argument("--bit-budget", type=int, default=None, metavar="B",
+                   help="k-sqs/c-sqs: SQS §4's per-round uplink budget in body bits; a round "
+                        "drafts until the next row would exceed B (capped by --k, else "
+                        "--k-max; no K* controller)")  # fmt: skip
     g.add_argument("--cu-k", type=int, default=None, help="cu-hlm: top-k sent (default 256)")
     g.add_argument("--cu-levels", default=None, choices=("log", "linear"),
                    help="cu-hlm: what the 8-bit probabilities mean: log (2^(-16 v/255), "
@@ -75,6 +79,21 @@ def check_edge_args(a: argparse.Namespace) -> None:
     adapter_name(a)
     codec_params(a)
     skip_rule_from(a)
+    check_bit_budget(a)
+
+
+def check_bit_budget(a: argparse.Namespace, codecs: tuple[str, ...] | None = None) -> None:
+    """One line for --bit-budget below 1 or with a codec other than k-sqs / c-sqs (`codecs`: the
+    ones a run will use; default --codec's)."""
+    b = getattr(a, "bit_budget", None)
+    if b is None:
+        return
+    if b < 1:
+        raise DuetError(f"--bit-budget must be at least 1 bit (got {b})")
+    for name in codecs or (a.codec or ("ids" if getattr(a, "temp", 0) == 0 else "raw"),):
+        if name not in ("k-sqs", "c-sqs"):
+            raise DuetError(f"--bit-budget is SQS §4's per-batch budget: it needs --codec k-sqs "
+                            f"or c-sqs (got {name})")  # fmt: skip
 
 
 def adapter_name(a: argparse.Namespace) -> str:
@@ -182,8 +201,10 @@ def edge_options(a: argparse.Namespace, target_dir, target_backend: str = "auto"
                 token = p.read_bytes().strip()
         conn = Connection(host, port, token, link=emulator(a.link, a.link_seed), adapter=name)
         try:
+            budget = getattr(a, "bit_budget", None)
             yield {"conn": conn, "k": a.k, "k_max": a.k_max,
-                   "controller": None if a.k is not None else AdaptiveK(),
+                   "controller": None if a.k is not None or budget else AdaptiveK(),
+                   "bit_budget": budget,
                    "codec": a.codec, "codec_params": codec_params(a),
                    "skip": skip_rule_from(a)}  # fmt: skip
         finally:

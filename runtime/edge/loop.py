@@ -40,6 +40,7 @@ def edge_steps(
     codec_params: dict | None = None,
     draft_cache=None,
     skip=None,
+    bit_budget: int | None = None,
 ) -> Iterator[StepEvent]:
     """Yield one StepEvent per round; `extra["edge"]` holds the round's k, bytes, rate and times.
 
@@ -49,6 +50,9 @@ def edge_steps(
     `skip` (runtime.edge.skip.SkipRule, cu-hlm at T > 0 only) turns on CU-HLM's LOSSY skipping:
     drafts with u <= u_th are committed unverified, and a window of only such drafts is not
     sent (its ids lead the next window); rounds then carry `u`, `skipped` and `sent`.
+    `bit_budget` B (k-sqs, c-sqs only) is SQS §4's per-batch uplink budget: a round drafts until
+    the next row would push its body bits over B, or until K (k, else k_max: the budget and not
+    the K* controller sets the batch length) or max_new; rounds then carry `body_bits`.
     """
     if k is not None and k < 0:
         raise DuetError(f"--k must be >= 0 (got {k})")
@@ -62,6 +66,14 @@ def edge_steps(
     if not sampling.greedy and not cod.CARRIES_Q:
         raise DuetError(f"codec {cod.NAME} carries no q; sampling (--temp > 0) needs one that does")
     enc = new_encoder(cod, V, codec_params)
+    if bit_budget is not None:
+        if cod.NAME not in ("k-sqs", "c-sqs"):
+            raise DuetError(f"--bit-budget is SQS §4's: it needs --codec k-sqs or c-sqs "
+                            f"(got --codec {cod.NAME})")  # fmt: skip
+        if bit_budget < 1:
+            raise DuetError(f"--bit-budget must be at least 1 bit (got {bit_budget})")
+        enc.budget = bit_budget  # SQS §4: L^t = max{L : sum_{n<=L} b_n(K_n, ell) <= B}
+        controller = None  # the budget sets L^t; K (else k_max) only caps it
     skipper = None
     if skip is not None:
         if cod.NAME != "cu-hlm" or sampling.greedy:
@@ -92,6 +104,8 @@ def edge_steps(
     try:
         while produced < max_new:
             want = k if k is not None else (controller.choose(k_max) if controller else 4)
+            if bit_budget is not None and k is None:
+                want = k_max
             g = max(0, min(want, max_new - produced - 1, ctx - len(seq) - 1, draft_ctx - len(seq),
                            MAX_ROWS - len(held)))  # fmt: skip
             flags: list[tuple[float, bool, float]] = []  # per draft: u, skipped, x_d = q̂(d)
@@ -106,6 +120,7 @@ def edge_steps(
             t0 = time.perf_counter()
             drafts, q = draft_window(draft, dc, seq, g, sampling, rng, law=enc.draft_law,
                                      observe=observe if skipper else None)  # fmt: skip
+            g = len(drafts)  # SQS §4: the budget may end the window early
             if skipper and g and all(f[1] for f in flags):  # nothing to verify: no round trip
                 base = len(seq)
                 seq += drafts
@@ -147,6 +162,8 @@ def edge_steps(
             if controller is not None:
                 controller.update(**round_, header_bytes=head)
             round_["model_bits"] = enc.last_bits  # header + eq. (1) body bits (compressed q)
+            if bit_budget is not None:
+                round_["body_bits"] = enc.last_bits - 8 * enc.kernel.header_bytes()  # <= B
             if hasattr(enc, "stats"):
                 round_["codec_stats"] = enc.stats()
             if skipper:
@@ -171,6 +188,8 @@ def edge_summary(events) -> dict:
     for key in keys:
         vals = [r[key] for r in rounds]
         out[key] = [v if v != float("inf") else None for v in vals]
+    if any("body_bits" in r for r in rounds):  # SQS §4's budget: each round's body bits
+        out["body_bits"] = [r.get("body_bits") for r in rounds]
     if rounds and rounds[-1].get("codec_stats"):
         out["codec_stats"] = rounds[-1]["codec_stats"]  # C-SQS: Theorem 2 over the run
     n = sum(len(ev.tokens) for ev in events) or 1

@@ -31,10 +31,21 @@ class Encoder:
         self.vocab = vocab
         self.rows: list = []
         self.last_bits = 0  # eq. (1) model of the last body: header + body bits (before padding)
+        self.budget: int | None = None  # SQS §4's per-batch bit budget B on the body (None: off)
+        self.spent = 0  # body bits of the rows drafted since the last `encode`
 
-    def draft_law(self, q: np.ndarray) -> np.ndarray:
-        """q̂ of one draft distribution (the row is kept for `encode`)."""
+    def draft_law(self, q: np.ndarray) -> np.ndarray | None:
+        """q̂ of one draft distribution (the row is kept for `encode`); None when the row would
+        push the batch's body bits over `budget`: the batch ends before it (nothing is drawn)."""
         row = self.kernel.quantize(np.asarray(q, np.float32)[None])[0]
+        if self.budget is not None:
+            bits = self.kernel.body_bits([row], self.vocab)  # the row's bits on the wire
+            if self.spent + bits > self.budget:  # SQS §4: L^t = max{L : sum_n b_n <= B}, in order
+                th = getattr(self.kernel, "threshold", None)
+                if th is not None:
+                    th.undo()  # C-SQS: the row is not sent, so its eq. (8) update is not made
+                return None
+            self.spent += bits
         self.rows.append(row)
         return self.kernel.qhat([row], self.vocab)[0]
 
@@ -46,7 +57,7 @@ class Encoder:
 
     def encode(self, tokens, q_hat, vocab: int) -> bytes:
         """The VERIFY body of the rows drafted since the last call (one per token)."""
-        rows, self.rows = self.rows, []
+        rows, self.rows, self.spent = self.rows, [], 0
         if len(rows) != len(tokens):
             raise ValueError(f"{len(tokens)} tokens but {len(rows)} quantized rows: draw every "
                              "token through draft_law")  # fmt: skip
