@@ -4,9 +4,9 @@ issue 13 through a real verifier over emulated links.
     python -m apps.bench --edge --codecs ids,raw,k-sqs,c-sqs,cu-hlm --links 5g,4g,wifi-weak \\
         --temps 0.2,0.5,0.8,1.0 --limit 2 --max-tokens 32 --out-json codecs.json --plot x.html
 
-Every run is adaptive K* (eq. (11), which sees each codec's real frame bytes) in a fresh session;
-codecs rotate per prompt; the link seed is the same for every codec on a prompt. `ids` carries
-no q, so it runs only at T = 0. Per (T, link, codec): uplink bits per drafted token (real frame
+Every run is adaptive K* (eq. (11), which sees each codec's real frame bytes; --bit-budget below
+replaces it) in a fresh session; codecs rotate per prompt; the link seed is the same for every
+codec on a prompt. `ids` carries no q, so it runs only at T = 0. Per (T, link, codec): uplink bits per drafted token (real frame
 bytes, and the eq. (1) model + payload header, which must match up to the 21-byte frame and
 VERIFY header and byte padding), acceptance (accepted / drafted), resampling rate (rounds with a
 rejection / rounds), ms per token end to end. Codec parameters: each codec's DEFAULTS
@@ -15,6 +15,8 @@ rejection / rounds), ms per token end to end. Codec parameters: each codec's DEF
 with the skip rate and the rejection risk R measured against the target (runtime/edge/skip.py).
 Each summary row keeps the mean per-round time split (draft, uplink, cloud, downlink ms).
 The plot: ms per token vs temperature for K-SQS and C-SQS per link (SQS Fig. 2's crossover).
+`--bit-budget B` (SQS §4's setup, k-sqs and c-sqs only): each round drafts until the next row
+would push its body over B bits, capped by --k else --k-max, instead of adaptive K*.
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ def summarize(runs: list[dict]) -> list[dict]:
         out.append({
             "temp": key[0], "link": key[1], "codec": key[2],
             "up_bits_per_draft": 8 * sum(r["bytes_up"] for r in rs) / d,
+            "up_bits_per_token": 8 * sum(r["bytes_up"] for r in rs) / max(1, sum(r["tokens"] for r in rs)),
             "payload_bits_per_draft": 8 * sum(r["payload_bytes"] for r in rs) / d,
             "model_bits_per_draft": sum(mb) / d if None not in mb else None,
             "acceptance": sum(r["accepted"] for r in rs) / d,
@@ -178,13 +181,15 @@ def plot_crossover(summary: list[dict], path: str) -> None:
 
 def print_table(summary: list[dict]) -> None:
     print(f"{'T':>4} {'link':<9} {'codec':<7} {'up b/draft':>10} {'payload b':>10} {'model b':>9} "
-          f"{'vs raw':>7} {'accept':>7} {'Δacc':>6} {'resample':>8} {'ms/tok':>8} {'×raw':>5}")  # fmt: skip
+          f"{'vs raw':>7} {'accept':>7} {'Δacc':>6} {'resample':>8} {'ms/tok':>8} {'×raw':>5} "
+          f"{'up b/tok':>8} {'mean K':>6}")  # fmt: skip
     f = lambda v, fmt: format(v, fmt) if v is not None else "-"  # noqa: E731
     for s in summary:
         print(f"{s['temp']:>4g} {s['link']:<9} {s['codec']:<7} {s['up_bits_per_draft']:>10.0f} "
               f"{s['payload_bits_per_draft']:>10.0f} {f(s['model_bits_per_draft'], '9.0f'):>9} "
               f"{f(s['bits_vs_raw'], '7.3f'):>7} {s['acceptance']:>7.3f} "
               f"{f(s['acceptance_vs_raw'], '+6.3f'):>6} {s['resample_rate']:>8.2f} "
-              f"{s['ms_per_token']:>8.1f} {f(s['speedup_vs_raw'], '5.2f'):>5}"
+              f"{s['ms_per_token']:>8.1f} {f(s['speedup_vs_raw'], '5.2f'):>5} "
+              f"{s['up_bits_per_token']:>8.0f} {s['mean_k']:>6.2f}"
               + (f"  LOSSY skip {s['skip_rate']:.2f} R {s.get('measured_risk', float('nan')):.4f}"
                  f" (Thm 1 bound {s['theorem1_bound']:.3f})" if s["lossy"] else ""))  # fmt: skip
