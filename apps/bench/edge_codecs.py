@@ -6,8 +6,9 @@ issue 13 through a real verifier over emulated links.
 
 Every run is adaptive K* (eq. (11), which sees each codec's real frame bytes; --bit-budget below
 replaces it) in a fresh session; codecs rotate per prompt; the link seed is the same for every
-codec on a prompt. `ids` carries no q, so it runs only at T = 0. Per (T, link, codec): uplink bits per drafted token (real frame
-bytes, and the eq. (1) model + payload header, which must match up to the 21-byte frame and
+codec on a prompt. `ids` carries no q, so it runs only at T = 0. Per (T, link, codec): uplink
+bits per drafted token (real frame bytes, and the eq. (1) model + payload header, which must
+match up to the 21-byte frame and
 VERIFY header and byte padding), acceptance (accepted / drafted), resampling rate (rounds with a
 rejection / rounds), ms per token end to end. Codec parameters: each codec's DEFAULTS
 (runtime/edge/codecs/) unless the codec flags of `--method flexspec` say otherwise.
