@@ -11,11 +11,13 @@ import pytest
 from edge_helpers import ar_tokens
 from test_edge_codecs import ALPHA, COARSE, N_GOF, gof_pair  # noqa: F401 (fixture)
 from test_edge_flexspec import GOF_PROMPT, SAMPLING, exact_joint, gof_pvalue
+from test_ss_draft import OracleStreams, ss_dirs  # noqa: F401 (fixture)
 
 from kernels.payload_sqs import row_bits
 from runtime.backends import load_model
-from runtime.decoding import make_steps
+from runtime.decoding import Sampling, make_steps
 from runtime.decoding.events import GREEDY
+from runtime.decoding.sd import draft_window
 from runtime.edge.client import Connection
 from runtime.edge.codecs import codec, new_encoder
 from runtime.edge.loop import edge_summary
@@ -61,6 +63,35 @@ def test_rounds_stay_within_the_budget(small_pair, verifier, name, params, budge
             left -= a + 1
     if temp == 0:
         assert toks == ar_tokens(target, PROMPT, n)
+
+
+def stop_after(j):
+    """A draft law that passes j rows and then ends the window (as a spent budget does)."""
+    calls = []
+
+    def law(q):
+        calls.append(1)
+        return None if len(calls) > j else q
+
+    return law
+
+
+@pytest.mark.parametrize("temp", [0.0, 1.0])
+def test_a_law_returning_none_ends_the_window_there(ss_dirs, temp):  # noqa: F811
+    """Plain and speculative-streaming drafts: the window stopped after j rows is the first j
+    tokens of the full one, and the cache holds seq + d1..d(j-1), as after a window of j."""
+    _, dd, ss = ss_dirs
+    s = Sampling(temp)
+    plain, m = load_model(dd, "torch"), load_model(ss, "torch")
+    full, _ = draft_window(plain, plain.new_cache(), PROMPT, 6, s, np.random.default_rng(1))
+    oracle = OracleStreams(m, {len(PROMPT) + i: t for i, t in enumerate(full)})
+    for draft in (plain, m, oracle):
+        for j in (0, 1, 4):
+            c = (plain if draft is plain else m).new_cache()
+            toks, q = draft_window(draft, c, PROMPT, 6, s, np.random.default_rng(1),
+                                   law=stop_after(j))  # fmt: skip
+            assert toks == full[:j] and len(q) == j
+            assert c.offset == len(PROMPT) + j - 1 or (j == 0 and c.offset <= len(PROMPT))
 
 
 def test_csqs_threshold_takes_no_step_for_a_row_over_the_budget():
