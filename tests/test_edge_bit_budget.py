@@ -147,8 +147,8 @@ def test_generate_refuses_bad_budget_flags_in_one_line(capsys, argv, says):
 
 
 def test_edge_bench_budget(tmp_path, capsys):
-    """apps.bench --edge --codecs k-sqs,c-sqs --bit-budget B: the runs keep within B; a codec
-    other than k-sqs / c-sqs in --codecs is refused in one line."""
+    """apps.bench --edge --codecs k-sqs,c-sqs --bit-budget B: the runs keep within B and the plot
+    has both panels; a codec other than k-sqs / c-sqs in --codecs is refused in one line."""
     from apps.bench.__main__ import main
 
     assert main(["--edge", "--codecs", "raw,k-sqs", "--temps", "1", "--bit-budget", "500"]) == 2
@@ -157,7 +157,9 @@ def test_edge_bench_budget(tmp_path, capsys):
     out = tmp_path / "b.json"
     assert main(["--edge", "--links", "none", "--limit", "1", "--max-tokens", "6", "--temps", "1",
                  "--codecs", "k-sqs,c-sqs", "--ell", "100", "--sqs-k", "8", "--bit-budget", "500",
-                 "--k-max", "4", "--out-json", str(out)]) == 0  # fmt: skip
+                 "--k-max", "4", "--out-json", str(out), "--plot", str(tmp_path / "p.html")]) == 0  # fmt: skip
     runs = json.loads(out.read_text())["runs"]
     assert {r["codec"] for r in runs} == {"k-sqs", "c-sqs"}
     assert all(r["max_body_bits"] is not None and r["max_body_bits"] <= 500 for r in runs)
+    html = (tmp_path / "p.html").read_text()  # SQS Fig. 2's two panels
+    assert html.count("<svg") == 2 and "resampling rate" in html

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out-json", help="write every run and the summary here")
     ap.add_argument("--plot", help="write latency-vs-K per link here (.html); with --codecs: "
-                    "K-SQS vs C-SQS ms/token vs temperature")  # fmt: skip
+                    "K-SQS vs C-SQS ms/token and resampling rate vs temperature")  # fmt: skip
     ap.add_argument("--link-clock", choices=("sleep", "virtual"), default="sleep",
                     help="sleep: the link's waits are slept for real (default); virtual: they are "
                     "added to the measured time instead of slept (same per-round times, the "

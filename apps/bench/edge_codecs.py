@@ -15,7 +15,8 @@ rejection / rounds), ms per token end to end. Codec parameters: each codec's DEF
 `--skip` adds `cu-hlm+skip` runs at T > 0: cu-hlm with CU-HLM's LOSSY skipping, marked lossy,
 with the skip rate and the rejection risk R measured against the target (runtime/edge/skip.py).
 Each summary row keeps the mean per-round time split (draft, uplink, cloud, downlink ms).
-The plot: ms per token vs temperature for K-SQS and C-SQS per link (SQS Fig. 2's crossover).
+The plot: ms per token and resampling rate vs temperature for K-SQS and C-SQS per link (SQS
+Fig. 2's two panels).
 `--bit-budget B` (SQS §4's setup, k-sqs and c-sqs only): each round drafts until the next row
 would push its body over B bits, capped by --k else --k-max, instead of adaptive K*.
 """
@@ -144,20 +145,30 @@ def split_per_round(rs: list[dict]) -> dict:
 
 
 def plot_crossover(summary: list[dict], path: str) -> None:
-    """ms/token vs temperature, K-SQS solid and C-SQS dashed, one colour per link (SVG in HTML)."""
-    W, H, P = 640, 360, 56
+    """SQS Fig. 2's two panels vs temperature, ms per token and resampling rate: K-SQS solid,
+    C-SQS dashed, one colour per link (SVG in HTML)."""
     rows = [s for s in summary if s["codec"] in ("k-sqs", "c-sqs") and s["temp"] > 0]
     if not rows:
         raise DuetError("--plot needs k-sqs or c-sqs runs at T > 0")
+    panels = [_panel(rows, "ms_per_token", "ms per token"),
+              _panel(rows, "resample_rate", "resampling rate (rounds with a rejection)")]  # fmt: skip
+    with open(path, "w") as f:
+        f.write("<!doctype html><meta charset=utf-8><title>K-SQS vs C-SQS latency</title>"
+                "<h3>vs temperature: K-SQS solid, C-SQS dashed</h3>" + "<br>".join(panels))  # fmt: skip
+
+
+def _panel(rows: list[dict], key: str, label: str) -> str:
+    """One SVG: `key` of each (link, codec) vs temperature."""
+    W, H, P = 640, 360, 56
     temps = sorted({s["temp"] for s in rows})
-    ymax = max(s["ms_per_token"] for s in rows) * 1.1
+    ymax = max(s[key] for s in rows) * 1.1 or 1.0
     lo, hi = min(temps), max(temps) if max(temps) > min(temps) else min(temps) + 1
     x = lambda t: P + (t - lo) / (hi - lo) * (W - 2 * P)  # noqa: E731
     y = lambda v: H - P - v / ymax * (H - 2 * P)  # noqa: E731
     parts = [f'<line x1="{P}" y1="{H - P}" x2="{W - P}" y2="{H - P}" stroke="black"/>',
              f'<line x1="{P}" y1="{P}" x2="{P}" y2="{H - P}" stroke="black"/>',
              f'<text x="{W / 2}" y="{H - 12}" text-anchor="middle">temperature</text>',
-             f'<text x="8" y="{P - 18}">ms per token (max {ymax:.0f})</text>']  # fmt: skip
+             f'<text x="8" y="{P - 18}">{label} (max {ymax:.3g})</text>']  # fmt: skip
     parts += [
         f'<text x="{x(t):.1f}" y="{H - P + 16}" text-anchor="middle">{t:g}</text>' for t in temps
     ]
@@ -166,18 +177,13 @@ def plot_crossover(summary: list[dict], path: str) -> None:
     for j, link in enumerate(links):
         for codec, dash in (("k-sqs", ""), ("c-sqs", ' stroke-dasharray="6,4"')):
             pts = sorted(
-                (s["temp"], s["ms_per_token"])
-                for s in rows
-                if (s["link"], s["codec"]) == (link, codec)
+                (s["temp"], s[key]) for s in rows if (s["link"], s["codec"]) == (link, codec)
             )
             line = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in pts)
             parts.append(f'<polyline points="{line}" fill="none" stroke="{colors[j % 4]}" '
                          f'stroke-width="2"{dash}/>')  # fmt: skip
         parts.append(f'<text x="{W - P + 4}" y="{P + 16 * j}" fill="{colors[j % 4]}">{link}</text>')
-    svg = f'<svg xmlns="http://www.w3.org/2000/svg" width="{W + 90}" height="{H}">{"".join(parts)}</svg>'
-    with open(path, "w") as f:
-        f.write("<!doctype html><meta charset=utf-8><title>K-SQS vs C-SQS latency</title>"
-                "<h3>ms per token vs temperature: K-SQS solid, C-SQS dashed</h3>" + svg)  # fmt: skip
+    return f'<svg xmlns="http://www.w3.org/2000/svg" width="{W + 90}" height="{H}">{"".join(parts)}</svg>'
 
 
 def print_table(summary: list[dict]) -> None:
