@@ -17,7 +17,7 @@ from .corpus import DEFAULT_EXCLUDE_DIRS, DEFAULT_INCLUDE
 from .pipeline import TrainArgs, train_pair
 
 # `python -m apps.train NAME ...`: one module per subcommand, each with its own main(argv)
-SUBCOMMANDS = ("evolve", "anchor", "bins", "exit-head", "mtp", "ss-draft")
+SUBCOMMANDS = ("evolve", "anchor", "bins", "exit-head", "mtp", "ss-draft", "draft-tune")
 
 
 def _shape_str(s) -> str:
