@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
             "HeteroSpec entropy bins:   python -m apps.train bins --help\n"
             "write the prompt set:      python -m apps.train.prompts\n"
             "evolve the target (FlexSpec): python -m apps.train evolve --help\n"
-            "train an anchor draft:        python -m apps.train anchor --help"
+            "train an anchor draft:        python -m apps.train anchor --help\n"
+            "fine-tune a draft (KL + TV):  python -m apps.train draft-tune --help"
         ),
     )
     g = ap.add_argument_group("data")
