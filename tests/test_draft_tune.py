@@ -60,12 +60,19 @@ def test_tune_saves_a_loadable_draft(setup, capsys):
 
 
 def test_eval_only_target_as_its_own_draft(setup, capsys):
-    target, _, _, common = setup
-    assert draft_tune.main([*common, "--draft", str(target), "--eval-only"]) == 0
+    target, draft, _, common = setup
+    argv = [*common, "--draft", str(target), "--compare", str(draft), "--eval-only"]
+    assert draft_tune.main(argv) == 0
     ev = json.loads(capsys.readouterr().out)["evaluation"]
     assert ev["accept_T1_topp0.9"] == pytest.approx(1.0, abs=1e-4)
     assert ev["greedy_top1"] == 1.0 and ev["greedy_top1_T0_contexts"] == 1.0
     assert ev["tv_T1"] == pytest.approx(0.0, abs=1e-4) and ev["heldout_top1"] == 1.0
+    # the random draft, paired on the same contexts: the difference is 1 - its acceptance
+    cmp, diff = ev["compare"], ev["draft_minus_compare"]
+    assert cmp["positions"] == ev["positions"] and cmp["accept_T1_topp0.9"] < 0.9
+    d = diff["accept_T1_topp0.9"]
+    assert d["diff"] == pytest.approx(1.0 - cmp["accept_T1_topp0.9"], abs=2e-4)
+    assert 0 < d["ci95"][0] <= d["diff"] <= d["ci95"][1]
 
 
 def test_law_metrics_by_hand():
@@ -89,6 +96,7 @@ def test_law_metrics_by_hand():
         (["--out", "TARGET", "--steps", "1"], "target directory"),
         (["--out", "JUNK", "--steps", "1"], "not a checkpoint directory"),
         (["--draft", "MISSING", "--eval-only"], "--draft"),
+        (["--compare", "OUT", "--out", "OUT", "--steps", "1"], "--eval-only"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(setup, capsys, extra, needle):

@@ -75,24 +75,45 @@ def _logits(model, seq: list[int]) -> np.ndarray:
     return np.asarray(model.forward(np.array([seq]), model.new_cache())[0], np.float32)
 
 
-def context_metrics(target, draft, contexts, top_p: float) -> dict:
-    """Means of `law_metrics` over every generated position of `contexts` (each position is
-    predicted from the prefix before it)."""
-    acc: dict[str, list] = {}
+def per_prompt(target, draft, contexts, top_p: float) -> dict[str, np.ndarray]:
+    """Sums of `law_metrics` over each context's generated positions (each predicted from the
+    prefix before it), (P,) per metric, and `n`, the positions per context."""
+    sums: dict[str, list] = {"n": []}
     for ids, seq in contexts:
-        if len(seq) == len(ids):
-            continue
         sl = slice(len(ids) - 1, len(seq) - 1)
-        for k, v in law_metrics(_logits(target, seq)[sl], _logits(draft, seq)[sl], top_p).items():
-            acc.setdefault(k, []).append(v)
-    m = {k: float(np.concatenate(v).mean()) for k, v in acc.items()}
+        m = law_metrics(_logits(target, seq)[sl], _logits(draft, seq)[sl], top_p)
+        sums["n"].append(len(seq) - len(ids))
+        for k, v in m.items():
+            sums.setdefault(k, []).append(float(v.sum()))
+    return {k: np.asarray(v, np.float64) for k, v in sums.items()}
+
+
+def context_metrics(target, draft, contexts, top_p: float) -> dict:
+    """Means of `law_metrics` over every generated position of `contexts`."""
+    return summarise(per_prompt(target, draft, contexts, top_p), top_p)
+
+
+def summarise(pp: dict[str, np.ndarray], top_p: float) -> dict:
+    """Position-weighted means of a `per_prompt` result."""
+    n = max(pp["n"].sum(), 1.0)
     return {
-        "positions": int(sum(len(s) - len(i) for i, s in contexts)),
-        f"accept_T1_topp{top_p:g}": round(m["accept"], 4),
-        "greedy_top1": round(m["greedy"], 4),
-        "tv_T1": round(m["tv"], 4),
-        "kl_T1": round(m["kl"], 4),
+        "positions": int(pp["n"].sum()),
+        f"accept_T1_topp{top_p:g}": round(pp["accept"].sum() / n, 4),
+        "greedy_top1": round(pp["greedy"].sum() / n, 4),
+        "tv_T1": round(pp["tv"].sum() / n, 4),
+        "kl_T1": round(pp["kl"].sum() / n, 4),
     }
+
+
+def paired_diff(a: dict, b: dict, key: str, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Mean of `key` under `a` minus under `b` (per_prompt outputs on the SAME contexts) and a
+    95 % percentile bootstrap interval that resamples contexts, the same draw for both."""
+    assert np.array_equal(a["n"], b["n"]), "paired only on the same contexts"
+    n, d = a["n"], a[key] - b[key]
+    idx = np.random.default_rng(seed).integers(0, len(n), (n_boot, len(n)))
+    boot = d[idx].sum(1) / np.maximum(n[idx].sum(1), 1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return {"diff": round(d.sum() / max(n.sum(), 1), 4), "ci95": [round(lo, 4), round(hi, 4)]}
 
 
 def window_metrics(target, draft, windows: list[np.ndarray]) -> dict:
