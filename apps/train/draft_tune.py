@@ -112,7 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
     ap.add_argument(
-        "--seq-len", type=int, default=None, help="window length (default: the split's, else 512)"
+        "--seq-len",
+        type=int,
+        default=None,
+        help="training window length (default: the split's, else 512; with a split, the "
+        "held-out windows keep its length)",
     )
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     ap.add_argument(
@@ -230,7 +234,7 @@ def _corpus(a, ddir: Path):
         raise DuetError(f"--split {split}: no such file")
     if split.is_file():
         corpus, seq_len = corpus_from_split(split, a.corpus)
-        return corpus, a.seq_len or seq_len, str(split)
+        return corpus, seq_len, str(split)
     return load_corpus(a.corpus), a.seq_len or 512, None
 
 
@@ -303,7 +307,8 @@ def run(a: argparse.Namespace) -> dict:
         _check_out(out, tdir)
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    corpus, seq_len, split = _corpus(a, ddir)
+    corpus, eval_len, split = _corpus(a, ddir)  # held-out windows keep the split's length
+    seq_len = a.seq_len or eval_len
     eos = eos_id(tok)
 
     def enc(texts):
@@ -312,7 +317,7 @@ def run(a: argparse.Namespace) -> dict:
     held = token_stream(corpus.texts("heldout", 8 * a.eval_heldout_tokens), enc, eos)
     if a.eval_only:
         cmp = _checkpoint_dir(a.compare, "compare") if a.compare else None
-        return {"evaluation": evaluate(tdir, ddir, held, seq_len, a, cmp)}
+        return {"evaluation": evaluate(tdir, ddir, held, eval_len, a, cmp)}
 
     train = token_stream(corpus.texts("train"), enc, eos)
     print(
@@ -394,7 +399,7 @@ def run(a: argparse.Namespace) -> dict:
         "reload_check": check_reload(draft, out, probe_ids),
     }
     if not a.no_eval:
-        report["evaluation"] = evaluate(tdir, out, held, seq_len, a)
+        report["evaluation"] = evaluate(tdir, out, held, eval_len, a)
     (out / "draft_tune.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
