@@ -17,7 +17,7 @@ from .corpus import DEFAULT_EXCLUDE_DIRS, DEFAULT_INCLUDE
 from .pipeline import TrainArgs, train_pair
 
 # `python -m apps.train NAME ...`: one module per subcommand, each with its own main(argv)
-SUBCOMMANDS = ("evolve", "anchor", "bins", "exit-head", "mtp", "ss-draft")
+SUBCOMMANDS = ("evolve", "anchor", "bins", "exit-head", "mtp", "ss-draft", "draft-tune")
 
 
 def _shape_str(s) -> str:
@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
             "HeteroSpec entropy bins:   python -m apps.train bins --help\n"
             "write the prompt set:      python -m apps.train.prompts\n"
             "evolve the target (FlexSpec): python -m apps.train evolve --help\n"
-            "train an anchor draft:        python -m apps.train anchor --help"
+            "train an anchor draft:        python -m apps.train anchor --help\n"
+            "fine-tune a draft (KL + TV):  python -m apps.train draft-tune --help"
         ),
     )
     g = ap.add_argument_group("data")

@@ -13,6 +13,7 @@ filesystem lists files, or on which other files exist.
 from __future__ import annotations
 
 import hashlib
+import json
 import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -118,6 +119,24 @@ def load_corpus(
         )
     train, held = split_files(files, heldout_frac)
     return Corpus(root=root, train=tuple(train), heldout=tuple(held))
+
+
+def corpus_from_split(split_path: str | Path, root: str | Path | None = None) -> tuple[Corpus, int]:
+    """The corpus and sequence length of a trained pair, from the split.json apps.train wrote
+    beside it; `root` overrides the recorded corpus root. The held-out files follow from the
+    rule and the fraction recorded there (the list in the file is a record, not an input)."""
+    try:
+        split = json.loads(Path(split_path).read_text())
+        rec_root, frac = split["corpus_root"], float(split["heldout_frac"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DuetError(f"{split_path}: not a split.json written by apps.train ({e})") from None
+    corpus = load_corpus(
+        root or rec_root,
+        include=tuple(split.get("include", DEFAULT_INCLUDE)),
+        exclude_dirs=tuple(split.get("exclude_dirs", DEFAULT_EXCLUDE_DIRS)),
+        heldout_frac=frac,
+    )
+    return corpus, int(split.get("seq_len", 512))
 
 
 def token_stream(texts: Iterator[str], encode_batch, eos_id: int) -> np.ndarray:

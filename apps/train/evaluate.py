@@ -26,7 +26,7 @@ from tqdm import tqdm
 from runtime.errors import DuetError, cli_main
 
 from .checkpoint import load_model
-from .corpus import Corpus, eval_windows, load_corpus, token_stream
+from .corpus import Corpus, corpus_from_split, eval_windows, token_stream
 from .prompts import build_prompts
 from .tokenizer import eos_id, load_tokenizer
 
@@ -170,18 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     for p in (d / "target", d / "draft", split_path):
         if not p.exists():
             raise DuetError(f"{p} not found; is {d} an apps.train output directory?")
-    split = json.loads(split_path.read_text())
-    corpus = load_corpus(
-        a.corpus or split["corpus_root"],
-        include=tuple(split.get("include", ("*.py",))),
-        exclude_dirs=tuple(split.get("exclude_dirs", ())),
-        heldout_frac=split["heldout_frac"],
-    )
+    corpus, seq_len = corpus_from_split(split_path, a.corpus)
     rep = evaluate_pair(
         d / "target",
         d / "draft",
         corpus,
-        seq_len=split["seq_len"],
+        seq_len=seq_len,
         max_new=a.max_new_tokens,
         max_prompts=a.max_prompts,
     )

@@ -109,11 +109,14 @@ def _ce_step(model):
     return step
 
 
-def _distill_step(draft, teacher, ce_weight: float):
+def _distill_step(
+    draft, teacher, ce_weight: float, tv_weight: float = 0.0, temperature: float = 1.0
+):
     def step(x, y):
         with torch.no_grad():
             t_logits = teacher(input_ids=x).logits
-        return distill_loss(draft(input_ids=x).logits, t_logits, y, ce_weight=ce_weight)
+        return distill_loss(draft(input_ids=x).logits, t_logits, y, ce_weight=ce_weight,
+                            temperature=temperature, tv_weight=tv_weight)  # fmt: skip
 
     return step
 

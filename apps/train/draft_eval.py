@@ -1,0 +1,133 @@
+"""How closely a draft follows its target, measured offline on held-out text.
+
+Two sets of positions, both held out from training:
+
+- corpus windows (the held-out files of the pair's split): KL(p ‖ q), TV(p, q) and top-1
+  agreement at T = 1, with teacher forcing on the real text;
+- sampled contexts: the target continues each held-out prompt (apps/prompts/, first turn,
+  the way apps.bench builds it) for `n_tokens` tokens with `ar` at T = 1 and top-p, seed i
+  for prompt i, so the contexts are the ones sampling speculative decoding actually sees.
+  On them: the per-token acceptance of rejection sampling at that setting, Σ min(p, q) over
+  the top-p laws of both (Leviathan et al. 2023, §3.2: β = Σ min(p, q)), greedy top-1
+  agreement on the same positions, TV and KL at T = 1 without top-p. Greedy agreement is
+  also measured on the target's greedy continuations of the same prompts: that is the
+  per-token acceptance greedy speculative decoding sees.
+
+Both models run on Duet's own PyTorch backend, as saved (bf16 weights, float32 maths). The
+contexts depend only on the target and the seeds, so two calls on the same target see the
+same positions; `contexts_sha` records which. This module measures; it trains nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from kernels.sampling import probs_from_logits
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    z = x - x.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def law_metrics(t_logits: np.ndarray, d_logits: np.ndarray, top_p: float) -> dict:
+    """Per-position (N,) arrays for target/draft logits (N, V): `accept` (Σ min(p, q) at T = 1,
+    top-p), `greedy` (argmax agreement), `tv` and `kl` at T = 1 without top-p."""
+    lp, lq = _log_softmax(t_logits.astype(np.float64)), _log_softmax(d_logits.astype(np.float64))
+    p, q = np.exp(lp), np.exp(lq)
+    pn, qn = probs_from_logits(t_logits, 1.0, top_p), probs_from_logits(d_logits, 1.0, top_p)
+    return {
+        "accept": np.minimum(pn, qn).sum(-1),  # β of Leviathan et al. §3.2 at this setting
+        "greedy": (t_logits.argmax(-1) == d_logits.argmax(-1)).astype(np.float64),
+        "tv": 0.5 * np.abs(p - q).sum(-1),
+        "kl": (p * (lp - lq)).sum(-1),
+    }
+
+
+def sampled_contexts(
+    target, prompt_ids: list[list[int]], n_tokens: int, top_p: float, temp: float = 1.0
+):
+    """[(prompt ids, prompt + continuation)] with the continuation drawn by `ar` from `target`
+    (a runtime CausalLM) at `temp` (0: greedy), `top_p`, seed i for prompt i."""
+    from runtime.decoding import make_steps, run
+    from runtime.decoding.events import Sampling
+
+    out = []
+    for i, ids in enumerate(prompt_ids):
+        steps = make_steps("ar", target, None, ids, max_new=n_tokens,
+                           sampling=Sampling(temp, top_p), seed=i)  # fmt: skip
+        g = run(steps, max_new=n_tokens, eos_ids=target.config.eos_token_ids, prompt_len=len(ids))
+        out.append((ids, ids + list(g.tokens)))
+    return out
+
+
+def contexts_sha(contexts) -> str:
+    """A short digest of the contexts, to show two evaluations saw the same positions."""
+    h = hashlib.sha256()
+    for _, seq in contexts:
+        h.update(np.asarray(seq, np.int64).tobytes() + b"|")
+    return h.hexdigest()[:16]
+
+
+def _logits(model, seq: list[int]) -> np.ndarray:
+    return np.asarray(model.forward(np.array([seq]), model.new_cache())[0], np.float32)
+
+
+def per_prompt(target, draft, contexts, top_p: float) -> dict[str, np.ndarray]:
+    """Sums of `law_metrics` over each context's generated positions (each predicted from the
+    prefix before it), (P,) per metric, and `n`, the positions per context."""
+    sums: dict[str, list] = {"n": []}
+    for ids, seq in contexts:
+        sl = slice(len(ids) - 1, len(seq) - 1)
+        m = law_metrics(_logits(target, seq)[sl], _logits(draft, seq)[sl], top_p)
+        sums["n"].append(len(seq) - len(ids))
+        for k, v in m.items():
+            sums.setdefault(k, []).append(float(v.sum()))
+    return {k: np.asarray(v, np.float64) for k, v in sums.items()}
+
+
+def context_metrics(target, draft, contexts, top_p: float) -> dict:
+    """Means of `law_metrics` over every generated position of `contexts`."""
+    return summarise(per_prompt(target, draft, contexts, top_p), top_p)
+
+
+def summarise(pp: dict[str, np.ndarray], top_p: float) -> dict:
+    """Position-weighted means of a `per_prompt` result."""
+    n = max(pp["n"].sum(), 1.0)
+    return {
+        "positions": int(pp["n"].sum()),
+        f"accept_T1_topp{top_p:g}": round(pp["accept"].sum() / n, 4),
+        "greedy_top1": round(pp["greedy"].sum() / n, 4),
+        "tv_T1": round(pp["tv"].sum() / n, 4),
+        "kl_T1": round(pp["kl"].sum() / n, 4),
+    }
+
+
+def paired_diff(a: dict, b: dict, key: str, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Mean of `key` under `a` minus under `b` (per_prompt outputs on the SAME contexts) and a
+    95 % percentile bootstrap interval that resamples contexts, the same draw for both."""
+    assert np.array_equal(a["n"], b["n"]), "paired only on the same contexts"
+    n, d = a["n"], a[key] - b[key]
+    idx = np.random.default_rng(seed).integers(0, len(n), (n_boot, len(n)))
+    boot = d[idx].sum(1) / np.maximum(n[idx].sum(1), 1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return {"diff": round(d.sum() / max(n.sum(), 1), 4), "ci95": [round(lo, 4), round(hi, 4)]}
+
+
+def window_metrics(target, draft, windows: list[np.ndarray]) -> dict:
+    """Held-out corpus windows (each seq_len + 1 ids): mean KL, TV and top-1 agreement at T = 1
+    over their first seq_len positions."""
+    acc: dict[str, list] = {}
+    for w in windows:
+        seq = w[:-1].tolist()
+        for k, v in law_metrics(_logits(target, seq), _logits(draft, seq), 1.0).items():
+            acc.setdefault(k, []).append(v)
+    m = {k: float(np.concatenate(v).mean()) for k, v in acc.items()} if acc else {}
+    return {
+        "heldout_tokens": int(sum(len(w) - 1 for w in windows)),
+        "heldout_kl": round(m.get("kl", float("nan")), 4),
+        "heldout_tv": round(m.get("tv", float("nan")), 4),
+        "heldout_top1": round(m.get("greedy", float("nan")), 4),
+    }

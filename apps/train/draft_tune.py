@@ -1,0 +1,417 @@
+"""`python -m apps.train draft-tune`: continue training an existing draft against its target.
+
+    nice -n 10 python -m apps.train draft-tune --out out/draft_tv --tv-weight 1.0 \\
+        --time-budget-min 30 --threads 1
+    python -m apps.train draft-tune --eval-only            # measure the committed draft
+
+The loss is the pipeline's distillation loss (apps/train/losses.py `distill_loss`, the step of
+apps/train/pipeline.py): KL(p_target ‖ q_draft) plus `--tv-weight` x TV(p, q). 1 - TV is
+exactly the chance that rejection sampling accepts a draft token at that temperature
+(Leviathan et al. 2023, §3.2), so the TV term aims at acceptance when sampling, the KL term
+keeps the draft covering the target (and its argmax, which greedy acceptance needs).
+
+Temperature and top-p: the loss is taken at `--temperature` (default 1) over the whole
+vocabulary, with no top-p. A top-p loss would mask the tokens outside each law's own nucleus;
+their gradient is then zero, so the draft could never learn to move mass into a token its
+nucleus currently cuts, and the nucleus mask is a step function of the logits. The full-law
+TV at T = 1 bounds what top-p changes (the cut tails hold 1 - top_p of the mass), and the
+evaluation measures the top-p acceptance itself.
+
+Data: the pair's own corpus and held-out split, read from the split.json apps.train wrote
+beside the draft (`--split`; for the embedded pair runtime/assets/default/split.json), or
+`--corpus` split by the same rule; random windows of the train files (corpus.BatchSampler),
+as the draft was first trained. The optimiser is the shared loop (apps/train/loop.py: AdamW,
+warm-up, cosine to 10 %, clipping) without weight decay: a short fine-tune should not shrink
+weights the first run settled. It runs in float32 unless `--bf16` (the first run's autocast):
+on this machine's AMD EPYC (no avx512_bf16) a step of 8 x 512 took 27 s in float32 and
+145 s under bf16 autocast, 1 thread.
+
+OUT receives the draft as pipeline.py saves it (checkpoint.save_model: bf16 safetensors,
+config, tokenizer files; no model.onnx, which the runtime exports on first use), plus
+loss_log.jsonl and draft_tune.json (arguments, schedule, and the evaluation of the saved
+draft: apps/train/draft_eval.py). The draft and target given are only read; nothing is
+written anywhere but OUT, which must be named. There is no resume: a stopped run keeps its
+last checkpoint in OUT, and a new run starts from whatever --draft says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from runtime.errors import DuetError, cli_main
+
+from . import plan as planning
+from .checkpoint import check_reload, load_model, save_model
+from .corpus import BatchSampler, corpus_from_split, eval_windows, load_corpus, token_stream
+from .loop import LoopConfig, make_optimizer, train_loop
+from .pipeline import _distill_step
+from .tokenizer import eos_id, load_tokenizer, save_tokenizer
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.train draft-tune",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--target", default=None, help="target checkpoint (default: the embedded one)")
+    ap.add_argument(
+        "--draft", default=None, help="draft checkpoint to start from (default: the embedded one)"
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="output directory for the tuned draft (required "
+        "unless --eval-only; replaced; never defaults to the embedded pair)",
+    )
+    ap.add_argument(
+        "--split",
+        default=None,
+        help="split.json of the pair (default: DRAFT/../split.json when present)",
+    )
+    ap.add_argument(
+        "--corpus",
+        default=None,
+        help="corpus root (default: the one in the split, else the stdlib)",
+    )
+    ap.add_argument(
+        "--tv-weight",
+        type=float,
+        default=1.0,
+        help="weight of TV(p, q) added to the KL loss (default 1.0)",
+    )
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="temperature of both laws in the loss (default 1.0)",
+    )
+    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    ap.add_argument("--warmup", type=int, default=50, help="warm-up steps (default 50)")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="optimisation steps (default: as many as --time-budget-min allows)",
+    )
+    ap.add_argument(
+        "--time-budget-min",
+        type=float,
+        default=None,
+        help="wall-clock budget of the training (the evaluation comes after it)",
+    )
+    ap.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
+    ap.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        help="training window length (default: the split's, else 512; with a split, the "
+        "held-out windows keep its length)",
+    )
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument(
+        "--bf16",
+        action="store_true",
+        help="bf16 autocast, as pipeline.py trained the pair (default float32: on a "
+        "CPU without native bf16 a step ran 6x slower under autocast)",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="seed of the batch order (default 0)")
+    ap.add_argument("--log-every", type=int, default=25, help="steps between progress lines")
+    ap.add_argument(
+        "--ckpt-every",
+        type=int,
+        default=200,
+        help="steps between saves into OUT (default 200; 0: end only)",
+    )
+    e = ap.add_argument_group("evaluation (apps/train/draft_eval.py)")
+    e.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="measure --draft against --target and print JSON; train nothing",
+    )
+    e.add_argument(
+        "--compare",
+        default=None,
+        metavar="DRAFT2",
+        help="with --eval-only: measure DRAFT2 too on the same contexts and report "
+        "draft - DRAFT2 with 95 %% bootstrap intervals over prompts",
+    )
+    e.add_argument("--no-eval", action="store_true", help="skip the evaluation after training")
+    e.add_argument(
+        "--prompts", default=None, help="prompt set for sampled contexts (default apps/prompts/)"
+    )
+    e.add_argument("--eval-prompts", type=int, default=24, help="prompts (default 24)")
+    e.add_argument(
+        "--eval-tokens", type=int, default=48, help="target tokens sampled per prompt (default 48)"
+    )
+    e.add_argument(
+        "--eval-top-p",
+        type=float,
+        default=0.9,
+        help="top-p of the sampled contexts and of the acceptance (default 0.9)",
+    )
+    e.add_argument(
+        "--eval-heldout-tokens",
+        type=int,
+        default=8192,
+        help="held-out corpus tokens for KL/TV/top-1 (default 8192)",
+    )
+    return ap
+
+
+def _checkpoint_dir(path: str | None, which: str) -> Path:
+    if path is None:
+        from runtime.assets import default_pair
+
+        return default_pair()[0 if which == "target" else 1]
+    d = Path(path)
+    if not (d / "config.json").is_file() or not (d / "tokenizer.json").is_file():
+        raise DuetError(
+            f"--{which} {d}: not a checkpoint directory (needs config.json and tokenizer.json)"
+        )
+    return d
+
+
+def check_args(a: argparse.Namespace) -> None:
+    """Raise DuetError for values no run could use."""
+    for name in (
+        "batch_size",
+        "threads",
+        "log_every",
+        "eval_prompts",
+        "eval_tokens",
+        "eval_heldout_tokens",
+        "steps",
+        "seq_len",
+    ):
+        v = getattr(a, name)
+        if v is not None and v < 1:
+            raise DuetError(f"--{name.replace('_', '-')} must be positive (got {v})")
+    for name in ("lr", "temperature", "time_budget_min"):
+        v = getattr(a, name)
+        if v is not None and not v > 0:
+            raise DuetError(f"--{name.replace('_', '-')} must be positive (got {v})")
+    if a.warmup < 0 or a.ckpt_every < 0:
+        raise DuetError("--warmup and --ckpt-every must be >= 0")
+    if not a.tv_weight >= 0:
+        raise DuetError(f"--tv-weight must be >= 0 (got {a.tv_weight})")
+    if not 0 < a.eval_top_p <= 1:
+        raise DuetError(f"--eval-top-p must be in (0, 1] (got {a.eval_top_p})")
+    if a.compare and not a.eval_only:
+        raise DuetError("--compare goes with --eval-only")
+    if not a.eval_only:
+        if a.out is None:
+            raise DuetError("--out DIR is required to train (or pass --eval-only)")
+        if a.steps is None and a.time_budget_min is None:
+            raise DuetError("give --steps or --time-budget-min")
+
+
+def _check_out(out: Path, target_dir: Path) -> None:
+    if out.resolve() == target_dir.resolve():
+        raise DuetError(f"--out {out} is the target directory; choose another")
+    if out.exists() and (
+        not out.is_dir() or (any(out.iterdir()) and not (out / "config.json").is_file())
+    ):
+        raise DuetError(
+            f"--out {out} exists and is not a checkpoint directory; it would be "
+            "replaced: choose a new or checkpoint directory"
+        )
+
+
+def _corpus(a, ddir: Path):
+    split = Path(a.split) if a.split else ddir.parent / "split.json"
+    if a.split and not split.is_file():
+        raise DuetError(f"--split {split}: no such file")
+    if split.is_file():
+        corpus, seq_len = corpus_from_split(split, a.corpus)
+        return corpus, seq_len, str(split)
+    return load_corpus(a.corpus), a.seq_len or 512, None
+
+
+def evaluate(tdir: Path, ddir: Path, held: np.ndarray, seq_len: int, a, compare=None) -> dict:
+    """draft_eval's metrics of the saved draft `ddir` against `tdir` (runtime PyTorch backend);
+    with `compare` (another draft dir), its metrics too and the paired differences."""
+    from apps.bench.prompts import load_prompts, turn_ids
+    from runtime.backends import load_model as load_runtime
+    from runtime.chat_session import ChatTemplate
+    from runtime.tokenizer import Tokenizer
+
+    from . import draft_eval as de
+
+    t0 = time.monotonic()
+    target = load_runtime(tdir, "torch", threads=a.threads)
+    tok, tmpl = Tokenizer(tdir), ChatTemplate.load(tdir)
+    recs = load_prompts(a.prompts, limit=a.eval_prompts)
+    ids = [turn_ids(tok, tmpl, r["turns"][:1], []) for r in recs]
+    ctx = de.sampled_contexts(target, ids, a.eval_tokens, a.eval_top_p)
+    greedy = de.sampled_contexts(target, ids, a.eval_tokens, 1.0, temp=0.0)
+    windows = eval_windows(held, seq_len, a.eval_heldout_tokens)
+    common = {
+        "target": str(tdir),
+        "prompts": len(ids),
+        "tokens_per_prompt": a.eval_tokens,
+        "top_p": a.eval_top_p,
+        "contexts_sha": de.contexts_sha(ctx),
+        "greedy_contexts_sha": de.contexts_sha(greedy),
+    }
+
+    def measure(d: Path):
+        draft = load_runtime(d, "torch", threads=a.threads)
+        pp = de.per_prompt(target, draft, ctx, a.eval_top_p)
+        pg = de.per_prompt(target, draft, greedy, 1.0)
+        rep = {
+            "draft": str(d),
+            **de.summarise(pp, a.eval_top_p),
+            "greedy_top1_T0_contexts": de.summarise(pg, 1.0)["greedy_top1"],
+            "greedy_ctx_positions": int(pg["n"].sum()),
+            **de.window_metrics(target, draft, windows),
+        }
+        return rep, pp, pg
+
+    rep, pp, pg = measure(ddir)
+    rep = {**common, **rep}
+    if compare is not None:
+        crep, cpp, cpg = measure(compare)
+        acc = f"accept_T1_topp{a.eval_top_p:g}"
+        rep["compare"] = crep
+        rep["draft_minus_compare"] = {
+            acc: de.paired_diff(pp, cpp, "accept"),
+            "greedy_top1": de.paired_diff(pp, cpp, "greedy"),
+            "tv_T1": de.paired_diff(pp, cpp, "tv"),
+            "kl_T1": de.paired_diff(pp, cpp, "kl"),
+            "greedy_top1_T0_contexts": de.paired_diff(pg, cpg, "greedy"),
+        }
+    rep["eval_wall_s"] = round(time.monotonic() - t0, 1)
+    return rep
+
+
+def run(a: argparse.Namespace) -> dict:
+    """Train (unless --eval-only) and evaluate; returns the report."""
+    check_args(a)
+    tdir, ddir = _checkpoint_dir(a.target, "target"), _checkpoint_dir(a.draft, "draft")
+    tok = load_tokenizer(tdir)
+    if load_tokenizer(ddir).get_vocab() != tok.get_vocab():
+        raise DuetError(f"--draft {ddir} and --target {tdir} have different tokenizers")
+    out = Path(a.out) if a.out else None
+    if out is not None and not a.eval_only:
+        _check_out(out, tdir)
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    corpus, eval_len, split = _corpus(a, ddir)  # held-out windows keep the split's length
+    seq_len = a.seq_len or eval_len
+    eos = eos_id(tok)
+
+    def enc(texts):
+        return [e.ids for e in tok.encode_batch(texts)]
+
+    held = token_stream(corpus.texts("heldout", 8 * a.eval_heldout_tokens), enc, eos)
+    if a.eval_only:
+        cmp = _checkpoint_dir(a.compare, "compare") if a.compare else None
+        return {"evaluation": evaluate(tdir, ddir, held, eval_len, a, cmp)}
+
+    train = token_stream(corpus.texts("train"), enc, eos)
+    print(
+        f"corpus {corpus.root}: {len(corpus.train)} train files, {len(train)} tokens; "
+        f"split {split or 'recomputed'}",
+        file=sys.stderr,
+        flush=True,
+    )
+    teacher = load_model(tdir).requires_grad_(False)
+    draft = load_model(ddir)
+    bf16 = a.bf16 and "qwen3_5" not in draft.config.model_type  # hybrids: fp32 (pipeline.py)
+    step_fn = _distill_step(draft, teacher, 0.0, a.tv_weight, a.temperature)
+    steps = a.steps
+    if steps is None:  # as many as the budget allows, timed on a copy so the draft is untouched
+        probe = BatchSampler(train, a.batch_size, seq_len, a.seed + 99)
+        dm = copy.deepcopy(draft)
+        step_s = planning.time_steps(
+            dm, _distill_step(dm, teacher, 0.0, a.tv_weight, a.temperature), probe, bf16=bf16
+        )
+        steps = max(1, int(a.time_budget_min * 60 / step_s))
+        del dm
+        print(f"{step_s:.2f} s/step: planning {steps} steps", file=sys.stderr, flush=True)
+    cfg = LoopConfig(
+        "draft-tune",
+        steps,
+        a.lr,
+        min(a.warmup, steps),
+        weight_decay=0.0,
+        time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
+        log_every=a.log_every,
+        ckpt_every=a.ckpt_every,
+        bf16=bf16,
+    )
+    logdir = Path(tempfile.mkdtemp(prefix="duet-draft-tune-"))
+    log_path = logdir / "loss_log.jsonl"
+    tok_dir = logdir / "tokenizer"  # the draft's tokenizer files, safe from a save over DRAFT
+    tok_dir.mkdir()
+    if (ddir / "tokenizer_config.json").is_file():
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(ddir / name, tok_dir / name)
+    else:
+        save_tokenizer(load_tokenizer(ddir), tok_dir)
+
+    def save(step: int | None = None) -> None:
+        save_model(draft, out, tok_dir, eos)
+        shutil.copy(log_path, out / "loss_log.jsonl")
+
+    summary = train_loop(
+        draft,
+        step_fn,
+        BatchSampler(train, a.batch_size, seq_len, a.seed + 5),
+        cfg,
+        log_path,
+        checkpoint=save,
+        optimizer=make_optimizer(draft, cfg),
+    )
+    save()
+    shutil.rmtree(logdir, ignore_errors=True)
+    probe_ids = torch.from_numpy(held[: min(128, len(held))].astype(np.int64))[None]
+    report = {
+        "command": "python -m apps.train draft-tune " + " ".join(a.argv),
+        "target": str(tdir),
+        "start_draft": str(ddir),
+        "out": str(out),
+        "split": split,
+        "loss": "KL + tv_weight x TV (distill_loss)",
+        "tv_weight": a.tv_weight,
+        "temperature": a.temperature,
+        "lr": a.lr,
+        "warmup": cfg.warmup,
+        "weight_decay": 0.0,
+        "batch_size": a.batch_size,
+        "seq_len": seq_len,
+        "seed": a.seed,
+        "threads": a.threads,
+        "bf16_autocast": bf16,
+        "train_tokens": int(len(train)),
+        **summary,
+        "reload_check": check_reload(draft, out, probe_ids),
+    }
+    if not a.no_eval:
+        report["evaluation"] = evaluate(tdir, out, held, eval_len, a)
+    (out / "draft_tune.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = build_parser().parse_args(argv)
+    a.argv = argv
+    print(json.dumps(run(a), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
