@@ -216,6 +216,8 @@ def adaptive_vs_fixed(runs: list[dict], resamples: int = 2000, seed: int = 0) ->
     method's run on each drawn prompt). The best fixed K is the one best on all prompts."""
     import numpy as np
 
+    from apps.bench.bootstrap import prompt_ci
+
     rng = np.random.default_rng(seed)
     out = []
     for temp, link in sorted({(r["temp"], r["link"]) for r in runs}):
@@ -238,10 +240,12 @@ def adaptive_vs_fixed(runs: list[dict], resamples: int = 2000, seed: int = 0) ->
         row = {"temp": temp, "link": link, "best_fixed": names[best], "ratio": ratio,
                "prompts": len(prompts), "tokens": int(toks[0].sum())}  # fmt: skip
         if resamples and len(prompts) > 1:
-            pick = rng.integers(0, len(prompts), size=(resamples, len(prompts)))
-            w, t = wall[:, pick].sum(2), np.maximum(1, toks[:, pick].sum(2))  # (methods, B)
-            boot = (w[0] / t[0]) / (w[best] / t[best])
-            row["ci95"] = [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))]
+
+            def ratio(p, best=best, wall=wall, toks=toks):
+                w, t = wall[:, p].sum(1), np.maximum(1, toks[:, p].sum(1))
+                return (w[0] / t[0]) / (w[best] / t[best])
+
+            row["ci95"] = prompt_ci(ratio, len(prompts), resamples, rng)
         out.append(row)
     return out
 

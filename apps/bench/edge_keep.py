@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 
+from apps.bench.bootstrap import prompt_ci
 from runtime.errors import DuetError, cli_main
 
 
@@ -59,11 +60,11 @@ def keep_shares(t1: dict, t0: dict, method: str = "adaptive", resamples: int = 2
         row = {"link": link, "method": method, "prompts": len(ps), "speedup_t1": s1,
                "speedup_t0": s0, "share": s1 / s0}  # fmt: skip
         if resamples and len(ps) > 1:
-            boot = []
-            for _ in range(resamples):
-                pick = rng.choice(ps, len(ps))
-                boot.append(_speedup(a, method, pick) / _speedup(b, method, pick))
-            row["ci95"] = [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))]
+
+            def share(pick, a=a, b=b, ps=ps):
+                return _speedup(a, method, ps[pick]) / _speedup(b, method, ps[pick])
+
+            row["ci95"] = prompt_ci(share, len(ps), resamples, rng)
         rows.append(row)
     return rows
 

@@ -108,11 +108,12 @@ def summarise(pp: dict[str, np.ndarray], top_p: float) -> dict:
 def paired_diff(a: dict, b: dict, key: str, n_boot: int = 2000, seed: int = 0) -> dict:
     """Mean of `key` under `a` minus under `b` (per_prompt outputs on the SAME contexts) and a
     95 % percentile bootstrap interval that resamples contexts, the same draw for both."""
+    from apps.bench.bootstrap import prompt_ci
+
     assert np.array_equal(a["n"], b["n"]), "paired only on the same contexts"
     n, d = a["n"], a[key] - b[key]
-    idx = np.random.default_rng(seed).integers(0, len(n), (n_boot, len(n)))
-    boot = d[idx].sum(1) / np.maximum(n[idx].sum(1), 1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
+    lo, hi = prompt_ci(lambda p: d[p].sum() / max(n[p].sum(), 1), len(n), n_boot,
+                       np.random.default_rng(seed))  # fmt: skip
     return {"diff": round(d.sum() / max(n.sum(), 1), 4), "ci95": [round(lo, 4), round(hi, 4)]}
 
 
