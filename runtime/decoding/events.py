@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kernels.sampling import probs_from_logits
+from kernels.sampling import probs_from_logits, sample
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,26 @@ class Sampling:
 
 
 GREEDY = Sampling()
+
+
+def draw(
+    logits: np.ndarray, sampling: Sampling, rng, law=None
+) -> tuple[int, np.ndarray | None] | None:
+    """One draft token from its logits (V,): (d, q), q the law d was drawn from (None when
+    greedy without `law`: greedy verification needs none). `law(q) -> q_hat` replaces q by the
+    law the verifier will see (a lossy codec's q̂, SQS §2) before the draw; a law that returns
+    None ends the window before any draw (SQS §4's bit budget), and so does this: None."""
+    if sampling.greedy:
+        if law is None:
+            return int(logits.argmax()), None
+        q = law(Sampling(1.0).probs(logits))  # a codec that always carries q̂: softmax's
+        return None if q is None else (int(logits.argmax()), q)
+    q = sampling.probs(logits)
+    if law is not None:
+        q = law(q)
+        if q is None:
+            return None
+    return int(sample(q, rng.random())), q  # SQS §2: drawn from the q̂ sent
 
 
 @dataclass

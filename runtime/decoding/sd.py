@@ -15,9 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.sampling import sample
 from kernels.verify import verify_greedy, verify_sampling
-from runtime.decoding.events import GREEDY, Sampling, StepEvent, pending, rewind
+from runtime.decoding.events import GREEDY, Sampling, StepEvent, draw, pending, rewind
 from runtime.decoding.ss_draft import is_ss_draft, ss_draft_window
 from runtime.errors import DuetError
 
@@ -57,23 +56,17 @@ def draft_window(
     feed = pending(cache, seq)
     for _ in range(gamma):
         logits = draft.forward(np.array([feed]), cache)[0, -1]
-        if sampling.greedy:  # greedy verification needs no q
-            d = int(logits.argmax())
-            if law is not None:  # a codec that always carries q̂: softmax's (holds the argmax)
-                qs.append(law(Sampling(1.0).probs(logits)))
-        else:
-            q = sampling.probs(logits)
-            qs.append(law(q) if law is not None else q)  # SQS §2: draw from the q̂ sent
-            if qs[-1] is not None:
-                d = int(sample(qs[-1], rng.random()))
-        if law is not None and qs[-1] is None:  # the law ends the window (SQS §4's budget)
-            qs.pop()
+        got = draw(logits, sampling, rng, law)
+        if got is None:  # the law ended the window (SQS §4's budget)
             if toks:
                 rewind(cache, len(seq) + len(toks) - 1)  # as if γ had been len(toks)
             break
+        d, q = got
+        if q is not None:
+            qs.append(q)
         toks.append(d)
         if observe is not None:
-            observe(logits, d, qs[-1] if qs else None)
+            observe(logits, d, q)
         feed = [d]
     return toks, (np.stack(qs) if qs else np.zeros((0, draft.config.vocab_size), np.float32))
 

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.sampling import sample
-from runtime.decoding.events import Sampling, pending, rewind
+from runtime.decoding.events import Sampling, draw, pending, rewind
 
 
 def is_ss_draft(draft) -> bool:
@@ -51,20 +50,13 @@ def ss_draft_window(
         passes += 1
         walked = 0  # guesses confirmed in this pass
         while True:
-            logits = main[0, first + walked]
-            if sampling.greedy:
-                d = int(logits.argmax())
-                if law is not None:
-                    qs.append(law(Sampling(1.0).probs(logits)))
-            else:
-                q = sampling.probs(logits)
-                qs.append(law(q) if law is not None else q)
-                if qs[-1] is not None:
-                    d = int(sample(qs[-1], rng.random()))
-            if law is not None and qs[-1] is None:
-                qs.pop()
+            got = draw(main[0, first + walked], sampling, rng, law)
+            if got is None:  # the law ended the window (SQS §4's budget)
                 stopped = True
                 break
+            d, q = got
+            if q is not None:
+                qs.append(q)
             toks.append(d)
             if len(toks) == gamma or walked >= len(guesses) or d != guesses[walked]:
                 break
