@@ -73,7 +73,7 @@ def one_run(conn_factory, draft, prompt, n, sampling, seed, k, eos, codec=None, 
         events = []
         steps = make_steps("flexspec", None, draft, prompt, max_new=n, sampling=sampling, seed=seed,
                            conn=conn, k=k, k_max=k_max, bit_budget=bit_budget,
-                           controller=AdaptiveK() if k is None and bit_budget is None else None,
+                           controller=AdaptiveK() if k is None else None,
                            codec=codec or ("ids" if sampling.greedy else "raw"),
                            codec_params=params, skip=skip)  # fmt: skip
         t0, v0 = time.perf_counter(), getattr(conn.link, "virtual_s", 0.0)

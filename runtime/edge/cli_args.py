@@ -85,15 +85,13 @@ def check_edge_args(a: argparse.Namespace) -> None:
 def check_bit_budget(a: argparse.Namespace, codecs: tuple[str, ...] | None = None) -> None:
     """One line for --bit-budget below 1 or with a codec other than k-sqs / c-sqs (`codecs`: the
     ones a run will use; default --codec's)."""
+    from runtime.edge.loop import check_bit_budget as check
+
     b = getattr(a, "bit_budget", None)
     if b is None:
         return
-    if b < 1:
-        raise DuetError(f"--bit-budget must be at least 1 bit (got {b})")
     for name in codecs or (a.codec or ("ids" if getattr(a, "temp", 0) == 0 else "raw"),):
-        if name not in ("k-sqs", "c-sqs"):
-            raise DuetError(f"--bit-budget is SQS §4's per-batch budget: it needs --codec k-sqs "
-                            f"or c-sqs (got {name})")  # fmt: skip
+        check(b, name)
 
 
 def adapter_name(a: argparse.Namespace) -> str:
@@ -201,10 +199,9 @@ def edge_options(a: argparse.Namespace, target_dir, target_backend: str = "auto"
                 token = p.read_bytes().strip()
         conn = Connection(host, port, token, link=emulator(a.link, a.link_seed), adapter=name)
         try:
-            budget = getattr(a, "bit_budget", None)
             yield {"conn": conn, "k": a.k, "k_max": a.k_max,
-                   "controller": None if a.k is not None or budget else AdaptiveK(),
-                   "bit_budget": budget,
+                   "controller": None if a.k is not None else AdaptiveK(),
+                   "bit_budget": getattr(a, "bit_budget", None),
                    "codec": a.codec, "codec_params": codec_params(a),
                    "skip": skip_rule_from(a)}  # fmt: skip
         finally:

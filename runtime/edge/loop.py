@@ -67,11 +67,7 @@ def edge_steps(
         raise DuetError(f"codec {cod.NAME} carries no q; sampling (--temp > 0) needs one that does")
     enc = new_encoder(cod, V, codec_params)
     if bit_budget is not None:
-        if cod.NAME not in ("k-sqs", "c-sqs"):
-            raise DuetError(f"--bit-budget is SQS §4's: it needs --codec k-sqs or c-sqs "
-                            f"(got --codec {cod.NAME})")  # fmt: skip
-        if bit_budget < 1:
-            raise DuetError(f"--bit-budget must be at least 1 bit (got {bit_budget})")
+        check_bit_budget(bit_budget, cod.NAME)
         enc.budget = bit_budget  # SQS §4: L^t = max{L : sum_{n<=L} b_n(K_n, ell) <= B}
         controller = None  # the budget sets L^t; K (else k_max) only caps it
     skipper = None
@@ -103,9 +99,12 @@ def edge_steps(
     held: list[int] = []  # skipped drafts committed here, not yet sent (they lead the next body)
     try:
         while produced < max_new:
-            want = k if k is not None else (controller.choose(k_max) if controller else 4)
-            if bit_budget is not None and k is None:
-                want = k_max
+            if k is not None:
+                want = k
+            elif controller is not None:
+                want = controller.choose(k_max)
+            else:  # a budget ends the round itself (SQS §4), up to k_max; else a fixed 4
+                want = k_max if bit_budget is not None else 4
             g = max(0, min(want, max_new - produced - 1, ctx - len(seq) - 1, draft_ctx - len(seq),
                            MAX_ROWS - len(held)))  # fmt: skip
             flags: list[tuple[float, bool, float]] = []  # per draft: u, skipped, x_d = q̂(d)
@@ -177,6 +176,16 @@ def edge_steps(
             conn.close_session()
         except CloudError:
             pass
+
+
+def check_bit_budget(budget: int, codec: str) -> None:
+    """A DuetError unless `budget` (SQS §4's per-batch body bits) is >= 1 and `codec` is one
+    whose rows have a bit model the budget can count (k-sqs, c-sqs)."""
+    if budget < 1:
+        raise DuetError(f"--bit-budget must be at least 1 bit (got {budget})")
+    if codec not in ("k-sqs", "c-sqs"):
+        raise DuetError(f"--bit-budget is SQS §4's per-batch budget: it needs --codec k-sqs "
+                        f"or c-sqs (got {codec})")  # fmt: skip
 
 
 def edge_summary(events) -> dict:
