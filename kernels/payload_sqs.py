@@ -241,14 +241,6 @@ class CodedRows:
         r = _unrank(self._rows[i], self.ell, self.v, i)
         return dense_qhat(r.ids, r.counts, self.ell, self.v)
 
-    def dense(self) -> np.ndarray:
-        """(L, V) float32: every row unranked."""
-        return (
-            np.stack([self.row(i) for i in range(len(self))])
-            if self._rows
-            else (np.zeros((0, self.v), np.float32))
-        )
-
 
 def decode_lazy(data: bytes, v: int, max_rows: int = 128) -> tuple[np.ndarray, CodedRows]:
     """Tokens (L,) and the rows left coded (`CodedRows`): every check but the unranked ones."""

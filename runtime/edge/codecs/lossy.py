@@ -90,9 +90,6 @@ class _Rows:
         self.coded, self.name = coded, name
         self.token_probs = coded.token_probs
 
-    def __len__(self) -> int:
-        return len(self.coded)
-
     def row(self, i: int) -> np.ndarray:
         try:
             return self.coded.row(i)
