@@ -168,11 +168,10 @@ def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int,
     from .prompts import load_prompts, turn_ids
 
     target = TorchCausalLM.load(target_dir, threads=threads)
-    if draft_backend == "onnx":
-        from runtime.load import load_pair
+    if draft_backend == "onnx":  # as runtime.load.load_pair loads a draft directory
+        from runtime.backends import load_model
 
-        draft = load_pair(str(target_dir), str(draft_dir), need_draft=True,
-                          target_backend="torch", target_threads=threads).draft  # fmt: skip
+        draft = load_model(draft_dir, "onnx", intra_threads=threads, provider="cpu")
     else:
         draft = TorchCausalLM.load(draft_dir, threads=threads)
     tok, template = Tokenizer(target_dir), ChatTemplate.load(target_dir)
