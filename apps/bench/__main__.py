@@ -60,10 +60,23 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--gamma", type=int, default=4, help="draft tokens per step, every method (default 4)"
     )
+    ap.add_argument(
+        "--gammas",
+        default=None,
+        metavar="G1,G2,...",
+        help="sweep γ instead: every drafting method runs once per value, as METHOD@gG, "
+        "alternated in one run (Mirror-SD Fig. 3: latency against draft size x γ)",
+    )
     ap.add_argument("--kappa", type=int, default=None, help="passed to methods that take it")
     ap.add_argument("--exit-layer", type=int, default=None, help="passed to methods that take it")
     ap.add_argument(
         "--branches", type=int, default=None, help="mirror: branches per batched draft pass"
+    )
+    ap.add_argument(
+        "--exit-head",
+        choices=("raw", "tuned"),
+        default=None,
+        help="mirror: the early-exit head (default: tuned when the target has one stored)",
     )
     ap.add_argument("--tree-k", type=int, default=None, help="tree, heterospec: top-K (default 2)")
     ap.add_argument(
@@ -121,6 +134,56 @@ def parse_temps(text: str) -> list[float]:
     return ts
 
 
+def parse_gammas(text: str | None, default: int) -> list[int]:
+    """`--gammas` as distinct values >= 1, or [default] when not given."""
+    if not text:
+        return [default]
+    try:
+        gs = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DuetError(f"--gammas must be comma-separated integers, got {text!r}") from None
+    if not gs or any(g < 1 for g in gs):
+        raise DuetError(f"--gammas must be integers >= 1, got {text!r}")
+    return list(dict.fromkeys(gs))
+
+
+def sweep_runners(methods: list[str], pair, a) -> list:
+    """The runners of `methods` (and of every --drafts draft), once per γ of --gammas; with more
+    than one γ, each drafting runner is named METHOD@gG (ar runs once)."""
+    from copy import copy
+
+    from .drafts import extra_runners
+
+    gammas = parse_gammas(getattr(a, "gammas", None), a.gamma)
+    runners, pairs = [], {}
+    for i, g in enumerate(gammas):
+        ag = copy(a)
+        ag.gamma = g
+        # ar and the methods that take no γ (tree, heterospec: --depth) run once, unsuffixed
+        ms = methods if i == 0 else [m for m in methods if takes_gamma(m)]
+        rs = make_runners(ms, pair, ag)
+        rs += extra_runners(ms, pair, ag, make_runners, skip=(*BASELINES, AUTO), pairs=pairs)
+        if len(gammas) > 1:
+            for r in rs:
+                if takes_gamma(getattr(r, "method", r.name)):
+                    r.name = f"{r.name}@g{g}"
+        runners += rs
+    return runners
+
+
+def takes_gamma(method: str) -> bool:
+    """Does `method` draft γ tokens per step (so --gammas sweeps it)?"""
+    from dataclasses import fields
+
+    from runtime.decoding import method_module
+
+    if method == "ar":
+        return False
+    if method in BASELINES or method == AUTO:
+        return True
+    return "gamma" in {f.name for f in fields(method_module(method).Options)}
+
+
 def make_runners(methods: list[str], pair, a) -> list:
     from .duet_runner import DuetRunner
 
@@ -143,6 +206,7 @@ def make_runners(methods: list[str], pair, a) -> list:
                     kappa=a.kappa,
                     exit_layer=a.exit_layer,
                     branches=a.branches,
+                    exit_head=a.exit_head,
                     tree_k=a.tree_k,
                     expand=a.expand,
                     top_n=a.top_n,
@@ -211,10 +275,7 @@ def bench(a: argparse.Namespace) -> dict:
         from devices.emulated_model import emulate_pair
 
         emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
-    from .drafts import extra_runners
-
-    runners = make_runners(methods, pair, a)
-    runners += extra_runners(methods, pair, a, make_runners, skip=(*BASELINES, AUTO))
+    runners = sweep_runners(methods, pair, a)
     ctx = min(
         [pair.target.config.max_context]
         + ([pair.draft.config.max_context] if pair.draft is not None else [])
@@ -241,6 +302,7 @@ def bench(a: argparse.Namespace) -> dict:
         "prompts": len(prompts),
         "max_tokens": a.max_tokens,
         "gamma": a.gamma,
+        "gammas": parse_gammas(a.gammas, a.gamma),
         "temps": temps,
         "top_p": a.top_p,
         "threads": thread_settings(runners),

@@ -53,15 +53,19 @@ def extra_pair(pair, name: str, a):
     return replace(pair, draft=other.draft, draft_path=path, settings=other.settings)
 
 
-def extra_runners(methods: list[str], pair, a, make_runners, skip=()) -> list:
-    """Runners `METHOD+LABEL` for every drafting method in `methods` and every `--drafts`."""
+def extra_runners(methods: list[str], pair, a, make_runners, skip=(), pairs=None) -> list:
+    """Runners `METHOD+LABEL` for every drafting method in `methods` and every `--drafts`;
+    `pairs` (a dict) keeps each draft's pair for the next call (one load per draft)."""
     names = parse_drafts(getattr(a, "drafts", None))
     drafting = [m for m in methods if m != "ar" and m not in skip]
     if names and not drafting:
         raise DuetError("--drafts needs a drafting method in --methods (e.g. sd)")
     out = []
+    pairs = {} if pairs is None else pairs
     for name in names:
-        p = extra_pair(pair, name, a)
+        if name not in pairs:
+            pairs[name] = extra_pair(pair, name, a)
+        p = pairs[name]
         for r in make_runners(drafting, p, a):
             r.name = f"{r.name}+{label(name)}"
             out.append(r)

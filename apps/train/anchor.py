@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-corpus-chars", type=int, default=4_000_000,
                     help="train on the first N characters of the corpus's train files")  # fmt: skip
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="train on the CPU or a CUDA GPU (default cpu)")  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ckpt-every", type=int, default=100)
     ap.add_argument("--fresh", action="store_true", help="ignore a resume state in OUT")
@@ -107,7 +109,7 @@ def save_anchor(student: AnchorStudent, out: Path, base: Path, meta: dict) -> No
     tokenizer and frozen parts are the base's: runtime/anchor.py copies them at assembly)."""
     from safetensors.torch import save_file
 
-    head = {k: v.to(torch.bfloat16).contiguous() for k, v in student.head_state().items()}
+    head = {k: v.to("cpu", torch.bfloat16).contiguous() for k, v in student.head_state().items()}
     save_file(head, str(out / HEAD_FILE), metadata={"format": "pt"})
     rec = {"kind": "flexspec-anchor-draft", "base": base_record(base),
            "base_hint": os.path.relpath(base.resolve(), out.resolve()),
@@ -121,11 +123,14 @@ def run(a: argparse.Namespace) -> dict:
         raise DuetError(f"--base {base}: not a checkpoint directory (no config.json)")
     if a.steps < 1 or a.threads < 1 or a.temperature <= 0:
         raise DuetError("--steps, --threads and --temperature must be positive")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise DuetError(f"--device cuda: PyTorch {torch.__version__} sees no CUDA GPU")
     torch.set_num_threads(a.threads)
     from .checkpoint import load_model
 
     teacher = load_model(base).requires_grad_(False)
     student = AnchorStudent(base, a.seed)
+    teacher, student = teacher.to(a.device), student.to(a.device)
     tok = load_tokenizer(base / "tokenizer.json")
     eos = tok.token_to_id("<|endoftext|>") or 0
     corpus = load_corpus()
@@ -134,13 +139,13 @@ def run(a: argparse.Namespace) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     cfg = LoopConfig(stage="anchor", steps=a.steps, lr=a.lr, warmup=20, weight_decay=0.0,
                      time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
-                     ckpt_every=a.ckpt_every, bf16=False)  # fmt: skip
+                     ckpt_every=a.ckpt_every, bf16=False, device=a.device)  # fmt: skip
     opt = make_optimizer(student, cfg)
     resume, start = out / ".resume", 0
     if a.fresh:
         shutil.rmtree(resume, ignore_errors=True)
     if (resume / "state.pt").is_file():
-        st = torch.load(resume / "state.pt", weights_only=False)
+        st = torch.load(resume / "state.pt", weights_only=False, map_location=a.device)
         student.load_state_dict(st["student"], strict=False)
         opt.load_state_dict(st["optimizer"])
         start = st["step"]
@@ -164,7 +169,8 @@ def run(a: argparse.Namespace) -> dict:
     meta = {"anchor_layer": L - 1, "lambda_feat": a.lambda_feat, "lambda_kd": a.lambda_kd,
             "temperature": a.temperature, "steps": summary["steps"], "train_tokens": int(len(ids)),
             "final_loss_ema": summary["final_loss_ema"], "wall_s": round(time.monotonic() - t0, 1),
-            "corpus": "stdlib source, train split (apps/train/corpus.py)", "seed": a.seed}  # fmt: skip
+            "corpus": "stdlib source, train split (apps/train/corpus.py)", "seed": a.seed,
+            "device": a.device, "batch_size": a.batch_size, "seq_len": a.seq_len, "lr": a.lr}  # fmt: skip
     save_anchor(student, out, base, meta)
     return meta
 

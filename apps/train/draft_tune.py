@@ -118,6 +118,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="training window length (default: the split's, else 512; with a split, the "
         "held-out windows keep its length)",
     )
+    ap.add_argument(
+        "--from-target-layers",
+        default=None,
+        metavar="I,J,...",
+        help="start a new draft from the target itself instead of --draft: its embedding, "
+        "decoder layers I,J,... (in that order), final norm and LM head, copied, then distilled "
+        "(drafts scaled for Mirror-SD's overlap: `0` is about 0.22x the embedded target's "
+        "per-token compute, `0,1,7` about 0.44x)",
+    )
+    ap.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="train on the CPU or a CUDA GPU (bf16 autocast is on there) (default cpu); "
+        "the evaluation runs on the CPU",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     ap.add_argument(
         "--bf16",
@@ -182,6 +198,39 @@ def _checkpoint_dir(path: str | None, which: str) -> Path:
     return d
 
 
+def parse_layers(text: str, n_layers: int) -> list[int]:
+    """`--from-target-layers` as a list of distinct layer indices of a target with `n_layers`."""
+    try:
+        layers = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise DuetError(f"--from-target-layers {text!r}: give layer numbers like 0,1,7") from None
+    bad = [i for i in layers if not 0 <= i < n_layers]
+    if not layers or bad or len(set(layers)) != len(layers):
+        raise DuetError(
+            f"--from-target-layers {text!r}: give distinct layers in 0..{n_layers - 1}"
+        )
+    return layers
+
+
+def target_layer_draft(teacher, layers: list[int]):
+    """A new draft copied from the target: its embedding, decoder layers `layers` in that order,
+    final norm and LM head (a truncated self-draft; distillation then fits it to the whole
+    target). Layer indices are renumbered so the copy is an ordinary checkpoint."""
+    cfg = teacher.config
+    if getattr(cfg, "layer_types", None) and any(
+        cfg.layer_types[i] != "full_attention" for i in layers
+    ):
+        raise DuetError("--from-target-layers: only full-attention layers can be copied")
+    d = copy.deepcopy(teacher)
+    d.model.layers = torch.nn.ModuleList([d.model.layers[i] for i in layers])
+    for j, layer in enumerate(d.model.layers):
+        layer.self_attn.layer_idx = j
+    d.config.num_hidden_layers = len(layers)
+    if getattr(d.config, "layer_types", None):
+        d.config.layer_types = [cfg.layer_types[i] for i in layers]
+    return d.requires_grad_(True)
+
+
 def check_args(a: argparse.Namespace) -> None:
     """Raise DuetError for values no run could use."""
     for name in (
@@ -209,6 +258,10 @@ def check_args(a: argparse.Namespace) -> None:
         raise DuetError(f"--eval-top-p must be in (0, 1] (got {a.eval_top_p})")
     if a.compare and not a.eval_only:
         raise DuetError("--compare goes with --eval-only")
+    if a.from_target_layers and (a.eval_only or a.draft):
+        raise DuetError("--from-target-layers starts a new draft: not with --draft or --eval-only")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise DuetError(f"--device cuda: PyTorch {torch.__version__} sees no CUDA GPU")
     if not a.eval_only:
         if a.out is None:
             raise DuetError("--out DIR is required to train (or pass --eval-only)")
@@ -298,7 +351,9 @@ def evaluate(tdir: Path, ddir: Path, held: np.ndarray, seq_len: int, a, compare=
 def run(a: argparse.Namespace) -> dict:
     """Train (unless --eval-only) and evaluate; returns the report."""
     check_args(a)
-    tdir, ddir = _checkpoint_dir(a.target, "target"), _checkpoint_dir(a.draft, "draft")
+    tdir = _checkpoint_dir(a.target, "target")
+    # a draft copied from the target reads the target's tokenizer and split
+    ddir = tdir if a.from_target_layers else _checkpoint_dir(a.draft, "draft")
     tok = load_tokenizer(tdir)
     if load_tokenizer(ddir).get_vocab() != tok.get_vocab():
         raise DuetError(f"--draft {ddir} and --target {tdir} have different tokenizers")
@@ -327,15 +382,23 @@ def run(a: argparse.Namespace) -> dict:
         flush=True,
     )
     teacher = load_model(tdir).requires_grad_(False)
-    draft = load_model(ddir)
-    bf16 = a.bf16 and "qwen3_5" not in draft.config.model_type  # hybrids: fp32 (pipeline.py)
+    if a.from_target_layers:
+        layers = parse_layers(a.from_target_layers, teacher.config.num_hidden_layers)
+        draft = target_layer_draft(teacher, layers)
+    else:
+        draft = load_model(ddir)
+    dev = torch.device(a.device)
+    teacher, draft = teacher.to(dev), draft.to(dev)
+    # hybrids: fp32 (pipeline.py); a GPU has native bf16, so it autocasts there
+    bf16 = (a.bf16 or dev.type == "cuda") and "qwen3_5" not in draft.config.model_type
     step_fn = _distill_step(draft, teacher, 0.0, a.tv_weight, a.temperature)
     steps = a.steps
     if steps is None:  # as many as the budget allows, timed on a copy so the draft is untouched
         probe = BatchSampler(train, a.batch_size, seq_len, a.seed + 99)
         dm = copy.deepcopy(draft)
         step_s = planning.time_steps(
-            dm, _distill_step(dm, teacher, 0.0, a.tv_weight, a.temperature), probe, bf16=bf16
+            dm, _distill_step(dm, teacher, 0.0, a.tv_weight, a.temperature), probe, bf16=bf16,
+            device=a.device,
         )
         steps = max(1, int(a.time_budget_min * 60 / step_s))
         del dm
@@ -350,6 +413,7 @@ def run(a: argparse.Namespace) -> dict:
         log_every=a.log_every,
         ckpt_every=a.ckpt_every,
         bf16=bf16,
+        device=a.device,
     )
     logdir = Path(tempfile.mkdtemp(prefix="duet-draft-tune-"))
     log_path = logdir / "loss_log.jsonl"
@@ -376,11 +440,14 @@ def run(a: argparse.Namespace) -> dict:
     )
     save()
     shutil.rmtree(logdir, ignore_errors=True)
+    draft = draft.cpu()  # the reload check compares on the CPU
     probe_ids = torch.from_numpy(held[: min(128, len(held))].astype(np.int64))[None]
     report = {
         "command": "python -m apps.train draft-tune " + " ".join(a.argv),
         "target": str(tdir),
-        "start_draft": str(ddir),
+        "start_draft": (f"target layers {a.from_target_layers}" if a.from_target_layers
+                        else str(ddir)),
+        "device": a.device,
         "out": str(out),
         "split": split,
         "loss": "KL + tv_weight x TV (distill_loss)",

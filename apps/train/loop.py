@@ -35,6 +35,7 @@ class LoopConfig:
     log_every: int = 25
     ckpt_every: int = 0  # 0: only at the end (the caller saves)
     bf16: bool = True  # autocast; off where the CPU emulates bf16 (~15x slower than fp32 there)
+    device: str = "cpu"  # where the model is: each batch is moved there, autocast is that device's
 
 
 def lr_at(progress: float, step: int, cfg: LoopConfig) -> float:
@@ -96,7 +97,9 @@ def train_loop(
             for g in opt.param_groups:
                 g["lr"] = lr
             x, y = next(batches)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            x, y = x.to(cfg.device, non_blocking=True), y.to(cfg.device, non_blocking=True)
+            with torch.autocast(torch.device(cfg.device).type, dtype=torch.bfloat16,
+                                enabled=cfg.bf16):  # fmt: skip
                 loss, metrics = step_fn(x, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -34,18 +34,23 @@ class Plan:
         )
 
 
-def time_steps(model: torch.nn.Module, step_fn, batches, n: int = 3, bf16: bool = True) -> float:
-    """Seconds per optimisation step of `step_fn` on `model`, after one warm-up step."""
+def time_steps(
+    model: torch.nn.Module, step_fn, batches, n: int = 3, bf16: bool = True, device: str = "cpu"
+) -> float:
+    """Seconds per optimisation step of `step_fn` on `model` (on `device`), after one warm-up step."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    dev = torch.device(device)
     times = []
     for i in range(n + 1):
-        x, y = next(batches)
+        x, y = (b.to(dev) for b in next(batches))
         t = time.monotonic()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
             loss, _ = step_fn(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         if i:
             times.append(time.monotonic() - t)
     return sorted(times)[len(times) // 2]
