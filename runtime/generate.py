@@ -79,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_BRANCH_BATCH})",
     )
     ap.add_argument(
+        "--draft-branches",
+        type=int,
+        default=None,
+        help="mirror: the draft's own runner-up tokens per window position whose branches it rolls "
+        "out before the early exit, while the target runs its prefix (default 0: off)",
+    )
+    ap.add_argument(
         "--exit-layer",
         type=int,
         default=None,
@@ -223,6 +230,7 @@ def _generate(a: argparse.Namespace, pair, edge: dict) -> dict:
         exit_layer=a.exit_layer,
         timeline=timeline,
         branches=a.branches,
+        draft_branches=a.draft_branches,
         tree_k=a.tree_k,
         expand=a.expand,
         top_n=a.top_n,

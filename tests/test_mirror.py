@@ -10,7 +10,7 @@ from kernels.topk_channel import encode
 from runtime.backends import load_model
 from runtime.decoding import Sampling, make_steps, run
 from runtime.decoding.sd import draft_window
-from runtime.mirror.branches import in_tree, rank_branches
+from runtime.mirror.branches import in_tree, rank_branches, rank_own_branches
 from runtime.mirror.draft_worker import DraftWorker
 from runtime.mirror.messages import EarlyExit, FinalVerify
 from runtime.mirror.summary import mirror_summary
@@ -41,15 +41,19 @@ def no_worker_threads(wait_s: float = 5.0) -> bool:
     return True
 
 
-@pytest.mark.parametrize("gamma,kappa,exit_layer", [(4, 8, 2), (1, 1, 1), (3, 4, 3), (6, 16, None)])
-def test_greedy_mirror_equals_ar(tiny_dir, arch, gamma, kappa, exit_layer):
+# own: the draft's own runner-up branches per position (draft_branches), rolled out early
+@pytest.mark.parametrize(
+    "gamma,kappa,exit_layer,own", [(4, 8, 2, 0), (1, 1, 1, 0), (3, 4, 3, 2), (6, 16, None, 1)]
+)
+def test_greedy_mirror_equals_ar(tiny_dir, arch, gamma, kappa, exit_layer, own):
     target = load_model(tiny_dir(arch), "mlx")
     ref = ar(target).tokens
     for draft in (
         load_model(tiny_dir(arch), "onnx"),
         load_model(tiny_dir(arch, num_layers=1, seed=4), "onnx"),
     ):
-        r = mirror(target, draft, gamma=gamma, kappa=kappa, exit_layer=exit_layer)
+        r = mirror(target, draft, gamma=gamma, kappa=kappa, exit_layer=exit_layer,
+                   draft_branches=own)  # fmt: skip
         assert r.tokens == ref
     assert no_worker_threads()
 
@@ -81,11 +85,11 @@ def test_embedded_pair_greedy_equals_ar():
 class Scripted:
     """Drive a DraftWorker by hand: one step with a chosen early-exit message and (A, c)."""
 
-    def __init__(self, draft, gamma=3):
+    def __init__(self, draft, gamma=3, draft_branches=0):
         self.draft, self.gamma = draft, gamma
         self.tl = Timeline()
         self.w = DraftWorker(draft, sampling=Sampling(), seed=0, gamma=gamma, max_new=100, ctx=256,
-                             timeline=self.tl)  # fmt: skip
+                             timeline=self.tl, draft_branches=draft_branches)  # fmt: skip
         self.w.start(PROMPT)
         self.win = self.w.receive(0)
 
@@ -173,6 +177,36 @@ def test_fallback_when_correction_not_in_top_kappa(scripted):
     assert not in_tree(1, c, ids)
     nxt = scripted.step(ids, a=1, c=c)
     assert nxt.source == "fallback" and nxt.tokens == scripted.fresh(1, c)
+
+
+def test_draft_runner_up_branch_is_reused_when_the_early_exit_misses_it(tiny_dir):
+    """With draft branches, the worker rolls out the draft's own runner-ups while the target
+    runs its prefix; a correction the early-exit top-κ does not hold is then still reused."""
+    sc = Scripted(load_model(tiny_dir("llama", num_layers=2, seed=11), "onnx"), draft_branches=2)
+    d = sc.draft
+    logits = d.forward(np.array([PROMPT + sc.win.tokens]), d.new_cache())[0, len(PROMPT) - 1 :]
+    own = rank_own_branches(logits, sc.win.tokens, 2)
+    c = next(b.token for b in own if b.depth == 1)  # the draft's runner-up after d1
+    deadline = time.time() + 10  # all own waves done before the early exit is sent
+    while sum(i.name.startswith("rollout") for i in sc.tl.intervals) < -(-len(own) // 8):
+        assert time.time() < deadline
+        time.sleep(0.005)
+    assert "re-run own window" in [i.name for i in sc.tl.intervals]
+    ids = ee_with(sc.win.tokens, {})  # its top-κ misses c: only the draft's branch has it
+    assert not in_tree(1, c, ids)
+    nxt = sc.step(ids, a=1, c=c, wait_all=False)
+    assert nxt.source == "reuse" and nxt.tokens == sc.fresh(1, c)
+
+
+def test_own_ranking_skips_own_token_and_scores_the_draft_path():
+    logits = np.log(
+        np.array([[0.5, 0.3, 0.2, 0.0], [0.1, 0.2, 0.3, 0.4], [0.7, 0.1, 0.1, 0.1]]) + 1e-12
+    )
+    ranked = rank_own_branches(logits, drafts=[0, 3], m=1)
+    # (0, 1): .3; (1, 2): .5 * .3 = .15; (2, 0): .5 * .4 * .7 = .14 (the bonus position, no own)
+    assert [(b.depth, b.token) for b in ranked] == [(0, 1), (1, 2), (2, 0)]
+    assert [round(float(np.exp(b.score)), 3) for b in ranked] == [0.3, 0.15, 0.14]
+    assert len(rank_own_branches(logits, drafts=[0, 3], m=2)) == 6
 
 
 class Gate:

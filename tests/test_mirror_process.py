@@ -14,9 +14,9 @@ from runtime.errors import DuetError
 PROMPT = [11, 42, 7, 99, 5, 250]
 
 
-def steps(target, draft, n=24, temp=0.0, process=True, prompt=PROMPT):
+def steps(target, draft, n=24, temp=0.0, process=True, prompt=PROMPT, own=0):
     return make_steps("mirror", target, draft, prompt, max_new=n, sampling=Sampling(temp), seed=3,
-                      gamma=3, kappa=4, draft_process=process)  # fmt: skip
+                      gamma=3, kappa=4, draft_process=process, draft_branches=own)  # fmt: skip
 
 
 def no_draft_process() -> bool:
@@ -45,6 +45,8 @@ def test_process_worker_greedy_equals_ar(tiny_dir, arch):
     ref2 = run(make_steps("ar", target, None, longer, max_new=12, sampling=Sampling(), seed=0),
                max_new=12).tokens  # fmt: skip
     assert run(steps(target, draft, n=12, prompt=longer), max_new=12).tokens == ref2
+    # the draft's own runner-up branches, published on the shared board (κ + m keys a step)
+    assert run(steps(target, draft, own=2), max_new=24).tokens == ref
     draft._duet_draft_host.close()
     assert no_draft_process()
 

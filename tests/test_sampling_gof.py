@@ -13,7 +13,9 @@ from runtime.decoding import Sampling, make_steps
 from runtime.decoding import mirror as mirror_module
 from runtime.decoding import sd as sd_module
 
-MODULES = {"sd": sd_module, "mirror": mirror_module}
+MODULES = {"sd": sd_module, "mirror": mirror_module, "mirror-own": mirror_module}
+# mirror-own: mirror with the draft's own runner-up branches rolled out before the early exit
+OPTIONS = {"mirror-own": {"draft_branches": 2}}
 
 V = 8
 PROMPT = [1, 2, 3]
@@ -43,11 +45,14 @@ def exact_joint(target) -> np.ndarray:
 
 def sample_pairs(method, target, draft, n, seed) -> np.ndarray:
     counts = np.zeros((V, V))
+    opts = OPTIONS.get(method, {})
+    method = method.split("-")[0]
     tc, dc = target.new_cache(), draft.new_cache()
     for i in range(n):
         out = []
         steps = make_steps(method, target, draft, PROMPT, max_new=3, gamma=2, kappa=3, exit_layer=2,
-                           sampling=SAMPLING, seed=seed * 100003 + i, target_cache=tc, draft_cache=dc)  # fmt: skip
+                           sampling=SAMPLING, seed=seed * 100003 + i, target_cache=tc, draft_cache=dc,
+                           **opts)  # fmt: skip
         for ev in steps:
             out += ev.tokens
         counts[out[0], out[1]] += 1
@@ -68,7 +73,7 @@ def gof_pvalue(counts, joint) -> float:
     return chisquare(o, e * o.sum() / e.sum()).pvalue
 
 
-@pytest.mark.parametrize("method", ["sd", "mirror"])
+@pytest.mark.parametrize("method", ["sd", "mirror", "mirror-own"])
 def test_matches_target_distribution(pair, method):
     target, draft = pair
     joint = exact_joint(target)
@@ -76,7 +81,7 @@ def test_matches_target_distribution(pair, method):
     assert p > ALPHA, f"{method}'s joint law differs from the target's (p = {p:.2e})"
 
 
-@pytest.mark.parametrize("method", ["sd", "mirror"])
+@pytest.mark.parametrize("method", ["sd", "mirror", "mirror-own"])
 def test_negative_control_wrong_q_fails(pair, monkeypatch, method):
     """Verifying with a q other than the one the draft sampled from must break the law."""
     target, draft = pair

@@ -73,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--branches", type=int, default=None, help="mirror: branches per batched draft pass"
     )
     ap.add_argument(
+        "--draft-branches",
+        type=int,
+        default=None,
+        help="mirror: the draft's own runner-up tokens per window position whose branches it rolls "
+        "out before the early exit, while the target runs its prefix (default 0: off)",
+    )
+    ap.add_argument(
         "--exit-head",
         choices=("raw", "tuned"),
         default=None,
@@ -207,6 +214,7 @@ def make_runners(methods: list[str], pair, a) -> list:
                     exit_layer=a.exit_layer,
                     branches=a.branches,
                     exit_head=a.exit_head,
+                    draft_branches=a.draft_branches,
                     tree_k=a.tree_k,
                     expand=a.expand,
                     top_n=a.top_n,

@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--exit-layer", type=int, default=None, help="exit layer ℓe (default N/2)")
     ap.add_argument("--branches", type=int, default=DEFAULT_BRANCH_BATCH,
                     help=f"branches per batched draft pass (default {DEFAULT_BRANCH_BATCH})")  # fmt: skip
+    ap.add_argument("--draft-branches", type=int, default=0,
+                    help="mirror: the draft's own runner-up tokens per window position whose branches it rolls "
+        "out before the early exit, while the target runs its prefix (default 0: off)")  # fmt: skip
     ap.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
     ap.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i")
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run")
@@ -88,7 +91,7 @@ def make_setup(a: argparse.Namespace):
         emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
     ids = prompt_ids(pair, records, a.max_tokens)
     return Setup(pair, ids, a.max_tokens, a.gamma, Sampling(a.temp), a.seed, emu, a.branches,
-                 a.draft_process, a.exit_head)  # fmt: skip
+                 a.draft_process, a.exit_head, a.draft_branches)  # fmt: skip
 
 
 def profile(a: argparse.Namespace, out: Path) -> dict:

@@ -20,7 +20,7 @@ def summary_text(s: dict) -> str:
         f"MLX {th['mlx_device']}, torch {th['torch_threads']}, {th['cpu_count']} CPUs"
     )
     add(
-        f"overlap fraction     {f(s['overlap_fraction'])}  (draft time hidden under the target suffix)"
+        f"overlap fraction     {f(s['overlap_fraction'])}  (draft time hidden under the target's pass)"
     )
     add(f"T_rv early-exit      {f(s['t_rv_ee_us'], '.1f')} µs")
     add(f"T_rv final + window  {f(s['t_rv_fv_us'], '.1f')} µs  {s.get('t_rv_fv_by_source_us', '')}")

@@ -38,6 +38,7 @@ class Setup:
     branches: int = DEFAULT_BRANCH_BATCH  # branch rollouts per batched draft pass
     draft_process: bool = False  # the draft worker in its own process (--draft-process)
     exit_head: str | None = None  # raw | tuned (default: tuned when stored)
+    draft_branches: int = 0  # the draft's own runner-ups rolled out before the early exit
 
     @property
     def label(self) -> str:
@@ -89,7 +90,8 @@ def run_mirror(setup: Setup, *, kappa: int, exit_layer: int, desc: str = "profil
                            sampling=setup.sampling, seed=setup.seed + i, gamma=setup.gamma,
                            kappa=kappa, exit_layer=exit_layer, timeline=run.timeline,
                            branches=setup.branches, draft_process=setup.draft_process,
-                           exit_head=setup.exit_head)  # fmt: skip
+                           exit_head=setup.exit_head,
+                           draft_branches=setup.draft_branches)  # fmt: skip
         toks, evs, t0 = [], [], time.perf_counter()
         for t, ev in stream(steps, max_new=n, eos_ids=eos):
             toks += t

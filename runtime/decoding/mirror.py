@@ -81,12 +81,17 @@ def mirror_steps(
     branch_batch: int = DEFAULT_BRANCH_BATCH,
     draft_process: bool = False,
     exit_head: str | None = None,
+    draft_branches: int = 0,
 ) -> Iterator[StepEvent]:
     """Yield one StepEvent per Mirror-SD step; `extra` carries the step's timings and reuse.
 
     draft_process: run the draft worker in its own process (runtime/mirror/draft_process.py)
     instead of a thread of this one. exit_head: "raw", "tuned" (runtime/mirror/exit_head.py),
-    or None for the tuned head when one is stored beside the target."""
+    or None for the tuned head when one is stored beside the target. draft_branches: the
+    draft's own runner-up tokens per window position rolled out as branches before the early
+    exit (runtime/mirror/draft_worker.py); 0: only the early-exit top-κ branches."""
+    if draft_branches < 0:
+        raise DuetError(f"--draft-branches must be >= 0 (got {draft_branches})")
     le = check_mirror_args(target, gamma, kappa, exit_layer)
     check_branch_draft(draft, branch_batch)
     tuned = resolve_exit_head(target, le, exit_head)
@@ -100,10 +105,12 @@ def mirror_steps(
 
         worker = ProcessDraftWorker(draft_host(draft), sampling=sampling, seed=seed, gamma=gamma,
                                     kappa=kappa, vocab=draft.config.vocab_size, max_new=max_new,
-                                    ctx=ctx, timeline=tl, branch_batch=branch_batch)  # fmt: skip
+                                    ctx=ctx, timeline=tl, branch_batch=branch_batch,
+                                    draft_branches=draft_branches)  # fmt: skip
     else:
         worker = DraftWorker(draft, sampling=sampling, seed=seed, gamma=gamma, max_new=max_new,
-                             ctx=ctx, timeline=tl, cache=draft_cache, branch_batch=branch_batch)  # fmt: skip
+                             ctx=ctx, timeline=tl, cache=draft_cache, branch_batch=branch_batch,
+                             draft_branches=draft_branches)  # fmt: skip
     switch = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     worker.start(seq)
@@ -223,6 +230,7 @@ class Options:
     branches: int = DEFAULT_BRANCH_BATCH  # rows per batched branch-rollout pass
     draft_process: bool = False  # the draft worker in its own process (--draft-process)
     exit_head: str | None = None  # raw | tuned (default: tuned when one is stored)
+    draft_branches: int = 0  # the draft's own runner-ups rolled out before the early exit
 
 
 def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
@@ -233,4 +241,5 @@ def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=
                         seed=seed, timeline=timeline, target_cache=target_cache,
                         draft_cache=draft_cache, branch_batch=options.branches,
                         draft_process=options.draft_process,
-                        exit_head=options.exit_head)  # fmt: skip
+                        exit_head=options.exit_head,
+                        draft_branches=options.draft_branches)  # fmt: skip

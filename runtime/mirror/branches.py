@@ -49,6 +49,27 @@ def rank_branches(ids: np.ndarray, logp: np.ndarray, drafts: list[int]) -> list[
     return sorted(out, key=lambda b: -b.score)
 
 
+def rank_own_branches(logits: np.ndarray, drafts: list[int], m: int) -> list[Branch]:
+    """The draft's own runner-up branches, most likely first (rolled out before the early exit).
+
+    logits: the draft's at window positions 0..γ, (γ+1, V). At each position j the m most
+    likely tokens other than the draft's own d_{j+1} (at j = γ, the bonus position, the m most
+    likely) are the candidates v; branch (j, v) is scored by the draft's own path probability
+    sum_{i<j} log q_i(d_{i+1}) + log q_j(v), the draft-side twin of `rank_branches`.
+    """
+    z = logits - logits.max(-1, keepdims=True)
+    logq = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    path, out = 0.0, []
+    for j in range(min(len(drafts) + 1, len(logq))):
+        own = drafts[j] if j < len(drafts) else None
+        top = np.argpartition(-logq[j], m)[: m + 1]  # m + 1: one of them may be d_{j+1}
+        top = top[np.argsort(-logq[j][top], kind="stable")]
+        out += [Branch(j, int(v), path + float(logq[j][v])) for v in top if v != own][:m]
+        if own is not None:
+            path += float(logq[j][own])
+    return sorted(out, key=lambda b: -b.score)
+
+
 def in_tree(accepted: int, token: int, ids: np.ndarray) -> bool:
     """Is the corrected prefix Π⁺ = (d1..dA, c) a path of the hypothesis tree T_t?
 

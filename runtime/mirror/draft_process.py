@@ -140,13 +140,14 @@ class ProcessDraftWorker:
 
     def __init__(self, host: DraftHost, *, sampling: Sampling, seed: int, gamma: int, kappa: int,
                  vocab: int, max_new: int, ctx: int, timeline: Timeline,
-                 branch_batch: int = DEFAULT_BRANCH_BATCH):  # fmt: skip
+                 branch_batch: int = DEFAULT_BRANCH_BATCH, draft_branches: int = 0):  # fmt: skip
         self.host, self.tl = host, timeline
-        layout = Layout(gamma, kappa, vocab, not sampling.greedy)
+        # the board holds every branch key: κ early-exit and m draft candidates per position
+        layout = Layout(gamma, kappa + draft_branches, vocab, not sampling.greedy)
         self.slots = Slots(layout)
         self.board = Board(layout, host.lock)
         self.args = dict(sampling=sampling, seed=seed, gamma=gamma, max_new=max_new, ctx=ctx,
-                         branch_batch=branch_batch)  # fmt: skip
+                         branch_batch=branch_batch, draft_branches=draft_branches)  # fmt: skip
 
     def start(self, seq: list[int]) -> None:
         keep = _common_prefix(self.host.cached, seq)
@@ -365,7 +366,8 @@ def _serve(conn, draft, cache, args: dict, lock):
     tl = Timeline()
     w = _ProcessWorker(draft, board, sampling=args["sampling"], seed=args["seed"], gamma=args["gamma"],
                     max_new=args["max_new"], ctx=args["ctx"], timeline=tl, cache=cache,
-                    branch_batch=args["branch_batch"])  # fmt: skip
+                    branch_batch=args["branch_batch"],
+                    draft_branches=args["draft_branches"])  # fmt: skip
     w.inbox, w.outbox = _PipeInbox(conn, slots), _PipeOutbox(conn, slots, tl)
     w.seq = list(args["seq"])
     try:

@@ -3,6 +3,11 @@
 Per step:
   - while the target runs its prefix, feed d_γ: the draft cache then holds
     `committed + d1..dγ`, the shared prefix of every branch;
+  - with `draft_branches` m > 0, that feed re-runs the whole window in one pass, which gives
+    the draft's own law at every window position, and the worker rolls out the branches
+    (j, v) of the draft's own m runner-up tokens v at each position j (most likely first,
+    by the draft's path log-probability) until the early-exit message comes, so the target's
+    prefix is not idle time for the draft (Mirror-SD §3.1's branch candidates, widened);
   - on the early-exit message, rank every branch (j, v) of the hypothesis tree
     (most likely first) and roll them out in waves of `branch_batch` rows, one
     batched pass per token for all depths at once: row (j, v) attends to
@@ -33,7 +38,7 @@ from kernels.topk_channel import decode
 from runtime.decoding.events import Sampling, rewind
 from runtime.decoding.sd import draft_window
 from runtime.decoding.ss_draft import is_ss_draft
-from runtime.mirror.branches import Branch, rank_branches, reuse_key
+from runtime.mirror.branches import Branch, rank_branches, rank_own_branches, reuse_key
 from runtime.mirror.messages import STOP, EarlyExit, FinalVerify, Window, WorkerFailed
 from runtime.mirror.ss_wave import SSWave
 from runtime.mirror.timeline import Timeline, now_ns
@@ -50,10 +55,16 @@ class DraftWorker:
     """Owns the draft model and its cache; talks to the target only through two queues."""
 
     def __init__(self, draft, *, sampling: Sampling, seed: int, gamma: int, max_new: int, ctx: int,
-                 timeline: Timeline, cache=None, branch_batch: int = DEFAULT_BRANCH_BATCH):  # fmt: skip
+                 timeline: Timeline, cache=None, branch_batch: int = DEFAULT_BRANCH_BATCH,
+                 draft_branches: int = 0):  # fmt: skip
         self.draft, self.sampling, self.seed = draft, sampling, seed
         self.gamma, self.max_new, self.ctx = gamma, max_new, ctx
         self.branch_batch = branch_batch
+        # runner-up branches from the draft's own law, rolled out before the early exit (an
+        # SS draft's forward is its multi-stream graph, and a hybrid draft's linear states do
+        # not re-run a window in place, so those keep the plain feed)
+        plain = is_ss_draft(draft) or getattr(draft.config, "is_hybrid", False)
+        self.draft_branches = 0 if plain else draft_branches
         self.tl = timeline
         self.cache = cache if cache is not None else draft.new_cache()
         self.inbox: queue.Queue = queue.Queue()
@@ -176,7 +187,11 @@ class DraftWorker:
         self.tl.add("draft", "initial rollout", t0, now_ns(), step=step, tokens=g)
         self.outbox.put(Window(step, window, q, now_ns(), "initial", {"draft_passes": j["passes"]}))
         while True:
-            self._extend(step, self.seq + window)
+            with self._lock:  # open this step's board of completed branches
+                self._ready, self._ready_step, self._claimed = {}, step, False
+            self._ee_recv = 0  # not yet: branches published before it carry 0
+            own = self._extend(step, self.seq + window)
+            early = self._own_rollouts(step, own, window, produced) if own is not None else []
             ee = self._get()
             assert isinstance(ee, EarlyExit) and ee.step == step
             ee_recv = self._ee_recv = now_ns()
@@ -184,7 +199,8 @@ class DraftWorker:
                 "channel", "early-exit", ee.sent_ns, ee_recv, step=step, bytes=len(ee.payload)
             )
             ids, logp = decode(ee.payload)
-            waves = self._branch_rollouts(step, ids, logp, window, produced)
+            started = {key for w in early for key in w.index}
+            waves = early + self._branch_rollouts(step, ids, logp, window, produced, started)
             fv = self._get()
             assert isinstance(fv, FinalVerify) and fv.step == step
             fv_recv = now_ns()
@@ -249,21 +265,37 @@ class DraftWorker:
             if self._ready_step == step:
                 self._ready.update(wins)
 
-    def _extend(self, step: int, full: list[int]) -> None:
+    def _extend(self, step: int, full: list[int]) -> np.ndarray | None:
         """Feed what the cache lacks of committed + window (d_γ), while the target runs its
-        prefix: every branch then shares this cache as its prefix."""
+        prefix: every branch then shares this cache as its prefix. With draft branches, the
+        feed re-runs the window from the last committed token instead and returns the draft's
+        logits at window positions 0..γ, (γ + 1, V); else None."""
+        t0 = now_ns()
+        if self.draft_branches and len(full) > len(self.seq) >= 1:
+            rewind(self.cache, len(self.seq) - 1)
+            logits = self.draft.forward(np.array([full[len(self.seq) - 1 :]]), self.cache)[0]
+            self.tl.add("draft", "re-run own window", t0, now_ns(), step=step)
+            return logits
         if self.cache.offset < len(full):
-            t0 = now_ns()
             self.draft.forward(np.array([full[self.cache.offset :]]), self.cache)
             self.tl.add("draft", "extend own path", t0, now_ns(), step=step)
+        return None
 
-    def _branch_rollouts(self, step, ids, logp, window, produced) -> list[_Wave]:
-        """Waves of branches, most likely first, until (A, c) arrives (the last may be cut short)."""
-        ranked = rank_branches(ids, logp, window)
+    def _own_rollouts(self, step, logits, window, produced) -> list[_Wave]:
+        """Waves of the draft's own runner-up branches until the early exit arrives."""
+        ranked = rank_own_branches(logits, window, self.draft_branches)
+        return self._waves(step, ranked, produced)
+
+    def _branch_rollouts(self, step, ids, logp, window, produced, started=()) -> list[_Wave]:
+        """Waves of branches, most likely first, until (A, c) arrives (the last may be cut short);
+        branches in `started` (rolled out before the early exit) are not run again."""
+        ranked = [b for b in rank_branches(ids, logp, window) if (b.depth, b.token) not in started]
+        return self._waves(step, ranked, produced)
+
+    def _waves(self, step, ranked: list[Branch], produced) -> list[_Wave]:
+        """Roll `ranked` out in waves of branch_batch rows until a message arrives."""
         waves = []
         base = len(self.seq)
-        with self._lock:
-            self._ready, self._ready_step, self._claimed = {}, step, False
         for i in range(0, len(ranked), self.branch_batch):
             if self._final_arrived():
                 break

@@ -1,6 +1,7 @@
 """Per-run Mirror-SD figures from the step events and the shared-clock timeline.
 
-overlap_fraction  draft time hidden under the target suffix / draft time
+overlap_fraction  draft time hidden under the target's pass (its suffix, and its prefix for
+                  the draft's own branches rolled out before the early exit) / draft time
 t_rv_ee_us        early-exit message: send -> receive
 t_rv_fv_us        final rendezvous: (A, c) sent -> next window in hand, less the draft's compute
                   (a fallback or resumed rollout); a completed branch is taken at once
@@ -40,16 +41,19 @@ def mirror_summary(events: list[StepEvent], timeline: Timeline) -> dict:
     suffix = [
         (i.start_ns, i.end_ns) for i in ivs if i.lane == "target" and i.name.startswith("suffix")
     ]
+    prefix = [
+        (i.start_ns, i.end_ns) for i in ivs if i.lane == "target" and i.name.startswith("prefix")
+    ]
     branch = [
         (i.start_ns, i.end_ns) for i in ivs if i.lane == "draft" and i.name.startswith("rollout")
     ]
     fallback = [
         (i.start_ns, i.end_ns)
         for i in ivs
-        if i.lane == "draft" and i.name.startswith(("fallback", "resume", "extend"))
+        if i.lane == "draft" and i.name.startswith(("fallback", "resume", "extend", "re-run"))
     ]
     draft_ns = sum(e - s for s, e in branch + fallback)
-    hidden = _overlap(branch + fallback, suffix)
+    hidden = _overlap(branch + fallback, prefix + suffix)
     ee = [i.dur_ns for i in ivs if i.lane == "channel" and i.name == "early-exit"]
     full = [e.extra for e in events if e.extra.get("draft")]
     n = len(full)
@@ -60,9 +64,12 @@ def mirror_summary(events: list[StepEvent], timeline: Timeline) -> dict:
     predicted = []
     for x in full:  # eq. (10): prefix + T_rv(ee) + max(suffix, T_draft^gen) + T_rv(fv)
         d = x["draft"]
-        t_rv_ee = (d["ee_recv_ns"] - x["ee_sent_ns"]) / 1e9
         t_rv_fv = x["rv_fv_ns"] / 1e9
-        t_gen = (d["ready_ns"] - d["ee_recv_ns"]) / 1e9
+        if d["ee_recv_ns"]:
+            t_rv_ee = (d["ee_recv_ns"] - x["ee_sent_ns"]) / 1e9
+            t_gen = (d["ready_ns"] - d["ee_recv_ns"]) / 1e9
+        else:  # a draft's own branch, ready before the early exit came: nothing left to hide
+            t_rv_ee, t_gen = (rv_ee or 0) / 1e9, 0.0
         predicted.append(x["prefix_s"] + t_rv_ee + max(x["suffix_s"], t_gen) + t_rv_fv)
     return {
         "steps": len(events),
