@@ -136,7 +136,7 @@ def parse_temps(text: str) -> list[float]:
 
 def parse_gammas(text: str | None, default: int) -> list[int]:
     """`--gammas` as distinct values >= 1, or [default] when not given."""
-    if not text:
+    if text is None:
         return [default]
     try:
         gs = [int(x) for x in text.split(",") if x.strip()]
@@ -161,6 +161,8 @@ def sweep_runners(methods: list[str], pair, a) -> list:
         ag.gamma = g
         # ar and the methods that take no γ (tree, heterospec: --depth) run once, unsuffixed
         ms = methods if i == 0 else [m for m in methods if takes_gamma(m)]
+        if not ms:  # nothing here takes γ (e.g. ar,tree): one pass is the whole sweep
+            break
         rs = make_runners(ms, pair, ag)
         rs += extra_runners(ms, pair, ag, make_runners, skip=(*BASELINES, AUTO), pairs=pairs)
         if len(gammas) > 1:
@@ -252,6 +254,7 @@ def bench(a: argparse.Namespace) -> dict:
         raise DuetError(f"--max-tokens must be at least 1 (got {a.max_tokens})")
     if a.gamma < 1:
         raise DuetError(f"--gamma must be at least 1 (got {a.gamma})")
+    parse_gammas(a.gammas, a.gamma)  # a bad --gammas fails before any model loads
     if a.limit is not None and a.limit < 1:
         raise DuetError(f"--limit must be at least 1 (got {a.limit})")
     cats = [c.strip() for c in a.categories.split(",")] if a.categories else None
