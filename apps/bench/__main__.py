@@ -4,6 +4,7 @@
     python -m apps.bench --methods ar,sd,mlx-lm --out answers/   # Spec-Bench answer files
     python -m apps.bench --edge --links 5g,4g,wifi-weak          # edge-cloud (apps/bench/edge.py)
     python -m apps.bench --methods ar,sd --drafts mtp            # sd+mtp: the target's MTP head
+    python -m apps.bench --methods ar,sd,mirror --gammas 2,4     # sd@g2, sd@g4, ...: a γ sweep
 
 Defaults: the embedded pair and the held-out prompt set in apps/prompts/.
 Methods: any of runtime.decoding.METHODS, plus `mlx-lm` (speculative_generate_step)
@@ -64,8 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--gammas",
         default=None,
         metavar="G1,G2,...",
-        help="sweep γ instead: every drafting method runs once per value, as METHOD@gG, "
-        "alternated in one run (Mirror-SD Fig. 3: latency against draft size x γ)",
+        help="sweep γ instead: every method that takes γ runs once per value, as METHOD@gG "
+        "(ar, tree and heterospec once), alternated in one run (Mirror-SD Fig. 3: latency "
+        "against draft size x γ)",
     )
     ap.add_argument("--kappa", type=int, default=None, help="passed to methods that take it")
     ap.add_argument("--exit-layer", type=int, default=None, help="passed to methods that take it")

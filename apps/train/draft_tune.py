@@ -3,6 +3,8 @@
     nice -n 10 python -m apps.train draft-tune --out out/draft_tv --tv-weight 1.0 \\
         --time-budget-min 30 --threads 1
     python -m apps.train draft-tune --eval-only            # measure the committed draft
+    python -m apps.train draft-tune --from-target-layers 0 --device cuda --time-budget-min 3 \\
+        --batch-size 32 --out out/draft_l1     # a new draft cut from the target (not committed)
 
 The loss is the pipeline's distillation loss (apps/train/losses.py `distill_loss`, the step of
 apps/train/pipeline.py): KL(p_target ‖ q_draft) plus `--tv-weight` x TV(p, q). 1 - TV is
