@@ -10,6 +10,7 @@ import pytest
 
 from apps.bench import drafts
 from apps.bench.__main__ import main, parse_gammas
+from apps.bench.report import base_method, partner, table
 from runtime.errors import DuetError
 
 QUESTIONS = [
@@ -58,6 +59,23 @@ def test_sweep_runs_each_gamma_and_stays_lossless(base, capsys, monkeypatch):
     assert runners["sd@g2"]["gamma"] == 2 and runners[f"mirror+{tag}@g3"]["gamma"] == 3
     assert all(runners[m]["exit_head"] == "raw" for m in runners if m.startswith("mirror"))
     assert res["settings"]["gammas"] == [2, 3]
+    # each mirror row against the sd row of its own draft and γ; sd's drafting share per row
+    for m in ("mirror@g2", f"mirror+{tag}@g3"):
+        sd = by[m.replace("mirror", "sd", 1)]
+        assert by[m]["vs_sd"] == round(by[m]["tokens_per_s"] / sd["tokens_per_s"], 3)
+    assert "vs_sd" not in by["tree"]  # no plain `sd` row in a sweep to compare it with
+    assert all("draft_share" in by[m] for m in by if m.startswith("sd"))
+    notes = table(res["rows"]).splitlines()
+    assert any(n.startswith("temp 0: sd@g3 drafts") and "(measured mirror@g3:" in n for n in notes)
+
+
+def test_runner_names():
+    assert [base_method(n) for n in ("sd", "sd+mtp", "sd@g4", "mirror+d@g2")] == [
+        "sd", "sd", "sd", "mirror",
+    ]  # fmt: skip
+    assert partner("mirror+d@g2", "mirror", "sd") == "sd+d@g2"
+    assert partner("heterospec", "heterospec", "tree") == "tree"
+    assert partner("sd@g2", "mirror", "sd") is None
 
 
 def test_one_gamma_keeps_the_plain_names(base, capsys):
