@@ -4,6 +4,7 @@
     python -m apps.bench --methods ar,sd,mlx-lm --out answers/   # Spec-Bench answer files
     python -m apps.bench --edge --links 5g,4g,wifi-weak          # edge-cloud (apps/bench/edge.py)
     python -m apps.bench --methods ar,sd --drafts mtp            # sd+mtp: the target's MTP head
+    python -m apps.bench --methods ar,sd,mirror --gammas 2,4     # sd@g2, sd@g4, ...: a γ sweep
 
 Defaults: the embedded pair and the held-out prompt set in apps/prompts/.
 Methods: any of runtime.decoding.METHODS, plus `mlx-lm` (speculative_generate_step)
@@ -64,8 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--gammas",
         default=None,
         metavar="G1,G2,...",
-        help="sweep γ instead: every drafting method runs once per value, as METHOD@gG, "
-        "alternated in one run (Mirror-SD Fig. 3: latency against draft size x γ)",
+        help="sweep γ instead: every method that takes γ runs once per value, as METHOD@gG "
+        "(ar, tree and heterospec once), alternated in one run (Mirror-SD Fig. 3: latency "
+        "against draft size x γ)",
     )
     ap.add_argument("--kappa", type=int, default=None, help="passed to methods that take it")
     ap.add_argument("--exit-layer", type=int, default=None, help="passed to methods that take it")
@@ -143,7 +145,7 @@ def parse_temps(text: str) -> list[float]:
 
 def parse_gammas(text: str | None, default: int) -> list[int]:
     """`--gammas` as distinct values >= 1, or [default] when not given."""
-    if not text:
+    if text is None:
         return [default]
     try:
         gs = [int(x) for x in text.split(",") if x.strip()]
@@ -168,6 +170,8 @@ def sweep_runners(methods: list[str], pair, a) -> list:
         ag.gamma = g
         # ar and the methods that take no γ (tree, heterospec: --depth) run once, unsuffixed
         ms = methods if i == 0 else [m for m in methods if takes_gamma(m)]
+        if not ms:  # nothing here takes γ (e.g. ar,tree): one pass is the whole sweep
+            break
         rs = make_runners(ms, pair, ag)
         rs += extra_runners(ms, pair, ag, make_runners, skip=(*BASELINES, AUTO), pairs=pairs)
         if len(gammas) > 1:
@@ -260,6 +264,7 @@ def bench(a: argparse.Namespace) -> dict:
         raise DuetError(f"--max-tokens must be at least 1 (got {a.max_tokens})")
     if a.gamma < 1:
         raise DuetError(f"--gamma must be at least 1 (got {a.gamma})")
+    parse_gammas(a.gammas, a.gamma)  # a bad --gammas fails before any model loads
     if a.limit is not None and a.limit < 1:
         raise DuetError(f"--limit must be at least 1 (got {a.limit})")
     cats = [c.strip() for c in a.categories.split(",")] if a.categories else None

@@ -52,14 +52,24 @@ def summarize(records: list[dict], methods: list[str], temps: list[float]) -> li
                 | draft_share(rs)
                 | draft_passes(rs)
             )
-        sd = next((r for r in rows if r["method"] == "sd" and r["temp"] == t), None)
-        tree = next((r for r in rows if r["method"] == "tree" and r["temp"] == t), None)
-        for r in rows:
-            if r["temp"] == t and r["method"] in ("mirror", "tree") and sd and sd["tokens_per_s"]:
-                r["vs_sd"] = round(r["tokens_per_s"] / sd["tokens_per_s"], 3)
-            if r["temp"] == t and r["method"] == "heterospec" and tree and tree["tokens_per_s"]:
-                r["vs_tree"] = round(r["tokens_per_s"] / tree["tokens_per_s"], 3)
+        at_t = {r["method"]: r for r in rows if r["temp"] == t}
+        for r in at_t.values():  # mirror@g4 against sd@g4, tree+X against sd+X (same suffix)
+            for ours, theirs in (("mirror", "sd"), ("tree", "sd"), ("heterospec", "tree")):
+                other = at_t.get(partner(r["method"], ours, theirs))
+                if other and other.get("tokens_per_s") and r.get("tokens_per_s") is not None:
+                    r[f"vs_{theirs}"] = round(r["tokens_per_s"] / other["tokens_per_s"], 3)
     return rows
+
+
+def base_method(name: str) -> str:
+    """The method of a runner name: `sd` for `sd`, `sd+mtp`, `sd@g4` (apps/bench/drafts.py,
+    --gammas)."""
+    return name.split("+")[0].split("@")[0]
+
+
+def partner(name: str, ours: str, theirs: str) -> str | None:
+    """The `theirs` runner with `name`'s draft and γ suffix, when `name` is an `ours` runner."""
+    return theirs + name[len(ours) :] if base_method(name) == ours else None
 
 
 def calls_and_tokens(rs: list[dict]) -> dict:
@@ -75,7 +85,7 @@ def draft_share(rs: list[dict]) -> dict:
     """For a draft-then-verify method: the share of its step spent drafting, and the ceiling
     it puts on Mirror-SD: hiding all of that drafting, at no cost, saves at most that share,
     so mirror / this method <= 1 / (1 - share)."""
-    if rs[0]["method"] != "sd" or any(r.get("stage_s") is None for r in rs):
+    if base_method(rs[0]["method"]) != "sd" or any(r.get("stage_s") is None for r in rs):
         return {}
     d = sum(r["stage_s"]["draft"] for r in rs)
     v = sum(r["stage_s"]["verify"] for r in rs)
@@ -135,15 +145,19 @@ def table(rows: list[dict]) -> str:
     w = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
     line = lambda cells: "  ".join(str(c).ljust(n) for c, n in zip(cells, w, strict=False)).rstrip()  # noqa: E731
     notes = [
-        f"temp {r['temp']:g}: sd drafts {100 * r['draft_share']:.0f}% of each step, so hiding all of "
-        f"it for free makes Mirror-SD at most {r['mirror_ceiling_vs_sd']:.2f}x sd on this pair"
-        + next((f" (measured mirror: {m['vs_sd']:.2f}x sd)" for m in rows
-                if m["method"] == "mirror" and m["temp"] == r["temp"] and "vs_sd" in m), "")
+        f"temp {r['temp']:g}: {r['method']} drafts {100 * r['draft_share']:.0f}% of each step, so "
+        f"hiding all of it for free makes Mirror-SD at most {r['mirror_ceiling_vs_sd']:.2f}x "
+        f"{r['method']} on this pair"
+        + next((f" (measured {m['method']}: {m['vs_sd']:.2f}x {r['method']})" for m in rows
+                if partner(m["method"], "mirror", "sd") == r["method"] and m["temp"] == r["temp"]
+                and "vs_sd" in m), "")
         for r in rows
         if "draft_share" in r
-    ] + [f"temp {r['temp']:g}: {r['method']} is {r['vs_sd']:.2f}x sd" for r in rows
-         if r["method"] == "tree" and "vs_sd" in r] + [
-        f"temp {r['temp']:g}: heterospec is {r['vs_tree']:.2f}x tree" for r in rows if "vs_tree" in r
+    ] + [f"temp {r['temp']:g}: {r['method']} is {r['vs_sd']:.2f}x "
+         f"{partner(r['method'], 'tree', 'sd')}" for r in rows
+         if base_method(r["method"]) == "tree" and "vs_sd" in r] + [
+        f"temp {r['temp']:g}: {r['method']} is {r['vs_tree']:.2f}x "
+        f"{partner(r['method'], 'heterospec', 'tree')}" for r in rows if "vs_tree" in r
     ]  # fmt: skip
     refusals = [line([r["method"], f"{r['temp']:g}"]) + f"  refused: {r['refused']}"
                 for r in rows if "refused" in r]  # fmt: skip

@@ -3,6 +3,8 @@
     nice -n 10 python -m apps.train draft-tune --out out/draft_tv --tv-weight 1.0 \\
         --time-budget-min 30 --threads 1
     python -m apps.train draft-tune --eval-only            # measure the committed draft
+    python -m apps.train draft-tune --from-target-layers 0 --device cuda --time-budget-min 3 \\
+        --batch-size 32 --out out/draft_l1     # a new draft cut from the target (not committed)
 
 The loss is the pipeline's distillation loss (apps/train/losses.py `distill_loss`, the step of
 apps/train/pipeline.py): KL(p_target ‖ q_draft) plus `--tv-weight` x TV(p, q). 1 - TV is
@@ -206,9 +208,7 @@ def parse_layers(text: str, n_layers: int) -> list[int]:
         raise DuetError(f"--from-target-layers {text!r}: give layer numbers like 0,1,7") from None
     bad = [i for i in layers if not 0 <= i < n_layers]
     if not layers or bad or len(set(layers)) != len(layers):
-        raise DuetError(
-            f"--from-target-layers {text!r}: give distinct layers in 0..{n_layers - 1}"
-        )
+        raise DuetError(f"--from-target-layers {text!r}: give distinct layers in 0..{n_layers - 1}")
     return layers
 
 
@@ -217,10 +217,12 @@ def target_layer_draft(teacher, layers: list[int]):
     final norm and LM head (a truncated self-draft; distillation then fits it to the whole
     target). Layer indices are renumbered so the copy is an ordinary checkpoint."""
     cfg = teacher.config
-    if getattr(cfg, "layer_types", None) and any(
-        cfg.layer_types[i] != "full_attention" for i in layers
-    ):
-        raise DuetError("--from-target-layers: only full-attention layers can be copied")
+    kinds = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+    other = [f"{i} ({kinds[i]})" for i in layers if kinds[i] != "full_attention"]
+    if other:
+        raise DuetError(
+            f"--from-target-layers: only full-attention layers can be copied, not {', '.join(other)}"
+        )
     d = copy.deepcopy(teacher)
     d.model.layers = torch.nn.ModuleList([d.model.layers[i] for i in layers])
     for j, layer in enumerate(d.model.layers):
@@ -258,7 +260,7 @@ def check_args(a: argparse.Namespace) -> None:
         raise DuetError(f"--eval-top-p must be in (0, 1] (got {a.eval_top_p})")
     if a.compare and not a.eval_only:
         raise DuetError("--compare goes with --eval-only")
-    if a.from_target_layers and (a.eval_only or a.draft):
+    if a.from_target_layers is not None and (a.eval_only or a.draft):
         raise DuetError("--from-target-layers starts a new draft: not with --draft or --eval-only")
     if a.device == "cuda" and not torch.cuda.is_available():
         raise DuetError(f"--device cuda: PyTorch {torch.__version__} sees no CUDA GPU")
@@ -352,8 +354,14 @@ def run(a: argparse.Namespace) -> dict:
     """Train (unless --eval-only) and evaluate; returns the report."""
     check_args(a)
     tdir = _checkpoint_dir(a.target, "target")
+    layers = None  # --from-target-layers, checked before the corpus is read
+    if a.from_target_layers is not None:
+        from transformers import AutoConfig
+
+        n_layers = AutoConfig.from_pretrained(tdir).get_text_config().num_hidden_layers
+        layers = parse_layers(a.from_target_layers, n_layers)
     # a draft copied from the target reads the target's tokenizer and split
-    ddir = tdir if a.from_target_layers else _checkpoint_dir(a.draft, "draft")
+    ddir = tdir if layers is not None else _checkpoint_dir(a.draft, "draft")
     tok = load_tokenizer(tdir)
     if load_tokenizer(ddir).get_vocab() != tok.get_vocab():
         raise DuetError(f"--draft {ddir} and --target {tdir} have different tokenizers")
@@ -382,8 +390,7 @@ def run(a: argparse.Namespace) -> dict:
         flush=True,
     )
     teacher = load_model(tdir).requires_grad_(False)
-    if a.from_target_layers:
-        layers = parse_layers(a.from_target_layers, teacher.config.num_hidden_layers)
+    if layers is not None:
         draft = target_layer_draft(teacher, layers)
     else:
         draft = load_model(ddir)
@@ -397,7 +404,10 @@ def run(a: argparse.Namespace) -> dict:
         probe = BatchSampler(train, a.batch_size, seq_len, a.seed + 99)
         dm = copy.deepcopy(draft)
         step_s = planning.time_steps(
-            dm, _distill_step(dm, teacher, 0.0, a.tv_weight, a.temperature), probe, bf16=bf16,
+            dm,
+            _distill_step(dm, teacher, 0.0, a.tv_weight, a.temperature),
+            probe,
+            bf16=bf16,
             device=a.device,
         )
         steps = max(1, int(a.time_budget_min * 60 / step_s))
@@ -445,8 +455,9 @@ def run(a: argparse.Namespace) -> dict:
     report = {
         "command": "python -m apps.train draft-tune " + " ".join(a.argv),
         "target": str(tdir),
-        "start_draft": (f"target layers {a.from_target_layers}" if a.from_target_layers
-                        else str(ddir)),
+        "start_draft": (
+            f"target layers {a.from_target_layers}" if layers is not None else str(ddir)
+        ),
         "device": a.device,
         "out": str(out),
         "split": split,

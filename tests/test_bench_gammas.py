@@ -1,0 +1,115 @@
+"""`python -m apps.bench --gammas` and `--exit-head` on a tiny pair: every γ-taking method runs
+once per γ (METHOD@gG), ar and tree once, extra --drafts load once, greedy rows equal ar's
+tokens; bad values are one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from apps.bench import drafts
+from apps.bench.__main__ import main, parse_gammas
+from apps.bench.report import base_method, partner, table
+from runtime.errors import DuetError
+
+QUESTIONS = [
+    {"question_id": 1, "category": "code", "turns": ["def add(a, b):\n"]},
+    {"question_id": 2, "category": "code", "turns": ["import os\n"]},
+]
+
+
+@pytest.fixture(scope="module")
+def base(tiny_dir, tmp_path_factory):
+    """The target as its own draft (everything accepted, so γ shows in the accepted length),
+    and a random 1-layer draft as --drafts (almost nothing accepted: the rollback path)."""
+    t = tiny_dir("qwen3")
+    other = tiny_dir("qwen3", num_layers=1, seed=1)
+    prompts = tmp_path_factory.mktemp("gammas") / "q.jsonl"
+    prompts.write_text("\n".join(json.dumps(q) for q in QUESTIONS) + "\n")
+    argv = ["--target", str(t), "--draft", str(t), "--draft-backend", "torch", "--prompts",
+            str(prompts), "--max-tokens", "8", "--temps", "0", "--no-warmup", "--json"]  # fmt: skip
+    return argv, other
+
+
+def _run(argv, capsys) -> dict:
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_sweep_runs_each_gamma_and_stays_lossless(base, capsys, monkeypatch):
+    argv, other = base
+    loads = []
+    real = drafts.extra_pair
+    monkeypatch.setattr(drafts, "extra_pair", lambda *x: loads.append(x[1]) or real(*x))
+    res = _run([*argv, "--methods", "ar,sd,mirror,tree", "--gammas", "2,3", "--drafts",
+                str(other), "--exit-head", "raw"], capsys)  # fmt: skip
+    tag = other.name
+    assert [r["method"] for r in res["rows"]] == [
+        "ar", "sd@g2", "mirror@g2", "tree", f"sd+{tag}@g2", f"mirror+{tag}@g2", f"tree+{tag}",
+        "sd@g3", "mirror@g3", f"sd+{tag}@g3", f"mirror+{tag}@g3",
+    ]  # fmt: skip
+    assert loads == [str(other)]  # the extra draft is loaded once for both γ
+    assert res["mismatches"] == [] and all(r["matches_ar"] == "2/2" for r in res["rows"])
+    by = {r["method"]: r for r in res["rows"]}
+    # self-draft, greedy, 8 tokens: γ=2 commits 3 + 3 + 2 per prompt, γ=3 commits 4 + 4
+    assert by["sd@g2"]["mean_accepted"] == pytest.approx(8 / 3, abs=1e-3)
+    assert by["sd@g3"]["mean_accepted"] == 4.0
+    runners = res["settings"]["threads"]["runners"]
+    assert runners["sd@g2"]["gamma"] == 2 and runners[f"mirror+{tag}@g3"]["gamma"] == 3
+    assert all(runners[m]["exit_head"] == "raw" for m in runners if m.startswith("mirror"))
+    assert res["settings"]["gammas"] == [2, 3]
+    # each mirror row against the sd row of its own draft and γ; sd's drafting share per row
+    for m in ("mirror@g2", f"mirror+{tag}@g3"):
+        sd = by[m.replace("mirror", "sd", 1)]
+        assert by[m]["vs_sd"] == round(by[m]["tokens_per_s"] / sd["tokens_per_s"], 3)
+    assert "vs_sd" not in by["tree"]  # no plain `sd` row in a sweep to compare it with
+    assert all("draft_share" in by[m] for m in by if m.startswith("sd"))
+    notes = table(res["rows"]).splitlines()
+    assert any(n.startswith("temp 0: sd@g3 drafts") and "(measured mirror@g3:" in n for n in notes)
+
+
+def test_runner_names():
+    assert [base_method(n) for n in ("sd", "sd+mtp", "sd@g4", "mirror+d@g2")] == [
+        "sd", "sd", "sd", "mirror",
+    ]  # fmt: skip
+    assert partner("mirror+d@g2", "mirror", "sd") == "sd+d@g2"
+    assert partner("heterospec", "heterospec", "tree") == "tree"
+    assert partner("sd@g2", "mirror", "sd") is None
+
+
+def test_one_gamma_keeps_the_plain_names(base, capsys):
+    argv, _ = base
+    res = _run([*argv, "--methods", "ar,sd", "--gammas", "3"], capsys)
+    assert [r["method"] for r in res["rows"]] == ["ar", "sd"]
+    assert res["settings"]["gammas"] == [3] and res["rows"][1]["mean_accepted"] == 4.0
+
+
+def test_methods_without_gamma_run_once(base, capsys):
+    argv, other = base
+    res = _run([*argv, "--methods", "ar,tree", "--gammas", "2,3", "--drafts", str(other)], capsys)
+    assert [r["method"] for r in res["rows"]] == ["ar", "tree", f"tree+{other.name}"]
+
+
+def test_exit_head_reaches_mirror(base, capsys):
+    argv, _ = base
+    # the tiny target has no tuned exit head stored: asking for one is mirror's own refusal
+    assert main([*argv, "--methods", "ar,mirror", "--exit-head", "tuned"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--exit-head tuned: no tuned exit head" in err[0], err
+
+
+def test_parse_gammas():
+    assert parse_gammas(None, 4) == [4]
+    assert parse_gammas("3, 1,3", 4) == [3, 1]  # distinct, in the order given
+    for bad in ("0", "2,-1", "a", "1.5", "", ","):
+        with pytest.raises(DuetError, match="--gammas"):
+            parse_gammas(bad, 4)
+
+
+@pytest.mark.parametrize("value", ["0", "2,x", ""])
+def test_bad_gammas_is_one_line_exit_2(value, capsys, tmp_path):
+    # no --target: the check comes before any model (or the embedded pair) loads
+    assert main(["--methods", "ar,sd", "--gammas", value, "--prompts", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--gammas" in err[0], err
