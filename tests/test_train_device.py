@@ -55,3 +55,24 @@ def test_anchor_device_cuda_without_a_gpu_is_one_line(tiny_dir, tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--device cuda" in err[0], err
     assert not out.exists()
+
+
+def test_pair_pipeline_device_cuda_without_a_gpu_is_one_line(tmp_path, capsys):
+    from apps.train.__main__ import main
+
+    out = tmp_path / "pair"
+    argv = ["--out", str(out), "--device", "cuda", "--target-steps", "1", "--draft-steps", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--device cuda" in err[0], err
+    assert not (out / "target").exists()
+
+
+def test_plan_leaves_the_evaluation_reserve_only_when_evaluating():
+    from apps.train.plan import EVAL_RESERVE_S, SAVE_RESERVE_S, plan_steps
+
+    with_eval = plan_steps(600.0, 1.0, 1.0)
+    without = plan_steps(600.0, 1.0, 1.0, reserve_s=SAVE_RESERVE_S)
+    assert with_eval.target_time_s == pytest.approx(0.7 * (600 - EVAL_RESERVE_S))
+    assert without.target_time_s == pytest.approx(0.7 * (600 - SAVE_RESERVE_S))
+    assert without.draft_steps > with_eval.draft_steps

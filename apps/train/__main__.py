@@ -171,6 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--no-eval", action="store_true", help="skip the final evaluation")
     r.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="train on the CPU or a CUDA GPU (default cpu); the evaluation runs on the CPU",
+    )
+    r.add_argument(
         "--eval-prompts",
         type=int,
         default=None,
@@ -237,6 +243,7 @@ def args_from(ns: argparse.Namespace, argv: list[str]) -> TrainArgs:
         allow_draft_over_budget=ns.allow_draft_over_budget,
         arch=ns.arch,
         resume=ns.resume,
+        device=ns.device,
         argv=argv,
     )
 

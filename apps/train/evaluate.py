@@ -35,9 +35,10 @@ from .tokenizer import eos_id, load_tokenizer
 def heldout_loss(model, windows: list[np.ndarray]) -> float:
     """Mean next-token cross-entropy (nats/token) over `windows` (each seq_len+1 ids)."""
     total, n = 0.0, 0
+    dev = next(model.parameters()).device
     for w in windows:
-        x = torch.from_numpy(w[None, :-1])
-        y = torch.from_numpy(w[None, 1:])
+        x = torch.from_numpy(w[None, :-1]).to(dev)
+        y = torch.from_numpy(w[None, 1:]).to(dev)
         logits = model(input_ids=x).logits.float()
         total += torch.nn.functional.cross_entropy(logits[0], y[0], reduction="sum").item()
         n += y.numel()

@@ -88,6 +88,7 @@ class TrainArgs:
     allow_draft_over_budget: bool = False
     arch: str = "qwen3"
     resume: bool = False
+    device: str = "cpu"  # train on the CPU or a CUDA GPU (bf16 autocast on both, as the CPU did)
     argv: list[str] = field(default_factory=list)
 
 
@@ -123,7 +124,8 @@ def _distill_step(
 
 def _quick_eval(model, windows, bf16: bool = True):
     def ev():
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        dev = next(model.parameters()).device
+        with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
             return {"heldout_loss_quick": round(heldout_loss(model, windows), 4)}
 
     return ev
@@ -159,7 +161,11 @@ def _restore(model, cfg: LoopConfig, state: dict | None):
 def train_pair(a: TrainArgs) -> dict:
     """Run the whole pipeline; returns the report also written to training_report.json."""
     t_start = time.monotonic()
+    dev = a.device
+    if dev == "cuda" and not torch.cuda.is_available():
+        raise DuetError(f"--device cuda: PyTorch {torch.__version__} sees no CUDA GPU")
     deadline = t_start + a.time_budget_min * 60 if a.time_budget_min else None
+    reserve = planning.EVAL_RESERVE_S if a.evaluate else planning.SAVE_RESERVE_S
     torch.set_num_threads(a.threads)
     seed_everything(a.seed)
     bf16 = a.arch != "qwen3_5"  # see the module docstring
@@ -233,17 +239,18 @@ def train_pair(a: TrainArgs) -> dict:
     plan = None
     if a.time_budget_min:
         probe = BatchSampler(train_stream, a.batch_size, a.seq_len, seed=a.seed + 99)
-        tm = causal_lm(t_cfg)
-        t_step = planning.time_steps(tm, _ce_step(tm), probe, bf16=bf16)
-        dm = causal_lm(d_cfg)
+        tm = causal_lm(t_cfg).to(dev)
+        t_step = planning.time_steps(tm, _ce_step(tm), probe, bf16=bf16, device=dev)
+        dm = causal_lm(d_cfg).to(dev)
         d_step = planning.time_steps(
-            dm, _distill_step(dm, tm.eval(), a.draft_ce_weight), probe, bf16=bf16
+            dm, _distill_step(dm, tm.eval(), a.draft_ce_weight), probe, bf16=bf16, device=dev
         )
         del tm, dm
         remaining = deadline - time.monotonic()
-        plan = planning.plan_steps(remaining, t_step, d_step)
+        plan = planning.plan_steps(remaining, t_step, d_step, reserve_s=reserve)
         if skip_target:
-            plan = planning.plan_steps(remaining, t_step, d_step, target_frac=0.0)
+            plan = planning.plan_steps(remaining, t_step, d_step, target_frac=0.0,
+                                       reserve_s=reserve)  # fmt: skip
         _say(plan.describe(tokens_per_step))
     target_steps = a.target_steps or (plan.target_steps if plan else None)
     draft_steps = a.draft_steps or (plan.draft_steps if plan else None)
@@ -260,7 +267,7 @@ def train_pair(a: TrainArgs) -> dict:
         if not target_state:
             log_path.write_text("")
         seed_everything(a.seed)
-        target = causal_lm(t_cfg)
+        target = causal_lm(t_cfg).to(dev)
         limit = plan.target_time_s if plan else None
         cfg = LoopConfig(
             "target",
@@ -271,6 +278,7 @@ def train_pair(a: TrainArgs) -> dict:
             log_every=a.log_every,
             ckpt_every=a.ckpt_every,
             bf16=bf16,
+            device=dev,
         )
         opt, start = _restore(target, cfg, target_state)
 
@@ -291,21 +299,21 @@ def train_pair(a: TrainArgs) -> dict:
         )
         save_model(target, out / "target", tok_dir, eos)
         _save_state(resume_dir, "target", None, None, stages["target"]["steps"], target_steps)
-        stages["target"]["reload_check"] = check_reload(target, out / "target", probe_ids)
+        stages["target"]["reload_check"] = check_reload(target.cpu(), out / "target", probe_ids)
         del target
-    teacher = load_model(out / "target")  # distil from the target exactly as saved (bf16 weights)
+    teacher = load_model(out / "target").to(dev)  # distil from the target as saved (bf16 weights)
     for p in teacher.parameters():
         p.requires_grad_(False)
 
     # Stage 2: the draft, distilled from the saved target.
     seed_everything(a.seed + 2)
-    draft = causal_lm(d_cfg)
+    draft = causal_lm(d_cfg).to(dev)
     draft_state = _load_state(resume_dir, "draft")
     if draft_state:
         draft_steps = draft_state["steps"]
     limit = None
     if deadline is not None:
-        limit = max(deadline - time.monotonic() - planning.EVAL_RESERVE_S, 30.0)
+        limit = max(deadline - time.monotonic() - reserve, 30.0)
         if plan:
             draft_steps = (
                 min(draft_steps, max(1, int(limit * 0.9 / plan.draft_step_s)))
@@ -321,6 +329,7 @@ def train_pair(a: TrainArgs) -> dict:
         log_every=a.log_every,
         ckpt_every=a.ckpt_every,
         bf16=bf16,
+        device=dev,
     )
     if draft_state and draft_state["done"]:  # --resume after a finished draft: evaluate only
         stages["draft"] = {"steps": draft_state["step"], "resumed_done": True}
@@ -344,7 +353,7 @@ def train_pair(a: TrainArgs) -> dict:
         )
         save_model(draft, out / "draft", tok_dir, eos)
         _save_state(resume_dir, "draft", None, None, stages["draft"]["steps"], draft_steps)
-        stages["draft"]["reload_check"] = check_reload(draft, out / "draft", probe_ids)
+        stages["draft"]["reload_check"] = check_reload(draft.cpu(), out / "draft", probe_ids)
 
     shutil.rmtree(tok_dir, ignore_errors=True)
     if a.arch != "qwen3":  # our runtime's reference must read the checkpoint as transformers does

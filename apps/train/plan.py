@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 EVAL_RESERVE_S = 420.0  # final saves, reload checks and evaluation (slow on a shared machine)
+SAVE_RESERVE_S = 30.0  # the same without the evaluation (--no-eval)
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,11 @@ def plan_steps(
     draft_step_s: float,
     target_frac: float = 0.7,
     safety: float = 0.9,
+    reserve_s: float = EVAL_RESERVE_S,
 ) -> Plan:
-    """Split `remaining_s` (less EVAL_RESERVE_S) between the stages; `safety` leaves room for a busy machine."""
-    usable = max(remaining_s - EVAL_RESERVE_S, 60.0)
+    """Split `remaining_s` (less `reserve_s`: saves, checks and the evaluation) between the
+    stages; `safety` leaves room for a busy machine."""
+    usable = max(remaining_s - reserve_s, 60.0)
     tt, dt = usable * target_frac, usable * (1 - target_frac)
     return Plan(
         target_steps=max(1, int(tt * safety / target_step_s)),
