@@ -39,6 +39,17 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
                     "instead of a thread")  # fmt: skip
 
 
+def add_draft_branches_arg(ap: argparse.ArgumentParser, default: int | None = None) -> None:
+    """mirror's --draft-branches (runtime/mirror/draft_worker.py), one help for every CLI."""
+    ap.add_argument(
+        "--draft-branches",
+        type=int,
+        default=default,
+        help="mirror: the draft's own runner-up tokens per window position whose branches it "
+        "rolls out before the early exit, while the target runs its prefix (default 0: off)",
+    )
+
+
 def load_pair_from_args(a: argparse.Namespace, *, need_draft: bool) -> Pair:
     """load_pair with the flags of add_pair_args."""
     from runtime.errors import DuetError

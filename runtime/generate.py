@@ -16,6 +16,7 @@ import sys
 from runtime.cli_args import (
     AUTO,
     add_auto_args,
+    add_draft_branches_arg,
     add_pair_args,
     auto_chooser,
     check_decoding_args,
@@ -78,13 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="mirror: branches rolled out per batched draft pass, most likely first "
         f"(default {DEFAULT_BRANCH_BATCH})",
     )
-    ap.add_argument(
-        "--draft-branches",
-        type=int,
-        default=None,
-        help="mirror: the draft's own runner-up tokens per window position whose branches it rolls "
-        "out before the early exit, while the target runs its prefix (default 0: off)",
-    )
+    add_draft_branches_arg(ap)
     ap.add_argument(
         "--exit-layer",
         type=int,

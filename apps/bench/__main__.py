@@ -19,7 +19,14 @@ import json
 import os
 import sys
 
-from runtime.cli_args import AUTO, add_auto_args, add_pair_args, auto_chooser, load_pair_from_args
+from runtime.cli_args import (
+    AUTO,
+    add_auto_args,
+    add_draft_branches_arg,
+    add_pair_args,
+    auto_chooser,
+    load_pair_from_args,
+)
 from runtime.decoding import METHODS
 from runtime.errors import DuetError, cli_main
 
@@ -74,13 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--branches", type=int, default=None, help="mirror: branches per batched draft pass"
     )
-    ap.add_argument(
-        "--draft-branches",
-        type=int,
-        default=None,
-        help="mirror: the draft's own runner-up tokens per window position whose branches it rolls "
-        "out before the early exit, while the target runs its prefix (default 0: off)",
-    )
+    add_draft_branches_arg(ap)
     ap.add_argument(
         "--exit-head",
         choices=("raw", "tuned"),

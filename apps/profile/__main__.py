@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from runtime.cli_args import add_pair_args, load_pair_from_args
+from runtime.cli_args import add_draft_branches_arg, add_pair_args, load_pair_from_args
 from runtime.decoding import Sampling
 from runtime.decoding.mirror import DEFAULT_KAPPA, check_mirror_args
 from runtime.errors import DuetError, cli_main
@@ -44,9 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--exit-layer", type=int, default=None, help="exit layer ℓe (default N/2)")
     ap.add_argument("--branches", type=int, default=DEFAULT_BRANCH_BATCH,
                     help=f"branches per batched draft pass (default {DEFAULT_BRANCH_BATCH})")  # fmt: skip
-    ap.add_argument("--draft-branches", type=int, default=0,
-                    help="mirror: the draft's own runner-up tokens per window position whose branches it rolls "
-        "out before the early exit, while the target runs its prefix (default 0: off)")  # fmt: skip
+    add_draft_branches_arg(ap, default=0)
     ap.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
     ap.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i")
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run")
