@@ -19,6 +19,10 @@ class EmulatedModel:
         self.config = model.config
         self.backend = f"{model.backend}+emulated"
         self.supports_layer_range = model.supports_layer_range
+        if role == "target" and hasattr(model, "load_spec"):
+            # the checkpoint's stored extras (mirror's tuned exit head) are found through it; a
+            # draft's is not passed on: a draft process would load that draft un-emulated
+            self.load_spec = model.load_spec
 
     def new_cache(self, batch: int = 1):
         return self.model.new_cache(batch)

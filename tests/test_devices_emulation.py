@@ -144,3 +144,29 @@ def test_spec_defaults_and_errors():
     ]:
         with pytest.raises(DuetError, match=msg):
             Emulator.from_spec(bad)
+
+
+def test_emulated_target_finds_its_tuned_exit_head_and_the_draft_stays_in_process(
+    tiny_dir, tmp_path
+):
+    """The wrapped target keeps its checkpoint's load_spec (mirror's stored exit head is found
+    through it); the wrapped draft has none, so it cannot be sent un-emulated to a process."""
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from devices.emulated_model import emulate_pair
+    from runtime.backends import load_model
+    from runtime.mirror.exit_head import exit_head_path, resolve_exit_head
+
+    tdir = tmp_path / "target"
+    shutil.copytree(tiny_dir("qwen3"), tdir)
+    target, draft = load_model(tdir, "torch"), load_model(tiny_dir("qwen3", seed=3), "onnx")
+    h = target.config.hidden_size
+    path = exit_head_path(tdir, 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"weight": np.eye(h, dtype=np.float32), "bias": np.zeros(h, np.float32)}, str(path))
+    _, et, ed = emulate_pair("m3-max", target, draft)
+    assert resolve_exit_head(et, 1, None) is not None
+    assert not hasattr(ed, "load_spec")
