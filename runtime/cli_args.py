@@ -46,7 +46,7 @@ def add_draft_branches_arg(ap: argparse.ArgumentParser, default: int | None = No
         type=int,
         default=default,
         help="mirror: the draft's own runner-up tokens per window position whose branches it "
-        "rolls out before the early exit, while the target runs its prefix (default 0: off)",
+        "rolls out before the early exit, while the target runs its prefix (default 2; 0: off)",
     )
 
 

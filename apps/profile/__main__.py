@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--exit-layer", type=int, default=None, help="exit layer ℓe (default N/2)")
     ap.add_argument("--branches", type=int, default=DEFAULT_BRANCH_BATCH,
                     help=f"branches per batched draft pass (default {DEFAULT_BRANCH_BATCH})")  # fmt: skip
-    add_draft_branches_arg(ap, default=0)
+    add_draft_branches_arg(ap)
     ap.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
     ap.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i")
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run")

@@ -38,7 +38,7 @@ class Setup:
     branches: int = DEFAULT_BRANCH_BATCH  # branch rollouts per batched draft pass
     draft_process: bool = False  # the draft worker in its own process (--draft-process)
     exit_head: str | None = None  # raw | tuned (default: tuned when stored)
-    draft_branches: int = 0  # the draft's own runner-ups rolled out before the early exit
+    draft_branches: int | None = None  # own runner-ups before the early exit (None: default)
 
     @property
     def label(self) -> str:
