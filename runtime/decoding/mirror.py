@@ -31,7 +31,7 @@ from runtime.mirror.timeline import Timeline, now_ns
 
 DEFAULT_KAPPA = 8
 # the draft's own runner-ups per position rolled out while the target runs its prefix: on
-# emulated m3-max reuse went 0.35 -> 0.89 and mirror 0.92x -> 1.10x sd (T = 0); off (0) where
+# emulated m3-max reuse went 0.51 -> 0.89 and mirror 1.00x -> 1.10x sd (T = 0); off (0) where
 # draft and target share cores, which auto then steers away from mirror anyway
 DEFAULT_DRAFT_BRANCHES = 2
 # Both workers need the GIL between their native calls; with CPython's default 5 ms switch
