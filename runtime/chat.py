@@ -23,6 +23,7 @@ from runtime.chat_session import ChatSession, ChatTemplate, stats_line
 from runtime.cli_args import (
     AUTO,
     add_auto_args,
+    add_draft_branches_arg,
     add_pair_args,
     auto_chooser,
     check_decoding_args,
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--branches", type=int, default=None, help="mirror: branches per batched draft pass"
     )
+    add_draft_branches_arg(ap)
     ap.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0 = off)")
     ap.add_argument(
@@ -104,6 +106,7 @@ def make_session(a: argparse.Namespace, notify) -> ChatSession:
         kappa=a.kappa,
         exit_layer=a.exit_layer,
         branches=a.branches,
+        draft_branches=a.draft_branches,
         **edge,
         draft_process=a.draft_process or None,
         chooser=auto_chooser(a, pair) if a.method == AUTO else None,

@@ -23,7 +23,7 @@ from runtime.errors import DuetError, cli_main
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from runtime.cli_args import add_pair_args
+    from runtime.cli_args import add_draft_branches_arg, add_pair_args
     from runtime.decoding import METHODS
 
     ap = argparse.ArgumentParser(prog="python -m apps.server", description=__doc__,
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--kappa", type=int, default=None, help="mirror: channel width")
     ap.add_argument("--exit-layer", type=int, default=None, help="mirror: early-exit layer")
     ap.add_argument("--branches", type=int, default=None, help="mirror: branches per draft pass")
+    add_draft_branches_arg(ap)
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=8080, help="port; 0 = any free one (default 8080)")
     ap.add_argument("--api-key", default=None,
@@ -88,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     pair = load_pair_from_args(a, need_draft=a.method != "ar")
     name = a.model_id or (pair.target_dir.name if a.target else "duet-default")
     engine = Engine(pair, method=a.method, model_id=name, gamma=a.gamma, kappa=a.kappa,
-                    exit_layer=a.exit_layer, branches=a.branches)  # fmt: skip
+                    exit_layer=a.exit_layer, branches=a.branches,
+                    draft_branches=a.draft_branches)  # fmt: skip
     engine.warmup()
     server = Server(engine, api_key=a.api_key, queue=a.queue)
     host, port = sock.getsockname()[:2]
