@@ -200,7 +200,7 @@ class DraftWorker:
             )
             ids, logp = decode(ee.payload)
             started = {key for w in early for key in w.index}
-            waves = early + self._branch_rollouts(step, ids, logp, window, produced, started)
+            waves = early + self._branch_rollouts(step, ids, logp, window, produced, started, q)
             fv = self._get()
             assert isinstance(fv, FinalVerify) and fv.step == step
             fv_recv = now_ns()
@@ -286,10 +286,14 @@ class DraftWorker:
         ranked = rank_own_branches(logits, window, self.draft_branches)
         return self._waves(step, ranked, produced)
 
-    def _branch_rollouts(self, step, ids, logp, window, produced, started=()) -> list[_Wave]:
+    def _branch_rollouts(
+        self, step, ids, logp, window, produced, started=(), q=None
+    ) -> list[_Wave]:
         """Waves of branches, most likely first, until (A, c) arrives (the last may be cut short);
-        branches in `started` (rolled out before the early exit) are not run again."""
-        ranked = [b for b in rank_branches(ids, logp, window) if (b.depth, b.token) not in started]
+        branches in `started` (rolled out before the early exit) are not run again. `q`: the
+        window's draft laws when sampling (the ranking is then speculative sampling's)."""
+        ranked = rank_branches(ids, logp, window, None if self.sampling.greedy else q)
+        ranked = [b for b in ranked if (b.depth, b.token) not in started]
         return self._waves(step, ranked, produced)
 
     def _waves(self, step, ranked: list[Branch], produced) -> list[_Wave]:
