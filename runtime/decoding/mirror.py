@@ -34,6 +34,7 @@ DEFAULT_KAPPA = 8
 # emulated m3-max reuse went 0.51 -> 0.89 and mirror 1.00x -> 1.10x sd (T = 0); off (0) where
 # draft and target share cores, which auto then steers away from mirror anyway
 DEFAULT_DRAFT_BRANCHES = 2
+MAX_DRAFT_BRANCHES = 32
 # Both workers need the GIL between their native calls; with CPython's default 5 ms switch
 # interval a thread that wants it back can wait that long per op. Mirror-SD's steps are a few
 # ms, so the interval is shortened while it runs (restored on exit).
@@ -94,8 +95,11 @@ def mirror_steps(
     or None for the tuned head when one is stored beside the target. draft_branches: the
     draft's own runner-up tokens per window position rolled out as branches before the early
     exit (runtime/mirror/draft_worker.py); 0: only the early-exit top-κ branches."""
-    if draft_branches < 0:
-        raise DuetError(f"--draft-branches must be >= 0 (got {draft_branches})")
+    if not 0 <= draft_branches <= MAX_DRAFT_BRANCHES:
+        raise DuetError(
+            f"--draft-branches must be in 0..{MAX_DRAFT_BRANCHES} (got {draft_branches}): each "
+            "adds γ + 1 branches a step, and their slots on the shared board"
+        )
     le = check_mirror_args(target, gamma, kappa, exit_layer)
     check_branch_draft(draft, branch_batch)
     tuned = resolve_exit_head(target, le, exit_head)

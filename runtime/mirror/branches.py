@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels.topk_channel import log_softmax
+
 
 @dataclass(frozen=True)
 class Branch:
@@ -90,8 +92,8 @@ def rank_own_branches(logits: np.ndarray, drafts: list[int], m: int) -> list[Bra
     likely) are the candidates v; branch (j, v) is scored by the draft's own path probability
     sum_{i<j} log q_i(d_{i+1}) + log q_j(v), the draft-side twin of `rank_branches`.
     """
-    z = logits - logits.max(-1, keepdims=True)
-    logq = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    logq = log_softmax(logits)
+    m = min(m, logq.shape[-1] - 1)
     path, out = 0.0, []
     for j in range(min(len(drafts) + 1, len(logq))):
         own = drafts[j] if j < len(drafts) else None
