@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.sampling import sample
+from kernels.sampling import sample, sample_gumbel
 
 
 def verify_greedy(
@@ -52,7 +52,10 @@ def verify_sampling(
 
     p (γ+1, V) target probs; q (γ, V) draft probs, or rows left coded (an object with
     `token_probs` (γ,) = q_i(d_i) and `row(i)` -> q_i, kernels/payload_sqs.CodedRows: only the
-    first rejected row is ever expanded); u_accept (γ,); u_resample scalar.
+    first rejected row is ever expanded); u_accept (γ,); u_resample a scalar uniform (the
+    correction by inverse CDF), or (γ+1, V) standard Gumbel noise, one row per position (the
+    correction by Gumbel-max, kernels.sampling.sample_gumbel: the same law; Mirror-SD's
+    noise-coupled early exit, runtime/mirror/coupled.py, predicts it from a proxy).
     `forced` (γ,) bool: rows skipped by the edge (CU-HLM eq. 10) are accepted whatever p says,
     which breaks the guarantee above (lossy, off unless the edge asks); None forces nothing.
     """
@@ -70,10 +73,18 @@ def verify_sampling(
     if forced is not None:
         ok |= np.asarray(forced, bool)  # CU-HLM eq. (10): delta = 0, committed unverified
     miss = np.nonzero(~ok)[0]
+    draw = _drawer(u_resample)
     if miss.size == 0:
-        return g, int(sample(p[g], u_resample))
+        return g, draw(p[g], g)
     a = int(miss[0])
     residual = np.maximum(p[a] - q_row(a), 0.0)
     if residual.sum() <= 0:  # only when p_a == q_a up to rounding; then p_a is the residual's limit
         residual = p[a]
-    return a, int(sample(residual, u_resample))
+    return a, draw(residual, a)
+
+
+def _drawer(u_resample):
+    """(probs, row) -> token: inverse CDF with a scalar uniform, Gumbel-max with a noise table."""
+    if np.ndim(u_resample) == 2:
+        return lambda probs, row: sample_gumbel(probs, u_resample[row])
+    return lambda probs, row: int(sample(probs, u_resample))

@@ -198,21 +198,6 @@ def test_draft_runner_up_branch_is_reused_when_the_early_exit_misses_it(tiny_dir
     assert nxt.source == "reuse" and nxt.tokens == sc.fresh(1, c)
 
 
-def test_sampled_ranking_is_speculative_samplings_outcome_law():
-    """When sampling, (A = j, c = v) is scored by min(1, p/q) acceptance, then the residual."""
-    V = 8
-    q = np.full((1, V), 1e-3)
-    q[0, [0, 1, 2]] = [0.9, 0.05, 0.25]  # d1 = 0 drawn from q[0]
-    ids = np.array([[0, 1, 2], [5, 6, 7]])
-    logp = np.log(np.array([[0.5, 0.3, 0.2], [0.6, 0.4, 1e-6]], np.float32))
-    ranked = rank_branches(ids, logp, drafts=[0], q=q)
-    # (0, 1): rejected (1 - .5/.9 = .444), residual all on 1 (.3 - .05; 2 has .2 < .25)
-    # (1, 5): accepted (.556) x p(5) .6 = .333; (1, 6): .222; (0, 2): no residual mass, last
-    assert [(b.depth, b.token) for b in ranked][:4] == [(0, 1), (1, 5), (1, 6), (1, 7)]
-    assert ranked[-1].depth == 0 and ranked[-1].token == 2
-    assert [round(float(np.exp(b.score)), 3) for b in ranked[:3]] == [0.444, 0.333, 0.222]
-
-
 def test_own_ranking_skips_own_token_and_scores_the_draft_path():
     logits = np.log(
         np.array([[0.5, 0.3, 0.2, 0.0], [0.1, 0.2, 0.3, 0.4], [0.7, 0.1, 0.1, 0.1]]) + 1e-12

@@ -24,6 +24,7 @@ from kernels.verify import verify_greedy, verify_sampling
 from runtime.decoding.events import GREEDY, Sampling, StepEvent, pending, rewind
 from runtime.errors import DuetError
 from runtime.mirror.branches import in_tree
+from runtime.mirror.coupled import coupled_message, step_noise
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH, DraftWorker
 from runtime.mirror.exit_head import resolve_exit_head
 from runtime.mirror.messages import EarlyExit, FinalVerify
@@ -135,20 +136,22 @@ def mirror_steps(
             window = pending(tc, seq) + win.tokens
             h = target.forward_layers(np.array([window]), tc, 0, le)
             h_exit = h if tuned is None else tuned.apply(h)  # only the proposal: the suffix uses h
-            ids, logp = topk_message(target.head(h_exit)[0, -(g + 1) :], kappa)  # eq. 7, bf16
+            exit_logits = target.head(h_exit)[0, -(g + 1) :]
+            if sampling.greedy:
+                ids, logp = topk_message(exit_logits, kappa)  # eq. 7, bf16
+            else:  # eq. 7's channel, its top-κ coupled to this step's noise (mirror/coupled.py)
+                u, noise = step_noise(seed, step, g, exit_logits.shape[-1])
+                ids, logp = coupled_message(sampling.probs(exit_logits), win.tokens, noise, kappa)
             payload = encode(ids, logp)
             t1 = now_ns()
             worker.send(EarlyExit(step, payload, t1))
             h = target.forward_layers(h, tc, le, n)
             logits = target.head(h)[0, -(g + 1) :]  # (γ+1, V)
             d = np.array(win.tokens, dtype=np.int64)
-            rng = np.random.default_rng([seed, step, 3])
             if sampling.greedy:
                 a, c = verify_greedy(logits, d)
-            else:
-                a, c = verify_sampling(
-                    sampling.probs(logits), win.q, d, rng.random(g), rng.random()
-                )
+            else:  # the correction by Gumbel-max with the noise the early exit was coupled to
+                a, c = verify_sampling(sampling.probs(logits), win.q, d, u, noise)
             t2 = now_ns()
             more = produced + a + 1 < max_new
             # reuse: a completed branch (A, c) is taken from the worker's board at once, before

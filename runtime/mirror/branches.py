@@ -25,24 +25,17 @@ class Branch:
     score: float  # early-exit estimate of log P(A = j, c = v)
 
 
-def rank_branches(
-    ids: np.ndarray, logp: np.ndarray, drafts: list[int], q: np.ndarray | None = None
-) -> list[Branch]:
+def rank_branches(ids: np.ndarray, logp: np.ndarray, drafts: list[int]) -> list[Branch]:
     """Every branch of the hypothesis tree T_t, most likely first.
 
-    ids, logp: the early-exit message, (γ+1, κ) (Mirror-SD eq. 7-8). Greedy (`q` None), the
+    ids, logp: the early-exit message, (γ+1, κ) (Mirror-SD eq. 7-8). Greedy, the
     log-probability of branch (j, v) is estimated from the early-exit proxy alone:
         sum_{i<j} log p̃_i(d_{i+1}) + log p̃_j(v),
     where a draft token outside row i's top-κ gets that row's κ-th log-prob (an upper
-    bound). When sampling, `q` (γ, V) is the law each d_{i+1} was drawn from, and the score
-    is the speculative-sampling probability of the outcome (A = j, c = v) under the proxy:
-    d_{i+1} is accepted with min(1, p̃/q), rejected at j with 1 - min(1, p̃_j/q_j)(d_{j+1}),
-    and then c ~ max(p̃_j - q_j, 0) normalised over row j's top-κ (at j = γ, c ~ p̃_γ).
-    Branches of all depths run together in one masked batch, so they are ranked one by one,
-    not by depth. The ranking only orders the rollouts: it never changes the output.
+    bound). When sampling, the message is coupled to the verifier's noise and ranked by
+    runtime/mirror/coupled.rank_coupled instead. Branches of all depths run together in one
+    masked batch, so they are ranked one by one, not by depth. The ranking only orders the rollouts: it never changes the output.
     """
-    if q is not None and len(q):
-        return _rank_sampled(ids, logp, drafts, q)
     path = 0.0
     out = []
     for j in range(len(drafts) + 1):
@@ -56,31 +49,6 @@ def rank_branches(
         if own is not None:
             hit = np.nonzero(row_ids == own)[0]
             path += float(row_lp[hit[0]]) if hit.size else float(row_lp[-1])
-    return sorted(out, key=lambda b: -b.score)
-
-
-def _rank_sampled(ids, logp, drafts, q) -> list[Branch]:
-    """rank_branches when sampling: speculative sampling's outcome law under the proxy."""
-    tiny = -1e9  # a candidate the residual gives no mass: last, but still a branch
-    path, out = 0.0, []
-    for j in range(len(drafts) + 1):
-        row_ids, p = ids[j], np.exp(logp[j].astype(np.float64))
-        own = drafts[j] if j < len(drafts) else None
-        if own is None:  # the bonus position: c ~ p̃_γ
-            out += [
-                Branch(j, int(v), path + float(lp)) for v, lp in zip(row_ids, logp[j], strict=True)
-            ]
-            break
-        hit = np.nonzero(row_ids == own)[0]
-        p_own = float(p[hit[0]]) if hit.size else float(p[-1])  # outside: the κ-th (a bound)
-        accept = min(1.0, p_own / max(float(q[j, own]), 1e-30))
-        resid = np.maximum(p - q[j, row_ids], 0.0)
-        resid[row_ids == own] = 0.0
-        total = resid.sum()
-        reject = np.log(max(1.0 - accept, 1e-30))
-        out += [Branch(j, int(v), path + reject + (float(np.log(r / total)) if r > 0 else tiny))
-                for v, r in zip(row_ids, resid, strict=True) if v != own]  # fmt: skip
-        path += float(np.log(max(accept, 1e-30)))
     return sorted(out, key=lambda b: -b.score)
 
 

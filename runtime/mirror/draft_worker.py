@@ -39,6 +39,7 @@ from runtime.decoding.events import Sampling, rewind
 from runtime.decoding.sd import draft_window
 from runtime.decoding.ss_draft import is_ss_draft
 from runtime.mirror.branches import Branch, rank_branches, rank_own_branches, reuse_key
+from runtime.mirror.coupled import rank_coupled, step_noise
 from runtime.mirror.messages import STOP, EarlyExit, FinalVerify, Window, WorkerFailed
 from runtime.mirror.ss_wave import SSWave
 from runtime.mirror.timeline import Timeline, now_ns
@@ -291,8 +292,13 @@ class DraftWorker:
     ) -> list[_Wave]:
         """Waves of branches, most likely first, until (A, c) arrives (the last may be cut short);
         branches in `started` (rolled out before the early exit) are not run again. `q`: the
-        window's draft laws when sampling (the ranking is then speculative sampling's)."""
-        ranked = rank_branches(ids, logp, window, None if self.sampling.greedy else q)
+        window's draft laws when sampling (the ranking is then the noise-coupled one, coupled.py)."""
+        if self.sampling.greedy:
+            ranked = rank_branches(ids, logp, window)
+        else:  # the message is coupled to the verifier's noise, which we regenerate (coupled.py)
+            vocab = q.shape[-1] if np.ndim(q) == 2 else self.draft.config.vocab_size
+            u, noise = step_noise(self.seed, step, len(window), vocab)
+            ranked = rank_coupled(ids, logp, window, q, u, noise)
         ranked = [b for b in ranked if (b.depth, b.token) not in started]
         return self._waves(step, ranked, produced)
 

@@ -1,0 +1,118 @@
+"""Mirror's early exit coupled to the verifier's noise when sampling (runtime/mirror/coupled.py):
+the Gumbel-max verification keeps speculative sampling's law, the coupled message covers the
+correction far more often than eq. 7's top-κ, and the draft's ranking of the branches puts the
+realised outcome early. Mirror's output law with it is tested in test_sampling_gof.py."""
+
+import numpy as np
+from scipy.stats import chisquare
+
+from kernels.topk_channel import topk_message
+from kernels.verify import verify_sampling
+from runtime.mirror.coupled import coupled_message, rank_coupled, step_noise
+
+
+def laws(rng, g, vocab, sharp=3.0):
+    """A random target law p (g+1, V), draft law q (g, V) near it, and d ~ q."""
+    p = rng.dirichlet(np.full(vocab, 0.3), size=g + 1)
+    q = 0.5 * p[:g] + 0.5 * rng.dirichlet(np.full(vocab, 0.3), size=g)
+    p, q = p ** (sharp / 3), q
+    p /= p.sum(-1, keepdims=True)
+    d = [int(rng.choice(vocab, p=q[i])) for i in range(g)]
+    return p.astype(np.float32), q.astype(np.float32), d
+
+
+def exact_outcome_law(p, q, d):
+    """P(A = a, c = x) of speculative sampling for a fixed window d."""
+    g, vocab = len(d), p.shape[-1]
+    law, reach = np.zeros((g + 1, vocab)), 1.0
+    for a in range(g):
+        acc = min(1.0, p[a, d[a]] / q[a, d[a]])
+        r = np.maximum(p[a] - q[a], 0)
+        law[a] = reach * (1 - acc) * r / r.sum()
+        reach *= acc
+    law[g] = reach * p[g]
+    return law
+
+
+def outcome_counts(p, q, d, n, noise_for):
+    counts = np.zeros((len(d) + 1, p.shape[-1]))
+    for i in range(n):
+        u, gum = noise_for(i)
+        a, c = verify_sampling(p, q, np.array(d), u, gum)
+        counts[a, c] += 1
+    return counts
+
+
+def gof(counts, law):
+    e = law.ravel() * counts.sum()
+    big = e >= 5
+    o = np.append(counts.ravel()[big], counts.ravel()[~big].sum())
+    e = np.append(e[big], e[~big].sum())
+    return chisquare(o, e * o.sum() / e.sum()).pvalue
+
+
+def test_gumbel_verification_keeps_speculative_samplings_law():
+    p, q, d = laws(np.random.default_rng(0), g=2, vocab=6)
+    law = exact_outcome_law(p, q, d)
+    fresh = outcome_counts(p, q, d, 4000, lambda i: step_noise(7, i, 2, 6))
+    assert gof(fresh, law) > 1e-3
+    # negative control: one noise table for every draw (the noise reused, not fresh) is no law
+    u0, g0 = step_noise(7, 0, 2, 6)
+    stale = outcome_counts(p, q, d, 4000, lambda i: (step_noise(7, i, 2, 6)[0], g0))
+    assert gof(stale, law) < 1e-3
+
+
+def test_step_noise_is_keyed_by_seed_and_step():
+    u, g = step_noise(3, 5, 4, 10)
+    u2, g2 = step_noise(3, 5, 4, 10)
+    assert u.shape == (4,) and g.shape == (5, 10)
+    assert np.array_equal(u, u2) and np.array_equal(g, g2)
+    assert not np.array_equal(step_noise(3, 6, 4, 10)[1], g)
+    assert not np.array_equal(step_noise(4, 5, 4, 10)[1], g)
+
+
+def test_message_rows_carry_the_own_token_then_the_proxy_gumbel_winners():
+    p, q, d = laws(np.random.default_rng(1), g=3, vocab=40)
+    _, gum = step_noise(0, 0, 3, 40)
+    ids, logp = coupled_message(p, d, gum, 5)
+    assert ids.shape == logp.shape == (4, 5)
+    score = np.log(p) + gum
+    for j in range(3):
+        assert ids[j, 0] == d[j] and len(set(ids[j].tolist())) == 5
+        rest = score[j].copy()
+        rest[d[j]] = -np.inf
+        assert list(ids[j, 1:]) == list(np.argsort(-rest, kind="stable")[:4])
+    assert list(ids[3]) == list(np.argsort(-score[3], kind="stable")[:5])
+    assert np.allclose(logp, np.log(np.take_along_axis(p, ids, -1)), atol=0.02)
+
+
+def coverage_and_rank(proxy_of, n=300, g=3, vocab=64, kappa=8):
+    """Over n random steps: how often the correction is in its row of the coupled message and
+    of eq. 7's, and how often rank_coupled puts the realised (A, c) among the first 8 branches."""
+    rng = np.random.default_rng(11)
+    hit_c = hit_7 = early = 0
+    for step in range(n):
+        p, q, d = laws(rng, g, vocab)
+        u, gum = step_noise(5, step, g, vocab)
+        a, c = verify_sampling(p, q, np.array(d), u, gum)
+        proxy = proxy_of(p, rng)
+        ids, logp = coupled_message(proxy, d, gum, kappa)
+        hit_c += c in ids[a]
+        hit_7 += c in topk_message(np.log(proxy), kappa)[0][a]
+        ranked = [(b.depth, b.token) for b in rank_coupled(ids, logp, d, q, u, gum)]
+        early += (a, c) in ranked[:8]
+    return hit_c / n, hit_7 / n, early / n
+
+
+def test_coupled_message_covers_the_correction_that_eq7_misses():
+    cov, cov7, early = coverage_and_rank(lambda p, rng: p)  # an exact proxy
+    assert cov > 0.95 and cov > cov7 + 0.3, (cov, cov7)
+    assert early > 0.8, early
+
+    def noisy(p, rng):  # a proxy off by about a nat per token
+        z = np.log(p) + rng.normal(0, 1.0, p.shape)
+        e = np.exp(z - z.max(-1, keepdims=True))
+        return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+
+    cov, cov7, early = coverage_and_rank(noisy)
+    assert cov > cov7 + 0.15, (cov, cov7)
