@@ -45,7 +45,7 @@ from runtime.mirror.ss_wave import SSWave
 from runtime.mirror.timeline import Timeline, now_ns
 
 INITIAL, WINDOW = 0, 1  # RNG stream tags
-DEFAULT_BRANCH_BATCH = 8
+DEFAULT_BRANCH_BATCH = 16  # emulated m3-max: 16 beat 8 at T = 0 and 1 (session 6 notes)
 
 
 class _Stopped(Exception):
