@@ -17,7 +17,16 @@ from .corpus import DEFAULT_EXCLUDE_DIRS, DEFAULT_INCLUDE
 from .pipeline import TrainArgs, train_pair
 
 # `python -m apps.train NAME ...`: one module per subcommand, each with its own main(argv)
-SUBCOMMANDS = ("evolve", "anchor", "bins", "exit-head", "mtp", "ss-draft", "draft-tune")
+SUBCOMMANDS = (
+    "evolve",
+    "anchor",
+    "bins",
+    "exit-head",
+    "mtp",
+    "ss-draft",
+    "draft-tune",
+    "gather-corpus",
+)
 
 
 def _shape_str(s) -> str:
@@ -46,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
             "write the prompt set:      python -m apps.train.prompts\n"
             "evolve the target (FlexSpec): python -m apps.train evolve --help\n"
             "train an anchor draft:        python -m apps.train anchor --help\n"
-            "fine-tune a draft (KL + TV):  python -m apps.train draft-tune --help"
+            "fine-tune a draft (KL + TV):  python -m apps.train draft-tune --help\n"
+            "a larger corpus (V = 16384):  python -m apps.train gather-corpus --help"
         ),
     )
     g = ap.add_argument_group("data")
