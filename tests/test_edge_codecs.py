@@ -227,3 +227,17 @@ def test_edge_bench_skip_runs_are_labelled_lossy(tmp_path):
     assert 0 <= sk["measured_risk"] <= 1 and sk["theorem1_bound"] >= 0
     with pytest.raises(DuetError, match="include cu-hlm"):
         main(["--links", "none", "--temps", "1", "--codecs", "raw", "--skip"])
+
+
+def test_edge_codecs_bench_honours_a_fixed_k(tmp_path):
+    """apps.bench --edge --codecs ... --k K drafts K per round (acceptance compared at equal K);
+    it was silently ignored before unless a bit budget was given."""
+    from apps.bench.edge import main
+
+    out = tmp_path / "k.json"
+    assert main(["--links", "none", "--limit", "1", "--max-tokens", "12", "--temps", "1",
+                 "--codecs", "raw,k-sqs", "--k", "1", "--out-json", str(out)]) == 0  # fmt: skip
+    runs = json.loads(out.read_text())["runs"]
+    assert {r["codec"] for r in runs} == {"raw", "k-sqs"}
+    # one draft token a round (none in a last round that has one token left to commit)
+    assert all(r["rounds"] - 1 <= r["drafted"] <= r["rounds"] for r in runs)

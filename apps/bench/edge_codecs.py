@@ -37,8 +37,9 @@ SKIP = "cu-hlm+skip"  # --skip: cu-hlm with CU-HLM's LOSSY skipping (runtime/edg
 
 def one_run(factory, draft, prompt, n, sampling, seed, codec, params, eos, skip=None, target=None,
             k=None, k_max=8, bit_budget=None):  # fmt: skip
-    """(tokens, wall seconds, edge summary) of one flexspec run with `codec`: adaptive K*, or
-    with `bit_budget` SQS §4's budget-set round length capped by k (else k_max)."""
+    """(tokens, wall seconds, edge summary) of one flexspec run with `codec`: adaptive K*, a
+    fixed K (`k`: `--k` with `--codecs`, e.g. to compare acceptance at equal K), or with
+    `bit_budget` SQS §4's budget-set round length capped by k (else k_max)."""
     from apps.bench.edge import one_run as edge_run
 
     return edge_run(factory, draft, prompt, n, sampling, seed, k, eos, codec, params, skip,
@@ -78,7 +79,7 @@ def run_codecs(a, pair, prompts, host, port, token, links, temps) -> list[dict]:
                     toks, wall, e = one_run(factory, pair.draft, prompt, a.max_tokens, Sampling(temp, a.top_p),
                                             a.seed + i, name.removesuffix("+skip"), params or None,
                                             eos, rule if name == SKIP else None, pair.target,
-                                            a.k if budget else None, a.k_max, budget)  # fmt: skip
+                                            a.k, a.k_max, budget)  # fmt: skip
                     drafted = sum(e["k"]) or 1
                     heads = VERIFY_HEAD * e["sent_rounds"]
                     mb = [b for b in e["model_bits"] if b is not None]
