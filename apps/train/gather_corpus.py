@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import shutil
-import sysconfig
 from pathlib import Path
 
 from runtime.errors import DuetError, cli_main
 
+from .corpus import DEFAULT_EXCLUDE_DIRS, list_files, stdlib_dir
+
 DEFAULT_PACKAGES = "transformers,torch,sklearn,scipy,numpy,peft,onnxruntime,pandas,sympy"
-SKIP_DIRS = {"test", "tests", "testing", "idle_test", "__pycache__", "site-packages"}
+SKIP_DIRS = (*DEFAULT_EXCLUDE_DIRS, "testing")  # apps.train's own exclusions, plus numpy's
 MAX_FILE_BYTES = 300_000
 
 
@@ -43,10 +44,8 @@ def gather(out: Path, roots: list[Path], cap_bytes: float) -> dict[str, int]:
     total, per_root = 0, {}
     for root in roots:
         start = total
-        for p in sorted(root.rglob("*.py")):
-            rel = p.relative_to(root)
-            if SKIP_DIRS & set(rel.parts[:-1]) or not p.is_file():
-                continue
+        for rel in list_files(root, ("*.py",), SKIP_DIRS):
+            p = root / rel
             n = p.stat().st_size
             if n > MAX_FILE_BYTES or total + n > cap_bytes:
                 continue
@@ -78,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.cap_mb <= 0:
             raise DuetError("--cap-mb must be positive")
         names = [n.strip() for n in a.packages.split(",") if n.strip()]
-        roots = [Path(sysconfig.get_paths()["stdlib"])] + [package_root(n) for n in names]
+        roots = [stdlib_dir()] + [package_root(n) for n in names]
         per_root = gather(out, roots, a.cap_mb * 1e6)
         for name, n in per_root.items():
             print(f"{name:16s} {n / 1e6:7.1f} MB")
