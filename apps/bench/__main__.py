@@ -134,27 +134,27 @@ def parse_methods(text: str) -> list[str]:
     return ["ar"] + [m for m in dict.fromkeys(ms) if m != "ar"]
 
 
-def parse_temps(text: str) -> list[float]:
+def parse_numbers(text: str, flag: str, cast, least) -> list:
+    """A comma-separated `flag` value as numbers >= `least` (DuetError otherwise)."""
+    kind = "integers" if cast is int else "numbers"
     try:
-        ts = [float(x) for x in text.split(",") if x.strip()]
+        xs = [cast(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise DuetError(f"--temps must be comma-separated numbers, got {text!r}") from None
-    if not ts or any(t < 0 for t in ts):
-        raise DuetError(f"--temps must be numbers >= 0, got {text!r}")
-    return ts
+        raise DuetError(f"{flag} must be comma-separated {kind}, got {text!r}") from None
+    if not xs or any(x < least for x in xs):
+        raise DuetError(f"{flag} must be {kind} >= {least}, got {text!r}")
+    return xs
+
+
+def parse_temps(text: str) -> list[float]:
+    return parse_numbers(text, "--temps", float, 0)
 
 
 def parse_gammas(text: str | None, default: int) -> list[int]:
     """`--gammas` as distinct values >= 1, or [default] when not given."""
     if text is None:
         return [default]
-    try:
-        gs = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise DuetError(f"--gammas must be comma-separated integers, got {text!r}") from None
-    if not gs or any(g < 1 for g in gs):
-        raise DuetError(f"--gammas must be integers >= 1, got {text!r}")
-    return list(dict.fromkeys(gs))
+    return list(dict.fromkeys(parse_numbers(text, "--gammas", int, 1)))
 
 
 def sweep_runners(methods: list[str], pair, a) -> list:
@@ -265,7 +265,7 @@ def bench(a: argparse.Namespace) -> dict:
         raise DuetError(f"--max-tokens must be at least 1 (got {a.max_tokens})")
     if a.gamma < 1:
         raise DuetError(f"--gamma must be at least 1 (got {a.gamma})")
-    parse_gammas(a.gammas, a.gamma)  # a bad --gammas fails before any model loads
+    gammas = parse_gammas(a.gammas, a.gamma)  # a bad --gammas fails before any model loads
     if a.limit is not None and a.limit < 1:
         raise DuetError(f"--limit must be at least 1 (got {a.limit})")
     cats = [c.strip() for c in a.categories.split(",")] if a.categories else None
@@ -316,7 +316,7 @@ def bench(a: argparse.Namespace) -> dict:
         "prompts": len(prompts),
         "max_tokens": a.max_tokens,
         "gamma": a.gamma,
-        "gammas": parse_gammas(a.gammas, a.gamma),
+        "gammas": gammas,
         "temps": temps,
         "top_p": a.top_p,
         "threads": thread_settings(runners),
