@@ -39,14 +39,17 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
                     "instead of a thread")  # fmt: skip
 
 
-def add_draft_branches_arg(ap: argparse.ArgumentParser, default: int | None = None) -> None:
+def add_draft_branches_arg(ap: argparse.ArgumentParser) -> None:
     """mirror's --draft-branches (runtime/mirror/draft_worker.py), one help for every CLI."""
+    from runtime.decoding.mirror import DEFAULT_DRAFT_BRANCHES
+
     ap.add_argument(
         "--draft-branches",
         type=int,
-        default=default,
+        default=None,
         help="mirror: the draft's own runner-up tokens per window position whose branches it "
-        "rolls out before the early exit, while the target runs its prefix (default 2; 0: off)",
+        "rolls out before the early exit, while the target runs its prefix "
+        f"(default {DEFAULT_DRAFT_BRANCHES}; 0: off)",
     )
 
 
