@@ -34,7 +34,8 @@ def rank_branches(ids: np.ndarray, logp: np.ndarray, drafts: list[int]) -> list[
     where a draft token outside row i's top-κ gets that row's κ-th log-prob (an upper
     bound). When sampling, the message is coupled to the verifier's noise and ranked by
     runtime/mirror/coupled.rank_coupled instead. Branches of all depths run together in one
-    masked batch, so they are ranked one by one, not by depth. The ranking only orders the rollouts: it never changes the output.
+    masked batch, so they are ranked one by one, not by depth. The ranking only orders the
+    rollouts: it never changes the output.
     """
     path = 0.0
     out = []

@@ -38,7 +38,7 @@ import math
 
 import numpy as np
 
-from kernels.topk_channel import from_bf16_bits, to_bf16_bits
+from kernels.topk_channel import from_bf16_bits, log_softmax, to_bf16_bits
 from runtime.mirror.branches import Branch
 
 NOISE_TAG = 3  # the verifier's stream: [seed, step, 3] (the draft's are tagged 0 and 1)
@@ -92,11 +92,6 @@ def _phi(z: float) -> float:
     return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
 
 
-def _log_softmax(s: np.ndarray) -> np.ndarray:
-    s = s - s.max()
-    return s - np.log(np.exp(s).sum())
-
-
 def rank_coupled(ids, logp, drafts, q, u, gumbel, sigma: float = SIGMA) -> list:
     """Branches (j, v) of a coupled message, most likely first, given the step's noise.
 
@@ -109,7 +104,7 @@ def rank_coupled(ids, logp, drafts, q, u, gumbel, sigma: float = SIGMA) -> list:
     for j in range(len(drafts) + 1):
         row, lp = np.asarray(ids[j]), np.asarray(logp[j], np.float64)
         if j == len(drafts):  # the bonus position: c = argmax log p + G
-            w = _log_softmax((lp + gumbel[j, row]) / sigma)
+            w = log_softmax((lp + gumbel[j, row]) / sigma)
             out += [Branch(j, int(v), path + float(x)) for v, x in zip(row, w, strict=True)]
             break
         own = int(drafts[j])
@@ -118,7 +113,7 @@ def rank_coupled(ids, logp, drafts, q, u, gumbel, sigma: float = SIGMA) -> list:
         acc = min(max(_phi((lp_own - math.log(qd)) / sigma), 1e-6), 1 - 1e-6)
         keep = row != own
         cand = row[keep]
-        w = _log_softmax((lp[keep] + gumbel[j, cand]) / sigma)
+        w = log_softmax((lp[keep] + gumbel[j, cand]) / sigma)
         base = path + math.log1p(-acc)
         out += [Branch(j, int(v), base + float(x)) for v, x in zip(cand, w, strict=True)]
         path += math.log(acc)

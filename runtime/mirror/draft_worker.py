@@ -292,7 +292,8 @@ class DraftWorker:
     ) -> list[_Wave]:
         """Waves of branches, most likely first, until (A, c) arrives (the last may be cut short);
         branches in `started` (rolled out before the early exit) are not run again. `q`: the
-        window's draft laws when sampling (the ranking is then the noise-coupled one, coupled.py)."""
+        window's draft laws when sampling (the ranking is then the noise-coupled one of
+        coupled.py)."""
         if self.sampling.greedy:
             ranked = rank_branches(ids, logp, window)
         else:  # the message is coupled to the verifier's noise, which we regenerate (coupled.py)
