@@ -15,6 +15,21 @@ def test_codecs_bench_smoke(capsys):
         assert 0 <= c["bits_per_token"] - c["model_bits_per_token"] < 8  # padding only
         assert 0 < c["acceptance"] <= 1
     assert row["c-sqs"]["theorem2"]["met"]
+    off = row["cu-hlm-offline"]  # eq. (21)'s k*, fitted on the first half, coded on the second
+    assert 1 <= off["k_star"] < r["vocab"]
+    assert 0 <= off["bits_per_token"] - off["model_bits_per_token"] < 8
+    assert 0 < off["acceptance"] <= 1 and 0 < off["acceptance_raw_same_rows"] <= 1
+
+
+def test_cuhlm_offline_k_star_follows_theta():
+    """A looser tolerance theta never asks for more tokens (eq. 21 is a min over a threshold)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    q = rng.dirichlet(np.full(64, 0.3), size=20).astype(np.float32)
+    p = rng.dirichlet(np.full(64, 0.3), size=20).astype(np.float32)
+    ks = [bench.run_cuhlm_offline(p, q, th, 4, rng)["k_star"] for th in (0.05, 0.2, 0.8)]
+    assert ks[0] >= ks[1] >= ks[2] and ks[0] > ks[2]
 
 
 def test_codecs_bench_bad_input(capsys):

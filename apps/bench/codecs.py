@@ -18,7 +18,10 @@ codec (k-sqs, c-sqs, cu-hlm):
     rate at u_th and the measured rejection risk E[beta_d 1(u <= u_th)] (skipping is
     lossy and is not applied to the codec rows), and the mean online k(t)* (eq. 24).
     CU-HLM's rows use the online k(t)* unless --cu-k fixes k (the wire codec's way), with
-    --cu-levels log (default) or linear 8-bit probabilities.
+    --cu-levels log (default) or linear 8-bit probabilities;
+  - cu-hlm-offline: CU-HLM with the offline k* of eq. (21), min{k : E_t[U_TV(k, t)] <= theta},
+    the expectation taken over the first half of the positions (the server's history that
+    the paper's downlink feedback supplies) and the rows coded over the second half only.
 The eq. (7) fit is in-sample (fitted and evaluated on the same positions).
 Teacher forcing continues the reference text after a rejection, where a real
 run would continue from the correction: the contexts are real text, the
@@ -199,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 row[name] = run_codec(name, prm, p, q, args.gamma, rng, args.budget)
             row[name]["acceptance_vs_raw"] = row[name]["acceptance"] / row["raw_acceptance"]
+        row["cu-hlm-offline"] = run_cuhlm_offline(p, q, args.theta, args.gamma, rng, args.budget,
+                                                  args.cu_levels)  # fmt: skip
         cu.pop("ks", None)
         row["cu-hlm-fit"] = cu
         report["temps"][str(temp)] = row
@@ -231,18 +236,35 @@ def run_cuhlm_online(p, q, ks, gamma, rng, budget=5000, levels="log"):
             "acceptance": float(np.mean(accept)), "mean_batch_length": mean_batch_length(bits, budget)}  # fmt: skip
 
 
+def run_cuhlm_offline(p, q, theta, gamma, rng, budget=5000, levels="log"):
+    """CU-HLM with the offline k* (eq. 21): E_t[U_TV] over the first half, rows over the second."""
+    half = len(q) // 2
+    if half < 1:
+        raise DuetError("cu-hlm-offline needs two positions: a calibration half and a test half")
+    # eq. (21): x = the draft's q, y = the target's p
+    k_star = cuhlm.k_offline(q[:half], p[:half], theta)
+    prm = {"k": k_star, "levels": levels}
+    out = run_codec("cu-hlm", prm, p[half:], q[half:], gamma, rng, budget)
+    out["acceptance_raw_same_rows"] = float(np.minimum(p[half:], q[half:]).sum(-1).mean())
+    out["acceptance_vs_raw"] = out["acceptance"] / out["acceptance_raw_same_rows"]
+    out["k_star"] = k_star
+    return out
+
+
 def print_table(r) -> None:
     print(f"{r['positions']} positions, V = {r['vocab']}: raw float32 {r['raw_float32_bits']} "
           f"bits/token, float16 {r['raw_float16_bits']}")  # fmt: skip
     print(f"{'temp':>5} {'codec':>7} {'bits/tok':>9} {'model':>9} {'%f32':>6} {'%f16':>6} "
           f"{'accept':>7} {'raw acc':>7} {'acc/raw':>7} {'L^t':>6}")  # fmt: skip
     for temp, row in r["temps"].items():
-        for name in ("k-sqs", "c-sqs", "cu-hlm"):
+        for name in ("k-sqs", "c-sqs", "cu-hlm", "cu-hlm-offline"):
             c = row[name]
-            print(f"{temp:>5} {name:>7} {c['bits_per_token']:9.1f} {c['model_bits_per_token']:9.1f} "
+            raw_acc = c.get("acceptance_raw_same_rows", row["raw_acceptance"])
+            label = "cu-off" if name == "cu-hlm-offline" else name
+            print(f"{temp:>5} {label:>7} {c['bits_per_token']:9.1f} {c['model_bits_per_token']:9.1f} "
                   f"{100 * c['bits_per_token'] / r['raw_float32_bits']:6.2f} "
                   f"{100 * c['bits_per_token'] / r['raw_float16_bits']:6.2f} "
-                  f"{c['acceptance']:7.3f} {row['raw_acceptance']:7.3f} "
+                  f"{c['acceptance']:7.3f} {raw_acc:7.3f} "
                   f"{c['acceptance_vs_raw']:7.3f} {c['mean_batch_length']:6.1f}")  # fmt: skip
         t2 = row["c-sqs"]["theorem2"]
         f = row["cu-hlm-fit"]
@@ -252,7 +274,7 @@ def print_table(r) -> None:
         if f.get("a") is not None:
             print(f"      CU-HLM: a={f['a']:.3f} b={f['b']:.3f} r={f['r']:.3f} Delta={f['delta']:.3f} "
                   f"u_th={f['u_th']:.3f} skip={f['skip_rate']:.3f} risk={f['measured_risk']:.2e} "
-                  f"mean k={f['mean_k_online']:.1f}")  # fmt: skip
+                  f"mean k={f['mean_k_online']:.1f} offline k*={row['cu-hlm-offline']['k_star']}")  # fmt: skip
     print(f"wall {r['wall_s']:.1f} s")
 
 
