@@ -42,3 +42,28 @@ def test_refit_from_saved_paths(tmp_path, capsys):
 def test_shipped_bins_load():
     b = load_bins(DEFAULT_BINS)
     assert 1 <= len(b["thresholds"]) <= 7 and b["paths"] > 0
+
+
+def test_heterospec_shape_extends_and_sizes_n_prime(tiny_dir):
+    """§4.3 on a real drafter: a low-entropy bin grows Δ = α - i levels and keeps N' = γ_i·N + Δ
+    nodes, never fewer than the extended depth d' (γ_0·12 + 3 = 7 < d' = 9) nor more than the
+    context's room; bin 2 (γ = 1) keeps N + Δ, one more than --top-n."""
+    from runtime.backends import load_model
+    from runtime.decoding.heterospec import make_shape
+    from runtime.decoding.tree_draft import TreeDrafter
+
+    model = load_model(tiny_dir("qwen3"), "mlx")
+
+    def shaped(bin_index: int, cap: int = 100):
+        drafter = TreeDrafter(model, model.new_cache(), [11, 42, 7, 99], 2, expand=1)
+        drafter.grow(5)  # d_base = 6
+        # Φ >= 0 always: -1 thresholds put it above the first `bin_index` splits only
+        bins = {"thresholds": [-1.0] * bin_index + [1e9] * (7 - bin_index)}
+        n, info = make_shape(bins, 2)(drafter, 12, 100, cap)
+        return n, info["bin"], drafter.depth
+
+    assert shaped(0) == (9, 0, 9)  # max(round(0.3·12) + 3, 9)
+    assert shaped(1) == (9, 1, 8)  # round(0.6·12) + 2 = 9 >= d' = 8
+    assert shaped(2) == (13, 2, 7)  # 12 + 1: above --top-n, as the paper's N' allows
+    assert shaped(5) == (12, 5, 6)  # a high-entropy bin keeps the base tree
+    assert shaped(0, cap=5)[0] == 5  # never more than the verification window has room for

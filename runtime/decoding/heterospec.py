@@ -65,17 +65,22 @@ def make_shape(bins: dict, top_k: int):
     thresholds = bins["thresholds"]
     k_phi = int(bins.get("top_k", top_k))
 
-    def shape(drafter: TreeDrafter, n: int, room: int, budget: int) -> tuple[int, dict]:
+    def shape(drafter: TreeDrafter, n: int, room: int, cap: int) -> tuple[int, dict]:
         phi = path_entropy(drafter, k_phi)
         b = bin_of(phi, thresholds)  # eq. (2)'s leaf
         if b < ALPHA:
             extra = ALPHA - b  # Δ(B_i) = α - i
             levels = min(extra, room - drafter.depth)
-            if drafter.sampled:  # nothing is pruned later: stay within the node budget
-                levels = min(levels, (budget - len(drafter.tree)) // drafter.level_size())
+            if drafter.sampled:  # nothing is pruned later: stay within N + Δ nodes
+                levels = min(
+                    levels, (min(n + extra, cap) - len(drafter.tree)) // drafter.level_size()
+                )
             drafter.grow(levels)  # d' = d_base + Δ(B_i)
-            n = int(round(GAMMAS[b] * n)) + extra  # N' = γ_i·N + Δ(B_i) (greedy only)
-        return max(1, n), {"bin": b, "phi": round(phi, 4)}
+            # N' = γ_i·N + Δ(B_i) (§4.3; greedy only), and at least d' nodes: with our small N
+            # (12; the paper's is 60) γ_0·N + Δ = 7 is below d' = 9, too few nodes for the
+            # extended levels to survive the reranking
+            n = max(int(round(GAMMAS[b] * n)) + extra, drafter.depth)
+        return max(1, min(n, cap)), {"bin": b, "phi": round(phi, 4)}
 
     return shape
 

@@ -23,9 +23,10 @@ from runtime.decoding.tree_draft import TreeDrafter
 from runtime.decoding.tree_pass import verify_tree
 from runtime.errors import DuetError
 
-# shape(drafter, n, room, budget) -> (n', info): may grow the drafter further (at most `room`
-# levels deep, and when sampling at most `budget` nodes, in all) and returns the number of
-# nodes to keep (ignored when sampling: no pruning by value) and per-step facts to report
+# shape(drafter, n, room, cap) -> (n', info): may grow the drafter further (at most `room`
+# levels deep, and when sampling at most `cap` nodes, in all) and returns the number of nodes
+# to keep (ignored when sampling: no pruning by value; may exceed --top-n, as HeteroSpec's
+# N' = γ·N + Δ does, up to `cap`: what the context has room to verify) and facts to report
 Shape = Callable[[TreeDrafter, int, int, int], tuple[int, dict]]
 
 
@@ -91,7 +92,8 @@ def tree_steps(
             q = None
             if room > 0:
                 rewind(dc, len(seq))
-                budget = min(top_n, ctx - len(seq))  # nodes; the verification window must fit
+                cap = ctx - len(seq)  # nodes the verification window has room for
+                budget = min(top_n, cap)
                 drafter = TreeDrafter(draft, dc, seq, top_k, sampling, rng,
                                       root_children=min(top_k, budget), expand=expand)  # fmt: skip
                 levels = min(depth, room) - 1
@@ -100,10 +102,10 @@ def tree_steps(
                 drafter.grow(levels)
                 n = top_n
                 if shape is not None:
-                    n, info = shape(drafter, n, room, budget)
+                    n, info = shape(drafter, n, room, cap)
                 tree = drafter.tree
                 if not drafter.sampled:
-                    tree = tree.prune(min(n, budget))  # EAGLE-2 reranking
+                    tree = tree.prune(min(n, cap))  # EAGLE-2 reranking
                 else:  # nothing pruned by value: prune(len) only puts the nodes in preorder
                     tree = tree.prune(len(tree))
                     q = sibling_laws(tree, draft.config.vocab_size)
