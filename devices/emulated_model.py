@@ -8,13 +8,32 @@ through it are emulated and must be labelled so (`emu.label`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
+
+
+@dataclass(frozen=True)
+class EmulateInProcess:
+    """Picklable: the Mirror-SD draft process (runtime/mirror/draft_process.py) calls it on the
+    draft it loaded, so its stages are padded to the same profile as in this process. The
+    runtime only calls what it is given (STYLE 11); the emulation is built up here."""
+
+    spec: str  # --emulate PROFILE[:TARGET[+DRAFT]]
+    target_cfg: Any  # the real target's config (the sizes a spec omits come from the configs)
+
+    def __call__(self, draft) -> EmulatedModel:
+        from devices.emulation import Emulator
+
+        emu = Emulator.from_spec(self.spec, self.target_cfg, draft.config)
+        return EmulatedModel(draft, emu, "draft")
 
 
 class EmulatedModel:
     """Delegates to `model`; each forward, layer range or head runs inside `emu.stage(role, ...)`."""
 
-    def __init__(self, model, emu, role: str):
+    def __init__(self, model, emu, role: str, respawn: EmulateInProcess | None = None):
         self.model, self.emu, self.role = model, emu, role
         self.config = model.config
         self.backend = f"{model.backend}+emulated"
@@ -23,6 +42,10 @@ class EmulatedModel:
             # the checkpoint's stored extras (mirror's tuned exit head) are found through it; a
             # draft's is not passed on: a draft process would load that draft un-emulated
             self.load_spec = model.load_spec
+        spec = getattr(model, "load_spec", None)
+        if role == "draft" and spec is not None and respawn is not None:
+            # --draft-process: (path, backend, kw, wrap): the child loads, then re-emulates
+            self.process_spec = (*spec, respawn)
 
     def new_cache(self, batch: int = 1):
         return self.model.new_cache(batch)
@@ -52,8 +75,9 @@ def emulate_pair(spec: str, target, draft):
     from devices.emulation import Emulator
 
     emu = Emulator.from_spec(spec, target.config, draft.config if draft is not None else None)
+    respawn = EmulateInProcess(spec, target.config)
     return (
         emu,
         EmulatedModel(target, emu, "target"),
-        None if draft is None else EmulatedModel(draft, emu, "draft"),
+        None if draft is None else EmulatedModel(draft, emu, "draft", respawn),
     )

@@ -108,12 +108,39 @@ def test_interrupt_stops_the_generation_in_both_processes(pair):
 def test_a_draft_without_a_load_spec_is_refused(pair):
     target, draft = pair
 
-    class Wrapped:  # what an emulated draft looks like: no path to load it from again
+    class Wrapped:  # a model with no path to load it from again (an in-memory model)
         config = draft.config
         backend = "onnx"
 
     with pytest.raises(DuetError, match="--draft-process needs a draft loaded from a path"):
         run(steps(target, Wrapped()), max_new=4)
+
+
+def test_an_emulated_draft_runs_emulated_in_its_process(tiny_dir):
+    """--emulate with --draft-process: the child loads the draft and wraps it in the same
+    emulation (EmulateInProcess); greedy output still equals ar."""
+    import pickle
+
+    from devices.emulated_model import EmulatedModel, emulate_pair
+
+    target = load_model(tiny_dir("qwen3"), "mlx")
+    draft = load_model(tiny_dir("qwen3", num_layers=1, seed=4), "onnx", intra_threads=1)
+    emu, et, ed = emulate_pair("m3-max", target, draft)
+    path, backend, kw, wrap = ed.process_spec
+    assert (path, backend, kw) == draft.load_spec
+    child = pickle.loads(pickle.dumps(wrap))(draft)  # what child_main does after loading
+    assert isinstance(child, EmulatedModel) and child.role == "draft"
+    assert child.emu.label == emu.label
+    assert child.emu.predict("draft", 3) == emu.predict("draft", 3)
+    ref = run(make_steps("ar", et, None, PROMPT, max_new=16, sampling=Sampling(), seed=0),
+              max_new=16).tokens  # fmt: skip
+    try:
+        assert run(steps(et, ed, n=16), max_new=16).tokens == ref
+        host = ed._duet_draft_host
+        assert host.alive
+    finally:
+        ed._duet_draft_host.close()
+    assert not host.proc.is_alive()  # (the module's `pair` fixture may hold its own process)
 
 
 def test_a_completed_branch_is_taken_from_the_shared_board(pair):

@@ -15,8 +15,9 @@ generation, and a child that does not answer the stop within 1 s is killed.
 
 The board of completed branches (DraftWorker.take) is shared too (shm_channel.Board, under
 a multiprocessing Lock): on reuse the target takes its next window at once, as with the
-thread worker. What this does not do: send an emulated draft (devices.emulated_model) to a
-process.
+thread worker. An emulated draft (devices.emulated_model) goes as its `process_spec`, whose
+fourth item the child calls on the loaded draft to pad its stages to the same profile; those
+stages' records stay in the child (the windows' timeline intervals come back as always).
 """
 
 from __future__ import annotations
@@ -122,11 +123,11 @@ class DraftHost:
 
 def draft_host(draft) -> DraftHost:
     """The draft process serving `draft` (spawned on first use, again after it died)."""
-    spec = getattr(draft, "load_spec", None)
+    spec = getattr(draft, "process_spec", None) or getattr(draft, "load_spec", None)
     if spec is None:
         raise DuetError(
             f"--draft-process needs a draft loaded from a path; this {type(draft).__name__} "
-            "cannot be sent to another process (an emulated draft?)"
+            "cannot be sent to another process (an adapter view or an in-memory model?)"
         )
     host = getattr(draft, "_duet_draft_host", None)
     if host is None or not host.alive:
@@ -339,8 +340,10 @@ def child_main(conn, spec: tuple, lock) -> None:
     try:
         from runtime.backends import load_model
 
-        path, backend, kw = spec
+        path, backend, kw, *wrap = spec  # wrap: a picklable model -> model (an emulation)
         draft = load_model(path, backend, **kw)
+        if wrap and wrap[0] is not None:
+            draft = wrap[0](draft)
     except BaseException as e:  # noqa: BLE001 (reported to the target, which raises it)
         conn.send_bytes(wire.FAIL + f"{type(e).__name__}: {e}".encode())
         return
