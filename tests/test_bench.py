@@ -126,3 +126,20 @@ def test_contention_check_reports_both_loops():
     assert r["matmul_slowdown"] == pytest.approx(
         sum(r["matmul_ms_two_at_once"]) / 2 / r["matmul_ms_alone"], rel=0.01
     )
+
+
+def test_samples_draw_each_prompt_again_at_t_above_zero(tiny_dir, tmp_path, capsys):
+    """--samples 2: every prompt twice at T = 1 (distinct seeds), once at T = 0 (greedy)."""
+    t = tiny_dir("qwen3")
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text("\n".join(json.dumps(q) for q in QUESTIONS) + "\n")
+    argv = ["--target", str(t), "--draft", str(t), "--draft-backend", "mlx", "--prompts",
+            str(prompts), "--limit", "2", "--max-tokens", "6", "--methods", "ar,sd", "--temps",
+            "0,1", "--samples", "2", "--json", "--no-warmup"]  # fmt: skip
+    assert main(argv) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["settings"]["samples"] == 2
+    assert {(r["method"], r["temp"]): r["prompts"] for r in res["rows"]} == {
+        ("ar", 0.0): 2, ("sd", 0.0): 2, ("ar", 1.0): 4, ("sd", 1.0): 4}  # fmt: skip
+    assert main([*argv[:-4], "--samples", "0"]) == 2
+    assert "--samples must be at least 1" in capsys.readouterr().err

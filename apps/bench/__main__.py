@@ -108,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0 = off)")
     ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per turn (default 128)")
     ap.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i")
+    ap.add_argument("--samples", type=int, default=1,
+                    help="draws per prompt at T > 0 (draw k: seed + i + k * prompts), pooled in "
+                         "the rows: one draw compares methods on different sampled texts "
+                         "(default 1)")  # fmt: skip
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
     ap.add_argument(
         "--emulate",
@@ -268,6 +272,8 @@ def bench(a: argparse.Namespace) -> dict:
     gammas = parse_gammas(a.gammas, a.gamma)  # a bad --gammas fails before any model loads
     if a.limit is not None and a.limit < 1:
         raise DuetError(f"--limit must be at least 1 (got {a.limit})")
+    if a.samples < 1:
+        raise DuetError(f"--samples must be at least 1 (got {a.samples})")
     cats = [c.strip() for c in a.categories.split(",")] if a.categories else None
     prompts = load_prompts(a.prompts, limit=a.limit, categories=cats)
     skipped = {}
@@ -305,6 +311,7 @@ def bench(a: argparse.Namespace) -> dict:
         seed=a.seed,
         context=ctx,
         warmup=not a.no_warmup,
+        samples=a.samples,
     )
     model_id = a.model_id or (
         f"duet-{pair.target_dir.parent.name}" if a.target is None else pair.target_dir.name
@@ -318,6 +325,7 @@ def bench(a: argparse.Namespace) -> dict:
         "gamma": a.gamma,
         "gammas": gammas,
         "temps": temps,
+        "samples": a.samples,
         "top_p": a.top_p,
         "threads": thread_settings(runners),
         **{k: pair.settings[k] for k in ("target_backend", "draft_backend") if k in pair.settings},

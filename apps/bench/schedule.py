@@ -85,8 +85,13 @@ def run_bench(
     seed: int,
     context: int,
     warmup: bool = True,
+    samples: int = 1,
 ) -> list[dict]:
-    """Per-prompt records for every (runner, temperature), methods alternated."""
+    """Per-prompt records for every (runner, temperature), methods alternated.
+
+    At T > 0 each prompt runs `samples` times, draw k with seed + i + k·len(prompts) (the
+    record's "sample"): a T > 0 run's Calls and τ depend on which text was drawn, so one draw
+    per prompt compares methods on different texts; more draws average that out."""
     kw = dict(top_p=top_p, context=context)
     if warmup:  # first calls pay for graph building, allocations, lazy imports
         first = {**prompts[0], "turns": prompts[0]["turns"][:1]}
@@ -100,15 +105,16 @@ def run_bench(
     for i, rec in enumerate(bar):
         order = runners[i % len(runners) :] + runners[: i % len(runners)]
         for t in temps:
-            done = {
-                r.name: run_prompt(
-                    r, rec, tok, template, temp=t, max_new=max_new, seed=seed + i, **kw
-                )
-                for r in order
-            }
-            if t == 0 and "ar" in done:
-                for d in done.values():
-                    if "refused" not in d and "refused" not in done["ar"]:
-                        d["matches_ar"] = d["tokens"] == done["ar"]["tokens"]
-            records += [done[r.name] for r in runners]
+            for k in range(1 if t == 0 else samples):  # greedy output is one text
+                s = seed + i + k * len(prompts)
+                done = {
+                    r.name: run_prompt(r, rec, tok, template, temp=t, max_new=max_new, seed=s, **kw)
+                    | {"sample": k}
+                    for r in order
+                }
+                if t == 0 and "ar" in done:
+                    for d in done.values():
+                        if "refused" not in d and "refused" not in done["ar"]:
+                            d["matches_ar"] = d["tokens"] == done["ar"]["tokens"]
+                records += [done[r.name] for r in runners]
     return records
