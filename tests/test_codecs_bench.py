@@ -35,3 +35,25 @@ def test_cuhlm_offline_k_star_follows_theta():
 def test_codecs_bench_bad_input(capsys):
     assert bench.main(["--temps", "hot"]) == 2
     assert "expected comma-separated numbers" in capsys.readouterr().err
+
+
+def test_modeled_latency_per_link(tmp_path, capsys):
+    """--links: each codec's MODELED ms/token is the link's RTT plus gamma rows' bits over its
+    rate, per geometric expected tokens; --plot writes both of SQS Fig. 2's panels."""
+    from devices.latency import expected_accepted
+    from devices.links import LINKS
+
+    out = tmp_path / "x.html"
+    argv = ["--limit", "1", "--max-len", "10", "--temps", "0.5,1.0", "--links", "4g", "--json",
+            "--gamma", "3", "--plot", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    r = json.loads(capsys.readouterr().out)
+    c = r["temps"]["1.0"]["c-sqs"]
+    m, link = c["modeled"]["4g"], LINKS["4g"]
+    want = 1e3 * (link.rtt_s + 3 * c["bits_per_token"] / link.rate_bps)
+    assert abs(m["ms_per_token"] - want / expected_accepted(3, c["acceptance"], "geometric")) < 1e-6
+    assert abs(m["resample_rate"] - (1 - c["acceptance"] ** 3)) < 1e-9
+    html = out.read_text()
+    assert html.count("<svg") == 2 and "4g" in html
+    assert bench.main(["--links", "moon"]) == 2
+    assert "unknown link 'moon'" in capsys.readouterr().err

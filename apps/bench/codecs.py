@@ -22,6 +22,14 @@ codec (k-sqs, c-sqs, cu-hlm):
   - cu-hlm-offline: CU-HLM with the offline k* of eq. (21), min{k : E_t[U_TV(k, t)] <= theta},
     the expectation taken over the first half of the positions (the server's history that
     the paper's downlink feedback supplies) and the rows coded over the second half only.
+  - `--links`: MODELED ms per token of k-sqs and c-sqs on each named link (devices.links), from
+    the measured acceptance alpha and wire bits: a round of --gamma drafted tokens takes the
+    link's RTT plus gamma * bits / rate (FlexSpec eq. 8; edge and cloud compute left out:
+    the links' RTTs, 0.42-1.2 s, dwarf them) and commits (1 - alpha^(gamma+1)) / (1 - alpha)
+    tokens (FlexSpec §IV-B's geometric model, i.i.d. acceptance); the resampling rate is
+    1 - alpha^gamma. Teacher forcing gives alpha without sampling noise, which the end-to-end
+    bench (apps.bench --edge --codecs) cannot resolve below a few per cent. `--plot` draws it
+    as SQS Fig. 2's two panels.
 The eq. (7) fit is in-sample (fitted and evaluated on the same positions).
 Teacher forcing continues the reference text after a rejection, where a real
 run would continue from the correction: the contexts are real text, the
@@ -164,8 +172,22 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--m", type=int, default=16, help="CU-HLM perturbation samples M (default 16)")
     ap.add_argument("--theta-max", type=float, default=1.0, help="CU-HLM theta_max (default 1)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--links", default="5g,4g,wifi-weak",
+                    help="named links for the MODELED ms per token of k-sqs and c-sqs ('' for none)")  # fmt: skip
+    ap.add_argument("--plot", default=None,
+                    help="write the modeled ms per token and resampling rate vs T here (.html)")  # fmt: skip
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     return ap
+
+
+def modeled_latency(row: dict, link, gamma: int) -> dict:
+    """MODELED ms per token and resampling rate of one codec row on `link` (module docstring)."""
+    from devices.latency import expected_accepted
+
+    alpha = row["acceptance"]
+    round_s = link.rtt_s + gamma * row["bits_per_token"] / link.rate_bps  # FlexSpec eq. (8)
+    tokens = expected_accepted(gamma, alpha, "geometric")  # FlexSpec §IV-B geometric decay
+    return {"ms_per_token": 1e3 * round_s / tokens, "resample_rate": 1.0 - alpha**gamma}
 
 
 @cli_main
@@ -179,6 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         raise DuetError("--temps must be > 0, and --gamma, --k, --ell >= 1")
     if args.cu_k is not None and args.cu_k < 1:
         raise DuetError(f"--cu-k must be at least 1 (got {args.cu_k})")
+    from devices.links import LINKS
+
+    links = [x.strip() for x in args.links.split(",") if x.strip()]
+    if bad := [x for x in links if x not in LINKS]:
+        raise DuetError(f"--links: unknown link {bad[0]!r}; choose from {', '.join(LINKS)}")
+    if args.plot and not links:
+        raise DuetError("--plot draws the modeled latency per link: give --links")
     pair = load_pair_from_args(args, need_draft=True)
     if pair.tokenizer is None:
         raise DuetError("this benchmark needs a tokenizer.json beside the target")
@@ -206,8 +235,17 @@ def main(argv: list[str] | None = None) -> int:
                                                   args.cu_levels)  # fmt: skip
         cu.pop("ks", None)
         row["cu-hlm-fit"] = cu
+        for name in ("k-sqs", "c-sqs"):
+            row[name]["modeled"] = {x: modeled_latency(row[name], LINKS[x], args.gamma)
+                                    for x in links}  # fmt: skip
         report["temps"][str(temp)] = row
     report["wall_s"] = time.perf_counter() - t0
+    if args.plot:
+        from apps.bench.edge_codecs import plot_crossover
+
+        plot_crossover([{"temp": float(t), "link": x, "codec": c, **row[c]["modeled"][x]}
+                        for t, row in report["temps"].items() for c in ("k-sqs", "c-sqs")
+                        for x in links], args.plot)  # fmt: skip
     if args.json:
         print(json.dumps(report))
     else:
@@ -275,6 +313,15 @@ def print_table(r) -> None:
             print(f"      CU-HLM: a={f['a']:.3f} b={f['b']:.3f} r={f['r']:.3f} Delta={f['delta']:.3f} "
                   f"u_th={f['u_th']:.3f} skip={f['skip_rate']:.3f} risk={f['measured_risk']:.2e} "
                   f"mean k={f['mean_k_online']:.1f} offline k*={row['cu-hlm-offline']['k_star']}")  # fmt: skip
+    modeled = [(t, x) for t, row in r["temps"].items() for x in row["k-sqs"].get("modeled", {})]
+    if modeled:
+        print("MODELED ms/token (RTT + gamma*bits/rate per round, geometric tokens per round; "
+              "measured acceptance and bits), k-sqs | c-sqs, and the lower:")  # fmt: skip
+        for t, x in modeled:
+            k, c = (r["temps"][t][n]["modeled"][x] for n in ("k-sqs", "c-sqs"))
+            low = "k-sqs" if k["ms_per_token"] < c["ms_per_token"] else "c-sqs"
+            print(f"{t:>5} {x:<9} {k['ms_per_token']:8.1f} | {c['ms_per_token']:8.1f}  {low}  "
+                  f"resampling {k['resample_rate']:.3f} | {c['resample_rate']:.3f}")  # fmt: skip
     print(f"wall {r['wall_s']:.1f} s")
 
 
