@@ -50,6 +50,14 @@ class EmulatedModel:
     def new_cache(self, batch: int = 1):
         return self.model.new_cache(batch)
 
+    def export_records(self) -> list:
+        """In a draft process: the stage records since the last call, to send home."""
+        return self.emu.take_records()
+
+    def import_records(self, recs: list) -> None:
+        """In the target's process: the records the draft process's copy of this model sent."""
+        self.emu.add_records(recs)
+
     def forward(self, tokens, cache, *, positions=None, mask=None) -> np.ndarray:
         B, T = np.asarray(tokens).reshape(-1, np.shape(tokens)[-1]).shape
         with self.emu.stage(self.role, n_tokens=T, context=cache.offset, batch=B):

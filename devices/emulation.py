@@ -194,6 +194,17 @@ class Emulator:
         with self._lock:
             self.records.append(rec)
 
+    def take_records(self) -> list[StageRecord]:
+        """The records so far, removed (a draft process sends its draft's home with these)."""
+        with self._lock:
+            recs, self.records = self.records, []
+        return recs
+
+    def add_records(self, recs: list[StageRecord]) -> None:
+        """Records of stages another process's copy of a model ran (`--draft-process`)."""
+        with self._lock:
+            self.records.extend(recs)
+
     def summary(self) -> dict:
         """Totals per role, labelled as emulated."""
         with self._lock:

@@ -134,10 +134,12 @@ def test_an_emulated_draft_runs_emulated_in_its_process(tiny_dir):
     assert child.emu.predict("draft", 3) == emu.predict("draft", 3)
     ref = run(make_steps("ar", et, None, PROMPT, max_new=16, sampling=Sampling(), seed=0),
               max_new=16).tokens  # fmt: skip
+    assert emu.summary()["stages"]["draft"]["count"] == 0
     try:
         assert run(steps(et, ed, n=16), max_new=16).tokens == ref
         host = ed._duet_draft_host
         assert host.alive
+        assert emu.summary()["stages"]["draft"]["count"] > 0  # the child's draft stages came home
     finally:
         ed._duet_draft_host.close()
     assert not host.proc.is_alive()  # (the module's `pair` fixture may hold its own process)

@@ -16,8 +16,9 @@ generation, and a child that does not answer the stop within 1 s is killed.
 The board of completed branches (DraftWorker.take) is shared too (shm_channel.Board, under
 a multiprocessing Lock): on reuse the target takes its next window at once, as with the
 thread worker. An emulated draft (devices.emulated_model) goes as its `process_spec`, whose
-fourth item the child calls on the loaded draft to pad its stages to the same profile; those
-stages' records stay in the child (the windows' timeline intervals come back as always).
+fourth item the child calls on the loaded draft to pad its stages to the same profile; a
+draft with `export_records` sends its stage records home at the end of each generation, to
+the parent's `import_records` (the emulator's summary then counts the draft's stages too).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class DraftHost:
         child.close()
         self.cached: list[int] = []  # the tokens the child's draft cache holds
         self.alive = True
+        self.import_records = None  # the draft's hook for the child's stage records, if any
         atexit.register(self.close)
         tag = self.recv(timeout=LOAD_TIMEOUT_S)
         if tag[:1] != wire.READY:
@@ -132,6 +134,7 @@ def draft_host(draft) -> DraftHost:
     host = getattr(draft, "_duet_draft_host", None)
     if host is None or not host.alive:
         host = DraftHost(spec)
+        host.import_records = getattr(draft, "import_records", None)
         draft._duet_draft_host = host
     return host
 
@@ -199,9 +202,11 @@ class ProcessDraftWorker:
                     :1
                 ] != wire.IDLE:
                     pass  # a window or failure sent before the stop arrived
-                kept, ivs = pickle.loads(tag[1:])
+                kept, ivs, recs = pickle.loads(tag[1:])
                 self.host.cached = list(seq[:kept])
                 self._add_intervals(ivs)
+                if recs and self.host.import_records is not None:
+                    self.host.import_records(recs)
         except TimeoutError:
             self.host.close()
         except RuntimeError:  # it died: already reaped, and reported by receive if it mattered
@@ -381,7 +386,9 @@ def _serve(conn, draft, cache, args: dict, lock):
         # after a failure the cache's state is unknown: start the next generation from empty
         kept = 0 if w.outbox.failed else min(int(w.inbox.stop_tag[1:]), len(w.seq))
         rewind(w.cache, kept)
-        conn.send_bytes(wire.IDLE + pickle.dumps((kept, w.outbox.intervals())))
+        export = getattr(draft, "export_records", None)  # an emulated draft's stage records
+        recs = export() if export is not None else []
+        conn.send_bytes(wire.IDLE + pickle.dumps((kept, w.outbox.intervals(), recs)))
         return draft.new_cache() if w.outbox.failed else w.cache
     finally:
         slots.close()
