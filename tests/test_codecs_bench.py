@@ -54,6 +54,6 @@ def test_modeled_latency_per_link(tmp_path, capsys):
     assert abs(m["ms_per_token"] - want / expected_accepted(3, c["acceptance"], "geometric")) < 1e-6
     assert abs(m["resample_rate"] - (1 - c["acceptance"] ** 3)) < 1e-9
     html = out.read_text()
-    assert html.count("<svg") == 2 and "4g" in html
+    assert html.count("<svg") == 2 and "4g" in html and "MODELED" in html
     assert bench.main(["--links", "moon"]) == 2
     assert "unknown link 'moon'" in capsys.readouterr().err

@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
 
         plot_crossover([{"temp": float(t), "link": x, "codec": c, **row[c]["modeled"][x]}
                         for t, row in report["temps"].items() for c in ("k-sqs", "c-sqs")
-                        for x in links], args.plot)  # fmt: skip
+                        for x in links], args.plot,
+                       "MODELED from measured acceptance and wire bits (apps.bench.codecs), ")  # fmt: skip
     if args.json:
         print(json.dumps(report))
     else:

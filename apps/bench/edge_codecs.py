@@ -145,9 +145,9 @@ def split_per_round(rs: list[dict]) -> dict:
             for k in ("draft", "uplink", "cloud", "downlink")}  # fmt: skip
 
 
-def plot_crossover(summary: list[dict], path: str) -> None:
+def plot_crossover(summary: list[dict], path: str, note: str = "") -> None:
     """SQS Fig. 2's two panels vs temperature, ms per token and resampling rate: K-SQS solid,
-    C-SQS dashed, one colour per link (SVG in HTML)."""
+    C-SQS dashed, one colour per link (SVG in HTML); `note` is added to the heading."""
     rows = [s for s in summary if s["codec"] in ("k-sqs", "c-sqs") and s["temp"] > 0]
     if not rows:
         raise DuetError("--plot needs k-sqs or c-sqs runs at T > 0")
@@ -155,7 +155,7 @@ def plot_crossover(summary: list[dict], path: str) -> None:
               _panel(rows, "resample_rate", "resampling rate (rounds with a rejection)")]  # fmt: skip
     with open(path, "w") as f:
         f.write("<!doctype html><meta charset=utf-8><title>K-SQS vs C-SQS latency</title>"
-                "<h3>vs temperature: K-SQS solid, C-SQS dashed</h3>" + "<br>".join(panels))  # fmt: skip
+                f"<h3>{note}vs temperature: K-SQS solid, C-SQS dashed</h3>" + "<br>".join(panels))  # fmt: skip
 
 
 def _panel(rows: list[dict], key: str, label: str) -> str:
