@@ -38,12 +38,12 @@ class EmulatedModel:
         self.config = model.config
         self.backend = f"{model.backend}+emulated"
         self.supports_layer_range = model.supports_layer_range
-        if role == "target" and hasattr(model, "load_spec"):
+        spec = getattr(model, "load_spec", None)
+        if role == "target" and spec is not None:
             # the checkpoint's stored extras (mirror's tuned exit head) are found through it; a
             # draft's is not passed on: a draft process would load that draft un-emulated
-            self.load_spec = model.load_spec
-        spec = getattr(model, "load_spec", None)
-        if role == "draft" and spec is not None and respawn is not None:
+            self.load_spec = spec
+        if respawn is not None and spec is not None:
             # --draft-process: (path, backend, kw, wrap): the child loads, then re-emulates
             self.process_spec = (*spec, respawn)
 
