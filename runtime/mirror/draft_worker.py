@@ -285,7 +285,7 @@ class DraftWorker:
     def _own_rollouts(self, step, logits, window, produced) -> list[_Wave]:
         """Waves of the draft's own runner-up branches until the early exit arrives."""
         ranked = rank_own_branches(logits, window, self.draft_branches)
-        return self._waves(step, ranked, produced)
+        return self._waves(step, ranked, produced, finish=True)
 
     def _branch_rollouts(
         self, step, ids, logp, window, produced, started=(), q=None
@@ -303,8 +303,11 @@ class DraftWorker:
         ranked = [b for b in ranked if (b.depth, b.token) not in started]
         return self._waves(step, ranked, produced)
 
-    def _waves(self, step, ranked: list[Branch], produced) -> list[_Wave]:
-        """Roll `ranked` out in waves of branch_batch rows until a message arrives."""
+    def _waves(self, step, ranked: list[Branch], produced, finish: bool = False) -> list[_Wave]:
+        """Roll `ranked` out in waves of branch_batch rows until a message arrives. finish: the
+        wave in flight when it arrives still runs to its end (the own branches: they started a
+        whole prefix earlier than any early-exit branch can, so at a γ whose rollout outlasts
+        the suffix they are the only rows that can be complete when (A, c) comes)."""
         waves = []
         base = len(self.seq)
         for i in range(0, len(ranked), self.branch_batch):
@@ -319,7 +322,7 @@ class DraftWorker:
             waves.append(wave)
             t0 = now_ns()
             while not wave.finished():
-                if wave.k and self._final_arrived():
+                if wave.k and not finish and self._final_arrived():
                     break
                 wave.advance()
                 self._publish(step, wave)
