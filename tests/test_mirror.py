@@ -340,3 +340,40 @@ def test_mlx_draft_runs_on_its_own_thread_stream(tiny_dir):
     target = load_model(tiny_dir("llama"), "mlx")
     draft = load_model(tiny_dir("llama", num_layers=1, seed=4), "mlx")
     assert mirror(target, draft, n=15, gamma=3).tokens == ar(target, n=15).tokens
+
+
+class SlowDraft:
+    """The draft with every batched pass (branch rows) held to `pass_s`, so a test can send a
+    message while a wave of branch rollouts is in flight."""
+
+    def __init__(self, draft, pass_s: float):
+        self.m, self.pass_s = draft, pass_s
+
+    def __getattr__(self, name):
+        return getattr(self.m, name)
+
+    def forward(self, tokens, cache, **kw):
+        out = self.m.forward(tokens, cache, **kw)
+        if np.shape(tokens)[0] > 1:
+            time.sleep(self.pass_s)
+        return out
+
+
+def test_the_own_wave_in_flight_runs_to_its_end_when_the_early_exit_comes(tiny_dir):
+    """An own-branch row begun in the prefix is the only kind that can be complete when (A, c)
+    comes at a γ whose rollout outlasts the suffix: the early exit must not cut its wave short
+    (cut, this (A, c) was a resume, not a reuse)."""
+    sc = Scripted(SlowDraft(load_model(tiny_dir("llama", num_layers=2, seed=11), "onnx"), 0.05),
+                  draft_branches=2)  # fmt: skip
+    d = sc.draft.m
+    logits = d.forward(np.array([PROMPT + sc.win.tokens]), d.new_cache())[0, len(PROMPT) - 1 :]
+    c = next(b.token for b in rank_own_branches(logits, sc.win.tokens, 2) if b.depth == 1)
+    deadline = time.time() + 10
+    while "re-run own window" not in [i.name for i in sc.tl.intervals]:
+        assert time.time() < deadline
+        time.sleep(0.002)
+    time.sleep(0.075)  # mid-wave: 1-2 of its γ = 3 passes done
+    nxt = sc.step(ee_with(sc.win.tokens, {}), a=1, c=c, wait_all=False)
+    first = next(i for i in sc.tl.intervals if i.name.startswith("rollout"))
+    assert first.args["tokens"] == sc.gamma  # the wave ran all its passes
+    assert nxt.source == "reuse" and nxt.tokens == sc.fresh(1, c)
