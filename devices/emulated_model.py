@@ -38,6 +38,9 @@ class EmulatedModel:
         self.config = model.config
         self.backend = f"{model.backend}+emulated"
         self.supports_layer_range = model.supports_layer_range
+        # an SS draft stays one (runtime/decoding/ss_draft.is_ss_draft): its windows and
+        # branch waves then run their multi-stream passes, padded by forward_streams
+        self.ss_streams = getattr(model, "ss_streams", 0)
         spec = getattr(model, "load_spec", None)
         if role == "target" and spec is not None:
             # the checkpoint's stored extras (mirror's tuned exit head) are found through it; a
@@ -46,6 +49,16 @@ class EmulatedModel:
         if respawn is not None and spec is not None:
             # --draft-process: (path, backend, kw, wrap): the child loads, then re-emulates
             self.process_spec = (*spec, respawn)
+
+    def forward_streams(self, tokens, cache, *, first=None, positions=None, mask=None):
+        """A speculative-streaming draft's multi-stream pass (runtime/backends/torch_ss.py):
+        its main tokens plus n stream tokens on each main position from `first` on."""
+        B, T = np.asarray(tokens).reshape(-1, np.shape(tokens)[-1]).shape
+        owners = T - (T - 1 if first is None else first)
+        n = T + owners * self.ss_streams
+        with self.emu.stage(self.role, n_tokens=n, context=cache.offset, batch=B):
+            return self.model.forward_streams(tokens, cache, first=first, positions=positions,
+                                              mask=mask)  # fmt: skip
 
     def new_cache(self, batch: int = 1):
         return self.model.new_cache(batch)
@@ -76,6 +89,14 @@ class EmulatedModel:
         n = self.config.num_layers
         with self.emu.stage(self.role, n_tokens=T, layers=(n, n), head=True, batch=B):
             return self.model.head(hidden)
+
+
+def emulate_draft(like: EmulatedModel, draft) -> EmulatedModel:
+    """Another real draft emulated as `like` (the pair's emulated draft) is: `apps.bench --drafts`
+    under --emulate, so no draft of an emulated run goes unpadded."""
+    emu = like.emu.for_draft(draft.config)
+    respawn = EmulateInProcess(emu.spec, emu.target_cfg)
+    return EmulatedModel(draft, emu, "draft", respawn)
 
 
 def emulate_pair(spec: str, target, draft):

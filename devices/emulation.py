@@ -128,13 +128,23 @@ class Emulator:
             draft = ModelSize.from_config(draft_cfg)
         else:
             draft = _size_from_reference(profile.reference_draft, "draft", profile)
-        return cls(
+        emu = cls(
             profile,
             target,
             draft,
             real_target_layers=getattr(target_cfg, "num_layers", None),
             real_draft_layers=getattr(draft_cfg, "num_layers", None),
         )
+        emu.spec, emu.target_cfg = spec, target_cfg
+        return emu
+
+    def for_draft(self, draft_cfg) -> Emulator:
+        """This emulation with another real draft (`apps.bench --drafts`): the same profile and
+        target; the draft's size is the spec's DRAFT when it names one, else `draft_cfg`'s.
+        Its stage records go to this emulator's list, so one summary counts every draft."""
+        other = Emulator.from_spec(self.spec, self.target_cfg, draft_cfg)
+        other.records, other._lock = self.records, self._lock
+        return other
 
     def predict(
         self,
@@ -196,8 +206,9 @@ class Emulator:
 
     def take_records(self) -> list[StageRecord]:
         """The records so far, removed (a draft process sends its draft's home with these)."""
-        with self._lock:
-            recs, self.records = self.records, []
+        with self._lock:  # emptied in place: a for_draft sibling shares the list
+            recs = list(self.records)
+            self.records.clear()
         return recs
 
     def add_records(self, recs: list[StageRecord]) -> None:

@@ -113,3 +113,25 @@ def test_bad_gammas_is_one_line_exit_2(value, capsys, tmp_path):
     assert main(["--methods", "ar,sd", "--gammas", value, "--prompts", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--gammas" in err[0], err
+
+
+def test_an_extra_draft_is_emulated_with_the_pair_under_emulate(base, capsys, monkeypatch):
+    """--drafts under --emulate: the extra draft's stages are padded and counted like the
+    pair's (before, it ran unpadded beside an emulated target); the MTP head is refused."""
+    from devices.emulated_model import EmulatedModel
+
+    argv, other = base
+    made = []
+    real = drafts.extra_pair
+    monkeypatch.setattr(drafts, "extra_pair", lambda *x: made.append(real(*x)) or made[-1])
+    res = _run([*argv, "--methods", "ar,sd", "--drafts", str(other), "--emulate", "m3-max",
+                "--max-tokens", "4"], capsys)  # fmt: skip
+    assert isinstance(made[0].draft, EmulatedModel) and made[0].draft.role == "draft"
+    assert [r["method"] for r in res["rows"]] == ["ar", "sd", f"sd+{other.name}"]
+    assert all(r["emulated"] == res["emulated"] for r in res["rows"])
+    drafted = res["settings"]["emulation"]["stages"]["draft"]["count"]
+    mine = [r for r in made[0].draft.emu.records if r.role == "draft"]
+    assert 0 < len(mine) == drafted  # one shared list: the summary counts both drafts' stages
+    assert any(r.role == "target" for r in made[0].draft.emu.records)
+    assert main([*argv, "--methods", "ar,sd", "--drafts", "mtp", "--emulate", "m3-max"]) == 2
+    assert "cannot be emulated" in capsys.readouterr().err

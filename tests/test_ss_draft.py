@@ -122,6 +122,37 @@ def test_greedy_sd_and_mirror_with_ss_draft_equal_ar(ss_dirs):
             assert len(j) == r.stats.as_dict()["steps"] and all(0 <= x <= gamma for x in j)
 
 
+def test_an_emulated_ss_draft_stays_one_and_its_passes_are_padded(ss_dirs):
+    """Under --emulate the SS draft must still run its streams (an emulated wrapper that hid
+    ss_streams made it an AR draft), and a --drafts draft is padded by the same emulation."""
+    from devices.emulated_model import emulate_draft, emulate_pair
+
+    td, dd, ss = ss_dirs
+    target, plain, draft = load_model(td, "torch"), load_model(dd, "torch"), load_model(ss, "torch")
+    emu, et, ep = emulate_pair("m3-max:qwen3-8b+qwen3-0.6b", target, plain)
+    emu.sleep = lambda s: None  # the records, not the wall time, are checked here
+    ed = emulate_draft(ep, draft)
+    assert ed.ss_streams == STREAMS and ed.emu is not emu and ed.emu.records is emu.records
+    n = 12
+    ref = run(make_steps("ar", target, None, PROMPT, max_new=n, sampling=Sampling(), seed=0),
+              max_new=n).tokens  # fmt: skip
+    ed.emu.sleep = lambda s: None
+    passes, real = [], draft.forward_streams
+
+    def counted(t, c, first=None, **kw):
+        T = np.shape(t)[1]
+        passes.append(T + (T - (T - 1 if first is None else first)) * STREAMS)
+        return real(t, c, first=first, **kw)
+
+    draft.forward_streams = counted
+    r = run(make_steps("sd", et, ed, PROMPT, max_new=n, sampling=Sampling(), seed=0, gamma=4),
+            max_new=n)  # fmt: skip
+    assert r.tokens == ref
+    assert passes  # the SS windows ran stream passes through the wrapper
+    # each was one padded draft stage counting its tokens: T main + STREAMS per owner position
+    assert [x.n_tokens for x in emu.records if x.role == "draft"][-len(passes) :] == passes
+
+
 def test_ss_checkpoint_marked_and_mlx_refused(ss_dirs):
     _, dd, ss = ss_dirs
     assert is_ss_dir(ss) and not is_ss_dir(dd)

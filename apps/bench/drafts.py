@@ -32,8 +32,13 @@ def label(name: str) -> str:
 
 def extra_pair(pair, name: str, a):
     """`pair` with its draft replaced by `name` (same target object, same tokenizer)."""
+    from devices.emulated_model import EmulatedModel, emulate_draft
     from runtime.load import load_pair, resolve
 
+    emulated = isinstance(pair.draft, EmulatedModel)
+    if name in MTP_NAMES and emulated:
+        raise DuetError(f"--drafts {name} cannot be emulated (the target's MTP head is no "
+                        "profile model size); drop it or --emulate")  # fmt: skip
     if name in MTP_NAMES:
         from runtime.backends.torch_mtp import MTPDraft
 
@@ -50,7 +55,8 @@ def extra_pair(pair, name: str, a):
                       draft_backend=a.draft_backend, draft_threads=a.draft_threads,
                       provider=a.provider, target_threads=pair.settings.get("target_threads"),
                       target_device=pair.settings.get("target_device", "cpu"))  # fmt: skip
-    return replace(pair, draft=other.draft, draft_path=path, settings=other.settings)
+    draft = emulate_draft(pair.draft, other.draft) if emulated else other.draft
+    return replace(pair, draft=draft, draft_path=path, settings=other.settings)
 
 
 def extra_runners(methods: list[str], pair, a, make_runners, skip=(), pairs=None) -> list:
