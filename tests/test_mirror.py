@@ -9,6 +9,7 @@ import pytest
 from kernels.topk_channel import encode
 from runtime.backends import load_model
 from runtime.decoding import Sampling, make_steps, run
+from runtime.decoding.events import StepEvent
 from runtime.decoding.sd import draft_window
 from runtime.mirror.branches import in_tree, rank_branches, rank_own_branches
 from runtime.mirror.draft_worker import DraftWorker
@@ -377,3 +378,26 @@ def test_the_own_wave_in_flight_runs_to_its_end_when_the_early_exit_comes(tiny_d
     first = next(i for i in sc.tl.intervals if i.name.startswith("rollout"))
     assert first.args["tokens"] == sc.gamma  # the wave ran all its passes
     assert nxt.source == "reuse" and nxt.tokens == sc.fresh(1, c)
+
+
+def _step(prefix_ms, suffix_ms, rv_fv_ms, ee_sent, draft):
+    ms = 1_000_000
+    x = {"prefix_s": prefix_ms / 1e3, "suffix_s": suffix_ms / 1e3, "ee_sent_ns": ee_sent,
+         "rv_fv_ns": rv_fv_ms * ms, "draft": draft, "step_s": 0.05, "taken": True,
+         "reuse": True, "resume": False, "fallback": False, "in_tree": True,
+         "omega_kappa": 1.0, "payload_bytes": 1}  # fmt: skip
+    return StepEvent(tokens=[1], accepted=0, drafted=1, draft_s=0.0, verify_s=0.0, extra=x)
+
+
+def test_eq10_prediction_puts_no_early_exit_rendezvous_on_an_own_branch_path():
+    """Eq. (10) per step: a window made after the early exit pays T_rv(ee) + its rollout beside
+    the suffix; an own branch begun in the prefix pays only what ran past the early exit's send
+    (it waited for no message), even when the worker read the early exit late."""
+    ms = 1_000_000
+    after = _step(20, 20, 1, 100 * ms, {"ee_recv_ns": 103 * ms, "ready_ns": 128 * ms})
+    own = _step(20, 20, 1, 100 * ms, {"ee_recv_ns": 0, "ready_ns": 125 * ms})
+    own_read_late = _step(20, 20, 1, 100 * ms, {"ee_recv_ns": 108 * ms, "ready_ns": 104 * ms})
+    pred = [
+        mirror_summary([e], Timeline())["step_ms_predicted"] for e in (after, own, own_read_late)
+    ]
+    assert pred == pytest.approx([20 + 3 + 25 + 1, 20 + 25 + 1, 20 + 20 + 1])

@@ -65,11 +65,12 @@ def mirror_summary(events: list[StepEvent], timeline: Timeline) -> dict:
     for x in full:  # eq. (10): prefix + T_rv(ee) + max(suffix, T_draft^gen) + T_rv(fv)
         d = x["draft"]
         t_rv_fv = x["rv_fv_ns"] / 1e9
-        if d["ee_recv_ns"]:
+        if d["ee_recv_ns"] and d["ready_ns"] > d["ee_recv_ns"]:  # made after the early exit
             t_rv_ee = (d["ee_recv_ns"] - x["ee_sent_ns"]) / 1e9
             t_gen = (d["ready_ns"] - d["ee_recv_ns"]) / 1e9
-        else:  # a draft's own branch, ready before the early exit came: nothing left to hide
-            t_rv_ee, t_gen = (rv_ee or 0) / 1e9, 0.0
+        else:  # a draft's own branch, begun in the prefix: no early-exit rendezvous on its path,
+            # and whatever of it ran past the early exit's send is its T_draft^gen
+            t_rv_ee, t_gen = 0.0, max(d["ready_ns"] - x["ee_sent_ns"], 0) / 1e9
         predicted.append(x["prefix_s"] + t_rv_ee + max(x["suffix_s"], t_gen) + t_rv_fv)
     return {
         "steps": len(events),
