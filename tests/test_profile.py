@@ -71,6 +71,10 @@ def test_summary_json_shape_and_ranges(profiled, capsys):
     assert {"ort_intra_op_threads", "mlx_device", "torch_threads"} <= s["threads"].keys()
     assert s["prompts"] == 2 and s["new_tokens"] == 48 and s["emulated"] is None
     assert s["steps"] == sum(p["steps"] for p in s["per_prompt"])  # aggregated, not averaged
+    by = s["step_by_source"]  # the step split by where its next window came from
+    assert sum(v["share"] for v in by.values()) == pytest.approx(1.0)
+    assert all(by[k]["share"] == pytest.approx(s[f"{k}_rate"]) for k in by)
+    assert all(v["step_ms"] > 0 for v in by.values())
 
 
 def test_trace_is_a_chrome_trace_and_picture_is_self_contained(profiled, capsys):

@@ -12,6 +12,8 @@ resume_rate       steps whose branch was cut short by (A, c) and continued where
 fallback_rate     steps that needed a fresh rollout (ff plus branches never started)
 omega_kappa       mean top-κ mass overlap Ω_κ (eq. 9) at the correction position
 step_ms_measured  mean step time; step_ms_predicted: eq. (10) from the measured stages
+step_by_source    per next-window source (reuse, resume, fallback): share of steps, mean step
+                  ms, and mean ms beyond the target's own prefix + suffix (what the draft cost)
 draft_passes_per_window  J, the draft passes that made a window (App. C; SS drafts, §3.2)
 """
 
@@ -94,6 +96,16 @@ def mirror_summary(events: list[StepEvent], timeline: Timeline) -> dict:
         "payload_bytes_per_step": mean([x["payload_bytes"] for x in full]),
         "step_ms_measured": 1e3 * mean([x["step_s"] for x in full]) if n else None,
         "step_ms_predicted": 1e3 * mean(predicted) if n else None,
+        "step_by_source": {
+            src: {
+                "share": len(xs) / n,
+                "step_ms": 1e3 * mean([x["step_s"] for x in xs]),
+                "beyond_target_ms": 1e3
+                * mean([x["step_s"] - x["prefix_s"] - x["suffix_s"] for x in xs]),
+            }  # fmt: skip
+            for src in ("reuse", "resume", "fallback")
+            if (xs := [x for x in full if x[src]])
+        },
         "prefix_ms": 1e3 * mean([x["prefix_s"] for x in full]) if n else None,
         "suffix_ms": 1e3 * mean([x["suffix_s"] for x in full]) if n else None,
         "draft_passes_per_window": mean(passes),  # J (App. C): γ for an AR draft, less for SS
