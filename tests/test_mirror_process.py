@@ -180,3 +180,47 @@ def test_a_completed_branch_is_taken_from_the_shared_board(pair):
     assert not w.host.conn.poll(0.3)  # claimed: the draft sends no second copy
     w.finish(seq)  # no window was sent for step 1: the stop is acknowledged, nothing else
     assert draft._duet_draft_host.cached == seq[: len(draft._duet_draft_host.cached)]
+
+
+def test_a_second_early_exit_sent_before_the_first_is_read_does_not_overwrite_it():
+    """The channel holds a step's messages until read: a target that took Window(s+1) from
+    the board (an own-branch row the draft published before reading EarlyExit(s)) sends
+    EarlyExit(s+1) and FinalVerify(s+1) while the draft is still in its own wave; the draft
+    must then read EarlyExit(s), FinalVerify(s), EarlyExit(s+1), FinalVerify(s+1) in order.
+    (One EE slot gave it EarlyExit(s+1) twice: an H100 target's T = 1 run failed so.)"""
+    import numpy as np
+
+    from kernels.topk_channel import encode
+    from runtime.mirror.draft_process import ProcessDraftWorker, _PipeInbox
+    from runtime.mirror.messages import EarlyExit, FinalVerify
+    from runtime.mirror.shm_channel import Layout, Slots
+
+    class PipeHost:  # the target's end of the pipe, without a draft process behind it
+        def __init__(self, conn):
+            self.conn = conn
+
+        def send(self, data):
+            self.conn.send_bytes(data)
+
+    target_end, draft_end = mp.Pipe()
+    w = ProcessDraftWorker.__new__(ProcessDraftWorker)
+    w.slots, w.host = Slots(Layout(gamma=3, kappa=4, vocab=512, with_q=False)), PipeHost(target_end)
+    reader = Slots(w.slots.layout, w.slots.names)
+    inbox = _PipeInbox(draft_end, reader)
+    ids = np.arange(16, dtype=np.int32).reshape(4, 4)
+    sent = []
+    for step in (4, 5):  # two steps' messages before the draft reads any
+        payload = encode(ids + step, np.full(ids.shape, -0.5 * step, np.float32))
+        sent += [
+            EarlyExit(step, payload, 1000 + step),
+            FinalVerify(step, step - 3, 40 + step, 2000 + step),
+        ]
+        w.send(sent[-2])
+        w.send(sent[-1])
+    try:
+        assert [inbox.get(1.0) for _ in sent] == sent
+    finally:
+        reader.close()
+        w.slots.close()
+        target_end.close()
+        draft_end.close()

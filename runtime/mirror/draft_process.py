@@ -161,8 +161,8 @@ class ProcessDraftWorker:
 
     def send(self, msg) -> None:
         if isinstance(msg, EarlyExit):
-            self.slots.put_early_exit(msg)
-            self.host.send(wire.EE)
+            slot = self.slots.put_early_exit(msg)
+            self.host.send(wire.EE + bytes([slot]))
         else:
             assert isinstance(msg, FinalVerify)
             slot = self.slots.put_final(msg)
@@ -238,7 +238,7 @@ class _PipeInbox:
         except EOFError:  # the target's process is gone
             return STOP
         if tag[:1] == wire.EE:
-            return self.slots.get_early_exit()
+            return self.slots.get_early_exit(tag[1])
         if tag[:1] == wire.FV:
             return self.slots.get_final(tag[1])
         self.stop_tag = tag

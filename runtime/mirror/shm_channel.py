@@ -7,11 +7,15 @@ their q — is written into `multiprocessing.shared_memory` buffers (the standar
 named shared memory: no copy through a pipe or pickle for the window's γ×V floats); a
 one-byte tag sent over a `multiprocessing` Pipe says which slot was just written.
 
-Why these slots suffice: the target sends EarlyExit(s+1) only once it holds Window(s+1),
-which the draft publishes or sends only after reading EarlyExit(s): one EE slot. But a
-target that takes Window(s+1) from the board (Board below) can send FinalVerify(s+1)
-before the draft has read FinalVerify(s) — never FinalVerify(s+2), which needs Window(s+2),
-which needs the draft past FinalVerify(s) — so FinalVerify has two slots, by step parity.
+Why these slots suffice: the target sends a message of step s+1 only once it holds
+Window(s+1). The draft publishes a row of its own runner-ups on the board (Board below)
+before it has read EarlyExit(s) (own-branch rows start in the target's prefix, and the wave
+runs to its end), so a target that takes Window(s+1) from the board can send EarlyExit(s+1)
+and FinalVerify(s+1) before the draft has read EarlyExit(s) and FinalVerify(s). Never a
+message of step s+2: that needs Window(s+2), which needs the draft past FinalVerify(s). So
+each message type has two slots, by step parity, and the pipe's tag names the slot. (With
+one EarlyExit slot, a fast target overwrote EarlyExit(s) before the draft read it: seen on
+an H100 target with the draft on the CPU, T = 1.)
 
 Not here: the worker's rollouts (draft_worker.py) and the process's life (draft_process.py).
 """
@@ -46,8 +50,12 @@ class Layout:
         return 4 + (self.gamma + 1) * self.kappa * 6  # kernels.topk_channel wire format
 
     @property
-    def down_bytes(self) -> int:  # target -> draft: EE header (3 i64) + payload, FV (4 i64)
-        return 8 * 3 + self.ee_cap + 8 * 8
+    def ee_slot(self) -> int:  # one EE slot: header (3 i64) + payload, padded to 8 bytes
+        return 8 * 3 + self.ee_cap + (-self.ee_cap) % 8
+
+    @property
+    def down_bytes(self) -> int:  # target -> draft: two EE slots, two FV slots (4 i64 each)
+        return 2 * self.ee_slot + 8 * 8
 
     @property
     def q_rows(self) -> int:
@@ -74,9 +82,10 @@ class Slots:
             # unregisters: the child must not unregister too
             self.owner = False
         d, u = self.down.buf, self.up.buf
-        self.ee_head = np.ndarray((3,), np.int64, d, 0)  # step, sent_ns, nbytes
-        self.ee_body = d[24 : 24 + L.ee_cap]
-        self.fv = np.ndarray((2, 4), np.int64, d, 24 + L.ee_cap)  # [step % 2]: step, A, c, sent
+        es = L.ee_slot  # [step % 2]: header (step, sent_ns, nbytes), then the payload
+        self.ee_head = [np.ndarray((3,), np.int64, d, i * es) for i in (0, 1)]
+        self.ee_body = [d[i * es + 24 : i * es + 24 + L.ee_cap] for i in (0, 1)]
+        self.fv = np.ndarray((2, 4), np.int64, d, 2 * es)  # [step % 2]: step, A, c, sent
         self.win_head = np.ndarray((5,), np.int64, u, 0)  # step, n, sent_ns, q rows, info bytes
         self.win_toks = np.ndarray((L.gamma,), np.int64, u, 40)
         q_at = 40 + 8 * L.gamma
@@ -89,15 +98,18 @@ class Slots:
         return self.down.name, self.up.name
 
     # ---- target -> draft ---------------------------------------------------------------------
-    def put_early_exit(self, m: EarlyExit) -> None:
+    def put_early_exit(self, m: EarlyExit) -> int:
+        """Write the early exit into the slot of its step's parity; returns that slot."""
         n = len(m.payload)
         assert n <= self.layout.ee_cap, f"early-exit payload {n} B > slot {self.layout.ee_cap} B"
-        self.ee_body[:n] = m.payload
-        self.ee_head[:] = (m.step, m.sent_ns, n)
+        slot = m.step % 2
+        self.ee_body[slot][:n] = m.payload
+        self.ee_head[slot][:] = (m.step, m.sent_ns, n)
+        return slot
 
-    def get_early_exit(self) -> EarlyExit:
-        step, sent, n = (int(x) for x in self.ee_head)
-        return EarlyExit(step, bytes(self.ee_body[:n]), sent)
+    def get_early_exit(self, slot: int) -> EarlyExit:
+        step, sent, n = (int(x) for x in self.ee_head[slot])
+        return EarlyExit(step, bytes(self.ee_body[slot][:n]), sent)
 
     def put_final(self, m: FinalVerify) -> int:
         """Write (A, c) into the slot of its step's parity; returns that slot."""
