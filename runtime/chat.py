@@ -108,7 +108,7 @@ def make_session(a: argparse.Namespace, notify) -> ChatSession:
         branches=a.branches,
         draft_branches=a.draft_branches,
         **edge,
-        draft_process=a.draft_process or None,
+        draft_process=a.draft_process,
         chooser=auto_chooser(a, pair) if a.method == AUTO else None,
     )
 

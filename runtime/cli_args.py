@@ -34,9 +34,13 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
                          "re-run the accepted tokens) (default replay)")  # fmt: skip
     ap.add_argument("--provider", default="cpu",
                     help="ONNX Runtime execution provider: cpu, coreml, cuda, tensorrt, qnn (default cpu)")  # fmt: skip
-    ap.add_argument("--draft-process", action="store_true",
+    ap.add_argument("--draft-process", action="store_const", const=True, default=None,
                     help="mirror: run the draft worker in its own process (shared-memory channel) "
-                    "instead of a thread")  # fmt: skip
+                    "instead of a thread (default: a process when the target runs on CUDA, "
+                    "else a thread)")  # fmt: skip
+    ap.add_argument("--draft-thread", action="store_const", const=False, dest="draft_process",
+                    help="mirror: run the draft worker in a thread of the target's process, "
+                    "also beside a CUDA target")  # fmt: skip
 
 
 def add_draft_branches_arg(ap: argparse.ArgumentParser) -> None:

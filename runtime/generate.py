@@ -23,6 +23,7 @@ from runtime.cli_args import (
     load_pair_from_args,
 )
 from runtime.decoding import METHODS, Sampling, make_steps, stream
+from runtime.decoding.mirror import draft_in_process
 from runtime.edge.cli_args import (
     add_edge_args,
     check_edge_args,
@@ -127,10 +128,9 @@ def parse_ids(text: str) -> list[int]:
 def check_args(a: argparse.Namespace) -> None:
     """Everything that can be checked before a model loads."""
     check_decoding_args(a)
-    if a.draft_process and a.method not in ("mirror", AUTO):
-        raise DuetError(
-            "--draft-process runs Mirror-SD's draft worker; use it with --method mirror"
-        )
+    if a.draft_process is not None and a.method not in ("mirror", AUTO):
+        flag = "--draft-process" if a.draft_process else "--draft-thread"
+        raise DuetError(f"{flag} places Mirror-SD's draft worker; use it with --method mirror")
     if a.trace and a.method not in ("mirror", AUTO):
         raise DuetError("--trace records the Mirror-SD timeline; use it with --method mirror")
     if a.trace:
@@ -260,7 +260,8 @@ def _generate(a: argparse.Namespace, pair, edge: dict) -> dict:
         **pair.settings,
     )
     if timeline is not None:
-        stats.extra.update(draft_worker="process" if a.draft_process else "thread", kappa=a.kappa,
+        in_process = draft_in_process(pair.target, pair.draft, a.draft_process)
+        stats.extra.update(draft_worker="process" if in_process else "thread", kappa=a.kappa,
                            exit_head=events[0].extra.get("exit_head") if events else None, exit_layer=events[0].extra.get("exit_layer") if events else None,
                            mirror=mirror_summary(events, timeline))  # fmt: skip
         if a.trace:

@@ -59,3 +59,31 @@ def test_torch_target_with_a_draft_process_needs_neither_mlx_nor_coremltools(tin
                        timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     assert '"draft_worker": "process"' in r.stdout
+
+
+def test_a_cuda_target_runs_the_draft_worker_in_a_process_unless_told_otherwise(capsys):
+    """No flag: the draft process beside a CUDA target (a draft thread slows its Python-bound
+    pass through the GIL), a thread beside any other; --draft-process/--draft-thread decide."""
+    from types import SimpleNamespace
+
+    from runtime.cli_args import add_pair_args
+    from runtime.decoding.mirror import draft_in_process
+
+    on = {d: SimpleNamespace(device=torch.device(d)) for d in ("cuda", "cpu")}
+    draft = SimpleNamespace(load_spec=("dir", "onnx", {}))
+    in_memory = SimpleNamespace()  # no load spec: it cannot be sent to another process
+    assert draft_in_process(on["cuda"], draft, None)
+    assert not draft_in_process(on["cpu"], draft, None)
+    assert not draft_in_process(SimpleNamespace(), draft, None)  # an MLX target has no .device
+    assert not draft_in_process(on["cuda"], in_memory, None)
+    assert not draft_in_process(on["cuda"], draft, False)
+    assert draft_in_process(on["cpu"], draft, True)
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    add_pair_args(ap)
+    assert ap.parse_args([]).draft_process is None
+    assert ap.parse_args(["--draft-thread"]).draft_process is False
+    assert ap.parse_args(["--draft-process"]).draft_process is True
+    rc = main(["--method", "sd", "--draft-thread", "--prompt-ids", "1,2"])
+    assert rc == 2 and "--draft-thread places Mirror-SD's draft worker" in capsys.readouterr().err

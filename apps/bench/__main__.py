@@ -229,7 +229,7 @@ def make_runners(methods: list[str], pair, a) -> list:
                     top_n=a.top_n,
                     depth=a.depth,
                     bins=a.bins,
-                    draft_process=a.draft_process or None,
+                    draft_process=a.draft_process,
                     chooser=auto_chooser(a, pair) if m == AUTO else None,
                 )
             )

@@ -34,6 +34,12 @@ class DuetRunner:
             out["gamma"] = self.gamma
         if self.chooser is not None:
             out["auto_picked"] = dict(self.picked)
+        if self.method in ("mirror", "auto"):  # where the draft worker ran (flag or default)
+            from runtime.decoding.mirror import draft_in_process
+
+            asked = self.extra.get("draft_process")
+            out["draft_worker"] = "process" if draft_in_process(
+                self.pair.target, self.pair.draft, asked) else "thread"  # fmt: skip
         if self.method in METHODS:  # only the options this method takes
             from dataclasses import fields
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from runtime.cli_args import add_draft_branches_arg, add_pair_args, load_pair_from_args
 from runtime.decoding import Sampling
-from runtime.decoding.mirror import DEFAULT_KAPPA, check_mirror_args
+from runtime.decoding.mirror import DEFAULT_KAPPA, check_mirror_args, draft_in_process
 from runtime.errors import DuetError, cli_main
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
 from runtime.preflight import writable_dir
@@ -88,8 +88,9 @@ def make_setup(a: argparse.Namespace):
 
         emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
     ids = prompt_ids(pair, records, a.max_tokens)
+    in_process = draft_in_process(pair.target, pair.draft, a.draft_process)
     return Setup(pair, ids, a.max_tokens, a.gamma, Sampling(a.temp), a.seed, emu, a.branches,
-                 a.draft_process, a.exit_head, a.draft_branches)  # fmt: skip
+                 in_process, a.exit_head, a.draft_branches)  # fmt: skip
 
 
 def profile(a: argparse.Namespace, out: Path) -> dict:
