@@ -6,12 +6,15 @@ the pair at hand, or a calibrated profile supplies them). The laws:
   expected tokens per step   E[τ] = (1 − α^(γ+1)) / (1 − α)   (Leviathan et al., i.i.d. acceptance α)
   ar      T = T_target(1)
   sd      T = T_target(γ+1) + γ·t_draft                        (Mirror-SD App. C, T_SD)
-  mirror  T = s·T_target(γ+1)·ℓe/N + T_rv(ee)
-              + max(s·T_target(γ+1)·(N−ℓe)/N, γ·t_draft_batch) + T_rv(fv)    (eq. 10)
+  mirror  T = s·T_mirror(γ+1)·ℓe/N + T_rv(ee)
+              + max(s·T_mirror(γ+1)·(N−ℓe)/N, γ·t_draft_batch) + T_rv(fv)    (eq. 10)
               + (1 − reuse)·γ·t_draft                           (a fresh rollout after a miss)
-  with s the target's slowdown while the draft computes beside it (measured, not assumed),
-  and reuse ≈ Ω̂_κ (App. E: a branch exists iff (A, c) is in the tree, FF ≤ 1 − Ω_κ) scaled by
-  the share of one branch wave that fits in the target's suffix (branches run most likely first).
+  with T_mirror(γ+1) mirror's own pass alone (split at ℓe, its early-exit head and message:
+  measured, since that head alone costs what a layer does on a small target), s the target's
+  slowdown while the draft computes beside it (measured, not assumed),
+  and reuse ≈ Ω̂ (App. E: a branch exists iff (A, c) is in the tree, FF ≤ 1 − Ω_κ; the tree
+  holds the exit layer's top-κ and the draft's own runner-ups: devices/pair_probe.probe_prompt)
+  scaled by the share of one branch wave that fits in the target's suffix (most likely first).
 
 sd and mirror commit the same tokens per step (same draft, same window: App. B), so the
 choice between them rests on the step times alone; ar against them on α.
@@ -36,9 +39,12 @@ class StageTimes:
     target_slowdown: float  # s: target pass beside a computing draft / alone (>= ~1)
     t_rv: float  # T_rv(ee) + T_rv(fv): one round trip over the channel
     acceptance: float  # α: per-token acceptance estimate
-    omega_kappa: float  # Ω̂_κ: the final distribution's mass in the exit layer's top-κ
+    omega_kappa: float  # Ω̂: how often a correction is a branch candidate (pair_probe)
     exit_fraction: float  # ℓe / N
     source: str  # where the figures came from
+    # mirror's own verification pass alone: split at ℓe, the early-exit head and message
+    # (and at T > 0 the step's noise table and coupled message) included; None: target_window
+    mirror_window: float | None = None
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -51,8 +57,9 @@ def predict(t: StageTimes, gamma: int) -> dict[str, dict]:
     """{method: {"tokens_per_s", "step_ms", "tokens_per_step", ...}} for ar, sd and mirror."""
     tau = expected_tokens(t.acceptance, gamma)
     s = max(t.target_slowdown, 1.0)
-    prefix = s * t.target_window * t.exit_fraction
-    suffix = s * t.target_window * (1 - t.exit_fraction)
+    window = t.mirror_window or t.target_window  # mirror's pass costs its early exit too
+    prefix = s * window * t.exit_fraction
+    suffix = s * window * (1 - t.exit_fraction)
     wave = gamma * t.draft_batch  # one wave of branches rolled out γ deep
     fits = min(1.0, suffix / wave) if wave > 0 else 1.0
     reuse = t.omega_kappa * fits

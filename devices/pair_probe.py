@@ -2,9 +2,12 @@
 
 Stage times (medians, after a warm-up pass each):
   target_token / target_window  the target's 1-token and (γ+1)-token passes, alone;
+  mirror_window                 mirror's own (γ+1)-token pass alone: split at ℓe, with the
+                                early-exit head and message (mirror_pass);
   draft_token / draft_batch     the draft's 1-row pass and a `branches`-row branch pass;
-  target_slowdown               the target's window pass while a draft thread loops batched
-                                passes beside it (as Mirror-SD's worker does), over it alone;
+  target_slowdown               the target's window pass while the draft loops batched
+                                passes beside it (as Mirror-SD's worker does: in a thread, or
+                                in its own process where mirror would run it so), over it alone;
   t_rv                          a queue round trip between two threads (devices.calibrate).
 A calibrated profile (`python -m devices calibrate`) may supply the stage times instead
 (`from_profile`); it is then named as their source.
@@ -12,9 +15,10 @@ A calibrated profile (`python -m devices calibrate`) may supply the stage times 
 Acceptance α: from a short `sd` run (RUN_TOKENS tokens) on the first prompt seen, the
 α whose E[τ] equals the mean tokens committed per step (cached per pair, γ and temperature):
 the models' agreement on the target's own continuation, which is what sd and mirror verify.
-Ω̂_κ, prompt-dependent, from the probe's pass over the prompt (its last 32 positions): the
-mean final-distribution mass in the exit layer's top-κ (eq. 9), shrunk toward 0.4 with the
-weight of 8 positions. The probe's passes are the chosen method's prefill (caches handed on).
+Ω̂, prompt-dependent, from the probe's pass over the prompt (its last 32 positions): how
+often a correction is a branch candidate, i.e. in the exit layer's top-κ (eq. 9, tuned head
+as mirror uses it) or among the draft's own runner-ups (probe_prompt), shrunk toward 0.4
+with the weight of 8 rejections. The probe's passes are the chosen method's prefill (caches handed on).
 Stage times are cached per (target, draft, γ, branches) for the life of the process.
 """
 
@@ -67,9 +71,15 @@ def _medians(fns: dict, repeats: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def measure_stages(target, draft, *, gamma: int, branches: int, repeats: int = 15) -> dict:
-    """The stage times of the module docstring, in seconds (cached per pair and shape)."""
-    key = (id(target), id(draft), gamma, branches)
+def measure_stages(target, draft, *, gamma: int, branches: int, repeats: int = 15,
+                   process: bool = False, sampling=None, kappa: int = 8,
+                   exit_layer: int | None = None, exit_head: str | None = None) -> dict:  # fmt: skip
+    """The stage times of the module docstring, in seconds (cached per pair and shape).
+    process: the slowdown beside the draft *process* (Mirror-SD's worker there, as beside a
+    CUDA target: runtime.decoding.mirror.draft_in_process), not a thread. sampling, kappa,
+    exit_layer, exit_head: mirror's, for its own pass (`mirror_pass`)."""
+    greedy = sampling is None or sampling.greedy
+    key = (id(target), id(draft), gamma, branches, process, greedy, kappa, exit_layer, exit_head)
     if key in _CACHE:
         return _CACHE[key]
     from devices.calibrate import measure_rendezvous
@@ -92,15 +102,54 @@ def measure_stages(target, draft, *, gamma: int, branches: int, repeats: int = 1
 
     rows = dc.fork([0] * branches)
     batch = np.repeat(prompt[:, :1], branches, 0)
-    out = _medians({"target_token": lambda: tpass(prompt[:, :1]),
-                    "target_window": lambda: tpass(window),
-                    "draft_token": lambda: dpass(prompt[:, :1], dc),
-                    "draft_batch": lambda: dpass(batch, rows)}, repeats)  # fmt: skip
-    out["target_slowdown"] = _slowdown(draft, prompt, branches, lambda: tpass(window), repeats)
+    fns = {"target_token": lambda: tpass(prompt[:, :1]),
+           "target_window": lambda: tpass(window),
+           "draft_token": lambda: dpass(prompt[:, :1], dc),
+           "draft_batch": lambda: dpass(batch, rows)}  # fmt: skip
+    mpass = mirror_pass(target, tc, window, kappa=kappa, exit_layer=exit_layer,
+                        exit_head=exit_head, greedy=greedy)  # fmt: skip
+    if mpass is not None:
+        fns["mirror_window"] = mpass
+    out = _medians(fns, repeats)
+    slowdown = _slowdown_process if process else _slowdown
+    out["target_slowdown"] = slowdown(draft, prompt, branches, lambda: tpass(window), repeats)
     out["t_rv"] = measure_rendezvous(trials=200)
     out["source"] = "measured on this machine on the pair at hand"
     _CACHE[key] = out
     return out
+
+
+def mirror_pass(target, cache, window, *, kappa: int, exit_layer: int | None,
+                exit_head: str | None, greedy: bool):  # fmt: skip
+    """A function running mirror's verification pass as runtime/decoding/mirror.py does:
+    layers 1..ℓe, the early-exit head and its top-κ message (at T > 0 the step's noise table
+    and the coupled message), layers ℓe+1..N and the head; None if the target cannot split."""
+    if not getattr(target, "supports_layer_range", False):
+        return None
+    from kernels.topk_channel import encode, topk_message
+    from runtime.mirror.coupled import coupled_message, step_noise
+    from runtime.mirror.exit_head import resolve_exit_head
+
+    n = target.config.num_layers
+    le = n // 2 if exit_layer is None else exit_layer
+    tuned = resolve_exit_head(target, le, exit_head)
+    g = window.shape[1] - 1
+    drafts = window[0, 1:].tolist()
+
+    def run():
+        h = target.forward_layers(window, cache, 0, le)
+        exit_logits = target.head(h if tuned is None else tuned.apply(h))[0]
+        if greedy:
+            ids, logp = topk_message(exit_logits, kappa)
+        else:
+            _, noise = step_noise(0, 0, g, exit_logits.shape[-1])
+            z = np.exp(exit_logits - exit_logits.max(-1, keepdims=True))
+            ids, logp = coupled_message(z / z.sum(-1, keepdims=True), drafts, noise, kappa)
+        encode(ids, logp)
+        target.head(target.forward_layers(h, cache, le, n))
+        cache.trim(window.shape[1])
+
+    return run
 
 
 def _slowdown(draft, prompt, branches: int, tpass, repeats: int) -> float | None:
@@ -151,6 +200,30 @@ def _slowdown(draft, prompt, branches: int, tpass, repeats: int) -> float | None
     return None if failed else statistics.median(beside) / statistics.median(alone)
 
 
+def _slowdown_process(draft, prompt, branches: int, tpass, repeats: int) -> float | None:
+    """_slowdown with the draft looping in its own process (runtime/mirror/draft_process.py):
+    there it takes no GIL from the target, only what the two processes share."""
+    from runtime.mirror.draft_process import draft_host
+
+    try:
+        host = draft_host(draft)
+    except Exception:  # noqa: BLE001 (no load spec, or it failed to load: mirror cannot run)
+        return None
+    alone, beside = [], []
+    for r in range(repeats + 1):  # round 0 warms up; rounds alternate the draft off and on
+        t0 = time.perf_counter()
+        tpass()
+        a = time.perf_counter() - t0
+        with host.busy(branches):
+            t0 = time.perf_counter()
+            tpass()
+            b = time.perf_counter() - t0
+        if r:
+            alone.append(a)
+            beside.append(b)
+    return statistics.median(beside) / statistics.median(alone)
+
+
 def from_profile(profile, *, gamma: int, branches: int) -> dict:
     """Stage times from a calibrated profile's latency figures (FlexSpec eq. 9 fits and T_rv)."""
     lat = profile.latency
@@ -174,12 +247,21 @@ def _shrink(values: list[float], prior: float) -> float:
 
 
 def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_layer: int | None,
-                 target_cache=None, draft_cache=None):  # fmt: skip
-    """Ω̂_κ from one pass of each model over the prompt (module docstring).
+                 target_cache=None, draft_cache=None, draft_branches: int = 0,
+                 exit_head: str | None = None):  # fmt: skip
+    """Ω̂: how often a correction is a branch's first token, from one pass of each model over
+    the prompt.
 
-    The passes are the prompt's prefill: given (empty) caches, they are left holding the
-    prompt, so the method chosen next does not prefill it again."""
+    At each of the last positions where the draft's greedy token differs from the target's
+    (a rejection), whether the target's token is a branch candidate: in the exit layer's
+    top-κ (eq. 9, through the exit head mirror would use: `exit_head` as --exit-head) or
+    among the draft's `draft_branches` runner-ups. At T > 0 the early exit's candidates are
+    coupled to the verifier's noise (runtime/mirror/coupled.py), so the greedy event is the
+    proxy there too. The hit rate, shrunk toward PRIOR_OMEGA. The passes are the prompt's
+    prefill: given (empty) caches, they are left holding the prompt, so the method chosen
+    next does not prefill it again."""
     from kernels.topk_channel import topk_message
+    from runtime.mirror.exit_head import resolve_exit_head
 
     x = np.array([ids])
     tc = target_cache if target_cache is not None else target.new_cache()
@@ -187,37 +269,51 @@ def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_la
     exit_logits = None
     if exit_layer is not None and getattr(target, "supports_layer_range", False):
         h = target.forward_layers(x, tc, 0, exit_layer)
-        exit_logits = target.head(h[:, -OMEGA_POSITIONS:])[0]  # eq. 6 at ℓe, the last positions
+        tuned = resolve_exit_head(target, exit_layer, exit_head)
+        h_exit = h[:, -OMEGA_POSITIONS:]
+        exit_logits = target.head(h_exit if tuned is None else tuned.apply(h_exit))[0]  # eq. 6
         tl = target.head(target.forward_layers(h, tc, exit_layer, target.config.num_layers))[0]
     else:
         tl = target.forward(x, tc)[0]  # (T, V)
-    dl = draft.forward(x, dc)[0]
-    del dl  # the draft's pass is its prefill
-    omega = []
+    dl = draft.forward(x, dc)[0]  # the draft's pass is its prefill
+    hits = []
     if exit_logits is not None:
+        n = len(exit_logits)
         ids_k, _ = topk_message(exit_logits, kappa)
-        tl = tl[-len(exit_logits) :]
-        pf = np.exp(tl - tl.max(-1, keepdims=True))
-        pf /= pf.sum(-1, keepdims=True)
-        omega = np.take_along_axis(pf, ids_k.astype(np.int64), -1).sum(-1).tolist()
-    return _shrink(omega, PRIOR_OMEGA)
+        own = np.argsort(-dl[-n:], -1, kind="stable")[:, : 1 + draft_branches]
+        for t, c in enumerate(tl[-n:].argmax(-1).tolist()):
+            if c != own[t, 0]:  # rejected: c is the correction
+                hits.append(float(c in ids_k[t] or c in own[t, 1:]))
+    return _shrink(hits, PRIOR_OMEGA)
 
 
 def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampling,
-                profile=None, target_cache=None, draft_cache=None) -> StageTimes:  # fmt: skip
+                profile=None, target_cache=None, draft_cache=None, process=False,
+                draft_branches=0, exit_head=None) -> StageTimes:  # fmt: skip
     """Everything method_choice needs, for this pair, prompt and machine."""
     n = target.config.num_layers
     le = n // 2 if exit_layer is None else exit_layer
     st = (
         from_profile(profile, gamma=gamma, branches=branches)
         if profile is not None
-        else measure_stages(target, draft, gamma=gamma, branches=branches)
+        else measure_stages(
+            target,
+            draft,
+            gamma=gamma,
+            branches=branches,
+            process=process,
+            sampling=sampling,
+            kappa=kappa,
+            exit_layer=le,
+            exit_head=exit_head,
+        )
     )
     if st["target_slowdown"] is None:  # unmeasurable: mirror is not a candidate (choose_for)
         st = dict(st, target_slowdown=1.0)
     alpha = pair_acceptance(target, draft, ids, gamma=gamma, sampling=sampling)
     omega = probe_prompt(target, draft, ids, sampling=sampling, kappa=kappa, exit_layer=le,
-                         target_cache=target_cache, draft_cache=draft_cache)  # fmt: skip
+                         target_cache=target_cache, draft_cache=draft_cache,
+                         draft_branches=draft_branches, exit_head=exit_head)  # fmt: skip
     return StageTimes(acceptance=alpha, omega_kappa=omega, exit_fraction=le / n, **st)
 
 
@@ -236,20 +332,31 @@ def runnable_methods(target, draft) -> list[str]:
 
 def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer: int | None,
                branches: int | None, sampling, profile=None, target_cache=None,
-               draft_cache=None) -> dict:  # fmt: skip
+               draft_cache=None, draft_process: bool | None = None,
+               draft_branches: int | None = None, exit_head: str | None = None) -> dict:  # fmt: skip
     """`--method auto` for this pair and prompt: the method_choice.choose record.
-    Empty caches given are left holding the prompt (probe_prompt)."""
+    Empty caches given are left holding the prompt (probe_prompt). draft_process,
+    draft_branches and exit_head are mirror's (None: its defaults), so the prediction is of
+    the mirror that would run: its worker's slowdown, its exit head, its own branches."""
     from devices.method_choice import choose
+    from runtime.decoding.mirror import DEFAULT_DRAFT_BRANCHES, draft_in_process
     from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
+
+    process = draft_in_process(target, draft, draft_process)
+    own = DEFAULT_DRAFT_BRANCHES if draft_branches is None else draft_branches
 
     runnable = runnable_methods(target, draft)
     if runnable == ["ar"]:
         return {"choice": "ar", "why": "no draft model: ar is the only method", "predictions": {}}
     if profile is None:
-        st = measure_stages(target, draft, gamma=gamma, branches=branches or DEFAULT_BRANCH_BATCH)
-        if st["target_slowdown"] is None:  # the draft failed in a worker thread
+        le = target.config.num_layers // 2 if exit_layer is None else exit_layer
+        st = measure_stages(target, draft, gamma=gamma, branches=branches or DEFAULT_BRANCH_BATCH,
+                            process=process, sampling=sampling, kappa=kappa or 8, exit_layer=le,
+                            exit_head=exit_head)  # fmt: skip
+        if st["target_slowdown"] is None:  # the draft failed in its worker thread or process
             runnable.remove("mirror")
     t = stage_times(target, draft, ids, gamma=gamma, branches=branches or DEFAULT_BRANCH_BATCH,
                     kappa=kappa or 8, exit_layer=exit_layer, sampling=sampling,
-                    profile=profile, target_cache=target_cache, draft_cache=draft_cache)  # fmt: skip
+                    profile=profile, target_cache=target_cache, draft_cache=draft_cache,
+                    process=process, draft_branches=own, exit_head=exit_head)  # fmt: skip
     return choose(t, gamma, runnable)

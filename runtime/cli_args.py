@@ -118,8 +118,10 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
         probe = list(ids) if target_cache is not None else list(ids)[-PROBE_TOKENS:]
         rec = choose_for(pair.target, pair.draft, probe, gamma=a.gamma, kappa=a.kappa,
                          exit_layer=a.exit_layer, branches=a.branches, sampling=sampling,
-                         profile=profile, target_cache=target_cache,
-                         draft_cache=draft_cache)  # fmt: skip
+                         profile=profile, target_cache=target_cache, draft_cache=draft_cache,
+                         draft_process=getattr(a, "draft_process", None),
+                         draft_branches=getattr(a, "draft_branches", None),
+                         exit_head=getattr(a, "exit_head", None))  # fmt: skip
         return rec["choice"], rec
 
     return choose

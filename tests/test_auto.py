@@ -95,3 +95,75 @@ def test_generate_auto_reports_its_choice_and_stays_lossless(tiny_dir, capsys):
     assert res["stats"]["method"] == auto["choice"] == argmax(auto["predictions"])
     assert set(auto["predictions"]) == set(ALL) and auto["why"]
     assert res["tokens"] == ref
+
+
+def test_the_probe_counts_a_correction_as_covered_by_the_exit_top_kappa_or_the_drafts_runner_ups():
+    """Ω̂ = hit rate over the rejections: the target's token is in the exit layer's top-κ, or
+    (draft_branches ≥ 1) among the draft's runner-ups; a position the draft gets right is
+    no rejection and does not count."""
+    import numpy as np
+
+    from devices.pair_probe import PRIOR_OMEGA, PRIOR_WEIGHT, probe_prompt
+
+    V = 12
+
+    def onehot_rows(ranked: list[list[int]]) -> np.ndarray:  # each row: ids best first
+        out = np.full((1, len(ranked), V), -9.0, np.float32)
+        for t, ids in enumerate(ranked):
+            for r, i in enumerate(ids):
+                out[0, t, i] = 5.0 - r
+        return out
+
+    final = onehot_rows([[1], [2], [3], [4]])  # the target's tokens (the corrections)
+    exit_ = onehot_rows([[1, 7], [8, 9], [9, 8], [4, 0]])  # κ = 2 at the exit layer
+    drafts = onehot_rows([[5, 6], [6, 2], [6, 7], [4, 1]])  # the draft's top-1, runner-up
+
+    class Target:
+        supports_layer_range = True
+        config = type("C", (), {"num_layers": 2})
+
+        def forward_layers(self, x, cache, start, stop):  # hidden rows: 0 at ℓe, 1 at the end
+            return np.full((1, 4, 1), 0.0 if start == 0 else 1.0)
+
+        def head(self, h):
+            return final if h.max() == 1.0 else exit_
+
+    class Draft:
+        def forward(self, x, cache):
+            return drafts
+
+    def omega(m):
+        return probe_prompt(Target(), Draft(), [0, 1, 2, 3], sampling=None, kappa=2, exit_layer=1,
+                            target_cache=object(), draft_cache=object(), draft_branches=m,
+                            exit_head="raw")  # fmt: skip
+
+    # rejections at t = 0, 1, 2 (t = 3: the draft's 4 is right); hits: t = 0 (exit top-κ),
+    # and with one runner-up t = 1 (the draft's second choice 2)
+    shrunk = lambda hits, n: (hits + PRIOR_WEIGHT * PRIOR_OMEGA) / (n + PRIOR_WEIGHT)  # noqa: E731
+    assert omega(0) == pytest.approx(shrunk(1, 3))
+    assert omega(1) == pytest.approx(shrunk(2, 3))
+
+
+def test_mirrors_prediction_uses_its_own_measured_pass_with_the_early_exit():
+    """Mirror's pass splits at ℓe and adds the early-exit head and message: eq. (10) takes
+    that measured pass, sd's law the plain one."""
+    plain, split = times(), times(mirror_window=0.015)
+    assert predict(split, 4)["sd"] == predict(plain, 4)["sd"]
+    reuse = 0.6 * min(1.0, (0.015 / 2) / (4 * 0.001))
+    want = 0.015 / 2 + 1e-4 + max(0.015 / 2, 4 * 0.001) + (1 - reuse) * 4 * 0.002
+    assert predict(split, 4)["mirror"]["step_ms"] == pytest.approx(1e3 * want)
+
+
+@pytest.mark.parametrize("temp", [0.0, 1.0])
+def test_the_probe_times_mirrors_own_pass_at_each_temperature(tiny_dir, temp):
+    from devices.pair_probe import measure_stages
+    from runtime.backends import load_model
+    from runtime.decoding import Sampling
+
+    target = load_model(tiny_dir("qwen3"), "torch")
+    draft = load_model(tiny_dir("qwen3", num_layers=1, seed=4), "onnx", intra_threads=1)
+    st = measure_stages(target, draft, gamma=3, branches=4, repeats=2, sampling=Sampling(temp),
+                        exit_layer=1)  # fmt: skip
+    assert st["mirror_window"] > 0 and st["target_window"] > 0
+    t = StageTimes(**st, acceptance=0.7, omega_kappa=0.6, exit_fraction=0.5)
+    assert predict(t, 3)["mirror"]["step_ms"] > 0

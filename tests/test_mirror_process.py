@@ -224,3 +224,29 @@ def test_a_second_early_exit_sent_before_the_first_is_read_does_not_overwrite_it
         w.slots.close()
         target_end.close()
         draft_end.close()
+
+
+def test_auto_measures_the_slowdown_beside_the_draft_process_it_would_run(pair):
+    """The probe's busy loop runs in the draft's own process (the worker mirror would use)
+    and leaves it serving generations: the next mirror run still equals ar."""
+    import numpy as np
+
+    from devices.pair_probe import _slowdown_process
+
+    target, draft = pair
+    cache = target.new_cache()
+    target.forward(np.array([PROMPT]), cache)
+
+    def tpass():
+        target.forward(np.array([PROMPT[:4]]), cache)
+        cache.trim(4)
+
+    host = __import__("runtime.mirror.draft_process", fromlist=["draft_host"]).draft_host(draft)
+    with host.busy(4):  # the loop is running: the pipe answers only when it stops
+        assert not host.conn.poll(0.05)
+    s = _slowdown_process(draft, np.array([PROMPT]), 4, tpass, repeats=3)
+    assert isinstance(s, float) and 0.2 < s < 20
+    assert draft._duet_draft_host is host and host.alive  # the same process, kept
+    ref = run(make_steps("ar", target, None, PROMPT, max_new=16, sampling=Sampling(), seed=0),
+              max_new=16).tokens  # fmt: skip
+    assert run(steps(target, draft, n=16), max_new=16).tokens == ref

@@ -97,6 +97,25 @@ class DraftHost:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"the draft process (pid {self.pid}) did not answer")
 
+    def busy(self, branches: int):
+        """A context in which the draft process loops `branches`-row draft passes (what its
+        branch waves compute), for measuring the target beside it (devices/pair_probe.py)."""
+        host = self
+
+        class _Busy:
+            def __enter__(self):
+                host.send(wire.BUSY + str(branches).encode())
+                tag = host.recv(timeout=LOAD_TIMEOUT_S)  # the loop's first pass has run
+                if tag[:1] != wire.BUSY:
+                    raise RuntimeError(f"the draft process did not start its loop: {tag[:40]!r}")
+
+            def __exit__(self, *exc):
+                host.send(wire.IDLE)  # any message ends the loop; it answers when it stops
+                while host.recv(timeout=STOP_TIMEOUT_S)[:1] != wire.IDLE:
+                    pass
+
+        return _Busy()
+
     def _died(self):
         self.proc.join(STOP_TIMEOUT_S)
         code = self.proc.exitcode
@@ -361,9 +380,29 @@ def child_main(conn, spec: tuple, lock) -> None:
                 return
             if msg[:1] == wire.BEGIN:
                 cache = _serve(conn, draft, cache, pickle.loads(msg[1:]), lock)
+            elif msg[:1] == wire.BUSY:
+                _busy(conn, draft, int(msg[1:]))
             # anything else is a stop for a generation that already ended: ignore it
     except EOFError:  # the target's process is gone
         return
+
+
+def _busy(conn, draft, branches: int) -> None:
+    """DraftHost.busy's loop: batched draft passes on a scratch cache (the generation cache
+    is untouched) until the target's next message, which it answers with IDLE."""
+    import numpy as np
+
+    scratch = draft.new_cache()
+    draft.forward(np.arange(1, 65, dtype=np.int64)[None] % draft.config.vocab_size, scratch)
+    rows, x = scratch.fork([0] * branches), np.ones((branches, 1), np.int64)
+    draft.forward(x, rows)
+    rows.trim(1)
+    conn.send_bytes(wire.BUSY)
+    while not conn.poll(0):
+        draft.forward(x, rows)
+        rows.trim(1)
+    conn.recv_bytes()
+    conn.send_bytes(wire.IDLE)
 
 
 def _serve(conn, draft, cache, args: dict, lock):

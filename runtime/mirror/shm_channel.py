@@ -30,8 +30,8 @@ import numpy as np
 
 from runtime.mirror.messages import EarlyExit, FinalVerify, Window
 
-EE, FV, WIN, STOP_TAG, FAIL, IDLE, BEGIN, QUIT, READY = (
-    b"E", b"F", b"W", b"S", b"X", b"I", b"B", b"Q", b"R"
+EE, FV, WIN, STOP_TAG, FAIL, IDLE, BEGIN, QUIT, READY, BUSY = (
+    b"E", b"F", b"W", b"S", b"X", b"I", b"B", b"Q", b"R", b"L"
 )  # fmt: skip
 INFO_CAP = 1 << 20  # bytes for a window's pickled info (timings, the draft lane's intervals)
 
