@@ -113,6 +113,9 @@ def export_onnx(
         warnings.simplefilter(
             "ignore", DeprecationWarning
         )  # the TorchScript exporter is the one that keeps our I/O names
+        # shape checks the trace freezes (GQA's repeat count): true for every shape exported,
+        # and a warning printed before a command's own one-line error is noise to its user
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
         torch.onnx.export(
             OnnxGraph(lm),
             (ids, am, pos, *past),

@@ -15,6 +15,7 @@ padded). The host side is `onnx_static_host.py`; quantization `onnx_quantize.py`
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -57,7 +58,8 @@ def export_static_graph(lm, out: Path, context: int, query_len: int) -> None:
     ]
     ins, outs = io_names(cfg.num_layers)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with torch.inference_mode():
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # as onnx_export.export_onnx
         torch.onnx.export(
             StaticGraph(OnnxGraph(lm), query_len),
             (ids, am, pos, *past),
