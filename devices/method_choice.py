@@ -17,7 +17,8 @@ the pair at hand, or a calibrated profile supplies them). The laws:
   scaled by the share of one branch wave that fits in the target's suffix (most likely first).
 
 sd and mirror commit the same tokens per step (same draft, same window: App. B), so the
-choice between them rests on the step times alone; ar against them on α.
+choice between them rests on the step times alone; ar against them on α. `choose_joint`
+also picks γ: the windows' passes are measured per γ, α is one per pair, E[τ] follows γ.
 This module runs nothing and reads no clock.
 """
 
@@ -26,6 +27,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from devices.latency import mirror_step_time, sd_step_time
+
+AUTO_GAMMAS = (2, 3, 4, 5, 6, 8)  # the γ values `choose_joint` compares when none is given
 
 
 @dataclass
@@ -103,3 +106,21 @@ def choose(t: StageTimes, gamma: int, runnable: list[str]) -> dict:
         "inputs": {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(t).items()},
         "gamma": gamma,
     }
+
+
+def choose_joint(by_gamma: dict[int, StageTimes], runnable: list[str]) -> dict:
+    """The fastest predicted (method, γ) over the candidate γ values (each with its own
+    measured window passes): `choose`'s record at the winning γ, with every γ's predictions."""
+    if not by_gamma:
+        raise ValueError("no γ to choose among")
+    recs = {g: choose(t, g, runnable) for g, t in by_gamma.items()}
+
+    def rate(g: int) -> float:
+        return recs[g]["predictions"][recs[g]["choice"]]["tokens_per_s"]
+
+    best = max(recs, key=lambda g: (rate(g), -g))  # a tie goes to the shorter window
+    out = dict(recs[best])
+    if len(recs) > 1:
+        out["why"] += f"; γ {best} of {', '.join(map(str, sorted(recs)))}"
+        out["by_gamma"] = {g: r["predictions"] for g, r in sorted(recs.items())}
+    return out

@@ -152,6 +152,35 @@ def mirror_pass(target, cache, window, *, kappa: int, exit_layer: int | None,
     return run
 
 
+def measure_windows(target, gammas, *, kappa: int = 8, exit_layer: int | None = None,
+                    exit_head: str | None = None, greedy: bool = True,
+                    repeats: int = 7) -> dict[int, dict]:  # fmt: skip
+    """{γ: {"target_window", "mirror_window"}}: the (γ+1)-token passes alone, per γ (what
+    `choose_joint` needs beyond one γ's stage times), cached like measure_stages."""
+    out = {}
+    for g in gammas:
+        key = ("windows", id(target), g, kappa, exit_layer, exit_head, greedy)
+        if key not in _CACHE:
+            rng = np.random.default_rng(0)
+            prompt = rng.integers(0, target.config.vocab_size, size=(1, 64), dtype=np.int64)
+            tc = target.new_cache()
+            target.forward(prompt, tc)
+            window = prompt[:, : g + 1]
+
+            def tpass(x=window, tc=tc):
+                target.forward(x, tc)
+                tc.trim(x.shape[1])
+
+            fns = {"target_window": tpass}
+            mpass = mirror_pass(target, tc, window, kappa=kappa, exit_layer=exit_layer,
+                                exit_head=exit_head, greedy=greedy)  # fmt: skip
+            if mpass is not None:
+                fns["mirror_window"] = mpass
+            _CACHE[key] = _medians(fns, repeats)
+        out[g] = _CACHE[key]
+    return out
+
+
 def _slowdown(draft, prompt, branches: int, tpass, repeats: int) -> float | None:
     """Target pass beside a draft thread looping branch passes / the pass alone: rounds
     alternate the draft on and off, so load drifting on a shared machine cancels out.
@@ -333,11 +362,14 @@ def runnable_methods(target, draft) -> list[str]:
 def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer: int | None,
                branches: int | None, sampling, profile=None, target_cache=None,
                draft_cache=None, draft_process: bool | None = None,
-               draft_branches: int | None = None, exit_head: str | None = None) -> dict:  # fmt: skip
+               draft_branches: int | None = None, exit_head: str | None = None,
+               gammas=None) -> dict:  # fmt: skip
     """`--method auto` for this pair and prompt: the method_choice.choose record.
     Empty caches given are left holding the prompt (probe_prompt). draft_process,
     draft_branches and exit_head are mirror's (None: its defaults), so the prediction is of
-    the mirror that would run: its worker's slowdown, its exit head, its own branches."""
+    the mirror that would run: its worker's slowdown, its exit head, its own branches.
+    gammas: choose γ among these too (method_choice.choose_joint): the record's "gamma" is the
+    one to run; the stage times other than the window passes are `gamma`'s."""
     from devices.method_choice import choose
     from runtime.decoding.mirror import DEFAULT_DRAFT_BRANCHES, draft_in_process
     from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
@@ -359,4 +391,15 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
                     kappa=kappa or 8, exit_layer=exit_layer, sampling=sampling,
                     profile=profile, target_cache=target_cache, draft_cache=draft_cache,
                     process=process, draft_branches=own, exit_head=exit_head)  # fmt: skip
-    return choose(t, gamma, runnable)
+    if not gammas or profile is not None:  # a profile's windows follow its own law in γ
+        return {**choose(t, gamma, runnable), "gamma": gamma}
+    from dataclasses import replace
+
+    from devices.method_choice import choose_joint
+
+    le = target.config.num_layers // 2 if exit_layer is None else exit_layer
+    wins = measure_windows(target, sorted(set(gammas)), kappa=kappa or 8, exit_layer=le,
+                           exit_head=exit_head, greedy=sampling is None or sampling.greedy)  # fmt: skip
+    by_gamma = {g: replace(t, target_window=w["target_window"],
+                           mirror_window=w.get("mirror_window")) for g, w in wins.items()}  # fmt: skip
+    return choose_joint(by_gamma, runnable)

@@ -24,6 +24,7 @@ from runtime.cli_args import (
     AUTO,
     add_auto_args,
     add_draft_branches_arg,
+    add_gamma_arg,
     add_pair_args,
     auto_chooser,
     check_decoding_args,
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="decoding method; auto: the one the latency model predicts fastest here, "
                     "chosen per answer (default sd)")  # fmt: skip
     add_auto_args(ap)
-    ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default 4)")
+    add_gamma_arg(ap)
     ap.add_argument("--kappa", type=int, default=None, help="channel width (methods that take it)")
     ap.add_argument(
         "--exit-layer", type=int, default=None, help="early-exit layer (methods that take it)"

@@ -174,9 +174,10 @@ class ChatSession:
             rewind(c, keep)
         max_new = max(1, min(self.max_tokens, self.context - len(seq)))
         stats = RunStats(prefill_tokens=len(seq) - self.tcache.offset)  # what this turn feeds
-        method, auto = self.method, None
+        method, auto, gamma = self.method, None, self.gamma
         if method == "auto":
             method, auto = self.chooser(seq, self.sampling)
+            gamma = auto.get("gamma", gamma)  # without --gamma, auto picks γ too
             stats.extra["auto"] = auto
         stats.extra["method"] = method
         steps = make_steps(
@@ -187,7 +188,7 @@ class ChatSession:
             max_new=max_new,
             sampling=self.sampling,
             seed=self.seed + self.n_answers,
-            gamma=self.gamma,
+            gamma=gamma,
             target_cache=self.tcache,
             draft_cache=self.dcache,
             **self.extra,

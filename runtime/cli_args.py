@@ -72,10 +72,31 @@ def load_pair_from_args(a: argparse.Namespace, *, need_draft: bool) -> Pair:
                      hybrid_rollback=getattr(a, "hybrid_rollback", "replay"))  # fmt: skip
 
 
+DEFAULT_GAMMA = 4  # draft tokens per step when --gamma is not given (auto: its own pick)
+
+
+def add_gamma_arg(ap: argparse.ArgumentParser) -> None:
+    """--gamma, whose absence `--method auto` reads as "choose γ too" (resolve_gamma)."""
+    from devices.method_choice import AUTO_GAMMAS
+
+    ap.add_argument("--gamma", type=int, default=None,
+                    help=f"draft tokens per step (default {DEFAULT_GAMMA}; --method auto "
+                    f"picks it among {','.join(map(str, AUTO_GAMMAS))} unless given)")  # fmt: skip
+
+
+def resolve_gamma(a: argparse.Namespace) -> None:
+    """a.gamma_free: no --gamma was given; a.gamma: the given value or DEFAULT_GAMMA."""
+    if getattr(a, "gamma_free", None) is None:
+        a.gamma_free = a.gamma is None
+    if a.gamma is None:
+        a.gamma = DEFAULT_GAMMA
+
+
 def check_decoding_args(a: argparse.Namespace) -> None:
     """One clear error for an out-of-range --max-tokens, --temp, --top-p, --top-k or --gamma."""
     from runtime.errors import DuetError
 
+    resolve_gamma(a)
     if a.max_tokens < 1:
         raise DuetError(f"--max-tokens must be at least 1 (got {a.max_tokens})")
     if a.temp < 0:
@@ -106,6 +127,7 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
     builds it and hands it to the engine, which never imports upward (STYLE 11). The record
     (predictions per method, the inputs, the choice and why) goes into `stats.auto`.
     """
+    from devices.method_choice import AUTO_GAMMAS
     from devices.pair_probe import choose_for
     from devices.profile import load_profile
 
@@ -116,7 +138,9 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
         """Given empty caches, the probe prefills them with all of `ids` (pass them on to
         make_steps); without, it reads only the last PROBE_TOKENS (a chat's long history)."""
         probe = list(ids) if target_cache is not None else list(ids)[-PROBE_TOKENS:]
+        free = getattr(a, "gamma_free", False)  # no --gamma: the model picks γ as well
         rec = choose_for(pair.target, pair.draft, probe, gamma=a.gamma, kappa=a.kappa,
+                         gammas=AUTO_GAMMAS if free else None,
                          exit_layer=a.exit_layer, branches=a.branches, sampling=sampling,
                          profile=profile, target_cache=target_cache, draft_cache=draft_cache,
                          draft_process=getattr(a, "draft_process", None),

@@ -17,6 +17,7 @@ from runtime.cli_args import (
     AUTO,
     add_auto_args,
     add_draft_branches_arg,
+    add_gamma_arg,
     add_pair_args,
     auto_chooser,
     check_decoding_args,
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)"
     )
     ap.add_argument("--seed", type=int, default=0, help="RNG seed for sampling (default 0)")
-    ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default 4)")
+    add_gamma_arg(ap)
     ap.add_argument(
         "--kappa",
         type=int,
@@ -209,6 +210,7 @@ def _generate(a: argparse.Namespace, pair, edge: dict) -> dict:
         caches = {"target_cache": pair.target.new_cache(),
                   "draft_cache": pair.draft.new_cache() if pair.draft is not None else None}  # fmt: skip
         method, auto = auto_chooser(a, pair)(ids, sampling, **caches)
+        a.gamma = auto.get("gamma", a.gamma)  # without --gamma, auto picks γ too
         if a.trace and method != "mirror":
             print(f"no trace written: auto picked {method}, not mirror", file=sys.stderr)
     timeline = Timeline() if method == "mirror" else None

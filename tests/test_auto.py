@@ -167,3 +167,41 @@ def test_the_probe_times_mirrors_own_pass_at_each_temperature(tiny_dir, temp):
     assert st["mirror_window"] > 0 and st["target_window"] > 0
     t = StageTimes(**st, acceptance=0.7, omega_kappa=0.6, exit_fraction=0.5)
     assert predict(t, 3)["mirror"]["step_ms"] > 0
+
+
+def test_without_a_gamma_auto_picks_the_window_its_model_says_is_fastest():
+    """choose_joint: each γ's own window passes, one α; a longer window pays while its
+    extra expected tokens outweigh its extra drafting, and the record names every γ."""
+    from devices.method_choice import choose_joint
+
+    by_gamma = {g: times(target_window=0.010 + 0.0005 * g, acceptance=0.8) for g in (2, 4, 6, 8)}
+    rec = choose_joint(by_gamma, ["ar", "sd"])
+    rates = {g: predict(t, g)["sd"]["tokens_per_s"] for g, t in by_gamma.items()}
+    assert rec["gamma"] == max(rates, key=rates.get) and rec["choice"] == "sd"
+    assert set(rec["by_gamma"]) == {2, 4, 6, 8} and f"γ {rec['gamma']}" in rec["why"]
+    slow_draft = {g: times(target_window=0.010, draft_token=0.02, acceptance=0.8) for g in (2, 6)}
+    assert choose_joint(slow_draft, ["sd"])["gamma"] == 2  # drafting dominates: short windows
+
+
+def test_generate_auto_picks_gamma_only_when_none_is_given(tiny_dir, capsys):
+    t, d = str(tiny_dir("llama")), str(tiny_dir("llama", num_layers=1, seed=4))
+    common = ["--target", t, "--draft", d, "--prompt-ids", "3,14,15,92,65", "--max-tokens", "12",
+              "--json", "--method", "auto"]  # fmt: skip
+    assert main(common) == 0
+    free = json.loads(capsys.readouterr().out)["stats"]
+    assert str(free["auto"]["gamma"]) in free["auto"]["by_gamma"]  # JSON keys are strings
+    if free["method"] != "ar":
+        assert free["gamma"] == free["auto"]["gamma"]
+    assert main([*common, "--gamma", "3"]) == 0
+    fixed = json.loads(capsys.readouterr().out)["stats"]
+    assert fixed["auto"]["gamma"] == 3 and "by_gamma" not in fixed["auto"]
+
+
+def test_bench_runs_a_free_auto_once_beside_a_gamma_sweep():
+    import argparse
+
+    from apps.bench.__main__ import sweeps
+
+    assert not sweeps("auto", argparse.Namespace(gamma_free=True))
+    assert sweeps("auto", argparse.Namespace(gamma_free=False))
+    assert sweeps("sd", argparse.Namespace(gamma_free=True))

@@ -26,6 +26,7 @@ from runtime.cli_args import (
     add_pair_args,
     auto_chooser,
     load_pair_from_args,
+    resolve_gamma,
 )
 from runtime.decoding import METHODS
 from runtime.errors import DuetError, cli_main
@@ -66,8 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
         "drafting method also runs with each, as METHOD+NAME, alternated (apps/bench/drafts.py)",
     )
     ap.add_argument(
-        "--gamma", type=int, default=4, help="draft tokens per step, every method (default 4)"
-    )
+        "--gamma", type=int, default=None,
+        help="draft tokens per step, every method (default 4; `auto` picks its own unless given)",
+    )  # fmt: skip
     ap.add_argument(
         "--gammas",
         default=None,
@@ -173,18 +175,26 @@ def sweep_runners(methods: list[str], pair, a) -> list:
     for i, g in enumerate(gammas):
         ag = copy(a)
         ag.gamma = g
-        # ar and the methods that take no γ (tree, heterospec: --depth) run once, unsuffixed
-        ms = methods if i == 0 else [m for m in methods if takes_gamma(m)]
+        # ar, the methods that take no γ (tree, heterospec: --depth) and an auto that picks
+        # its own γ (no --gamma) run once, unsuffixed
+        ms = methods if i == 0 else [m for m in methods if sweeps(m, a)]
         if not ms:  # nothing here takes γ (e.g. ar,tree): one pass is the whole sweep
             break
         rs = make_runners(ms, pair, ag)
         rs += extra_runners(ms, pair, ag, make_runners, skip=(*BASELINES, AUTO), pairs=pairs)
         if len(gammas) > 1:
             for r in rs:
-                if takes_gamma(getattr(r, "method", r.name)):
+                if sweeps(getattr(r, "method", r.name), a):
                     r.name = f"{r.name}@g{g}"
         runners += rs
     return runners
+
+
+def sweeps(method: str, a) -> bool:
+    """Does --gammas run `method` once per γ? Not ar, tree, heterospec, nor a free auto."""
+    if method == AUTO and getattr(a, "gamma_free", False):
+        return False
+    return takes_gamma(method)
 
 
 def takes_gamma(method: str) -> bool:
@@ -267,6 +277,7 @@ def bench(a: argparse.Namespace) -> dict:
     methods, temps = parse_methods(a.methods), parse_temps(a.temps)
     if a.max_tokens < 1:
         raise DuetError(f"--max-tokens must be at least 1 (got {a.max_tokens})")
+    resolve_gamma(a)  # no --gamma: 4 for every method, and a free γ for auto
     if a.gamma < 1:
         raise DuetError(f"--gamma must be at least 1 (got {a.gamma})")
     gammas = parse_gammas(a.gammas, a.gamma)  # a bad --gammas fails before any model loads

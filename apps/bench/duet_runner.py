@@ -51,13 +51,15 @@ class DuetRunner:
         stats = RunStats(prefill_tokens=len(ids))
         out: list[int] = []
         t0 = time.perf_counter()
-        method, note, caches = self.method, None, {}
+        method, note, caches, gamma = self.method, None, {}, self.gamma
         if self.chooser is not None:  # its probe prefills the caches the chosen method then uses
             caches = {"target_cache": self.pair.target.new_cache(),
                       "draft_cache": self.pair.draft.new_cache()}  # fmt: skip
             method, rec = self.chooser(ids, Sampling(temp, top_p), **caches)
-            self.picked[method] = self.picked.get(method, 0) + 1
-            note = f"auto picked {method}: {rec['why']}"
+            gamma = rec.get("gamma", gamma)  # a free auto picks γ too
+            pick = method if "by_gamma" not in rec else f"{method}@g{gamma}"
+            self.picked[pick] = self.picked.get(pick, 0) + 1
+            note = f"auto picked {pick}: {rec['why']}"
         draft = self.pair.draft if method != "ar" else None
         if hasattr(self.pair.target, "record_hidden"):  # only an MTP draft reads them
             self.pair.target.record_hidden = getattr(draft, "reads_target_hidden", False)
@@ -69,7 +71,7 @@ class DuetRunner:
             max_new=max_new,
             sampling=Sampling(temp, top_p),
             seed=seed,
-            gamma=self.gamma,
+            gamma=gamma,
             **caches,
             **self.extra,
         )
