@@ -15,6 +15,8 @@ A calibrated profile (`python -m devices calibrate`) may supply the stage times 
 Acceptance α: from a short `sd` run (RUN_TOKENS tokens) on the first prompt seen, the
 α whose E[τ] equals the mean tokens committed per step (cached per pair, γ and temperature):
 the models' agreement on the target's own continuation, which is what sd and mirror verify.
+Choosing γ as well (choose_for's `gammas`), τ per γ comes from one longer sd run at the
+largest γ instead (pair_taus), each γ's α fitted to its own τ.
 Ω̂, prompt-dependent, from the probe's pass over the prompt (its last 32 positions): how
 often a correction is a branch candidate, i.e. in the exit layer's top-κ (eq. 9, tuned head
 as mirror uses it) or among the draft's own runner-ups (probe_prompt), shrunk toward 0.4
@@ -34,14 +36,44 @@ from devices.method_choice import StageTimes
 
 PRIOR_OMEGA, PRIOR_WEIGHT = 0.4, 8.0
 RUN_TOKENS = 48
+JOINT_RUN_TOKENS = 128  # pair_taus: a longer run, since it sets the γ as well
 OMEGA_POSITIONS = 32  # Ω̂ from the prompt's last positions: two heads over all would cost more
 _CACHE: dict[tuple, dict] = {}
 _ALPHA: dict[tuple, float] = {}
 
 
+def alpha_for(tau: float, gamma: int) -> float:
+    """The α whose E[τ] at γ (method_choice.expected_tokens) equals `tau`, by bisection."""
+    from devices.method_choice import expected_tokens
+
+    lo, hi = 0.0, 0.999
+    for _ in range(40):  # E[τ](α) is increasing in α
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, gamma) < tau else (lo, mid)
+    return (lo + hi) / 2
+
+
+def pair_taus(target, draft, ids: list[int], *, gammas, sampling) -> dict[int, float]:
+    """E[τ] per γ from one sd run at the largest γ on `ids` (cached per pair): a step that
+    accepted A of γ_max drafts would have accepted min(A, γ) of γ, so τ(γ) = 1 + mean min(A, γ).
+    Acceptance comes in runs (a predictable stretch accepts whole windows), which one i.i.d.
+    α misses: on the embedded pair τ(6)/τ(4) is 1.20 measured, 1.09-1.16 from an α."""
+    from runtime.decoding import make_steps, run
+
+    top = max(gammas)
+    key = ("taus", id(target), id(draft), top, sampling.temp, sampling.top_p, sampling.top_k)
+    if key not in _CACHE:
+        n = max(1, min(JOINT_RUN_TOKENS, target.config.max_context - len(ids) - top - 2))
+        r = run(make_steps("sd", target, draft, ids, max_new=n, sampling=sampling, seed=0,
+                           gamma=top), max_new=n)  # fmt: skip
+        acc = r.stats.accept_lengths[:-1] or r.stats.accept_lengths  # the last step is cut
+        _CACHE[key] = [max(0, int(c) - 1) for c in acc]  # A: drafts accepted per step
+    accepted = _CACHE[key]
+    return {g: 1.0 + sum(min(x, g) for x in accepted) / max(1, len(accepted)) for g in gammas}
+
+
 def pair_acceptance(target, draft, ids: list[int], *, gamma: int, sampling) -> float:
     """α from a RUN_TOKENS-token sd run on `ids` (module docstring); cached per pair."""
-    from devices.method_choice import expected_tokens
     from runtime.decoding import make_steps, run
 
     key = (id(target), id(draft), gamma, sampling.temp, sampling.top_p, sampling.top_k)
@@ -50,11 +82,7 @@ def pair_acceptance(target, draft, ids: list[int], *, gamma: int, sampling) -> f
         r = run(make_steps("sd", target, draft, ids, max_new=n, sampling=sampling, seed=0,
                            gamma=gamma), max_new=n)  # fmt: skip
         per_step = sum(r.stats.accept_lengths) / max(1, len(r.stats.accept_lengths))
-        lo, hi = 0.0, 0.999
-        for _ in range(40):  # E[τ](α) is increasing in α: bisect for E[τ](α) = per_step
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if expected_tokens(mid, gamma) < per_step else (lo, mid)
-        _ALPHA[key] = (lo + hi) / 2
+        _ALPHA[key] = alpha_for(per_step, gamma)
     return _ALPHA[key]
 
 
@@ -154,31 +182,33 @@ def mirror_pass(target, cache, window, *, kappa: int, exit_layer: int | None,
 
 def measure_windows(target, gammas, *, kappa: int = 8, exit_layer: int | None = None,
                     exit_head: str | None = None, greedy: bool = True,
-                    repeats: int = 7) -> dict[int, dict]:  # fmt: skip
+                    repeats: int = 9) -> dict[int, dict]:  # fmt: skip
     """{γ: {"target_window", "mirror_window"}}: the (γ+1)-token passes alone, per γ (what
-    `choose_joint` needs beyond one γ's stage times), cached like measure_stages."""
-    out = {}
-    for g in gammas:
-        key = ("windows", id(target), g, kappa, exit_layer, exit_head, greedy)
-        if key not in _CACHE:
-            rng = np.random.default_rng(0)
-            prompt = rng.integers(0, target.config.vocab_size, size=(1, 64), dtype=np.int64)
-            tc = target.new_cache()
-            target.forward(prompt, tc)
+    `choose_joint` needs beyond one γ's stage times). All γ are timed round-robin in one
+    `_medians`, so a machine's drifting load biases no γ against another; cached per set."""
+    gammas = tuple(sorted(set(gammas)))
+    key = ("windows", id(target), gammas, kappa, exit_layer, exit_head, greedy)
+    if key not in _CACHE:
+        rng = np.random.default_rng(0)
+        prompt = rng.integers(0, target.config.vocab_size, size=(1, 64), dtype=np.int64)
+        tc = target.new_cache()
+        target.forward(prompt, tc)
+        fns = {}
+        for g in gammas:
             window = prompt[:, : g + 1]
 
-            def tpass(x=window, tc=tc):
+            def tpass(x=window):
                 target.forward(x, tc)
                 tc.trim(x.shape[1])
 
-            fns = {"target_window": tpass}
+            fns[(g, "target_window")] = tpass
             mpass = mirror_pass(target, tc, window, kappa=kappa, exit_layer=exit_layer,
                                 exit_head=exit_head, greedy=greedy)  # fmt: skip
             if mpass is not None:
-                fns["mirror_window"] = mpass
-            _CACHE[key] = _medians(fns, repeats)
-        out[g] = _CACHE[key]
-    return out
+                fns[(g, "mirror_window")] = mpass
+        med = _medians(fns, repeats)
+        _CACHE[key] = {g: {name: v for (h, name), v in med.items() if h == g} for g in gammas}
+    return _CACHE[key]
 
 
 def _slowdown(draft, prompt, branches: int, tpass, repeats: int) -> float | None:
@@ -400,6 +430,7 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
     le = target.config.num_layers // 2 if exit_layer is None else exit_layer
     wins = measure_windows(target, sorted(set(gammas)), kappa=kappa or 8, exit_layer=le,
                            exit_head=exit_head, greedy=sampling is None or sampling.greedy)  # fmt: skip
-    by_gamma = {g: replace(t, target_window=w["target_window"],
-                           mirror_window=w.get("mirror_window")) for g, w in wins.items()}  # fmt: skip
+    taus = pair_taus(target, draft, ids, gammas=sorted(wins), sampling=sampling)
+    by_gamma = {g: replace(t, target_window=w["target_window"], mirror_window=w.get("mirror_window"),
+                           acceptance=alpha_for(taus[g], g)) for g, w in wins.items()}  # fmt: skip
     return choose_joint(by_gamma, runnable)

@@ -205,3 +205,24 @@ def test_bench_runs_a_free_auto_once_beside_a_gamma_sweep():
     assert not sweeps("auto", argparse.Namespace(gamma_free=True))
     assert sweeps("auto", argparse.Namespace(gamma_free=False))
     assert sweeps("sd", argparse.Namespace(gamma_free=True))
+
+
+def test_tau_per_gamma_caps_each_steps_accepted_run_at_gamma(monkeypatch):
+    """pair_taus: a step that accepted A of γ_max would have accepted min(A, γ) of γ; the
+    last step (cut by the token budget) is left out."""
+    from types import SimpleNamespace
+
+    import devices.pair_probe as pp
+    import runtime.decoding as dec
+
+    monkeypatch.setattr(pp, "_CACHE", {})
+    committed = [9, 1, 5, 3, 2]  # A + 1 per step at γ_max = 8: A = 8, 0, 4, 2 (and a cut 1)
+    monkeypatch.setattr(dec, "make_steps", lambda *a, **k: None)
+    monkeypatch.setattr(dec, "run", lambda *a, **k: SimpleNamespace(
+        stats=SimpleNamespace(accept_lengths=committed)))  # fmt: skip
+    target = SimpleNamespace(config=SimpleNamespace(max_context=4096))
+    taus = pp.pair_taus(target, object(), [1, 2, 3], gammas=[2, 4, 8], sampling=SimpleNamespace(
+        temp=0.0, top_p=1.0, top_k=0))  # fmt: skip
+    assert taus == {2: 1 + (2 + 0 + 2 + 2) / 4, 4: 1 + (4 + 0 + 4 + 2) / 4, 8: 1 + 14 / 4}
+    for g, tau in taus.items():  # each γ's α reproduces its own τ
+        assert expected_tokens(pp.alpha_for(tau, g), g) == pytest.approx(tau, rel=1e-6)
