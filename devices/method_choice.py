@@ -18,7 +18,8 @@ the pair at hand, or a calibrated profile supplies them). The laws:
 
 sd and mirror commit the same tokens per step (same draft, same window: App. B), so the
 choice between them rests on the step times alone; ar against them on α. `choose_joint`
-also picks γ: the windows' passes are measured per γ, α is one per pair, E[τ] follows γ.
+also picks γ: each γ comes with its own window passes and its own α, fitted to the τ that γ
+would get (devices/pair_probe.pair_taus: acceptance comes in runs, not i.i.d.).
 This module runs nothing and reads no clock.
 """
 
