@@ -314,9 +314,9 @@ def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_la
     At each of the last positions where the draft's greedy token differs from the target's
     (a rejection), whether the target's token is a branch candidate: in the exit layer's
     top-κ (eq. 9, through the exit head mirror would use: `exit_head` as --exit-head) or
-    among the draft's `draft_branches` runner-ups. At T > 0 the early exit's candidates are
-    coupled to the verifier's noise (runtime/mirror/coupled.py), so the greedy event is the
-    proxy there too. The hit rate, shrunk toward PRIOR_OMEGA. The passes are the prompt's
+    among the draft's `draft_branches` runner-ups. At T > 0 the step is simulated instead,
+    the early exit's candidates coupled to the verifier's noise as mirror does it
+    (_sampled_hits). The hit rate, shrunk toward PRIOR_OMEGA. The passes are the prompt's
     prefill: given (empty) caches, they are left holding the prompt, so the method chosen
     next does not prefill it again."""
     from kernels.topk_channel import topk_message
@@ -336,14 +336,46 @@ def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_la
         tl = target.forward(x, tc)[0]  # (T, V)
     dl = draft.forward(x, dc)[0]  # the draft's pass is its prefill
     hits = []
-    if exit_logits is not None:
+    if exit_logits is not None and (sampling is None or sampling.greedy):
         n = len(exit_logits)
         ids_k, _ = topk_message(exit_logits, kappa)
         own = np.argsort(-dl[-n:], -1, kind="stable")[:, : 1 + draft_branches]
         for t, c in enumerate(tl[-n:].argmax(-1).tolist()):
             if c != own[t, 0]:  # rejected: c is the correction
                 hits.append(float(c in ids_k[t] or c in own[t, 1:]))
+    elif exit_logits is not None:
+        n = len(exit_logits)
+        hits = _sampled_hits(sampling.probs(tl[-n:]), sampling.probs(dl[-n:]),
+                             sampling.probs(exit_logits), kappa, draft_branches)  # fmt: skip
     return _shrink(hits, PRIOR_OMEGA)
+
+
+SAMPLED_DRAWS = 4  # per probe position at T > 0
+
+
+def _sampled_hits(p, q, proxy, kappa: int, m: int) -> list[float]:
+    """At T > 0, mirror's step at each position, simulated: the draft samples d ~ q, the
+    verifier accepts with u·q(d) < p(d) (u ~ U[0, 1)), else its correction is the Gumbel-max
+    draw from the residual max(p − q, 0) under noise G; the early exit sends d and the κ − 1
+    tokens maximising log p̃ + G (runtime/mirror/coupled.py), the draft its m runner-ups by
+    q. A hit: a rejection whose correction is among them."""
+    rng = np.random.default_rng(0)
+    hits = []
+    with np.errstate(divide="ignore"):
+        for t in range(len(p)):
+            lp_proxy, resid = np.log(proxy[t]), np.log(np.maximum(p[t] - q[t], 0.0))
+            runner = np.argsort(-q[t], kind="stable")[: m + 1]
+            for _ in range(SAMPLED_DRAWS):
+                d = int(rng.choice(q.shape[-1], p=q[t] / q[t].sum()))
+                if rng.random() * q[t, d] < p[t, d]:
+                    continue  # accepted: no correction here
+                g = rng.gumbel(size=q.shape[-1])
+                c = int(np.argmax(resid + g))
+                score = lp_proxy + g
+                score[d] = -np.inf
+                sent = np.argpartition(-score, kappa - 2)[: kappa - 1] if kappa > 1 else []
+                hits.append(float(c in sent or c in [v for v in runner if v != d][:m]))
+    return hits
 
 
 def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampling,
