@@ -214,6 +214,9 @@ class ChatSession:
             )
             if events is not None:  # CU-HLM skipping (--skip): LOSSY, audited
                 stats.extra.update(lossy=True, skip=self._skip_stats(events, seq, out))
+            observe = getattr(self.chooser, "observe", None)
+            if auto is not None and observe is not None and out and stats.wall_s > 0:
+                observe(auto, self.sampling, len(out), stats.wall_s)  # later turns' choices
             self.last_stats = stats
 
     def _skip_stats(self, events, seq: list[int], out: list[int]) -> dict:

@@ -121,18 +121,20 @@ def add_auto_args(ap: argparse.ArgumentParser) -> None:
 
 
 def auto_chooser(a: argparse.Namespace, pair: Pair):
-    """For `--method auto`: a function (prompt ids, sampling) -> (method, record).
+    """For `--method auto`: a function (prompt ids, sampling) -> (method, record), whose
+    `observe(record, sampling, tokens, seconds)` reports what the chosen run measured.
 
     The latency model lives in devices/ (method_choice.py, pair_probe.py); the command layer
     builds it and hands it to the engine, which never imports upward (STYLE 11). The record
     (predictions per method, the inputs, the choice and why) goes into `stats.auto`.
     """
-    from devices.method_choice import AUTO_GAMMAS
+    from devices.method_choice import AUTO_GAMMAS, Corrections
     from devices.pair_probe import choose_for
     from devices.profile import load_profile
 
     name = getattr(a, "device_profile", None)
     profile = load_profile(name) if name else None
+    corrections = Corrections()  # what this process's earlier auto runs measured
 
     def choose(ids: list[int], sampling, target_cache=None, draft_cache=None) -> tuple[str, dict]:
         """Given empty caches, the probe prefills them with all of `ids` (pass them on to
@@ -146,8 +148,16 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
                          draft_process=getattr(a, "draft_process", None),
                          draft_branches=getattr(a, "draft_branches", None),
                          exit_head=getattr(a, "exit_head", None))  # fmt: skip
+        rec = corrections.apply(rec, sampling is None or sampling.greedy)
         return rec["choice"], rec
 
+    def observe(rec: dict, sampling, tokens: int, seconds: float) -> None:
+        """After the chosen run: its measured rate corrects later choices (Corrections)."""
+        if seconds > 0 and tokens > 0:
+            corrections.observe(rec, rec["choice"], rec.get("gamma"),
+                                sampling is None or sampling.greedy, tokens / seconds)  # fmt: skip
+
+    choose.observe = observe
     return choose
 
 

@@ -226,3 +226,42 @@ def test_tau_per_gamma_caps_each_steps_accepted_run_at_gamma(monkeypatch):
     assert taus == {2: 1 + (2 + 0 + 2 + 2) / 4, 4: 1 + (4 + 0 + 4 + 2) / 4, 8: 1 + 14 / 4}
     for g, tau in taus.items():  # each γ's α reproduces its own τ
         assert expected_tokens(pp.alpha_for(tau, g), g) == pytest.approx(tau, rel=1e-6)
+
+
+def test_a_measured_miss_corrects_the_next_choice_and_only_its_own_regime():
+    """EMULATED m3-max at T = 1 the laws said mirror@g6 (68 tok/s) and it ran 48: scaled by
+    that, the next pick is sd at its best γ; a greedy choice keeps its own predictions."""
+    from devices.method_choice import Corrections
+
+    by_gamma = {4: {"sd": {"tokens_per_s": 56.8}, "mirror": {"tokens_per_s": 62.5}},
+                6: {"sd": {"tokens_per_s": 57.5}, "mirror": {"tokens_per_s": 68.2}},
+                8: {"sd": {"tokens_per_s": 58.1}, "mirror": {"tokens_per_s": 63.4}}}  # fmt: skip
+    rec = {"choice": "mirror", "gamma": 6, "predictions": by_gamma[6], "by_gamma": by_gamma,
+           "why": "laws"}  # fmt: skip
+    c = Corrections()
+    assert c.apply(rec, greedy=False) is rec  # nothing measured yet
+    c.observe(rec, "mirror", 6, greedy=False, tokens_per_s=47.7)
+    again = c.apply(rec, greedy=False)
+    assert (again["choice"], again["gamma"]) == ("sd", 8)
+    assert again["predictions"] == by_gamma[8] and "mirror x0.70" in again["why"]
+    assert c.apply(rec, greedy=True) is rec  # T = 0 runs were not measured
+    c.observe(again, "sd", 8, greedy=False, tokens_per_s=29.05)  # sd measured at half its law
+    assert (c.apply(rec, greedy=False)["choice"]) == "mirror"  # 0.70x beats 0.50x
+
+
+def test_the_bench_feeds_each_auto_run_back_to_its_chooser(tiny_dir):
+    from apps.bench.duet_runner import DuetRunner
+    from runtime.backends import load_model
+
+    target = load_model(tiny_dir("llama"), "torch")
+    draft = load_model(tiny_dir("llama", num_layers=1, seed=4), "onnx", intra_threads=1)
+    seen = []
+
+    def chooser(ids, sampling, **caches):
+        return "sd", {"choice": "sd", "gamma": 3, "why": "test"}
+
+    chooser.observe = lambda rec, sampling, tokens, seconds: seen.append((rec["choice"], tokens))
+    pair = type("Pair", (), {"target": target, "draft": draft, "settings": {}})()
+    r = DuetRunner("auto", pair, gamma=3, chooser=chooser)
+    res = r.generate([3, 14, 15, 92], 8, 0.0, 1.0, 0)
+    assert seen == [("sd", len(res.tokens))] and len(res.tokens) == 8

@@ -75,8 +75,11 @@ class DuetRunner:
             **caches,
             **self.extra,
         )
+        t_run = time.perf_counter()
         for toks, _ in stream(steps, max_new=max_new, eos_ids=self.eos, stats=stats):
             out += toks
+        if self.chooser is not None and hasattr(self.chooser, "observe"):
+            self.chooser.observe(rec, Sampling(temp, top_p), len(out), time.perf_counter() - t_run)
         return TurnResult(out, time.perf_counter() - t0, list(stats.accept_lengths), note=note,
                           stage_s={"draft": stats.draft_s, "verify": stats.verify_s},
                           verified_tokens=sum(stats.drafted) + len(stats.drafted),
