@@ -331,7 +331,8 @@ def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_la
         tuned = resolve_exit_head(target, exit_layer, exit_head)
         h_exit = h[:, -OMEGA_POSITIONS:]
         exit_logits = target.head(h_exit if tuned is None else tuned.apply(h_exit))[0]  # eq. 6
-        tl = target.head(target.forward_layers(h, tc, exit_layer, target.config.num_layers))[0]
+        h = target.forward_layers(h, tc, exit_layer, target.config.num_layers)
+        tl = target.head(h[:, -OMEGA_POSITIONS:])[0]  # only the positions Ω̂ reads
     else:
         tl = target.forward(x, tc)[0]  # (T, V)
     dl = draft.forward(x, dc)[0]  # the draft's pass is its prefill
@@ -339,7 +340,7 @@ def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_la
     if exit_logits is not None and (sampling is None or sampling.greedy):
         n = len(exit_logits)
         ids_k, _ = topk_message(exit_logits, kappa)
-        own = np.argsort(-dl[-n:], -1, kind="stable")[:, : 1 + draft_branches]
+        own = _top_rows(dl[-n:], 1 + draft_branches)
         for t, c in enumerate(tl[-n:].argmax(-1).tolist()):
             if c != own[t, 0]:  # rejected: c is the correction
                 hits.append(float(c in ids_k[t] or c in own[t, 1:]))
@@ -348,6 +349,14 @@ def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_la
         hits = _sampled_hits(sampling.probs(tl[-n:]), sampling.probs(dl[-n:]),
                              sampling.probs(exit_logits), kappa, draft_branches)  # fmt: skip
     return _shrink(hits, PRIOR_OMEGA)
+
+
+def _top_rows(x: np.ndarray, k: int) -> np.ndarray:
+    """Per row, the indices of the k largest values, largest first (argsort's order)."""
+    k = min(k, x.shape[-1])
+    part = np.argpartition(-x, k - 1, axis=-1)[:, :k]
+    order = np.argsort(-np.take_along_axis(x, part, -1), -1, kind="stable")
+    return np.take_along_axis(part, order, -1)
 
 
 SAMPLED_DRAWS = 4  # per probe position at T > 0
