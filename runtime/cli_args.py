@@ -85,7 +85,10 @@ def add_gamma_arg(ap: argparse.ArgumentParser) -> None:
 
 
 def resolve_gamma(a: argparse.Namespace) -> None:
-    """a.gamma_free: no --gamma was given; a.gamma: the given value or DEFAULT_GAMMA."""
+    """a.gamma_free: no --gamma was given; a.gamma: the given value or DEFAULT_GAMMA.
+    A command without --gamma (apps.bench --edge's per-temperature checks) is left alone."""
+    if not hasattr(a, "gamma"):
+        return
     if getattr(a, "gamma_free", None) is None:
         a.gamma_free = a.gamma is None
     if a.gamma is None:
@@ -106,7 +109,7 @@ def check_decoding_args(a: argparse.Namespace) -> None:
     if getattr(a, "top_k", 0) < 0:
         raise DuetError(f"--top-k must be >= 0 (got {a.top_k})")
     method = getattr(a, "method", "mirror")
-    if method != "ar" and a.gamma < 1:
+    if method != "ar" and getattr(a, "gamma", 1) < 1:
         raise DuetError(f"--gamma must be at least 1 for --method {method} (got {a.gamma})")
 
 
