@@ -137,11 +137,16 @@ class Corrections:
     The laws above leave things out (at T > 0 mirror's branch waves complete less often than
     its candidate coverage says: EMULATED m3-max, predicted 68 tok/s at γ 6, measured 48), and
     a process that runs many generations (a chat, a bench) should not repeat the same miss.
-    A method never run keeps its prediction; one generation's ratio counts once.
+    A method never run keeps its prediction; one generation's ratio counts once, and a
+    method's first run in the process is not counted: it pays one-time costs (a worker's
+    start, first-shape warm-ups) that later runs do not, and a low factor from it would keep
+    the method from ever running again (EMULATED m3-max T = 0: auto then ran sd@g5 at 60.8
+    tok/s against mirror@g6's 77.9).
     """
 
     def __init__(self):
         self.logs: dict[tuple[str, bool], list[float]] = {}
+        self.seen: set[str] = set()  # methods whose first (warm-up) run has been skipped
 
     def factor(self, method: str, greedy: bool) -> float:
         xs = self.logs.get((method, greedy))
@@ -150,6 +155,9 @@ class Corrections:
     def observe(self, rec: dict, method: str, gamma: int | None, greedy: bool,
                 tokens_per_s: float) -> None:  # fmt: skip
         """Record the run `rec` chose: `method` at `gamma` measured `tokens_per_s`."""
+        if method not in self.seen:  # its first run: warm-up, not the method's steady rate
+            self.seen.add(method)
+            return
         preds = rec.get("by_gamma", {}).get(gamma) or rec.get("predictions", {})
         predicted = preds.get(method, {}).get("tokens_per_s")
         if predicted and tokens_per_s > 0:

@@ -240,6 +240,9 @@ def test_a_measured_miss_corrects_the_next_choice_and_only_its_own_regime():
            "why": "laws"}  # fmt: skip
     c = Corrections()
     assert c.apply(rec, greedy=False) is rec  # nothing measured yet
+    c.observe(rec, "mirror", 6, greedy=False, tokens_per_s=20.0)  # its first run: a warm-up
+    assert c.apply(rec, greedy=False) is rec
+    c.seen.add("sd")  # (sd's warm-up done too)
     c.observe(rec, "mirror", 6, greedy=False, tokens_per_s=47.7)
     again = c.apply(rec, greedy=False)
     assert (again["choice"], again["gamma"]) == ("sd", 8)
