@@ -155,12 +155,14 @@ def mirror_pass(target, cache, window, *, kappa: int, exit_layer: int | None,
     if not getattr(target, "supports_layer_range", False):
         return None
     from kernels.topk_channel import encode, topk_message
+    from runtime.decoding.events import Sampling
     from runtime.mirror.coupled import coupled_message, step_noise
     from runtime.mirror.exit_head import resolve_exit_head
 
     n = target.config.num_layers
     le = n // 2 if exit_layer is None else exit_layer
     tuned = resolve_exit_head(target, le, exit_head)
+    law = Sampling(1.0)  # at T > 0 the pass costs the same whatever the temperature
     g = window.shape[1] - 1
     drafts = window[0, 1:].tolist()
 
@@ -171,8 +173,7 @@ def mirror_pass(target, cache, window, *, kappa: int, exit_layer: int | None,
             ids, logp = topk_message(exit_logits, kappa)
         else:
             _, noise = step_noise(0, 0, g, exit_logits.shape[-1])
-            z = np.exp(exit_logits - exit_logits.max(-1, keepdims=True))
-            ids, logp = coupled_message(z / z.sum(-1, keepdims=True), drafts, noise, kappa)
+            ids, logp = coupled_message(law.probs(exit_logits), drafts, noise, kappa)
         encode(ids, logp)
         target.head(target.forward_layers(h, cache, le, n))
         cache.trim(window.shape[1])
@@ -269,17 +270,20 @@ def _slowdown_process(draft, prompt, branches: int, tpass, repeats: int) -> floa
     except Exception:  # noqa: BLE001 (no load spec, or it failed to load: mirror cannot run)
         return None
     alone, beside = [], []
-    for r in range(repeats + 1):  # round 0 warms up; rounds alternate the draft off and on
-        t0 = time.perf_counter()
-        tpass()
-        a = time.perf_counter() - t0
-        with host.busy(branches):
+    try:
+        for r in range(repeats + 1):  # round 0 warms up; rounds alternate the draft off and on
             t0 = time.perf_counter()
             tpass()
-            b = time.perf_counter() - t0
-        if r:
-            alone.append(a)
-            beside.append(b)
+            a = time.perf_counter() - t0
+            with host.busy(branches):
+                t0 = time.perf_counter()
+                tpass()
+                b = time.perf_counter() - t0
+            if r:
+                alone.append(a)
+                beside.append(b)
+    except (RuntimeError, TimeoutError):  # the draft failed in its process: as _slowdown's None
+        return None
     return statistics.median(beside) / statistics.median(alone)
 
 
@@ -447,19 +451,20 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
 
     process = draft_in_process(target, draft, draft_process)
     own = DEFAULT_DRAFT_BRANCHES if draft_branches is None else draft_branches
+    le = target.config.num_layers // 2 if exit_layer is None else exit_layer
+    kappa, branches = kappa or 8, branches or DEFAULT_BRANCH_BATCH
 
     runnable = runnable_methods(target, draft)
     if runnable == ["ar"]:
         return {"choice": "ar", "why": "no draft model: ar is the only method", "predictions": {}}
     if profile is None:
-        le = target.config.num_layers // 2 if exit_layer is None else exit_layer
-        st = measure_stages(target, draft, gamma=gamma, branches=branches or DEFAULT_BRANCH_BATCH,
-                            process=process, sampling=sampling, kappa=kappa or 8, exit_layer=le,
+        st = measure_stages(target, draft, gamma=gamma, branches=branches, process=process,
+                            sampling=sampling, kappa=kappa, exit_layer=le,
                             exit_head=exit_head)  # fmt: skip
         if st["target_slowdown"] is None:  # the draft failed in its worker thread or process
             runnable.remove("mirror")
-    t = stage_times(target, draft, ids, gamma=gamma, branches=branches or DEFAULT_BRANCH_BATCH,
-                    kappa=kappa or 8, exit_layer=exit_layer, sampling=sampling,
+    t = stage_times(target, draft, ids, gamma=gamma, branches=branches, kappa=kappa,
+                    exit_layer=le, sampling=sampling,
                     profile=profile, target_cache=target_cache, draft_cache=draft_cache,
                     process=process, draft_branches=own, exit_head=exit_head)  # fmt: skip
     if not gammas or profile is not None:  # a profile's windows follow its own law in γ
@@ -468,8 +473,7 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
 
     from devices.method_choice import choose_joint
 
-    le = target.config.num_layers // 2 if exit_layer is None else exit_layer
-    wins = measure_windows(target, sorted(set(gammas)), kappa=kappa or 8, exit_layer=le,
+    wins = measure_windows(target, sorted(set(gammas)), kappa=kappa, exit_layer=le,
                            exit_head=exit_head, greedy=sampling is None or sampling.greedy)  # fmt: skip
     taus = pair_taus(target, draft, ids, gammas=sorted(wins), sampling=sampling)
     by_gamma = {g: replace(t, target_window=w["target_window"], mirror_window=w.get("mirror_window"),

@@ -250,3 +250,26 @@ def test_auto_measures_the_slowdown_beside_the_draft_process_it_would_run(pair):
     ref = run(make_steps("ar", target, None, PROMPT, max_new=16, sampling=Sampling(), seed=0),
               max_new=16).tokens  # fmt: skip
     assert run(steps(target, draft, n=16), max_new=16).tokens == ref
+
+
+def test_a_draft_process_that_fails_its_busy_loop_takes_mirror_out_of_autos_choice(pair,
+                                                                                   monkeypatch):  # fmt: skip
+    """As with the thread probe: a draft that cannot loop beside the target gives no slowdown
+    (None: choose_for then drops mirror) instead of an error out of `--method auto`."""
+    from contextlib import contextmanager
+
+    import numpy as np
+
+    from devices.pair_probe import _slowdown_process
+    from runtime.mirror.draft_process import draft_host
+
+    _, draft = pair
+    host = draft_host(draft)
+
+    @contextmanager
+    def failing(branches):
+        raise RuntimeError("the Mirror-SD draft process died")
+        yield
+
+    monkeypatch.setattr(host, "busy", failing)
+    assert _slowdown_process(draft, np.array([PROMPT]), 4, lambda: None, repeats=1) is None

@@ -28,6 +28,7 @@ import pickle
 import queue
 import signal
 import time
+from contextlib import contextmanager
 from multiprocessing import connection, get_context
 
 from runtime.decoding.events import Sampling, rewind
@@ -97,24 +98,20 @@ class DraftHost:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"the draft process (pid {self.pid}) did not answer")
 
+    @contextmanager
     def busy(self, branches: int):
         """A context in which the draft process loops `branches`-row draft passes (what its
         branch waves compute), for measuring the target beside it (devices/pair_probe.py)."""
-        host = self
-
-        class _Busy:
-            def __enter__(self):
-                host.send(wire.BUSY + str(branches).encode())
-                tag = host.recv(timeout=LOAD_TIMEOUT_S)  # the loop's first pass has run
-                if tag[:1] != wire.BUSY:
-                    raise RuntimeError(f"the draft process did not start its loop: {tag[:40]!r}")
-
-            def __exit__(self, *exc):
-                host.send(wire.IDLE)  # any message ends the loop; it answers when it stops
-                while host.recv(timeout=STOP_TIMEOUT_S)[:1] != wire.IDLE:
-                    pass
-
-        return _Busy()
+        self.send(wire.BUSY + str(branches).encode())
+        tag = self.recv(timeout=LOAD_TIMEOUT_S)  # the loop's first pass has run
+        if tag[:1] != wire.BUSY:
+            raise RuntimeError(f"the draft process did not start its loop: {tag[:40]!r}")
+        try:
+            yield
+        finally:
+            self.send(wire.IDLE)  # any message ends the loop; it answers when it stops
+            while self.recv(timeout=STOP_TIMEOUT_S)[:1] != wire.IDLE:
+                pass
 
     def _died(self):
         self.proc.join(STOP_TIMEOUT_S)
