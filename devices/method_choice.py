@@ -6,15 +6,19 @@ the pair at hand, or a calibrated profile supplies them). The laws:
   expected tokens per step   E[τ] = (1 − α^(γ+1)) / (1 − α)   (Leviathan et al., i.i.d. acceptance α)
   ar      T = T_target(1)
   sd      T = T_target(γ+1) + γ·t_draft                        (Mirror-SD App. C, T_SD)
-  mirror  T = s·T_mirror(γ+1)·ℓe/N + T_rv(ee)
-              + max(s·T_mirror(γ+1)·(N−ℓe)/N, γ·t_draft_batch) + T_rv(fv)    (eq. 10)
-              + (1 − reuse)·γ·t_draft                           (a fresh rollout after a miss)
+  mirror  T = s·T_mirror(γ+1)·ℓe/N + T_rv(ee) + s·T_mirror(γ+1)·(N−ℓe)/N + T_rv(fv)  (eq. 10)
+              + E[wait for the next window]                     (mirror_wait)
   with T_mirror(γ+1) mirror's own pass alone (split at ℓe, its early-exit head and message:
   measured, since that head alone costs what a layer does on a small target), s the target's
-  slowdown while the draft computes beside it (measured, not assumed),
-  and reuse ≈ Ω̂ (App. E: a branch exists iff (A, c) is in the tree, FF ≤ 1 − Ω_κ; the tree
-  holds the exit layer's top-κ and the draft's own runner-ups: devices/pair_probe.probe_prompt)
-  scaled by the share of one branch wave that fits in the target's suffix (most likely first).
+  slowdown while the draft computes beside it (measured, not assumed). eq. (10)'s
+  max{suffix, T_draft^gen} becomes the wait at the verdict, from the worker's timeline: it
+  extends its cache (one draft pass), rolls out its own runner-up branches to their end (a
+  wave of b-second passes per branch_batch rows, γ deep), then the early exit's branches (from
+  max(own waves' end, prefix + T_rv(ee))), until the verdict. The correction is an own branch
+  with probability Ω̂_own, an early-exit one with Ω̂ − Ω̂_own (App. E: a branch exists iff
+  (A, c) is in the tree, FF ≤ 1 − Ω_κ; devices/pair_probe.probe_prompt), else a miss: a branch
+  not complete at the verdict is resumed serially, a miss rolled out afresh (γ draft tokens)
+  after the pass in flight.
 
 sd and mirror commit the same tokens per step (same draft, same window: App. B), so the
 choice between them rests on the step times alone; ar against them on α. `choose_joint`
@@ -50,6 +54,9 @@ class StageTimes:
     # mirror's own verification pass alone: split at ℓe, the early-exit head and message
     # (and at T > 0 the step's noise table and coupled message) included; None: target_window
     mirror_window: float | None = None
+    omega_own: float = 0.0  # Ω̂_own ≤ Ω̂: corrections among the draft's own runner-ups
+    own_rows: int = 0  # runner-up branches per window position rolled out before the exit
+    branch_batch: int = 16  # rows per branch wave (draft_batch is one such wave's pass)
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -65,11 +72,8 @@ def predict(t: StageTimes, gamma: int) -> dict[str, dict]:
     window = t.mirror_window or t.target_window  # mirror's pass costs its early exit too
     prefix = s * window * t.exit_fraction
     suffix = s * window * (1 - t.exit_fraction)
-    wave = gamma * t.draft_batch  # one wave of branches rolled out γ deep
-    fits = min(1.0, suffix / wave) if wave > 0 else 1.0
-    reuse = t.omega_kappa * fits
-    t_mirror = mirror_step_time(prefix, suffix, wave, t.t_rv / 2, t.t_rv / 2)  # eq. (10)
-    t_mirror += (1 - reuse) * gamma * t.draft_token  # fallback rollout after a miss
+    wait, reuse = mirror_wait(t, gamma, prefix, suffix)
+    t_mirror = mirror_step_time(prefix, suffix, 0.0, t.t_rv / 2, t.t_rv / 2) + wait  # eq. (10)
     t_sd = sd_step_time(t.target_window, gamma * t.draft_token)  # App. C
     rows = {
         "ar": (t.target_token, 1.0, {}),
@@ -80,6 +84,33 @@ def predict(t: StageTimes, gamma: int) -> dict[str, dict]:
         m: {"tokens_per_s": n / step, "step_ms": 1e3 * step, "tokens_per_step": n, **extra}
         for m, (step, n, extra) in rows.items()
     }
+
+
+def mirror_wait(t: StageTimes, gamma: int, prefix: float, suffix: float) -> tuple[float, float]:
+    """(E[wait], reuse): the expected time from the verdict's arrival at the draft worker to
+    its next window, and the share of steps whose window is complete by then (module
+    docstring; times from the step's start, the worker's as draft_worker.DraftWorker._run
+    spends them; early-exit hits are taken to be in its first wave, the most likely one)."""
+    b, tok, rv = t.draft_batch, t.draft_token, t.t_rv / 2
+    own_waves = math.ceil(t.own_rows * (gamma + 1) / max(1, t.branch_batch)) if t.own_rows else 0
+    own_end = tok + own_waves * gamma * b  # extend the cache, then the own waves to their end
+    ee_start = max(own_end, prefix + rv)
+    ee_end = ee_start + gamma * b
+    verdict = prefix + suffix + 2 * rv
+    if verdict < own_end:  # the own waves still run: nothing else has started
+        passes, free = 0, own_end
+    elif verdict < ee_end:  # the early exit's first wave is cut after the pass in flight
+        passes = math.ceil((verdict - ee_start) / b) if b > 0 else gamma
+        free = ee_start + passes * b
+    else:
+        passes, free = gamma, verdict
+    w_own = max(0.0, own_end - verdict)
+    w_ee = 0.0 if ee_end <= verdict else (free - verdict) + (gamma - passes) * tok  # resumed
+    w_miss = (free - verdict) + gamma * tok  # a fresh rollout
+    ee = max(0.0, t.omega_kappa - t.omega_own)
+    wait = t.omega_own * w_own + ee * w_ee + (1 - t.omega_own - ee) * w_miss
+    reuse = t.omega_own * (own_end <= verdict) + ee * (ee_end <= verdict)
+    return wait, reuse
 
 
 def choose(t: StageTimes, gamma: int, runnable: list[str]) -> dict:

@@ -4,7 +4,8 @@ Stage times (medians, after a warm-up pass each):
   target_token / target_window  the target's 1-token and (γ+1)-token passes, alone;
   mirror_window                 mirror's own (γ+1)-token pass alone: split at ℓe, with the
                                 early-exit head and message (mirror_pass);
-  draft_token / draft_batch     the draft's 1-row pass and a `branches`-row branch pass;
+  draft_token / draft_batch     the draft's 1-row pass, and one pass of a `branches`-row
+                                branch wave as the worker runs it (wave_pass);
   target_slowdown               the target's window pass while the draft loops batched
                                 passes beside it (as Mirror-SD's worker does: in a thread, or
                                 in its own process where mirror would run it so), over it alone;
@@ -128,23 +129,45 @@ def measure_stages(target, draft, *, gamma: int, branches: int, repeats: int = 1
         draft.forward(x, cache)
         cache.trim(x.shape[1])
 
-    rows = dc.fork([0] * branches)
-    batch = np.repeat(prompt[:, :1], branches, 0)
     fns = {"target_token": lambda: tpass(prompt[:, :1]),
            "target_window": lambda: tpass(window),
            "draft_token": lambda: dpass(prompt[:, :1], dc),
-           "draft_batch": lambda: dpass(batch, rows)}  # fmt: skip
+           "draft_batch": wave_pass(draft, dc, branches=branches, gamma=gamma,
+                                    sampling=sampling)}  # fmt: skip
     mpass = mirror_pass(target, tc, window, kappa=kappa, exit_layer=exit_layer,
                         exit_head=exit_head, greedy=greedy)  # fmt: skip
     if mpass is not None:
         fns["mirror_window"] = mpass
     out = _medians(fns, repeats)
+    out["draft_batch"] /= max(1, gamma)  # wave_pass runs a whole γ-deep wave
     slowdown = _slowdown_process if process else _slowdown
     out["target_slowdown"] = slowdown(draft, prompt, branches, lambda: tpass(window), repeats)
     out["t_rv"] = measure_rendezvous(trials=200)
     out["source"] = "measured on this machine on the pair at hand"
     _CACHE[key] = out
     return out
+
+
+def wave_pass(draft, cache, *, branches: int, gamma: int, sampling=None):
+    """A function running one γ-deep wave of `branches` rows as Mirror-SD's worker does
+    (draft_worker.Wave: fork, masks, and at T > 0 each row's law and draw): its time / γ is
+    the branch pass that eq. (10)'s wave term counts. A bare batched forward left the masks
+    and the sampling out (EMULATED m3-max T = 1: 3.5 ms timed, 4.9 ms as the wave ran)."""
+    from runtime.decoding.events import GREEDY
+    from runtime.mirror.branches import Branch
+    from runtime.mirror.draft_worker import Wave, fork_rows
+
+    law = sampling or GREEDY
+    base = cache.offset - gamma  # the cache holds committed + d1..dγ
+    chunk = [Branch(i % (gamma + 1), i, 0.0) for i in range(branches)]
+
+    def run():
+        wave = Wave(draft, fork_rows(cache, chunk, base), chunk, base, [gamma] * branches,
+                    [np.random.default_rng(i) for i in range(branches)], law)  # fmt: skip
+        while not wave.finished():
+            wave.advance()
+
+    return run
 
 
 def mirror_pass(target, cache, window, *, kappa: int, exit_layer: int | None,
@@ -322,7 +345,9 @@ def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_la
     the early exit's candidates coupled to the verifier's noise as mirror does it
     (_sampled_hits). The hit rate, shrunk toward PRIOR_OMEGA. The passes are the prompt's
     prefill: given (empty) caches, they are left holding the prompt, so the method chosen
-    next does not prefill it again."""
+    next does not prefill it again. Returns (Ω̂, Ω̂_own): Ω̂_own the share of corrections
+    among the draft's own runner-ups, whose branches the worker rolls out before the early
+    exit arrives (shrunk toward PRIOR_OMEGA / 2; 0 without draft branches)."""
     from kernels.topk_channel import topk_message
     from runtime.mirror.exit_head import resolve_exit_head
 
@@ -330,6 +355,7 @@ def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_la
     tc = target_cache if target_cache is not None else target.new_cache()
     dc = draft_cache if draft_cache is not None else draft.new_cache()
     exit_logits = None
+    hits, own_hits = [], []
     if exit_layer is not None and getattr(target, "supports_layer_range", False):
         h = target.forward_layers(x, tc, 0, exit_layer)
         tuned = resolve_exit_head(target, exit_layer, exit_head)
@@ -340,7 +366,6 @@ def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_la
     else:
         tl = target.forward(x, tc)[0]  # (T, V)
     dl = draft.forward(x, dc)[0]  # the draft's pass is its prefill
-    hits = []
     if exit_logits is not None and (sampling is None or sampling.greedy):
         n = len(exit_logits)
         ids_k, _ = topk_message(exit_logits, kappa)
@@ -348,11 +373,15 @@ def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_la
         for t, c in enumerate(tl[-n:].argmax(-1).tolist()):
             if c != own[t, 0]:  # rejected: c is the correction
                 hits.append(float(c in ids_k[t] or c in own[t, 1:]))
+                own_hits.append(float(c in own[t, 1:]))
     elif exit_logits is not None:
         n = len(exit_logits)
-        hits = _sampled_hits(sampling.probs(tl[-n:]), sampling.probs(dl[-n:]),
-                             sampling.probs(exit_logits), kappa, draft_branches)  # fmt: skip
-    return _shrink(hits, PRIOR_OMEGA)
+        hits, own_hits = _sampled_hits(sampling.probs(tl[-n:]), sampling.probs(dl[-n:]),
+                                       sampling.probs(exit_logits), kappa, draft_branches)  # fmt: skip
+    omega = _shrink(hits, PRIOR_OMEGA)
+    if not draft_branches:
+        return omega, 0.0
+    return omega, min(omega, _shrink(own_hits, PRIOR_OMEGA / 2))
 
 
 def _top_rows(x: np.ndarray, k: int) -> np.ndarray:
@@ -371,9 +400,10 @@ def _sampled_hits(p, q, proxy, kappa: int, m: int) -> list[float]:
     verifier accepts with u·q(d) < p(d) (u ~ U[0, 1)), else its correction is the Gumbel-max
     draw from the residual max(p − q, 0) under noise G; the early exit sends d and the κ − 1
     tokens maximising log p̃ + G (runtime/mirror/coupled.py), the draft its m runner-ups by
-    q. A hit: a rejection whose correction is among them."""
+    q. A hit: a rejection whose correction is among them. Returns (hits, own hits): the
+    second counts the corrections among the draft's runner-ups."""
     rng = np.random.default_rng(0)
-    hits = []
+    hits, own_hits = [], []
     with np.errstate(divide="ignore"):
         for t in range(len(p)):
             lp_proxy, resid = np.log(proxy[t]), np.log(np.maximum(p[t] - q[t], 0.0))
@@ -387,8 +417,10 @@ def _sampled_hits(p, q, proxy, kappa: int, m: int) -> list[float]:
                 score = lp_proxy + g
                 score[d] = -np.inf
                 sent = np.argpartition(-score, kappa - 2)[: kappa - 1] if kappa > 1 else []
-                hits.append(float(c in sent or c in [v for v in runner if v != d][:m]))
-    return hits
+                mine = c in [v for v in runner if v != d][:m]
+                hits.append(float(c in sent or mine))
+                own_hits.append(float(mine))
+    return hits, own_hits
 
 
 def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampling,
@@ -415,10 +447,11 @@ def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampl
     if st["target_slowdown"] is None:  # unmeasurable: mirror is not a candidate (choose_for)
         st = dict(st, target_slowdown=1.0)
     alpha = pair_acceptance(target, draft, ids, gamma=gamma, sampling=sampling)
-    omega = probe_prompt(target, draft, ids, sampling=sampling, kappa=kappa, exit_layer=le,
-                         target_cache=target_cache, draft_cache=draft_cache,
-                         draft_branches=draft_branches, exit_head=exit_head)  # fmt: skip
-    return StageTimes(acceptance=alpha, omega_kappa=omega, exit_fraction=le / n, **st)
+    omega, own = probe_prompt(target, draft, ids, sampling=sampling, kappa=kappa, exit_layer=le,
+                              target_cache=target_cache, draft_cache=draft_cache,
+                              draft_branches=draft_branches, exit_head=exit_head)  # fmt: skip
+    return StageTimes(acceptance=alpha, omega_kappa=omega, exit_fraction=le / n, omega_own=own,
+                      own_rows=draft_branches, branch_batch=branches, **st)  # fmt: skip
 
 
 def runnable_methods(target, draft) -> list[str]:
@@ -447,10 +480,10 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
     one to run; the stage times other than the window passes are `gamma`'s."""
     from devices.method_choice import choose
     from runtime.decoding.mirror import DEFAULT_DRAFT_BRANCHES, draft_in_process
-    from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
+    from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH, own_branches
 
     process = draft_in_process(target, draft, draft_process)
-    own = DEFAULT_DRAFT_BRANCHES if draft_branches is None else draft_branches
+    own = own_branches(draft, DEFAULT_DRAFT_BRANCHES if draft_branches is None else draft_branches)
     le = target.config.num_layers // 2 if exit_layer is None else exit_layer
     kappa, branches = kappa or 8, branches or DEFAULT_BRANCH_BATCH
 

@@ -46,10 +46,34 @@ def test_prediction_follows_eq10_and_sd_law():
     tau = expected_tokens(0.7, 4)
     assert p["sd"]["step_ms"] == pytest.approx(1e3 * (0.012 + 4 * 0.002))
     s_win = 1.5 * 0.012
-    reuse = 0.6 * min(1.0, (s_win / 2) / (4 * 0.001))
-    mirror = s_win / 2 + 1e-4 + max(s_win / 2, 4 * 0.001) + (1 - reuse) * 4 * 0.002
+    # the early exit's wave (4 passes of 1 ms from 9.05 ms) ends before the verdict (18.1 ms):
+    # a hit (Ω̂ 0.6) waits for nothing, a miss for a fresh 4-token rollout
+    mirror = s_win / 2 + 5e-5 + s_win / 2 + 5e-5 + 0.4 * 4 * 0.002
     assert p["mirror"]["step_ms"] == pytest.approx(1e3 * mirror)
+    assert p["mirror"]["reuse"] == pytest.approx(0.6)
     assert p["sd"]["tokens_per_s"] == pytest.approx(tau / (0.012 + 4 * 0.002))
+
+
+def test_mirror_waits_for_branches_its_worker_cannot_finish_before_the_verdict():
+    """The worker's timeline (method_choice.mirror_wait): an early-exit wave cut by the verdict
+    is resumed serially; own branches rolled out first delay the early exit's wave, and while
+    they run the verdict waits for them (at T > 0 on EMULATED m3-max the own wave outlasted
+    the prefix and reuse fell to 0.32 where Ω̂ alone predicted more)."""
+    # no own branches, 4 ms passes: the wave starts at 6.05 ms and the verdict (12.1 ms)
+    # arrives in its 2nd pass, done at 14.05 ms; an early-exit hit resumes 2 tokens, a miss 4
+    cut = predict(times(draft_batch=0.004), 4)["mirror"]
+    wait = 0.6 * (0.00195 + 2 * 0.002) + 0.4 * (0.00195 + 4 * 0.002)
+    assert cut["step_ms"] == pytest.approx(1e3 * (0.012 + 1e-4 + wait))
+    assert cut["reuse"] == 0.0
+    # two runner-ups per position (10 rows, one wave of 3 ms passes): the own wave ends at
+    # 2 + 12 = 14 ms, after the verdict; an own hit waits 1.9 ms, the rest fall back after it
+    own = predict(times(draft_batch=0.003, own_rows=2, omega_own=0.2), 4)["mirror"]
+    wait = 0.2 * 0.0019 + 0.8 * (0.0019 + 4 * 0.002)
+    assert own["step_ms"] == pytest.approx(1e3 * (0.012 + 1e-4 + wait))
+    # a shorter window lets the own wave end (2 + 2·3 = 8 ms) before the verdict (12.1 ms),
+    # and the early exit's wave starts after it: own hits are reused, the others cut
+    short = predict(times(draft_batch=0.003, own_rows=2, omega_own=0.2), 2)["mirror"]
+    assert short["reuse"] == pytest.approx(0.2)
 
 
 def test_never_picks_a_method_the_pair_cannot_run():
@@ -140,8 +164,10 @@ def test_the_probe_counts_a_correction_as_covered_by_the_exit_top_kappa_or_the_d
     # rejections at t = 0, 1, 2 (t = 3: the draft's 4 is right); hits: t = 0 (exit top-κ),
     # and with one runner-up t = 1 (the draft's second choice 2)
     shrunk = lambda hits, n: (hits + PRIOR_WEIGHT * PRIOR_OMEGA) / (n + PRIOR_WEIGHT)  # noqa: E731
-    assert omega(0) == pytest.approx(shrunk(1, 3))
-    assert omega(1) == pytest.approx(shrunk(2, 3))
+    assert omega(0) == (pytest.approx(shrunk(1, 3)), 0.0)
+    total, own = omega(1)  # the runner-up's hit counts for the own branches as well
+    assert total == pytest.approx(shrunk(2, 3))
+    assert own == pytest.approx((1 + PRIOR_WEIGHT * PRIOR_OMEGA / 2) / (3 + PRIOR_WEIGHT))
 
 
 def test_mirrors_prediction_uses_its_own_measured_pass_with_the_early_exit():
@@ -149,8 +175,7 @@ def test_mirrors_prediction_uses_its_own_measured_pass_with_the_early_exit():
     that measured pass, sd's law the plain one."""
     plain, split = times(), times(mirror_window=0.015)
     assert predict(split, 4)["sd"] == predict(plain, 4)["sd"]
-    reuse = 0.6 * min(1.0, (0.015 / 2) / (4 * 0.001))
-    want = 0.015 / 2 + 1e-4 + max(0.015 / 2, 4 * 0.001) + (1 - reuse) * 4 * 0.002
+    want = 0.015 / 2 + 5e-5 + 0.015 / 2 + 5e-5 + 0.4 * 4 * 0.002  # the wave ends in time
     assert predict(split, 4)["mirror"]["step_ms"] == pytest.approx(1e3 * want)
 
 

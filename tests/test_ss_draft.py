@@ -186,7 +186,7 @@ def test_ss_branch_wave_equals_the_ar_wave(ss_dirs, temp, oracle):
     """Mirror-SD branch rows drafted with SS passes: the same tokens and q as the ordinary
     wave, each row's committed cache the same, and fewer passes when the streams guess right."""
     from runtime.mirror.branches import Branch
-    from runtime.mirror.draft_worker import _Wave
+    from runtime.mirror.draft_worker import Wave
     from runtime.mirror.ss_wave import SSWave
 
     _, _, ss = ss_dirs
@@ -202,7 +202,7 @@ def test_ss_branch_wave_equals_the_ar_wave(ss_dirs, temp, oracle):
     def rngs():
         return [np.random.default_rng([9, r]) for r in range(len(branches))]
 
-    ar = _Wave(m, cache.fork([0] * 4), branches, base, g2, rngs(), s)
+    ar = Wave(m, cache.fork([0] * 4), branches, base, g2, rngs(), s)
     while not ar.finished():
         ar.advance()
     future = [{base + b.depth + 1 + i: t for i, t in enumerate(ar.toks[r, : g2[r]].tolist())}
@@ -222,7 +222,7 @@ def test_ss_branch_wave_equals_the_ar_wave(ss_dirs, temp, oracle):
     for r in (1, 3):  # commit: row r alone, holes closed, the same cache as the AR wave's
         b, ta = branches[r], ar.window(r)[0]
         ca, cb = cache.fork([0] * 4), cache.fork([0] * 4)  # commit row r of fresh copies
-        ar2 = _Wave(m, ca, branches, base, g2, rngs(), s)
+        ar2 = Wave(m, ca, branches, base, g2, rngs(), s)
         while not ar2.finished():
             ar2.advance()
         ss2 = SSWave(draft, cb, branches, base, g2, rngs(), s)

@@ -52,6 +52,14 @@ class _Stopped(Exception):
     pass
 
 
+def own_branches(draft, asked: int) -> int:
+    """The runner-up branches per position that the worker rolls out from the draft's own law
+    before the early exit: `asked`, or 0 for an SS draft (its forward is its multi-stream
+    graph) and a hybrid one (its linear states do not re-run a window in place)."""
+    plain = is_ss_draft(draft) or getattr(draft.config, "is_hybrid", False)
+    return 0 if plain else asked
+
+
 class DraftWorker:
     """Owns the draft model and its cache; talks to the target only through two queues."""
 
@@ -61,11 +69,7 @@ class DraftWorker:
         self.draft, self.sampling, self.seed = draft, sampling, seed
         self.gamma, self.max_new, self.ctx = gamma, max_new, ctx
         self.branch_batch = branch_batch
-        # runner-up branches from the draft's own law, rolled out before the early exit (an
-        # SS draft's forward is its multi-stream graph, and a hybrid draft's linear states do
-        # not re-run a window in place, so those keep the plain feed)
-        plain = is_ss_draft(draft) or getattr(draft.config, "is_hybrid", False)
-        self.draft_branches = 0 if plain else draft_branches
+        self.draft_branches = own_branches(draft, draft_branches)
         self.tl = timeline
         self.cache = cache if cache is not None else draft.new_cache()
         self.inbox: queue.Queue = queue.Queue()
@@ -251,7 +255,7 @@ class DraftWorker:
                 self.outbox.put(Window(step, window, q, now_ns(), info["source"], info))
                 time.sleep(0)  # let the waiting target thread take the GIL at once
 
-    def _publish(self, step: int, wave: _Wave) -> None:
+    def _publish(self, step: int, wave: Wave) -> None:
         """Post the rows this pass completed as ready windows for step + 1."""
         rows = wave.just_completed()
         if not rows.size:
@@ -282,14 +286,14 @@ class DraftWorker:
             self.tl.add("draft", "extend own path", t0, now_ns(), step=step)
         return None
 
-    def _own_rollouts(self, step, logits, window, produced) -> list[_Wave]:
+    def _own_rollouts(self, step, logits, window, produced) -> list[Wave]:
         """Waves of the draft's own runner-up branches until the early exit arrives."""
         ranked = rank_own_branches(logits, window, self.draft_branches)
         return self._waves(step, ranked, produced, finish=True)
 
     def _branch_rollouts(
         self, step, ids, logp, window, produced, started=(), q=None
-    ) -> list[_Wave]:
+    ) -> list[Wave]:
         """Waves of branches, most likely first, until (A, c) arrives (the last may be cut short);
         branches in `started` (rolled out before the early exit) are not run again. `q`: the
         window's draft laws when sampling (the ranking is then the noise-coupled one of
@@ -303,7 +307,7 @@ class DraftWorker:
         ranked = [b for b in ranked if (b.depth, b.token) not in started]
         return self._waves(step, ranked, produced)
 
-    def _waves(self, step, ranked: list[Branch], produced, finish: bool = False) -> list[_Wave]:
+    def _waves(self, step, ranked: list[Branch], produced, finish: bool = False) -> list[Wave]:
         """Roll `ranked` out in waves of branch_batch rows until a message arrives. finish: the
         wave in flight when it arrives still runs to its end (the own branches: they started a
         whole prefix earlier than any early-exit branch can, so at a γ whose rollout outlasts
@@ -316,8 +320,8 @@ class DraftWorker:
             chunk = ranked[i : i + self.branch_batch]
             g2 = [self._window_size(produced + b.depth + 1, base + b.depth + 1) for b in chunk]
             rngs = [self._rng(step + 1, b.depth, b.token) for b in chunk]
-            kind = SSWave if is_ss_draft(self.draft) else _Wave  # §3.2: η ≥ 1 tokens per pass
-            wave = kind(self.draft, _fork_rows(self.cache, chunk, base), chunk, base, g2, rngs,
+            kind = SSWave if is_ss_draft(self.draft) else Wave  # §3.2: η ≥ 1 tokens per pass
+            wave = kind(self.draft, fork_rows(self.cache, chunk, base), chunk, base, g2, rngs,
                         self.sampling)  # fmt: skip
             waves.append(wave)
             t0 = now_ns()
@@ -333,7 +337,7 @@ class DraftWorker:
         return waves
 
 
-def _fork_rows(cache, chunk: list[Branch], base: int):
+def fork_rows(cache, chunk: list[Branch], base: int):
     """The wave's rows over the shared prefix cache. A hybrid draft's cache forks each row's
     linear states at its own branch point |committed| + j (fork_at): its mask hides the later
     KV columns from attention layers, but a linear layer reads no mask."""
@@ -343,7 +347,7 @@ def _fork_rows(cache, chunk: list[Branch], base: int):
     return cache.fork(rows)
 
 
-class _Wave:
+class Wave:
     """One batch of branch rollouts over a forked copy of the shared-prefix cache.
 
     The cache holds `committed + d1..dγ` (P columns) followed by one column per pass.

@@ -1,6 +1,6 @@
 """A wave of Mirror-SD branch rollouts drafted by a speculative-streaming draft (§3.2, App. C).
 
-The same contract as draft_worker's `_Wave` (one batch of branches over a forked copy of
+The same contract as draft_worker's `Wave` (one batch of branches over a forked copy of
 the shared-prefix cache, advanced one batched pass at a time, windows and commits per
 row), but each pass is an SS pass: every row feeds its last drawn token and its lookahead
 guesses as main-stream tokens, walks the guesses as runtime/decoding/ss_draft.py does
@@ -12,7 +12,7 @@ fewer passes.
 Rows accept different numbers of guesses, so a pass leaves holes: every row appends the
 same number of main columns, and a per-row key mask marks which columns hold its tokens
 (the shared prefix up to |committed| + j, then its own confirmed tokens). Commit keeps the
-row's columns and closes the holes, as `_Wave.commit` does.
+row's columns and closes the holes, as `Wave.commit` does.
 """
 
 from __future__ import annotations
