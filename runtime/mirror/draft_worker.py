@@ -291,9 +291,7 @@ class DraftWorker:
         ranked = rank_own_branches(logits, window, self.draft_branches)
         return self._waves(step, ranked, produced, finish=True)
 
-    def _branch_rollouts(
-        self, step, ids, logp, window, produced, started=(), q=None
-    ) -> list[Wave]:
+    def _branch_rollouts(self, step, ids, logp, window, produced, started=(), q=None) -> list[Wave]:
         """Waves of branches, most likely first, until (A, c) arrives (the last may be cut short);
         branches in `started` (rolled out before the early exit) are not run again. `q`: the
         window's draft laws when sampling (the ranking is then the noise-coupled one of
