@@ -54,23 +54,78 @@ def alpha_for(tau: float, gamma: int) -> float:
     return (lo + hi) / 2
 
 
+HAZARD_PRIOR = 8.0  # steps: the weight of the pooled acceptance in each position's hazard
+
+
+class RunLengths:
+    """The accepted runs A (drafts accepted per step) seen on one pair in one sampling regime,
+    pooled over every sd and mirror run that reports them (the same verification: App. B).
+
+    τ(γ) = 1 + E[min(A, γ)] = 1 + Σ_{k=1..γ} P(A ≥ k), with P(A ≥ k) = Π_{j<k} h_j and the
+    hazard h_j = P(A ≥ j+1 | A ≥ j) estimated product-limit (Kaplan-Meier) style: from the
+    steps at risk at j whose window γ_r > j, since a step's A is censored at its own γ_r (a
+    run at γ 3 says nothing about A ≥ 4). Each h_j is shrunk toward the pooled per-token
+    acceptance with the weight of HAZARD_PRIOR steps, so a tail seen on a handful of steps is
+    not taken as a wall: one prompt's 128-token run at γ 8 accepted 5 or more on 3 of its
+    steps, which had put τ(6) = τ(8) = 3.32 where 10 prompts measured τ(6) = 3.78 and auto
+    then ran sd@g3 at 12 % below sd@g6 (this CPU, `apps.bench --methods sd,auto
+    --gammas 4,5,6`)."""
+
+    def __init__(self):
+        self.risk = np.zeros(64)  # steps with A ≥ j whose window could show A ≥ j + 1
+        self.survived = np.zeros(64)  # of those, the steps with A ≥ j + 1
+
+    def add(self, accepted, gamma: int) -> None:
+        """One run's A per step at window γ (the last, token-budget-cut step left out)."""
+        g = min(int(gamma), len(self.risk))
+        for a in accepted:
+            a = min(max(int(a), 0), g)
+            self.risk[: min(a + 1, g)] += 1
+            self.survived[:a] += 1
+
+    def taus(self, gammas) -> dict[int, float]:
+        seen = self.risk.sum()
+        pooled = self.survived.sum() / seen if seen else 0.5
+        w = self.risk + HAZARD_PRIOR
+        h = np.divide(self.survived + HAZARD_PRIOR * pooled, w, out=np.full(len(w), pooled),
+                      where=w > 0)  # fmt: skip
+        reach = np.cumprod(h)  # P(A ≥ k) for k = 1, 2, ...
+        return {g: 1.0 + float(reach[: min(g, len(reach))].sum()) for g in gammas}
+
+
+def run_lengths(target, draft, sampling) -> RunLengths:
+    """This pair's pooled RunLengths for `sampling`'s regime (one per process)."""
+    key = ("runs", id(target), id(draft), sampling.temp, sampling.top_p, sampling.top_k)
+    return _CACHE.setdefault(key, RunLengths())
+
+
+def observe_run(target, draft, sampling, accept_lengths, gamma: int) -> None:
+    """Pool a finished sd or mirror run's steps (committed tokens per step, A + 1) into the
+    pair's RunLengths, so the next τ(γ) reads every prompt seen so far, not only the first."""
+    acc = list(accept_lengths)[:-1]  # the last step is cut by the token budget
+    if acc and gamma:
+        run_lengths(target, draft, sampling).add([max(0, int(c) - 1) for c in acc], gamma)
+
+
 def pair_taus(target, draft, ids: list[int], *, gammas, sampling) -> dict[int, float]:
-    """E[τ] per γ from one sd run at the largest γ on `ids` (cached per pair): a step that
-    accepted A of γ_max drafts would have accepted min(A, γ) of γ, so τ(γ) = 1 + mean min(A, γ).
-    Acceptance comes in runs (a predictable stretch accepts whole windows), which one i.i.d.
-    α misses: on the embedded pair τ(6)/τ(4) is 1.20 measured, 1.09-1.16 from an α."""
+    """E[τ] per γ from the pair's pooled RunLengths: on first use seeded by one sd run at the
+    largest γ on `ids` (a step that accepted A of γ_max would have accepted min(A, γ) of γ),
+    then fed by every run auto observes (observe_run). Acceptance comes in runs (a
+    predictable stretch accepts whole windows), which one i.i.d. α misses: on the embedded
+    pair τ(6)/τ(4) is 1.20 measured, 1.09-1.16 from an α."""
     from runtime.decoding import make_steps, run
 
     top = max(gammas)
+    runs = run_lengths(target, draft, sampling)
     key = ("taus", id(target), id(draft), top, sampling.temp, sampling.top_p, sampling.top_k)
     if key not in _CACHE:
         n = max(1, min(JOINT_RUN_TOKENS, target.config.max_context - len(ids) - top - 2))
         r = run(make_steps("sd", target, draft, ids, max_new=n, sampling=sampling, seed=0,
                            gamma=top), max_new=n)  # fmt: skip
         acc = r.stats.accept_lengths[:-1] or r.stats.accept_lengths  # the last step is cut
-        _CACHE[key] = [max(0, int(c) - 1) for c in acc]  # A: drafts accepted per step
-    accepted = _CACHE[key]
-    return {g: 1.0 + sum(min(x, g) for x in accepted) / max(1, len(accepted)) for g in gammas}
+        runs.add([max(0, int(c) - 1) for c in acc], top)
+        _CACHE[key] = True
+    return runs.taus(gammas)
 
 
 def pair_acceptance(target, draft, ids: list[int], *, gamma: int, sampling) -> float:

@@ -216,7 +216,8 @@ class ChatSession:
                 stats.extra.update(lossy=True, skip=self._skip_stats(events, seq, out))
             observe = getattr(self.chooser, "observe", None)
             if auto is not None and observe is not None and out and stats.wall_s > 0:
-                observe(auto, self.sampling, len(out), stats.wall_s)  # later turns' choices
+                observe(auto, self.sampling, len(out), stats.wall_s,  # later turns' choices
+                        accept_lengths=list(stats.accept_lengths))  # fmt: skip
             self.last_stats = stats
 
     def _skip_stats(self, events, seq: list[int], out: list[int]) -> dict:

@@ -132,7 +132,7 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
     (predictions per method, the inputs, the choice and why) goes into `stats.auto`.
     """
     from devices.method_choice import AUTO_GAMMAS, Corrections
-    from devices.pair_probe import choose_for
+    from devices.pair_probe import choose_for, observe_run
     from devices.profile import load_profile
 
     name = getattr(a, "device_profile", None)
@@ -154,8 +154,11 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
         rec = corrections.apply(rec, sampling is None or sampling.greedy)
         return rec["choice"], rec
 
-    def observe(rec: dict, sampling, tokens: int, seconds: float) -> None:
-        """After the chosen run: its measured rate corrects later choices (Corrections)."""
+    def observe(rec: dict, sampling, tokens: int, seconds: float, accept_lengths=None) -> None:
+        """After the chosen run: its measured rate corrects later choices (Corrections), and
+        its accepted runs join the pair's τ(γ) estimate (pair_probe.observe_run)."""
+        if accept_lengths and rec.get("choice") in ("sd", "mirror"):
+            observe_run(pair.target, pair.draft, sampling, accept_lengths, rec.get("gamma"))
         if seconds > 0 and tokens > 0:
             corrections.observe(rec, rec["choice"], rec.get("gamma"),
                                 sampling is None or sampling.greedy, tokens / seconds)  # fmt: skip

@@ -241,6 +241,7 @@ def test_tau_per_gamma_caps_each_steps_accepted_run_at_gamma(monkeypatch):
     import runtime.decoding as dec
 
     monkeypatch.setattr(pp, "_CACHE", {})
+    monkeypatch.setattr(pp, "HAZARD_PRIOR", 0.0)  # no shrinkage: the plain empirical law
     committed = [9, 1, 5, 3, 2]  # A + 1 per step at γ_max = 8: A = 8, 0, 4, 2 (and a cut 1)
     monkeypatch.setattr(dec, "make_steps", lambda *a, **k: None)
     monkeypatch.setattr(dec, "run", lambda *a, **k: SimpleNamespace(
@@ -251,6 +252,34 @@ def test_tau_per_gamma_caps_each_steps_accepted_run_at_gamma(monkeypatch):
     assert taus == {2: 1 + (2 + 0 + 2 + 2) / 4, 4: 1 + (4 + 0 + 4 + 2) / 4, 8: 1 + 14 / 4}
     for g, tau in taus.items():  # each γ's α reproduces its own τ
         assert expected_tokens(pp.alpha_for(tau, g), g) == pytest.approx(tau, rel=1e-6)
+
+
+def test_tau_pools_every_observed_run_and_reads_a_short_window_as_censored(monkeypatch):
+    """RunLengths: steps at γ 3 that accepted all 3 say nothing about A ≥ 4 (censored), so
+    they leave the tail P(A ≥ 8 | A ≥ 3) to the runs that could show it, while raising τ(3);
+    and a tail seen on few steps is shrunk toward the pooled acceptance, not a wall."""
+    import devices.pair_probe as pp
+
+    def reach(r, k):  # P(A ≥ k) = τ(k) - τ(k - 1)
+        t = r.taus([k - 1, k])
+        return t[k] - t[k - 1]
+
+    monkeypatch.setattr(pp, "HAZARD_PRIOR", 0.0)  # the plain product-limit estimate
+    base, pooled = pp.RunLengths(), pp.RunLengths()
+    for r in (base, pooled):
+        r.add([8, 5, 2, 6, 0], 8)
+    pooled.add([3] * 50, 3)  # every γ-3 step accepted its whole window
+    assert pooled.taus([3])[3] > base.taus([3])[3]  # more evidence for the first three
+    assert reach(pooled, 8) / reach(pooled, 3) == pytest.approx(reach(base, 8) / reach(base, 3))
+    naive = pp.RunLengths()  # the same steps read as if A = 3 were final at γ 8: a lower tail
+    naive.add([8, 5, 2, 6, 0] + [3] * 50, 8)
+    assert reach(naive, 8) / reach(naive, 3) < reach(base, 8) / reach(base, 3)
+    monkeypatch.undo()
+    assert pp.HAZARD_PRIOR > 0
+    wall = pp.RunLengths()
+    wall.add([5] * 3 + [1] * 30, 8)  # A never above 5, on a handful of steps
+    t = wall.taus([5, 6, 8])
+    assert t[8] > t[6] > t[5]  # shrunk toward the pooled acceptance, not flat after 5
 
 
 def test_a_measured_miss_corrects_the_next_choice_and_only_its_own_regime():
@@ -288,8 +317,29 @@ def test_the_bench_feeds_each_auto_run_back_to_its_chooser(tiny_dir):
     def chooser(ids, sampling, **caches):
         return "sd", {"choice": "sd", "gamma": 3, "why": "test"}
 
-    chooser.observe = lambda rec, sampling, tokens, seconds: seen.append((rec["choice"], tokens))
+    chooser.observe = lambda rec, sampling, tokens, seconds, accept_lengths: seen.append(
+        (rec["choice"], tokens, sum(accept_lengths)))  # fmt: skip
     pair = type("Pair", (), {"target": target, "draft": draft, "settings": {}})()
     r = DuetRunner("auto", pair, gamma=3, chooser=chooser)
     res = r.generate([3, 14, 15, 92], 8, 0.0, 1.0, 0)
-    assert seen == [("sd", len(res.tokens))] and len(res.tokens) == 8
+    assert seen == [("sd", len(res.tokens), len(res.tokens))] and len(res.tokens) == 8
+
+
+def test_an_observed_sd_or_mirror_run_joins_the_pairs_tau_estimate(monkeypatch):
+    import argparse
+    from types import SimpleNamespace
+
+    import devices.pair_probe as pp
+    from runtime.cli_args import auto_chooser
+    from runtime.decoding import Sampling
+
+    monkeypatch.setattr(pp, "_CACHE", {})
+    pair = SimpleNamespace(target=object(), draft=object())
+    choose = auto_chooser(argparse.Namespace(device_profile=None), pair)
+    law = Sampling(0.0)
+    choose.observe({"choice": "sd", "gamma": 4}, law, 12, 0.1, accept_lengths=[5, 5, 2, 1])
+    runs = pp.run_lengths(pair.target, pair.draft, law)
+    # A = 4, 4, 1 (the cut last step left out): at risk at j if A ≥ j, surviving if A ≥ j + 1
+    assert runs.risk[:5].tolist() == [3, 3, 2, 2, 0] and runs.survived[:4].tolist() == [3, 2, 2, 2]
+    choose.observe({"choice": "ar", "gamma": 4}, law, 12, 0.1, accept_lengths=[1] * 12)
+    assert runs.risk.sum() == 10  # ar verifies nothing: not pooled

@@ -79,7 +79,8 @@ class DuetRunner:
         for toks, _ in stream(steps, max_new=max_new, eos_ids=self.eos, stats=stats):
             out += toks
         if self.chooser is not None and hasattr(self.chooser, "observe"):
-            self.chooser.observe(rec, Sampling(temp, top_p), len(out), time.perf_counter() - t_run)
+            self.chooser.observe(rec, Sampling(temp, top_p), len(out), time.perf_counter() - t_run,
+                                 accept_lengths=list(stats.accept_lengths))  # fmt: skip
         return TurnResult(out, time.perf_counter() - t0, list(stats.accept_lengths), note=note,
                           stage_s={"draft": stats.draft_s, "verify": stats.verify_s},
                           verified_tokens=sum(stats.drafted) + len(stats.drafted),
