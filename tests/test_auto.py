@@ -343,3 +343,20 @@ def test_an_observed_sd_or_mirror_run_joins_the_pairs_tau_estimate(monkeypatch):
     assert runs.risk[:5].tolist() == [3, 3, 2, 2, 0] and runs.survived[:4].tolist() == [3, 2, 2, 2]
     choose.observe({"choice": "ar", "gamma": 4}, law, 12, 0.1, accept_lengths=[1] * 12)
     assert runs.risk.sum() == 10  # ar verifies nothing: not pooled
+
+
+def test_window_passes_over_gamma_are_read_as_a_line():
+    """measure_windows' medians become their least-squares line in γ (FlexSpec eq. 9), so a
+    noisy probe cannot rank γ 5's pass below γ 4's; a falling fit is taken as flat."""
+    from devices.pair_probe import _affine_in_gamma
+
+    raw = {2: {"target_window": 0.0155}, 4: {"target_window": 0.0182},
+           5: {"target_window": 0.0162}, 6: {"target_window": 0.0169}}  # fmt: skip
+    fit = {g: v["target_window"] for g, v in _affine_in_gamma(raw).items()}
+    steps = [fit[b] - fit[a] for a, b in ((2, 4), (4, 5), (5, 6))]
+    assert all(x > 0 for x in steps)
+    assert steps[0] == pytest.approx(2 * steps[1]) and steps[1] == pytest.approx(steps[2])
+    assert sum(fit.values()) == pytest.approx(sum(v["target_window"] for v in raw.values()))
+    falling = {g: {"target_window": 0.02 - 0.001 * g} for g in (2, 4, 6)}
+    flat = {g: v["target_window"] for g, v in _affine_in_gamma(falling).items()}
+    assert len(set(flat.values())) == 1
