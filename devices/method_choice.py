@@ -205,14 +205,14 @@ class Corrections:
                 rate = p["tokens_per_s"] * self.factor(m, greedy)
                 if rate > best_rate or (rate == best_rate and best is not None and g < best[1]):
                     best, best_rate = (m, g), rate
+        factors = {m: round(self.factor(m, greedy), 4) for m, g in self.logs if g == greedy}
         if best == (rec["choice"], rec["gamma"]):
-            return rec
-        out = dict(rec, choice=best[0], gamma=best[1])
+            return dict(rec, factors=factors) if factors else rec
+        out = dict(rec, choice=best[0], gamma=best[1], factors=factors)
         if rec.get("by_gamma"):
             out["predictions"] = rec["by_gamma"][best[1]]
-        factors = ", ".join(f"{m} x{self.factor(m, greedy):.2f}" for m, g in self.logs
-                            if g == greedy)  # fmt: skip
+        scaled = ", ".join(f"{m} x{f:.2f}" for m, f in factors.items())
         out["why"] = (f"{best[0]} at γ {best[1]}: predicted {best_rate:.1f} tok/s after scaling "
-                      f"by what earlier runs measured ({factors}); the laws alone said "
+                      f"by what earlier runs measured ({scaled}); the laws alone said "
                       f"{rec['choice']} at γ {rec['gamma']}")  # fmt: skip
         return out

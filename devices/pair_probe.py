@@ -43,6 +43,43 @@ _CACHE: dict[tuple, dict] = {}
 _ALPHA: dict[tuple, float] = {}
 
 
+TRIAL_TOKENS, TRIAL_SKIP = 64, 2  # trial runs: tokens, and first steps left out of the rate
+
+
+def trial_rate(method: str, target, draft, ids: list[int], *, gamma: int, sampling,
+               **options) -> float | None:  # fmt: skip
+    """Tokens per second of `method` at γ on `ids` over TRIAL_TOKENS, measured after its
+    first TRIAL_SKIP steps (a worker's start and first shapes are paid once per run or per
+    process, not per token); None when the run is too short to tell. Cached per pair, method
+    and γ: the measured side of auto's corrections (method_choice.Corrections) before any
+    chosen run has reported, where the stage times miss what only a whole run shows (an H100
+    target: the probe put the draft process's slowdown at 0.88x, the mirror run at 1.5x)."""
+    from runtime.decoding import make_steps
+
+    key = ("trial", method, id(target), id(draft), gamma, sampling.temp, sampling.top_p,
+           sampling.top_k)  # fmt: skip
+    if key in _CACHE:
+        return _CACHE[key]
+    n = max(1, min(TRIAL_TOKENS, target.config.max_context - len(ids) - gamma - 2))
+    steps = make_steps(method, target, draft, list(ids), max_new=n, sampling=sampling, seed=0,
+                       gamma=gamma, **options)  # fmt: skip
+    made, total, t0 = 0, 0, None
+    try:
+        for i, ev in enumerate(steps):
+            total += len(ev.tokens)
+            if i == TRIAL_SKIP - 1:
+                t0 = time.perf_counter()
+            elif i >= TRIAL_SKIP:
+                made += len(ev.tokens)
+            if total >= n:
+                break
+    finally:
+        steps.close()
+    rate = made / (time.perf_counter() - t0) if made and t0 is not None else None
+    _CACHE[key] = rate
+    return rate
+
+
 def alpha_for(tau: float, gamma: int) -> float:
     """The α whose E[τ] at γ (method_choice.expected_tokens) equals `tau`, by bisection."""
     from devices.method_choice import expected_tokens
@@ -546,13 +583,16 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
                branches: int | None, sampling, profile=None, target_cache=None,
                draft_cache=None, draft_process: bool | None = None,
                draft_branches: int | None = None, exit_head: str | None = None,
-               gammas=None) -> dict:  # fmt: skip
+               gammas=None, trials: bool = True) -> dict:  # fmt: skip
     """`--method auto` for this pair and prompt: the method_choice.choose record.
     Empty caches given are left holding the prompt (probe_prompt). draft_process,
     draft_branches and exit_head are mirror's (None: its defaults), so the prediction is of
     the mirror that would run: its worker's slowdown, its exit head, its own branches.
     gammas: choose γ among these too (method_choice.choose_joint): the record's "gamma" is the
-    one to run; the stage times other than the window passes are `gamma`'s."""
+    one to run; the stage times other than the window passes are `gamma`'s. trials (with
+    `gammas`, when mirror is a candidate): sd and mirror each run once at their predicted
+    best γ (trial_rate), and the record's "trials" carry the measured rates for the
+    chooser's corrections."""
     from devices.method_choice import choose
     from runtime.decoding.mirror import DEFAULT_DRAFT_BRANCHES, draft_in_process
     from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH, own_branches
@@ -586,4 +626,14 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
     taus = pair_taus(target, draft, ids, gammas=sorted(wins), sampling=sampling)
     by_gamma = {g: replace(t, target_window=w["target_window"], mirror_window=w.get("mirror_window"),
                            acceptance=alpha_for(taus[g], g)) for g, w in wins.items()}  # fmt: skip
-    return choose_joint(by_gamma, runnable)
+    rec = choose_joint(by_gamma, runnable)
+    if trials and len(runnable) > 2:  # sd against mirror: each tried once at its best γ
+        opts = dict(kappa=kappa, exit_layer=le, branches=branches, draft_process=draft_process,
+                    draft_branches=own, exit_head=exit_head)  # fmt: skip
+        rec["trials"] = {}
+        for m in (x for x in runnable if x != "ar"):
+            g = max(rec["by_gamma"], key=lambda h: rec["by_gamma"][h][m]["tokens_per_s"])
+            rate = trial_rate(m, target, draft, ids, gamma=g, sampling=sampling, **opts)
+            if rate:
+                rec["trials"][m] = {"gamma": g, "tokens_per_s": round(rate, 2)}
+    return rec
