@@ -516,15 +516,19 @@ def _sampled_hits(p, q, proxy, kappa: int, m: int) -> list[float]:
     second counts the corrections among the draft's runner-ups."""
     rng = np.random.default_rng(0)
     hits, own_hits = [], []
+    runners = _top_rows(q, m + 1)  # the draft's m + 1 likeliest per position, best first
     with np.errstate(divide="ignore"):
         for t in range(len(p)):
             lp_proxy, resid = np.log(proxy[t]), np.log(np.maximum(p[t] - q[t], 0.0))
-            runner = np.argsort(-q[t], kind="stable")[: m + 1]
+            runner = runners[t]
+            cdf = np.cumsum(q[t], dtype=np.float64)
             for _ in range(SAMPLED_DRAWS):
-                d = int(rng.choice(q.shape[-1], p=q[t] / q[t].sum()))
+                d = min(
+                    int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(cdf) - 1
+                )
                 if rng.random() * q[t, d] < p[t, d]:
                     continue  # accepted: no correction here
-                g = rng.gumbel(size=q.shape[-1])
+                g = -np.log(rng.standard_exponential(q.shape[-1]))  # Gumbel (coupled.step_noise)
                 c = int(np.argmax(resid + g))
                 score = lp_proxy + g
                 score[d] = -np.inf
@@ -627,7 +631,10 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
     by_gamma = {g: replace(t, target_window=w["target_window"], mirror_window=w.get("mirror_window"),
                            acceptance=alpha_for(taus[g], g)) for g, w in wins.items()}  # fmt: skip
     rec = choose_joint(by_gamma, runnable)
-    if trials and len(runnable) > 2:  # sd against mirror: each tried once at its best γ
+    once = ("trials", id(target), id(draft), sampling.temp, sampling.top_p, sampling.top_k)
+    if trials and len(runnable) > 2 and once not in _CACHE:  # sd and mirror: once per pair
+        _CACHE[once] = True  # (the chosen runs correct it afterwards: a trial per new γ cost
+        # a 64-token run inside a later prompt's turn as the pooled τ moved the best γ)
         opts = dict(kappa=kappa, exit_layer=le, branches=branches, draft_process=draft_process,
                     draft_branches=own, exit_head=exit_head)  # fmt: skip
         rec["trials"] = {}
