@@ -16,8 +16,10 @@ A calibrated profile (`python -m devices calibrate`) may supply the stage times 
 Acceptance α: from a short `sd` run (RUN_TOKENS tokens) on the first prompt seen, the
 α whose E[τ] equals the mean tokens committed per step (cached per pair, γ and temperature):
 the models' agreement on the target's own continuation, which is what sd and mirror verify.
-Choosing γ as well (choose_for's `gammas`), τ per γ comes from one longer sd run at the
-largest γ instead (pair_taus), each γ's α fitted to its own τ.
+Choosing γ as well (choose_for's `gammas`), τ per γ comes from the pair's pooled accepted
+runs instead (pair_taus: one longer sd run at the largest γ, then every run auto observes),
+each γ's α fitted to its own τ, and sd and mirror each run once as trials (trial_rate) whose
+measured rates correct the laws before the first choice.
 Ω̂, prompt-dependent, from the probe's pass over the prompt (its last 32 positions): how
 often a correction is a branch candidate, i.e. in the exit layer's top-κ (eq. 9, tuned head
 as mirror uses it) or among the draft's own runner-ups (probe_prompt), shrunk toward 0.4
