@@ -248,15 +248,18 @@ def wave_pass(draft, cache, *, branches: int, gamma: int, sampling=None):
     the branch pass that eq. (10)'s wave term counts. A bare batched forward left the masks
     and the sampling out (EMULATED m3-max T = 1: 3.5 ms timed, 4.9 ms as the wave ran)."""
     from runtime.decoding.events import GREEDY
+    from runtime.decoding.ss_draft import is_ss_draft
     from runtime.mirror.branches import Branch
     from runtime.mirror.draft_worker import Wave, fork_rows
+    from runtime.mirror.ss_wave import SSWave
 
+    kind = SSWave if is_ss_draft(draft) else Wave  # as the worker picks it (§3.2: η ≥ 1)
     law = sampling or GREEDY
     base = cache.offset - gamma  # the cache holds committed + d1..dγ
     chunk = [Branch(i % (gamma + 1), i, 0.0) for i in range(branches)]
 
     def run():
-        wave = Wave(draft, fork_rows(cache, chunk, base), chunk, base, [gamma] * branches,
+        wave = kind(draft, fork_rows(cache, chunk, base), chunk, base, [gamma] * branches,
                     [np.random.default_rng(i) for i in range(branches)], law)  # fmt: skip
         while not wave.finished():
             wave.advance()

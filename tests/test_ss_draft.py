@@ -270,3 +270,25 @@ def test_bench_rows_report_j():
            "draft_passes": [2, 3]}  # fmt: skip
     (row,) = summarize([rec], ["sd"], [0.0])
     assert row["draft_passes_per_window"] == 2.5
+
+
+@pytest.mark.parametrize("temp", [0.0, 1.0])
+def test_autos_probe_times_an_ss_drafts_branch_pass_as_its_worker_runs_it(ss_dirs, temp,
+                                                                          monkeypatch):  # fmt: skip
+    """pair_probe.wave_pass builds the wave the worker would: an SSWave for an SS draft."""
+    import runtime.mirror.ss_wave as ssw
+    from devices.pair_probe import measure_stages
+
+    built = []
+
+    class Spy(ssw.SSWave):
+        def __init__(self, *a, **k):
+            built.append(1)
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(ssw, "SSWave", Spy)
+    td, _, ss = ss_dirs
+    target, draft = load_model(td, "torch"), load_model(ss, "torch")
+    st = measure_stages(target, draft, gamma=3, branches=4, repeats=1, sampling=Sampling(temp),
+                        exit_layer=1)  # fmt: skip
+    assert st["draft_batch"] > 0 and built
