@@ -65,10 +65,11 @@ def trial_rate(method: str, target, draft, ids: list[int], *, gamma: int, sampli
     n = max(1, min(TRIAL_TOKENS, target.config.max_context - len(ids) - gamma - 2))
     steps = make_steps(method, target, draft, list(ids), max_new=n, sampling=sampling, seed=0,
                        gamma=gamma, **options)  # fmt: skip
-    made, total, t0 = 0, 0, None
+    made, total, t0, committed = 0, 0, None, []
     try:
         for i, ev in enumerate(steps):
             total += len(ev.tokens)
+            committed.append(len(ev.tokens))
             if i == TRIAL_SKIP - 1:
                 t0 = time.perf_counter()
             elif i >= TRIAL_SKIP:
@@ -79,6 +80,8 @@ def trial_rate(method: str, target, draft, ids: list[int], *, gamma: int, sampli
         steps.close()
     rate = made / (time.perf_counter() - t0) if made and t0 is not None else None
     _CACHE[key] = rate
+    if method in ("sd", "mirror"):  # its accepted runs join the pair's τ(γ) as well
+        observe_run(target, draft, sampling, committed, gamma)
     return rate
 
 

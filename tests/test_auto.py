@@ -403,6 +403,7 @@ def test_a_trial_run_measures_tokens_per_second_after_its_first_steps(tiny_dir, 
     draft = load_model(tiny_dir("llama", num_layers=1, seed=4), "onnx", intra_threads=1)
     rate = pp.trial_rate("sd", target, draft, [3, 14, 15, 92], gamma=3, sampling=Sampling(0.0))
     assert rate is not None and rate > 0
+    assert pp.run_lengths(target, draft, Sampling(0.0)).risk[0] > 0  # its steps joined τ(γ)
     monkeypatch.setattr(pp, "TRIAL_TOKENS", 2)  # ends within the steps it leaves out
     assert (
         pp.trial_rate("sd", target, draft, [3, 14, 15, 92], gamma=2, sampling=Sampling(0.0)) is None
