@@ -106,9 +106,9 @@ class RunLengths:
     τ(γ) = 1 + E[min(A, γ)] = 1 + Σ_{k=1..γ} P(A ≥ k), with P(A ≥ k) = Π_{j<k} h_j and the
     hazard h_j = P(A ≥ j+1 | A ≥ j) estimated product-limit (Kaplan-Meier) style: from the
     steps at risk at j whose window γ_r > j, since a step's A is censored at its own γ_r (a
-    run at γ 3 says nothing about A ≥ 4). Each h_j is shrunk toward the pooled per-token
-    acceptance with the weight of HAZARD_PRIOR steps, so a tail seen on a handful of steps is
-    not taken as a wall: one prompt's 128-token run at γ 8 accepted 5 or more on 3 of its
+    run at γ 3 says nothing about A ≥ 4). Each h_j is shrunk toward h_{j-1} with the weight
+    of HAZARD_PRIOR steps (`hazards`), so a tail seen on a handful of steps is not taken as
+    a wall: one prompt's 128-token run at γ 8 accepted 5 or more on 3 of its
     steps, which had put τ(6) = τ(8) = 3.32 where 10 prompts measured τ(6) = 3.78 and auto
     then ran sd@g3 at 12 % below sd@g6 (this CPU, `apps.bench --methods sd,auto
     --gammas 4,5,6`)."""
@@ -125,13 +125,24 @@ class RunLengths:
             self.risk[: min(a + 1, g)] += 1
             self.survived[:a] += 1
 
-    def taus(self, gammas) -> dict[int, float]:
+    def hazards(self) -> np.ndarray:
+        """h_j, each shrunk toward h_{j-1} (h_0 toward the pooled acceptance) with the weight
+        of HAZARD_PRIOR steps: where few steps reach position j, the estimate carries the
+        last well-seen hazard forward. Not the pooled mean: acceptance comes in runs, so the
+        hazard grows with j, and with the tail shrunk toward the mean auto ran sd@g4 at
+        T = 1 on this CPU, 4 % behind sd@g6 (`apps.bench --methods sd,mirror,auto --gammas
+        4,6 --temps 0,1 --samples 2`)."""
         seen = self.risk.sum()
-        pooled = self.survived.sum() / seen if seen else 0.5
-        w = self.risk + HAZARD_PRIOR
-        h = np.divide(self.survived + HAZARD_PRIOR * pooled, w, out=np.full(len(w), pooled),
-                      where=w > 0)  # fmt: skip
-        reach = np.cumprod(h)  # P(A ≥ k) for k = 1, 2, ...
+        prior = self.survived.sum() / seen if seen else 0.5
+        h = np.empty(len(self.risk))
+        for j in range(len(h)):
+            w = self.risk[j] + HAZARD_PRIOR
+            h[j] = (self.survived[j] + HAZARD_PRIOR * prior) / w if w > 0 else prior
+            prior = h[j]
+        return h
+
+    def taus(self, gammas) -> dict[int, float]:
+        reach = np.cumprod(self.hazards())  # P(A ≥ k) for k = 1, 2, ...
         return {g: 1.0 + float(reach[: min(g, len(reach))].sum()) for g in gammas}
 
 

@@ -408,3 +408,38 @@ def test_a_trial_run_measures_tokens_per_second_after_its_first_steps(tiny_dir, 
     assert (
         pp.trial_rate("sd", target, draft, [3, 14, 15, 92], gamma=2, sampling=Sampling(0.0)) is None
     )
+
+
+def test_a_thinly_seen_tail_keeps_the_last_well_seen_hazard():
+    """Acceptance comes in runs: hazards that grow with j (0.5 at j = 0, 0.9 after) and few
+    steps past j = 3 give a tail near 0.9, not near the pooled acceptance."""
+    from devices.pair_probe import RunLengths
+
+    r = RunLengths()
+    # 200 steps: half rejected at once; of the rest, ~90 % survive each of j = 1..3; the
+    # window (γ 4) censors everything past 4
+    steps = [0] * 100 + [1] * 10 + [2] * 9 + [3] * 8 + [4] * 73
+    r.add(steps, 4)
+    r.add([8, 6], 8)  # two steps seen at γ 8
+    h = r.hazards()
+    pooled = r.survived.sum() / r.risk.sum()
+    assert h[0] == pytest.approx(0.5, abs=0.03) and h[2] > 0.85
+    assert h[5] > 0.8 > pooled  # the tail follows h_3, not the pooled mean
+
+
+def test_the_sampled_probe_counts_hits_among_the_rejections_only():
+    """_sampled_hits: a draft equal to the target is never rejected (no hits counted); an
+    exit proxy equal to the target sending all V tokens covers every correction; and a
+    correction among the draft's runner-ups counts for the own branches."""
+    import numpy as np
+
+    from devices.pair_probe import _sampled_hits
+
+    rng = np.random.default_rng(1)
+    p = rng.dirichlet(np.ones(12), size=6)
+    assert _sampled_hits(p, p.copy(), p, 4, 2) == ([], [])
+    q = rng.dirichlet(np.ones(12), size=6)
+    hits, own = _sampled_hits(p, q, p, 12, 0)
+    assert hits and all(h == 1.0 for h in hits) and not any(own)
+    hits, own = _sampled_hits(p, q, p, 1, 11)  # no exit candidates; every other token is own
+    assert hits == own and all(h == 1.0 for h in hits)
