@@ -163,6 +163,11 @@ def stats_text(session: ChatSession) -> str:
         for m, p in auto.get("predictions", {}).items():
             lines.append(f"  {m:<7} predicted {p['tokens_per_s']:.1f} tok/s, "
                          f"step {p['step_ms']:.2f} ms, {p['tokens_per_step']:.2f} tokens/step")  # fmt: skip
+        if auto.get("factors"):  # measured / predicted, from trial and earlier chosen runs
+            lines.append("  laws scaled by what runs measured: " + ", ".join(
+                f"{m} x{f:.2f}" for m, f in auto["factors"].items()))  # fmt: skip
+        for m, t in auto.get("trials", {}).items():
+            lines.append(f"  trial run {m}@g{t['gamma']}: {t['tokens_per_s']:.1f} tok/s")
         if "inputs" in auto:
             lines.append(f"  stage times {auto['inputs']['source']}")
     return "\n".join(lines)

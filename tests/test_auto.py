@@ -443,3 +443,19 @@ def test_the_sampled_probe_counts_hits_among_the_rejections_only():
     assert hits and all(h == 1.0 for h in hits) and not any(own)
     hits, own = _sampled_hits(p, q, p, 1, 11)  # no exit candidates; every other token is own
     assert hits == own and all(h == 1.0 for h in hits)
+
+
+def test_chats_stats_show_the_trials_and_the_factors_auto_applied():
+    from types import SimpleNamespace
+
+    from runtime.chat import stats_text
+    from runtime.stats import RunStats
+
+    s = RunStats(prefill_tokens=3)
+    s.extra["auto"] = {"choice": "sd", "why": "sd at γ 5: scaled",
+                       "predictions": {"sd": {"tokens_per_s": 140.0, "step_ms": 20.0,
+                                              "tokens_per_step": 2.8}},
+                       "factors": {"mirror": 0.5, "sd": 1.02},
+                       "trials": {"mirror": {"gamma": 5, "tokens_per_s": 130.0}}}  # fmt: skip
+    text = stats_text(SimpleNamespace(last_stats=s, method="auto"))
+    assert "mirror x0.50, sd x1.02" in text and "trial run mirror@g5: 130.0 tok/s" in text
