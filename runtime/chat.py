@@ -1,6 +1,6 @@
 """`python -m runtime.chat`: talk to a target/draft pair, one answer per line you type.
 
-    python -m runtime.chat                       # the embedded default pair, Duet `sd`
+    python -m runtime.chat                       # the embedded default pair, `--method auto`
     python -m runtime.chat --target DIR --draft DIR --method ar --temp 0.7
     printf 'def fib(n):\\n' | python -m runtime.chat --max-tokens 64
 
@@ -8,6 +8,9 @@ Tokens are printed as they are committed, and each answer ends with one stats
 line on stderr. The KV caches live across turns, so a turn only prefills what
 is new. The tokenizer's chat template is used when the checkpoint has one;
 otherwise each line continues the text so far (plain completion).
+The method defaults to auto: the latency model's pick per answer (sd, mirror or ar), from
+the pair measured on this machine once, during the first answer; /stats says what it
+picked and why.
 Commands: /help, /reset (forget the conversation), /stats, /quit. Ctrl-C stops the
 current answer; at the prompt, Ctrl-C or EOF (Ctrl-D) ends the session.
 """
@@ -51,9 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_pair_args(ap)
     add_edge_args(ap)
-    ap.add_argument("--method", choices=(*METHODS, AUTO), default="sd",
-                    help="decoding method; auto: the one the latency model predicts fastest here, "
-                    "chosen per answer (default sd)")  # fmt: skip
+    ap.add_argument("--method", choices=(*METHODS, AUTO), default=AUTO,
+                    help="decoding method; auto (the default): the one the latency model "
+                    "predicts fastest here, chosen per answer, after measuring the pair on this "
+                    "machine once, during the first answer")  # fmt: skip
     add_auto_args(ap)
     add_gamma_arg(ap)
     ap.add_argument("--kappa", type=int, default=None, help="channel width (methods that take it)")
@@ -213,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     check_args(a)
     session = make_session(a, notify=lambda m: print(m, file=sys.stderr, flush=True))
+    if session.chooser is not None:  # its probe runs inside the first answer: say so first
+        print("[auto: the first answer also measures this pair on this machine (seconds, once "
+              "per chat); --method sd skips it]", file=sys.stderr, flush=True)  # fmt: skip
     return repl(session, interactive=sys.stdin.isatty())
 
 

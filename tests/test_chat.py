@@ -44,6 +44,8 @@ def chat(pair_dirs, stdin: str, *extra: str) -> subprocess.CompletedProcess:
         "mlx",
         "--max-tokens",
         "12",
+        "--method",
+        "sd",
         *extra,
     ]
     return subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -188,6 +190,8 @@ def test_ctrl_c_stops_the_answer_not_the_session(pair_dirs):
         "mlx",
         "--max-tokens",
         "1000",
+        "--method",
+        "sd",
     ]  # answers run to the context limit
     # A shell without job control starts background jobs with SIGINT ignored, and Python then
     # installs no KeyboardInterrupt handler: give the child a terminal's default disposition.
@@ -211,3 +215,23 @@ def test_ctrl_c_stops_the_answer_not_the_session(pair_dirs):
     assert b"[stopped]" in out and len(stats) == 2, err
     n_first = int(stats[0].split()[1])
     assert n_first < int(stats[1].split()[1])
+
+
+def test_the_chat_defaults_to_auto_and_says_what_it_picked(pair_dirs):
+    """Issue 11: `--method auto` is the chat's default; it says the first answer measures the
+    pair, and /stats names the pick; the answer is the target's own (greedy: equal to ar)."""
+    from runtime.chat import build_parser
+
+    assert build_parser().parse_args([]).method == "auto"
+    t, d = pair_dirs
+    cmd = [sys.executable, "-m", "runtime.chat", "--target", str(t), "--draft", str(d),
+           "--target-backend", "torch", "--draft-backend", "onnx", "--max-tokens", "8"]  # fmt: skip
+    r = subprocess.run(cmd, input="hello\n/stats\n", capture_output=True, text=True, cwd=ROOT,
+                       timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "[auto: the first answer also measures" in r.stderr
+    ref = subprocess.run([*cmd, "--method", "ar"], input="hello\n", capture_output=True,
+                         text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    assert ref.returncode == 0, ref.stderr
+    assert r.stdout.startswith(ref.stdout)  # the answer, then /stats with the pick
+    assert "auto picked" in r.stdout[len(ref.stdout) :]
