@@ -96,7 +96,7 @@ def alpha_for(tau: float, gamma: int) -> float:
     return (lo + hi) / 2
 
 
-HAZARD_PRIOR = 8.0  # steps: the weight of the pooled acceptance in each position's hazard
+HAZARD_PRIOR = 8.0  # steps: the weight of h_{j-1} in h_j's estimate (RunLengths.hazards)
 
 
 class RunLengths:
@@ -169,16 +169,14 @@ def pair_taus(target, draft, ids: list[int], *, gammas, sampling) -> dict[int, f
     from runtime.decoding import make_steps, run
 
     top = max(gammas)
-    runs = run_lengths(target, draft, sampling)
     key = ("taus", id(target), id(draft), top, sampling.temp, sampling.top_p, sampling.top_k)
     if key not in _CACHE:
         n = max(1, min(JOINT_RUN_TOKENS, target.config.max_context - len(ids) - top - 2))
         r = run(make_steps("sd", target, draft, ids, max_new=n, sampling=sampling, seed=0,
                            gamma=top), max_new=n)  # fmt: skip
-        acc = r.stats.accept_lengths[:-1] or r.stats.accept_lengths  # the last step is cut
-        runs.add([max(0, int(c) - 1) for c in acc], top)
+        observe_run(target, draft, sampling, r.stats.accept_lengths, top)
         _CACHE[key] = True
-    return runs.taus(gammas)
+    return run_lengths(target, draft, sampling).taus(gammas)
 
 
 def pair_acceptance(target, draft, ids: list[int], *, gamma: int, sampling) -> float:
@@ -526,7 +524,7 @@ def _top_rows(x: np.ndarray, k: int) -> np.ndarray:
 SAMPLED_DRAWS = 4  # per probe position at T > 0
 
 
-def _sampled_hits(p, q, proxy, kappa: int, m: int) -> list[float]:
+def _sampled_hits(p, q, proxy, kappa: int, m: int) -> tuple[list[float], list[float]]:
     """At T > 0, mirror's step at each position, simulated: the draft samples d ~ q, the
     verifier accepts with u·q(d) < p(d) (u ~ U[0, 1)), else its correction is the Gumbel-max
     draw from the residual max(p − q, 0) under noise G; the early exit sends d and the κ − 1
@@ -560,8 +558,9 @@ def _sampled_hits(p, q, proxy, kappa: int, m: int) -> list[float]:
 
 def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampling,
                 profile=None, target_cache=None, draft_cache=None, process=False,
-                draft_branches=0, exit_head=None) -> StageTimes:  # fmt: skip
-    """Everything method_choice needs, for this pair, prompt and machine."""
+                draft_branches=0, exit_head=None, acceptance=None) -> StageTimes:  # fmt: skip
+    """Everything method_choice needs, for this pair, prompt and machine. acceptance: α when
+    the caller has it (from the pooled τ); else a short sd run measures it (pair_acceptance)."""
     n = target.config.num_layers
     le = n // 2 if exit_layer is None else exit_layer
     st = (
@@ -581,7 +580,9 @@ def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampl
     )
     if st["target_slowdown"] is None:  # unmeasurable: mirror is not a candidate (choose_for)
         st = dict(st, target_slowdown=1.0)
-    alpha = pair_acceptance(target, draft, ids, gamma=gamma, sampling=sampling)
+    alpha = acceptance
+    if alpha is None:
+        alpha = pair_acceptance(target, draft, ids, gamma=gamma, sampling=sampling)
     omega, own = probe_prompt(target, draft, ids, sampling=sampling, kappa=kappa, exit_layer=le,
                               target_cache=target_cache, draft_cache=draft_cache,
                               draft_branches=draft_branches, exit_head=exit_head)  # fmt: skip
@@ -606,16 +607,16 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
                branches: int | None, sampling, profile=None, target_cache=None,
                draft_cache=None, draft_process: bool | None = None,
                draft_branches: int | None = None, exit_head: str | None = None,
-               gammas=None, trials: bool = True) -> dict:  # fmt: skip
+               gammas=None) -> dict:  # fmt: skip
     """`--method auto` for this pair and prompt: the method_choice.choose record.
     Empty caches given are left holding the prompt (probe_prompt). draft_process,
     draft_branches and exit_head are mirror's (None: its defaults), so the prediction is of
     the mirror that would run: its worker's slowdown, its exit head, its own branches.
     gammas: choose γ among these too (method_choice.choose_joint): the record's "gamma" is the
-    one to run; the stage times other than the window passes are `gamma`'s. trials (with
-    `gammas`, when mirror is a candidate): sd and mirror each run once at their predicted
-    best γ (trial_rate), and the record's "trials" carry the measured rates for the
-    chooser's corrections."""
+    one to run; the stage times other than the window passes are `gamma`'s. With `gammas`
+    and mirror a candidate, sd and mirror each run once per pair and regime at their
+    predicted best γ (trial_rate), and that record's "trials" carry the measured rates for
+    the chooser's corrections."""
     from devices.method_choice import choose
     from runtime.decoding.mirror import DEFAULT_DRAFT_BRANCHES, draft_in_process
     from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH, own_branches
@@ -634,11 +635,16 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
                             exit_head=exit_head)  # fmt: skip
         if st["target_slowdown"] is None:  # the draft failed in its worker thread or process
             runnable.remove("mirror")
+    joint = bool(gammas) and profile is None  # a profile's windows follow its own law in γ
+    # choosing γ, each γ's α comes from the pooled τ: no separate α run (pair_acceptance)
+    taus = pair_taus(target, draft, ids, gammas=sorted({*gammas, gamma}),
+                     sampling=sampling) if joint else None  # fmt: skip
     t = stage_times(target, draft, ids, gamma=gamma, branches=branches, kappa=kappa,
                     exit_layer=le, sampling=sampling,
                     profile=profile, target_cache=target_cache, draft_cache=draft_cache,
-                    process=process, draft_branches=own, exit_head=exit_head)  # fmt: skip
-    if not gammas or profile is not None:  # a profile's windows follow its own law in γ
+                    process=process, draft_branches=own, exit_head=exit_head,
+                    acceptance=alpha_for(taus[gamma], gamma) if joint else None)  # fmt: skip
+    if not joint:
         return {**choose(t, gamma, runnable), "gamma": gamma}
     from dataclasses import replace
 
@@ -646,12 +652,11 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
 
     wins = measure_windows(target, sorted(set(gammas)), kappa=kappa, exit_layer=le,
                            exit_head=exit_head, greedy=sampling is None or sampling.greedy)  # fmt: skip
-    taus = pair_taus(target, draft, ids, gammas=sorted(wins), sampling=sampling)
     by_gamma = {g: replace(t, target_window=w["target_window"], mirror_window=w.get("mirror_window"),
                            acceptance=alpha_for(taus[g], g)) for g, w in wins.items()}  # fmt: skip
     rec = choose_joint(by_gamma, runnable)
     once = ("trials", id(target), id(draft), sampling.temp, sampling.top_p, sampling.top_k)
-    if trials and len(runnable) > 2 and once not in _CACHE:  # sd and mirror: once per pair
+    if len(runnable) > 2 and once not in _CACHE:  # sd and mirror: once per pair
         _CACHE[once] = True  # (the chosen runs correct it afterwards: a trial per new γ cost
         # a 64-token run inside a later prompt's turn as the pooled τ moved the best γ)
         opts = dict(kappa=kappa, exit_layer=le, branches=branches, draft_process=draft_process,

@@ -138,7 +138,6 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
     name = getattr(a, "device_profile", None)
     profile = load_profile(name) if name else None
     corrections = Corrections()  # what this process's earlier auto runs measured
-    tried: set = set()  # the probe's trial runs already folded into `corrections`
 
     def choose(ids: list[int], sampling, target_cache=None, draft_cache=None) -> tuple[str, dict]:
         """Given empty caches, the probe prefills them with all of `ids` (pass them on to
@@ -153,11 +152,9 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
                          draft_branches=getattr(a, "draft_branches", None),
                          exit_head=getattr(a, "exit_head", None))  # fmt: skip
         greedy = sampling is None or sampling.greedy
-        for m, trial in rec.get("trials", {}).items():  # measured once each: fold in once
-            if (m, trial["gamma"], greedy) not in tried:
-                tried.add((m, trial["gamma"], greedy))
-                corrections.seen.add(m)  # a trial leaves its first steps out: no warm-up skip
-                corrections.observe(rec, m, trial["gamma"], greedy, trial["tokens_per_s"])
+        for m, trial in rec.get("trials", {}).items():  # only the pair's first record has them
+            corrections.seen.add(m)  # a trial leaves its first steps out: no warm-up skip
+            corrections.observe(rec, m, trial["gamma"], greedy, trial["tokens_per_s"])
         rec = corrections.apply(rec, greedy)
         return rec["choice"], rec
 

@@ -459,3 +459,18 @@ def test_chats_stats_show_the_trials_and_the_factors_auto_applied():
                        "trials": {"mirror": {"gamma": 5, "tokens_per_s": 130.0}}}  # fmt: skip
     text = stats_text(SimpleNamespace(last_stats=s, method="auto"))
     assert "mirror x0.50, sd x1.02" in text and "trial run mirror@g5: 130.0 tok/s" in text
+
+
+def test_choosing_gamma_takes_alpha_from_the_pooled_tau_without_a_separate_alpha_run(
+    tiny_dir, capsys, monkeypatch
+):
+    import devices.pair_probe as pp
+
+    def no_alpha_run(*a, **k):
+        raise AssertionError("a separate α run whose α every γ replaces")
+
+    monkeypatch.setattr(pp, "pair_acceptance", no_alpha_run)
+    t, d = str(tiny_dir("llama")), str(tiny_dir("llama", num_layers=1, seed=4))
+    assert main(["--target", t, "--draft", d, "--prompt-ids", "3,14,15,92,65", "--max-tokens",
+                 "8", "--json", "--method", "auto"]) == 0  # fmt: skip
+    assert "by_gamma" in json.loads(capsys.readouterr().out)["stats"]["auto"]
