@@ -194,6 +194,17 @@ class Corrections:
         if predicted and tokens_per_s > 0:
             self.logs.setdefault((method, greedy), []).append(math.log(tokens_per_s / predicted))
 
+    KEEP = 32  # ratios per (method, regime) a saved state keeps: the latest
+
+    def state(self) -> list:
+        """The recorded ratios as JSON (devices/probe_store.py); `seen` is not kept, since every
+        process pays its own first run's warm-up."""
+        return [[m, g, xs[-self.KEEP :]] for (m, g), xs in self.logs.items()]
+
+    def load_state(self, saved: list) -> None:
+        for m, g, xs in saved:
+            self.logs.setdefault((str(m), bool(g)), []).extend(float(x) for x in xs)
+
     def apply(self, rec: dict, greedy: bool) -> dict:
         """`rec` with its predictions scaled by the measured factors and its pick redone."""
         if not self.logs or not rec.get("predictions"):

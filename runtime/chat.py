@@ -9,8 +9,9 @@ line on stderr. The KV caches live across turns, so a turn only prefills what
 is new. The tokenizer's chat template is used when the checkpoint has one;
 otherwise each line continues the text so far (plain completion).
 The method defaults to auto: the latency model's pick per answer (sd, mirror or ar), from
-the pair measured on this machine once, during the first answer; /stats says what it
-picked and why.
+the pair measured on this machine during the first answer of its first chat and kept for
+later chats (devices/probe_store.py; --reprobe measures again); /stats says what it picked
+and why.
 Commands: /help, /reset (forget the conversation), /stats, /quit. Ctrl-C stops the
 current answer; at the prompt, Ctrl-C or EOF (Ctrl-D) ends the session.
 """
@@ -29,6 +30,7 @@ from runtime.cli_args import (
     add_draft_branches_arg,
     add_gamma_arg,
     add_pair_args,
+    auto_announcement,
     auto_chooser,
     check_decoding_args,
     load_pair_from_args,
@@ -218,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     check_args(a)
     session = make_session(a, notify=lambda m: print(m, file=sys.stderr, flush=True))
     if session.chooser is not None:  # its probe runs inside the first answer: say so first
-        print("[auto: the first answer also measures this pair on this machine (seconds, once "
-              "per chat); --method sd skips it]", file=sys.stderr, flush=True)  # fmt: skip
+        print(auto_announcement(session.chooser, "during the first answer"), file=sys.stderr,
+              flush=True)  # fmt: skip
     return repl(session, interactive=sys.stdin.isatty())
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 from runtime.load import TARGET_BACKENDS, Pair, load_pair
 
@@ -121,6 +122,10 @@ def add_auto_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--device-profile", metavar="PROFILE",
                     help="auto: stage times from this device profile (a name or a file written by "
                     "`python -m devices calibrate`) instead of measuring the pair at hand")  # fmt: skip
+    ap.add_argument("--reprobe", action="store_true",
+                    help="auto: measure the pair again instead of reading what earlier runs on "
+                    "this machine measured (kept per pair and machine in $DUET_CACHE_DIR, "
+                    "default ~/.cache/duet/auto; a week at most)")  # fmt: skip
 
 
 def auto_chooser(a: argparse.Namespace, pair: Pair):
@@ -132,12 +137,29 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
     (predictions per method, the inputs, the choice and why) goes into `stats.auto`.
     """
     from devices.method_choice import AUTO_GAMMAS, Corrections
-    from devices.pair_probe import choose_for, observe_run
+    from devices.pair_probe import choose_for, export_state, observe_run, restore_state
+    from devices.probe_store import ProbeStore
     from devices.profile import load_profile
 
     name = getattr(a, "device_profile", None)
     profile = load_profile(name) if name else None
     corrections = Corrections()  # what this process's earlier auto runs measured
+    # what earlier processes measured on this pair and machine (devices/probe_store.py)
+    store = ProbeStore.for_pair(pair.target, pair.draft, refresh=getattr(a, "reprobe", False))
+    if store is not None:
+
+        def restore(saved: dict) -> None:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(store.measured))
+            restore_state(pair.target, pair.draft, saved.get("probe", []),
+                          note=f"{store.path} (measured {when})")  # fmt: skip
+            corrections.load_state(saved.get("corrections", []))
+
+        store.restore(restore)
+
+    def keep() -> None:
+        if store is not None:
+            store.save({"probe": export_state(pair.target, pair.draft),
+                        "corrections": corrections.state()})  # fmt: skip
 
     def choose(ids: list[int], sampling, target_cache=None, draft_cache=None) -> tuple[str, dict]:
         """Given empty caches, the probe prefills them with all of `ids` (pass them on to
@@ -156,6 +178,7 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
             corrections.seen.add(m)  # a trial leaves its first steps out: no warm-up skip
             corrections.observe(rec, m, trial["gamma"], greedy, trial["tokens_per_s"])
         rec = corrections.apply(rec, greedy)
+        keep()
         return rec["choice"], rec
 
     def observe(rec: dict, sampling, tokens: int, seconds: float, accept_lengths=None) -> None:
@@ -166,9 +189,23 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
         if seconds > 0 and tokens > 0:
             corrections.observe(rec, rec["choice"], rec.get("gamma"),
                                 sampling is None or sampling.greedy, tokens / seconds)  # fmt: skip
+        keep()
 
-    choose.observe = observe
+    choose.observe, choose.store = observe, store
     return choose
+
+
+def auto_announcement(chooser, when: str) -> str:
+    """The one stderr line a command prints before auto's first choice: whether it measures
+    the pair now (`when`: "first", or "during the first answer") or reads kept figures."""
+    store = chooser.store
+    if store is not None and store.restored:
+        day = time.strftime("%Y-%m-%d", time.localtime(store.measured))
+        return (f"[auto: using the measurements of this pair on this machine kept in {store.path}"
+                f" (from {day}); --reprobe measures again]")  # fmt: skip
+    kept = f"; kept in {store.path} for later runs" if store is not None else ""
+    return (f"[auto: measuring this pair on this machine {when} (seconds){kept}; --method sd "
+            "skips it]")  # fmt: skip
 
 
 PROBE_TOKENS = 128  # auto estimates acceptance on the prompt's last tokens (a chat's history)

@@ -1,6 +1,11 @@
 """`python -m runtime.generate`: one prompt through a decoding method.
 
-    python -m runtime.generate --method sd --prompt "def fib(n):" --max-tokens 64 --json
+    python -m runtime.generate --prompt "def fib(n):" --max-tokens 64 --json
+
+The method defaults to auto: the latency model's pick for this pair on this machine (sd,
+mirror or ar, and γ unless --gamma is given). Its first run on a pair measures it (seconds)
+and keeps the figures per pair and machine (devices/probe_store.py), so later runs choose at
+once; --reprobe measures again, --method sd (or any method) skips the choice.
 
 Without --target/--draft it runs the embedded default pair. With --json it
 prints one object: {"tokens", "text", "stats"}; otherwise it streams the text
@@ -19,6 +24,7 @@ from runtime.cli_args import (
     add_draft_branches_arg,
     add_gamma_arg,
     add_pair_args,
+    auto_announcement,
     auto_chooser,
     check_decoding_args,
     load_pair_from_args,
@@ -49,9 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_pair_args(ap)
     add_edge_args(ap)
-    ap.add_argument("--method", choices=(*METHODS, AUTO), default="sd",
-                    help="decoding method; auto: the one the latency model predicts fastest here "
-                    "(default sd)")  # fmt: skip
+    ap.add_argument("--method", choices=(*METHODS, AUTO), default=AUTO,
+                    help="decoding method (default auto: the one the latency model predicts "
+                    "fastest for this pair on this machine, γ too when --gamma is not given; "
+                    "its first run measures the pair, some seconds, and keeps the figures for "
+                    "later runs: see --reprobe)")  # fmt: skip
     add_auto_args(ap)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
@@ -209,7 +217,10 @@ def _generate(a: argparse.Namespace, pair, edge: dict) -> dict:
     if method == AUTO:  # the probe's passes over the prompt are its prefill: keep the caches
         caches = {"target_cache": pair.target.new_cache(),
                   "draft_cache": pair.draft.new_cache() if pair.draft is not None else None}  # fmt: skip
-        method, auto = auto_chooser(a, pair)(ids, sampling, **caches)
+        chooser = auto_chooser(a, pair)
+        if pair.draft is not None:
+            print(auto_announcement(chooser, "first"), file=sys.stderr)
+        method, auto = chooser(ids, sampling, **caches)
         a.gamma = auto.get("gamma", a.gamma)  # without --gamma, auto picks γ too
         if a.trace and method != "mirror":
             print(f"no trace written: auto picked {method}, not mirror", file=sys.stderr)
@@ -278,6 +289,9 @@ def _generate(a: argparse.Namespace, pair, edge: dict) -> dict:
             stats.extra["skip"] = skip_stats(pair, events, edge["skip"], ids, out, sampling)
     if auto is not None:
         stats.extra["auto"] = auto
+        # the run's accepted lengths join the pair's kept τ(γ) (a one-shot run's rate is its
+        # process's first of the method: warm-up, so it corrects nothing: Corrections)
+        chooser.observe(auto, sampling, len(out), stats.wall_s, stats.accept_lengths)
     if emu is not None:
         stats.extra.update(emulated=emu.label, emulation=emu.summary())
     text = pair.tokenizer.decode(out) if pair.tokenizer else None

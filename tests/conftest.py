@@ -1,9 +1,19 @@
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+# `--method auto` keeps what it measures per pair and machine (devices/probe_store.py): in a
+# test run, in a folder of its own, never the user's ~/.cache (subprocesses inherit it)
+_AUTO_CACHE = tempfile.mkdtemp(prefix="duet-test-auto-")
+os.environ["DUET_CACHE_DIR"] = _AUTO_CACHE
+atexit.register(shutil.rmtree, _AUTO_CACHE, True)
 
 from tiny import ARCHS, make_checkpoint  # noqa: E402
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -217,21 +218,28 @@ def test_ctrl_c_stops_the_answer_not_the_session(pair_dirs):
     assert n_first < int(stats[1].split()[1])
 
 
-def test_the_chat_defaults_to_auto_and_says_what_it_picked(pair_dirs):
+def test_the_chat_defaults_to_auto_and_says_what_it_picked(pair_dirs, tmp_path):
     """Issue 11: `--method auto` is the chat's default; it says the first answer measures the
-    pair, and /stats names the pick; the answer is the target's own (greedy: equal to ar)."""
+    pair, and /stats names the pick; the answer is the target's own (greedy: equal to ar). A
+    second chat on the pair reads the kept measurements and says so."""
     from runtime.chat import build_parser
 
     assert build_parser().parse_args([]).method == "auto"
     t, d = pair_dirs
     cmd = [sys.executable, "-m", "runtime.chat", "--target", str(t), "--draft", str(d),
            "--target-backend", "torch", "--draft-backend", "onnx", "--max-tokens", "8"]  # fmt: skip
+    env = dict(os.environ, DUET_CACHE_DIR=str(tmp_path))  # nothing kept yet
     r = subprocess.run(cmd, input="hello\n/stats\n", capture_output=True, text=True, cwd=ROOT,
-                       timeout=300)  # fmt: skip
+                       timeout=300, env=env)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert "[auto: the first answer also measures" in r.stderr
+    assert "[auto: measuring this pair on this machine during the first answer" in r.stderr
+    again = subprocess.run(cmd, input="hello\n", capture_output=True, text=True, cwd=ROOT,
+                           timeout=300, env=env)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert "[auto: using the measurements of this pair on this machine kept in" in again.stderr
     ref = subprocess.run([*cmd, "--method", "ar"], input="hello\n", capture_output=True,
                          text=True, cwd=ROOT, timeout=120)  # fmt: skip
     assert ref.returncode == 0, ref.stderr
     assert r.stdout.startswith(ref.stdout)  # the answer, then /stats with the pick
     assert "auto picked" in r.stdout[len(ref.stdout) :]
+    assert again.stdout == ref.stdout  # the kept figures pick as well, and stay lossless

@@ -1,0 +1,164 @@
+"""`--method auto` keeps what it measured per pair and machine (devices/probe_store.py): a
+later process chooses from the kept figures without probing, and any changed input, an old
+or unreadable file, or --reprobe measures again."""
+
+import json
+import os
+import shutil
+import time
+
+import pytest
+
+import devices.pair_probe as pp
+import runtime.decoding
+from devices.probe_store import MAX_AGE_DAYS, ProbeStore
+from runtime.backends import load_model
+from runtime.generate import build_parser, main
+
+PROBES = ("_medians", "_slowdown", "_slowdown_process", "trial_rate")
+
+
+@pytest.fixture
+def pair(tiny_dir, tmp_path, monkeypatch):
+    """A tiny pair copied into tmp_path, an empty kept-figures folder, and a fresh process's
+    in-memory caches."""
+    monkeypatch.setenv("DUET_CACHE_DIR", str(tmp_path / "kept"))
+    t, d = tmp_path / "t", tmp_path / "d"
+    shutil.copytree(tiny_dir("llama"), t)
+    shutil.copytree(tiny_dir("llama", num_layers=1, seed=4), d)
+    monkeypatch.setattr(pp, "_CACHE", {})
+    monkeypatch.setattr(pp, "_ALPHA", {})
+    return t, d
+
+
+def _run(t, d, *extra, temp="0") -> list[str]:
+    argv = ["--target", str(t), "--draft", str(d), "--prompt-ids", "3,14,15,92,65",
+            "--max-tokens", "12", "--json", "--temp", temp, *extra]  # fmt: skip
+    return argv
+
+
+def _no_probe(monkeypatch):
+    """A new process (empty in-memory caches) in which any measurement fails the test."""
+    monkeypatch.setattr(pp, "_CACHE", {})
+    monkeypatch.setattr(pp, "_ALPHA", {})
+
+    def boom(*a, **k):
+        raise AssertionError("auto measured although the pair's figures were kept")
+
+    for name in PROBES:
+        monkeypatch.setattr(pp, name, boom)
+    monkeypatch.setattr(runtime.decoding, "run", boom)  # pair_taus's and α's seed runs
+
+
+@pytest.mark.parametrize("temp", ["0", "1"])
+def test_a_later_process_chooses_from_the_kept_figures_without_probing(pair, monkeypatch,
+                                                                       capsys, temp):  # fmt: skip
+    t, d = pair
+    assert build_parser().parse_args(["--prompt", "x"]).method == "auto"  # generate's default
+    assert main(_run(t, d, temp=temp)) == 0
+    first = capsys.readouterr()
+    assert "[auto: measuring this pair on this machine first" in first.err
+    one = json.loads(first.out)
+    with monkeypatch.context() as m:
+        _no_probe(m)
+        assert main(_run(t, d, temp=temp)) == 0
+    second = capsys.readouterr()
+    assert "[auto: using the measurements of this pair on this machine kept in" in second.err
+    two = json.loads(second.out)
+    a1, a2 = one["stats"]["auto"], two["stats"]["auto"]
+    assert a2["choice"] == two["stats"]["method"] and a2["predictions"]
+    assert "(measured " in a2["inputs"]["source"] and "(measured " not in a1["inputs"]["source"]
+    if temp == "0":  # greedy: whatever each picked, both are the target's own tokens
+        assert main([*_run(t, d), "--method", "ar"]) == 0
+        assert one["tokens"] == two["tokens"] == json.loads(capsys.readouterr().out)["tokens"]
+
+
+def test_reprobe_and_a_changed_model_file_measure_again(pair, monkeypatch, capsys):
+    t, d = pair
+    assert main(_run(t, d)) == 0
+    kept = list((t.parent / "kept").iterdir())
+    assert len(kept) == 1
+    with monkeypatch.context() as m:
+        _no_probe(m)
+        assert main(_run(t, d)) == 0  # kept: nothing measured
+        with pytest.raises(AssertionError, match="measured although"):
+            main(_run(t, d, "--reprobe"))
+    w = next(p for p in sorted(d.iterdir()) if p.suffix == ".safetensors")
+    os.utime(w, ns=(w.stat().st_atime_ns, w.stat().st_mtime_ns + 10**9))  # a re-trained draft
+    with monkeypatch.context() as m:
+        _no_probe(m)
+        with pytest.raises(AssertionError, match="measured although"):
+            main(_run(t, d))
+    capsys.readouterr()
+
+
+def test_an_unreadable_or_old_file_is_said_once_and_measured_again(pair, monkeypatch, capsys):
+    t, d = pair
+    assert main(_run(t, d)) == 0
+    capsys.readouterr()
+    (path,) = (t.parent / "kept").iterdir()
+    doc = json.loads(path.read_text())
+    path.write_text("{not json")
+    monkeypatch.setattr(pp, "_CACHE", {})
+    assert main(_run(t, d)) == 0
+    err = capsys.readouterr().err
+    assert "ignoring the unreadable measurement cache" in err and "Traceback" not in err
+    assert json.loads(path.read_text())["state"]["probe"]  # measured again and kept anew
+
+    doc["state"]["probe"] = [
+        {
+            "table": "cache",
+            "key": ["runs", "@target", "@draft", 0.0, 1.0, 0],
+            "runs": {"risk": [1.0], "survived": []},
+        }
+    ]  # a truncated entry
+    path.write_text(json.dumps(doc))
+    monkeypatch.setattr(pp, "_CACHE", {})
+    assert main(_run(t, d)) == 0
+    assert "ignoring the measurement cache" in capsys.readouterr().err
+
+    doc = json.loads(path.read_text())
+    doc["measured"] = time.time() - (MAX_AGE_DAYS + 1) * 86400
+    path.write_text(json.dumps(doc))
+    store = ProbeStore(path)
+    assert store.load() is None and not store.restored  # a week old: drifted, measure again
+
+
+def test_a_model_not_loaded_from_files_keeps_nothing(tiny_dir):
+    target = load_model(tiny_dir("llama"), "torch")
+    draft = load_model(tiny_dir("llama", num_layers=1, seed=4), "torch")
+    assert ProbeStore.for_pair(target, object()) is None  # in memory: nothing identifies it
+    assert ProbeStore.for_pair(target, draft) is not None
+
+
+def test_export_and_restore_are_inverse_for_one_pair_and_leave_other_pairs_out():
+    class M:
+        pass
+
+    t, d, other = M(), M(), M()
+    runs = pp.RunLengths()
+    runs.add([3, 1, 0], 4)
+    saved = dict(pp._CACHE)
+    try:
+        pp._CACHE.clear()
+        pp._CACHE[(id(t), id(d), 4, 16, False, True, 8, 2, None)] = {
+            "target_token": 0.01,
+            "source": "measured",
+        }
+        pp._CACHE[("windows", id(t), (2, 4), 8, 2, None, True)] = {2: {"target_window": 0.1}}
+        pp._CACHE[("runs", id(t), id(d), 0.0, 1.0, 0)] = runs
+        pp._CACHE[("trial", "sd", id(t), id(other), 4, 0.0, 1.0, 0)] = 99.0  # another draft's
+        entries = json.loads(json.dumps(pp.export_state(t, d)))
+        assert len(entries) == 3
+        t2, d2 = M(), M()
+        assert pp.restore_state(t2, d2, entries, note="file (measured today)") == 3
+        back = pp._CACHE[(id(t2), id(d2), 4, 16, False, True, 8, 2, None)]
+        assert back == {"target_token": 0.01, "source": "measured, kept from file (measured today)"}
+        assert pp._CACHE[("windows", id(t2), (2, 4), 8, 2, None, True)] == {
+            2: {"target_window": 0.1}
+        }
+        r2 = pp._CACHE[("runs", id(t2), id(d2), 0.0, 1.0, 0)]
+        assert r2.taus([2, 4]) == runs.taus([2, 4])
+    finally:
+        pp._CACHE.clear()
+        pp._CACHE.update(saved)
