@@ -30,7 +30,7 @@ This module runs nothing and reads no clock.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from devices.latency import mirror_step_time, sd_step_time
 
@@ -111,6 +111,44 @@ def mirror_wait(t: StageTimes, gamma: int, prefix: float, suffix: float) -> tupl
     wait = t.omega_own * w_own + ee * w_ee + (1 - t.omega_own - ee) * w_miss
     reuse = t.omega_own * (own_end <= verdict) + ee * (ee_end <= verdict)
     return wait, reuse
+
+
+def mirror_bound(t: StageTimes, gamma: int) -> float:
+    """Mirror's predicted tokens/s at the most favourable Ω̂ and Ω̂_own: an upper bound over
+    both, as the wait (mirror_wait) is linear in the shares of own hits, early-exit hits and
+    misses, so its least value is at a vertex: all own (with own branches), all early exit,
+    or all misses."""
+    vertices = [(1.0, 0.0), (0.0, 0.0)] + ([(1.0, 1.0)] if t.own_rows else [])
+    return max(predict(replace(t, omega_kappa=o, omega_own=w), gamma)["mirror"]["tokens_per_s"]
+               for o, w in vertices)  # fmt: skip
+
+
+def mirror_cannot_win(by_gamma: dict[int, StageTimes], runnable: list[str],
+                      factors: dict[str, float] | None = None) -> str | None:  # fmt: skip
+    """Why measuring Ω̂ on this prompt cannot change the pick, or None when it can: mirror's
+    bound at every γ, scaled by its correction factor, is below the best other method's
+    prediction (scaled by its own). Ω̂ is then left unmeasured, which saves the probe's
+    early-exit head and, at T > 0, its simulated steps (_sampled_hits: 20-30 ms a prompt on
+    a 2-core CPU, about 3 % of a 128-token answer)."""
+    if "mirror" not in runnable:
+        return None
+    f = factors or {}
+    others = [m for m in runnable if m != "mirror"]
+    if not others:
+        return None
+    best, best_g, best_m = -1.0, None, None
+    for g, t in by_gamma.items():
+        preds = predict(t, g)
+        for m in others:
+            r = preds[m]["tokens_per_s"] * f.get(m, 1.0)
+            if r > best:
+                best, best_g, best_m = r, g, m
+    top = max(mirror_bound(t, g) for g, t in by_gamma.items()) * f.get("mirror", 1.0)
+    if top >= best:
+        return None
+    scaled = " (measured factors applied)" if f else ""
+    return (f"Ω̂ not measured: mirror at most {top:.1f} tok/s{scaled} with every correction a "
+            f"branch, {best_m} at γ {best_g} {best:.1f}")  # fmt: skip
 
 
 def choose(t: StageTimes, gamma: int, runnable: list[str]) -> dict:

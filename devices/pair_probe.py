@@ -558,9 +558,12 @@ def _sampled_hits(p, q, proxy, kappa: int, m: int) -> tuple[list[float], list[fl
 
 def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampling,
                 profile=None, target_cache=None, draft_cache=None, process=False,
-                draft_branches=0, exit_head=None, acceptance=None) -> StageTimes:  # fmt: skip
+                draft_branches=0, exit_head=None, acceptance=None,
+                probe=True) -> StageTimes:  # fmt: skip
     """Everything method_choice needs, for this pair, prompt and machine. acceptance: α when
-    the caller has it (from the pooled τ); else a short sd run measures it (pair_acceptance)."""
+    the caller has it (from the pooled τ); else a short sd run measures it (pair_acceptance).
+    probe=False: Ω̂ and Ω̂_own are left at their priors and nothing runs on the prompt (the
+    caller measures them with probe_prompt only when they can change the pick)."""
     n = target.config.num_layers
     le = n // 2 if exit_layer is None else exit_layer
     st = (
@@ -583,11 +586,24 @@ def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampl
     alpha = acceptance
     if alpha is None:
         alpha = pair_acceptance(target, draft, ids, gamma=gamma, sampling=sampling)
-    omega, own = probe_prompt(target, draft, ids, sampling=sampling, kappa=kappa, exit_layer=le,
-                              target_cache=target_cache, draft_cache=draft_cache,
-                              draft_branches=draft_branches, exit_head=exit_head)  # fmt: skip
+    omega, own = PRIOR_OMEGA, (PRIOR_OMEGA / 2 if draft_branches else 0.0)
+    if probe:
+        omega, own = probe_prompt(target, draft, ids, sampling=sampling, kappa=kappa,
+                                  exit_layer=le, target_cache=target_cache,
+                                  draft_cache=draft_cache, draft_branches=draft_branches,
+                                  exit_head=exit_head)  # fmt: skip
     return StageTimes(acceptance=alpha, omega_kappa=omega, exit_fraction=le / n, omega_own=own,
                       own_rows=draft_branches, branch_batch=branches, **st)  # fmt: skip
+
+
+def prefill(target, draft, ids: list[int], target_cache=None, draft_cache=None) -> None:
+    """What probe_prompt leaves in the caches it is given, without measuring anything: each
+    given cache holds `ids` (the chosen method then does not prefill them again)."""
+    x = np.array([ids])
+    if target_cache is not None:
+        target.forward(x, target_cache)
+    if draft_cache is not None and draft is not None:
+        draft.forward(x, draft_cache)
 
 
 def runnable_methods(target, draft) -> list[str]:
@@ -607,7 +623,7 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
                branches: int | None, sampling, profile=None, target_cache=None,
                draft_cache=None, draft_process: bool | None = None,
                draft_branches: int | None = None, exit_head: str | None = None,
-               gammas=None) -> dict:  # fmt: skip
+               gammas=None, factors: dict[str, float] | None = None) -> dict:  # fmt: skip
     """`--method auto` for this pair and prompt: the method_choice.choose record.
     Empty caches given are left holding the prompt (probe_prompt). draft_process,
     draft_branches and exit_head are mirror's (None: its defaults), so the prediction is of
@@ -616,8 +632,10 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
     one to run; the stage times other than the window passes are `gamma`'s. With `gammas`
     and mirror a candidate, sd and mirror each run once per pair and regime at their
     predicted best γ (trial_rate), and that record's "trials" carry the measured rates for
-    the chooser's corrections."""
-    from devices.method_choice import choose
+    the chooser's corrections. factors: the chooser's measured/predicted factors per method
+    (method_choice.Corrections), with which Ω̂ is measured on the prompt only when it can
+    change the pick (method_choice.mirror_cannot_win); else the caches are only prefilled."""
+    from devices.method_choice import choose, mirror_cannot_win
     from runtime.decoding.mirror import DEFAULT_DRAFT_BRANCHES, draft_in_process
     from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH, own_branches
 
@@ -643,18 +661,38 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
                     exit_layer=le, sampling=sampling,
                     profile=profile, target_cache=target_cache, draft_cache=draft_cache,
                     process=process, draft_branches=own, exit_head=exit_head,
-                    acceptance=alpha_for(taus[gamma], gamma) if joint else None)  # fmt: skip
-    if not joint:
-        return {**choose(t, gamma, runnable), "gamma": gamma}
+                    acceptance=alpha_for(taus[gamma], gamma) if joint else None,
+                    probe=False)  # fmt: skip
     from dataclasses import replace
 
     from devices.method_choice import choose_joint
 
-    wins = measure_windows(target, sorted(set(gammas)), kappa=kappa, exit_layer=le,
-                           exit_head=exit_head, greedy=sampling is None or sampling.greedy)  # fmt: skip
-    by_gamma = {g: replace(t, target_window=w["target_window"], mirror_window=w.get("mirror_window"),
-                           acceptance=alpha_for(taus[g], g)) for g, w in wins.items()}  # fmt: skip
-    rec = choose_joint(by_gamma, runnable)
+    by_gamma = {gamma: t}
+    if joint:
+        wins = measure_windows(target, sorted(set(gammas)), kappa=kappa, exit_layer=le,
+                               exit_head=exit_head, greedy=sampling is None or sampling.greedy)  # fmt: skip
+        by_gamma = {g: replace(t, target_window=w["target_window"],
+                               mirror_window=w.get("mirror_window"),
+                               acceptance=alpha_for(taus[g], g)) for g, w in wins.items()}  # fmt: skip
+    skipped = mirror_cannot_win(by_gamma, runnable, factors)
+    if skipped:  # Ω̂ cannot change the pick: the prompt's passes are only the prefill
+        prefill(target, draft, ids, target_cache, draft_cache)
+    else:
+        omega, omega_own = probe_prompt(target, draft, ids, sampling=sampling, kappa=kappa,
+                                        exit_layer=le, target_cache=target_cache,
+                                        draft_cache=draft_cache, draft_branches=own,
+                                        exit_head=exit_head)  # fmt: skip
+        by_gamma = {g: replace(v, omega_kappa=omega, omega_own=omega_own)
+                    for g, v in by_gamma.items()}  # fmt: skip
+    if not joint:
+        rec = {**choose(by_gamma[gamma], gamma, runnable), "gamma": gamma}
+    else:
+        rec = choose_joint(by_gamma, runnable)
+    if skipped:
+        rec["omega"] = skipped
+        rec["why"] += f"; {skipped}"
+    if not joint:
+        return rec
     once = ("trials", id(target), id(draft), sampling.temp, sampling.top_p, sampling.top_k)
     if len(runnable) > 2 and once not in _CACHE:  # sd and mirror: once per pair
         _CACHE[once] = True  # (the chosen runs correct it afterwards: a trial per new γ cost

@@ -166,14 +166,16 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
         make_steps); without, it reads only the last PROBE_TOKENS (a chat's long history)."""
         probe = list(ids) if target_cache is not None else list(ids)[-PROBE_TOKENS:]
         free = getattr(a, "gamma_free", False)  # no --gamma: the model picks γ as well
+        greedy = sampling is None or sampling.greedy
         rec = choose_for(pair.target, pair.draft, probe, gamma=a.gamma, kappa=a.kappa,
                          gammas=AUTO_GAMMAS if free else None,
                          exit_layer=a.exit_layer, branches=a.branches, sampling=sampling,
                          profile=profile, target_cache=target_cache, draft_cache=draft_cache,
                          draft_process=getattr(a, "draft_process", None),
                          draft_branches=getattr(a, "draft_branches", None),
-                         exit_head=getattr(a, "exit_head", None))  # fmt: skip
-        greedy = sampling is None or sampling.greedy
+                         exit_head=getattr(a, "exit_head", None),
+                         factors={m: corrections.factor(m, greedy)
+                                  for m in ("ar", "sd", "mirror")})  # fmt: skip
         for m, trial in rec.get("trials", {}).items():  # only the pair's first record has them
             corrections.seen.add(m)  # a trial leaves its first steps out: no warm-up skip
             corrections.observe(rec, m, trial["gamma"], greedy, trial["tokens_per_s"])

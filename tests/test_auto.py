@@ -3,6 +3,7 @@ and whatever it picks the output is the target's own."""
 
 import json
 import tomllib
+from dataclasses import replace
 
 import pytest
 
@@ -474,3 +475,54 @@ def test_choosing_gamma_takes_alpha_from_the_pooled_tau_without_a_separate_alpha
     assert main(["--target", t, "--draft", d, "--prompt-ids", "3,14,15,92,65", "--max-tokens",
                  "8", "--json", "--method", "auto"]) == 0  # fmt: skip
     assert "by_gamma" in json.loads(capsys.readouterr().out)["stats"]["auto"]
+
+
+def test_mirrors_bound_over_omega_is_above_every_prediction_the_probe_could_give():
+    """mirror_bound: the wait is linear in the shares of own hits, early-exit hits and misses,
+    so mirror's rate at any measured (Ω̂, Ω̂_own) is at most the bound."""
+    import numpy as np
+
+    from devices.method_choice import mirror_bound
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        t = times(target_window=rng.uniform(0.005, 0.03), draft_token=rng.uniform(1e-4, 4e-3),
+                  draft_batch=rng.uniform(1e-4, 6e-3), target_slowdown=rng.uniform(1.0, 1.8),
+                  own_rows=int(rng.integers(0, 3)), branch_batch=int(rng.integers(4, 17)))  # fmt: skip
+        gamma = int(rng.integers(2, 9))
+        bound = mirror_bound(t, gamma)
+        for _ in range(5):
+            o = rng.uniform(0, 1)
+            own = rng.uniform(0, o) if t.own_rows else 0.0
+            rate = predict(replace(t, omega_kappa=o, omega_own=own), gamma)["mirror"]
+            assert rate["tokens_per_s"] <= bound * (1 + 1e-9)
+
+
+def test_omega_is_measured_only_when_it_can_change_the_pick(tiny_dir, monkeypatch):
+    """The prompt's Ω̂ (the probe's exit head and, at T > 0, its simulated steps) runs only
+    when mirror could win at its most favourable Ω̂; else the caches are only prefilled, and
+    the record says why."""
+    import devices.pair_probe as pp
+    from runtime.backends import load_model
+    from runtime.decoding import Sampling
+
+    target = load_model(tiny_dir("llama"), "torch")
+    draft = load_model(tiny_dir("llama", num_layers=1, seed=4), "onnx", intra_threads=1)
+    ids = [3, 14, 15, 92, 65, 35]
+    calls = []
+    real = pp.probe_prompt
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(pp, "probe_prompt", counted)
+    for factor, probed in ((1e-3, False), (1e3, True)):
+        tc, dc = target.new_cache(), draft.new_cache()
+        rec = pp.choose_for(target, draft, ids, gamma=3, kappa=None, exit_layer=None,
+                            branches=None, sampling=Sampling(1.0), target_cache=tc,
+                            draft_cache=dc, factors={"mirror": factor})  # fmt: skip
+        assert bool(calls) == probed
+        assert ("omega" in rec) == (not probed) and ("Ω̂ not measured" in rec["why"]) != probed
+        assert tc.offset == dc.offset == len(ids)  # prefilled either way
+        calls.clear()
