@@ -162,8 +162,9 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
                         "corrections": corrections.state()})  # fmt: skip
 
     def choose(ids: list[int], sampling, target_cache=None, draft_cache=None) -> tuple[str, dict]:
-        """Given empty caches, the probe prefills them with all of `ids` (pass them on to
-        make_steps); without, it reads only the last PROBE_TOKENS (a chat's long history)."""
+        """Given empty caches, a probe of the prompt prefills them with all of `ids`, or leaves
+        them empty when it need not run (pass them on to make_steps either way); without, it
+        reads only the last PROBE_TOKENS (a chat's long history)."""
         probe = list(ids) if target_cache is not None else list(ids)[-PROBE_TOKENS:]
         free = getattr(a, "gamma_free", False)  # no --gamma: the model picks γ as well
         greedy = sampling is None or sampling.greedy
