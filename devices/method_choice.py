@@ -5,7 +5,8 @@ the pair at hand, or a calibrated profile supplies them). The laws:
 
   expected tokens per step   E[τ] = (1 − α^(γ+1)) / (1 − α)   (Leviathan et al., i.i.d. acceptance α)
   ar      T = T_target(1)
-  sd      T = T_target(γ+1) + γ·t_draft                        (Mirror-SD App. C, T_SD)
+  sd      T = T_target(γ+1) + T_draft(γ)                       (Mirror-SD App. C, T_SD)
+              T_draft(γ): γ draft passes timed as sd runs them (else γ·t_draft)
   mirror  T = s·T_mirror(γ+1)·ℓe/N + T_rv(ee) + s·T_mirror(γ+1)·(N−ℓe)/N + T_rv(fv)  (eq. 10)
               + E[wait for the next window]                     (mirror_wait)
   with T_mirror(γ+1) mirror's own pass alone (split at ℓe, its early-exit head and message:
@@ -57,6 +58,12 @@ class StageTimes:
     omega_own: float = 0.0  # Ω̂_own ≤ Ω̂: corrections among the draft's own runner-ups
     own_rows: int = 0  # runner-up branches per window position rolled out before the exit
     branch_batch: int = 16  # rows per branch wave (draft_batch is one such wave's pass)
+    # sd's γ drafts as it runs them: γ single-row passes back to back after a target pass,
+    # with their draws; None: γ·draft_token. Not γ·draft_token where a target pass evicts
+    # the draft from the CPU's caches: this CPU, 1.05 ms for a pass right after the target's,
+    # 0.42 back to back, so γ·draft_token put sd@g6's drafting 50 % high and auto ran γ 3 at
+    # T = 1 where γ 6 measured 7 % faster (`apps.bench --methods sd,auto --gammas 4,6`)
+    draft_window: float | None = None
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -74,10 +81,11 @@ def predict(t: StageTimes, gamma: int) -> dict[str, dict]:
     suffix = s * window * (1 - t.exit_fraction)
     wait, reuse = mirror_wait(t, gamma, prefix, suffix)
     t_mirror = mirror_step_time(prefix, suffix, 0.0, t.t_rv / 2, t.t_rv / 2) + wait  # eq. (10)
-    t_sd = sd_step_time(t.target_window, gamma * t.draft_token)  # App. C
+    drafting = t.draft_window if t.draft_window is not None else gamma * t.draft_token
+    t_sd = sd_step_time(t.target_window, drafting)  # App. C
     rows = {
         "ar": (t.target_token, 1.0, {}),
-        "sd": (t_sd, tau, {"draft_share": gamma * t.draft_token / t_sd}),
+        "sd": (t_sd, tau, {"draft_share": drafting / t_sd}),
         "mirror": (t_mirror, tau, {"reuse": reuse, "target_slowdown": s}),
     }
     return {

@@ -4,6 +4,8 @@ Stage times (medians, after a warm-up pass each):
   target_token / target_window  the target's 1-token and (γ+1)-token passes, alone;
   mirror_window                 mirror's own (γ+1)-token pass alone: split at ℓe, with the
                                 early-exit head and message (mirror_pass);
+  draft_window                  sd's γ drafts: γ 1-row passes back to back with their draws
+                                (the first after a target pass, as in a step: colder caches);
   draft_token / draft_batch     the draft's 1-row pass, and one pass of a `branches`-row
                                 branch wave as the worker runs it (wave_pass);
   target_slowdown               the target's window pass while the draft loops batched
@@ -237,6 +239,7 @@ def measure_stages(target, draft, *, gamma: int, branches: int, repeats: int = 1
 
     fns = {"target_token": lambda: tpass(prompt[:, :1]),
            "target_window": lambda: tpass(window),
+           "draft_window": sd_drafts(draft, prompt, gamma, sampling),
            "draft_token": lambda: dpass(prompt[:, :1], dc),
            "draft_batch": wave_pass(draft, dc, branches=branches, gamma=gamma,
                                     sampling=sampling)}  # fmt: skip
@@ -313,14 +316,35 @@ def mirror_pass(target, cache, window, *, kappa: int, exit_layer: int | None,
     return run
 
 
+def sd_drafts(draft, prompt, gamma: int, sampling=None):
+    """A function drafting γ tokens as sd does (runtime.decoding.sd.draft_window: γ 1-row
+    passes back to back, each with its draw) after `prompt`, then rewinding the cache."""
+    from runtime.decoding.events import GREEDY, rewind
+    from runtime.decoding.sd import draft_window
+
+    seq = [int(x) for x in prompt[0]]
+    dc = draft.new_cache()
+    draft.forward(prompt[:, :-1], dc)
+    rng = np.random.default_rng(0)
+    law = sampling if sampling is not None else GREEDY
+
+    def run():
+        draft_window(draft, dc, seq, gamma, law, rng)
+        rewind(dc, len(seq) - 1)
+
+    return run
+
+
 def measure_windows(target, gammas, *, kappa: int = 8, exit_layer: int | None = None,
-                    exit_head: str | None = None, greedy: bool = True,
-                    repeats: int = 9) -> dict[int, dict]:  # fmt: skip
-    """{γ: {"target_window", "mirror_window"}}: the (γ+1)-token passes alone, per γ (what
-    `choose_joint` needs beyond one γ's stage times). All γ are timed round-robin in one
-    `_medians`, so a machine's drifting load biases no γ against another; cached per set."""
+                    exit_head: str | None = None, greedy: bool = True, draft=None,
+                    sampling=None, repeats: int = 9) -> dict[int, dict]:  # fmt: skip
+    """{γ: {"target_window", "mirror_window", "draft_window"}}: the (γ+1)-token passes alone
+    and, with a draft, sd's γ drafts (sd_drafts), per γ (what `choose_joint` needs beyond one
+    γ's stage times). All γ are timed round-robin in one `_medians`, so a machine's drifting
+    load biases no γ against another, and each draft window follows a target pass as in a
+    step; cached per set."""
     gammas = tuple(sorted(set(gammas)))
-    key = ("windows", id(target), gammas, kappa, exit_layer, exit_head, greedy)
+    key = ("windows", id(target), id(draft), gammas, kappa, exit_layer, exit_head, greedy)
     if key not in _CACHE:
         rng = np.random.default_rng(0)
         prompt = rng.integers(0, target.config.vocab_size, size=(1, 64), dtype=np.int64)
@@ -335,6 +359,8 @@ def measure_windows(target, gammas, *, kappa: int = 8, exit_layer: int | None = 
                 tc.trim(x.shape[1])
 
             fns[(g, "target_window")] = tpass
+            if draft is not None:
+                fns[(g, "draft_window")] = sd_drafts(draft, prompt, g, sampling)
             mpass = mirror_pass(target, tc, window, kappa=kappa, exit_layer=exit_layer,
                                 exit_head=exit_head, greedy=greedy)  # fmt: skip
             if mpass is not None:
@@ -661,9 +687,11 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
     by_gamma = {gamma: t}
     if joint:
         wins = measure_windows(target, sorted(set(gammas)), kappa=kappa, exit_layer=le,
-                               exit_head=exit_head, greedy=sampling is None or sampling.greedy)  # fmt: skip
+                               exit_head=exit_head, greedy=sampling is None or sampling.greedy,
+                               draft=draft, sampling=sampling)  # fmt: skip
         by_gamma = {g: replace(t, target_window=w["target_window"],
                                mirror_window=w.get("mirror_window"),
+                               draft_window=w.get("draft_window"),
                                acceptance=alpha_for(taus[g], g)) for g, w in wins.items()}  # fmt: skip
     skipped = mirror_cannot_win(by_gamma, runnable, factors)
     if not skipped:  # else the caches stay empty: the chosen method's first window pass then
@@ -702,19 +730,17 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
 def export_state(target, draft) -> list[dict]:
     """This pair's cached figures (stage times, windows, trial rates, pooled runs, α) as JSON
     entries for devices/probe_store.py: the models' ids in each key become "@target" and
-    "@draft". An entry is the pair's when its key holds the target (and, but for the
-    target-only window passes, the draft)."""
+    "@draft". An entry is the pair's when its key holds both."""
     marks = {id(target): "@target", id(draft): "@draft"}
     out = []
     for table, tab in ((_CACHE, "cache"), (_ALPHA, "alpha")):
         for key, value in table.items():
-            target_only = key[0] == "windows"
-            if id(target) not in key or (not target_only and id(draft) not in key):
+            if id(target) not in key or id(draft) not in key:
                 continue
             k = [marks.get(x, x) if type(x) is int else x for x in key]
             if isinstance(value, RunLengths):
                 v = {"runs": {"risk": value.risk.tolist(), "survived": value.survived.tolist()}}
-            elif target_only:
+            elif key[0] == "windows":
                 v = {"by_gamma": {str(g): w for g, w in value.items()}}
             else:
                 v = {"value": value}

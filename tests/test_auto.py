@@ -528,3 +528,30 @@ def test_omega_is_measured_only_when_it_can_change_the_pick(tiny_dir, monkeypatc
         # stay empty, and the chosen method prefills in its own first window pass
         assert tc.offset == dc.offset == (len(ids) if probed else 0)
         calls.clear()
+
+
+def test_sds_drafting_is_timed_as_sd_runs_it_when_measured():
+    """sd's step law takes T_draft(γ) as measured (γ passes back to back after a target pass,
+    with their draws) when the probe has it, γ·t_draft otherwise: on this CPU a draft pass
+    right after the target's costs 2.5x one back to back, which put γ 3 over γ 6."""
+    t = times(target_window=0.020, draft_token=0.00125)
+    plain = predict(t, 6)["sd"]
+    timed = predict(replace(t, draft_window=0.0045), 6)["sd"]
+    assert plain["step_ms"] == pytest.approx(1e3 * (0.020 + 6 * 0.00125))
+    assert timed["step_ms"] == pytest.approx(1e3 * (0.020 + 0.0045))
+    assert timed["draft_share"] == pytest.approx(0.0045 / 0.0245)
+
+
+def test_the_probe_times_sds_draft_window_per_gamma(tiny_dir):
+    import devices.pair_probe as pp
+    from runtime.backends import load_model
+    from runtime.decoding import Sampling
+
+    target = load_model(tiny_dir("llama"), "torch")
+    draft = load_model(tiny_dir("llama", num_layers=1, seed=4), "onnx", intra_threads=1)
+    for sampling in (None, Sampling(1.0)):
+        wins = pp.measure_windows(target, [2, 4, 6], draft=draft, sampling=sampling, repeats=3,
+                                  greedy=sampling is None)  # fmt: skip
+        drafts = [wins[g]["draft_window"] for g in (2, 4, 6)]
+        assert all(x > 0 for x in drafts) and drafts == sorted(drafts)  # a line, slope ≥ 0
+    assert "draft_window" not in pp.measure_windows(target, [2, 4, 6], repeats=3)[2]

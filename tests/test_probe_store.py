@@ -145,7 +145,7 @@ def test_export_and_restore_are_inverse_for_one_pair_and_leave_other_pairs_out()
             "target_token": 0.01,
             "source": "measured",
         }
-        pp._CACHE[("windows", id(t), (2, 4), 8, 2, None, True)] = {2: {"target_window": 0.1}}
+        pp._CACHE[("windows", id(t), id(d), (2, 4), 8, 2, None, True)] = {2: {"target_window": 0.1}}
         pp._CACHE[("runs", id(t), id(d), 0.0, 1.0, 0)] = runs
         pp._CACHE[("trial", "sd", id(t), id(other), 4, 0.0, 1.0, 0)] = 99.0  # another draft's
         entries = json.loads(json.dumps(pp.export_state(t, d)))
@@ -154,7 +154,7 @@ def test_export_and_restore_are_inverse_for_one_pair_and_leave_other_pairs_out()
         assert pp.restore_state(t2, d2, entries, note="file (measured today)") == 3
         back = pp._CACHE[(id(t2), id(d2), 4, 16, False, True, 8, 2, None)]
         assert back == {"target_token": 0.01, "source": "measured, kept from file (measured today)"}
-        assert pp._CACHE[("windows", id(t2), (2, 4), 8, 2, None, True)] == {
+        assert pp._CACHE[("windows", id(t2), id(d2), (2, 4), 8, 2, None, True)] == {
             2: {"target_window": 0.1}
         }
         r2 = pp._CACHE[("runs", id(t2), id(d2), 0.0, 1.0, 0)]
