@@ -143,3 +143,22 @@ def test_samples_draw_each_prompt_again_at_t_above_zero(tiny_dir, tmp_path, caps
         ("ar", 0.0): 2, ("sd", 0.0): 2, ("ar", 1.0): 4, ("sd", 1.0): 4}  # fmt: skip
     assert main([*argv[:-4], "--samples", "0"]) == 2
     assert "--samples must be at least 1" in capsys.readouterr().err
+
+
+def test_the_bench_accounts_for_tree_against_sd_by_tokens_per_step_and_step_time():
+    from apps.bench.report import step_split, tree_account
+
+    runs = [{"stage_s": {"draft": 0.30, "verify": 1.20}, "decoding_steps": [40, 20]},
+            {"stage_s": {"draft": 0.10, "verify": 0.40}, "decoding_steps": [20]}]  # fmt: skip
+    assert step_split(runs) == {"draft_ms_per_step": 5.0, "verify_ms_per_step": 20.0}
+    assert step_split([*runs, {"stage_s": None, "decoding_steps": [3]}]) == {}
+    tree = {"method": "tree", "temp": 0, "vs_sd": 0.99, "mean_accepted": 4.27,
+            "draft_ms_per_step": 5.54, "verify_ms_per_step": 22.26}  # fmt: skip
+    sd = {"method": "sd", "temp": 0, "mean_accepted": 3.78, "draft_ms_per_step": 4.23,
+          "verify_ms_per_step": 20.41}  # fmt: skip
+    line = tree_account(tree, sd)
+    assert line.startswith("temp 0: tree is 0.99x sd: 1.13x its tokens per step (τ 4.27 vs 3.78)")
+    assert (
+        "at 1.14x its step time (drafting 5.5 vs 4.2 ms, verifying 22.3 vs 20.4 ms a step)" in line
+    )
+    assert tree_account(tree, None) == "temp 0: tree is 0.99x sd"

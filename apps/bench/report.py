@@ -49,6 +49,7 @@ def summarize(records: list[dict], methods: list[str], temps: list[float]) -> li
                     "matches_ar": f"{sum(matches)}/{len(matches)}" if matches else None,
                 }
                 | calls_and_tokens(rs)
+                | step_split(rs)
                 | draft_share(rs)
                 | draft_passes(rs)
             )
@@ -79,6 +80,33 @@ def calls_and_tokens(rs: list[dict]) -> dict:
         return {}
     return {"calls": sum(sum(r["decoding_steps"]) for r in rs),
             "verified_tokens": sum(r["verified_tokens"] for r in rs)}  # fmt: skip
+
+
+def step_split(rs: list[dict]) -> dict:
+    """Per decoding step, the milliseconds spent drafting and verifying (Duet's methods)."""
+    if any(r.get("stage_s") is None or r.get("decoding_steps") is None for r in rs):
+        return {}
+    n = sum(sum(r["decoding_steps"]) for r in rs)
+    if not n:
+        return {}
+    return {f"{k}_ms_per_step": round(1e3 * sum(r["stage_s"][k] for r in rs) / n, 3)
+            for k in ("draft", "verify")}  # fmt: skip
+
+
+def tree_account(r: dict, sd: dict | None) -> str:
+    """Why a tree runner is r['vs_sd'] times its sd partner: its tokens per step against its
+    step time, both relative to sd's, with the step split into drafting and verifying."""
+    line = f"temp {r['temp']:g}: {r['method']} is {r['vs_sd']:.2f}x {sd['method'] if sd else 'sd'}"
+    if not sd or not r.get("mean_accepted") or not sd.get("mean_accepted"):
+        return line
+    tau = r["mean_accepted"] / sd["mean_accepted"]
+    line += (f": {tau:.2f}x its tokens per step (τ {r['mean_accepted']:.2f} vs "
+             f"{sd['mean_accepted']:.2f}) at {tau / r['vs_sd']:.2f}x its step time")  # fmt: skip
+    if "draft_ms_per_step" in r and "draft_ms_per_step" in sd:
+        line += (f" (drafting {r['draft_ms_per_step']:.1f} vs {sd['draft_ms_per_step']:.1f} ms, "
+                 f"verifying {r['verify_ms_per_step']:.1f} vs {sd['verify_ms_per_step']:.1f} "
+                 "ms a step)")  # fmt: skip
+    return line
 
 
 def draft_share(rs: list[dict]) -> dict:
@@ -153,9 +181,9 @@ def table(rows: list[dict]) -> str:
                 and "vs_sd" in m), "")
         for r in rows
         if "draft_share" in r
-    ] + [f"temp {r['temp']:g}: {r['method']} is {r['vs_sd']:.2f}x "
-         f"{partner(r['method'], 'tree', 'sd')}" for r in rows
-         if base_method(r["method"]) == "tree" and "vs_sd" in r] + [
+    ] + [tree_account(r, next((m for m in rows if m["temp"] == r["temp"] and
+                                m["method"] == partner(r["method"], "tree", "sd")), None))
+         for r in rows if base_method(r["method"]) == "tree" and "vs_sd" in r] + [
         f"temp {r['temp']:g}: {r['method']} is {r['vs_tree']:.2f}x "
         f"{partner(r['method'], 'heterospec', 'tree')}" for r in rows if "vs_tree" in r
     ]  # fmt: skip
