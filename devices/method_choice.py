@@ -133,13 +133,13 @@ def mirror_bound(t: StageTimes, gamma: int) -> float:
 
 def mirror_cannot_win(by_gamma: dict[int, StageTimes], runnable: list[str],
                       factors: dict[str, float] | None = None) -> str | None:  # fmt: skip
-    """Why measuring Ω̂ on this prompt cannot change the pick, or None when it can: mirror's
-    bound at every γ, scaled by its correction factor, is below the best other method's
+    """Why measuring Ω̂ on this prompt cannot change the pick, or None when it can: mirror
+    cannot run the pair, or its bound at every γ, scaled by its correction factor, is below the best other method's
     prediction (scaled by its own). Ω̂ is then left unmeasured, which saves the probe's
     early-exit head and, at T > 0, its simulated steps (_sampled_hits: 20-30 ms a prompt on
     a 2-core CPU, about 3 % of a 128-token answer)."""
     if "mirror" not in runnable:
-        return None
+        return "Ω̂ not measured: mirror cannot run this pair"
     f = factors or {}
     others = [m for m in runnable if m != "mirror"]
     if not others:

@@ -210,13 +210,17 @@ def _medians(fns: dict, repeats: int) -> dict[str, float]:
 
 def measure_stages(target, draft, *, gamma: int, branches: int, repeats: int = 15,
                    process: bool = False, sampling=None, kappa: int = 8,
-                   exit_layer: int | None = None, exit_head: str | None = None) -> dict:  # fmt: skip
+                   exit_layer: int | None = None, exit_head: str | None = None,
+                   mirror: bool = True) -> dict:  # fmt: skip
     """The stage times of the module docstring, in seconds (cached per pair and shape).
     process: the slowdown beside the draft *process* (Mirror-SD's worker there, as beside a
     CUDA target: runtime.decoding.mirror.draft_in_process), not a thread. sampling, kappa,
-    exit_layer, exit_head: mirror's, for its own pass (`mirror_pass`)."""
+    exit_layer, exit_head: mirror's, for its own pass (`mirror_pass`). mirror=False (a pair
+    mirror cannot run: runnable_methods): only ar's and sd's figures; nothing forks the
+    draft's rows (a draft that drafts one row only, `--draft mtp`, refuses to)."""
     greedy = sampling is None or sampling.greedy
-    key = (id(target), id(draft), gamma, branches, process, greedy, kappa, exit_layer, exit_head)
+    key = (id(target), id(draft), gamma, branches, process, greedy, kappa, exit_layer, exit_head,
+           mirror)  # fmt: skip
     if key in _CACHE:
         return _CACHE[key]
     from devices.calibrate import measure_rendezvous
@@ -240,14 +244,20 @@ def measure_stages(target, draft, *, gamma: int, branches: int, repeats: int = 1
     fns = {"target_token": lambda: tpass(prompt[:, :1]),
            "target_window": lambda: tpass(window),
            "draft_window": sd_drafts(draft, prompt, gamma, sampling),
-           "draft_token": lambda: dpass(prompt[:, :1], dc),
-           "draft_batch": wave_pass(draft, dc, branches=branches, gamma=gamma,
-                                    sampling=sampling)}  # fmt: skip
-    mpass = mirror_pass(target, tc, window, kappa=kappa, exit_layer=exit_layer,
-                        exit_head=exit_head, greedy=greedy)  # fmt: skip
-    if mpass is not None:
-        fns["mirror_window"] = mpass
+           "draft_token": lambda: dpass(prompt[:, :1], dc)}  # fmt: skip
+    if mirror:
+        fns["draft_batch"] = wave_pass(draft, dc, branches=branches, gamma=gamma,
+                                       sampling=sampling)  # fmt: skip
+        mpass = mirror_pass(target, tc, window, kappa=kappa, exit_layer=exit_layer,
+                            exit_head=exit_head, greedy=greedy)  # fmt: skip
+        if mpass is not None:
+            fns["mirror_window"] = mpass
     out = _medians(fns, repeats)
+    if not mirror:  # mirror's own figures, unmeasured: neutral values it is never judged by
+        out.update(draft_batch=out["draft_token"], target_slowdown=1.0, t_rv=0.0)
+        out["source"] = "measured on this machine on the pair at hand (ar and sd only)"
+        _CACHE[key] = out
+        return out
     out["draft_batch"] /= max(1, gamma)  # wave_pass runs a whole γ-deep wave
     slowdown = _slowdown_process if process else _slowdown
     out["target_slowdown"] = slowdown(draft, prompt, branches, lambda: tpass(window), repeats)
@@ -337,14 +347,14 @@ def sd_drafts(draft, prompt, gamma: int, sampling=None):
 
 def measure_windows(target, gammas, *, kappa: int = 8, exit_layer: int | None = None,
                     exit_head: str | None = None, greedy: bool = True, draft=None,
-                    sampling=None, repeats: int = 9) -> dict[int, dict]:  # fmt: skip
+                    sampling=None, repeats: int = 9, mirror: bool = True) -> dict[int, dict]:  # fmt: skip
     """{γ: {"target_window", "mirror_window", "draft_window"}}: the (γ+1)-token passes alone
     and, with a draft, sd's γ drafts (sd_drafts), per γ (what `choose_joint` needs beyond one
     γ's stage times). All γ are timed round-robin in one `_medians`, so a machine's drifting
     load biases no γ against another, and each draft window follows a target pass as in a
     step; cached per set."""
     gammas = tuple(sorted(set(gammas)))
-    key = ("windows", id(target), id(draft), gammas, kappa, exit_layer, exit_head, greedy)
+    key = ("windows", id(target), id(draft), gammas, kappa, exit_layer, exit_head, greedy, mirror)
     if key not in _CACHE:
         rng = np.random.default_rng(0)
         prompt = rng.integers(0, target.config.vocab_size, size=(1, 64), dtype=np.int64)
@@ -361,9 +371,10 @@ def measure_windows(target, gammas, *, kappa: int = 8, exit_layer: int | None = 
             fns[(g, "target_window")] = tpass
             if draft is not None:
                 fns[(g, "draft_window")] = sd_drafts(draft, prompt, g, sampling)
-            mpass = mirror_pass(target, tc, window, kappa=kappa, exit_layer=exit_layer,
-                                exit_head=exit_head, greedy=greedy)  # fmt: skip
-            if mpass is not None:
+            mpass = mirror and mirror_pass(target, tc, window, kappa=kappa,
+                                           exit_layer=exit_layer, exit_head=exit_head,
+                                           greedy=greedy)  # fmt: skip
+            if mpass:
                 fns[(g, "mirror_window")] = mpass
         med = _medians(fns, repeats)
         raw = {g: {name: v for (h, name), v in med.items() if h == g} for g in gammas}
@@ -585,7 +596,7 @@ def _sampled_hits(p, q, proxy, kappa: int, m: int) -> tuple[list[float], list[fl
 def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampling,
                 profile=None, target_cache=None, draft_cache=None, process=False,
                 draft_branches=0, exit_head=None, acceptance=None,
-                probe=True) -> StageTimes:  # fmt: skip
+                probe=True, mirror=True) -> StageTimes:  # fmt: skip
     """Everything method_choice needs, for this pair, prompt and machine. acceptance: α when
     the caller has it (from the pooled τ); else a short sd run measures it (pair_acceptance).
     probe=False: Ω̂ and Ω̂_own are left at their priors and nothing runs on the prompt (the
@@ -605,6 +616,7 @@ def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampl
             kappa=kappa,
             exit_layer=le,
             exit_head=exit_head,
+            mirror=mirror,
         )
     )
     if st["target_slowdown"] is None:  # unmeasurable: mirror is not a candidate (choose_for)
@@ -664,10 +676,11 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
     runnable = runnable_methods(target, draft)
     if runnable == ["ar"]:
         return {"choice": "ar", "why": "no draft model: ar is the only method", "predictions": {}}
+    mirror = "mirror" in runnable
     if profile is None:
         st = measure_stages(target, draft, gamma=gamma, branches=branches, process=process,
                             sampling=sampling, kappa=kappa, exit_layer=le,
-                            exit_head=exit_head)  # fmt: skip
+                            exit_head=exit_head, mirror=mirror)  # fmt: skip
         if st["target_slowdown"] is None:  # the draft failed in its worker thread or process
             runnable.remove("mirror")
     joint = bool(gammas) and profile is None  # a profile's windows follow its own law in γ
@@ -679,7 +692,7 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
                     profile=profile, target_cache=target_cache, draft_cache=draft_cache,
                     process=process, draft_branches=own, exit_head=exit_head,
                     acceptance=alpha_for(taus[gamma], gamma) if joint else None,
-                    probe=False)  # fmt: skip
+                    probe=False, mirror=mirror)  # fmt: skip
     from dataclasses import replace
 
     from devices.method_choice import choose_joint
@@ -688,7 +701,7 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
     if joint:
         wins = measure_windows(target, sorted(set(gammas)), kappa=kappa, exit_layer=le,
                                exit_head=exit_head, greedy=sampling is None or sampling.greedy,
-                               draft=draft, sampling=sampling)  # fmt: skip
+                               draft=draft, sampling=sampling, mirror=mirror)  # fmt: skip
         by_gamma = {g: replace(t, target_window=w["target_window"],
                                mirror_window=w.get("mirror_window"),
                                draft_window=w.get("draft_window"),

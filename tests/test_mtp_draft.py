@@ -69,3 +69,20 @@ def test_sd_drafts_the_first_window_from_the_target_hidden_states(target_dir):
     steps = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
                        gamma=3)  # fmt: skip
     assert run(steps, max_new=N_NEW).tokens == ar
+
+
+def test_generates_default_auto_takes_draft_mtp_and_stays_lossless(target_dir, capsys):
+    """auto (generate's default) with the MTP head: a draft that drafts one row only, so
+    mirror cannot run and nothing in the probe may fork its rows; greedy equals ar."""
+    import json
+
+    from runtime.generate import main
+
+    common = ["--target", str(target_dir), "--draft", "mtp", "--prompt-ids", "5,17,42",
+              "--max-tokens", "6", "--json"]  # fmt: skip
+    assert main([*common, "--method", "ar"]) == 0
+    ref = json.loads(capsys.readouterr().out)["tokens"]
+    assert main(common) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["tokens"] == ref and res["stats"]["auto"]["choice"] in ("ar", "sd")
+    assert "mirror" not in res["stats"]["auto"]["predictions"]
