@@ -15,7 +15,8 @@ new file, never a stale answer:
                 backend, options) and, for every file in the checkpoint, its name, size and
                 modification time.
 A model with no load spec (in memory: a test's random model, an adapter view) has no file,
-and auto measures as before. A file first measured more than MAX_AGE_DAYS ago is measured again (a
+and auto measures as before; an emulated model is keyed by the model it wraps and the
+emulation's label. A file first measured more than MAX_AGE_DAYS ago is measured again (a
 machine's load and clocks drift; later runs add to a file but do not renew it), as is every one with `--reprobe`. The folder is $DUET_CACHE_DIR, else
 $XDG_CACHE_HOME/duet/auto, else ~/.cache/duet/auto. A file that cannot be read or written is
 named in one line on stderr and auto measures as if it were absent: a cache never stops a run.
@@ -77,7 +78,9 @@ def _versions() -> dict:
 
 def model_key(model) -> dict | None:
     """What identifies `model`'s figures: None for a model that was not loaded from a path."""
-    spec = getattr(model, "load_spec", None)
+    # an emulated draft keeps no load spec of its own: its wrapped model's, with the label
+    spec = getattr(model, "load_spec", None) or getattr(getattr(model, "model", None),
+                                                        "load_spec", None)  # fmt: skip
     if spec is None:
         return None
     path, backend, kw = spec[0], spec[1], spec[2]

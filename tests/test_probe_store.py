@@ -162,3 +162,16 @@ def test_export_and_restore_are_inverse_for_one_pair_and_leave_other_pairs_out()
     finally:
         pp._CACHE.clear()
         pp._CACHE.update(saved)
+
+
+def test_an_emulated_model_is_kept_under_its_wrapped_model_and_the_emulation(tiny_dir):
+    from types import SimpleNamespace
+
+    from devices.probe_store import model_key
+
+    real = load_model(tiny_dir("llama", num_layers=1, seed=4), "torch")
+    emulated = SimpleNamespace(model=real, backend=f"{real.backend}+emulated",
+                               emu=SimpleNamespace(label="emulated:m3-max:a+b"))  # fmt: skip
+    key = model_key(emulated)
+    assert key is not None and key["emulated"] == "emulated:m3-max:a+b"
+    assert key["path"] == model_key(real)["path"] and key != model_key(real)
