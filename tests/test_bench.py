@@ -162,3 +162,58 @@ def test_the_bench_accounts_for_tree_against_sd_by_tokens_per_step_and_step_time
         "at 1.14x its step time (drafting 5.5 vs 4.2 ms, verifying 22.3 vs 20.4 ms a step)" in line
     )
     assert tree_account(tree, None) == "temp 0: tree is 0.99x sd"
+
+
+def test_rounds_repeat_the_schedule_and_pool_in_the_rows(
+    tiny_dir, tmp_path, capsys
+):  # fmt: skip
+    """--rounds 2: every (prompt, method) twice, the same greedy text each round; the rows
+    pool both; the answer files hold round 0 only."""
+    t = tiny_dir("qwen3")
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text("\n".join(json.dumps(q) for q in QUESTIONS) + "\n")
+    argv = ["--target", str(t), "--draft", str(t), "--draft-backend", "mlx", "--prompts",
+            str(prompts), "--limit", "2", "--max-tokens", "6", "--methods", "ar,sd", "--temps",
+            "0", "--rounds", "2", "--json", "--no-warmup", "--out", str(tmp_path / "ans")]  # fmt: skip
+    assert main(argv) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["settings"]["rounds"] == 2
+    assert {(r["method"], r["temp"]): r["prompts"] for r in res["rows"]} == {
+        ("ar", 0.0): 4, ("sd", 0.0): 4}  # fmt: skip
+    sd = next(r for r in res["rows"] if r["method"] == "sd")
+    assert sd["matches_ar"] == "4/4"  # each round's greedy text is ar's
+    for f in (tmp_path / "ans").iterdir():
+        assert len(f.read_text().splitlines()) == 2  # one answer per prompt, not per round
+    assert main([*argv[:-6], "--rounds", "0"]) == 2
+    assert "--rounds must be at least 1" in capsys.readouterr().err
+
+
+def test_each_round_rotates_the_runner_order():
+    from apps.bench.schedule import run_bench
+
+    calls = []
+
+    class Fake:
+        eos = ()
+
+        def __init__(self, name):
+            self.name = name
+
+        def generate(self, ids, n, temp, top_p, seed):
+            from apps.bench.runner import TurnResult
+
+            calls.append(self.name)
+            return TurnResult([1], 0.01, [1])
+
+    class Tok:
+        def encode(self, s):
+            return [1, 2]
+
+        def decode(self, ids):
+            return ""
+
+    runners = [Fake("a"), Fake("b")]
+    recs = [{"question_id": 1, "category": "c", "turns": ["x"]}]
+    run_bench(runners, recs, Tok(), None, temps=[0.0], top_p=1.0, max_new=2, seed=0,
+              context=64, warmup=False, rounds=2)  # fmt: skip
+    assert calls == ["a", "b", "b", "a"]

@@ -114,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="draws per prompt at T > 0 (draw k: seed + i + k * prompts), pooled in "
                          "the rows: one draw compares methods on different sampled texts "
                          "(default 1)")  # fmt: skip
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat the whole alternated schedule this many times, pooled in the "
+                         "rows (the same texts; the runner order rotated each round): for goals "
+                         "of a few percent on a noisy machine (default 1)")  # fmt: skip
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
     ap.add_argument(
         "--emulate",
@@ -285,6 +289,8 @@ def bench(a: argparse.Namespace) -> dict:
         raise DuetError(f"--limit must be at least 1 (got {a.limit})")
     if a.samples < 1:
         raise DuetError(f"--samples must be at least 1 (got {a.samples})")
+    if a.rounds < 1:
+        raise DuetError(f"--rounds must be at least 1 (got {a.rounds})")
     cats = [c.strip() for c in a.categories.split(",")] if a.categories else None
     prompts = load_prompts(a.prompts, limit=a.limit, categories=cats)
     skipped = {}
@@ -323,6 +329,7 @@ def bench(a: argparse.Namespace) -> dict:
         context=ctx,
         warmup=not a.no_warmup,
         samples=a.samples,
+        rounds=a.rounds,
     )
     model_id = a.model_id or (
         f"duet-{pair.target_dir.parent.name}" if a.target is None else pair.target_dir.name
@@ -337,6 +344,7 @@ def bench(a: argparse.Namespace) -> dict:
         "gammas": gammas,
         "temps": temps,
         "samples": a.samples,
+        "rounds": a.rounds,
         "top_p": a.top_p,
         "threads": thread_settings(runners),
         **{k: pair.settings[k] for k in ("target_backend", "draft_backend") if k in pair.settings},

@@ -86,12 +86,17 @@ def run_bench(
     context: int,
     warmup: bool = True,
     samples: int = 1,
+    rounds: int = 1,
 ) -> list[dict]:
     """Per-prompt records for every (runner, temperature), methods alternated.
 
     At T > 0 each prompt runs `samples` times, draw k with seed + i + k·len(prompts) (the
     record's "sample"): a T > 0 run's Calls and τ depend on which text was drawn, so one draw
-    per prompt compares methods on different texts; more draws average that out."""
+    per prompt compares methods on different texts; more draws average that out. `rounds`
+    repeats the whole schedule (the record's "round"; the same texts, the runner order
+    rotated one further each round): the rows pool every round's time, so a machine's noise
+    and drift, ±6 % between two runners doing identical work in one round on a 2-core CPU,
+    average out where a goal is a few percent."""
     kw = dict(top_p=top_p, context=context)
     if warmup:  # first calls pay for graph building, allocations, lazy imports
         first = {**prompts[0], "turns": prompts[0]["turns"][:1]}
@@ -101,15 +106,18 @@ def run_bench(
                     r, first, tok, template, temp=t, max_new=min(max_new, 8), seed=seed, **kw
                 )
     records = []
-    bar = tqdm(prompts, desc="bench", unit="prompt", file=sys.stderr, disable=None)
-    for i, rec in enumerate(bar):
-        order = runners[i % len(runners) :] + runners[: i % len(runners)]
+    bar = tqdm(total=len(prompts) * rounds, desc="bench", unit="prompt", file=sys.stderr,
+               disable=None)  # fmt: skip
+    for rnd, i, rec in ((r, i, p) for r in range(rounds) for i, p in enumerate(prompts)):
+        bar.update(1)
+        j = (i + rnd) % len(runners)
+        order = runners[j:] + runners[:j]
         for t in temps:
             for k in range(1 if t == 0 else samples):  # greedy output is one text
                 s = seed + i + k * len(prompts)
                 done = {
                     r.name: run_prompt(r, rec, tok, template, temp=t, max_new=max_new, seed=s, **kw)
-                    | {"sample": k}
+                    | {"sample": k, "round": rnd}
                     for r in order
                 }
                 if t == 0 and "ar" in done:
@@ -117,4 +125,5 @@ def run_bench(
                         if "refused" not in d and "refused" not in done["ar"]:
                             d["matches_ar"] = d["tokens"] == done["ar"]["tokens"]
                 records += [done[r.name] for r in runners]
+    bar.close()
     return records

@@ -42,6 +42,8 @@ def write_answers(out_dir, records: list[dict], model_id: str) -> list[Path]:
     d.mkdir(parents=True, exist_ok=True)
     files: dict[Path, list[str]] = {}
     for r in records:
+        if r.get("round", 0):  # --rounds repeats the same texts: one answer each
+            continue
         f = d / f"{model_id}-{r['method']}-temperature-{r['temp']:g}.jsonl"
         files.setdefault(f, []).append(json.dumps(answer_record(r, model_id)))
     for f, lines in files.items():
