@@ -28,6 +28,9 @@ def pair(tiny_dir, tmp_path, monkeypatch):
     shutil.copytree(tiny_dir("llama", num_layers=1, seed=4), d)
     monkeypatch.setattr(pp, "_CACHE", {})
     monkeypatch.setattr(pp, "_ALPHA", {})
+    # shorter trial and τ-seed runs: what is kept matters here, not how well it is measured
+    monkeypatch.setattr(pp, "TRIAL_TOKENS", 8)
+    monkeypatch.setattr(pp, "JOINT_RUN_TOKENS", 16)
     return t, d
 
 
