@@ -34,7 +34,7 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-STORE_VERSION = 2  # raise when the stored keys or what the laws read from them change
+STORE_VERSION = 3  # raise when the stored keys or what the laws read from them change
 MAX_AGE_DAYS = 7.0
 _PACKAGES = ("numpy", "torch", "onnxruntime", "mlx", "duet")
 

@@ -186,12 +186,17 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
 
     def observe(rec: dict, sampling, tokens: int, seconds: float, accept_lengths=None) -> None:
         """After the chosen run: its measured rate corrects later choices (Corrections), and
-        its accepted runs join the pair's τ(γ) estimate (pair_probe.observe_run)."""
+        its accepted runs join the pair's τ(γ) estimate (pair_probe.observe_run). A run
+        shorter than CORRECTION_MIN_TOKENS corrects nothing: its rate is mostly its prefill
+        (a 16-token generate measured sd at 0.50x its law, and the kept factor then had auto
+        run ar on the embedded pair, where sd is 1.6x ar)."""
         if accept_lengths and rec.get("choice") in ("sd", "mirror"):
             observe_run(pair.target, pair.draft, sampling, accept_lengths, rec.get("gamma"))
-        if seconds > 0 and tokens > 0:
+        if seconds > 0 and tokens >= CORRECTION_MIN_TOKENS:
             corrections.observe(rec, rec["choice"], rec.get("gamma"),
                                 sampling is None or sampling.greedy, tokens / seconds)  # fmt: skip
+        elif tokens > 0:  # too short to correct anything, but it paid the method's warm-up
+            corrections.seen.add(rec["choice"])
         keep()
 
     choose.observe, choose.store = observe, store
@@ -211,4 +216,7 @@ def auto_announcement(chooser, when: str) -> str:
             "skips it]")  # fmt: skip
 
 
+CORRECTION_MIN_TOKENS = (
+    64  # a chosen run this long or longer corrects the laws (the trials' length)
+)
 PROBE_TOKENS = 128  # auto estimates acceptance on the prompt's last tokens (a chat's history)

@@ -555,3 +555,31 @@ def test_the_probe_times_sds_draft_window_per_gamma(tiny_dir):
         drafts = [wins[g]["draft_window"] for g in (2, 4, 6)]
         assert all(x > 0 for x in drafts) and drafts == sorted(drafts)  # a line, slope ≥ 0
     assert "draft_window" not in pp.measure_windows(target, [2, 4, 6], repeats=3)[2]
+
+
+def test_a_short_chosen_run_corrects_nothing(monkeypatch):
+    """A 16-token generate's rate is mostly its prefill: it measured sd at 0.50x its law, and
+    that factor, kept on disk, then had auto run ar where sd is 1.6x ar. Only runs of
+    CORRECTION_MIN_TOKENS or more correct the laws; their accepted runs count either way."""
+    import argparse
+    from types import SimpleNamespace
+
+    import devices.pair_probe as pp
+    from runtime.cli_args import CORRECTION_MIN_TOKENS, auto_chooser
+    from runtime.decoding import Sampling
+
+    by_gamma = {4: {"ar": {"tokens_per_s": 80.0}, "sd": {"tokens_per_s": 120.0}}}
+    rec = {"choice": "sd", "gamma": 4, "predictions": by_gamma[4], "by_gamma": by_gamma,
+           "why": "laws"}  # fmt: skip
+    monkeypatch.setattr(pp, "choose_for", lambda *a, **k: dict(rec))
+    seen = []
+    monkeypatch.setattr(pp, "observe_run", lambda *a: seen.append(a[3]))
+    ns = argparse.Namespace(device_profile=None, gamma=4, gamma_free=True, kappa=None,
+                            exit_layer=None, branches=None)  # fmt: skip
+    choose = auto_chooser(ns, SimpleNamespace(target=object(), draft=object()))
+    for _ in range(3):  # the first sd run is its warm-up; then two short ones at half the law
+        choose.observe(rec, Sampling(0.0), 16, 16 / 60.0, [2] * 8)
+    assert choose([1, 2, 3], Sampling(0.0))[0] == "sd" and len(seen) == 3
+    n = CORRECTION_MIN_TOKENS
+    choose.observe(rec, Sampling(0.0), n, n / 60.0, [2] * (n // 2))
+    assert choose([1, 2, 3], Sampling(0.0))[0] == "ar"  # a long run at half the law counts
