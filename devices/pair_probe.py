@@ -253,16 +253,16 @@ def measure_stages(target, draft, *, gamma: int, branches: int, repeats: int = 1
         if mpass is not None:
             fns["mirror_window"] = mpass
     out = _medians(fns, repeats)
-    if not mirror:  # mirror's own figures, unmeasured: neutral values it is never judged by
-        out.update(draft_batch=out["draft_token"], target_slowdown=1.0, t_rv=0.0)
-        out["source"] = "measured on this machine on the pair at hand (ar and sd only)"
-        _CACHE[key] = out
-        return out
-    out["draft_batch"] /= max(1, gamma)  # wave_pass runs a whole γ-deep wave
-    slowdown = _slowdown_process if process else _slowdown
-    out["target_slowdown"] = slowdown(draft, prompt, branches, lambda: tpass(window), repeats)
-    out["t_rv"] = measure_rendezvous(trials=200)
-    out["source"] = "measured on this machine on the pair at hand"
+    if mirror:
+        out["draft_batch"] /= max(1, gamma)  # wave_pass runs a whole γ-deep wave
+        slowdown = _slowdown_process if process else _slowdown
+        out["target_slowdown"] = slowdown(draft, prompt, branches, lambda: tpass(window),
+                                          repeats)  # fmt: skip
+        out["t_rv"] = measure_rendezvous(trials=200)
+        out["source"] = "measured on this machine on the pair at hand"
+    else:  # mirror's own figures, unmeasured: neutral values it is never judged by
+        out.update(draft_batch=out["draft_token"], target_slowdown=1.0, t_rv=0.0,
+                   source="measured on this machine on the pair at hand (ar and sd only)")  # fmt: skip
     _CACHE[key] = out
     return out
 
@@ -371,10 +371,11 @@ def measure_windows(target, gammas, *, kappa: int = 8, exit_layer: int | None = 
             fns[(g, "target_window")] = tpass
             if draft is not None:
                 fns[(g, "draft_window")] = sd_drafts(draft, prompt, g, sampling)
-            mpass = mirror and mirror_pass(target, tc, window, kappa=kappa,
-                                           exit_layer=exit_layer, exit_head=exit_head,
-                                           greedy=greedy)  # fmt: skip
-            if mpass:
+            mpass = None
+            if mirror:
+                mpass = mirror_pass(target, tc, window, kappa=kappa, exit_layer=exit_layer,
+                                    exit_head=exit_head, greedy=greedy)  # fmt: skip
+            if mpass is not None:
                 fns[(g, "mirror_window")] = mpass
         med = _medians(fns, repeats)
         raw = {g: {name: v for (h, name), v in med.items() if h == g} for g in gammas}
@@ -594,13 +595,12 @@ def _sampled_hits(p, q, proxy, kappa: int, m: int) -> tuple[list[float], list[fl
 
 
 def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampling,
-                profile=None, target_cache=None, draft_cache=None, process=False,
-                draft_branches=0, exit_head=None, acceptance=None,
-                probe=True, mirror=True) -> StageTimes:  # fmt: skip
-    """Everything method_choice needs, for this pair, prompt and machine. acceptance: α when
-    the caller has it (from the pooled τ); else a short sd run measures it (pair_acceptance).
-    probe=False: Ω̂ and Ω̂_own are left at their priors and nothing runs on the prompt (the
-    caller measures them with probe_prompt only when they can change the pick)."""
+                profile=None, process=False, draft_branches=0, exit_head=None,
+                acceptance=None, mirror=True) -> StageTimes:  # fmt: skip
+    """Everything method_choice needs, for this pair and machine, with Ω̂ and Ω̂_own at their
+    priors: the prompt's own (probe_prompt) are measured by choose_for, and only when they
+    can change the pick. acceptance: α when the caller has it (from the pooled τ); else a
+    short sd run measures it (pair_acceptance)."""
     n = target.config.num_layers
     le = n // 2 if exit_layer is None else exit_layer
     st = (
@@ -625,11 +625,6 @@ def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampl
     if alpha is None:
         alpha = pair_acceptance(target, draft, ids, gamma=gamma, sampling=sampling)
     omega, own = PRIOR_OMEGA, (PRIOR_OMEGA / 2 if draft_branches else 0.0)
-    if probe:
-        omega, own = probe_prompt(target, draft, ids, sampling=sampling, kappa=kappa,
-                                  exit_layer=le, target_cache=target_cache,
-                                  draft_cache=draft_cache, draft_branches=draft_branches,
-                                  exit_head=exit_head)  # fmt: skip
     return StageTimes(acceptance=alpha, omega_kappa=omega, exit_fraction=le / n, omega_own=own,
                       own_rows=draft_branches, branch_batch=branches, **st)  # fmt: skip
 
@@ -689,10 +684,9 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
                      sampling=sampling) if joint else None  # fmt: skip
     t = stage_times(target, draft, ids, gamma=gamma, branches=branches, kappa=kappa,
                     exit_layer=le, sampling=sampling,
-                    profile=profile, target_cache=target_cache, draft_cache=draft_cache,
-                    process=process, draft_branches=own, exit_head=exit_head,
-                    acceptance=alpha_for(taus[gamma], gamma) if joint else None,
-                    probe=False, mirror=mirror)  # fmt: skip
+                    profile=profile, process=process, draft_branches=own,
+                    exit_head=exit_head, mirror=mirror,
+                    acceptance=alpha_for(taus[gamma], gamma) if joint else None)  # fmt: skip
     from dataclasses import replace
 
     from devices.method_choice import choose_joint
@@ -716,10 +710,8 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
                                         exit_head=exit_head)  # fmt: skip
         by_gamma = {g: replace(v, omega_kappa=omega, omega_own=omega_own)
                     for g, v in by_gamma.items()}  # fmt: skip
-    if not joint:
-        rec = {**choose(by_gamma[gamma], gamma, runnable), "gamma": gamma}
-    else:
-        rec = choose_joint(by_gamma, runnable)
+    rec = (choose_joint(by_gamma, runnable) if joint
+           else {**choose(by_gamma[gamma], gamma, runnable), "gamma": gamma})  # fmt: skip
     if skipped:
         rec["omega"] = skipped
         rec["why"] += f"; {skipped}"
