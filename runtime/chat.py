@@ -58,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_edge_args(ap)
     ap.add_argument("--method", choices=(*METHODS, AUTO), default=AUTO,
                     help="decoding method; auto (the default): the one the latency model "
-                    "predicts fastest here, chosen per answer, after measuring the pair on this "
-                    "machine once, during the first answer")  # fmt: skip
+                    "predicts fastest here, chosen per answer; the pair is measured on this "
+                    "machine during the first chat's first answer and kept for later chats "
+                    "(see --reprobe)")  # fmt: skip
     add_auto_args(ap)
     add_gamma_arg(ap)
     ap.add_argument("--kappa", type=int, default=None, help="channel width (methods that take it)")
