@@ -566,16 +566,16 @@ def _sampled_hits(p, q, proxy, kappa: int, m: int) -> tuple[list[float], list[fl
     """At T > 0, mirror's step at each position, simulated: the draft samples d ~ q, the
     verifier accepts with u·q(d) < p(d) (u ~ U[0, 1)), else its correction is the Gumbel-max
     draw from the residual max(p − q, 0) under noise G; the early exit sends d and the κ − 1
-    tokens maximising log p̃ + G (runtime/mirror/coupled.py), the draft its m runner-ups by
-    q. A hit: a rejection whose correction is among them. Returns (hits, own hits): the
-    second counts the corrections among the draft's runner-ups."""
+    tokens maximising log p̃ + G (runtime/mirror/coupled.py), the draft its own m maximising
+    log q + G (coupled.rank_own_coupled, per position). A hit: a rejection whose correction is
+    among them. Returns (hits, own hits): the second counts the corrections among the
+    draft's own."""
     rng = np.random.default_rng(0)
     hits, own_hits = [], []
-    runners = _top_rows(q, m + 1)  # the draft's m + 1 likeliest per position, best first
     with np.errstate(divide="ignore"):
         for t in range(len(p)):
             lp_proxy, resid = np.log(proxy[t]), np.log(np.maximum(p[t] - q[t], 0.0))
-            runner = runners[t]
+            lq = np.log(q[t])
             cdf = np.cumsum(q[t], dtype=np.float64)
             for _ in range(SAMPLED_DRAWS):
                 d = min(
@@ -588,7 +588,9 @@ def _sampled_hits(p, q, proxy, kappa: int, m: int) -> tuple[list[float], list[fl
                 score = lp_proxy + g
                 score[d] = -np.inf
                 sent = np.argpartition(-score, kappa - 2)[: kappa - 1] if kappa > 1 else []
-                mine = c in [v for v in runner if v != d][:m]
+                own = lq + g
+                own[d] = -np.inf
+                mine = m > 0 and c in np.argpartition(-own, m - 1)[:m]
                 hits.append(float(c in sent or mine))
                 own_hits.append(float(mine))
     return hits, own_hits

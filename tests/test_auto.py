@@ -446,6 +446,21 @@ def test_the_sampled_probe_counts_hits_among_the_rejections_only():
     assert hits == own and all(h == 1.0 for h in hits)
 
 
+def test_the_sampled_probe_counts_the_drafts_own_branches_coupled_to_the_noise():
+    """At T > 0 the worker's own branches are the tokens its law ranks first under the step's
+    noise (coupled.rank_own_coupled), and the probe's Ω̂_own counts those: on these laws they
+    hold 64 % of the corrections (the runner-ups by q alone: 13 % on laws like these)."""
+    import numpy as np
+
+    from devices.pair_probe import _sampled_hits
+
+    rng = np.random.default_rng(2)
+    p = rng.dirichlet(np.full(64, 0.3), size=40)  # the target's law; the draft's is near it
+    q = 0.5 * p + 0.5 * rng.dirichlet(np.full(64, 0.3), size=40)
+    _, own = _sampled_hits(p, q, p, 1, 2)
+    assert len(own) > 30 and np.mean(own) > 0.4, (len(own), np.mean(own))
+
+
 def test_chats_stats_show_the_trials_and_the_factors_auto_applied():
     from types import SimpleNamespace
 

@@ -3,12 +3,15 @@ the Gumbel-max verification keeps speculative sampling's law, the coupled messag
 correction far more often than eq. 7's top-κ, and the draft's ranking of the branches puts the
 realised outcome early. Mirror's output law with it is tested in test_sampling_gof.py."""
 
+import time
+
 import numpy as np
 from scipy.stats import chisquare
 
-from kernels.topk_channel import topk_message
+from kernels.topk_channel import encode, topk_message
 from kernels.verify import verify_sampling
-from runtime.mirror.coupled import coupled_message, rank_coupled, step_noise
+from runtime.mirror.branches import rank_own_branches
+from runtime.mirror.coupled import coupled_message, rank_coupled, rank_own_coupled, step_noise
 
 
 def laws(rng, g, vocab, sharp=3.0):
@@ -116,3 +119,64 @@ def test_coupled_message_covers_the_correction_that_eq7_misses():
 
     cov, cov7, early = coverage_and_rank(noisy)
     assert cov > cov7 + 0.15, (cov, cov7)
+
+
+def test_the_drafts_own_branches_coupled_to_the_noise_hold_the_outcome_more_than_its_runner_ups():
+    """Before the early exit the draft has only its own law; ranked with the verifier's noise
+    (rank_own_coupled) its m·(γ+1) branches hold the step's (A, c) far more often than its m
+    runner-ups per position, which ignore the noise that decides the correction."""
+    rng = np.random.default_rng(3)
+    g, vocab, m, n = 3, 64, 2, 300
+    coupled = runner = 0
+    for step in range(n):
+        p, q, d = laws(rng, g, vocab)
+        own = np.concatenate([q, p[g:]])  # the draft's law at 0..γ (its bonus row: near p)
+        u, gum = step_noise(9, step, g, vocab)
+        a, c = verify_sampling(p, q, np.array(d), u, gum)
+        ranked = rank_own_coupled(own, d, q, u, gum, m)
+        assert len(ranked) == m * (g + 1)
+        coupled += (a, c) in {(b.depth, b.token) for b in ranked}
+        runner += (a, c) in {(b.depth, b.token) for b in rank_own_branches(np.log(own), d, m)}
+    assert coupled / n > runner / n + 0.15, (coupled / n, runner / n)
+
+
+def test_the_worker_rolls_out_its_noise_coupled_own_branches_when_sampling(tiny_dir, monkeypatch):
+    """At T > 0 the own wave (begun before the early exit) rolls out rank_own_coupled's
+    branches of the step's noise, not the draft's runner-ups."""
+    from runtime.backends import load_model
+    from runtime.decoding import Sampling
+    from runtime.mirror.draft_worker import DraftWorker
+    from runtime.mirror.messages import EarlyExit, FinalVerify
+    from runtime.mirror.timeline import Timeline, now_ns
+
+    prompt, gamma, seed, m = [11, 42, 7, 99, 5, 250], 3, 4, 2
+    draft = load_model(tiny_dir("llama", num_layers=2, seed=11), "onnx")
+    rolled = []
+    waves = DraftWorker._waves
+
+    def spy(self, step, ranked, produced, finish=False):
+        if finish:
+            rolled.append([(b.depth, b.token) for b in ranked])
+        return waves(self, step, ranked, produced, finish)
+
+    monkeypatch.setattr(DraftWorker, "_waves", spy)
+    samp = Sampling(1.0)
+    w = DraftWorker(draft, sampling=samp, seed=seed, gamma=gamma, max_new=100, ctx=256,
+                    timeline=Timeline(), draft_branches=m)  # fmt: skip
+    w.start(prompt)
+    win = w.receive(0)
+    try:
+        deadline = time.time() + 10
+        while not rolled:
+            assert time.time() < deadline
+            time.sleep(0.005)
+    finally:
+        ee = np.tile(np.array(win.tokens + [1], np.int32)[:, None], (1, 2))
+        w.send(EarlyExit(0, encode(ee, np.zeros(ee.shape, np.float32)), now_ns()))
+        w.send(FinalVerify(0, 0, 1, now_ns()))
+        w.stop()
+    logits = draft.forward(np.array([prompt + win.tokens]), draft.new_cache())[0, len(prompt) - 1 :]
+    u, gum = step_noise(seed, 0, gamma, win.q.shape[-1])
+    want = rank_own_coupled(samp.probs(logits), win.tokens, win.q, u, gum, m)
+    assert rolled[0] == [(b.depth, b.token) for b in want]
+    assert rolled[0] != [(b.depth, b.token) for b in rank_own_branches(logits, win.tokens, m)]

@@ -39,7 +39,7 @@ from runtime.decoding.events import Sampling, rewind
 from runtime.decoding.sd import draft_window
 from runtime.decoding.ss_draft import is_ss_draft
 from runtime.mirror.branches import Branch, rank_branches, rank_own_branches, reuse_key
-from runtime.mirror.coupled import rank_coupled, step_noise
+from runtime.mirror.coupled import rank_coupled, rank_own_coupled, step_noise
 from runtime.mirror.messages import STOP, EarlyExit, FinalVerify, Window, WorkerFailed
 from runtime.mirror.ss_wave import SSWave
 from runtime.mirror.timeline import Timeline, now_ns
@@ -196,7 +196,7 @@ class DraftWorker:
                 self._ready, self._ready_step, self._claimed = {}, step, False
             self._ee_recv = 0  # not yet: branches published before it carry 0
             own = self._extend(step, self.seq + window)
-            early = self._own_rollouts(step, own, window, produced) if own is not None else []
+            early = self._own_rollouts(step, own, window, produced, q) if own is not None else []
             ee = self._get()
             assert isinstance(ee, EarlyExit) and ee.step == step
             ee_recv = self._ee_recv = now_ns()
@@ -286,10 +286,24 @@ class DraftWorker:
             self.tl.add("draft", "extend own path", t0, now_ns(), step=step)
         return None
 
-    def _own_rollouts(self, step, logits, window, produced) -> list[Wave]:
-        """Waves of the draft's own runner-up branches until the early exit arrives."""
-        ranked = rank_own_branches(logits, window, self.draft_branches)
+    def _own_rollouts(self, step, logits, window, produced, q=None) -> list[Wave]:
+        """Waves of the draft's own branches until the early exit arrives: its runner-ups when
+        greedy; when sampling, the m·(γ+1) branches its own law, coupled to the verifier's
+        noise as the early exit is, ranks first (coupled.rank_own_coupled)."""
+        if self.sampling.greedy:
+            ranked = rank_own_branches(logits, window, self.draft_branches)
+        else:
+            u, noise = self._noise(step, window, q)
+            ranked = rank_own_coupled(self.sampling.probs(logits), window, q, u, noise,
+                                      self.draft_branches)  # fmt: skip
         return self._waves(step, ranked, produced, finish=True)
+
+    def _noise(self, step, window, q) -> tuple[np.ndarray, np.ndarray]:
+        """The verifier's noise for `step` (coupled.step_noise), drawn once per step."""
+        if getattr(self, "_noise_step", None) != step:
+            vocab = q.shape[-1] if np.ndim(q) == 2 else self.draft.config.vocab_size
+            self._noise_step, self._noise_uv = step, step_noise(self.seed, step, len(window), vocab)
+        return self._noise_uv
 
     def _branch_rollouts(self, step, ids, logp, window, produced, started=(), q=None) -> list[Wave]:
         """Waves of branches, most likely first, until (A, c) arrives (the last may be cut short);
@@ -299,8 +313,7 @@ class DraftWorker:
         if self.sampling.greedy:
             ranked = rank_branches(ids, logp, window)
         else:  # the message is coupled to the verifier's noise, which we regenerate (coupled.py)
-            vocab = q.shape[-1] if np.ndim(q) == 2 else self.draft.config.vocab_size
-            u, noise = step_noise(self.seed, step, len(window), vocab)
+            u, noise = self._noise(step, window, q)
             ranked = rank_coupled(ids, logp, window, q, u, noise)
         ranked = [b for b in ranked if (b.depth, b.token) not in started]
         return self._waves(step, ranked, produced)
