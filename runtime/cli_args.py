@@ -37,8 +37,8 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
                     help="ONNX Runtime execution provider: cpu, coreml, cuda, tensorrt, qnn (default cpu)")  # fmt: skip
     ap.add_argument("--draft-process", action="store_const", const=True, default=None,
                     help="mirror: run the draft worker in its own process (shared-memory channel) "
-                    "instead of a thread (default: a process when the target runs on CUDA, "
-                    "else a thread)")  # fmt: skip
+                    "instead of a thread (default: a process when the target runs on CUDA or "
+                    "--emulate a device, else a thread)")  # fmt: skip
     ap.add_argument("--draft-thread", action="store_const", const=False, dest="draft_process",
                     help="mirror: run the draft worker in a thread of the target's process, "
                     "also beside a CUDA target")  # fmt: skip

@@ -185,10 +185,15 @@ def generate(a: argparse.Namespace) -> dict:
         pair = load_pair_from_args(a, need_draft=a.method != "ar" and not alone)
     else:
         pair = load_draft_only(a)
-    if a.method != "flexspec":
-        return _generate(a, pair, {})
-    with edge_options(a, pair.target_dir, pair.settings["target_backend"]) as edge:
-        return _generate(a, pair, edge)
+    try:
+        if a.method != "flexspec":
+            return _generate(a, pair, {})
+        with edge_options(a, pair.target_dir, pair.settings["target_backend"]) as edge:
+            return _generate(a, pair, edge)
+    finally:  # one run: a draft process mirror (or auto's probe) started ends with it
+        from runtime.mirror.draft_process import close_draft_hosts
+
+        close_draft_hosts(pair.draft)
 
 
 def skip_stats(pair, events, rule, prompt: list[int], out: list[int], sampling) -> dict:

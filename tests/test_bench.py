@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 
 import pytest
 
@@ -116,6 +117,9 @@ def test_emulate_labels_output_and_skips_unpaddable_baselines(tiny_dir, tmp_path
     assert "mlx-lm" in res["settings"]["skipped"] and "skipping mlx-lm" in cap.err
     assert main(argv) == 0
     assert res["emulated"] in capsys.readouterr().out.splitlines()[0]
+    # mirror ran its draft in a process under --emulate (the default there); the run ended it
+    assert res["settings"]["threads"]["runners"]["mirror"]["draft_worker"] == "process"
+    assert not [p for p in mp.active_children() if p.name == "duet-draft-process"]
 
 
 def test_contention_check_reports_both_loops():

@@ -1,6 +1,7 @@
 """runtime.generate: the --json contract, and one clear line for every bad input."""
 
 import json
+import multiprocessing as mp
 import subprocess
 import sys
 
@@ -154,6 +155,8 @@ def test_emulate_labels_and_pads(tiny_dir, capsys):
     )
     s = json.loads(out)["stats"]
     assert rc == 0 and s["emulated"] == "emulated:m3-max:qwen3-0.6b+qwen3-4L-64d"  # target+draft
+    # auto's probe ran the draft in a process, as mirror would under --emulate; the run ended it
+    assert not [p for p in mp.active_children() if p.name == "duet-draft-process"]
     target = s["emulation"]["stages"]["target"]
     assert (
         target["count"] >= 1

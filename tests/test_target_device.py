@@ -78,6 +78,11 @@ def test_a_cuda_target_runs_the_draft_worker_in_a_process_unless_told_otherwise(
     assert not draft_in_process(on["cuda"], in_memory, None)
     assert not draft_in_process(on["cuda"], draft, False)
     assert draft_in_process(on["cpu"], draft, True)
+    # an emulated device (--emulate) stands for an accelerator pair: the process there too
+    emulated = SimpleNamespace(backend="torch+emulated", device=torch.device("cpu"))
+    assert draft_in_process(emulated, draft, None)
+    assert not draft_in_process(emulated, in_memory, None)
+    assert not draft_in_process(emulated, draft, False)
     import argparse
 
     ap = argparse.ArgumentParser()

@@ -317,20 +317,26 @@ def bench(a: argparse.Namespace) -> dict:
         [pair.target.config.max_context]
         + ([pair.draft.config.max_context] if pair.draft is not None else [])
     )
-    records = run_bench(
-        runners,
-        prompts,
-        pair.tokenizer,
-        ChatTemplate.load(pair.target_dir),
-        temps=temps,
-        top_p=a.top_p,
-        max_new=a.max_tokens,
-        seed=a.seed,
-        context=ctx,
-        warmup=not a.no_warmup,
-        samples=a.samples,
-        rounds=a.rounds,
-    )
+    try:
+        records = run_bench(
+            runners,
+            prompts,
+            pair.tokenizer,
+            ChatTemplate.load(pair.target_dir),
+            temps=temps,
+            top_p=a.top_p,
+            max_new=a.max_tokens,
+            seed=a.seed,
+            context=ctx,
+            warmup=not a.no_warmup,
+            samples=a.samples,
+            rounds=a.rounds,
+        )
+    finally:  # mirror's draft processes, if it ran any: nothing of the run is left running
+        from runtime.mirror.draft_process import close_draft_hosts
+
+        drafts = [getattr(getattr(r, "pair", None), "draft", None) for r in runners]
+        close_draft_hosts(pair.draft, *drafts)
     model_id = a.model_id or (
         f"duet-{pair.target_dir.parent.name}" if a.target is None else pair.target_dir.name
     )

@@ -21,6 +21,7 @@ from runtime.cli_args import add_draft_branches_arg, add_pair_args, load_pair_fr
 from runtime.decoding import Sampling
 from runtime.decoding.mirror import DEFAULT_KAPPA, check_mirror_args, draft_in_process
 from runtime.errors import DuetError, cli_main
+from runtime.mirror.draft_process import close_draft_hosts
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
 from runtime.preflight import writable_dir
 
@@ -100,9 +101,12 @@ def profile(a: argparse.Namespace, out: Path) -> dict:
 
     setup = make_setup(a)
     le = check_mirror_args(setup.pair.target, a.gamma, a.kappa, a.exit_layer)
-    if not a.no_warmup:
-        warm_up(setup, kappa=a.kappa, exit_layer=le)
-    run = run_mirror(setup, kappa=a.kappa, exit_layer=le)
+    try:
+        if not a.no_warmup:
+            warm_up(setup, kappa=a.kappa, exit_layer=le)
+        run = run_mirror(setup, kappa=a.kappa, exit_layer=le)
+    finally:
+        close_draft_hosts(setup.pair.draft)
     s = summarize(run, setup, kappa=a.kappa, exit_layer=le)
     out.mkdir(parents=True, exist_ok=True)
     run.timeline.write(out / "trace.json", label=setup.label)
@@ -123,9 +127,12 @@ def sweep(a: argparse.Namespace, out: Path) -> dict:
     les = exit_layers(n)
     for le in les:
         check_mirror_args(setup.pair.target, a.gamma, max(kappas), le)
-    if not a.no_warmup:
-        warm_up(setup, kappa=kappas[0], exit_layer=les[0])
-    rows = run_sweep(setup, kappas, les)
+    try:
+        if not a.no_warmup:
+            warm_up(setup, kappa=kappas[0], exit_layer=les[0])
+        rows = run_sweep(setup, kappas, les)
+    finally:
+        close_draft_hosts(setup.pair.draft)
     title = "Duet Mirror-SD: FF against κ (App. E Fig. 7)" + (
         f" ({setup.emu.label})" if setup.emu else ""
     )

@@ -155,6 +155,16 @@ def draft_host(draft) -> DraftHost:
     return host
 
 
+def close_draft_hosts(*drafts) -> None:
+    """Stop the draft processes serving `drafts` (draft_host), at the end of the run that
+    started them: one spawned per model object otherwise lives until the interpreter exits,
+    and a process that wraps pairs again (apps.bench --emulate) would gather them."""
+    for d in {id(d): d for d in drafts if d is not None}.values():
+        host = getattr(d, "_duet_draft_host", None)
+        if host is not None:
+            host.close()
+
+
 class ProcessDraftWorker:
     """DraftWorker's target-side interface over a DraftHost and the shared-memory slots."""
 
