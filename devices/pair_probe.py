@@ -585,15 +585,19 @@ def _sampled_hits(p, q, proxy, kappa: int, m: int) -> tuple[list[float], list[fl
                     continue  # accepted: no correction here
                 g = -np.log(rng.standard_exponential(q.shape[-1]))  # Gumbel (coupled.step_noise)
                 c = int(np.argmax(resid + g))
-                score = lp_proxy + g
-                score[d] = -np.inf
-                sent = np.argpartition(-score, kappa - 2)[: kappa - 1] if kappa > 1 else []
-                own = lq + g
-                own[d] = -np.inf
-                mine = m > 0 and c in np.argpartition(-own, m - 1)[:m]
+                sent = _winners(lp_proxy + g, d, kappa - 1)
+                mine = c in _winners(lq + g, d, m)
                 hits.append(float(c in sent or mine))
                 own_hits.append(float(mine))
     return hits, own_hits
+
+
+def _winners(score: np.ndarray, drafted: int, k: int) -> np.ndarray:
+    """The k highest-scoring tokens other than the drafted one (a coupled message's row)."""
+    if k < 1:
+        return np.zeros(0, np.int64)
+    score[drafted] = -np.inf
+    return np.argpartition(-score, k - 1)[:k]
 
 
 def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampling,

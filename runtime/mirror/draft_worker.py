@@ -82,6 +82,7 @@ class DraftWorker:
         self._ready: dict[tuple[int, int], Window] = {}
         self._ready_step = -1  # the step whose branches _ready holds (-1: closed)
         self._claimed = False  # the target took its window from _ready
+        self._noise_step, self._noise_uv = -1, None  # the step whose noise _noise drew, and it
         self.thread = threading.Thread(target=self._main, name="duet-draft", daemon=True)
         self.seq: list[int] = []
 
@@ -300,7 +301,7 @@ class DraftWorker:
 
     def _noise(self, step, window, q) -> tuple[np.ndarray, np.ndarray]:
         """The verifier's noise for `step` (coupled.step_noise), drawn once per step."""
-        if getattr(self, "_noise_step", None) != step:
+        if self._noise_step != step:
             vocab = q.shape[-1] if np.ndim(q) == 2 else self.draft.config.vocab_size
             self._noise_step, self._noise_uv = step, step_noise(self.seed, step, len(window), vocab)
         return self._noise_uv
