@@ -8,10 +8,18 @@ import time
 import numpy as np
 from scipy.stats import chisquare
 
+from kernels.sampling import log_probs_from_logits, probs_from_logits
 from kernels.topk_channel import encode, topk_message
 from kernels.verify import verify_sampling
 from runtime.mirror.branches import rank_own_branches
-from runtime.mirror.coupled import coupled_message, rank_coupled, rank_own_coupled, step_noise
+from runtime.mirror.coupled import (
+    _top_rows,
+    coupled_message,
+    coupled_message_log,
+    rank_coupled,
+    rank_own_coupled,
+    step_noise,
+)
 
 
 def laws(rng, g, vocab, sharp=3.0):
@@ -87,6 +95,42 @@ def test_message_rows_carry_the_own_token_then_the_proxy_gumbel_winners():
         assert list(ids[j, 1:]) == list(np.argsort(-rest, kind="stable")[:4])
     assert list(ids[3]) == list(np.argsort(-score[3], kind="stable")[:5])
     assert np.allclose(logp, np.log(np.take_along_axis(p, ids, -1)), atol=0.02)
+
+
+def test_top_rows_is_a_full_sort_s_head_however_the_scores_spread():
+    """_top_rows skips the partition of whole rows (V = 151,936 at a real vocabulary): its
+    top-k must be a stable full sort's, with ties by lower id, -inf rows and scores spread far
+    wider than its first window δ (it widens it)."""
+    rng = np.random.default_rng(4)
+    for spread, k in ((1.0, 8), (40.0, 8), (1e4, 30), (0.0, 5)):
+        score = (rng.standard_normal((6, 300)) * spread).astype(np.float32)
+        score[:, 7] = score[:, 3]  # a tie: the lower id first
+        score[1, :290] = -np.inf  # a row with few finite scores
+        score[2] = np.round(score[2])  # many ties
+        want = np.argsort(-score, axis=-1, kind="stable")[:, :k]
+        assert np.array_equal(_top_rows(score, k), want), (spread, k)
+
+
+def test_the_message_from_log_probs_is_the_message_from_probs():
+    """mirror's target builds the message from the early exit's log-softmax (one exp pass)."""
+    rng = np.random.default_rng(2)
+    for top_p in (1.0, 0.8):
+        logits = (rng.standard_normal((4, 50)) * 3).astype(np.float32)
+        _, gum = step_noise(1, 2, 3, 50)
+        lp = log_probs_from_logits(logits, 0.7, top_p)
+        assert np.allclose(np.exp(lp), probs_from_logits(logits, 0.7, top_p), atol=1e-6)
+        d = [int(x) for x in rng.integers(0, 50, 3)]
+        a = coupled_message(probs_from_logits(logits, 0.7, top_p), d, gum, 6)
+        b = coupled_message_log(lp, d, gum, 6)
+        assert np.array_equal(a[0], b[0]) and np.allclose(a[1], b[1], atol=0.02)
+
+
+def test_step_noise_is_finite_standard_gumbel():
+    """float32 Gumbel rows from float64 exponentials: no +inf (a uniformly random winner), and
+    the standard Gumbel's mean (Euler's γ) and variance (π²/6)."""
+    _, g = step_noise(0, 1, 7, 50_000)
+    assert g.dtype == np.float32 and np.isfinite(g).all()
+    assert abs(g.mean() - 0.5772) < 0.01 and abs(g.var() - np.pi**2 / 6) < 0.02
 
 
 def coverage_and_rank(proxy_of, n=300, g=3, vocab=64, kappa=8):

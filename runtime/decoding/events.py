@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kernels.sampling import probs_from_logits, sample
+from kernels.sampling import log_probs_from_logits, probs_from_logits, sample
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,10 @@ class Sampling:
 
     def probs(self, logits: np.ndarray) -> np.ndarray:
         return probs_from_logits(logits, self.temp, self.top_p, self.top_k)
+
+    def log_probs(self, logits: np.ndarray) -> np.ndarray:
+        """log self.probs(logits), -inf where filtered (temp > 0 only)."""
+        return log_probs_from_logits(logits, self.temp, self.top_p, self.top_k)
 
 
 GREEDY = Sampling()

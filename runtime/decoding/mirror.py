@@ -24,7 +24,7 @@ from kernels.verify import verify_greedy, verify_sampling
 from runtime.decoding.events import GREEDY, Sampling, StepEvent, pending, rewind
 from runtime.errors import DuetError
 from runtime.mirror.branches import in_tree
-from runtime.mirror.coupled import coupled_message, step_noise
+from runtime.mirror.coupled import coupled_message_log, step_noise
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH, DraftWorker
 from runtime.mirror.exit_head import resolve_exit_head
 from runtime.mirror.messages import EarlyExit, FinalVerify
@@ -141,7 +141,8 @@ def mirror_steps(
                 ids, logp = topk_message(exit_logits, kappa)  # eq. 7, bf16
             else:  # eq. 7's channel, its top-κ coupled to this step's noise (mirror/coupled.py)
                 u, noise = step_noise(seed, step, g, exit_logits.shape[-1])
-                ids, logp = coupled_message(sampling.probs(exit_logits), win.tokens, noise, kappa)
+                ids, logp = coupled_message_log(sampling.log_probs(exit_logits), win.tokens,
+                                                noise, kappa)  # fmt: skip
             payload = encode(ids, logp)
             t1 = now_ns()
             worker.send(EarlyExit(step, payload, t1))
@@ -151,7 +152,8 @@ def mirror_steps(
             if sampling.greedy:
                 a, c = verify_greedy(logits, d)
             else:  # the correction by Gumbel-max with the noise the early exit was coupled to
-                a, c = verify_sampling(sampling.probs(logits), win.q, d, u, noise)
+                p = sampling.probs(logits)
+                a, c = verify_sampling(p, win.q, d, u, noise)
             t2 = now_ns()
             more = produced + a + 1 < max_new
             # reuse: a completed branch (A, c) is taken from the worker's board at once, before
@@ -166,7 +168,7 @@ def mirror_steps(
             seq += committed
             produced += len(committed)
             rewind(tc, len(seq) - 1)
-            q_final = sampling.probs(logits[a]) if not sampling.greedy else _softmax(logits[a])
+            q_final = p[a] if not sampling.greedy else _softmax(logits[a])  # verified row
             extra = {
                 "prefix_s": (t1 - t0) / 1e9,
                 "suffix_s": (t2 - t1) / 1e9,
