@@ -36,6 +36,14 @@ class EmulatedModel:
     def __init__(self, model, emu, role: str, respawn: EmulateInProcess | None = None):
         self.model, self.emu, self.role = model, emu, role
         self.config = model.config
+        # ",real-vocab": logits padded to the emulated vocabulary with -inf (tokens never drawn)
+        self.pad_to = (
+            emu.logits_vocab if (emu.logits_vocab or 0) > model.config.vocab_size else None
+        )
+        if self.pad_to is not None:
+            from dataclasses import replace
+
+            self.config = replace(model.config, vocab_size=self.pad_to)
         self.backend = f"{model.backend}+emulated"
         self.supports_layer_range = model.supports_layer_range
         # an SS draft stays one (runtime/decoding/ss_draft.is_ss_draft): its windows and
@@ -57,8 +65,23 @@ class EmulatedModel:
         owners = T - (T - 1 if first is None else first)
         n = T + owners * self.ss_streams
         with self.emu.stage(self.role, n_tokens=n, context=cache.offset, batch=B):
-            return self.model.forward_streams(tokens, cache, first=first, positions=positions,
-                                              mask=mask)  # fmt: skip
+            return self._pad(self.model.forward_streams(self._fold(tokens), cache, first=first,
+                                                        positions=positions, mask=mask))  # fmt: skip
+
+    def _fold(self, tokens):
+        """Token ids past the real vocabulary (only a probe's random windows draw them: the
+        padded logits give them no mass) are folded into it."""
+        if self.pad_to is None or not np.issubdtype(np.asarray(tokens).dtype, np.integer):
+            return tokens
+        return np.asarray(tokens) % self.model.config.vocab_size
+
+    def _pad(self, logits):
+        if self.pad_to is None:
+            return logits
+        x = np.asarray(logits)
+        out = np.full((*x.shape[:-1], self.pad_to), -np.inf, dtype=x.dtype)
+        out[..., : x.shape[-1]] = x
+        return out
 
     def new_cache(self, batch: int = 1):
         return self.model.new_cache(batch)
@@ -74,7 +97,8 @@ class EmulatedModel:
     def forward(self, tokens, cache, *, positions=None, mask=None) -> np.ndarray:
         B, T = np.asarray(tokens).reshape(-1, np.shape(tokens)[-1]).shape
         with self.emu.stage(self.role, n_tokens=T, context=cache.offset, batch=B):
-            return self.model.forward(tokens, cache, positions=positions, mask=mask)
+            return self._pad(self.model.forward(self._fold(tokens), cache, positions=positions,
+                                                mask=mask))  # fmt: skip
 
     def forward_layers(self, x, cache, start, stop, *, positions=None, mask=None):
         B, T = np.shape(x)[:2]
@@ -82,13 +106,14 @@ class EmulatedModel:
         with self.emu.stage(
             self.role, n_tokens=T, layers=(start, stop), head=False, context=ctx, batch=B
         ):
+            x = self._fold(x) if start == 0 else x  # ids at layer 0, hidden states after
             return self.model.forward_layers(x, cache, start, stop, positions=positions, mask=mask)
 
     def head(self, hidden) -> np.ndarray:
         B, T = np.shape(hidden)[:2]
         n = self.config.num_layers
         with self.emu.stage(self.role, n_tokens=T, layers=(n, n), head=True, batch=B):
-            return self.model.head(hidden)
+            return self._pad(self.model.head(hidden))
 
 
 def emulate_draft(like: EmulatedModel, draft) -> EmulatedModel:

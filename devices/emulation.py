@@ -9,7 +9,10 @@ measurement of the device.
 API (what runtime.generate, apps.bench and apps.profile call for `--emulate PROFILE[:MODEL]`):
 
     emu = Emulator.from_spec(spec: str, target_cfg=None, draft_cfg=None) -> Emulator
-        spec        "PROFILE" | "PROFILE:TARGET" | "PROFILE:TARGET+DRAFT"
+        spec        "PROFILE" | "PROFILE:TARGET" | "PROFILE:TARGET+DRAFT", each with an optional
+                    ",real-vocab": the models' logits are padded to the emulated target's
+                    vocabulary (zero-probability tokens), so the per-token host work that
+                    grows with V (softmaxes, noise tables, top-k) costs what it would there
                     PROFILE: a shipped profile name (python -m devices list) or a .toml/.json path;
                     TARGET, DRAFT: model-size presets (devices.model_sizes.preset_names(), with an
                     optional "@bits", e.g. qwen3-8b@4). Omitted sizes come from target_cfg /
@@ -82,6 +85,9 @@ def _size_from_reference(ref: str, role: str, profile: Profile) -> ModelSize:
         ) from None
 
 
+REAL_VOCAB = "real-vocab"  # the spec option: logits as wide as the emulated target's vocabulary
+
+
 class Emulator:
     """Pads stages to a profile's predicted times; see the module docstring for the API."""
 
@@ -104,6 +110,7 @@ class Emulator:
         self.hardware = {role: profile.hardware(role) for role in ROLES}
         self.label = label or f"emulated:{profile.name}:{target.name}+{draft.name}"
         self.records: list[StageRecord] = []
+        self.logits_vocab: int | None = None  # from_spec's ",real-vocab"
         self._lock = threading.Lock()
         # the clock and the sleep that pads a stage (tests put a virtual clock here)
         self.clock, self.sleep = time.perf_counter, time.sleep
@@ -113,7 +120,11 @@ class Emulator:
         """Parse "PROFILE[:TARGET[+DRAFT]]" (see the module docstring)."""
         if not spec or not spec.strip():
             raise DuetError("--emulate needs PROFILE[:MODEL], e.g. m3-max:qwen3-8b")
-        prof_name, _, models = spec.strip().partition(":")
+        body, *opts = [x.strip() for x in spec.strip().split(",")]
+        unknown = [o for o in opts if o != REAL_VOCAB]
+        if unknown:
+            raise DuetError(f"--emulate: unknown option {unknown[0]!r} (known: {REAL_VOCAB})")
+        prof_name, _, models = body.partition(":")
         profile = load_profile(prof_name)
         t_name, _, d_name = models.partition("+")
         if t_name:
@@ -136,6 +147,10 @@ class Emulator:
             real_draft_layers=getattr(draft_cfg, "num_layers", None),
         )
         emu.spec, emu.target_cfg = spec, target_cfg
+        # the width of the logits the emulated models return (EmulatedModel); None: the real's
+        emu.logits_vocab = target.vocab_size if REAL_VOCAB in opts else None
+        if emu.logits_vocab is not None:
+            emu.label += f",{REAL_VOCAB}"
         return emu
 
     def for_draft(self, draft_cfg) -> Emulator:

@@ -116,9 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--emulate",
-        metavar="PROFILE[:MODEL]",
+        metavar="PROFILE[:MODEL][,real-vocab]",
         help="pad every stage to a device profile's prediction (see `python -m devices list`); "
-        "all timings are then labelled emulated",
+        "all timings are then labelled emulated; append ',real-vocab' to pad the logits to the "
+        "emulated target's vocabulary as well",
     )
     ap.add_argument(
         "--json", action="store_true", help="print one JSON object instead of streaming text"
@@ -149,7 +150,8 @@ def check_args(a: argparse.Namespace) -> None:
     if a.emulate:
         from devices.profile import load_profile
 
-        load_profile(a.emulate.strip().partition(":")[0])  # as Emulator.from_spec reads it
+        spec = a.emulate.strip().split(",")[0]  # as Emulator.from_spec reads it
+        load_profile(spec.partition(":")[0])
     if a.method != "ar" and a.gamma < 1:
         raise DuetError(f"--gamma must be at least 1 for --method {a.method} (got {a.gamma})")
     if a.method == "flexspec":

@@ -170,3 +170,41 @@ def test_emulated_target_finds_its_tuned_exit_head_and_the_draft_stays_in_proces
     _, et, ed = emulate_pair("m3-max", target, draft)
     assert resolve_exit_head(et, 1, None) is not None
     assert not hasattr(ed, "load_spec")
+
+
+def test_real_vocab_pads_the_logits_and_keeps_greedy_output(tiny_dir):
+    """With ",real-vocab" the emulated models' logits are as wide as the emulated target's
+    vocabulary (151,936), the padded tokens at -inf (never drawn), ids past the real vocabulary
+    (a probe's random windows) folded into it; greedy sd and mirror still equal ar, and a
+    sampled mirror run emits only real tokens."""
+    import numpy as np
+
+    from devices.emulated_model import emulate_pair
+    from runtime.backends import load_model
+    from runtime.decoding import Sampling, make_steps, run
+
+    target, draft = (
+        load_model(tiny_dir("qwen3"), "torch"),
+        load_model(tiny_dir("qwen3", seed=3), "onnx"),
+    )
+    real = target.config.vocab_size
+    with pytest.raises(DuetError, match="unknown option"):
+        Emulator.from_spec("m3-max:qwen3-8b+qwen3-0.6b,wide")
+    emu, t, d = emulate_pair("m3-max:qwen3-8b+qwen3-0.6b,real-vocab", target, draft)
+    _virtual(emu)
+    assert (
+        emu.label.endswith(",real-vocab") and t.config.vocab_size == d.config.vocab_size == 151936
+    )
+    logits = t.forward(np.array([[1, 2, real + 5]]), t.new_cache())
+    assert logits.shape == (1, 3, 151936) and np.isneginf(logits[..., real:]).all()
+    assert np.isfinite(logits[..., :real]).all()
+    ids = [5, 9, 2, 7]
+    greedy = dict(max_new=12, sampling=Sampling(), seed=0)
+    want = run(make_steps("ar", target, None, ids, **greedy), max_new=12).tokens
+    for method in ("sd", "mirror"):
+        kw = {"draft_process": False} if method == "mirror" else {}
+        got = run(make_steps(method, t, d, ids, gamma=3, **greedy, **kw), max_new=12).tokens
+        assert got == want, method
+    out = run(make_steps("mirror", t, d, ids, max_new=12, gamma=3, sampling=Sampling(1.0), seed=1,
+                         draft_process=False), max_new=12).tokens  # fmt: skip
+    assert len(out) == 12 and max(out) < real

@@ -121,9 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
     ap.add_argument(
         "--emulate",
-        metavar="PROFILE[:MODEL]",
+        metavar="PROFILE[:MODEL][,real-vocab]",
         help="pad Duet's target and draft passes to a device profile (python -m devices list); "
-        "the mlx-lm and HF baselines cannot be padded and are skipped; output labelled emulated",
+        "the mlx-lm and HF baselines cannot be padded and are skipped; output labelled emulated; "
+        "append ',real-vocab' to pad the logits to the emulated target's vocabulary as well",
     )
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     ap.add_argument(

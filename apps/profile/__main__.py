@@ -57,8 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--exit-head", choices=("raw", "tuned"), default=None,
                     help="the early exit's head (default: tuned when one is stored)")  # fmt: skip
-    ap.add_argument("--emulate", metavar="PROFILE[:MODEL]",
-                    help="pad every stage to a device profile's prediction; output labelled emulated")  # fmt: skip
+    ap.add_argument("--emulate", metavar="PROFILE[:MODEL][,real-vocab]",
+                    help="pad every stage to a device profile's prediction; output labelled emulated; "
+                    "append ',real-vocab' to pad the logits to its target's vocabulary too")  # fmt: skip
     ap.add_argument("--out", default="profile-out", help="output folder (default ./profile-out)")
     ap.add_argument(
         "--json", action="store_true", help="print the summary (or sweep table) as JSON"
