@@ -49,6 +49,44 @@ def test_sample_inverse_cdf_numpy_equals_mlx():
     )
 
 
+def test_sample_over_a_real_vocabulary_follows_the_float64_inverse_cdf():
+    """Rows wider than 4 blocks go by blocks (kernels.sampling._sample_blocks): the float64
+    inverse CDF's token, up to rounding at a boundary, never a zero-mass one, at u near 0 and 1
+    and with all the mass in the last block."""
+    rng = np.random.default_rng(2)
+    V = 151936
+    p = snp.probs_from_logits((rng.standard_normal((8, V)) * 3).astype(np.float32), 1.0)
+    p[:, ::3] = 0
+    p[7, :-10] = 0  # all the mass in the last (partial) block
+    p /= p.sum(-1, keepdims=True)
+    c = np.cumsum(p.astype(np.float64), -1)
+    same = 0
+    for u in [*rng.random((40, 8)), np.zeros(8), np.full(8, 0.9999999)]:
+        got = snp.sample(p, u)
+        want = np.minimum((c <= u[:, None] * c[:, -1:]).sum(-1), V - 1)
+        same += (got == want).sum()
+        assert (p[np.arange(8), got] > 0).all()
+    assert same >= 0.99 * 42 * 8
+    assert snp.sample(p[7], 0.5).shape == () and p[7, int(snp.sample(p[7], 0.5))] > 0
+
+
+def test_sample_by_blocks_keeps_the_law():
+    """A chi-square test of the block sampler's draws against p; the negative control (the same
+    draws against p shifted by one token) must fail."""
+    from scipy.stats import chisquare
+
+    rng = np.random.default_rng(3)
+    p = np.zeros(5000, np.float32)
+    support = rng.choice(5000, 12, replace=False)
+    p[support] = rng.dirichlet(np.ones(12))
+    draws = snp.sample(np.broadcast_to(p, (20000, 5000)), rng.random(20000))
+    counts = np.bincount(draws, minlength=5000)[support]
+    assert counts.sum() == 20000  # nothing outside the support
+    law = p[support].astype(np.float64) / p[support].sum()
+    assert chisquare(counts, 20000 * law).pvalue > 1e-3
+    assert chisquare(counts, 20000 * np.roll(law, 1)).pvalue < 1e-3
+
+
 def test_verify_greedy_patterns():
     logits = np.eye(10, dtype=np.float32)[[4, 5, 6, 7]]  # target argmax per position: 4 5 6 7
     assert vnp.verify_greedy(logits, np.array([4, 5, 6])) == (3, 7)  # all accepted + bonus
