@@ -81,7 +81,7 @@ def sample(probs: np.ndarray, u: np.ndarray | float) -> np.ndarray:
     Zero-probability tokens are never chosen.
     """
     p = np.asarray(probs, dtype=np.float32)
-    if p.shape[-1] > 4 * _BLOCK:  # a real vocabulary: by blocks, without a cumsum of each row
+    if p.shape[-1] > _BLOCKS_FROM:  # a real vocabulary: by blocks, without a cumsum of each row
         return _sample_blocks(p, np.asarray(u, dtype=np.float32))
     c = np.cumsum(p, -1)
     t = np.asarray(u, dtype=np.float32)[..., None] * c[..., -1:]
@@ -90,6 +90,9 @@ def sample(probs: np.ndarray, u: np.ndarray | float) -> np.ndarray:
 
 
 _BLOCK = 256  # tokens per block in _sample_blocks
+# rows wider than this go by blocks: at 4,096 (the embedded pair) one cumsum is still faster
+# (16 rows: 0.30 against 0.40 ms), at 16,384 blocks are (0.32 against 1.2 ms)
+_BLOCKS_FROM = 8192
 
 
 def _sample_blocks(p: np.ndarray, u: np.ndarray) -> np.ndarray:

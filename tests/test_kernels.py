@@ -50,7 +50,7 @@ def test_sample_inverse_cdf_numpy_equals_mlx():
 
 
 def test_sample_over_a_real_vocabulary_follows_the_float64_inverse_cdf():
-    """Rows wider than 4 blocks go by blocks (kernels.sampling._sample_blocks): the float64
+    """Rows wider than 8,192 tokens go by blocks (kernels.sampling._sample_blocks): the float64
     inverse CDF's token, up to rounding at a boundary, never a zero-mass one, at u near 0 and 1
     and with all the mass in the last block."""
     rng = np.random.default_rng(2)
@@ -76,11 +76,11 @@ def test_sample_by_blocks_keeps_the_law():
     from scipy.stats import chisquare
 
     rng = np.random.default_rng(3)
-    p = np.zeros(5000, np.float32)
-    support = rng.choice(5000, 12, replace=False)
+    p = np.zeros(9000, np.float32)
+    support = rng.choice(9000, 12, replace=False)
     p[support] = rng.dirichlet(np.ones(12))
-    draws = snp.sample(np.broadcast_to(p, (20000, 5000)), rng.random(20000))
-    counts = np.bincount(draws, minlength=5000)[support]
+    draws = snp.sample(np.broadcast_to(p, (20000, 9000)), rng.random(20000))
+    counts = np.bincount(draws, minlength=9000)[support]
     assert counts.sum() == 20000  # nothing outside the support
     law = p[support].astype(np.float64) / p[support].sum()
     assert chisquare(counts, 20000 * law).pvalue > 1e-3
