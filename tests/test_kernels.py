@@ -79,7 +79,8 @@ def test_sample_by_blocks_keeps_the_law():
     p = np.zeros(9000, np.float32)
     support = rng.choice(9000, 12, replace=False)
     p[support] = rng.dirichlet(np.ones(12))
-    draws = snp.sample(np.broadcast_to(p, (20000, 9000)), rng.random(20000))
+    rows = np.broadcast_to(p, (2000, 9000))  # 10 batches: a 20000-row batch is 720 MB
+    draws = np.concatenate([snp.sample(rows, rng.random(2000)) for _ in range(10)])
     counts = np.bincount(draws, minlength=9000)[support]
     assert counts.sum() == 20000  # nothing outside the support
     law = p[support].astype(np.float64) / p[support].sum()
