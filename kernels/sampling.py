@@ -12,15 +12,21 @@ import numpy as np
 
 
 def probs_from_logits(
-    logits: np.ndarray, temp: float = 1.0, top_p: float = 1.0, top_k: int = 0
+    logits: np.ndarray, temp: float = 1.0, top_p: float = 1.0, top_k: int = 0, *, out=None
 ) -> np.ndarray:
     """The distribution a token is sampled from: softmax(logits / temp), top-k then top-p filtered.
 
     logits (..., V) -> float32 probabilities (..., V) summing to 1 on the last axis.
     top_p keeps the smallest most-likely set whose mass reaches top_p (ties by index).
-    temp == 0 gives the one-hot argmax (greedy).
+    temp == 0 gives the one-hot argmax (greedy). out: a float32 array of that shape to write
+    them into (and return), where the caller keeps them (a branch wave's q rows): at a real
+    vocabulary the copy into it cost half as much again as the softmax itself.
     """
     x = np.asarray(logits, dtype=np.float32)
+    if out is not None:
+        out[...] = probs_from_logits(x, temp, top_p, top_k) if top_p < 1.0 or temp == 0 else (
+            _softmax_into(x, temp, top_k, out))  # fmt: skip
+        return out
     if temp == 0:
         one_hot = np.zeros(x.shape, np.float32)
         np.put_along_axis(one_hot, x.argmax(-1)[..., None], 1.0, -1)
@@ -42,6 +48,18 @@ def probs_from_logits(
         p = np.where(keep, p, 0.0).astype(np.float32)
         p /= p.sum(-1, keepdims=True)
     return p
+
+
+def _softmax_into(x: np.ndarray, temp: float, top_k: int, out: np.ndarray) -> np.ndarray:
+    """probs_from_logits without top-p, computed in `out`."""
+    np.divide(x, np.float32(temp), out=out)
+    if top_k and top_k < x.shape[-1]:
+        kth = np.sort(out, axis=-1)[..., -top_k][..., None]
+        out[out < kth] = -np.inf
+    out -= out.max(-1, keepdims=True)
+    np.exp(out, out=out)
+    out /= out.sum(-1, keepdims=True)
+    return out
 
 
 def log_probs_from_logits(

@@ -21,6 +21,22 @@ def test_probs_numpy_equals_mlx(temp, top_p, top_k):
     np.testing.assert_allclose(a.sum(-1), 1, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "temp,top_p,top_k", [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.3, 1.0, 5), (0.0, 1.0, 0), (1.0, 0.5, 3)]
+)
+def test_probs_into_a_callers_rows_equal_the_returned_ones(temp, top_p, top_k):
+    """out=: a branch wave's q rows (a strided view of its (rows, steps, V) array) get the
+    same law as a fresh array would."""
+    logits = np.random.default_rng(4).normal(0, 2, (6, 40)).astype(np.float32)
+    qs = np.full((6, 3, 40), np.nan, np.float32)
+    got = snp.probs_from_logits(logits, temp, top_p, top_k, out=qs[:, 1])
+    assert np.shares_memory(got, qs)
+    np.testing.assert_allclose(
+        qs[:, 1], snp.probs_from_logits(logits, temp, top_p, top_k), atol=1e-7
+    )
+    assert np.isnan(qs[:, [0, 2]]).all()
+
+
 def test_top_p_keeps_smallest_set_reaching_mass():
     p = snp.probs_from_logits(np.log(np.array([0.5, 0.3, 0.15, 0.05], np.float32)), 1.0, top_p=0.8)
     np.testing.assert_allclose(p, [0.5 / 0.8, 0.3 / 0.8, 0, 0], atol=1e-6)

@@ -411,7 +411,7 @@ class Wave:
         if self.sampling.greedy:
             self.toks[:, k] = logits.argmax(-1)
         else:
-            self.qs[:, k] = self.sampling.probs(logits)
+            self.sampling.probs(logits, out=self.qs[:, k])  # in place: no copy of n x V
             self.toks[:, k] = sample(self.qs[:, k], np.array([r.random() for r in self.rngs]))
         self.feed = self.toks[:, k : k + 1]
         self.k += 1
