@@ -24,9 +24,10 @@ def probs_from_logits(
     """
     x = np.asarray(logits, dtype=np.float32)
     if out is not None:
-        out[...] = probs_from_logits(x, temp, top_p, top_k) if top_p < 1.0 or temp == 0 else (
-            _softmax_into(x, temp, top_k, out))  # fmt: skip
-        return out
+        if top_p < 1.0 or temp == 0:
+            out[...] = probs_from_logits(x, temp, top_p, top_k)
+            return out
+        return _softmax_into(x, temp, top_k, out)
     if temp == 0:
         one_hot = np.zeros(x.shape, np.float32)
         np.put_along_axis(one_hot, x.argmax(-1)[..., None], 1.0, -1)
