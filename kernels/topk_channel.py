@@ -33,18 +33,49 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
+def top_rows(score: np.ndarray, k: int) -> np.ndarray:
+    """Per row of score (P, V), the indices of the k largest, largest first (ties: lower id
+    first), int64 (P, k).
+
+    Exact, without a partition of each whole row (4 ms for six rows at V = 151,936 on this
+    CPU, against about 1): every score outside a row's k largest is below them, so the k
+    largest of the scores within δ of the row's maximum are the row's, once that set holds k;
+    δ widens until it does."""
+    k = min(k, score.shape[-1])
+    out = np.empty((len(score), k), np.int64)
+    if score.shape[-1] <= 8192:  # narrow rows (V = 4,096): one partition for the k-th value
+        kth = -np.partition(-score, k - 1, axis=-1)[:, k - 1]
+        for j, (row, t) in enumerate(zip(score, kth, strict=True)):
+            above = np.flatnonzero(row > t)  # then the ties at the k-th value, lower ids first
+            idx = np.concatenate([above, np.flatnonzero(row == t)[: k - len(above)]])
+            out[j] = idx[np.lexsort((idx, -row[idx]))]
+        return out
+    top, delta = score.max(-1, keepdims=True), 0.5
+    while True:  # a narrow window first: a flat row keeps thousands within a few nats of its max
+        keep = score >= top - delta
+        if (keep.sum(-1) >= k).all() or delta == np.inf:
+            break
+        delta = delta * 2 if delta < 1e6 else np.inf  # at inf every row keeps all of itself
+    for j, row in enumerate(keep):
+        idx = np.flatnonzero(row)
+        out[j] = idx[np.lexsort((idx, -score[j, idx]))[:k]]
+    return out
+
+
 def topk_message(logits: np.ndarray, kappa: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-κ of softmax(logits) per row, most likely first (ties: lower id first).
 
     logits (P, V) -> ids int32 (P, κ), log-probs float32 (P, κ) already rounded to bf16.
+    The order of the logits is the order of the log-softmax (one shift per row), so the ids
+    come from the logits (top_rows) and only the κ log-probs are formed: at V = 151,936 the
+    full log-softmax and a partition of it cost 5.9 ms of six rows on the target's path.
     """
-    lp = log_softmax(logits)
-    k = min(kappa, lp.shape[-1])
-    part = np.argpartition(-lp, k - 1, axis=-1)[:, :k]
-    vals = np.take_along_axis(lp, part, -1)
-    order = np.lexsort((part, -vals), axis=-1)  # by value desc, then id asc
-    ids = np.take_along_axis(part, order, -1).astype(np.int32)
-    return ids, from_bf16_bits(to_bf16_bits(np.take_along_axis(vals, order, -1)))
+    z = np.asarray(logits, dtype=np.float32)
+    m = z.max(-1, keepdims=True)
+    lse = m + np.log(np.exp(z - m).sum(-1, keepdims=True))
+    ids = top_rows(z, kappa)
+    vals = np.take_along_axis(z, ids, -1) - lse
+    return ids.astype(np.int32), from_bf16_bits(to_bf16_bits(vals.astype(np.float32)))
 
 
 def topk_message_reference(logits: np.ndarray, kappa: int) -> tuple[np.ndarray, np.ndarray]:

@@ -104,6 +104,22 @@ def test_sample_by_blocks_keeps_the_law():
     assert chisquare(counts, 20000 * np.roll(law, 1)).pvalue < 1e-3
 
 
+@pytest.mark.parametrize("V", [4096, 9000])
+def test_topk_message_is_the_stable_top_of_the_log_softmax(V):
+    """eq. 7's message: the ids of the κ most likely tokens (ties: lower id first), from the
+    logits without a full log-softmax, and their log-probs (bf16) as the log-softmax has them."""
+    from kernels.topk_channel import from_bf16_bits, log_softmax, to_bf16_bits, topk_message
+
+    logits = (np.random.default_rng(5).standard_normal((5, V)) * 3).astype(np.float32)
+    logits[2, 10:20] = logits[2].max()  # ten tied maxima: the eight lowest ids
+    ids, logp = topk_message(logits, 8)
+    want = np.argsort(-logits, axis=-1, kind="stable")[:, :8]
+    np.testing.assert_array_equal(ids, want)
+    lp = np.take_along_axis(log_softmax(logits), want, -1)
+    np.testing.assert_allclose(logp, from_bf16_bits(to_bf16_bits(lp)), atol=0.02)
+    assert list(ids[2]) == list(range(10, 18))
+
+
 def test_verify_greedy_patterns():
     logits = np.eye(10, dtype=np.float32)[[4, 5, 6, 7]]  # target argmax per position: 4 5 6 7
     assert vnp.verify_greedy(logits, np.array([4, 5, 6])) == (3, 7)  # all accepted + bonus

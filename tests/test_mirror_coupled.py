@@ -3,17 +3,17 @@ the Gumbel-max verification keeps speculative sampling's law, the coupled messag
 correction far more often than eq. 7's top-κ, and the draft's ranking of the branches puts the
 realised outcome early. Mirror's output law with it is tested in test_sampling_gof.py."""
 
+import itertools
 import time
 
 import numpy as np
 from scipy.stats import chisquare
 
 from kernels.sampling import log_probs_from_logits, probs_from_logits
-from kernels.topk_channel import encode, topk_message
+from kernels.topk_channel import encode, top_rows, topk_message
 from kernels.verify import verify_sampling
 from runtime.mirror.branches import rank_own_branches
 from runtime.mirror.coupled import (
-    _top_rows,
     coupled_message,
     coupled_message_log,
     rank_coupled,
@@ -98,17 +98,19 @@ def test_message_rows_carry_the_own_token_then_the_proxy_gumbel_winners():
 
 
 def test_top_rows_is_a_full_sort_s_head_however_the_scores_spread():
-    """_top_rows skips the partition of whole rows (V = 151,936 at a real vocabulary): its
+    """top_rows skips the partition of whole rows (V = 151,936 at a real vocabulary): its
     top-k must be a stable full sort's, with ties by lower id, -inf rows and scores spread far
     wider than its first window δ (it widens it)."""
     rng = np.random.default_rng(4)
-    for spread, k in ((1.0, 8), (40.0, 8), (1e4, 30), (0.0, 5)):
-        score = (rng.standard_normal((6, 300)) * spread).astype(np.float32)
+    for (spread, k), V in itertools.product(
+        ((1.0, 8), (40.0, 8), (1e4, 30), (0.0, 5)), (300, 9000)
+    ):
+        score = (rng.standard_normal((6, V)) * spread).astype(np.float32)
         score[:, 7] = score[:, 3]  # a tie: the lower id first
-        score[1, :290] = -np.inf  # a row with few finite scores
+        score[1, : V - 10] = -np.inf  # a row with few finite scores
         score[2] = np.round(score[2])  # many ties
         want = np.argsort(-score, axis=-1, kind="stable")[:, :k]
-        assert np.array_equal(_top_rows(score, k), want), (spread, k)
+        assert np.array_equal(top_rows(score, k), want), (spread, k, V)
 
 
 def test_the_message_from_log_probs_is_the_message_from_probs():
