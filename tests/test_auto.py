@@ -126,7 +126,9 @@ def test_generate_auto_reports_its_choice_and_stays_lossless(tiny_dir, capsys):
     assert res["tokens"] == ref
 
 
-def test_the_probe_counts_a_correction_as_covered_by_the_exit_top_kappa_or_the_drafts_runner_ups():
+def test_the_probe_counts_a_correction_as_covered_by_the_exit_top_kappa_or_the_drafts_runner_ups(
+    monkeypatch,
+):
     """Ω̂ = hit rate over the rejections: the target's token is in the exit layer's top-κ, or
     (draft_branches ≥ 1) among the draft's runner-ups; a position the draft gets right is
     no rejection and does not count."""
@@ -173,6 +175,12 @@ def test_the_probe_counts_a_correction_as_covered_by_the_exit_top_kappa_or_the_d
     total, own = omega(1)  # the runner-up's hit counts for the own branches as well
     assert total == pytest.approx(shrunk(2, 3))
     assert own == pytest.approx((1 + PRIOR_WEIGHT * PRIOR_OMEGA / 2) / (3 + PRIOR_WEIGHT))
+    # the message is formed at the rejected rows only (a real vocabulary's rows are costly)
+    import kernels.topk_channel as kt
+
+    rows, real = [], kt.topk_message
+    monkeypatch.setattr(kt, "topk_message", lambda x, k: rows.append(len(x)) or real(x, k))
+    assert omega(1)[0] == pytest.approx(shrunk(2, 3)) and rows == [3]
 
 
 def test_mirrors_prediction_uses_its_own_measured_pass_with_the_early_exit():
