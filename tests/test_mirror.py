@@ -210,6 +210,29 @@ def test_own_ranking_skips_own_token_and_scores_the_draft_path():
     assert len(rank_own_branches(logits, drafts=[0, 3], m=2)) == 6
 
 
+@pytest.mark.parametrize("V", [50, 9000])
+def test_own_ranking_reads_log_q_only_where_it_needs_it(V):
+    """rank_own_branches takes the candidates from the logits' top (kernels top_rows) and
+    forms log q only for them: the same branches and scores as a full log-softmax and a
+    stable sort (ties: lower id first), at a narrow and a wide vocabulary."""
+    from kernels.topk_channel import log_softmax
+
+    logits = (np.random.default_rng(6).standard_normal((4, V)) * 3).astype(np.float32)
+    logits[1, 5:9] = logits[1].max()  # tied candidates
+    drafts = [int(logits[0].argmax()), 6, 2]
+    logq = log_softmax(logits)
+    want, path = [], 0.0
+    for j in range(4):
+        own = drafts[j] if j < 3 else None
+        top = [int(v) for v in np.argsort(-logq[j], kind="stable")[:4] if v != own][:3]
+        want += [(j, v, path + float(logq[j, v])) for v in top]
+        path += float(logq[j, own]) if own is not None else 0.0
+    got = rank_own_branches(logits, drafts, 3)
+    assert sorted((b.depth, b.token) for b in got) == sorted((j, v) for j, v, _ in want)
+    score = {(j, v): x for j, v, x in want}
+    assert all(abs(b.score - score[(b.depth, b.token)]) < 1e-4 for b in got)
+
+
 class Gate:
     """A draft that stops inside its `at`-th batched pass until the test lets it go."""
 

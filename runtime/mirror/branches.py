@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.topk_channel import log_softmax
+from kernels.topk_channel import top_rows
 
 
 @dataclass(frozen=True)
@@ -61,16 +61,21 @@ def rank_own_branches(logits: np.ndarray, drafts: list[int], m: int) -> list[Bra
     likely) are the candidates v; branch (j, v) is scored by the draft's own path probability
     sum_{i<j} log q_i(d_{i+1}) + log q_j(v), the draft-side twin of `rank_branches`.
     """
-    logq = log_softmax(logits)
-    m = min(m, logq.shape[-1] - 1)
+    z = np.asarray(logits, dtype=np.float32)
+    n = min(len(drafts) + 1, len(z))
+    z = z[:n]
+    m = min(m, z.shape[-1] - 1)
+    # log q only where read: the logits' order is log q's, and one exp pass gives each row's
+    # normaliser (a full log-softmax and a partition cost 4.6 ms a step at V = 151,936)
+    mx = z.max(-1)
+    lse = mx + np.log(np.exp(z - mx[:, None]).sum(-1))
+    tops = top_rows(z, m + 1)  # m + 1: one of them may be d_{j+1}
     path, out = 0.0, []
-    for j in range(min(len(drafts) + 1, len(logq))):
+    for j in range(n):
         own = drafts[j] if j < len(drafts) else None
-        top = np.argpartition(-logq[j], m)[: m + 1]  # m + 1: one of them may be d_{j+1}
-        top = top[np.argsort(-logq[j][top], kind="stable")]
-        out += [Branch(j, int(v), path + float(logq[j][v])) for v in top if v != own][:m]
+        out += [Branch(j, int(v), path + float(z[j, v] - lse[j])) for v in tops[j] if v != own][:m]
         if own is not None:
-            path += float(logq[j][own])
+            path += float(z[j, own] - lse[j])
     return sorted(out, key=lambda b: -b.score)
 
 
