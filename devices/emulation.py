@@ -88,6 +88,18 @@ def _size_from_reference(ref: str, role: str, profile: Profile) -> ModelSize:
 REAL_VOCAB = "real-vocab"  # the spec option: logits as wide as the emulated target's vocabulary
 
 
+def split_spec(spec: str) -> tuple[str, str, list[str]]:
+    """ "PROFILE[:TARGET[+DRAFT]][,OPTION...]" -> (PROFILE, "TARGET+DRAFT", options), checked."""
+    if not spec or not spec.strip():
+        raise DuetError("--emulate needs PROFILE[:MODEL], e.g. m3-max:qwen3-8b")
+    body, *opts = [x.strip() for x in spec.strip().split(",")]
+    unknown = [o for o in opts if o != REAL_VOCAB]
+    if unknown:
+        raise DuetError(f"--emulate: unknown option {unknown[0]!r} (known: {REAL_VOCAB})")
+    prof_name, _, models = body.partition(":")
+    return prof_name, models, opts
+
+
 class Emulator:
     """Pads stages to a profile's predicted times; see the module docstring for the API."""
 
@@ -118,13 +130,7 @@ class Emulator:
     @classmethod
     def from_spec(cls, spec: str, target_cfg=None, draft_cfg=None) -> Emulator:
         """Parse "PROFILE[:TARGET[+DRAFT]]" (see the module docstring)."""
-        if not spec or not spec.strip():
-            raise DuetError("--emulate needs PROFILE[:MODEL], e.g. m3-max:qwen3-8b")
-        body, *opts = [x.strip() for x in spec.strip().split(",")]
-        unknown = [o for o in opts if o != REAL_VOCAB]
-        if unknown:
-            raise DuetError(f"--emulate: unknown option {unknown[0]!r} (known: {REAL_VOCAB})")
-        prof_name, _, models = body.partition(":")
+        prof_name, models, opts = split_spec(spec)
         profile = load_profile(prof_name)
         t_name, _, d_name = models.partition("+")
         if t_name:

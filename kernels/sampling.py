@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernels.topk_channel import log_softmax
+
 
 def probs_from_logits(
     logits: np.ndarray, temp: float = 1.0, top_p: float = 1.0, top_k: int = 0, *, out=None
@@ -23,19 +25,14 @@ def probs_from_logits(
     vocabulary the copy into it cost half as much again as the softmax itself.
     """
     x = np.asarray(logits, dtype=np.float32)
-    if out is not None:
-        if top_p < 1.0 or temp == 0:
-            out[...] = probs_from_logits(x, temp, top_p, top_k)
-            return out
-        return _softmax_into(x, temp, top_k, out)
     if temp == 0:
         one_hot = np.zeros(x.shape, np.float32)
         np.put_along_axis(one_hot, x.argmax(-1)[..., None], 1.0, -1)
-        return one_hot
-    z = x / np.float32(temp)  # a new array: the steps below work in place on it
+        return one_hot if out is None else _into(out, one_hot)
+    # z is `out` itself or a new array: the steps below work in place on it
+    z = np.divide(x, np.float32(temp), out=out if out is not None and top_p >= 1.0 else None)
     if top_k and top_k < x.shape[-1]:
-        kth = np.sort(z, axis=-1)[..., -top_k][..., None]
-        z = np.where(z >= kth, z, -np.inf)
+        z[z < np.sort(z, axis=-1)[..., -top_k][..., None]] = -np.inf
     z -= z.max(-1, keepdims=True)
     p = np.exp(z, out=z)
     p /= p.sum(-1, keepdims=True)
@@ -48,18 +45,12 @@ def probs_from_logits(
         np.put_along_axis(keep, order, keep_sorted, -1)
         p = np.where(keep, p, 0.0).astype(np.float32)
         p /= p.sum(-1, keepdims=True)
+        return p if out is None else _into(out, p)
     return p
 
 
-def _softmax_into(x: np.ndarray, temp: float, top_k: int, out: np.ndarray) -> np.ndarray:
-    """probs_from_logits without top-p, computed in `out`."""
-    np.divide(x, np.float32(temp), out=out)
-    if top_k and top_k < x.shape[-1]:
-        kth = np.sort(out, axis=-1)[..., -top_k][..., None]
-        out[out < kth] = -np.inf
-    out -= out.max(-1, keepdims=True)
-    np.exp(out, out=out)
-    out /= out.sum(-1, keepdims=True)
+def _into(out: np.ndarray, p: np.ndarray) -> np.ndarray:
+    out[...] = p
     return out
 
 
@@ -75,9 +66,7 @@ def log_probs_from_logits(
     if top_p < 1.0 or (top_k and top_k < x.shape[-1]):
         with np.errstate(divide="ignore"):
             return np.log(probs_from_logits(x, temp, top_p, top_k))
-    z = x / np.float32(temp)
-    z = z - z.max(-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+    return log_softmax(x / np.float32(temp))
 
 
 def sample_gumbel(probs: np.ndarray, gumbel: np.ndarray) -> int:

@@ -29,8 +29,14 @@ def from_bf16_bits(b: np.ndarray) -> np.ndarray:
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     z = np.asarray(logits, dtype=np.float32)
-    z = z - z.max(-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+    return z - logsumexp(z)
+
+
+def logsumexp(z: np.ndarray) -> np.ndarray:
+    """log Σ exp(z) over the last axis, kept as (..., 1): one exp pass. Where only a few
+    log-probs of a wide row are read, z[ids] - logsumexp(z) forms just those."""
+    m = z.max(-1, keepdims=True)
+    return m + np.log(np.exp(z - m).sum(-1, keepdims=True))
 
 
 def top_rows(score: np.ndarray, k: int) -> np.ndarray:
@@ -72,10 +78,8 @@ def topk_message(logits: np.ndarray, kappa: int) -> tuple[np.ndarray, np.ndarray
     this 6.2 (interleaved medians, this CPU).
     """
     z = np.asarray(logits, dtype=np.float32)
-    m = z.max(-1, keepdims=True)
-    lse = m + np.log(np.exp(z - m).sum(-1, keepdims=True))
     ids = top_rows(z, kappa)
-    vals = np.take_along_axis(z, ids, -1) - lse
+    vals = np.take_along_axis(z, ids, -1) - logsumexp(z)
     return ids.astype(np.int32), from_bf16_bits(to_bf16_bits(vals.astype(np.float32)))
 
 

@@ -148,10 +148,10 @@ def check_args(a: argparse.Namespace) -> None:
     if a.prompt_ids is not None:
         parse_ids(a.prompt_ids)
     if a.emulate:
+        from devices.emulation import split_spec
         from devices.profile import load_profile
 
-        spec = a.emulate.strip().split(",")[0]  # as Emulator.from_spec reads it
-        load_profile(spec.partition(":")[0])
+        load_profile(split_spec(a.emulate)[0])  # as Emulator.from_spec reads it
     if a.method != "ar" and a.gamma < 1:
         raise DuetError(f"--gamma must be at least 1 for --method {a.method} (got {a.gamma})")
     if a.method == "flexspec":

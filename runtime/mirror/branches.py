@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.topk_channel import top_rows
+from kernels.topk_channel import logsumexp, top_rows
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,7 @@ def rank_own_branches(logits: np.ndarray, drafts: list[int], m: int) -> list[Bra
     m = min(m, z.shape[-1] - 1)
     # log q only where read: the logits' order is log q's, and one exp pass gives each row's
     # normaliser (a full log-softmax and a partition cost 4.6 ms a step at V = 151,936)
-    mx = z.max(-1)
-    lse = mx + np.log(np.exp(z - mx[:, None]).sum(-1))
+    lse = logsumexp(z)[:, 0]
     tops = top_rows(z, m + 1)  # m + 1: one of them may be d_{j+1}
     path, out = 0.0, []
     for j in range(n):
