@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.topk_channel import log_softmax
+from kernels.topk_channel import log_softmax, softmax_rows
 
 
 def probs_from_logits(
@@ -29,13 +29,10 @@ def probs_from_logits(
         one_hot = np.zeros(x.shape, np.float32)
         np.put_along_axis(one_hot, x.argmax(-1)[..., None], 1.0, -1)
         return one_hot if out is None else _into(out, one_hot)
-    # z is `out` itself or a new array: the steps below work in place on it
-    z = np.divide(x, np.float32(temp), out=out if out is not None and top_p >= 1.0 else None)
+    z = x if temp == 1 else x / np.float32(temp)
     if top_k and top_k < x.shape[-1]:
-        z[z < np.sort(z, axis=-1)[..., -top_k][..., None]] = -np.inf
-    z -= z.max(-1, keepdims=True)
-    p = np.exp(z, out=z)
-    p /= p.sum(-1, keepdims=True)
+        z = np.where(z < np.sort(z, axis=-1)[..., -top_k][..., None], -np.inf, z)
+    p = softmax_rows(z, out=out if top_p >= 1.0 else None)  # one fused pass (rows_torch)
     if top_p < 1.0:
         order = np.argsort(-p, axis=-1, kind="stable")
         sp = np.take_along_axis(p, order, -1)

@@ -27,16 +27,46 @@ def from_bf16_bits(b: np.ndarray) -> np.ndarray:
     return (np.asarray(b, dtype=np.uint32) << np.uint32(16)).view(np.float32)
 
 
+def rows_torch(x: np.ndarray):
+    """x as a float32 CPU tensor sharing its memory (a copy only where x is not a writable,
+    contiguous float32 array). PyTorch's row kernels (softmax, log-softmax, exp) are one
+    fused, vectorised pass over a row where NumPy's float32 exp alone took 2.6 ns an element
+    on this AVX2 CPU: a softmax of 16 rows of V = 151,936 costs 3.8 against 8.5 ms, of
+    V = 4,096 0.09 against 0.25 ms (medians; NumPy 2.4, torch 2.13 at one thread). torch is a
+    dependency already (the PyTorch backend); it is imported here only when first used, so a
+    process that never samples (a greedy draft worker) does not load it."""
+    import torch
+
+    a = np.asarray(x, dtype=np.float32)
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    elif not a.flags.writeable:  # torch.from_numpy warns on (and may write to) a read-only one
+        a = a.copy()
+    return torch.from_numpy(a)
+
+
+def softmax_rows(z: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """softmax over the last axis, float32; into `out` (float32, z's shape) when given."""
+    import torch
+
+    res = out if out is not None else np.empty(np.shape(z), np.float32)
+    torch.softmax(rows_torch(z), -1, out=torch.from_numpy(res))
+    return res
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
-    z = np.asarray(logits, dtype=np.float32)
-    return z - logsumexp(z)
+    """log-softmax over the last axis, float32 (one fused pass: rows_torch)."""
+    import torch
+
+    return torch.log_softmax(rows_torch(logits), -1).numpy()
 
 
 def logsumexp(z: np.ndarray) -> np.ndarray:
-    """log Σ exp(z) over the last axis, kept as (..., 1): one exp pass. Where only a few
-    log-probs of a wide row are read, z[ids] - logsumexp(z) forms just those."""
-    m = z.max(-1, keepdims=True)
-    return m + np.log(np.exp(z - m).sum(-1, keepdims=True))
+    """log Σ exp(z) over the last axis, kept as (..., 1): one exp pass (rows_torch's). Where
+    only a few log-probs of a wide row are read, z[ids] - logsumexp(z) forms just those."""
+    m = np.max(z, -1, keepdims=True).astype(np.float32)
+    e = rows_torch(np.subtract(z, m, dtype=np.float32)).exp_()
+    return m + np.log(e.sum(-1, keepdim=True).numpy())
 
 
 def top_rows(score: np.ndarray, k: int) -> np.ndarray:

@@ -37,6 +37,25 @@ def test_probs_into_a_callers_rows_equal_the_returned_ones(temp, top_p, top_k):
     assert np.isnan(qs[:, [0, 2]]).all()
 
 
+def test_row_kernels_match_float64_on_wide_read_only_strided_rows(recwarn):
+    """softmax, log-softmax and logsumexp run on PyTorch (kernels.topk_channel.rows_torch):
+    read-only and strided inputs (a backend's output, a [:, -1] slice) give float64's values
+    and no warning."""
+    from kernels.topk_channel import log_softmax, logsumexp
+
+    x = np.random.default_rng(8).normal(0, 3, (3, 2, 20_000)).astype(np.float32)
+    x.flags.writeable = False
+    rows = x[:, -1]
+    z = rows.astype(np.float64) / 0.8
+    ref = np.exp(z - z.max(-1, keepdims=True))
+    ref /= ref.sum(-1, keepdims=True)
+    np.testing.assert_allclose(snp.probs_from_logits(rows, 0.8), ref, rtol=1e-4, atol=1e-9)
+    lse = np.log(np.exp(rows.astype(np.float64)).sum(-1))
+    np.testing.assert_allclose(logsumexp(rows)[:, 0], lse, rtol=1e-6)
+    np.testing.assert_allclose(log_softmax(rows), rows - lse[:, None], atol=1e-4)
+    assert not [w for w in recwarn if "writable" in str(w.message)]
+
+
 def test_top_p_keeps_smallest_set_reaching_mass():
     p = snp.probs_from_logits(np.log(np.array([0.5, 0.3, 0.15, 0.05], np.float32)), 1.0, top_p=0.8)
     np.testing.assert_allclose(p, [0.5 / 0.8, 0.3 / 0.8, 0, 0], atol=1e-6)

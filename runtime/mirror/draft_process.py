@@ -386,12 +386,24 @@ def child_main(conn, spec: tuple, lock) -> None:
             if msg[:1] == wire.QUIT:
                 return
             if msg[:1] == wire.BEGIN:
-                cache = _serve(conn, draft, cache, pickle.loads(msg[1:]), lock)
+                args = pickle.loads(msg[1:])
+                if not args["sampling"].greedy and backend != "torch":
+                    _row_kernels(kw)
+                cache = _serve(conn, draft, cache, args, lock)
             elif msg[:1] == wire.BUSY:
                 _busy(conn, draft, int(msg[1:]))
             # anything else is a stop for a generation that already ended: ignore it
     except EOFError:  # the target's process is gone
         return
+
+
+def _row_kernels(kw: dict) -> None:
+    """Sampling's row kernels run on PyTorch (kernels.topk_channel.rows_torch): load it before
+    the first step, on the draft's own thread budget. PyTorch's default is every core, and its
+    softmax then spreads 16 rows over cores the target is using."""
+    import torch
+
+    torch.set_num_threads(max(1, int(kw.get("intra_threads") or kw.get("threads") or 1)))
 
 
 def _busy(conn, draft, branches: int) -> None:
