@@ -66,19 +66,6 @@ def log_probs_from_logits(
     return log_softmax(x / np.float32(temp))
 
 
-def sample_gumbel(probs: np.ndarray, gumbel: np.ndarray) -> int:
-    """Gumbel-max sample: argmax over the tokens of nonzero mass of log p(x) + g(x).
-
-    probs (V,), gumbel (V,) i.i.d. standard Gumbel noise. With fresh noise the result is an
-    exact draw from norm(probs) (the Gumbel-max trick); a caller that knows the noise in
-    advance can predict the draw from a close proxy of probs (runtime/mirror/coupled.py).
-    """
-    p = np.asarray(probs, dtype=np.float64)
-    with np.errstate(divide="ignore"):
-        score = np.where(p > 0, np.log(p) + np.asarray(gumbel, np.float64), -np.inf)
-    return int(np.argmax(score))
-
-
 def sample(probs: np.ndarray, u: np.ndarray | float) -> np.ndarray:
     """Inverse-CDF sample: the first index whose cumulative mass exceeds u * total.
 

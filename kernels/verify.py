@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.sampling import sample, sample_gumbel
+from kernels.sampling import sample
 
 
 def verify_greedy(
@@ -53,8 +53,8 @@ def verify_sampling(
     p (γ+1, V) target probs; q (γ, V) draft probs, or rows left coded (an object with
     `token_probs` (γ,) = q_i(d_i) and `row(i)` -> q_i, kernels/payload_sqs.CodedRows: only the
     first rejected row is ever expanded); u_accept (γ,); u_resample a scalar uniform (the
-    correction by inverse CDF), or (γ+1, V) standard Gumbel noise, one row per position (the
-    correction by Gumbel-max, kernels.sampling.sample_gumbel: the same law; Mirror-SD's
+    correction by inverse CDF), or a Gumbel field of γ+1 rows, one per position
+    (kernels.gumbel_field: the correction by Gumbel-max, the same law; Mirror-SD's
     noise-coupled early exit, runtime/mirror/coupled.py, predicts it from a proxy).
     `forced` (γ,) bool: rows skipped by the edge (CU-HLM eq. 10) are accepted whatever p says,
     which breaks the guarantee above (lossy, off unless the edge asks); None forces nothing.
@@ -84,7 +84,12 @@ def verify_sampling(
 
 
 def _drawer(u_resample):
-    """(probs, row) -> token: inverse CDF with a scalar uniform, Gumbel-max with a noise table."""
-    if np.ndim(u_resample) == 2:
-        return lambda probs, row: sample_gumbel(probs, u_resample[row])
+    """(probs, row) -> token: inverse CDF with a scalar uniform, Gumbel-max with a noise field."""
+    if hasattr(u_resample, "argmax"):  # kernels.gumbel_field.GumbelField: reads a few blocks
+        return lambda probs, row: u_resample.argmax(_log(probs), row)
     return lambda probs, row: int(sample(probs, u_resample))
+
+
+def _log(p: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.log(np.asarray(p, np.float64))  # zero mass: -inf, never drawn

@@ -6,13 +6,14 @@ residual max(p - q, 0) (or from p at the bonus position), and the proxy's top-κ
 draw poorly: at T = 1 on emulated m3-max it missed in 52-59 % of steps, so mirror fell back to
 a serial rollout and lost to sd.
 
-The verifier's randomness is ours, though. Mirror draws the step's noise from a generator keyed
-by (seed, step) (`step_noise`): the acceptance uniforms u (γ,) and one row of standard Gumbel
-noise per window position G (γ+1, V). The correction is the Gumbel-max draw
-argmax_x log r(x) + G(x) over the residual r (kernels.verify.verify_sampling), which is an exact
-draw from norm(r) because the noise of step t is independent of the window it judges: that
-window was drafted earlier, from the draft's own generators (keys [seed, step, 0 | 1, ...],
-disjoint from [seed, step, 3]). Knowing G before the final layers, the early exit can predict
+The verifier's randomness is ours, though. Mirror keys the step's noise by (seed, step, 3)
+(`step_noise`): the acceptance uniforms u (γ,) and one row of standard Gumbel noise per window
+position G (γ+1, V), a counter-based field read only where needed (kernels/gumbel_field.py).
+The correction is the Gumbel-max draw argmax_x log r(x) + G(x) over the residual r
+(kernels.verify.verify_sampling), which is an exact draw from norm(r) because the noise of
+step t is independent of the window it judges: that window was drafted earlier, from the
+draft's own generators (NumPy's, keyed [seed, step, 0 | 1, ...]). Knowing G before the final
+layers, the early exit can predict
 the draw: `coupled_message` sends, at each position j < γ, the draft's own token d_{j+1} (so
 the draft can predict its acceptance) and the κ - 1 other tokens maximising log p̃_j + G_j; at
 j = γ the κ tokens maximising log p̃_γ + G_γ. The wire format is eq. 7's (top-κ ids and bf16
@@ -38,7 +39,8 @@ import math
 
 import numpy as np
 
-from kernels.topk_channel import from_bf16_bits, log_softmax, to_bf16_bits, top_rows
+from kernels.gumbel_field import GumbelField, fold
+from kernels.topk_channel import from_bf16_bits, log_softmax, to_bf16_bits
 from runtime.mirror.branches import Branch
 
 NOISE_TAG = 3  # the verifier's stream: [seed, step, 3] (the draft's are tagged 0 and 1)
@@ -46,17 +48,13 @@ SIGMA = 0.75  # assumed spread (nats) of log p around the proxy's log p̃, for t
 _FLOOR = -1e4  # a finite stand-in for log 0 (top-p cuts), so bf16 and sorting stay finite
 
 
-def step_noise(seed: int, step: int, gamma: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """The verifier's noise for `step`: u (γ,) uniforms and G (γ+1, V) standard Gumbel rows."""
-    rng = np.random.default_rng([seed, step, NOISE_TAG])
-    u = rng.random(gamma)
-    # -log E with E ~ Exp(1) is standard Gumbel; numpy's vectorised log over its ziggurat
-    # exponentials costs about half of Generator.gumbel's per-element log(-log U). The log is
-    # taken in float32 (2.6 against 4.3 ms at V = 151,936 on this CPU); E is drawn in float64,
-    # as float32's ziggurat returns E = 0 (G = +inf: a uniform token wins) about once in 2^23
-    # draws, several times a step at that vocabulary. E < 1e-45 (float32's least) has odds 1e-45.
-    return u, -np.log(np.maximum(rng.standard_exponential((gamma + 1, vocab)).astype(np.float32),
-                                 np.float32(1e-45)))  # fmt: skip
+def step_noise(seed: int, step: int, gamma: int) -> tuple[np.ndarray, GumbelField]:
+    """The verifier's noise for `step`: u (γ,) uniforms and G, rows 0..γ of standard Gumbel
+    noise over the vocabulary, as a field read where needed (kernels/gumbel_field.py): a
+    (γ+1) x V table drawn whole cost 10 ms a side at V = 151,936 on this CPU, where the
+    message's top-κ and the correction read a few blocks of each row."""
+    field = GumbelField(fold(seed, step, NOISE_TAG), gamma + 1)
+    return field.uniforms(gamma), field
 
 
 def _log(x: np.ndarray) -> np.ndarray:
@@ -70,24 +68,25 @@ def coupled_message(
     """The early-exit message at T > 0: ids (γ+1, κ) int32 and their proxy log-probs (bf16).
 
     proxy (γ+1, V): p̃, the early-exit law after the sampling transform (temperature, top-p);
-    drafts: the window's tokens d_1..d_γ; gumbel: step_noise's G.
+    drafts: the window's tokens d_1..d_γ; gumbel: step_noise's field G.
     """
     return coupled_message_log(_log(proxy), drafts, gumbel, kappa)
 
 
 def coupled_message_log(
-    lp: np.ndarray, drafts: list[int], gumbel: np.ndarray, kappa: int
+    lp: np.ndarray, drafts: list[int], gumbel: GumbelField, kappa: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """coupled_message from log p̃ (γ+1, V) (kernels.sampling.log_probs_from_logits): the
     target's early exit has logits, and the log-softmax of them costs a third of a softmax
     followed by a log (V = 151,936)."""
     g, vocab = len(drafts), lp.shape[-1]
-    lp = np.maximum(np.asarray(lp, np.float32), np.float32(_FLOOR))
-    score = lp + np.asarray(gumbel, np.float32)  # the Gumbel-max score of each draw under p̃
-    own = np.asarray(drafts, np.int64)
-    score[np.arange(g), own] = -np.inf  # a rejected token is never the correction
+    lp = np.maximum(np.asarray(lp, np.float32), np.float32(_FLOOR))  # a copy: scored in place
+    rows, own = np.arange(g), np.asarray(drafts, np.int64)
+    kept = lp[rows, own].copy()
+    lp[rows, own] = -np.inf  # a rejected token is never the correction
     k = min(kappa, vocab)
-    top = top_rows(score, k)
+    top = gumbel.top(lp, k)[0]  # the Gumbel-max score of each draw under p̃: log p̃ + G
+    lp[rows, own] = kept
     ids = np.empty((g + 1, k), dtype=np.int64)
     ids[:g, 0] = own  # the draft's own token first, so the draft can predict its acceptance
     ids[:g, 1:] = top[:g, : k - 1]
@@ -99,16 +98,16 @@ def coupled_message_log(
 OWN_KAPPA = 8  # candidates per window position that rank_own_coupled ranks among
 
 
-def rank_own_coupled(own, drafts, q, u, gumbel, m: int) -> list:
+def rank_own_coupled(own_lp, drafts, q, u, gumbel, m: int) -> list:
     """The draft's own branches when sampling, before the early exit: the m·(γ+1) most likely.
 
-    own (γ+1, V): the draft's laws at window positions 0..γ, standing in for the proxy p̃; q:
+    own_lp (γ+1, V): the draft's log-laws at window positions 0..γ, standing in for log p̃; q:
     the window's laws (γ, V); u, gumbel: step_noise's. The candidates are those of
     `coupled_message` with the draft's law as the proxy, ranked by `rank_coupled`. The draft's
     plain runner-ups ignore the noise that decides the correction: on the embedded pair at
     T = 1, γ = 4 (10 prompts, 438 steps) the 10 branches ranked here held the step's (A, c)
     in 61 % of steps, the 10 runner-ups (2 per position) in 25 % (.devrun side script)."""
-    ids, logp = coupled_message(own, drafts, gumbel, OWN_KAPPA)
+    ids, logp = coupled_message_log(own_lp, drafts, gumbel, OWN_KAPPA)
     return rank_coupled(ids, logp, drafts, q, u, gumbel)[: m * (len(drafts) + 1)]
 
 

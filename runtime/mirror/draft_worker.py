@@ -294,16 +294,15 @@ class DraftWorker:
         if self.sampling.greedy:
             ranked = rank_own_branches(logits, window, self.draft_branches)
         else:
-            u, noise = self._noise(step, window, q)
-            ranked = rank_own_coupled(self.sampling.probs(logits), window, q, u, noise,
+            u, noise = self._noise(step, window)
+            ranked = rank_own_coupled(self.sampling.log_probs(logits), window, q, u, noise,
                                       self.draft_branches)  # fmt: skip
         return self._waves(step, ranked, produced, finish=True)
 
-    def _noise(self, step, window, q) -> tuple[np.ndarray, np.ndarray]:
-        """The verifier's noise for `step` (coupled.step_noise), drawn once per step."""
+    def _noise(self, step, window):
+        """The verifier's noise for `step` (coupled.step_noise): u and its Gumbel field."""
         if self._noise_step != step:
-            vocab = q.shape[-1] if np.ndim(q) == 2 else self.draft.config.vocab_size
-            self._noise_step, self._noise_uv = step, step_noise(self.seed, step, len(window), vocab)
+            self._noise_step, self._noise_uv = step, step_noise(self.seed, step, len(window))
         return self._noise_uv
 
     def _branch_rollouts(self, step, ids, logp, window, produced, started=(), q=None) -> list[Wave]:
@@ -314,7 +313,7 @@ class DraftWorker:
         if self.sampling.greedy:
             ranked = rank_branches(ids, logp, window)
         else:  # the message is coupled to the verifier's noise, which we regenerate (coupled.py)
-            u, noise = self._noise(step, window, q)
+            u, noise = self._noise(step, window)
             ranked = rank_coupled(ids, logp, window, q, u, noise)
         ranked = [b for b in ranked if (b.depth, b.token) not in started]
         return self._waves(step, ranked, produced)
