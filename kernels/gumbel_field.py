@@ -82,9 +82,20 @@ class GumbelField:
     """The field's rows 0..rows-1 under `key` (fold(seed, step, tag) for instance)."""
 
     def __init__(self, key: int, rows: int):
-        self.key, self.rows = int(key), int(rows)
-        ints = np.arange(self.rows, dtype=np.uint64)
-        keys = _mix(np.full(self.rows, self.key, np.uint64) ^ (ints * np.uint64(_GOLDEN)))
+        ints = np.arange(int(rows), dtype=np.uint64)
+        self._keyed(
+            _mix(np.full(int(rows), int(key) & _M64, np.uint64) ^ (ints * np.uint64(_GOLDEN)))
+        )
+
+    @classmethod
+    def of_rows(cls, keys) -> GumbelField:
+        """A field whose row r is keyed by keys[r] alone (one row per draw of a generator)."""
+        field = cls.__new__(cls)
+        field._keyed(_mix(np.asarray(keys, np.uint64)))
+        return field
+
+    def _keyed(self, keys: np.ndarray) -> None:
+        self.rows = len(keys)
         self._max, self._pos, self._val = (_stream(keys, s) for s in (_MAX, _POS, _VAL))
         self._uni = _stream(keys[:1], _UNI)
 

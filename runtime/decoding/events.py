@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kernels.gumbel_field import GumbelField
 from kernels.sampling import log_probs_from_logits, probs_from_logits, sample
 
 
@@ -28,28 +29,57 @@ class Sampling:
         """log self.probs(logits), -inf where filtered (temp > 0 only)."""
         return log_probs_from_logits(logits, self.temp, self.top_p, self.top_k)
 
+    @property
+    def plain(self) -> bool:
+        """Sampling without top-p or top-k: the law is softmax(logits / T), which a Gumbel-max
+        draw over logits / T samples without forming it (gumbel_scores)."""
+        return self.temp > 0 and self.top_p >= 1.0 and not (self.top_k and self.top_k > 0)
+
+    def gumbel_scores(self, logits: np.ndarray, q: np.ndarray | None = None) -> np.ndarray:
+        """Scores whose Gumbel-max draw is a draw from self.probs(logits): logits / T when
+        plain (no softmax), else log q (q: self.probs(logits), formed here if not given)."""
+        x = np.asarray(logits, np.float32)
+        if self.plain:
+            return x if self.temp == 1 else x / np.float32(self.temp)
+        with np.errstate(divide="ignore"):
+            return np.log(self.probs(x) if q is None else q)
+
 
 GREEDY = Sampling()
 
 
 def draw(
-    logits: np.ndarray, sampling: Sampling, rng, law=None
+    logits: np.ndarray, sampling: Sampling, rng, law=None, gumbel: bool = False
 ) -> tuple[int, np.ndarray | None] | None:
     """One draft token from its logits (V,): (d, q), q the law d was drawn from (None when
     greedy without `law`: greedy verification needs none). `law(q) -> q_hat` replaces q by the
     law the verifier will see (a lossy codec's q̂, SQS §2) before the draw; a law that returns
-    None ends the window before any draw (SQS §4's bit budget), and so does this: None."""
+    None ends the window before any draw (SQS §4's bit budget), and so does this: None.
+    gumbel: draw by Gumbel-max (gumbel_draws) instead of the inverse CDF, as Mirror-SD's
+    branch waves do (runtime/mirror/draft_worker.py), so that a fallback window is the
+    branch's own for the same generator."""
     if sampling.greedy:
         if law is None:
             return int(logits.argmax()), None
         q = law(Sampling(1.0).probs(logits))  # a codec that always carries q̂: softmax's
         return None if q is None else (int(logits.argmax()), q)
     q = sampling.probs(logits)
+    if gumbel:
+        assert law is None, "a Gumbel-max draw is from the draft's own law"
+        return int(gumbel_draws([rng], sampling.gumbel_scores(logits, q)[None, :])[0]), q
     if law is not None:
         q = law(q)
         if q is None:
             return None
     return int(sample(q, rng.random())), q  # SQS §2: drawn from the q̂ sent
+
+
+def gumbel_draws(rngs, scores: np.ndarray) -> np.ndarray:
+    """One Gumbel-max draw per row of scores (R, V) (Sampling.gumbel_scores), row r's noise a
+    Gumbel field keyed by a 63-bit draw of rngs[r] (kernels/gumbel_field.py): exact, and it
+    reads a few blocks of each row, where the inverse CDF needs the whole normalised law."""
+    keys = np.array([int(r.integers(1 << 63)) for r in rngs], np.uint64)
+    return GumbelField.of_rows(keys).top(scores, 1)[0][:, 0]
 
 
 @dataclass

@@ -153,7 +153,7 @@ def mirror_steps(
                 a, c = verify_greedy(logits, d)
             else:  # the correction by Gumbel-max with the noise the early exit was coupled to
                 p = sampling.probs(logits)
-                a, c = verify_sampling(p, win.q, d, u, noise)
+                a, c = verify_sampling(p, win.laws(sampling), d, u, noise)
             t2 = now_ns()
             more = produced + a + 1 < max_new
             # reuse: a completed branch (A, c) is taken from the worker's board at once, before

@@ -31,6 +31,7 @@ def draft_window(
     law=None,
     observe=None,
     info=None,
+    gumbel: bool = False,
 ) -> tuple[list[int], np.ndarray]:
     """Draft γ tokens after `seq`; returns (tokens, q (γ, V)), q the law each was drawn from
     (empty when greedy, where verification needs none). `law(q) -> q_hat`, when given, replaces
@@ -41,12 +42,13 @@ def draft_window(
     streaming draft drafts the same tokens in fewer passes (runtime/decoding/ss_draft.py;
     not under `observe`, which needs every token's own logits: its main stream then drafts
     one pass per token); `info["passes"]`, when a dict is given, receives the draft passes J
-    the window took (γ for an ordinary draft).
+    the window took (γ for an ordinary draft). gumbel: each draw by Gumbel-max (events.draw;
+    Mirror-SD's windows, whose branch waves draw so).
 
     On return the draft cache holds seq + d1..d(γ-1) (dγ is fed next step if accepted).
     """
     if is_ss_draft(draft) and observe is None:  # Mirror-SD §3.2: η ≥ 1 tokens per pass
-        toks, q, passes = ss_draft_window(draft, cache, seq, gamma, sampling, rng, law)
+        toks, q, passes = ss_draft_window(draft, cache, seq, gamma, sampling, rng, law, gumbel)
         if info is not None:
             info["passes"] = passes
         return toks, q
@@ -56,7 +58,7 @@ def draft_window(
     feed = pending(cache, seq)
     for _ in range(gamma):
         logits = draft.forward(np.array([feed]), cache)[0, -1]
-        got = draw(logits, sampling, rng, law)
+        got = draw(logits, sampling, rng, law, gumbel)
         if got is None:  # the law ended the window (SQS §4's budget)
             if toks:
                 rewind(cache, len(seq) + len(toks) - 1)  # as if γ had been len(toks)

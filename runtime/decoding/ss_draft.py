@@ -27,13 +27,21 @@ def is_ss_draft(draft) -> bool:
 
 
 def ss_draft_window(
-    draft, cache, seq: list[int], gamma: int, sampling: Sampling, rng, law=None
+    draft,
+    cache,
+    seq: list[int],
+    gamma: int,
+    sampling: Sampling,
+    rng,
+    law=None,
+    gumbel: bool = False,
 ) -> tuple[list[int], np.ndarray, int]:
     """Draft γ tokens after `seq` with SS passes; returns (tokens, q (γ, V), J passes).
 
     q is empty when greedy (verification needs none), as in `sd.draft_window`; `law(q)`
     replaces each q by the law the verifier will see before the token is drawn (None: the
-    window ends there, as in `sd.draft_window`). On return
+    window ends there, as in `sd.draft_window`); gumbel: draws by Gumbel-max (events.draw),
+    as Mirror-SD's branch waves draw. On return
     the cache holds seq + d1..d(γ-1), as after `sd.draft_window`.
     """
     toks: list[int] = []
@@ -50,7 +58,7 @@ def ss_draft_window(
         passes += 1
         walked = 0  # guesses confirmed in this pass
         while True:
-            got = draw(main[0, first + walked], sampling, rng, law)
+            got = draw(main[0, first + walked], sampling, rng, law, gumbel)
             if got is None:  # the law ended the window (SQS §4's budget)
                 stopped = True
                 break

@@ -33,9 +33,8 @@ import time
 
 import numpy as np
 
-from kernels.sampling import sample
 from kernels.topk_channel import decode
-from runtime.decoding.events import Sampling, rewind
+from runtime.decoding.events import Sampling, gumbel_draws, rewind
 from runtime.decoding.sd import draft_window
 from runtime.decoding.ss_draft import is_ss_draft
 from runtime.mirror.branches import Branch, rank_branches, rank_own_branches, reuse_key
@@ -189,7 +188,7 @@ class DraftWorker:
         g = self._window_size(produced, len(self.seq))
         j: dict = {}
         window, q = draft_window(self.draft, self.cache, self.seq, g, self.sampling, self._rng(0),
-                                 info=j)  # fmt: skip
+                                 info=j, gumbel=True)  # fmt: skip
         self.tl.add("draft", "initial rollout", t0, now_ns(), step=step, tokens=g)
         self.outbox.put(Window(step, window, q, now_ns(), "initial", {"draft_passes": j["passes"]}))
         while True:
@@ -237,7 +236,8 @@ class DraftWorker:
                 else:  # its wave was cut short: continue this row where it stopped
                     j = {}
                     more, q2 = draft_window(self.draft, self.cache, self.seq + window, g - done,
-                                            self.sampling, wave.rngs[row], info=j)  # fmt: skip
+                                            self.sampling, wave.rngs[row], info=j,
+                                            gumbel=True)  # fmt: skip
                     window, q = window + more, np.concatenate([q, q2])
                     f1 = now_ns()
                     self.tl.add("draft", "resume rollout", f0, f1, step=step, tokens=g - done)
@@ -247,7 +247,7 @@ class DraftWorker:
                 rewind(self.cache, len(self.seq) - 1)
                 j = {}
                 window, q = draft_window(self.draft, self.cache, self.seq, g, self.sampling,
-                                         self._rng(step, a, c), info=j)  # fmt: skip
+                                         self._rng(step, a, c), info=j, gumbel=True)  # fmt: skip
                 f1 = now_ns()
                 self.tl.add("draft", "fallback rollout", f0, f1, step=step, tokens=g)
                 info.update(source="fallback", ready_ns=f1, fallback_ns=f1 - f0,
@@ -265,7 +265,7 @@ class DraftWorker:
                 "source": "reuse", "fallback_ns": 0, "shared": True}  # fmt: skip
         done = set(rows.tolist())
         wins = {key: Window(step + 1, *wave.window(r), now_ns(), "reuse",
-                            {**info, "draft_passes": wave.row_passes(r)})
+                            {**info, "draft_passes": wave.row_passes(r)}, wave.logits)
                 for key, r in wave.index.items() if r in done}  # fmt: skip
         with self._lock:
             if self._ready_step == step:
@@ -379,8 +379,10 @@ class Wave:
         self.pos = (base + depth)[:, None]  # (n, 1): where v goes
         self.feed = np.array([[b.token] for b in branches], np.int64)
         self.toks = np.zeros((n, steps), np.int64)
-        greedy = sampling.greedy  # greedy verification needs no q: keep none
-        self.qs = np.zeros((n, steps, 0 if greedy else draft.config.vocab_size), np.float32)
+        # per pass, the (n, V) rows each token was drawn from: the logits under plain sampling
+        # (`logits`: no softmax of n rows a pass, only of the γ rows of a window used), else q
+        self.rows: list[np.ndarray] = []
+        self.logits = sampling.plain
         self.k = 0  # passes run = tokens drafted per row
         self.ready_ns = [0] * steps  # when each pass finished
 
@@ -409,26 +411,30 @@ class Wave:
         logits = self.draft.forward(self.feed, self.cache, positions=self.pos + k, mask=mask)[:, -1]
         if self.sampling.greedy:
             self.toks[:, k] = logits.argmax(-1)
-        else:
-            self.sampling.probs(logits, out=self.qs[:, k])  # in place: no copy of n x V
-            self.toks[:, k] = sample(self.qs[:, k], np.array([r.random() for r in self.rngs]))
+        else:  # Gumbel-max, as the fallback draws (sd.draft_window(gumbel=True))
+            q = None if self.logits else self.sampling.probs(logits)
+            self.rows.append(logits if self.logits else q)
+            self.toks[:, k] = gumbel_draws(self.rngs, self.sampling.gumbel_scores(logits, q))
         self.feed = self.toks[:, k : k + 1]
         self.k += 1
         self.ready_ns[k] = now_ns()
 
     def window(self, row: int, g: int | None = None) -> tuple[list[int], np.ndarray]:
-        """Row `row`'s first m = min(passes run, g or its window size) tokens and their q."""
+        """Row `row`'s first m = min(passes run, g or its window size) tokens and their q (their
+        logits when `self.logits`: Window.laws forms q)."""
         m = min(self.k, int(self.g2[row]) if g is None else g)
-        if self.sampling.greedy:  # as sd.draft_window: no q under greedy verification
+        if self.sampling.greedy or not m:  # as sd.draft_window: no q under greedy verification
             q = np.zeros((0, self.draft.config.vocab_size), np.float32)
         else:
-            q = self.qs[row, :m].copy()
+            q = np.stack([r[row] for r in self.rows[:m]])
         return self.toks[row, :m].tolist(), q
 
     def commit(self, row: int, accepted_end: int, g: int) -> tuple[list[int], np.ndarray]:
         """Make the cache row `row` alone, holes closed: `committed' + t1..t(m-1)` with m =
-        min(passes run, g) tokens of the next window, which are returned with their q."""
+        min(passes run, g) tokens of the next window, which are returned with their q (laws:
+        the draft ranks its next branches with them)."""
         m = min(self.k, g)
         self.cache.select([row])
         self.cache.keep_columns([*range(accepted_end), *range(self.prefix, self.prefix + m)])
-        return self.window(row, g)
+        toks, q = self.window(row, g)
+        return toks, (self.sampling.probs(q) if self.logits and len(q) else q)

@@ -35,10 +35,17 @@ class Window:
 
     step: int
     tokens: list[int]
-    q: np.ndarray  # (γ, V)
+    q: np.ndarray  # (γ, V): the laws, or the logits they come from when `logits`
     sent_ns: int
     source: str  # "initial", "reuse" or "fallback"
     info: dict = field(default_factory=dict)  # the draft's timings for the step just verified
+    # q holds the logits of a branch wave's rows, drawn by Gumbel-max without a softmax
+    # (draft_worker.Wave): the receiver forms the laws, for the one window it verifies
+    logits: bool = False
+
+    def laws(self, sampling) -> np.ndarray:
+        """q as laws (γ, V): sampling.probs of the logits, when the window carries those."""
+        return sampling.probs(self.q) if self.logits else self.q
 
 
 @dataclass

@@ -33,6 +33,9 @@ from runtime.mirror.messages import EarlyExit, FinalVerify, Window
 EE, FV, WIN, STOP_TAG, FAIL, IDLE, BEGIN, QUIT, READY, BUSY = (
     b"E", b"F", b"W", b"S", b"X", b"I", b"B", b"Q", b"R", b"L"
 )  # fmt: skip
+# a board entry's fields before its tokens: a, c, n, sent, ee_recv, ready, and whether its q
+# rows are logits (Window.logits)
+_META = 7
 INFO_CAP = 1 << 20  # bytes for a window's pickled info (timings, the draft lane's intervals)
 
 
@@ -169,17 +172,17 @@ class Board:
         self.cap = (L.gamma + 1) * L.kappa
         self.lock = lock
         qb = 4 * L.q_rows * L.vocab
-        row = 8 * (6 + L.gamma) + qb + (-qb) % 8  # a, c, n, sent, ee_recv, ready; toks; q
+        row = 8 * (_META + L.gamma) + qb + (-qb) % 8  # _META's fields; toks; q
         size = 8 * 3 + self.cap * row
         self.owner = name is None
         self.shm = shared_memory.SharedMemory(create=True, size=size) if name is None else \
             shared_memory.SharedMemory(name=name)  # fmt: skip
         buf = self.shm.buf
         self.head = np.ndarray((3,), np.int64, buf, 0)
-        self.meta = np.ndarray((self.cap, 6 + L.gamma), np.int64, buf, 24,
+        self.meta = np.ndarray((self.cap, _META + L.gamma), np.int64, buf, 24,
                                (row, 8))  # fmt: skip
         self.q = np.ndarray((self.cap, L.q_rows, L.vocab), np.float32, buf,
-                            24 + 8 * (6 + L.gamma), (row, 4 * L.vocab, 4))  # fmt: skip
+                            24 + 8 * (_META + L.gamma), (row, 4 * L.vocab, 4))  # fmt: skip
         if self.owner:
             self.head[:] = (-1, 0, 0)
 
@@ -205,8 +208,9 @@ class Board:
         if n >= self.cap or any(tuple(self.meta[i, :2]) == key for i in range(n)):
             return
         g = len(w.tokens)
-        self.meta[n, :6] = (key[0], key[1], g, w.sent_ns, w.info["ee_recv_ns"], w.info["ready_ns"])
-        self.meta[n, 6 : 6 + g] = w.tokens
+        self.meta[n, :_META] = (key[0], key[1], g, w.sent_ns, w.info["ee_recv_ns"],
+                                w.info["ready_ns"], int(w.logits))  # fmt: skip
+        self.meta[n, _META : _META + g] = w.tokens
         if self.layout.q_rows and g:
             self.q[n, :g] = w.q
         self.head[1] = n + 1
@@ -216,14 +220,15 @@ class Board:
         if int(self.head[0]) != step:
             return None
         for i in range(int(self.head[1])):
-            a, c, g, sent, ee_recv, ready = (int(x) for x in self.meta[i, :6])
+            a, c, g, sent, ee_recv, ready, logits = (int(x) for x in self.meta[i, :_META])
             if (a, c) == key:
                 self.head[2] = 1
                 q = self.q[i, :g].copy() if self.layout.q_rows else \
                     np.zeros((0, self.layout.vocab), np.float32)  # fmt: skip
                 info = {"ee_recv_ns": ee_recv, "ready_ns": ready, "source": "reuse",
                         "fallback_ns": 0, "shared": True}  # fmt: skip
-                return Window(step + 1, self.meta[i, 6 : 6 + g].tolist(), q, sent, "reuse", info)
+                toks = self.meta[i, _META : _META + g].tolist()
+                return Window(step + 1, toks, q, sent, "reuse", info, bool(logits))
         return None
 
     def close(self) -> None:

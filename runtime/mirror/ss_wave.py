@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.sampling import sample
-from runtime.decoding.events import Sampling
+from runtime.decoding.events import Sampling, gumbel_draws
 from runtime.mirror.branches import Branch
 from runtime.mirror.timeline import now_ns
 
 
 class SSWave:
     """Branch rows rolled out with SS passes (see module docstring)."""
+
+    logits = False  # its windows carry laws (Window.logits)
 
     def __init__(self, draft, cache, branches: list[Branch], base: int, g2: list[int], rngs,
                  sampling: Sampling):  # fmt: skip
@@ -115,8 +116,10 @@ class SSWave:
                 d = int(logits.argmax())
             else:
                 q = self.sampling.probs(logits)
-                self.qs[r].append(q)
-                d = int(sample(q, self.rngs[r].random()))
+                self.qs[r].append(q)  # Gumbel-max, as Wave and the fallback draw
+                d = int(
+                    gumbel_draws([self.rngs[r]], self.sampling.gumbel_scores(logits, q)[None])[0]
+                )
             self.toks[r].append(d)
             if len(self.toks[r]) >= g or walked >= len(guesses) or d != guesses[walked]:
                 return walked
