@@ -317,7 +317,7 @@ def mirror_pass(target, cache, window, *, kappa: int, exit_layer: int | None,
         if greedy:
             ids, logp = topk_message(exit_logits, kappa)
         else:
-            _, noise = step_noise(0, 0, g)
+            _, noise = step_noise(0, 0, g, exit_logits.shape[-1])
             ids, logp = coupled_message_log(law.log_probs(exit_logits), drafts, noise, kappa)
         encode(ids, logp)
         target.head(target.forward_layers(h, cache, le, n))

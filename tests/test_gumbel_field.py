@@ -3,9 +3,10 @@ entries are i.i.d. standard Gumbel (block maxima included), its lazy top-k equal
 the whole table, and its argmax of log p is a draw from p."""
 
 import numpy as np
+import pytest
 from scipy.stats import chisquare, kstest
 
-from kernels.gumbel_field import BLOCK, GumbelField, _draws, fold
+from kernels.gumbel_field import BLOCK, DENSE_UP_TO, GumbelField, _draws, fold
 
 
 def test_the_draws_are_splitmix64():
@@ -14,23 +15,29 @@ def test_the_draws_are_splitmix64():
     assert [int(x) for x in got] == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4]
 
 
-def test_entries_are_iid_standard_gumbel():
-    t = GumbelField(fold(1, 2, 3), 4).table(20 * BLOCK + 7)
+WIDE = DENSE_UP_TO + 3_616  # wider than the rows drawn whole: the block construction
+
+
+@pytest.mark.parametrize("vocab", [20 * BLOCK + 7, WIDE])
+def test_entries_are_iid_standard_gumbel(vocab):
+    t = GumbelField(fold(1, 2, 3), 4, vocab).table()
     assert kstest(t.ravel(), "gumbel_r").pvalue > 1e-3
     assert kstest(t.ravel(), "gumbel_r", args=(0.1,)).pvalue < 1e-3  # negative control
-    full = t[:, : 20 * BLOCK].reshape(4, 20, BLOCK)
-    # a block's maximum is Gumbel with location log B; its other entries fall below it
+    blocks = vocab // BLOCK
+    full = t[:, : blocks * BLOCK].reshape(4, blocks, BLOCK)
+    # a block's maximum is Gumbel with location log B (the construction draws it first)
     assert kstest(full.max(-1).ravel(), "gumbel_r", args=(np.log(BLOCK),)).pvalue > 1e-3
     assert abs(np.corrcoef(t[0, :-1], t[0, 1:])[0, 1]) < 0.05
     assert abs(np.corrcoef(t[0], t[1])[0, 1]) < 0.05
 
 
-def test_keys_decide_the_field():
-    a = GumbelField(fold(3, 5, 3), 2).table(300)
-    assert np.array_equal(a, GumbelField(fold(3, 5, 3), 2).table(300))
-    assert np.isclose(a, GumbelField(fold(3, 6, 3), 2).table(300)).mean() < 0.01
-    assert np.isclose(a, GumbelField(fold(4, 5, 3), 2).table(300)).mean() < 0.01
-    f = GumbelField(fold(3, 5, 3), 2)
+@pytest.mark.parametrize("vocab", [300, WIDE])
+def test_keys_decide_the_field(vocab):
+    a = GumbelField(fold(3, 5, 3), 2, vocab).table()
+    assert np.array_equal(a, GumbelField(fold(3, 5, 3), 2, vocab).table())
+    assert np.isclose(a, GumbelField(fold(3, 6, 3), 2, vocab).table()).mean() < 0.01
+    assert np.isclose(a, GumbelField(fold(4, 5, 3), 2, vocab).table()).mean() < 0.01
+    f = GumbelField(fold(3, 5, 3), 2, vocab)
     assert np.array_equal(f[1, np.array([4, 250])], a[1, [4, 250]])
     u = f.uniforms(1000)
     assert ((u > 0) & (u < 1)).all() and kstest(u, "uniform").pvalue > 1e-3
@@ -39,16 +46,17 @@ def test_keys_decide_the_field():
 def test_top_is_the_tables_top_k():
     """However the scores spread (flat rows read many blocks, peaked ones a few), with -inf
     columns, a vocabulary that is not a whole number of blocks, and rows with fewer finite
-    scores than k."""
+    scores than k; rows drawn whole and rows built by blocks."""
     rng = np.random.default_rng(0)
-    f = GumbelField(fold(1, 2, 3), 6)
-    for vocab in (10, 100, 4096, 5000, 20_000):
+    for vocab in (10, 100, 4096, 5000, WIDE):
+        f = GumbelField(fold(1, 2, 3), 6, vocab)
+        assert f.dense == (vocab <= DENSE_UP_TO)
         for spread in (0.3, 3.0, 30.0):
             s = rng.normal(0, spread, (6, vocab))
             s[:, ::7] = -np.inf
             s[1, :] = -np.inf
             s[1, [3, vocab - 1]] = [0.0, 1.0]  # two finite scores, one in the last block
-            ref = s + f.table(vocab)
+            ref = s + f.table()
             for k in (1, 8):
                 ids, vals = f.top(s, k)
                 for r in range(6):
@@ -59,16 +67,21 @@ def test_top_is_the_tables_top_k():
                     assert (vals[r, ~finite] == -np.inf).all()
 
 
-def test_argmax_of_log_p_is_a_draw_from_p():
+@pytest.mark.parametrize("vocab", [12, WIDE])
+def test_argmax_of_log_p_is_a_draw_from_p(vocab):
+    """12 tokens with mass, one of them zero; in the wide vocabulary they sit in blocks far
+    apart, among columns of no mass."""
     rng = np.random.default_rng(5)
+    ids = np.linspace(0, vocab - 1, 12).astype(int)
     p = rng.dirichlet(np.full(12, 0.5))
     p[3] = 0.0
     p /= p.sum()
+    lp = np.full(vocab, -np.inf)
     with np.errstate(divide="ignore"):
-        lp = np.log(p)
-    draws = [GumbelField(fold(9, i, 3), 1).argmax(lp, 0) for i in range(3000)]
-    counts = np.bincount(draws, minlength=12)
-    assert counts[3] == 0
+        lp[ids] = np.log(p)
+    draws = [GumbelField(fold(9, i, 3), 1, vocab).argmax(lp, 0) for i in range(3000)]
+    assert set(draws) <= set(ids[p > 0].tolist())
+    counts = np.array([draws.count(int(x)) for x in ids])
     keep = p > 0
     assert chisquare(counts[keep], p[keep] * 3000).pvalue > 1e-3
     # negative control: the same draws judged against another law

@@ -65,30 +65,30 @@ def gof(counts, law):
 def test_gumbel_verification_keeps_speculative_samplings_law():
     p, q, d = laws(np.random.default_rng(0), g=2, vocab=6)
     law = exact_outcome_law(p, q, d)
-    fresh = outcome_counts(p, q, d, 4000, lambda i: step_noise(7, i, 2))
+    fresh = outcome_counts(p, q, d, 4000, lambda i: step_noise(7, i, 2, 6))
     assert gof(fresh, law) > 1e-3
     # negative control: one noise table for every draw (the noise reused, not fresh) is no law
-    u0, g0 = step_noise(7, 0, 2)
-    stale = outcome_counts(p, q, d, 4000, lambda i: (step_noise(7, i, 2)[0], g0))
+    u0, g0 = step_noise(7, 0, 2, 6)
+    stale = outcome_counts(p, q, d, 4000, lambda i: (step_noise(7, i, 2, 6)[0], g0))
     assert gof(stale, law) < 1e-3
 
 
 def test_step_noise_is_keyed_by_seed_and_step():
-    u, g = step_noise(3, 5, 4)
-    u2, g2 = step_noise(3, 5, 4)
-    assert u.shape == (4,) and g.table(10).shape == (5, 10)
-    assert np.array_equal(u, u2) and np.array_equal(g.table(10), g2.table(10))
-    assert not np.array_equal(step_noise(3, 6, 4)[1].table(10), g.table(10))
-    assert not np.array_equal(step_noise(4, 5, 4)[1].table(10), g.table(10))
-    assert not np.array_equal(step_noise(3, 6, 4)[0], u)
+    u, g = step_noise(3, 5, 4, 10)
+    u2, g2 = step_noise(3, 5, 4, 10)
+    assert u.shape == (4,) and g.table().shape == (5, 10)
+    assert np.array_equal(u, u2) and np.array_equal(g.table(), g2.table())
+    assert not np.array_equal(step_noise(3, 6, 4, 10)[1].table(), g.table())
+    assert not np.array_equal(step_noise(4, 5, 4, 10)[1].table(), g.table())
+    assert not np.array_equal(step_noise(3, 6, 4, 10)[0], u)
 
 
 def test_message_rows_carry_the_own_token_then_the_proxy_gumbel_winners():
     p, q, d = laws(np.random.default_rng(1), g=3, vocab=40)
-    _, gum = step_noise(0, 0, 3)
+    _, gum = step_noise(0, 0, 3, 40)
     ids, logp = coupled_message(p, d, gum, 5)
     assert ids.shape == logp.shape == (4, 5)
-    score = np.log(p) + gum.table(40)
+    score = np.log(p) + gum.table()
     for j in range(3):
         assert ids[j, 0] == d[j] and len(set(ids[j].tolist())) == 5
         rest = score[j].copy()
@@ -119,7 +119,7 @@ def test_the_message_from_log_probs_is_the_message_from_probs():
     rng = np.random.default_rng(2)
     for top_p in (1.0, 0.8):
         logits = (rng.standard_normal((4, 50)) * 3).astype(np.float32)
-        _, gum = step_noise(1, 2, 3)
+        _, gum = step_noise(1, 2, 3, 50)
         lp = log_probs_from_logits(logits, 0.7, top_p)
         assert np.allclose(np.exp(lp), probs_from_logits(logits, 0.7, top_p), atol=1e-6)
         d = [int(x) for x in rng.integers(0, 50, 3)]
@@ -131,8 +131,8 @@ def test_the_message_from_log_probs_is_the_message_from_probs():
 def test_step_noise_is_finite_standard_gumbel():
     """The field's rows: no +inf (a uniformly random winner), and the standard Gumbel's mean
     (Euler's γ) and variance (π²/6)."""
-    _, g = step_noise(0, 1, 7)
-    t = g.table(50_000)
+    _, g = step_noise(0, 1, 7, 50_000)
+    t = g.table()
     assert np.isfinite(t).all()
     assert abs(t.mean() - 0.5772) < 0.01 and abs(t.var() - np.pi**2 / 6) < 0.02
 
@@ -144,7 +144,7 @@ def coverage_and_rank(proxy_of, n=300, g=3, vocab=64, kappa=8):
     hit_c = hit_7 = early = 0
     for step in range(n):
         p, q, d = laws(rng, g, vocab)
-        u, gum = step_noise(5, step, g)
+        u, gum = step_noise(5, step, g, vocab)
         a, c = verify_sampling(p, q, np.array(d), u, gum)
         proxy = proxy_of(p, rng)
         ids, logp = coupled_message(proxy, d, gum, kappa)
@@ -179,7 +179,7 @@ def test_the_drafts_own_branches_coupled_to_the_noise_hold_the_outcome_more_than
     for step in range(n):
         p, q, d = laws(rng, g, vocab)
         own = np.concatenate([q, p[g:]])  # the draft's law at 0..γ (its bonus row: near p)
-        u, gum = step_noise(9, step, g)
+        u, gum = step_noise(9, step, g, vocab)
         a, c = verify_sampling(p, q, np.array(d), u, gum)
         ranked = rank_own_coupled(np.log(own), d, q, u, gum, m)
         assert len(ranked) == m * (g + 1)
@@ -224,7 +224,7 @@ def test_the_worker_rolls_out_its_noise_coupled_own_branches_when_sampling(tiny_
         w.send(FinalVerify(0, 0, 1, now_ns()))
         w.stop()
     logits = draft.forward(np.array([prompt + win.tokens]), draft.new_cache())[0, len(prompt) - 1 :]
-    u, gum = step_noise(seed, 0, gamma)
+    u, gum = step_noise(seed, 0, gamma, win.q.shape[-1])
     want = rank_own_coupled(samp.log_probs(logits), win.tokens, win.q, u, gum, m)
     assert rolled[0] == [(b.depth, b.token) for b in want]
     assert rolled[0] != [(b.depth, b.token) for b in rank_own_branches(logits, win.tokens, m)]

@@ -13,16 +13,22 @@ from runtime.decoding import Sampling, make_steps
 from runtime.decoding import mirror as mirror_module
 from runtime.decoding import sd as sd_module
 
-MODULES = {"sd": sd_module, "mirror": mirror_module, "mirror-plain": mirror_module}
+MODULES = {"sd": sd_module, "mirror": mirror_module, "mirror-plain": mirror_module,
+           "mirror-lazy": mirror_module}  # fmt: skip
 # mirror rolls out the draft's own runner-up branches before the early exit by default;
 # mirror-plain only the early-exit top-κ branches
 OPTIONS = {"mirror-plain": {"draft_branches": 0}}
+# mirror-lazy: plain sampling over a vocabulary taken as wide (DENSE_UP_TO lowered): the
+# branch waves and the fallback draw by Gumbel-max over logits and carry the logits
+# (Sampling.lazy), the step noise is the block-built field (kernels/gumbel_field.py)
+METHODS = ["sd", "mirror", "mirror-plain", "mirror-lazy"]
 
 V = 8
 PROMPT = [1, 2, 3]
 N = 1000  # enough power: the negative control fails at p < 1e-20 with this many
 ALPHA = 1e-3  # the test passes at p > ALPHA; the negative control must give p < ALPHA
 SAMPLING = Sampling(temp=1.0, top_p=0.95)
+SAMPLINGS = {"mirror-lazy": Sampling(temp=1.0)}
 
 
 @pytest.fixture(scope="module")
@@ -33,26 +39,43 @@ def pair(tiny_dir):
     return target, draft
 
 
-def exact_joint(target) -> np.ndarray:
+@pytest.fixture
+def wide(monkeypatch, method):
+    """For mirror-lazy: every vocabulary counts as wide; yields the count of lazy wave draws."""
+    from kernels import gumbel_field
+    from runtime.decoding import events
+    from runtime.mirror import draft_worker
+
+    drawn = []
+    if method == "mirror-lazy":
+        monkeypatch.setattr(events, "DENSE_UP_TO", 4)
+        monkeypatch.setattr(gumbel_field, "DENSE_UP_TO", 4)
+        real = draft_worker.gumbel_draws
+        monkeypatch.setattr(draft_worker, "gumbel_draws", lambda *a: drawn.append(1) or real(*a))
+    return drawn
+
+
+def exact_joint(target, sampling=SAMPLING) -> np.ndarray:
     """P(t1, t2) from the target's logits: p(t1 | prompt) * p(t2 | prompt, t1)."""
     c = target.new_cache()
-    p1 = SAMPLING.probs(target.forward(np.array([PROMPT]), c)[0, -1])
+    p1 = sampling.probs(target.forward(np.array([PROMPT]), c)[0, -1])
     joint = np.zeros((V, V))
     for t1 in range(V):
         c.trim(c.offset - len(PROMPT))
-        joint[t1] = p1[t1] * SAMPLING.probs(target.forward(np.array([[t1]]), c)[0, -1])
+        joint[t1] = p1[t1] * sampling.probs(target.forward(np.array([[t1]]), c)[0, -1])
     return joint
 
 
 def sample_pairs(method, target, draft, n, seed) -> np.ndarray:
     counts = np.zeros((V, V))
     opts = OPTIONS.get(method, {})
+    sampling = SAMPLINGS.get(method, SAMPLING)
     method = method.split("-")[0]
     tc, dc = target.new_cache(), draft.new_cache()
     for i in range(n):
         out = []
         steps = make_steps(method, target, draft, PROMPT, max_new=3, gamma=2, kappa=3, exit_layer=2,
-                           sampling=SAMPLING, seed=seed * 100003 + i, target_cache=tc, draft_cache=dc,
+                           sampling=sampling, seed=seed * 100003 + i, target_cache=tc, draft_cache=dc,
                            **opts)  # fmt: skip
         for ev in steps:
             out += ev.tokens
@@ -74,16 +97,17 @@ def gof_pvalue(counts, joint) -> float:
     return chisquare(o, e * o.sum() / e.sum()).pvalue
 
 
-@pytest.mark.parametrize("method", ["sd", "mirror", "mirror-plain"])
-def test_matches_target_distribution(pair, method):
+@pytest.mark.parametrize("method", METHODS)
+def test_matches_target_distribution(pair, method, wide):
     target, draft = pair
-    joint = exact_joint(target)
+    joint = exact_joint(target, SAMPLINGS.get(method, SAMPLING))
     p = gof_pvalue(sample_pairs(method, target, draft, N, seed=0), joint)
     assert p > ALPHA, f"{method}'s joint law differs from the target's (p = {p:.2e})"
+    assert bool(wide) == (method == "mirror-lazy")  # its waves drew lazily; no other's did
 
 
-@pytest.mark.parametrize("method", ["sd", "mirror", "mirror-plain"])
-def test_negative_control_wrong_q_fails(pair, monkeypatch, method):
+@pytest.mark.parametrize("method", METHODS)
+def test_negative_control_wrong_q_fails(pair, monkeypatch, method, wide):
     """Verifying with a q other than the one the draft sampled from must break the law."""
     target, draft = pair
     module = MODULES[method]
@@ -93,5 +117,6 @@ def test_negative_control_wrong_q_fails(pair, monkeypatch, method):
         return real(p, probs_from_logits(np.log(q + 1e-9), temp=3.0), d, ua, ur)  # flattened q
 
     monkeypatch.setattr(module, "verify_sampling", wrong_q)
-    p = gof_pvalue(sample_pairs(method, target, draft, N, seed=0), exact_joint(target))
+    joint = exact_joint(target, SAMPLINGS.get(method, SAMPLING))
+    p = gof_pvalue(sample_pairs(method, target, draft, N, seed=0), joint)
     assert p < ALPHA, f"the negative control passed (p = {p:.2e}); the test has no power"

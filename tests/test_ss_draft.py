@@ -181,11 +181,21 @@ class OracleRows:
         return main, streams
 
 
-@pytest.mark.parametrize("temp,oracle", [(1.0, False), (0.0, True), (1.0, True)])
-def test_ss_branch_wave_equals_the_ar_wave(ss_dirs, temp, oracle):
+@pytest.mark.parametrize(
+    "temp,oracle,wide",
+    [(1.0, False, False), (0.0, True, False), (1.0, True, False), (1.0, False, True)],
+)
+def test_ss_branch_wave_equals_the_ar_wave(ss_dirs, monkeypatch, temp, oracle, wide):
     """Mirror-SD branch rows drafted with SS passes: the same tokens and q as the ordinary
-    wave, each row's committed cache the same, and fewer passes when the streams guess right."""
+    wave, each row's committed cache the same, and fewer passes when the streams guess right.
+    wide: the vocabulary taken as wide, where both draw by Gumbel-max (Sampling.lazy)."""
+    from kernels import gumbel_field
+    from runtime.decoding import events
     from runtime.mirror.branches import Branch
+
+    if wide:
+        monkeypatch.setattr(events, "DENSE_UP_TO", 4)
+        monkeypatch.setattr(gumbel_field, "DENSE_UP_TO", 4)
     from runtime.mirror.draft_worker import Wave
     from runtime.mirror.ss_wave import SSWave
 
@@ -218,7 +228,7 @@ def test_ss_branch_wave_equals_the_ar_wave(ss_dirs, temp, oracle):
         ta, qa = ar.window(r)
         tb, qb = ssw.window(r)
         assert ta == tb
-        assert ar.logits == (temp > 0) and not ssw.logits  # the AR wave keeps its logits
+        assert ar.logits == wide and not ssw.logits  # laws: only the AR wave keeps logits
         np.testing.assert_allclose(s.probs(qa) if ar.logits and len(qa) else qa, qb, atol=1e-5)
     for r in (1, 3):  # commit: row r alone, holes closed, the same cache as the AR wave's
         b, ta = branches[r], ar.window(r)[0]

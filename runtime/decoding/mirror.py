@@ -140,7 +140,7 @@ def mirror_steps(
             if sampling.greedy:
                 ids, logp = topk_message(exit_logits, kappa)  # eq. 7, bf16
             else:  # eq. 7's channel, its top-κ coupled to this step's noise (mirror/coupled.py)
-                u, noise = step_noise(seed, step, g)
+                u, noise = step_noise(seed, step, g, exit_logits.shape[-1])
                 ids, logp = coupled_message_log(sampling.log_probs(exit_logits), win.tokens,
                                                 noise, kappa)  # fmt: skip
             payload = encode(ids, logp)

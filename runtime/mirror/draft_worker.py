@@ -33,6 +33,7 @@ import time
 
 import numpy as np
 
+from kernels.sampling import sample
 from kernels.topk_channel import decode
 from runtime.decoding.events import Sampling, gumbel_draws, rewind
 from runtime.decoding.sd import draft_window
@@ -294,15 +295,16 @@ class DraftWorker:
         if self.sampling.greedy:
             ranked = rank_own_branches(logits, window, self.draft_branches)
         else:
-            u, noise = self._noise(step, window)
+            u, noise = self._noise(step, window, q)
             ranked = rank_own_coupled(self.sampling.log_probs(logits), window, q, u, noise,
                                       self.draft_branches)  # fmt: skip
         return self._waves(step, ranked, produced, finish=True)
 
-    def _noise(self, step, window):
+    def _noise(self, step, window, q):
         """The verifier's noise for `step` (coupled.step_noise): u and its Gumbel field."""
         if self._noise_step != step:
-            self._noise_step, self._noise_uv = step, step_noise(self.seed, step, len(window))
+            vocab = q.shape[-1] if np.ndim(q) == 2 else self.draft.config.vocab_size
+            self._noise_step, self._noise_uv = step, step_noise(self.seed, step, len(window), vocab)
         return self._noise_uv
 
     def _branch_rollouts(self, step, ids, logp, window, produced, started=(), q=None) -> list[Wave]:
@@ -313,7 +315,7 @@ class DraftWorker:
         if self.sampling.greedy:
             ranked = rank_branches(ids, logp, window)
         else:  # the message is coupled to the verifier's noise, which we regenerate (coupled.py)
-            u, noise = self._noise(step, window)
+            u, noise = self._noise(step, window, q)
             ranked = rank_coupled(ids, logp, window, q, u, noise)
         ranked = [b for b in ranked if (b.depth, b.token) not in started]
         return self._waves(step, ranked, produced)
@@ -382,7 +384,7 @@ class Wave:
         # per pass, the (n, V) rows each token was drawn from: the logits under plain sampling
         # (`logits`: no softmax of n rows a pass, only of the γ rows of a window used), else q
         self.rows: list[np.ndarray] = []
-        self.logits = sampling.plain
+        self.logits = False  # decided on the first pass, by the width of the logits
         self.k = 0  # passes run = tokens drafted per row
         self.ready_ns = [0] * steps  # when each pass finished
 
@@ -409,12 +411,16 @@ class Wave:
         n, k = len(self.feed), self.k
         mask = np.concatenate([self.keys, np.ones((n, k + 1), bool)], axis=1)[:, None, :]
         logits = self.draft.forward(self.feed, self.cache, positions=self.pos + k, mask=mask)[:, -1]
+        if k == 0:
+            self.logits = self.sampling.lazy(logits.shape[-1])
         if self.sampling.greedy:
             self.toks[:, k] = logits.argmax(-1)
-        else:  # Gumbel-max, as the fallback draws (sd.draft_window(gumbel=True))
-            q = None if self.logits else self.sampling.probs(logits)
-            self.rows.append(logits if self.logits else q)
-            self.toks[:, k] = gumbel_draws(self.rngs, self.sampling.gumbel_scores(logits, q))
+        elif self.logits:  # Gumbel-max, as the fallback draws (sd.draft_window(gumbel=True))
+            self.rows.append(logits)
+            self.toks[:, k] = gumbel_draws(self.rngs, self.sampling.scaled(logits))
+        else:
+            self.rows.append(self.sampling.probs(logits))
+            self.toks[:, k] = sample(self.rows[-1], np.array([r.random() for r in self.rngs]))
         self.feed = self.toks[:, k : k + 1]
         self.k += 1
         self.ready_ns[k] = now_ns()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernels.sampling import sample
 from runtime.decoding.events import Sampling, gumbel_draws
 from runtime.mirror.branches import Branch
 from runtime.mirror.timeline import now_ns
@@ -116,10 +117,11 @@ class SSWave:
                 d = int(logits.argmax())
             else:
                 q = self.sampling.probs(logits)
-                self.qs[r].append(q)  # Gumbel-max, as Wave and the fallback draw
-                d = int(
-                    gumbel_draws([self.rngs[r]], self.sampling.gumbel_scores(logits, q)[None])[0]
-                )
+                self.qs[r].append(q)
+                if self.sampling.lazy(len(q)):  # as Wave and the fallback draw
+                    d = int(gumbel_draws([self.rngs[r]], self.sampling.scaled(logits)[None])[0])
+                else:
+                    d = int(sample(q, self.rngs[r].random()))
             self.toks[r].append(d)
             if len(self.toks[r]) >= g or walked >= len(guesses) or d != guesses[walked]:
                 return walked
