@@ -182,6 +182,7 @@ def test_real_vocab_pads_the_logits_and_keeps_greedy_output(tiny_dir):
     from devices.emulated_model import emulate_pair
     from runtime.backends import load_model
     from runtime.decoding import Sampling, make_steps, run
+    from runtime.mirror.draft_process import close_draft_hosts
 
     target, draft = (
         load_model(tiny_dir("qwen3"), "torch"),
@@ -209,3 +210,10 @@ def test_real_vocab_pads_the_logits_and_keeps_greedy_output(tiny_dir):
     out = run(make_steps("mirror", t, d, ids, max_new=8, gamma=3, sampling=Sampling(1.0), seed=1,
                          **small), max_new=8).tokens  # fmt: skip
     assert len(out) == 8 and max(out) < real
+    # at this width the waves keep logits and draw by Gumbel-max (Sampling.lazy): through the
+    # draft process's shared board too, the same tokens as the thread worker's
+    proc = dict(small, draft_process=True)
+    got = run(make_steps("mirror", t, d, ids, max_new=8, gamma=3, sampling=Sampling(1.0), seed=1,
+                         **proc), max_new=8).tokens  # fmt: skip
+    assert got == out
+    close_draft_hosts(d)

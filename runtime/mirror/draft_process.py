@@ -332,6 +332,8 @@ class _ProcessWorker(DraftWorker):
     """DraftWorker whose board of completed branches (_ready, _ready_step, _claimed) is the
     shared-memory Board, so the target in the other process can take a branch at once."""
 
+    _stacked = False  # Board.publish copies each q row into shared memory
+
     def __init__(self, draft, board: Board, **kw):
         self.board = board  # before DraftWorker.__init__, which sets the properties below
         super().__init__(draft, **kw)

@@ -257,6 +257,10 @@ class DraftWorker:
                 self.outbox.put(Window(step, window, q, now_ns(), info["source"], info))
                 time.sleep(0)  # let the waiting target thread take the GIL at once
 
+    # published windows hold their q as one array; the process worker's board copies each
+    # row into shared memory itself (a list of the wave's rows: one copy of γ x V, not two)
+    _stacked = True
+
     def _publish(self, step: int, wave: Wave) -> None:
         """Post the rows this pass completed as ready windows for step + 1."""
         rows = wave.just_completed()
@@ -265,7 +269,7 @@ class DraftWorker:
         info = {"ee_recv_ns": self._ee_recv, "ready_ns": wave.ready_ns[wave.k - 1],
                 "source": "reuse", "fallback_ns": 0, "shared": True}  # fmt: skip
         done = set(rows.tolist())
-        wins = {key: Window(step + 1, *wave.window(r), now_ns(), "reuse",
+        wins = {key: Window(step + 1, *wave.window(r, stack=self._stacked), now_ns(), "reuse",
                             {**info, "draft_passes": wave.row_passes(r)}, wave.logits)
                 for key, r in wave.index.items() if r in done}  # fmt: skip
         with self._lock:
@@ -425,15 +429,17 @@ class Wave:
         self.k += 1
         self.ready_ns[k] = now_ns()
 
-    def window(self, row: int, g: int | None = None) -> tuple[list[int], np.ndarray]:
+    def window(self, row: int, g: int | None = None, stack: bool = True):
         """Row `row`'s first m = min(passes run, g or its window size) tokens and their q (their
-        logits when `self.logits`: Window.laws forms q)."""
+        logits when `self.logits`: Window.laws forms q); stack=False: q as a list of the
+        wave's own rows (views), for a caller that copies them anyway."""
         m = min(self.k, int(self.g2[row]) if g is None else g)
         if self.sampling.greedy or not m:  # as sd.draft_window: no q under greedy verification
-            q = np.zeros((0, self.draft.config.vocab_size), np.float32)
-        else:
-            q = np.stack([r[row] for r in self.rows[:m]])
-        return self.toks[row, :m].tolist(), q
+            return self.toks[row, :m].tolist(), np.zeros(
+                (0, self.draft.config.vocab_size), np.float32
+            )
+        rows = [r[row] for r in self.rows[:m]]
+        return self.toks[row, :m].tolist(), (np.stack(rows) if stack else rows)
 
     def commit(self, row: int, accepted_end: int, g: int) -> tuple[list[int], np.ndarray]:
         """Make the cache row `row` alone, holes closed: `committed' + t1..t(m-1)` with m =

@@ -212,7 +212,8 @@ class Board:
                                 w.info["ready_ns"], int(w.logits))  # fmt: skip
         self.meta[n, _META : _META + g] = w.tokens
         if self.layout.q_rows and g:
-            self.q[n, :g] = w.q
+            for i, row in enumerate(w.q):  # an array, or a wave's rows (DraftWorker._stacked)
+                self.q[n, i] = row
         self.head[1] = n + 1
 
     # ---- the target's side (call with the lock held) -----------------------------------------

@@ -127,15 +127,15 @@ class SSWave:
                 return walked
             walked += 1
 
-    def window(self, row: int, g: int | None = None) -> tuple[list[int], np.ndarray]:
-        """Row `row`'s first m = min(tokens drawn, g or its window size) tokens and their q."""
+    def window(self, row: int, g: int | None = None, stack: bool = True):
+        """Row `row`'s first m = min(tokens drawn, g or its window size) tokens and their q
+        (stack=False: a list of its rows, as Wave.window)."""
         m = min(len(self.toks[row]), int(self.g2[row]) if g is None else g)
         V = self.draft.config.vocab_size
-        if self.sampling.greedy:  # as sd.draft_window: no q under greedy verification
-            q = np.zeros((0, V), np.float32)
-        else:
-            q = np.stack(self.qs[row][:m]) if m else np.zeros((0, V), np.float32)
-        return self.toks[row][:m], q
+        if self.sampling.greedy or not m:  # as sd.draft_window: no q under greedy verification
+            return self.toks[row][:m], np.zeros((0, V), np.float32)
+        rows = self.qs[row][:m]
+        return self.toks[row][:m], (np.stack(rows) if stack else list(rows))
 
     def commit(self, row: int, accepted_end: int, g: int) -> tuple[list[int], np.ndarray]:
         """Make the cache row `row` alone, holes closed: `committed' + t1..t(m-1)` (its
