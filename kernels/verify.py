@@ -86,10 +86,5 @@ def verify_sampling(
 def _drawer(u_resample):
     """(probs, row) -> token: inverse CDF with a scalar uniform, Gumbel-max with a noise field."""
     if hasattr(u_resample, "argmax"):  # kernels.gumbel_field.GumbelField: reads a few blocks
-        return lambda probs, row: u_resample.argmax(_log(probs), row)
+        return lambda probs, row: u_resample.argmax(probs, row, log=True)
     return lambda probs, row: int(sample(probs, u_resample))
-
-
-def _log(p: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore"):
-        return np.log(np.asarray(p, np.float64))  # zero mass: -inf, never drawn

@@ -46,7 +46,7 @@ def test_keys_decide_the_field(vocab):
 def test_top_is_the_tables_top_k():
     """However the scores spread (flat rows read many blocks, peaked ones a few), with -inf
     columns, a vocabulary that is not a whole number of blocks, and rows with fewer finite
-    scores than k; rows drawn whole and rows built by blocks."""
+    scores than k; rows drawn whole and rows built by blocks; scores given as masses."""
     rng = np.random.default_rng(0)
     for vocab in (10, 100, 4096, 5000, WIDE):
         f = GumbelField(fold(1, 2, 3), 6, vocab)
@@ -59,6 +59,8 @@ def test_top_is_the_tables_top_k():
             ref = s + f.table()
             for k in (1, 8):
                 ids, vals = f.top(s, k)
+                masses = f.top(np.exp(s), k, log=True)  # the logs taken of what is read only
+                assert np.array_equal(masses[0], ids) and np.allclose(masses[1], vals)
                 for r in range(6):
                     want = np.lexsort((np.arange(vocab), -ref[r]))[:k]
                     finite = ref[r, want] > -np.inf
@@ -80,6 +82,10 @@ def test_argmax_of_log_p_is_a_draw_from_p(vocab):
     with np.errstate(divide="ignore"):
         lp[ids] = np.log(p)
     draws = [GumbelField(fold(9, i, 3), 1, vocab).argmax(lp, 0) for i in range(3000)]
+    full = np.zeros(vocab)
+    full[ids] = p
+    assert draws[:50] == [GumbelField(fold(9, i, 3), 1, vocab).argmax(full, 0, log=True)
+                          for i in range(50)]  # fmt: skip
     assert set(draws) <= set(ids[p > 0].tolist())
     counts = np.array([draws.count(int(x)) for x in ids])
     keep = p > 0
