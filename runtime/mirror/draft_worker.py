@@ -434,12 +434,11 @@ class Wave:
         logits when `self.logits`: Window.laws forms q); stack=False: q as a list of the
         wave's own rows (views), for a caller that copies them anyway."""
         m = min(self.k, int(self.g2[row]) if g is None else g)
+        toks, vocab = self.toks[row, :m].tolist(), self.draft.config.vocab_size
         if self.sampling.greedy or not m:  # as sd.draft_window: no q under greedy verification
-            return self.toks[row, :m].tolist(), np.zeros(
-                (0, self.draft.config.vocab_size), np.float32
-            )
+            return toks, np.zeros((0, vocab), np.float32)
         rows = [r[row] for r in self.rows[:m]]
-        return self.toks[row, :m].tolist(), (np.stack(rows) if stack else rows)
+        return toks, (np.stack(rows) if stack else rows)
 
     def commit(self, row: int, accepted_end: int, g: int) -> tuple[list[int], np.ndarray]:
         """Make the cache row `row` alone, holes closed: `committed' + t1..t(m-1)` with m =
