@@ -54,6 +54,10 @@ def test_row_kernels_match_float64_on_wide_read_only_strided_rows(recwarn):
     np.testing.assert_allclose(logsumexp(rows)[:, 0], lse, rtol=1e-6)
     np.testing.assert_allclose(log_softmax(rows), rows - lse[:, None], atol=1e-4)
     assert not [w for w in recwarn if "writable" in str(w.message)]
+    tails = rows.copy()
+    tails[0, 500:], tails[1, 500:] = -np.inf, -1e4  # a padded row, and one whose tail underflows
+    lse = np.log(np.exp(tails.astype(np.float64)).sum(-1))
+    np.testing.assert_allclose(logsumexp(tails)[:, 0], lse, rtol=1e-6)
 
 
 def test_top_p_keeps_smallest_set_reaching_mass():
