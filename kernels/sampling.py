@@ -14,25 +14,23 @@ from kernels.topk_channel import log_softmax, softmax_rows
 
 
 def probs_from_logits(
-    logits: np.ndarray, temp: float = 1.0, top_p: float = 1.0, top_k: int = 0, *, out=None
+    logits: np.ndarray, temp: float = 1.0, top_p: float = 1.0, top_k: int = 0
 ) -> np.ndarray:
     """The distribution a token is sampled from: softmax(logits / temp), top-k then top-p filtered.
 
     logits (..., V) -> float32 probabilities (..., V) summing to 1 on the last axis.
     top_p keeps the smallest most-likely set whose mass reaches top_p (ties by index).
-    temp == 0 gives the one-hot argmax (greedy). out: a float32 array of that shape to write
-    them into (and return), where the caller keeps them (a branch wave's q rows): at a real
-    vocabulary the copy into it cost half as much again as the softmax itself.
+    temp == 0 gives the one-hot argmax (greedy).
     """
     x = np.asarray(logits, dtype=np.float32)
     if temp == 0:
         one_hot = np.zeros(x.shape, np.float32)
         np.put_along_axis(one_hot, x.argmax(-1)[..., None], 1.0, -1)
-        return one_hot if out is None else _into(out, one_hot)
+        return one_hot
     z = x if temp == 1 else x / np.float32(temp)
     if top_k and top_k < x.shape[-1]:
         z = np.where(z < np.sort(z, axis=-1)[..., -top_k][..., None], -np.inf, z)
-    p = softmax_rows(z, out=out if top_p >= 1.0 else None)  # one fused pass (rows_torch)
+    p = softmax_rows(z)  # one fused pass (rows_torch)
     if top_p < 1.0:
         order = np.argsort(-p, axis=-1, kind="stable")
         sp = np.take_along_axis(p, order, -1)
@@ -42,13 +40,7 @@ def probs_from_logits(
         np.put_along_axis(keep, order, keep_sorted, -1)
         p = np.where(keep, p, 0.0).astype(np.float32)
         p /= p.sum(-1, keepdims=True)
-        return p if out is None else _into(out, p)
     return p
-
-
-def _into(out: np.ndarray, p: np.ndarray) -> np.ndarray:
-    out[...] = p
-    return out
 
 
 def log_probs_from_logits(

@@ -22,8 +22,8 @@ class Sampling:
     def greedy(self) -> bool:
         return self.temp == 0
 
-    def probs(self, logits: np.ndarray, out=None) -> np.ndarray:
-        return probs_from_logits(logits, self.temp, self.top_p, self.top_k, out=out)
+    def probs(self, logits: np.ndarray) -> np.ndarray:
+        return probs_from_logits(logits, self.temp, self.top_p, self.top_k)
 
     def log_probs(self, logits: np.ndarray) -> np.ndarray:
         """log self.probs(logits), -inf where filtered (temp > 0 only)."""
