@@ -130,17 +130,20 @@ class GumbelField:
         """M_b: each block's maximum, Gumbel with location log B."""
         return np.log(BLOCK) - np.log(_exp1(_draws(self._max[rows], blocks)))
 
-    def _entries(self, rows, cols, top) -> np.ndarray:
-        """G at (rows, cols) given their blocks' maxima `top` (all broadcast alike)."""
-        pos = _draws(self._pos[rows], cols // BLOCK) & np.uint64(BLOCK - 1)
+    def _entries(self, rows, blocks, cols, top) -> np.ndarray:
+        """G at (rows, cols), given their blocks and those blocks' maxima `top` (broadcast
+        alike; the maximum's column is drawn once per block the shapes hold): M_b at it, an
+        Exp(1) draw E truncated below M_b elsewhere, -log(exp(-M_b) + E)."""
+        at = (_draws(self._pos[rows], blocks) & np.uint64(BLOCK - 1)).astype(np.int64)
         under = -np.log(np.exp(-top) + _exp1(_draws(self._val[rows], cols)))
-        return np.where(pos.astype(np.int64) == cols % BLOCK, top, under)
+        return np.where(at == cols % BLOCK, top, under)
 
     def values(self, rows, cols) -> np.ndarray:
         """G at (rows, cols), broadcast together; float64."""
         rows, cols = np.broadcast_arrays(np.asarray(rows, np.int64), np.asarray(cols, np.int64))
         if not self.dense:
-            return self._entries(rows, cols, self._block_max(rows, cols // BLOCK))
+            blocks = cols // BLOCK
+            return self._entries(rows, blocks, cols, self._block_max(rows, blocks))
         return self._dense()[rows, cols]
 
     def __getitem__(self, index) -> np.ndarray:
@@ -159,9 +162,8 @@ class GumbelField:
         0..R-1); log: scores are masses (>= 0) and their logs are the scores, taken only of
         the blocks' maxima and the entries read (a log of a whole row of 151,936 cost 1.9 ms
         of the verifier's step). Returns ids int64 (R, k) and their values scores + G,
-        float64 (R, k). All
-        rows read their _FIRST best blocks at once; a row whose k-th value read is below a
-        bound left unread reads on alone, 4x as many blocks a round."""
+        float64 (R, k). All rows read their _FIRST best blocks at once; a row whose k-th value
+        read is below a bound left unread reads on alone, 4x as many blocks a round."""
         s = np.asarray(scores)
         R, V = s.shape
         rows = np.arange(R) if rows is None else np.asarray(rows, np.int64)
@@ -202,11 +204,8 @@ class GumbelField:
         scores + G (fewer where fewer exist, padded with -inf), ids and values (R, k)."""
         R, V = s.shape[0], s.shape[1]
         cols = pick[..., None] * BLOCK + np.arange(BLOCK)  # (R, n, B)
-        # the entries block by block: M_b and its column once per block, not per column
-        m = np.take_along_axis(top, pick, -1)[..., None]
-        pos = (_draws(self._pos[rows], pick) & np.uint64(BLOCK - 1)).astype(np.int64)[..., None]
-        e = _exp1(_draws(self._val[rows][..., None], cols))
-        g = np.where(np.arange(BLOCK) == pos, m, -np.log(np.exp(-m) + e)).reshape(R, -1)
+        m = np.take_along_axis(top, pick, -1)[..., None]  # block by block: M_b once a block
+        g = self._entries(rows[..., None], pick[..., None], cols, m).reshape(R, -1)
         cols = cols.reshape(R, -1)
         inside = cols < V
         cols = np.minimum(cols, V - 1)
