@@ -301,7 +301,7 @@ def mirror_pass(target, cache, window, *, kappa: int, exit_layer: int | None,
         return None
     from kernels.topk_channel import encode, topk_message
     from runtime.decoding.events import Sampling
-    from runtime.mirror.coupled import coupled_message_log, step_noise
+    from runtime.mirror.coupled import coupled_message, step_noise
     from runtime.mirror.exit_head import resolve_exit_head
 
     n = target.config.num_layers
@@ -318,7 +318,7 @@ def mirror_pass(target, cache, window, *, kappa: int, exit_layer: int | None,
             ids, logp = topk_message(exit_logits, kappa)
         else:
             _, noise = step_noise(0, 0, g, exit_logits.shape[-1])
-            ids, logp = coupled_message_log(law.log_probs(exit_logits), drafts, noise, kappa)
+            ids, logp = coupled_message(law.log_probs(exit_logits), drafts, noise, kappa)
         encode(ids, logp)
         target.head(target.forward_layers(h, cache, le, n))
         cache.trim(window.shape[1])

@@ -24,7 +24,7 @@ from kernels.verify import verify_greedy, verify_sampling
 from runtime.decoding.events import GREEDY, Sampling, StepEvent, pending, rewind
 from runtime.errors import DuetError
 from runtime.mirror.branches import in_tree
-from runtime.mirror.coupled import coupled_message_log, step_noise
+from runtime.mirror.coupled import coupled_message, step_noise
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH, DraftWorker
 from runtime.mirror.exit_head import resolve_exit_head
 from runtime.mirror.messages import EarlyExit, FinalVerify
@@ -141,7 +141,7 @@ def mirror_steps(
                 ids, logp = topk_message(exit_logits, kappa)  # eq. 7, bf16
             else:  # eq. 7's channel, its top-κ coupled to this step's noise (mirror/coupled.py)
                 u, noise = step_noise(seed, step, g, exit_logits.shape[-1])
-                ids, logp = coupled_message_log(sampling.log_probs(exit_logits), win.tokens,
+                ids, logp = coupled_message(sampling.log_probs(exit_logits), win.tokens,
                                                 noise, kappa)  # fmt: skip
             payload = encode(ids, logp)
             t1 = now_ns()

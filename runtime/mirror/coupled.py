@@ -57,28 +57,15 @@ def step_noise(seed: int, step: int, gamma: int, vocab: int) -> tuple[np.ndarray
     return field.uniforms(gamma), field
 
 
-def _log(x: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore"):
-        return np.maximum(np.log(np.asarray(x, np.float32)), np.float32(_FLOOR))
-
-
 def coupled_message(
-    proxy: np.ndarray, drafts: list[int], gumbel: np.ndarray, kappa: int
+    lp: np.ndarray, drafts: list[int], gumbel: GumbelField, kappa: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """The early-exit message at T > 0: ids (γ+1, κ) int32 and their proxy log-probs (bf16).
 
-    proxy (γ+1, V): p̃, the early-exit law after the sampling transform (temperature, top-p);
-    drafts: the window's tokens d_1..d_γ; gumbel: step_noise's field G.
-    """
-    return coupled_message_log(_log(proxy), drafts, gumbel, kappa)
-
-
-def coupled_message_log(
-    lp: np.ndarray, drafts: list[int], gumbel: GumbelField, kappa: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """coupled_message from log p̃ (γ+1, V) (kernels.sampling.log_probs_from_logits): the
-    target's early exit has logits, and the log-softmax of them costs a third of a softmax
-    followed by a log (V = 151,936)."""
+    lp (γ+1, V): log p̃, the early-exit law after the sampling transform (temperature,
+    top-p; kernels.sampling.log_probs_from_logits: from logits, the log-softmax costs a third
+    of a softmax followed by a log at V = 151,936), -inf where filtered; drafts: the window's
+    tokens d_1..d_γ; gumbel: step_noise's field G."""
     g, vocab = len(drafts), lp.shape[-1]
     lp = np.maximum(np.asarray(lp, np.float32), np.float32(_FLOOR))  # a copy: scored in place
     rows, own = np.arange(g), np.asarray(drafts, np.int64)
@@ -107,7 +94,7 @@ def rank_own_coupled(own_lp, drafts, q, u, gumbel, m: int) -> list:
     plain runner-ups ignore the noise that decides the correction: on the embedded pair at
     T = 1, γ = 4 (10 prompts, 438 steps) the 10 branches ranked here held the step's (A, c)
     in 61 % of steps, the 10 runner-ups (2 per position) in 25 % (.devrun side script)."""
-    ids, logp = coupled_message_log(own_lp, drafts, gumbel, OWN_KAPPA)
+    ids, logp = coupled_message(own_lp, drafts, gumbel, OWN_KAPPA)
     return rank_coupled(ids, logp, drafts, q, u, gumbel)[: m * (len(drafts) + 1)]
 
 
