@@ -102,7 +102,7 @@ def save_ss_checkpoint(
                    "stream_input": "embed(x_p) + E_j", **(extra or {})}  # fmt: skip
     cfg["dtype"] = str(dtype).removeprefix("torch.")
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    state = {k: v.detach().to(dtype).contiguous() for k, v in module.state_dict().items()}
+    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in module.state_dict().items()}
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     for name in SIDE_FILES:
         if (src / name).is_file():

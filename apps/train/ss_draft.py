@@ -2,6 +2,8 @@
 
     nice -n 10 python -m apps.train ss-draft --target runtime/assets/default/target \\
         --out runs/ss-draft --time-budget-min 25 --threads 1
+    python -m apps.train ss-draft --device cuda --batch-size 32 --out runs/ss-draft \\
+        --time-budget-min 4 --max-corpus-chars 40000000      # on a CUDA GPU
 
 Mirror-SD §3.2 (Bhendawade et al. 2024): the draft (default: the embedded draft, whose
 weights it starts from) gains n lookahead streams (runtime/backends/torch_ss.py). On random
@@ -66,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="train on the first N characters of the corpus's train files")  # fmt: skip
     ap.add_argument("--corpus", default=None, help="directory of code (default: the stdlib)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="train on the CPU or a CUDA GPU (teacher and student both there)")  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ckpt-every", type=int, default=100)
     ap.add_argument("--fresh", action="store_true", help="ignore a resume state in OUT")
@@ -89,11 +93,12 @@ def stream_logits(student, x: torch.Tensor, owners: np.ndarray):
     """Main (B, T, V) and stream (B, P, n, V) logits of one cache-free multi-stream pass."""
     B, T = x.shape
     cfg = student.cfg
-    pos, mask = multi_stream_batch(T, student.n_streams, owners)
-    empty = torch.zeros(B, cfg.num_kv_heads, 0, cfg.head_dim)
+    dev = x.device
+    pos, mask = (t.to(dev) for t in multi_stream_batch(T, student.n_streams, owners))
+    empty = torch.zeros(B, cfg.num_kv_heads, 0, cfg.head_dim, device=dev)
     past = [(empty, empty)] * cfg.num_layers
     main, streams, _ = student.stream_pass(
-        x, torch.from_numpy(owners), pos.expand(B, -1), mask, past
+        x, torch.from_numpy(owners).to(dev), pos.expand(B, -1), mask, past
     )
     return main, streams
 
@@ -103,7 +108,7 @@ def ss_loss(main, streams, teacher_logits, owners: np.ndarray) -> tuple[torch.Te
     (stream j predicts x_{p+1+j}: the teacher's distribution at p+j); p+j >= T has no label."""
     T, n = main.shape[1], streams.shape[2]
     lt = F.log_softmax(teacher_logits.float(), -1)  # (B, T, V)
-    own = torch.from_numpy(owners)
+    own = torch.from_numpy(owners).to(main.device)
 
     def kl(student_logits, teacher_lp):
         s = F.log_softmax(student_logits.float(), -1)
@@ -131,8 +136,9 @@ def ss_loss(main, streams, teacher_logits, owners: np.ndarray) -> tuple[torch.Te
 def heldout_agreement(student, teacher, windows: list[np.ndarray]) -> dict:
     """Mean KL and top-1 agreement with the target, main stream and each stream, held out."""
     sums: dict[str, float] = {}
+    dev = next(student.parameters()).device
     for w in windows:
-        x = torch.from_numpy(w[None, :-1])
+        x = torch.from_numpy(w[None, :-1]).to(dev)
         owners = np.arange(x.shape[1], dtype=np.int64)
         main, streams = stream_logits(student, x, owners)
         _, m = ss_loss(main, streams, teacher(input_ids=x).logits, owners)
@@ -163,11 +169,15 @@ def run(a: argparse.Namespace) -> dict:
         raise DuetError(f"--time-budget-min must be positive; got {a.time_budget_min}")
     tcfg, dcfg = ModelConfig.from_dir(target), ModelConfig.from_dir(draft)
     check_pair(target, draft, tcfg, dcfg)
+    dev = a.device
+    if dev == "cuda" and not torch.cuda.is_available():
+        raise DuetError(f"--device cuda: PyTorch {torch.__version__} sees no CUDA GPU")
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    teacher = load_model(target).requires_grad_(False)
+    teacher = load_model(target).requires_grad_(False).to(dev)
     student = SSTorchLM(dcfg, a.streams)
     student.load_state_dict(load_torch_lm(draft).state_dict(), strict=False)
+    student.to(dev)
     with torch.no_grad():
         student.ss_stream_embeddings.normal_(0.0, 0.02)
     if a.freeze_main:  # only E_1..E_n learn; the main-stream term is then a constant
@@ -182,13 +192,13 @@ def run(a: argparse.Namespace) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     cfg = LoopConfig(stage="ss-draft", steps=a.steps, lr=a.lr, warmup=20, weight_decay=0.0,
                      time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
-                     ckpt_every=a.ckpt_every, bf16=False)  # fmt: skip
+                     ckpt_every=a.ckpt_every, bf16=False, device=dev)  # fmt: skip
     opt = make_optimizer(student, cfg)
     resume, start = out / ".resume", 0
     if a.fresh:
         shutil.rmtree(resume, ignore_errors=True)
     if (resume / "state.pt").is_file():
-        st = torch.load(resume / "state.pt", weights_only=False)
+        st = torch.load(resume / "state.pt", weights_only=False, map_location=dev)
         if st.get("streams") != a.streams:
             raise DuetError(f"{resume}: a run with {st.get('streams')} streams; pass --fresh")
         student.load_state_dict(st["student"])
@@ -199,7 +209,7 @@ def run(a: argparse.Namespace) -> dict:
     meta = {"init_draft": str(draft), "target": str(target), "corpus": "train split "
             "(apps/train/corpus.py)", "seed": a.seed, "seq_len": a.seq_len,
             "batch_size": a.batch_size, "stream_stride": a.stream_stride,
-            "freeze_main": a.freeze_main}  # fmt: skip
+            "freeze_main": a.freeze_main, "device": dev}  # fmt: skip
 
     def save(step: int) -> None:
         resume.mkdir(exist_ok=True)
@@ -222,7 +232,7 @@ def run(a: argparse.Namespace) -> dict:
     summary = train_loop(student, step_fn, sampler, cfg, out / "loss_log.jsonl",
                          checkpoint=save, optimizer=opt, start_step=start)  # fmt: skip
     save(summary["steps"])
-    after = heldout_agreement(load_ss_module(out).eval(), teacher, held)
+    after = heldout_agreement(load_ss_module(out).to(dev).eval(), teacher, held)
     report = {"out": str(out), "streams": a.streams, "steps": summary["steps"],
               "time_capped": summary["time_capped"], "wall_s": round(time.monotonic() - t0, 1),
               "heldout_before": before, "heldout_after": after, **meta}  # fmt: skip
