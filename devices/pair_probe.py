@@ -661,13 +661,14 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
     (method_choice.Corrections), with which Ω̂ is measured on the prompt only when it can
     change the pick (method_choice.mirror_cannot_win); else the caches given stay empty."""
     from devices.method_choice import choose, mirror_cannot_win
-    from runtime.decoding.mirror import DEFAULT_DRAFT_BRANCHES, draft_in_process
-    from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH, own_branches
+    from runtime.decoding.mirror import draft_in_process, wave_shape
+    from runtime.mirror.draft_worker import own_branches
 
     process = draft_in_process(target, draft, draft_process)
-    own = own_branches(draft, DEFAULT_DRAFT_BRANCHES if draft_branches is None else draft_branches)
+    branches, draft_branches = wave_shape(draft, branches, draft_branches)
+    own = own_branches(draft, draft_branches)
     le = target.config.num_layers // 2 if exit_layer is None else exit_layer
-    kappa, branches = kappa or 8, branches or DEFAULT_BRANCH_BATCH
+    kappa = kappa or 8
 
     runnable = runnable_methods(target, draft)
     if runnable == ["ar"]:

@@ -46,7 +46,7 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
 
 def add_draft_branches_arg(ap: argparse.ArgumentParser) -> None:
     """mirror's --draft-branches (runtime/mirror/draft_worker.py), one help for every CLI."""
-    from runtime.decoding.mirror import DEFAULT_DRAFT_BRANCHES
+    from runtime.decoding.mirror import DEFAULT_DRAFT_BRANCHES, SS_DRAFT_BRANCHES
 
     ap.add_argument(
         "--draft-branches",
@@ -54,7 +54,8 @@ def add_draft_branches_arg(ap: argparse.ArgumentParser) -> None:
         default=None,
         help="mirror: the draft's own runner-up tokens per window position whose branches it "
         "rolls out before the early exit, while the target runs its prefix "
-        f"(default {DEFAULT_DRAFT_BRANCHES}; 0: off)",
+        f"(default {DEFAULT_DRAFT_BRANCHES}; {SS_DRAFT_BRANCHES} for a speculative-streaming "
+        "draft; 0: off)",
     )
 
 

@@ -30,7 +30,7 @@ from runtime.cli_args import (
     load_pair_from_args,
 )
 from runtime.decoding import METHODS, Sampling, make_steps, stream
-from runtime.decoding.mirror import draft_in_process
+from runtime.decoding.mirror import SS_BRANCH_BATCH, draft_in_process
 from runtime.edge.cli_args import (
     add_edge_args,
     check_edge_args,
@@ -85,9 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--branches",
         type=int,
-        default=DEFAULT_BRANCH_BATCH,
+        default=None,
         help="mirror: branches rolled out per batched draft pass, most likely first "
-        f"(default {DEFAULT_BRANCH_BATCH})",
+        f"(default {DEFAULT_BRANCH_BATCH}; {SS_BRANCH_BATCH} for a speculative-streaming draft)",
     )
     add_draft_branches_arg(ap)
     ap.add_argument(

@@ -303,3 +303,27 @@ def test_autos_probe_times_an_ss_drafts_branch_pass_as_its_worker_runs_it(ss_dir
     st = measure_stages(target, draft, gamma=3, branches=4, repeats=1, sampling=Sampling(temp),
                         exit_layer=1)  # fmt: skip
     assert st["draft_batch"] > 0 and built
+
+
+def test_an_ss_draft_gets_its_kinds_wave_shape_and_rolls_out_its_own_branches(ss_dirs):
+    """Mirror with an SS draft defaults to SS_BRANCH_BATCH rows a wave and SS_DRAFT_BRANCHES own
+    runner-ups (its wave pass carries (1 + n)^2 tokens a row); the own branches run (the window
+    is re-run by the main stream) and greedy output stays the target's."""
+    from runtime.decoding import mirror as m
+    from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
+    from runtime.mirror.timeline import Timeline
+
+    td, dd, ss = ss_dirs
+    target, draft = load_model(td, "mlx"), load_model(ss, "torch")
+    assert m.wave_shape(draft) == (m.SS_BRANCH_BATCH, m.SS_DRAFT_BRANCHES)
+    assert m.wave_shape(draft, 4, 0) == (4, 0)  # given values win
+    plain = load_model(dd, "torch")
+    assert m.wave_shape(plain) == (DEFAULT_BRANCH_BATCH, m.DEFAULT_DRAFT_BRANCHES)
+    n = 16
+    ref = run(make_steps("ar", target, None, PROMPT, max_new=n, sampling=Sampling(), seed=0),
+              max_new=n).tokens  # fmt: skip
+    tl = Timeline()
+    steps = make_steps("mirror", target, draft, PROMPT, max_new=n, sampling=Sampling(), seed=0,
+                       gamma=3, kappa=3, exit_layer=2, timeline=tl, draft_process=False)  # fmt: skip
+    assert run(steps, max_new=n).tokens == ref
+    assert any(iv.name == "re-run own window" for iv in tl.intervals)

@@ -19,7 +19,12 @@ from pathlib import Path
 
 from runtime.cli_args import add_draft_branches_arg, add_pair_args, load_pair_from_args
 from runtime.decoding import Sampling
-from runtime.decoding.mirror import DEFAULT_KAPPA, check_mirror_args, draft_in_process
+from runtime.decoding.mirror import (
+    DEFAULT_KAPPA,
+    SS_BRANCH_BATCH,
+    check_mirror_args,
+    draft_in_process,
+)
 from runtime.errors import DuetError, cli_main
 from runtime.mirror.draft_process import close_draft_hosts
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
@@ -43,8 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--kappa", type=int, default=DEFAULT_KAPPA, help=f"top-κ width (default {DEFAULT_KAPPA})"
     )
     ap.add_argument("--exit-layer", type=int, default=None, help="exit layer ℓe (default N/2)")
-    ap.add_argument("--branches", type=int, default=DEFAULT_BRANCH_BATCH,
-                    help=f"branches per batched draft pass (default {DEFAULT_BRANCH_BATCH})")  # fmt: skip
+    ap.add_argument("--branches", type=int, default=None,
+                    help=f"branches per batched draft pass (default {DEFAULT_BRANCH_BATCH}; "
+                    f"{SS_BRANCH_BATCH} for a speculative-streaming draft)")  # fmt: skip
     add_draft_branches_arg(ap)
     ap.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
     ap.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i")

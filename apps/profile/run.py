@@ -16,8 +16,8 @@ from tqdm import tqdm
 
 from runtime.decoding import Sampling, make_steps, stream
 from runtime.decoding.events import StepEvent
+from runtime.decoding.mirror import wave_shape
 from runtime.errors import DuetError
-from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
 from runtime.mirror.summary import mirror_summary
 from runtime.mirror.timeline import Timeline
 
@@ -35,7 +35,7 @@ class Setup:
     sampling: Sampling
     seed: int
     emu: object | None = None  # devices.emulation.Emulator under --emulate
-    branches: int = DEFAULT_BRANCH_BATCH  # branch rollouts per batched draft pass
+    branches: int | None = None  # branch rollouts per batched draft pass (None: wave_shape)
     draft_process: bool = False  # the draft worker in its own process (--draft-process)
     exit_head: str | None = None  # raw | tuned (default: tuned when stored)
     draft_branches: int | None = None  # own runner-ups before the early exit (None: default)
@@ -176,7 +176,7 @@ def summarize(run: Run, setup: Setup, *, kappa: int, exit_layer: int) -> dict:
             "method": "mirror",
             "gamma": setup.gamma,
             "kappa": kappa,
-            "branches": setup.branches,
+            "branches": wave_shape(setup.pair.draft, setup.branches, setup.draft_branches)[0],
             "draft_worker": "process" if setup.draft_process else "thread",
             "exit_head": run.events[0].extra.get("exit_head") if run.events else None,
             "exit_layer": exit_layer,

@@ -22,6 +22,7 @@ import numpy as np
 from kernels.topk_channel import encode, topk_message
 from kernels.verify import verify_greedy, verify_sampling
 from runtime.decoding.events import GREEDY, Sampling, StepEvent, pending, rewind
+from runtime.decoding.ss_draft import is_ss_draft
 from runtime.errors import DuetError
 from runtime.mirror.branches import in_tree
 from runtime.mirror.coupled import coupled_message, step_noise
@@ -36,6 +37,11 @@ DEFAULT_KAPPA = 8
 # draft and target share cores, which auto then steers away from mirror anyway
 DEFAULT_DRAFT_BRANCHES = 2
 MAX_DRAFT_BRANCHES = 32
+# An SS draft's wave pass carries up to (1 + n)^2 tokens a row (its guesses, each with n
+# streams), so 16 rows leave the draft's cheap regime: 8 rows and one own runner-up let its
+# own wave end within the target's prefix (EMULATED m3-max, γ 6, T = 0, GPU-distilled SS
+# draft: 62.5 tok/s with 16 rows and no own branches, 75.6 with these; session 16 notes)
+SS_BRANCH_BATCH, SS_DRAFT_BRANCHES = 8, 1
 # Both workers need the GIL between their native calls; with CPython's default 5 ms switch
 # interval a thread that wants it back can wait that long per op. Mirror-SD's steps are a few
 # ms, so the interval is shortened while it runs (restored on exit).
@@ -57,6 +63,16 @@ def check_mirror_args(target, gamma: int, kappa: int, exit_layer: int | None) ->
             f"the {target.backend} target cannot stop at an exit layer; use --target-backend mlx or torch"
         )
     return le
+
+
+def wave_shape(draft, branches: int | None = None, draft_branches: int | None = None):
+    """(rows per branch-wave pass, own runner-ups per window position) for `draft`: the values
+    given, else its kind's defaults (an SS draft's are SS_BRANCH_BATCH, SS_DRAFT_BRANCHES)."""
+    ss = is_ss_draft(draft)
+    b = branches if branches is not None else SS_BRANCH_BATCH if ss else DEFAULT_BRANCH_BATCH
+    m = draft_branches if draft_branches is not None else (
+        SS_DRAFT_BRANCHES if ss else DEFAULT_DRAFT_BRANCHES)  # fmt: skip
+    return b, m
 
 
 def check_branch_draft(draft, branch_batch: int) -> None:
@@ -84,10 +100,10 @@ def mirror_steps(
     timeline: Timeline | None = None,
     target_cache=None,
     draft_cache=None,
-    branch_batch: int = DEFAULT_BRANCH_BATCH,
+    branch_batch: int | None = None,
     draft_process: bool | None = None,
     exit_head: str | None = None,
-    draft_branches: int = DEFAULT_DRAFT_BRANCHES,
+    draft_branches: int | None = None,
 ) -> Iterator[StepEvent]:
     """Yield one StepEvent per Mirror-SD step; `extra` carries the step's timings and reuse.
 
@@ -95,7 +111,9 @@ def mirror_steps(
     instead of a thread of this one; None: `draft_in_process` decides. exit_head: "raw", "tuned" (runtime/mirror/exit_head.py),
     or None for the tuned head when one is stored beside the target. draft_branches: the
     draft's own runner-up tokens per window position rolled out as branches before the early
-    exit (runtime/mirror/draft_worker.py); 0: only the early-exit top-κ branches."""
+    exit (runtime/mirror/draft_worker.py); 0: only the early-exit top-κ branches.
+    branch_batch, draft_branches: None for the draft kind's defaults (wave_shape)."""
+    branch_batch, draft_branches = wave_shape(draft, branch_batch, draft_branches)
     if not 0 <= draft_branches <= MAX_DRAFT_BRANCHES:
         raise DuetError(
             f"--draft-branches must be in 0..{MAX_DRAFT_BRANCHES} (got {draft_branches}): each "
@@ -261,10 +279,10 @@ class Options:
     gamma: int = 4  # window length γ
     kappa: int = DEFAULT_KAPPA  # channel width κ
     exit_layer: int | None = None  # ℓe (default N/2)
-    branches: int = DEFAULT_BRANCH_BATCH  # rows per batched branch-rollout pass
+    branches: int | None = None  # rows per batched branch-rollout pass (None: wave_shape)
     draft_process: bool | None = None  # the draft worker's process (None: draft_in_process)
     exit_head: str | None = None  # raw | tuned (default: tuned when one is stored)
-    draft_branches: int = DEFAULT_DRAFT_BRANCHES  # own runner-ups rolled out before the early exit
+    draft_branches: int | None = None  # own runner-ups rolled out before the early exit
 
 
 def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,

@@ -54,10 +54,9 @@ class _Stopped(Exception):
 
 def own_branches(draft, asked: int) -> int:
     """The runner-up branches per position that the worker rolls out from the draft's own law
-    before the early exit: `asked`, or 0 for an SS draft (its forward is its multi-stream
-    graph) and a hybrid one (its linear states do not re-run a window in place)."""
-    plain = is_ss_draft(draft) or getattr(draft.config, "is_hybrid", False)
-    return 0 if plain else asked
+    before the early exit: `asked`, or 0 for a hybrid draft (its linear states do not re-run
+    a window in place). An SS draft re-runs the window with its main stream."""
+    return 0 if getattr(draft.config, "is_hybrid", False) else asked
 
 
 class DraftWorker:
