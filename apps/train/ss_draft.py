@@ -2,8 +2,8 @@
 
     nice -n 10 python -m apps.train ss-draft --target runtime/assets/default/target \\
         --out runs/ss-draft --time-budget-min 25 --threads 1
-    python -m apps.train ss-draft --device cuda --batch-size 32 --out runs/ss-draft \\
-        --time-budget-min 4 --max-corpus-chars 40000000      # on a CUDA GPU
+    python -m apps.train ss-draft --device cuda --batch-size 32 --stream-stride 1 \\
+        --max-corpus-chars 40000000 --time-budget-min 3.5 --out runs/ss-draft   # a CUDA GPU
 
 Mirror-SD §3.2 (Bhendawade et al. 2024): the draft (default: the embedded draft, whose
 weights it starts from) gains n lookahead streams (runtime/backends/torch_ss.py). On random
