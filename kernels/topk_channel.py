@@ -33,8 +33,9 @@ def rows_torch(x: np.ndarray):
     fused, vectorised pass over a row where NumPy's float32 exp alone took 2.6 ns an element
     on this AVX2 CPU: a softmax of 16 rows of V = 151,936 costs 3.8 against 8.5 ms, of
     V = 4,096 0.09 against 0.25 ms (medians; NumPy 2.4, torch 2.13 at one thread). torch is a
-    dependency already (the PyTorch backend); it is imported here only when first used, so a
-    process that never samples (a greedy draft worker) does not load it."""
+    dependency already (the PyTorch backend); it is imported here only when first used. A
+    process that sets its own thread budget loads it first (Mirror-SD's draft process does, at
+    start: at PyTorch's default of every core its rows spread over cores the target uses)."""
     import torch
 
     a = np.asarray(x, dtype=np.float32)

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.sampling import sample
-from runtime.decoding.events import Sampling, gumbel_draws
+from runtime.decoding.events import Sampling, draw
 from runtime.mirror.branches import Branch
 from runtime.mirror.timeline import now_ns
 
@@ -112,16 +111,10 @@ class SSWave:
         """Draw row r's tokens along its guesses; returns how many guesses it confirmed."""
         walked, guesses, g = 0, self.guesses[r], int(self.g2[r])
         while True:
-            logits = main[walked]
-            if self.sampling.greedy:
-                d = int(logits.argmax())
-            else:
-                q = self.sampling.probs(logits)
+            # as Wave and the fallback draw (Gumbel-max where Sampling.lazy says so)
+            d, q = draw(main[walked], self.sampling, self.rngs[r], gumbel=True)
+            if q is not None:  # greedy verification needs no q
                 self.qs[r].append(q)
-                if self.sampling.lazy(len(q)):  # as Wave and the fallback draw
-                    d = int(gumbel_draws([self.rngs[r]], self.sampling.scaled(logits)[None])[0])
-                else:
-                    d = int(sample(q, self.rngs[r].random()))
             self.toks[r].append(d)
             if len(self.toks[r]) >= g or walked >= len(guesses) or d != guesses[walked]:
                 return walked
