@@ -67,11 +67,12 @@ def trial_rate(method: str, target, draft, ids: list[int], *, gamma: int, sampli
     n = max(1, min(TRIAL_TOKENS, target.config.max_context - len(ids) - gamma - 2))
     steps = make_steps(method, target, draft, list(ids), max_new=n, sampling=sampling, seed=0,
                        gamma=gamma, **options)  # fmt: skip
-    made, total, t0, committed = 0, 0, None, []
+    made, total, t0, committed, hits = 0, 0, None, [], []
     try:
         for i, ev in enumerate(steps):
             total += len(ev.tokens)
             committed.append(len(ev.tokens))
+            hits.append(ev.extra.get("per_step", {}).get("branch_hit"))
             if i == TRIAL_SKIP - 1:
                 t0 = time.perf_counter()
             elif i >= TRIAL_SKIP:
@@ -84,6 +85,9 @@ def trial_rate(method: str, target, draft, ids: list[int], *, gamma: int, sampli
     _CACHE[key] = rate
     if method in ("sd", "mirror"):  # its accepted runs join the pair's τ(γ) as well
         observe_run(target, draft, sampling, committed, gamma)
+    if method == "mirror":  # and mirror's branch hits the pair's Ω̂ (omega_estimate)
+        observe_branches(target, draft, sampling, hits, kappa=options["kappa"],
+                         own_rows=options["draft_branches"])  # fmt: skip
     return rate
 
 
@@ -494,15 +498,21 @@ def from_profile(profile, *, gamma: int, branches: int) -> dict:
     return out
 
 
-def _shrink(values: list[float], prior: float) -> float:
-    n = len(values)
-    return (sum(values) + PRIOR_WEIGHT * prior) / (n + PRIOR_WEIGHT)
-
-
 def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_layer: int | None,
                  target_cache=None, draft_cache=None, draft_branches: int = 0,
-                 exit_head: str | None = None):  # fmt: skip
-    """Ω̂: how often a correction is a branch's first token, from one pass of each model over
+                 exit_head: str | None = None, pool=None) -> tuple[float, float]:  # fmt: skip
+    """(Ω̂, Ω̂_own) from the prompt's hits (prompt_hits) and the pooled runs' (omega_estimate)."""
+    hits, own_hits = prompt_hits(target, draft, ids, sampling=sampling, kappa=kappa,
+                                 exit_layer=exit_layer, target_cache=target_cache,
+                                 draft_cache=draft_cache, draft_branches=draft_branches,
+                                 exit_head=exit_head)  # fmt: skip
+    return omega_estimate(hits, own_hits, draft_branches=draft_branches, pool=pool)
+
+
+def prompt_hits(target, draft, ids: list[int], *, sampling, kappa: int, exit_layer: int | None,
+                target_cache=None, draft_cache=None, draft_branches: int = 0,
+                exit_head: str | None = None) -> tuple[list[float], list[float]]:  # fmt: skip
+    """How often a correction is a branch's first token, from one pass of each model over
     the prompt.
 
     At each of the last positions where the draft's greedy token differs from the target's
@@ -510,11 +520,10 @@ def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_la
     top-κ (eq. 9, through the exit head mirror would use: `exit_head` as --exit-head) or
     among the draft's `draft_branches` runner-ups. At T > 0 the step is simulated instead,
     the early exit's candidates coupled to the verifier's noise as mirror does it
-    (_sampled_hits). The hit rate, shrunk toward PRIOR_OMEGA. The passes are the prompt's
-    prefill: given (empty) caches, they are left holding the prompt, so the method chosen
-    next does not prefill it again. Returns (Ω̂, Ω̂_own): Ω̂_own the share of corrections
-    among the draft's own runner-ups, whose branches the worker rolls out before the early
-    exit arrives (shrunk toward PRIOR_OMEGA / 2; 0 without draft branches)."""
+    (_sampled_hits). The passes are the prompt's prefill: given (empty) caches, they are left
+    holding the prompt, so the method chosen next does not prefill it again. Returns (hits,
+    own hits), one 0/1 per rejection: own, a correction among the draft's own runner-ups,
+    whose branches the worker rolls out before the early exit arrives."""
     from kernels.topk_channel import top_rows, topk_message
     from runtime.mirror.exit_head import resolve_exit_head
 
@@ -548,10 +557,43 @@ def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_la
         n = len(exit_logits)
         hits, own_hits = _sampled_hits(sampling.probs(tl[-n:]), sampling.probs(dl[-n:]),
                                        sampling.probs(exit_logits), kappa, draft_branches)  # fmt: skip
-    omega = _shrink(hits, PRIOR_OMEGA)
+    return hits, own_hits
+
+
+def omega_estimate(hits, own_hits, *, draft_branches: int, pool=None) -> tuple[float, float]:
+    """(Ω̂, Ω̂_own) from the prompt's hits (prompt_hits) and `pool`, the [steps, hits, own
+    hits] of the mirror runs seen on this pair (branch_pool), each shrunk toward its prior
+    with the weight of PRIOR_WEIGHT steps. The runs' steps count as much as the prompt's
+    positions and soon outnumber them: they are what the law predicts (every step's (A, c),
+    full windows' bonus tokens included) on the model's own text. On the prompt alone, auto
+    put Ω̂_own at 0.35 where mirror's generations measured 0.64 and ran mirror at γ 4, 4 %
+    behind γ 6 (EMULATED m3-max, T = 1: session 16's note, section 5)."""
+    steps, any_hits, own = pool if pool is not None else (0, 0, 0)
+    n = len(hits) + steps + PRIOR_WEIGHT
+    omega = (sum(hits) + any_hits + PRIOR_WEIGHT * PRIOR_OMEGA) / n
     if not draft_branches:
         return omega, 0.0
-    return omega, min(omega, _shrink(own_hits, PRIOR_OMEGA / 2))
+    return omega, min(omega, (sum(own_hits) + own + PRIOR_WEIGHT * PRIOR_OMEGA / 2) / n)
+
+
+def branch_pool(target, draft, sampling, kappa: int, own_rows: int) -> list[int]:
+    """[steps, hits, own hits]: the mirror steps seen on this pair in this sampling regime with
+    this channel width and own-branch count, how many had (A, c) among its candidates (own
+    or the early exit's top-κ), and how many among the draft's own (one per process)."""
+    key = ("branches", id(target), id(draft), kappa, own_rows, sampling.temp, sampling.top_p,
+           sampling.top_k)  # fmt: skip
+    return _CACHE.setdefault(key, [0, 0, 0])
+
+
+def observe_branches(target, draft, sampling, branch_hits, *, kappa: int, own_rows: int) -> None:
+    """Pool a mirror run's per-step branch_hit ("own", "exit", "miss"; None: unknown) into
+    the pair's branch_pool, which the next Ω̂ reads (omega_estimate)."""
+    seen = [h for h in branch_hits or () if h is not None]
+    if seen:
+        pool = branch_pool(target, draft, sampling, kappa, own_rows)
+        pool[0] += len(seen)
+        pool[1] += sum(h != "miss" for h in seen)
+        pool[2] += sum(h == "own" for h in seen)
 
 
 SAMPLED_DRAWS = 4  # per probe position at T > 0
@@ -706,14 +748,20 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
     if not skipped:  # else the caches stay empty: the chosen method's first window pass then
         # holds the prompt too (sd: one fused pass), where a separate prefill pass cost about
         # one window pass more per prompt (18 ms of a 0.8 s answer on this CPU)
-        omega, omega_own = probe_prompt(target, draft, ids, sampling=sampling, kappa=kappa,
-                                        exit_layer=le, target_cache=target_cache,
-                                        draft_cache=draft_cache, draft_branches=own,
-                                        exit_head=exit_head)  # fmt: skip
-        by_gamma = {g: replace(v, omega_kappa=omega, omega_own=omega_own)
+        hits = prompt_hits(target, draft, ids, sampling=sampling, kappa=kappa, exit_layer=le,
+                           target_cache=target_cache, draft_cache=draft_cache,
+                           draft_branches=own, exit_head=exit_head)  # fmt: skip
+
+        def with_omega(by_gamma: dict) -> dict:  # the pooled runs' hits as they stand now
+            omega, omega_own = omega_estimate(*hits, draft_branches=own,
+                                              pool=branch_pool(target, draft, sampling, kappa, own))  # fmt: skip
+            return {g: replace(v, omega_kappa=omega, omega_own=omega_own)
                     for g, v in by_gamma.items()}  # fmt: skip
+
+        by_gamma = with_omega(by_gamma)
     rec = (choose_joint(by_gamma, runnable) if joint
            else {**choose(by_gamma[gamma], gamma, runnable), "gamma": gamma})  # fmt: skip
+    rec["branch_shape"] = {"kappa": kappa, "own_rows": own}  # observe_branches's pool
     if skipped:
         rec["omega"] = skipped
         rec["why"] += f"; {skipped}"
@@ -731,6 +779,10 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
             rate = trial_rate(m, target, draft, ids, gamma=g, sampling=sampling, **opts)
             if rate:
                 rec["trials"][m] = {"gamma": g, "tokens_per_s": round(rate, 2)}
+        if "mirror" in rec["trials"] and not skipped:  # its trial's hits now join Ω̂: choose
+            # again (the trials' rates then correct this record: method_choice.Corrections)
+            rec = {**choose_joint(with_omega(by_gamma), runnable), "trials": rec["trials"],
+                   "branch_shape": rec["branch_shape"]}  # fmt: skip
     return rec
 
 

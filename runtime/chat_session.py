@@ -217,7 +217,8 @@ class ChatSession:
             observe = getattr(self.chooser, "observe", None)
             if auto is not None and observe is not None and out and stats.wall_s > 0:
                 observe(auto, self.sampling, len(out), stats.wall_s,  # later turns' choices
-                        accept_lengths=list(stats.accept_lengths))  # fmt: skip
+                        accept_lengths=list(stats.accept_lengths),
+                        branch_hits=stats.per_step.get("branch_hit"))  # fmt: skip
             self.last_stats = stats
 
     def _skip_stats(self, events, seq: list[int], out: list[int]) -> dict:

@@ -138,7 +138,13 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
     (predictions per method, the inputs, the choice and why) goes into `stats.auto`.
     """
     from devices.method_choice import AUTO_GAMMAS, Corrections
-    from devices.pair_probe import choose_for, export_state, observe_run, restore_state
+    from devices.pair_probe import (
+        choose_for,
+        export_state,
+        observe_branches,
+        observe_run,
+        restore_state,
+    )
     from devices.probe_store import ProbeStore
     from devices.profile import load_profile
 
@@ -185,14 +191,19 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
         keep()
         return rec["choice"], rec
 
-    def observe(rec: dict, sampling, tokens: int, seconds: float, accept_lengths=None) -> None:
-        """After the chosen run: its measured rate corrects later choices (Corrections), and
-        its accepted runs join the pair's τ(γ) estimate (pair_probe.observe_run). A run
+    def observe(rec: dict, sampling, tokens: int, seconds: float, accept_lengths=None,
+                branch_hits=None) -> None:  # fmt: skip
+        """After the chosen run: its measured rate corrects later choices (Corrections), its
+        accepted runs join the pair's τ(γ) estimate (pair_probe.observe_run), and a mirror
+        run's branch hits (stats per_step "branch_hit") its Ω̂ (observe_branches). A run
         shorter than CORRECTION_MIN_TOKENS corrects nothing: its rate is mostly its prefill
         (a 16-token generate measured sd at 0.50x its law, and the kept factor then had auto
         run ar on the embedded pair, where sd is 1.6x ar)."""
         if accept_lengths and rec.get("choice") in ("sd", "mirror"):
             observe_run(pair.target, pair.draft, sampling, accept_lengths, rec.get("gamma"))
+        if branch_hits and rec.get("choice") == "mirror" and "branch_shape" in rec:
+            observe_branches(pair.target, pair.draft, sampling, branch_hits,
+                             **rec["branch_shape"])  # fmt: skip
         if seconds > 0 and tokens >= CORRECTION_MIN_TOKENS:
             corrections.observe(rec, rec["choice"], rec.get("gamma"),
                                 sampling is None or sampling.greedy, tokens / seconds)  # fmt: skip

@@ -296,9 +296,10 @@ def _generate(a: argparse.Namespace, pair, edge: dict) -> dict:
             stats.extra["skip"] = skip_stats(pair, events, edge["skip"], ids, out, sampling)
     if auto is not None:
         stats.extra["auto"] = auto
-        # the run's accepted lengths join the pair's kept τ(γ) (a one-shot run's rate is its
-        # process's first of the method: warm-up, so it corrects nothing: Corrections)
-        chooser.observe(auto, sampling, len(out), stats.wall_s, stats.accept_lengths)
+        # the run's accepted lengths join the pair's kept τ(γ), its branch hits Ω̂ (a one-shot
+        # run's rate is its process's first of the method: warm-up, so it corrects nothing)
+        chooser.observe(auto, sampling, len(out), stats.wall_s, stats.accept_lengths,
+                        branch_hits=stats.per_step.get("branch_hit"))  # fmt: skip
     if emu is not None:
         stats.extra.update(emulated=emu.label, emulation=emu.summary())
     text = pair.tokenizer.decode(out) if pair.tokenizer else None

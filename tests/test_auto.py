@@ -330,8 +330,8 @@ def test_the_bench_feeds_each_auto_run_back_to_its_chooser(tiny_dir):
     def chooser(ids, sampling, **caches):
         return "sd", {"choice": "sd", "gamma": 3, "why": "test"}
 
-    chooser.observe = lambda rec, sampling, tokens, seconds, accept_lengths: seen.append(
-        (rec["choice"], tokens, sum(accept_lengths)))  # fmt: skip
+    chooser.observe = lambda rec, sampling, tokens, seconds, accept_lengths, branch_hits: \
+        seen.append((rec["choice"], tokens, sum(accept_lengths)))  # fmt: skip
     pair = type("Pair", (), {"target": target, "draft": draft, "settings": {}})()
     r = DuetRunner("auto", pair, gamma=3, chooser=chooser)
     res = r.generate([3, 14, 15, 92], 8, 0.0, 1.0, 0)
@@ -356,6 +356,35 @@ def test_an_observed_sd_or_mirror_run_joins_the_pairs_tau_estimate(monkeypatch):
     assert runs.risk[:5].tolist() == [3, 3, 2, 2, 0] and runs.survived[:4].tolist() == [3, 2, 2, 2]
     choose.observe({"choice": "ar", "gamma": 4}, law, 12, 0.1, accept_lengths=[1] * 12)
     assert runs.risk.sum() == 10  # ar verifies nothing: not pooled
+
+
+def test_a_mirror_runs_branch_hits_join_the_pairs_omega(monkeypatch):
+    """A mirror run's per-step branch_hit pools into the pair's Ω̂ and Ω̂_own (for its κ and
+    own rows), which then weigh with the prompt's hits: steps and positions alike, shrunk
+    toward the priors with PRIOR_WEIGHT."""
+    import argparse
+    from types import SimpleNamespace
+
+    import devices.pair_probe as pp
+    from runtime.cli_args import auto_chooser
+    from runtime.decoding import Sampling
+
+    monkeypatch.setattr(pp, "_CACHE", {})
+    pair = SimpleNamespace(target=object(), draft=object())
+    choose = auto_chooser(argparse.Namespace(device_profile=None), pair)
+    law, shape = Sampling(1.0), {"kappa": 8, "own_rows": 2}
+    hits = ["own", "exit", "miss", "own", None]
+    choose.observe({"choice": "mirror", "gamma": 6, "branch_shape": shape}, law, 12, 0.1,
+                   accept_lengths=[3, 3, 2, 1, 3], branch_hits=hits)  # fmt: skip
+    choose.observe({"choice": "sd", "gamma": 6, "branch_shape": shape}, law, 12, 0.1,
+                   accept_lengths=[3, 3], branch_hits=["own"])  # not mirror: not pooled  # fmt: skip
+    pool = pp.branch_pool(pair.target, pair.draft, law, 8, 2)
+    assert pool == [4, 3, 2] and pp.branch_pool(pair.target, pair.draft, law, 8, 1) == [0, 0, 0]
+    w, prior = pp.PRIOR_WEIGHT, pp.PRIOR_OMEGA
+    omega, own = pp.omega_estimate([1.0, 0.0], [0.0, 0.0], draft_branches=2, pool=pool)
+    assert omega == pytest.approx((1 + 3 + w * prior) / (2 + 4 + w))
+    assert own == pytest.approx((0 + 2 + w * prior / 2) / (2 + 4 + w))
+    assert pp.omega_estimate([1.0], [1.0], draft_branches=0, pool=pool)[1] == 0.0
 
 
 def test_window_passes_over_gamma_are_read_as_a_line():
@@ -533,13 +562,13 @@ def test_omega_is_measured_only_when_it_can_change_the_pick(tiny_dir, monkeypatc
     draft = load_model(tiny_dir("llama", num_layers=1, seed=4), "onnx", intra_threads=1)
     ids = [3, 14, 15, 92, 65, 35]
     calls = []
-    real = pp.probe_prompt
+    real = pp.prompt_hits
 
     def counted(*a, **k):
         calls.append(1)
         return real(*a, **k)
 
-    monkeypatch.setattr(pp, "probe_prompt", counted)
+    monkeypatch.setattr(pp, "prompt_hits", counted)
     for factor, probed in ((1e-3, False), (1e3, True)):
         tc, dc = target.new_cache(), draft.new_cache()
         rec = pp.choose_for(target, draft, ids, gamma=3, kappa=None, exit_layer=None,

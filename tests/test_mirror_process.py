@@ -297,3 +297,27 @@ def test_the_draft_process_sets_torchs_threads_before_ready_greedy_or_not(tiny_d
     finally:
         torch.set_num_threads(before)
         signal.signal(signal.SIGINT, handler)
+
+
+def test_each_steps_branch_hit_is_the_same_in_either_worker_and_fits_its_window(pair):
+    """branch_hit (auto's Ω̂ and Ω̂_own, pair_probe.observe_branches) says whether a step's
+    (A, c) was among the draft's own runner-ups or the early exit's top-κ: a fact of the
+    ranking, not of timing, so the thread and the process worker (whose board carries the
+    flag for a window the target takes) agree; a miss is never reused, an early-exit hit is
+    in the tree, and without own branches no step is an own hit."""
+
+    def hits(process, own, temp):
+        evs = list(steps(target, draft, n=40, temp=temp, process=process, own=own))
+        return [(e.extra["per_step"]["branch_hit"], e.extra["in_tree"], e.extra.get("reuse"),
+                 e.extra.get("taken")) for e in evs]  # fmt: skip
+
+    target, draft = pair
+    for temp in (0.0, 1.0):
+        thread, proc = hits(False, 2, temp), hits(True, 2, temp)
+        assert [h[0] for h in thread] == [h[0] for h in proc]
+        assert thread[-1][0] is None and {h[0] for h in thread[:-1]} <= {"own", "exit", "miss"}
+        for hit, tree, reuse, _ in thread + proc:
+            assert hit != "miss" or not reuse
+            assert hit != "exit" or tree
+    assert any(h[0] == "own" for h in thread)  # at T = 1 (the tiny greedy pair has none)
+    assert "own" not in {h[0] for h in hits(True, 0, 1.0)}

@@ -80,7 +80,8 @@ class DuetRunner:
             out += toks
         if self.chooser is not None and hasattr(self.chooser, "observe"):
             self.chooser.observe(rec, Sampling(temp, top_p), len(out), time.perf_counter() - t_run,
-                                 accept_lengths=list(stats.accept_lengths))  # fmt: skip
+                                 accept_lengths=list(stats.accept_lengths),
+                                 branch_hits=stats.per_step.get("branch_hit"))  # fmt: skip
         return TurnResult(out, time.perf_counter() - t0, list(stats.accept_lengths), note=note,
                           stage_s={"draft": stats.draft_s, "verify": stats.verify_s},
                           verified_tokens=sum(stats.drafted) + len(stats.drafted),

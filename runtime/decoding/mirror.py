@@ -215,9 +215,14 @@ def mirror_steps(
                 extra.update(step_s=(t3 - t0) / 1e9, draft=win.info, rv_fv_ns=rv_fv, taken=taken,
                              reuse=win.source == "reuse", resume=win.source == "resume",
                              fallback=win.source == "fallback")  # fmt: skip
+                # whose branch (A, c) was: the draft's own runner-ups, else the early exit's
+                # top-κ, else neither (auto pools these into Ω̂_own and Ω̂: pair_probe)
+                extra["per_step"]["branch_hit"] = ("own" if win.info.get("own") else
+                                                   "exit" if extra["in_tree"] else "miss")  # fmt: skip
             else:
                 extra.update(step_s=(t2 - t0) / 1e9, draft=None, reuse=None, resume=None,
                              fallback=None)  # fmt: skip
+                extra["per_step"]["branch_hit"] = None  # no next window: unknown
             yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=0.0, verify_s=(t2 - t0) / 1e9,
                             extra=extra)  # fmt: skip
     finally:

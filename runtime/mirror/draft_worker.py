@@ -82,6 +82,9 @@ class DraftWorker:
         self._ready_step = -1  # the step whose branches _ready holds (-1: closed)
         self._claimed = False  # the target took its window from _ready
         self._noise_step, self._noise_uv = -1, None  # the step whose noise _noise drew, and it
+        # this step's own runner-up branches (depth, token), ranked or not yet rolled out: a
+        # window says whether its step's (A, c) was one ("own"), which auto's Ω̂_own pools
+        self._own_keys: set[tuple[int, int]] = set()
         self.thread = threading.Thread(target=self._main, name="duet-draft", daemon=True)
         self.seq: list[int] = []
 
@@ -195,6 +198,7 @@ class DraftWorker:
             with self._lock:  # open this step's board of completed branches
                 self._ready, self._ready_step, self._claimed = {}, step, False
             self._ee_recv = 0  # not yet: branches published before it carry 0
+            self._own_keys = set()
             own = self._extend(step, self.seq + window)
             early = self._own_rollouts(step, own, window, produced, q) if own is not None else []
             ee = self._get()
@@ -221,7 +225,8 @@ class DraftWorker:
             step += 1
             g = self._window_size(produced, len(self.seq))
             info = {"ee_recv_ns": ee_recv, "fv_recv_ns": fv_recv, "waves": len(waves),
-                    "branches_done": sum(w.completed() for w in waves)}  # fmt: skip
+                    "branches_done": sum(w.completed() for w in waves),
+                    "own": reuse_key(a, c) in self._own_keys}  # fmt: skip
             found = next(((w, w.index[reuse_key(a, c)]) for w in waves if reuse_key(a, c) in w.index),
                          None)  # fmt: skip
             f0 = now_ns()
@@ -269,7 +274,8 @@ class DraftWorker:
                 "source": "reuse", "fallback_ns": 0, "shared": True}  # fmt: skip
         done = set(rows.tolist())
         wins = {key: Window(step + 1, *wave.window(r, stack=self._stacked), now_ns(), "reuse",
-                            {**info, "draft_passes": wave.row_passes(r)}, wave.logits)
+                            {**info, "draft_passes": wave.row_passes(r),
+                             "own": key in self._own_keys}, wave.logits)
                 for key, r in wave.index.items() if r in done}  # fmt: skip
         with self._lock:
             if self._ready_step == step:
@@ -301,6 +307,7 @@ class DraftWorker:
             u, noise = self._noise(step, window, q)
             ranked = rank_own_coupled(self.sampling.log_probs(logits), window, q, u, noise,
                                       self.draft_branches)  # fmt: skip
+        self._own_keys = {(b.depth, b.token) for b in ranked}
         return self._waves(step, ranked, produced, finish=True)
 
     def _noise(self, step, window, q):

@@ -35,7 +35,7 @@ EE, FV, WIN, STOP_TAG, FAIL, IDLE, BEGIN, QUIT, READY, BUSY = (
 )  # fmt: skip
 # a board entry's fields before its tokens: a, c, n, sent, ee_recv, ready, and whether its q
 # rows are logits (Window.logits)
-_META = 7
+_META = 8
 INFO_CAP = 1 << 20  # bytes for a window's pickled info (timings, the draft lane's intervals)
 
 
@@ -209,7 +209,8 @@ class Board:
             return
         g = len(w.tokens)
         self.meta[n, :_META] = (key[0], key[1], g, w.sent_ns, w.info["ee_recv_ns"],
-                                w.info["ready_ns"], int(w.logits))  # fmt: skip
+                                w.info["ready_ns"], int(w.logits),
+                                int(w.info.get("own", False)))  # fmt: skip
         self.meta[n, _META : _META + g] = w.tokens
         if self.layout.q_rows and g:
             for i, row in enumerate(w.q):  # an array, or a wave's rows (DraftWorker._stacked)
@@ -221,13 +222,13 @@ class Board:
         if int(self.head[0]) != step:
             return None
         for i in range(int(self.head[1])):
-            a, c, g, sent, ee_recv, ready, logits = (int(x) for x in self.meta[i, :_META])
+            a, c, g, sent, ee_recv, ready, logits, own = (int(x) for x in self.meta[i, :_META])
             if (a, c) == key:
                 self.head[2] = 1
                 q = self.q[i, :g].copy() if self.layout.q_rows else \
                     np.zeros((0, self.layout.vocab), np.float32)  # fmt: skip
                 info = {"ee_recv_ns": ee_recv, "ready_ns": ready, "source": "reuse",
-                        "fallback_ns": 0, "shared": True}  # fmt: skip
+                        "fallback_ns": 0, "shared": True, "own": bool(own)}  # fmt: skip
                 toks = self.meta[i, _META : _META + g].tolist()
                 return Window(step + 1, toks, q, sent, "reuse", info, bool(logits))
         return None

@@ -92,6 +92,10 @@ def mirror_summary(events: list[StepEvent], timeline: Timeline) -> dict:
         "resume_rate": sum(x["resume"] for x in full) / n if n else None,
         "fallback_rate": sum(x["fallback"] for x in full) / n if n else None,
         "ff": sum(not x["in_tree"] for x in full) / n if n else None,
+        # the shares auto's law reads (method_choice.mirror_wait): (A, c) among the draft's
+        # own runner-ups (Ω_own), or among own or early-exit candidates (Ω)
+        "omega_own_measured": hit_share(full, ("own",)),
+        "omega_measured": hit_share(full, ("own", "exit")),
         "omega_kappa": mean([x["omega_kappa"] for x in full]),
         "payload_bytes_per_step": mean([x["payload_bytes"] for x in full]),
         "step_ms_measured": 1e3 * mean([x["step_s"] for x in full]) if n else None,
@@ -110,3 +114,9 @@ def mirror_summary(events: list[StepEvent], timeline: Timeline) -> dict:
         "suffix_ms": 1e3 * mean([x["suffix_s"] for x in full]) if n else None,
         "draft_passes_per_window": mean(passes),  # J (App. C): γ for an AR draft, less for SS
     }
+
+
+def hit_share(extras: list[dict], kinds: tuple[str, ...]) -> float | None:
+    """The share of steps whose (A, c) was a branch of `kinds` (mirror's per-step branch_hit)."""
+    hits = [h for x in extras if (h := x.get("per_step", {}).get("branch_hit")) is not None]
+    return sum(h in kinds for h in hits) / len(hits) if hits else None
