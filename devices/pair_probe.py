@@ -25,7 +25,10 @@ measured rates correct the laws before the first choice.
 Ω̂, prompt-dependent, from the probe's pass over the prompt (its last 32 positions): how
 often a correction is a branch candidate, i.e. in the exit layer's top-κ (eq. 9, tuned head
 as mirror uses it) or among the draft's own runner-ups (probe_prompt), shrunk toward 0.4
-with the weight of 8 rejections. The probe's passes are the chosen method's prefill (caches handed on).
+with the weight of 8 rejections, pooled with every mirror run's steps (whether each step's (A, c)
+was an own or an early-exit branch: observe_branches); once POOL_STEPS are pooled, from those
+alone, the prompt not probed. The probe's passes are the chosen method's prefill (caches
+handed on).
 Stage times are cached per (target, draft, γ, branches) for the life of the process.
 """
 
@@ -43,6 +46,11 @@ PRIOR_OMEGA, PRIOR_WEIGHT = 0.4, 8.0
 RUN_TOKENS = 48
 JOINT_RUN_TOKENS = 128  # pair_taus: a longer run, since it sets the γ as well
 OMEGA_POSITIONS = 32  # Ω̂ from the prompt's last positions: two heads over all would cost more
+# pooled mirror steps from which Ω̂ comes from the runs alone (3x the prompt's positions):
+# the prompt's probe (its passes, exit head and simulated steps) cost 52-158 ms a prompt, 3-7 %
+# of a 128-token answer, and with the draft in its own process its draft pass is the child's
+# to repeat (EMULATED m3-max, T = 1: .devrun/auto_cost17.py; auto 0.94-0.97x mirror@g6)
+POOL_STEPS = 3 * OMEGA_POSITIONS
 _CACHE: dict[tuple, dict] = {}
 _ALPHA: dict[tuple, float] = {}
 
@@ -745,16 +753,18 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
                                draft_window=w.get("draft_window"),
                                acceptance=alpha_for(taus[g], g)) for g, w in wins.items()}  # fmt: skip
     skipped = mirror_cannot_win(by_gamma, runnable, factors)
+    pool = branch_pool(target, draft, sampling, kappa, own)
+    pooled = pool[0] >= POOL_STEPS  # the runs pin Ω̂: the prompt is not probed
     if not skipped:  # else the caches stay empty: the chosen method's first window pass then
         # holds the prompt too (sd: one fused pass), where a separate prefill pass cost about
         # one window pass more per prompt (18 ms of a 0.8 s answer on this CPU)
-        hits = prompt_hits(target, draft, ids, sampling=sampling, kappa=kappa, exit_layer=le,
-                           target_cache=target_cache, draft_cache=draft_cache,
-                           draft_branches=own, exit_head=exit_head)  # fmt: skip
+        hits = ([], []) if pooled else prompt_hits(
+            target, draft, ids, sampling=sampling, kappa=kappa, exit_layer=le,
+            target_cache=target_cache, draft_cache=draft_cache, draft_branches=own,
+            exit_head=exit_head)  # fmt: skip
 
         def with_omega(by_gamma: dict) -> dict:  # the pooled runs' hits as they stand now
-            omega, omega_own = omega_estimate(*hits, draft_branches=own,
-                                              pool=branch_pool(target, draft, sampling, kappa, own))  # fmt: skip
+            omega, omega_own = omega_estimate(*hits, draft_branches=own, pool=pool)
             return {g: replace(v, omega_kappa=omega, omega_own=omega_own)
                     for g, v in by_gamma.items()}  # fmt: skip
 
@@ -765,6 +775,8 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
     if skipped:
         rec["omega"] = skipped
         rec["why"] += f"; {skipped}"
+    elif pooled:
+        rec["omega_from"] = f"{pool[0]} mirror steps pooled on this pair (the prompt not probed)"
     if not joint:
         return rec
     once = ("trials", id(target), id(draft), sampling.temp, sampling.top_p, sampling.top_k)

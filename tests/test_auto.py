@@ -580,6 +580,13 @@ def test_omega_is_measured_only_when_it_can_change_the_pick(tiny_dir, monkeypatc
         # stay empty, and the chosen method prefills in its own first window pass
         assert tc.offset == dc.offset == (len(ids) if probed else 0)
         calls.clear()
+    # once mirror's runs have pooled POOL_STEPS steps, Ω̂ comes from them alone: no probe
+    pp.branch_pool(target, draft, Sampling(1.0), 8, 2)[:] = [pp.POOL_STEPS, pp.POOL_STEPS, 0]
+    tc, dc = target.new_cache(), draft.new_cache()
+    rec = pp.choose_for(target, draft, ids, gamma=3, kappa=None, exit_layer=None, branches=None,
+                        sampling=Sampling(1.0), target_cache=tc, draft_cache=dc,
+                        factors={"mirror": 1e3})  # fmt: skip
+    assert not calls and tc.offset == dc.offset == 0 and "omega_from" in rec
 
 
 def test_sds_drafting_is_timed_as_sd_runs_it_when_measured():
