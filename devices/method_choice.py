@@ -208,8 +208,8 @@ def choose_joint(by_gamma: dict[int, StageTimes], runnable: list[str]) -> dict:
 class Corrections:
     """What the chosen runs measured, folded back into the next choice (an autotuner's loop).
 
-    After a run of `method` at γ, `observe` records measured / predicted tokens per second;
-    `apply` multiplies every prediction of that method (at that sampling regime: greedy or
+    After a run of `method` at γ, `observe` records measured / predicted step rates (tokens
+    per second where the run's tokens per step are not known); `apply` multiplies every prediction of that method (at that sampling regime: greedy or
     not) by the geometric mean of its recorded ratios and re-picks the fastest (method, γ).
     The laws above leave things out (at T > 0 mirror's branch waves complete less often than
     its candidate coverage says: EMULATED m3-max, predicted 68 tok/s at γ 6, measured 48), and
@@ -230,15 +230,24 @@ class Corrections:
         return math.exp(sum(xs) / len(xs)) if xs else 1.0
 
     def observe(self, rec: dict, method: str, gamma: int | None, greedy: bool,
-                tokens_per_s: float) -> None:  # fmt: skip
-        """Record the run `rec` chose: `method` at `gamma` measured `tokens_per_s`."""
+                tokens_per_s: float, tokens_per_step: float | None = None) -> None:  # fmt: skip
+        """Record the run `rec` chose: `method` at `gamma` measured `tokens_per_s`, committing
+        `tokens_per_step`. With the latter the ratio is of step rates (measured steps per
+        second over 1 / the predicted step time): the laws' τ is the pair's pooled one, and a
+        prompt's own acceptance would otherwise ride on the factor. On an H100 target the
+        tokens-per-second ratios of one method swung e^±0.8 from prompt to prompt, and sd's
+        one trial on a hard prompt (0.77x its law) kept auto on mirror@g6 at 0.87x sd@g6."""
         if method not in self.seen:  # its first run: warm-up, not the method's steady rate
             self.seen.add(method)
             return
-        preds = rec.get("by_gamma", {}).get(gamma) or rec.get("predictions", {})
-        predicted = preds.get(method, {}).get("tokens_per_s")
-        if predicted and tokens_per_s > 0:
-            self.logs.setdefault((method, greedy), []).append(math.log(tokens_per_s / predicted))
+        pred = (rec.get("by_gamma", {}).get(gamma) or rec.get("predictions", {})).get(method, {})
+        if tokens_per_step and pred.get("step_ms") and tokens_per_s > 0:
+            ratio = tokens_per_s / tokens_per_step * pred["step_ms"] / 1e3  # step rates
+        elif pred.get("tokens_per_s") and tokens_per_s > 0:
+            ratio = tokens_per_s / pred["tokens_per_s"]
+        else:
+            return
+        self.logs.setdefault((method, greedy), []).append(math.log(ratio))
 
     KEEP = 32  # ratios per (method, regime) a saved state keeps: the latest
 

@@ -75,7 +75,7 @@ def trial_rate(method: str, target, draft, ids: list[int], *, gamma: int, sampli
     n = max(1, min(TRIAL_TOKENS, target.config.max_context - len(ids) - gamma - 2))
     steps = make_steps(method, target, draft, list(ids), max_new=n, sampling=sampling, seed=0,
                        gamma=gamma, **options)  # fmt: skip
-    made, total, t0, committed, hits = 0, 0, None, [], []
+    made, total, t0, committed, hits, timed = 0, 0, None, [], [], 0
     try:
         for i, ev in enumerate(steps):
             total += len(ev.tokens)
@@ -85,18 +85,26 @@ def trial_rate(method: str, target, draft, ids: list[int], *, gamma: int, sampli
                 t0 = time.perf_counter()
             elif i >= TRIAL_SKIP:
                 made += len(ev.tokens)
+                timed += 1
             if total >= n:
                 break
     finally:
         steps.close()
     rate = made / (time.perf_counter() - t0) if made and t0 is not None else None
     _CACHE[key] = rate
+    _CACHE[("trial steps", *key[1:])] = made / timed if timed else None
     if method in ("sd", "mirror"):  # its accepted runs join the pair's τ(γ) as well
         observe_run(target, draft, sampling, committed, gamma)
     if method == "mirror":  # and mirror's branch hits the pair's Ω̂ (omega_estimate)
         observe_branches(target, draft, sampling, hits, kappa=options["kappa"],
                          own_rows=options["draft_branches"])  # fmt: skip
     return rate
+
+
+def trial_tokens_per_step(method: str, target, draft, gamma: int, sampling) -> float | None:
+    """The tokens per step of trial_rate's timed steps (None: not measured in this process)."""
+    return _CACHE.get(("trial steps", method, id(target), id(draft), gamma, sampling.temp,
+                       sampling.top_p, sampling.top_k))  # fmt: skip
 
 
 def alpha_for(tau: float, gamma: int) -> float:
@@ -790,7 +798,8 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
             g = max(rec["by_gamma"], key=lambda h: rec["by_gamma"][h][m]["tokens_per_s"])
             rate = trial_rate(m, target, draft, ids, gamma=g, sampling=sampling, **opts)
             if rate:
-                rec["trials"][m] = {"gamma": g, "tokens_per_s": round(rate, 2)}
+                rec["trials"][m] = {"gamma": g, "tokens_per_s": round(rate, 2),
+                                    "tokens_per_step": trial_tokens_per_step(m, target, draft, g, sampling)}  # fmt: skip
         if "mirror" in rec["trials"] and not skipped:  # its trial's hits now join Ω̂: choose
             # again (the trials' rates then correct this record: method_choice.Corrections)
             rec = {**choose_joint(with_omega(by_gamma), runnable), "trials": rec["trials"],

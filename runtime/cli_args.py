@@ -186,7 +186,8 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
                                   for m in ("ar", "sd", "mirror")})  # fmt: skip
         for m, trial in rec.get("trials", {}).items():  # only the pair's first record has them
             corrections.seen.add(m)  # a trial leaves its first steps out: no warm-up skip
-            corrections.observe(rec, m, trial["gamma"], greedy, trial["tokens_per_s"])
+            corrections.observe(rec, m, trial["gamma"], greedy, trial["tokens_per_s"],
+                                trial.get("tokens_per_step"))  # fmt: skip
         rec = corrections.apply(rec, greedy)
         keep()
         return rec["choice"], rec
@@ -205,8 +206,10 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
             observe_branches(pair.target, pair.draft, sampling, branch_hits,
                              **rec["branch_shape"])  # fmt: skip
         if seconds > 0 and tokens >= CORRECTION_MIN_TOKENS:
+            per_step = tokens / len(accept_lengths) if accept_lengths else None
             corrections.observe(rec, rec["choice"], rec.get("gamma"),
-                                sampling is None or sampling.greedy, tokens / seconds)  # fmt: skip
+                                sampling is None or sampling.greedy, tokens / seconds,
+                                per_step)  # fmt: skip
         elif tokens > 0:  # too short to correct anything, but it paid the method's warm-up
             corrections.seen.add(rec["choice"])
         keep()

@@ -319,6 +319,28 @@ def test_a_measured_miss_corrects_the_next_choice_and_only_its_own_regime():
     assert (c.apply(rec, greedy=False)["choice"]) == "mirror"  # 0.70x beats 0.50x
 
 
+def test_a_correction_compares_step_rates_when_the_runs_tokens_per_step_are_known():
+    """A run's tokens per second carry its prompt's acceptance; its step rate does not. sd on
+    a hard prompt (2 tokens a step where the pooled τ says 4) at the law's step time corrects
+    nothing; a mirror step 25 % slower than its law corrects mirror by 0.8x, however many
+    tokens its prompt committed."""
+    from devices.method_choice import Corrections
+
+    preds = {"sd": {"tokens_per_s": 200.0, "step_ms": 20.0},
+             "mirror": {"tokens_per_s": 220.0, "step_ms": 18.0}}  # fmt: skip
+    rec = {"choice": "mirror", "gamma": 6, "predictions": preds, "by_gamma": {6: preds},
+           "why": "laws"}  # fmt: skip
+    c = Corrections()
+    c.seen |= {"sd", "mirror"}
+    c.observe(rec, "sd", 6, greedy=True, tokens_per_s=100.0, tokens_per_step=2.0)
+    assert c.factor("sd", True) == pytest.approx(1.0)
+    c.observe(rec, "mirror", 6, greedy=True, tokens_per_s=4.5 / 0.0225, tokens_per_step=4.5)
+    assert c.factor("mirror", True) == pytest.approx(0.8)
+    assert c.apply(rec, greedy=True)["choice"] == "sd"  # 220 x 0.8 = 176 < 200
+    c.observe(rec, "sd", 6, greedy=True, tokens_per_s=100.0)  # no tokens per step: tokens/s
+    assert c.factor("sd", True) == pytest.approx(0.5 ** 0.5)
+
+
 def test_the_bench_feeds_each_auto_run_back_to_its_chooser(tiny_dir):
     from apps.bench.duet_runner import DuetRunner
     from runtime.backends import load_model
@@ -442,6 +464,8 @@ def test_a_trial_run_measures_tokens_per_second_after_its_first_steps(tiny_dir, 
     rate = pp.trial_rate("sd", target, draft, [3, 14, 15, 92], gamma=3, sampling=Sampling(0.0))
     assert rate is not None and rate > 0
     assert pp.run_lengths(target, draft, Sampling(0.0)).risk[0] > 0  # its steps joined τ(γ)
+    # and the tokens per step of its timed steps (Corrections compares step rates)
+    assert 1.0 <= pp.trial_tokens_per_step("sd", target, draft, 3, Sampling(0.0)) <= 4.0
     monkeypatch.setattr(pp, "TRIAL_TOKENS", 2)  # ends within the steps it leaves out
     assert (
         pp.trial_rate("sd", target, draft, [3, 14, 15, 92], gamma=2, sampling=Sampling(0.0)) is None
