@@ -341,6 +341,32 @@ def test_a_correction_compares_step_rates_when_the_runs_tokens_per_step_are_know
     assert c.factor("sd", True) == pytest.approx(0.5 ** 0.5)
 
 
+def test_a_near_tie_that_few_runs_decided_is_explored_until_measured():
+    """sd, once measured at 0.78x its law, predicts 2 % behind mirror: with fewer than
+    EXPLORE_RUNS runs of it, sd runs next (at its own best γ) and says so; once measured
+    enough, the scaled laws pick; a method far behind is never explored."""
+    from devices.method_choice import EXPLORE_RUNS, Corrections
+
+    by_gamma = {4: {"sd": {"tokens_per_s": 250.0}, "mirror": {"tokens_per_s": 220.0}},
+                6: {"sd": {"tokens_per_s": 240.0}, "mirror": {"tokens_per_s": 236.0}}}  # fmt: skip
+    rec = {"choice": "sd", "gamma": 4, "predictions": by_gamma[4], "by_gamma": by_gamma,
+           "why": "laws"}  # fmt: skip
+    c = Corrections()
+    c.seen |= {"sd", "mirror"}
+    c.observe(rec, "sd", 4, greedy=True, tokens_per_s=195.0)  # 0.78x
+    c.observe(rec, "mirror", 6, greedy=True, tokens_per_s=200.6)  # 0.85x: 200.6 against 195
+    for _ in range(EXPLORE_RUNS - 1):
+        out = c.apply(rec, greedy=True)
+        assert (out["choice"], out["gamma"]) == ("sd", 4) and "exploring" in out["why"]
+        c.observe(out, "sd", 4, greedy=True, tokens_per_s=195.0)
+    out = c.apply(rec, greedy=True)
+    assert (out["choice"], out["gamma"]) == ("mirror", 6) and "exploring" not in out["why"]
+    c2 = Corrections()
+    c2.seen.add("sd")
+    c2.observe(rec, "sd", 4, greedy=True, tokens_per_s=150.0)  # 0.6x: far behind, left alone
+    assert c2.apply(rec, greedy=True)["choice"] == "mirror"
+
+
 def test_the_bench_feeds_each_auto_run_back_to_its_chooser(tiny_dir):
     from apps.bench.duet_runner import DuetRunner
     from runtime.backends import load_model
