@@ -27,9 +27,9 @@ from runtime.chat_session import ChatSession, ChatTemplate, stats_line
 from runtime.cli_args import (
     AUTO,
     add_auto_args,
-    add_draft_branches_arg,
     add_gamma_arg,
     add_pair_args,
+    add_wave_args,
     auto_announcement,
     auto_chooser,
     check_decoding_args,
@@ -67,10 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--exit-layer", type=int, default=None, help="early-exit layer (methods that take it)"
     )
-    ap.add_argument(
-        "--branches", type=int, default=None, help="mirror: branches per batched draft pass"
-    )
-    add_draft_branches_arg(ap)
+    add_wave_args(ap)
     ap.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0 = off)")
     ap.add_argument(

@@ -44,10 +44,23 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
                     "also beside a CUDA target")  # fmt: skip
 
 
-def add_draft_branches_arg(ap: argparse.ArgumentParser) -> None:
-    """mirror's --draft-branches (runtime/mirror/draft_worker.py), one help for every CLI."""
-    from runtime.decoding.mirror import DEFAULT_DRAFT_BRANCHES, SS_DRAFT_BRANCHES
+def add_wave_args(ap: argparse.ArgumentParser) -> None:
+    """mirror's branch waves, --branches and --draft-branches (runtime/mirror/draft_worker.py;
+    None: the draft kind's defaults, runtime.decoding.mirror.wave_shape), one help for every CLI."""
+    from runtime.decoding.mirror import (
+        DEFAULT_BRANCH_BATCH,
+        DEFAULT_DRAFT_BRANCHES,
+        SS_BRANCH_BATCH,
+        SS_DRAFT_BRANCHES,
+    )
 
+    ap.add_argument(
+        "--branches",
+        type=int,
+        default=None,
+        help="mirror: branches rolled out per batched draft pass, most likely first "
+        f"(default {DEFAULT_BRANCH_BATCH}; {SS_BRANCH_BATCH} for a speculative-streaming draft)",
+    )
     ap.add_argument(
         "--draft-branches",
         type=int,

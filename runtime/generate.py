@@ -21,16 +21,16 @@ import sys
 from runtime.cli_args import (
     AUTO,
     add_auto_args,
-    add_draft_branches_arg,
     add_gamma_arg,
     add_pair_args,
+    add_wave_args,
     auto_announcement,
     auto_chooser,
     check_decoding_args,
     load_pair_from_args,
 )
 from runtime.decoding import METHODS, Sampling, make_steps, stream
-from runtime.decoding.mirror import SS_BRANCH_BATCH, draft_in_process
+from runtime.decoding.mirror import draft_in_process
 from runtime.edge.cli_args import (
     add_edge_args,
     check_edge_args,
@@ -39,7 +39,6 @@ from runtime.edge.cli_args import (
     needs_local_target,
 )
 from runtime.errors import DuetError, cli_main
-from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
 from runtime.mirror.summary import mirror_summary
 from runtime.mirror.timeline import Timeline
 from runtime.preflight import writable_file
@@ -82,14 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=8,
         help="mirror: top-κ width of the early-exit message (default 8)",
     )
-    ap.add_argument(
-        "--branches",
-        type=int,
-        default=None,
-        help="mirror: branches rolled out per batched draft pass, most likely first "
-        f"(default {DEFAULT_BRANCH_BATCH}; {SS_BRANCH_BATCH} for a speculative-streaming draft)",
-    )
-    add_draft_branches_arg(ap)
+    add_wave_args(ap)
     ap.add_argument(
         "--exit-layer",
         type=int,

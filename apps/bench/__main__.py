@@ -22,8 +22,8 @@ import sys
 from runtime.cli_args import (
     AUTO,
     add_auto_args,
-    add_draft_branches_arg,
     add_pair_args,
+    add_wave_args,
     auto_chooser,
     load_pair_from_args,
     resolve_gamma,
@@ -80,10 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--kappa", type=int, default=None, help="passed to methods that take it")
     ap.add_argument("--exit-layer", type=int, default=None, help="passed to methods that take it")
-    ap.add_argument(
-        "--branches", type=int, default=None, help="mirror: branches per batched draft pass"
-    )
-    add_draft_branches_arg(ap)
+    add_wave_args(ap)
     ap.add_argument(
         "--exit-head",
         choices=("raw", "tuned"),

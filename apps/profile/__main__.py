@@ -17,17 +17,15 @@ import json
 import sys
 from pathlib import Path
 
-from runtime.cli_args import add_draft_branches_arg, add_pair_args, load_pair_from_args
+from runtime.cli_args import add_pair_args, add_wave_args, load_pair_from_args
 from runtime.decoding import Sampling
 from runtime.decoding.mirror import (
     DEFAULT_KAPPA,
-    SS_BRANCH_BATCH,
     check_mirror_args,
     draft_in_process,
 )
 from runtime.errors import DuetError, cli_main
 from runtime.mirror.draft_process import close_draft_hosts
-from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
 from runtime.preflight import writable_dir
 
 LIMIT, SWEEP_LIMIT = 8, 2  # prompts: the sweep is 15 runs, keep it to minutes on 2 cores
@@ -48,10 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--kappa", type=int, default=DEFAULT_KAPPA, help=f"top-κ width (default {DEFAULT_KAPPA})"
     )
     ap.add_argument("--exit-layer", type=int, default=None, help="exit layer ℓe (default N/2)")
-    ap.add_argument("--branches", type=int, default=None,
-                    help=f"branches per batched draft pass (default {DEFAULT_BRANCH_BATCH}; "
-                    f"{SS_BRANCH_BATCH} for a speculative-streaming draft)")  # fmt: skip
-    add_draft_branches_arg(ap)
+    add_wave_args(ap)
     ap.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
     ap.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i")
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run")

@@ -23,7 +23,7 @@ from runtime.errors import DuetError, cli_main
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from runtime.cli_args import add_draft_branches_arg, add_pair_args
+    from runtime.cli_args import add_pair_args, add_wave_args
     from runtime.decoding import METHODS
 
     ap = argparse.ArgumentParser(prog="python -m apps.server", description=__doc__,
@@ -33,8 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default 4)")
     ap.add_argument("--kappa", type=int, default=None, help="mirror: channel width")
     ap.add_argument("--exit-layer", type=int, default=None, help="mirror: early-exit layer")
-    ap.add_argument("--branches", type=int, default=None, help="mirror: branches per draft pass")
-    add_draft_branches_arg(ap)
+    add_wave_args(ap)
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=8080, help="port; 0 = any free one (default 8080)")
     ap.add_argument("--api-key", default=None,
