@@ -17,7 +17,7 @@ the pair at hand, or a calibrated profile supplies them). The laws:
   wave of b-second passes per branch_batch rows, γ deep), then the early exit's branches (from
   max(own waves' end, prefix + T_rv(ee))), until the verdict. The correction is an own branch
   with probability Ω̂_own, an early-exit one with Ω̂ − Ω̂_own (App. E: a branch exists iff
-  (A, c) is in the tree, FF ≤ 1 − Ω_κ; devices/pair_probe.probe_prompt), else a miss: a branch
+  (A, c) is in the tree, FF ≤ 1 − Ω_κ; devices/pair_probe.prompt_hits), else a miss: a branch
   not complete at the verdict is resumed serially, a miss rolled out afresh (γ draft tokens)
   after the pass in flight.
 
@@ -208,7 +208,8 @@ def choose_joint(by_gamma: dict[int, StageTimes], runnable: list[str]) -> dict:
 # Corrections.apply explores: a method predicted within EXPLORE of the pick after scaling,
 # measured on fewer than EXPLORE_RUNS runs, runs next. Else a method once measured low (one
 # trial on a hard prompt) never runs again to correct it: on an H100 target auto kept
-# mirror@g6 at 0.83-0.87x sd@g6, sd's one trial at 0.78x its law (session 17's note)
+# mirror@g6 at 0.83-0.87x sd@g6, sd's one trial at 0.78x its law (`apps.bench
+# --target-backend torch --target-device cuda --methods sd,mirror,auto --gammas 4,6`)
 EXPLORE, EXPLORE_RUNS = 0.05, 3
 
 
@@ -216,8 +217,9 @@ class Corrections:
     """What the chosen runs measured, folded back into the next choice (an autotuner's loop).
 
     After a run of `method` at γ, `observe` records measured / predicted step rates (tokens
-    per second where the run's tokens per step are not known); `apply` multiplies every prediction of that method (at that sampling regime: greedy or
-    not) by the geometric mean of its recorded ratios and re-picks the fastest (method, γ).
+    per second where the run's tokens per step are not known); `apply` multiplies every
+    prediction of that method (at that sampling regime: greedy or not) by the geometric mean
+    of its recorded ratios and re-picks the fastest (method, γ).
     The laws above leave things out (at T > 0 mirror's branch waves complete less often than
     its candidate coverage says: EMULATED m3-max, predicted 68 tok/s at γ 6, measured 48), and
     a process that runs many generations (a chat, a bench) should not repeat the same miss.

@@ -24,7 +24,7 @@ each γ's α fitted to its own τ, and sd and mirror each run once as trials (tr
 measured rates correct the laws before the first choice.
 Ω̂, prompt-dependent, from the probe's pass over the prompt (its last 32 positions): how
 often a correction is a branch candidate, i.e. in the exit layer's top-κ (eq. 9, tuned head
-as mirror uses it) or among the draft's own runner-ups (probe_prompt), shrunk toward 0.4
+as mirror uses it) or among the draft's own runner-ups (prompt_hits), shrunk toward 0.4
 with the weight of 8 rejections, pooled with every mirror run's steps (whether each step's (A, c)
 was an own or an early-exit branch: observe_branches); once POOL_STEPS are pooled, from those
 alone, the prompt not probed. The probe's passes are the chosen method's prefill (caches
@@ -514,17 +514,6 @@ def from_profile(profile, *, gamma: int, branches: int) -> dict:
     return out
 
 
-def probe_prompt(target, draft, ids: list[int], *, sampling, kappa: int, exit_layer: int | None,
-                 target_cache=None, draft_cache=None, draft_branches: int = 0,
-                 exit_head: str | None = None, pool=None) -> tuple[float, float]:  # fmt: skip
-    """(Ω̂, Ω̂_own) from the prompt's hits (prompt_hits) and the pooled runs' (omega_estimate)."""
-    hits, own_hits = prompt_hits(target, draft, ids, sampling=sampling, kappa=kappa,
-                                 exit_layer=exit_layer, target_cache=target_cache,
-                                 draft_cache=draft_cache, draft_branches=draft_branches,
-                                 exit_head=exit_head)  # fmt: skip
-    return omega_estimate(hits, own_hits, draft_branches=draft_branches, pool=pool)
-
-
 def prompt_hits(target, draft, ids: list[int], *, sampling, kappa: int, exit_layer: int | None,
                 target_cache=None, draft_cache=None, draft_branches: int = 0,
                 exit_head: str | None = None) -> tuple[list[float], list[float]]:  # fmt: skip
@@ -582,8 +571,9 @@ def omega_estimate(hits, own_hits, *, draft_branches: int, pool=None) -> tuple[f
     with the weight of PRIOR_WEIGHT steps. The runs' steps count as much as the prompt's
     positions and soon outnumber them: they are what the law predicts (every step's (A, c),
     full windows' bonus tokens included) on the model's own text. On the prompt alone, auto
-    put Ω̂_own at 0.35 where mirror's generations measured 0.64 and ran mirror at γ 4, 4 %
-    behind γ 6 (EMULATED m3-max, T = 1: session 16's note, section 5)."""
+    put Ω̂_own at 0.35 where mirror's generations measured 0.64 (`apps.profile --emulate
+    m3-max:qwen3-8b+qwen3-0.6b --temp 1 --gamma 6`) and ran mirror at γ 4, 4 % behind γ 6
+    (EMULATED, `apps.bench ... --methods sd,mirror,auto --gammas 4,6 --temps 1`)."""
     steps, any_hits, own = pool if pool is not None else (0, 0, 0)
     n = len(hits) + steps + PRIOR_WEIGHT
     omega = (sum(hits) + any_hits + PRIOR_WEIGHT * PRIOR_OMEGA) / n
@@ -657,7 +647,7 @@ def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampl
                 profile=None, process=False, draft_branches=0, exit_head=None,
                 acceptance=None, mirror=True) -> StageTimes:  # fmt: skip
     """Everything method_choice needs, for this pair and machine, with Ω̂ and Ω̂_own at their
-    priors: the prompt's own (probe_prompt) are measured by choose_for, and only when they
+    priors: the prompt's own (prompt_hits) are measured by choose_for, and only when they
     can change the pick. acceptance: α when the caller has it (from the pooled τ); else a
     short sd run measures it (pair_acceptance)."""
     n = target.config.num_layers
@@ -707,7 +697,7 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
                draft_branches: int | None = None, exit_head: str | None = None,
                gammas=None, factors: dict[str, float] | None = None) -> dict:  # fmt: skip
     """`--method auto` for this pair and prompt: the method_choice.choose record.
-    Empty caches given are left holding the prompt when Ω̂ is measured (probe_prompt), else
+    Empty caches given are left holding the prompt when Ω̂ is measured (prompt_hits), else
     empty; the chosen method continues from them either way. draft_process,
     draft_branches and exit_head are mirror's (None: its defaults), so the prediction is of
     the mirror that would run: its worker's slowdown, its exit head, its own branches.

@@ -134,7 +134,7 @@ def test_the_probe_counts_a_correction_as_covered_by_the_exit_top_kappa_or_the_d
     no rejection and does not count."""
     import numpy as np
 
-    from devices.pair_probe import PRIOR_OMEGA, PRIOR_WEIGHT, probe_prompt
+    from devices.pair_probe import PRIOR_OMEGA, PRIOR_WEIGHT, omega_estimate, prompt_hits
 
     V = 12
 
@@ -164,9 +164,10 @@ def test_the_probe_counts_a_correction_as_covered_by_the_exit_top_kappa_or_the_d
             return drafts
 
     def omega(m):
-        return probe_prompt(Target(), Draft(), [0, 1, 2, 3], sampling=None, kappa=2, exit_layer=1,
-                            target_cache=object(), draft_cache=object(), draft_branches=m,
-                            exit_head="raw")  # fmt: skip
+        hits = prompt_hits(Target(), Draft(), [0, 1, 2, 3], sampling=None, kappa=2, exit_layer=1,
+                           target_cache=object(), draft_cache=object(), draft_branches=m,
+                           exit_head="raw")  # fmt: skip
+        return omega_estimate(*hits, draft_branches=m)
 
     # rejections at t = 0, 1, 2 (t = 3: the draft's 4 is right); hits: t = 0 (exit top-κ),
     # and with one runner-up t = 1 (the draft's second choice 2)
@@ -338,7 +339,7 @@ def test_a_correction_compares_step_rates_when_the_runs_tokens_per_step_are_know
     assert c.factor("mirror", True) == pytest.approx(0.8)
     assert c.apply(rec, greedy=True)["choice"] == "sd"  # 220 x 0.8 = 176 < 200
     c.observe(rec, "sd", 6, greedy=True, tokens_per_s=100.0)  # no tokens per step: tokens/s
-    assert c.factor("sd", True) == pytest.approx(0.5 ** 0.5)
+    assert c.factor("sd", True) == pytest.approx(0.5**0.5)
 
 
 def test_a_near_tie_that_few_runs_decided_is_explored_until_measured():

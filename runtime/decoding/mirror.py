@@ -40,7 +40,8 @@ MAX_DRAFT_BRANCHES = 32
 # An SS draft's wave pass carries up to (1 + n)^2 tokens a row (its guesses, each with n
 # streams), so 16 rows leave the draft's cheap regime: 8 rows and one own runner-up let its
 # own wave end within the target's prefix (EMULATED m3-max, γ 6, T = 0, GPU-distilled SS
-# draft: 62.5 tok/s with 16 rows and no own branches, 75.6 with these; session 16 notes)
+# draft: 62.5 tok/s with 16 rows and no own branches, 75.6 with these: `apps.bench --emulate
+# m3-max:qwen3-8b+qwen3-0.6b --methods sd,mirror --drafts SS_DIR --gammas 6 --temps 0`)
 SS_BRANCH_BATCH, SS_DRAFT_BRANCHES = 8, 1
 # Both workers need the GIL between their native calls; with CPython's default 5 ms switch
 # interval a thread that wants it back can wait that long per op. Mirror-SD's steps are a few
