@@ -34,7 +34,8 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-STORE_VERSION = 3  # raise when the stored keys or what the laws read from them change
+STORE_VERSION = 4  # raise when the stored keys or what the laws read from them change
+# (4: corrections became step-rate ratios, and the pooled mirror branch hits were added)
 MAX_AGE_DAYS = 7.0
 _PACKAGES = ("numpy", "torch", "onnxruntime", "mlx", "duet")
 

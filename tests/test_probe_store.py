@@ -11,8 +11,9 @@ import pytest
 
 import devices.pair_probe as pp
 import runtime.decoding
-from devices.probe_store import MAX_AGE_DAYS, ProbeStore
+from devices.probe_store import MAX_AGE_DAYS, STORE_VERSION, ProbeStore
 from runtime.backends import load_model
+from runtime.decoding import Sampling
 from runtime.generate import build_parser, main
 
 PROBES = ("_medians", "_slowdown", "_slowdown_process", "trial_rate")
@@ -125,6 +126,9 @@ def test_an_unreadable_or_old_file_is_said_once_and_measured_again(pair, monkeyp
     path.write_text(json.dumps(doc))
     store = ProbeStore(path)
     assert store.load() is None and not store.restored  # a week old: drifted, measure again
+    doc["measured"], doc["store"] = time.time(), STORE_VERSION - 1
+    path.write_text(json.dumps(doc))  # an older store's figures follow older laws
+    assert ProbeStore(path).load() is None
 
 
 def test_a_model_not_loaded_from_files_keeps_nothing(tiny_dir):
@@ -151,10 +155,12 @@ def test_export_and_restore_are_inverse_for_one_pair_and_leave_other_pairs_out()
         pp._CACHE[("windows", id(t), id(d), (2, 4), 8, 2, None, True)] = {2: {"target_window": 0.1}}
         pp._CACHE[("runs", id(t), id(d), 0.0, 1.0, 0)] = runs
         pp._CACHE[("trial", "sd", id(t), id(other), 4, 0.0, 1.0, 0)] = 99.0  # another draft's
+        pp._CACHE[("branches", id(t), id(d), 8, 2, 1.0, 1.0, 0)] = [40, 30, 20]  # mirror's hits
         entries = json.loads(json.dumps(pp.export_state(t, d)))
-        assert len(entries) == 3
+        assert len(entries) == 4
         t2, d2 = M(), M()
-        assert pp.restore_state(t2, d2, entries, note="file (measured today)") == 3
+        assert pp.restore_state(t2, d2, entries, note="file (measured today)") == 4
+        assert pp.branch_pool(t2, d2, Sampling(1.0), 8, 2) == [40, 30, 20]
         back = pp._CACHE[(id(t2), id(d2), 4, 16, False, True, 8, 2, None)]
         assert back == {"target_token": 0.01, "source": "measured, kept from file (measured today)"}
         assert pp._CACHE[("windows", id(t2), id(d2), (2, 4), 8, 2, None, True)] == {
