@@ -66,6 +66,9 @@ def test_summary_json_shape_and_ranges(profiled, capsys):
     assert 0 <= s["reuse_rate"] <= 1 and 0 <= s["overlap_fraction"] <= 1 and 0 <= s["ff"] <= 1
     assert s["ff"] <= 1 - s["omega_kappa"] + 1e-9  # App. E, on this run
     assert s["bound_ff_le_1_minus_omega"]["holds"] is True
+    # branch hits: own ⊆ own-or-exit; every step in the tree is a hit; a miss is never reused
+    assert 0 <= s["omega_own_measured"] <= s["omega_measured"] <= 1
+    assert s["omega_measured"] >= 1 - s["ff"] - 1e-9 and s["reuse_rate"] <= s["omega_measured"]
     assert s["t_rv_ee_us"] > 0 and s["step_ms_measured"] > 0 and s["eq10_rel_error"] >= 0
     assert s["settings"] | {"gamma": 3, "kappa": 8, "exit_layer": 2, "temp": 0.0} == s["settings"]
     assert {"ort_intra_op_threads", "mlx_device", "torch_threads"} <= s["threads"].keys()

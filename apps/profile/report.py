@@ -28,6 +28,11 @@ def summary_text(s: dict) -> str:
         f"reuse rate           {f(s['reuse_rate'])}   resume rate {f(s['resume_rate'])}   "
         f"fallback rate {f(s['fallback_rate'])}"
     )
+    if s.get("omega_measured") is not None:  # what auto's Ω̂ and Ω̂_own pool (pair_probe)
+        add(
+            f"branch hits          (A, c) an own runner-up {f(s['omega_own_measured'])}, "
+            f"own or early exit {f(s['omega_measured'])} of steps"
+        )
     b = s["bound_ff_le_1_minus_omega"]
     if b:
         add(
