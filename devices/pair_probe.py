@@ -68,8 +68,7 @@ def trial_rate(method: str, target, draft, ids: list[int], *, gamma: int, sampli
     target: the probe put the draft process's slowdown at 0.88x, the mirror run at 1.5x)."""
     from runtime.decoding import make_steps
 
-    key = ("trial", method, id(target), id(draft), gamma, sampling.temp, sampling.top_p,
-           sampling.top_k)  # fmt: skip
+    key = _trial_key("trial", method, target, draft, gamma, sampling)
     if key in _CACHE:
         return _CACHE[key]
     n = max(1, min(TRIAL_TOKENS, target.config.max_context - len(ids) - gamma - 2))
@@ -92,7 +91,8 @@ def trial_rate(method: str, target, draft, ids: list[int], *, gamma: int, sampli
         steps.close()
     rate = made / (time.perf_counter() - t0) if made and t0 is not None else None
     _CACHE[key] = rate
-    _CACHE[("trial steps", *key[1:])] = made / timed if timed else None
+    _CACHE[_trial_key("trial steps", method, target, draft, gamma, sampling)] = (
+        made / timed if timed else None)  # fmt: skip
     if method in ("sd", "mirror"):  # its accepted runs join the pair's τ(γ) as well
         observe_run(target, draft, sampling, committed, gamma)
     if method == "mirror":  # and mirror's branch hits the pair's Ω̂ (omega_estimate)
@@ -103,8 +103,13 @@ def trial_rate(method: str, target, draft, ids: list[int], *, gamma: int, sampli
 
 def trial_tokens_per_step(method: str, target, draft, gamma: int, sampling) -> float | None:
     """The tokens per step of trial_rate's timed steps (None: not measured in this process)."""
-    return _CACHE.get(("trial steps", method, id(target), id(draft), gamma, sampling.temp,
-                       sampling.top_p, sampling.top_k))  # fmt: skip
+    return _CACHE.get(_trial_key("trial steps", method, target, draft, gamma, sampling))
+
+
+def _trial_key(table: str, method: str, target, draft, gamma: int, sampling) -> tuple:
+    """trial_rate's cache key (its rate, or its tokens per step) for one pair, γ and regime."""
+    return (table, method, id(target), id(draft), gamma, sampling.temp, sampling.top_p,
+            sampling.top_k)  # fmt: skip
 
 
 def alpha_for(tau: float, gamma: int) -> float:

@@ -224,11 +224,11 @@ class DraftWorker:
             produced += a + 1
             step += 1
             g = self._window_size(produced, len(self.seq))
+            key = reuse_key(a, c)
             info = {"ee_recv_ns": ee_recv, "fv_recv_ns": fv_recv, "waves": len(waves),
                     "branches_done": sum(w.completed() for w in waves),
-                    "own": reuse_key(a, c) in self._own_keys}  # fmt: skip
-            found = next(((w, w.index[reuse_key(a, c)]) for w in waves if reuse_key(a, c) in w.index),
-                         None)  # fmt: skip
+                    "own": key in self._own_keys}  # fmt: skip
+            found = next(((w, w.index[key]) for w in waves if key in w.index), None)
             f0 = now_ns()
             if found is not None and found[0].k > 0:
                 wave, row = found

@@ -33,8 +33,8 @@ from runtime.mirror.messages import EarlyExit, FinalVerify, Window
 EE, FV, WIN, STOP_TAG, FAIL, IDLE, BEGIN, QUIT, READY, BUSY = (
     b"E", b"F", b"W", b"S", b"X", b"I", b"B", b"Q", b"R", b"L"
 )  # fmt: skip
-# a board entry's fields before its tokens: a, c, n, sent, ee_recv, ready, and whether its q
-# rows are logits (Window.logits)
+# a board entry's fields before its tokens: a, c, n, sent, ee_recv, ready, whether its q rows
+# are logits (Window.logits), and whether (a, c) was one of the draft's own branches ("own")
 _META = 8
 INFO_CAP = 1 << 20  # bytes for a window's pickled info (timings, the draft lane's intervals)
 
