@@ -14,8 +14,9 @@ the pair at hand, or a calibrated profile supplies them). The laws:
   slowdown while the draft computes beside it (measured, not assumed). eq. (10)'s
   max{suffix, T_draft^gen} becomes the wait at the verdict, from the worker's timeline: it
   extends its cache (one draft pass), rolls out its own runner-up branches to their end (a
-  wave of b-second passes per branch_batch rows, γ deep), then the early exit's branches (from
-  max(own waves' end, prefix + T_rv(ee))), until the verdict. The correction is an own branch
+  wave of b-second passes per branch_batch rows, γ deep); the early exit's first branches
+  join the own wave in flight when it comes (its passes then carry both: linear in rows
+  between T_draft(1) and b), the rest follow in waves, until the verdict. The correction is an own branch
   with probability Ω̂_own, an early-exit one with Ω̂ − Ω̂_own (App. E: a branch exists iff
   (A, c) is in the tree, FF ≤ 1 − Ω_κ; devices/pair_probe.prompt_hits), else a miss: a branch
   not complete at the verdict is resumed serially, a miss rolled out afresh (γ draft tokens)
@@ -100,16 +101,27 @@ def mirror_wait(t: StageTimes, gamma: int, prefix: float, suffix: float) -> tupl
     docstring; times from the step's start, the worker's as draft_worker.DraftWorker._run
     spends them; early-exit hits are taken to be in its first wave, the most likely one)."""
     b, tok, rv = t.draft_batch, t.draft_token, t.t_rv / 2
-    own_waves = math.ceil(t.own_rows * (gamma + 1) / max(1, t.branch_batch)) if t.own_rows else 0
+    big = max(1, t.branch_batch)
+    rows = t.own_rows * (gamma + 1)
+    own_waves = math.ceil(rows / big) if t.own_rows else 0
     own_end = tok + own_waves * gamma * b  # extend the cache, then the own waves to their end
-    ee_start = max(own_end, prefix + rv)
-    ee_end = ee_start + gamma * b
-    verdict = prefix + suffix + 2 * rv
-    if verdict < own_end:  # the own waves still run: nothing else has started
-        passes, free = 0, own_end
+    arrive, verdict = prefix + rv, prefix + suffix + 2 * rv
+    k, pass_t, joined = 0, b, 0
+    if own_waves and b > 0 and tok < arrive < own_end:  # it comes during the own wave w
+        w = min(int((arrive - tok) // (gamma * b)), own_waves - 1)
+        k = math.ceil((arrive - tok) / b) - w * gamma  # that wave's passes before it is read
+        own_end = tok + (w + 1) * gamma * b  # later own waves are not started
+        if k < gamma:  # its first wave joins the wave in flight (draft_worker.Wave.join)
+            n_in = min(rows - w * big, big)  # a pass of n_in + big rows: linear between 1
+            pass_t, joined = b + (b - tok) * n_in / max(big - 1, 1), 1  # and big rows
+            own_end = tok + (w * gamma + k) * b + (gamma - k) * pass_t
+    ee_start = own_end - (gamma - k) * pass_t if joined else max(own_end, arrive)
+    ee_end = ee_start + gamma * pass_t
+    if verdict < own_end:  # the own rows still run (the joined ones with them): they finish
+        passes, free = (gamma - k) * joined, own_end
     elif verdict < ee_end:  # the early exit's first wave is cut after the pass in flight
-        passes = math.ceil((verdict - ee_start) / b) if b > 0 else gamma
-        free = ee_start + passes * b
+        passes = math.ceil((verdict - ee_start) / pass_t) if pass_t > 0 else gamma
+        free = ee_start + passes * pass_t
     else:
         passes, free = gamma, verdict
     w_own = max(0.0, own_end - verdict)

@@ -66,11 +66,25 @@ def test_mirror_waits_for_branches_its_worker_cannot_finish_before_the_verdict()
     wait = 0.6 * (0.00195 + 2 * 0.002) + 0.4 * (0.00195 + 4 * 0.002)
     assert cut["step_ms"] == pytest.approx(1e3 * (0.012 + 1e-4 + wait))
     assert cut["reuse"] == 0.0
-    # two runner-ups per position (10 rows, one wave of 3 ms passes): the own wave ends at
-    # 2 + 12 = 14 ms, after the verdict; an own hit waits 1.9 ms, the rest fall back after it
+    # two runner-ups per position (10 rows, one wave of 3 ms passes from 2 ms): the early exit
+    # is read after its 2nd pass (8 ms) and joins it, 26 rows a pass (3 + 1·10/15 ms: linear
+    # in rows between 2 ms for one and 3 ms for 16), so the own rows end at 15.33 ms, after
+    # the verdict (12.1 ms): an own hit waits 3.23 ms, an early-exit hit resumes its last 2
+    # tokens after that, a miss rolls out 4
     own = predict(times(draft_batch=0.003, own_rows=2, omega_own=0.2), 4)["mirror"]
-    wait = 0.2 * 0.0019 + 0.8 * (0.0019 + 4 * 0.002)
+    late = 0.008 + 2 * (0.003 + 0.001 * 10 / 15) - 0.0121
+    wait = 0.2 * late + 0.4 * (late + 2 * 0.002) + 0.4 * (late + 4 * 0.002)
     assert own["step_ms"] == pytest.approx(1e3 * (0.012 + 1e-4 + wait))
+    # γ 8 (18 rows: two own waves of 1 ms passes from 0.8 ms): the early exit (6.05 ms) joins
+    # the first after its 6th pass, the second is not started; the own rows end at 9.23 ms
+    # and are reused, the joined rows (1.21 ms passes from 6.8 ms) are cut after 5 passes
+    t8 = times(draft_batch=0.001, draft_token=0.0008, own_rows=2, omega_own=0.2)
+    j8 = predict(t8, 8)["mirror"]
+    pj = 0.001 + 0.0002 * 16 / 15
+    free = 0.0068 + 5 * pj - 0.0121
+    wait = 0.4 * (free + 3 * 0.0008) + 0.4 * (free + 8 * 0.0008)
+    assert j8["step_ms"] == pytest.approx(1e3 * (0.012 + 1e-4 + wait))
+    assert j8["reuse"] == pytest.approx(0.2)
     # a shorter window lets the own wave end (2 + 2·3 = 8 ms) before the verdict (12.1 ms),
     # and the early exit's wave starts after it: own hits are reused, the others cut
     short = predict(times(draft_batch=0.003, own_rows=2, omega_own=0.2), 2)["mirror"]

@@ -424,3 +424,87 @@ def test_eq10_prediction_puts_no_early_exit_rendezvous_on_an_own_branch_path():
         mirror_summary([e], Timeline())["step_ms_predicted"] for e in (after, own, own_read_late)
     ]
     assert pred == pytest.approx([20 + 3 + 25 + 1, 20 + 25 + 1, 20 + 20 + 1])
+
+
+@pytest.mark.parametrize("temp", [0.0, 1.0])
+def test_rows_that_join_a_wave_in_flight_draft_what_a_wave_of_their_own_would(tiny_dir, temp):
+    """Wave.join: rows added after two passes (the early exit's, into the own wave) see the
+    shared prefix and their own columns only, so their tokens, laws and committed cache are
+    those of a wave of their own; the rows already there are unchanged by them."""
+    from runtime.mirror.branches import Branch
+    from runtime.mirror.draft_worker import Wave
+
+    m = load_model(tiny_dir("llama", num_layers=2, seed=11), "onnx")
+    s, window, base = Sampling(temp), [17, 23, 5], len(PROMPT)
+    cache = m.new_cache()
+    m.forward(np.array([PROMPT + window]), cache)
+    own = [Branch(0, 40, 0.0), Branch(2, 41, 0.0), Branch(3, 42, 0.0)]
+    late = [Branch(1, 43, 0.0), Branch(0, 44, 0.0), Branch(3, 45, 0.0)]
+    g_own, g_late = [4, 4, 3], [4, 2, 4]
+
+    def rngs(bs):
+        return [np.random.default_rng([9, b.depth, b.token]) for b in bs]
+
+    def alone(bs, g2):
+        w = Wave(m, cache.fork([0] * len(bs)), bs, base, g2, rngs(bs), s)
+        while not w.finished():
+            w.advance()
+        return w
+
+    merged = Wave(m, cache.fork([0] * 3), own, base, g_own, rngs(own), s)
+    merged.advance()
+    merged.advance()
+    merged.join(late, g_late, rngs(late))
+    assert not merged.finished(3) and merged.completed() == 0
+    while not merged.finished():
+        merged.advance()
+    assert merged.k == 2 + max(g_late)  # the joined rows drafted from their own first pass
+    for bs, g2, off in ((own, g_own, 0), (late, g_late, 3)):
+        ref = alone(bs, g2)
+        for r in range(len(bs)):
+            ta, qa = ref.window(r)
+            tb, qb = merged.window(off + r)
+            assert ta == tb and merged.row_passes(off + r) == g2[r]
+            np.testing.assert_allclose(qa, qb, atol=1e-4)
+    for r in (0, 2):  # commit a joined row: the cache continues its path as the lone wave's
+        ref, again = alone(late, g_late), Wave(m, cache.fork([0] * 3), own, base, g_own,
+                                               rngs(own), s)  # fmt: skip
+        again.advance()
+        again.join(late, g_late, rngs(late))
+        while not again.finished():
+            again.advance()
+        end, g = base + late[r].depth, g_late[r]
+        ta, _ = ref.commit(r, end, g)
+        tb, _ = again.commit(3 + r, end, g)
+        assert ta == tb and ref.cache.offset == again.cache.offset == end + g
+        la = m.forward(np.array([[ta[-1]]]), ref.cache)
+        lb = m.forward(np.array([[tb[-1]]]), again.cache)
+        np.testing.assert_allclose(la, lb, atol=1e-4)
+
+
+def test_early_exit_branches_join_the_own_wave_in_flight_and_are_reused(tiny_dir):
+    """The early exit arrives during the own wave's second pass: its branches join that wave
+    (the timeline says how many), and a correction among them is reused with the tokens a
+    fresh rollout gives."""
+    gate = Gate(load_model(tiny_dir("llama", num_layers=2, seed=11), "onnx"), at=2)
+    sc = Scripted(gate, draft_branches=1)
+    logits = gate.m.forward(np.array([PROMPT + sc.win.tokens]), gate.m.new_cache())
+    own = {(b.depth, b.token) for b in rank_own_branches(logits[0, len(PROMPT) - 1 :],
+                                                         sc.win.tokens, 1)}  # fmt: skip
+    c = next(v for v in range(300) if (1, v) not in own and v != sc.win.tokens[1])
+    ids = ee_with(sc.win.tokens, {1: [c]})
+    logp = np.log(np.full(ids.shape, 0.2, np.float32))
+    assert gate.entered.wait(10)  # the own wave's second pass
+    sc.w.send(EarlyExit(0, encode(ids.astype(np.int32), logp), now_ns()))
+    gate.release.set()
+    deadline = time.time() + 10
+    while not [i for i in sc.tl.intervals if i.name == "rollout wave 1"]:
+        assert time.time() < deadline
+        time.sleep(0.005)
+    first = next(i for i in sc.tl.intervals if i.name == "rollout wave 1")
+    assert first.args["joined"] > 0 and first.args["tokens"] > sc.gamma
+    sc.w.send(FinalVerify(0, 1, c, now_ns()))
+    nxt = sc.w.receive(1)
+    sc.w.stop()
+    assert nxt.source == "reuse" and nxt.tokens == sc.fresh(1, c)
+    assert not nxt.info["own"]

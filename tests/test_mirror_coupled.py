@@ -203,10 +203,10 @@ def test_the_worker_rolls_out_its_noise_coupled_own_branches_when_sampling(tiny_
     rolled = []
     waves = DraftWorker._waves
 
-    def spy(self, step, ranked, produced, finish=False):
+    def spy(self, step, ranked, produced, finish=False, **kw):
         if finish:
             rolled.append([(b.depth, b.token) for b in ranked])
-        return waves(self, step, ranked, produced, finish)
+        return waves(self, step, ranked, produced, finish, **kw)
 
     monkeypatch.setattr(DraftWorker, "_waves", spy)
     samp = Sampling(1.0)

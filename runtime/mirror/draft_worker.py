@@ -85,6 +85,7 @@ class DraftWorker:
         # this step's own runner-up branches (depth, token), ranked or not yet rolled out: a
         # window says whether its step's (A, c) was one ("own"), which auto's Ω̂_own pools
         self._own_keys: set[tuple[int, int]] = set()
+        self._early: tuple[int, list[Branch]] | None = None  # the step's early exit, once read
         self.thread = threading.Thread(target=self._main, name="duet-draft", daemon=True)
         self.seq: list[int] = []
 
@@ -180,6 +181,10 @@ class DraftWorker:
         self._stash = msg
         return True
 
+    def _branch_window(self, produced: int, base: int, b: Branch) -> int:
+        """The length of the window that would follow branch `b`."""
+        return self._window_size(produced + b.depth + 1, base + b.depth + 1)
+
     def _rng(self, step: int, a: int | None = None, c: int | None = None):
         """The generator for the window of `step`, which follows (A, c) (none for step 0)."""
         key = [self.seed, step, INITIAL] if a is None else [self.seed, step, WINDOW, a, c]
@@ -198,18 +203,13 @@ class DraftWorker:
             with self._lock:  # open this step's board of completed branches
                 self._ready, self._ready_step, self._claimed = {}, step, False
             self._ee_recv = 0  # not yet: branches published before it carry 0
-            self._own_keys = set()
+            self._own_keys, self._early = set(), None
             own = self._extend(step, self.seq + window)
             early = self._own_rollouts(step, own, window, produced, q) if own is not None else []
-            ee = self._get()
-            assert isinstance(ee, EarlyExit) and ee.step == step
-            ee_recv = self._ee_recv = now_ns()
-            self.tl.add(
-                "channel", "early-exit", ee.sent_ns, ee_recv, step=step, bytes=len(ee.payload)
-            )
-            ids, logp = decode(ee.payload)
+            ee_recv, ranked = self._early or self._read_early(step, window, q)
             started = {key for w in early for key in w.index}
-            waves = early + self._branch_rollouts(step, ids, logp, window, produced, started, q)
+            ranked = [b for b in ranked if (b.depth, b.token) not in started]
+            waves = early + self._waves(step, ranked, produced)
             fv = self._get()
             assert isinstance(fv, FinalVerify) and fv.step == step
             fv_recv = now_ns()
@@ -297,6 +297,23 @@ class DraftWorker:
             self.tl.add("draft", "extend own path", t0, now_ns(), step=step)
         return None
 
+    def _read_early(self, step: int, window, q) -> tuple[int, list[Branch]]:
+        """Read the early-exit message (blocking) and rank its branches, most likely first;
+        kept in `_early` as (when it came, the ranked branches). `q`: the window's draft laws
+        when sampling (the ranking is then the noise-coupled one of coupled.py)."""
+        ee = self._get()
+        assert isinstance(ee, EarlyExit) and ee.step == step
+        ee_recv = self._ee_recv = now_ns()
+        self.tl.add("channel", "early-exit", ee.sent_ns, ee_recv, step=step, bytes=len(ee.payload))
+        ids, logp = decode(ee.payload)
+        if self.sampling.greedy:
+            ranked = rank_branches(ids, logp, window)
+        else:  # the message is coupled to the verifier's noise, which we regenerate (coupled.py)
+            u, noise = self._noise(step, window, q)
+            ranked = rank_coupled(ids, logp, window, q, u, noise)
+        self._early = (ee_recv, ranked)
+        return self._early
+
     def _own_rollouts(self, step, logits, window, produced, q=None) -> list[Wave]:
         """Waves of the draft's own branches until the early exit arrives: its runner-ups when
         greedy; when sampling, the m·(γ+1) branches its own law, coupled to the verifier's
@@ -308,7 +325,7 @@ class DraftWorker:
             ranked = rank_own_coupled(self.sampling.log_probs(logits), window, q, u, noise,
                                       self.draft_branches)  # fmt: skip
         self._own_keys = {(b.depth, b.token) for b in ranked}
-        return self._waves(step, ranked, produced, finish=True)
+        return self._waves(step, ranked, produced, finish=True, window=window, q=q)
 
     def _noise(self, step, window, q):
         """The verifier's noise for `step` (coupled.step_noise): u and its Gumbel field."""
@@ -317,47 +334,54 @@ class DraftWorker:
             self._noise_step, self._noise_uv = step, step_noise(self.seed, step, len(window), vocab)
         return self._noise_uv
 
-    def _branch_rollouts(self, step, ids, logp, window, produced, started=(), q=None) -> list[Wave]:
-        """Waves of branches, most likely first, until (A, c) arrives (the last may be cut short);
-        branches in `started` (rolled out before the early exit) are not run again. `q`: the
-        window's draft laws when sampling (the ranking is then the noise-coupled one of
-        coupled.py)."""
-        if self.sampling.greedy:
-            ranked = rank_branches(ids, logp, window)
-        else:  # the message is coupled to the verifier's noise, which we regenerate (coupled.py)
-            u, noise = self._noise(step, window, q)
-            ranked = rank_coupled(ids, logp, window, q, u, noise)
-        ranked = [b for b in ranked if (b.depth, b.token) not in started]
-        return self._waves(step, ranked, produced)
-
-    def _waves(self, step, ranked: list[Branch], produced, finish: bool = False) -> list[Wave]:
+    def _waves(self, step, ranked: list[Branch], produced, finish: bool = False, window=None,
+               q=None) -> list[Wave]:  # fmt: skip
         """Roll `ranked` out in waves of branch_batch rows until a message arrives. finish: the
-        wave in flight when it arrives still runs to its end (the own branches: they started a
-        whole prefix earlier than any early-exit branch can, so at a γ whose rollout outlasts
-        the suffix they are the only rows that can be complete when (A, c) comes)."""
+        own branches' waves, which run to their end (they started a whole prefix earlier than
+        any early-exit branch can, so at a γ whose rollout outlasts the suffix they are the only
+        rows that can be complete when (A, c) comes); the early exit arriving meanwhile is read
+        at once and its first branch_batch branches join the wave in flight (`Wave.join`),
+        where they start a pass after it instead of after the wave's end (`window`, `q`: the
+        step's, to rank them)."""
         waves = []
         base = len(self.seq)
         for i in range(0, len(ranked), self.branch_batch):
-            if self._final_arrived():
+            if self._final_arrived() or (finish and self._early is not None):
                 break
             chunk = ranked[i : i + self.branch_batch]
-            g2 = [self._window_size(produced + b.depth + 1, base + b.depth + 1) for b in chunk]
+            g2 = [self._branch_window(produced, base, b) for b in chunk]
             rngs = [self._rng(step + 1, b.depth, b.token) for b in chunk]
             kind = SSWave if is_ss_draft(self.draft) else Wave  # §3.2: η ≥ 1 tokens per pass
             wave = kind(self.draft, fork_rows(self.cache, chunk, base), chunk, base, g2, rngs,
                         self.sampling)  # fmt: skip
             waves.append(wave)
-            t0 = now_ns()
+            t0, joined = now_ns(), 0
             while not wave.finished():
-                if wave.k and not finish and self._final_arrived():
+                if finish and not joined and kind is Wave and self._final_arrived():
+                    joined = self._join(step, waves, produced, base, window, q)
+                own_left = finish and not (joined and wave.finished(len(chunk)))
+                if wave.k and not own_left and self._final_arrived():
                     break
                 wave.advance()
                 self._publish(step, wave)
             self.tl.add("draft", f"rollout wave {len(waves)}", t0, now_ns(), step=step,
-                        branches=len(chunk), tokens=wave.k, depths=sorted({b.depth for b in chunk}))  # fmt: skip
+                        branches=len(chunk), tokens=wave.k, depths=sorted({b.depth for b in chunk}),
+                        joined=joined)  # fmt: skip
             if not wave.finished():
                 break
         return waves
+
+    def _join(self, step, waves: list[Wave], produced, base, window, q) -> int:
+        """The early exit came during an own wave (the last of `waves`): read it, and add its
+        most likely branches not yet rolled out to that wave (at most branch_batch rows).
+        Returns how many joined."""
+        _, ranked = self._read_early(step, window, q)
+        started = {key for w in waves for key in w.index}
+        fresh = [b for b in ranked if (b.depth, b.token) not in started][: self.branch_batch]
+        if fresh:
+            waves[-1].join(fresh, [self._branch_window(produced, base, b) for b in fresh],
+                      [self._rng(step + 1, b.depth, b.token) for b in fresh])  # fmt: skip
+        return len(fresh)
 
 
 def fork_rows(cache, chunk: list[Branch], base: int):
@@ -374,84 +398,120 @@ class Wave:
     """One batch of branch rollouts over a forked copy of the shared-prefix cache.
 
     The cache holds `committed + d1..dγ` (P columns) followed by one column per pass.
-    Row r = (j, v) sees columns [0, |committed| + j) of the prefix and all its own
-    columns; its tokens sit at positions |committed| + j, + j + 1, ...
+    Row r = (j, v) sees columns [0, |committed| + j) of the prefix and the pass columns from
+    the pass it joined at (`start`: 0, or the pass at which `join` added it); its tokens sit
+    at positions |committed| + j, + j + 1, ...
     """
 
     def __init__(self, draft, cache, branches: list[Branch], base: int, g2: list[int], rngs,
                  sampling: Sampling):  # fmt: skip
         self.draft, self.cache, self.sampling = draft, cache, sampling
-        self.index = {(b.depth, b.token): r for r, b in enumerate(branches)}
-        self.g2 = np.array(g2)
-        self.rngs = rngs
-        n, steps = len(branches), max(g2, default=0)
-        self.prefix = cache.offset  # P
-        depth = np.array([b.depth for b in branches])
-        self.keys = np.arange(self.prefix)[None, :] < (base + depth)[:, None]  # (n, P)
-        self.pos = (base + depth)[:, None]  # (n, 1): where v goes
-        self.feed = np.array([[b.token] for b in branches], np.int64)
-        self.toks = np.zeros((n, steps), np.int64)
+        self.index: dict[tuple[int, int], int] = {}
+        self.base, self.prefix = base, cache.offset  # P
+        self.g2 = np.zeros(0, np.int64)
+        self.rngs: list = []
+        self.start = np.zeros(0, np.int64)  # the pass each row joined at
+        self.keys = np.zeros((0, self.prefix), bool)  # (n, P): the prefix columns each row sees
+        self.pos = np.zeros((0, 1), np.int64)  # (n, 1): where v goes
+        self.feed = np.zeros((0, 1), np.int64)
+        self.toks = np.zeros((0, max(g2, default=0)), np.int64)  # each row's own tokens
         # per pass, the (n, V) rows each token was drawn from: the logits under plain sampling
         # (`logits`: no softmax of n rows a pass, only of the γ rows of a window used), else q
         self.rows: list[np.ndarray] = []
         self.logits = False  # decided on the first pass, by the width of the logits
-        self.k = 0  # passes run = tokens drafted per row
-        self.ready_ns = [0] * steps  # when each pass finished
+        self.k = 0  # passes run
+        self.ready_ns: list[int] = []  # when each pass finished
+        self._add(branches, g2, rngs)
 
-    def finished(self) -> bool:
-        return self.k >= self.toks.shape[1]
+    def _add(self, branches: list[Branch], g2: list[int], rngs) -> None:
+        n = len(self.g2)
+        self.index.update({(b.depth, b.token): n + r for r, b in enumerate(branches)})
+        depth = np.array([b.depth for b in branches], np.int64)
+        self.g2 = np.concatenate([self.g2, np.asarray(g2, np.int64)])
+        self.rngs = self.rngs + list(rngs)
+        self.start = np.concatenate([self.start, np.full(len(branches), self.k, np.int64)])
+        keys = np.arange(self.prefix)[None, :] < (self.base + depth)[:, None]
+        self.keys = np.concatenate([self.keys, keys])
+        self.pos = np.concatenate([self.pos, (self.base + depth)[:, None]])
+        self.feed = np.concatenate([self.feed, np.array([[b.token] for b in branches], np.int64)
+                                    .reshape(-1, 1)])  # fmt: skip
+        width = max(self.toks.shape[1], max(g2, default=0))
+        toks = np.zeros((len(self.g2), width), np.int64)
+        toks[:n, : self.toks.shape[1]] = self.toks
+        self.toks = toks
+
+    def join(self, branches: list[Branch], g2: list[int], rngs) -> None:
+        """Add rows between passes (the early exit's branches, into the own wave in flight):
+        their cache rows are copies of row 0's, whose pass columns their masks hide, so they
+        see the shared prefix only, as rows forked from it do."""
+        self.cache.select([*range(len(self.g2)), *([0] * len(branches))])
+        self._add(branches, g2, rngs)
+
+    def _local(self) -> np.ndarray:
+        """Tokens drafted per row so far."""
+        return self.k - self.start
+
+    def finished(self, rows: int | None = None) -> bool:
+        """Every row (or the first `rows`) has its window."""
+        return bool((self._local() >= self.g2)[:rows].all())
 
     def completed(self) -> int:
-        return int((self.g2 <= self.k).sum())
+        return int((self._local() >= self.g2).sum())
 
     def row_ready_ns(self, row: int) -> int:
         g = int(self.g2[row])
-        return self.ready_ns[g - 1] if g else 0
+        return self.ready_ns[int(self.start[row]) + g - 1] if g else 0
 
     def just_completed(self) -> np.ndarray:
         """Rows the last pass completed."""
-        return np.nonzero(self.g2 == self.k)[0]
+        return np.nonzero((self._local() == self.g2) & (self.k > self.start))[0]
 
     def row_passes(self, row: int) -> int:
         """Passes this row's window took: one per token."""
-        return min(self.k, int(self.g2[row]))
+        return min(int(self._local()[row]), int(self.g2[row]))
 
     def advance(self) -> None:
         """One batched draft pass: every row gets its next token."""
-        n, k = len(self.feed), self.k
-        mask = np.concatenate([self.keys, np.ones((n, k + 1), bool)], axis=1)[:, None, :]
-        logits = self.draft.forward(self.feed, self.cache, positions=self.pos + k, mask=mask)[:, -1]
+        k, local = self.k, self._local()
+        seen = np.arange(k + 1)[None, :] >= self.start[:, None]  # the pass columns of its own
+        mask = np.concatenate([self.keys, seen], axis=1)[:, None, :]
+        pos = self.pos + local[:, None]
+        logits = self.draft.forward(self.feed, self.cache, positions=pos, mask=mask)[:, -1]
         if k == 0:
             self.logits = self.sampling.lazy(logits.shape[-1])
         if self.sampling.greedy:
-            self.toks[:, k] = logits.argmax(-1)
+            drawn = logits.argmax(-1)
         elif self.logits:  # Gumbel-max, as the fallback draws (sd.draft_window(gumbel=True))
             self.rows.append(logits)
-            self.toks[:, k] = gumbel_draws(self.rngs, self.sampling.scaled(logits))
+            drawn = gumbel_draws(self.rngs, self.sampling.scaled(logits))
         else:
             self.rows.append(self.sampling.probs(logits))
-            self.toks[:, k] = sample(self.rows[-1], np.array([r.random() for r in self.rngs]))
-        self.feed = self.toks[:, k : k + 1]
+            drawn = sample(self.rows[-1], np.array([r.random() for r in self.rngs]))
+        room = local < self.toks.shape[1]
+        self.toks[np.nonzero(room)[0], local[room]] = np.asarray(drawn)[room]
+        self.feed = np.asarray(drawn, np.int64).reshape(-1, 1)
         self.k += 1
-        self.ready_ns[k] = now_ns()
+        self.ready_ns.append(now_ns())
 
     def window(self, row: int, g: int | None = None, stack: bool = True):
         """Row `row`'s first m = min(passes run, g or its window size) tokens and their q (their
         logits when `self.logits`: Window.laws forms q); stack=False: q as a list of the
         wave's own rows (views), for a caller that copies them anyway."""
-        m = min(self.k, int(self.g2[row]) if g is None else g)
+        s0 = int(self.start[row])
+        m = min(self.k - s0, int(self.g2[row]) if g is None else g)
         toks, vocab = self.toks[row, :m].tolist(), self.draft.config.vocab_size
         if self.sampling.greedy or not m:  # as sd.draft_window: no q under greedy verification
             return toks, np.zeros((0, vocab), np.float32)
-        rows = [r[row] for r in self.rows[:m]]
+        rows = [r[row] for r in self.rows[s0 : s0 + m]]
         return toks, (np.stack(rows) if stack else rows)
 
     def commit(self, row: int, accepted_end: int, g: int) -> tuple[list[int], np.ndarray]:
         """Make the cache row `row` alone, holes closed: `committed' + t1..t(m-1)` with m =
         min(passes run, g) tokens of the next window, which are returned with their q (laws:
         the draft ranks its next branches with them)."""
-        m = min(self.k, g)
+        s0 = self.prefix + int(self.start[row])
+        m = min(self.k - int(self.start[row]), g)
         self.cache.select([row])
-        self.cache.keep_columns([*range(accepted_end), *range(self.prefix, self.prefix + m)])
+        self.cache.keep_columns([*range(accepted_end), *range(s0, s0 + m)])
         toks, q = self.window(row, g)
         return toks, (self.sampling.probs(q) if self.logits and len(q) else q)

@@ -73,6 +73,8 @@ def mirror_summary(events: list[StepEvent], timeline: Timeline) -> dict:
         else:  # a draft's own branch, begun in the prefix: no early-exit rendezvous on its path,
             # and whatever of it ran past the early exit's send is its T_draft^gen
             t_rv_ee, t_gen = 0.0, max(d["ready_ns"] - x["ee_sent_ns"], 0) / 1e9
+        if d.get("fv_recv_ns") and d["ready_ns"] > d["fv_recv_ns"]:  # made after the verdict:
+            t_rv_fv -= (d["fv_recv_ns"] - x["fv_sent_ns"]) / 1e9  # T_draft^gen holds its leg
         predicted.append(x["prefix_s"] + t_rv_ee + max(x["suffix_s"], t_gen) + t_rv_fv)
     return {
         "steps": len(events),
