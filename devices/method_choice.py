@@ -106,11 +106,12 @@ def mirror_wait(t: StageTimes, gamma: int, prefix: float, suffix: float) -> tupl
     own_waves = math.ceil(rows / big) if t.own_rows else 0
     own_end = tok + own_waves * gamma * b  # extend the cache, then the own waves to their end
     arrive, verdict = prefix + rv, prefix + suffix + 2 * rv
-    k, pass_t, joined = 0, b, 0
+    k, pass_t, joined, started = 0, b, 0, rows
     if own_waves and b > 0 and tok < arrive < own_end:  # it comes during the own wave w
         w = min(int((arrive - tok) // (gamma * b)), own_waves - 1)
         k = math.ceil((arrive - tok) / b) - w * gamma  # that wave's passes before it is read
-        own_end = tok + (w + 1) * gamma * b  # later own waves are not started
+        own_end = tok + (w + 1) * gamma * b  # later own waves are not started: their share
+        started = min(rows, (w + 1) * big)  # of Ω̂_own counts as early-exit hits (below)
         if k < gamma:  # its first wave joins the wave in flight (draft_worker.Wave.join)
             n_in = min(rows - w * big, big)  # a pass of n_in + big rows: linear between 1
             pass_t, joined = b + (b - tok) * n_in / max(big - 1, 1), 1  # and big rows
@@ -127,9 +128,10 @@ def mirror_wait(t: StageTimes, gamma: int, prefix: float, suffix: float) -> tupl
     w_own = max(0.0, own_end - verdict)
     w_ee = 0.0 if ee_end <= verdict else (free - verdict) + (gamma - passes) * tok  # resumed
     w_miss = (free - verdict) + gamma * tok  # a fresh rollout
-    ee = max(0.0, t.omega_kappa - t.omega_own)
-    wait = t.omega_own * w_own + ee * w_ee + (1 - t.omega_own - ee) * w_miss
-    reuse = t.omega_own * (own_end <= verdict) + ee * (ee_end <= verdict)
+    own = t.omega_own * started / rows if rows else 0.0
+    ee = max(0.0, t.omega_kappa - own)
+    wait = own * w_own + ee * w_ee + (1 - own - ee) * w_miss
+    reuse = own * (own_end <= verdict) + ee * (ee_end <= verdict)
     return wait, reuse
 
 

@@ -76,15 +76,16 @@ def test_mirror_waits_for_branches_its_worker_cannot_finish_before_the_verdict()
     wait = 0.2 * late + 0.4 * (late + 2 * 0.002) + 0.4 * (late + 4 * 0.002)
     assert own["step_ms"] == pytest.approx(1e3 * (0.012 + 1e-4 + wait))
     # γ 8 (18 rows: two own waves of 1 ms passes from 0.8 ms): the early exit (6.05 ms) joins
-    # the first after its 6th pass, the second is not started; the own rows end at 9.23 ms
-    # and are reused, the joined rows (1.21 ms passes from 6.8 ms) are cut after 5 passes
+    # the first after its 6th pass, and the second is not started, so its 2 rows' share of
+    # Ω̂_own are early-exit hits; the own rows end at 9.23 ms and are reused, the joined rows
+    # (1.21 ms passes from 6.8 ms) are cut after 5 passes
     t8 = times(draft_batch=0.001, draft_token=0.0008, own_rows=2, omega_own=0.2)
     j8 = predict(t8, 8)["mirror"]
-    pj = 0.001 + 0.0002 * 16 / 15
+    pj, own = 0.001 + 0.0002 * 16 / 15, 0.2 * 16 / 18
     free = 0.0068 + 5 * pj - 0.0121
-    wait = 0.4 * (free + 3 * 0.0008) + 0.4 * (free + 8 * 0.0008)
+    wait = (0.6 - own) * (free + 3 * 0.0008) + 0.4 * (free + 8 * 0.0008)
     assert j8["step_ms"] == pytest.approx(1e3 * (0.012 + 1e-4 + wait))
-    assert j8["reuse"] == pytest.approx(0.2)
+    assert j8["reuse"] == pytest.approx(own)
     # a shorter window lets the own wave end (2 + 2·3 = 8 ms) before the verdict (12.1 ms),
     # and the early exit's wave starts after it: own hits are reused, the others cut
     short = predict(times(draft_batch=0.003, own_rows=2, omega_own=0.2), 2)["mirror"]
