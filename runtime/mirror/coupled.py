@@ -7,8 +7,9 @@ draw poorly: at T = 1 on emulated m3-max it missed in 52-59 % of steps, so mirro
 a serial rollout and lost to sd.
 
 The verifier's randomness is ours, though. Mirror keys the step's noise by (seed, step, 3)
-(`step_noise`): the acceptance uniforms u (γ,) and one row of standard Gumbel noise per window
-position G (γ+1, V), a counter-based field read only where needed (kernels/gumbel_field.py).
+(runtime.decoding.events.step_noise, whose verdicts sd draws too): the acceptance uniforms
+u (γ,) and one row of standard Gumbel noise per window position G (γ+1, V), a counter-based
+field read only where needed (kernels/gumbel_field.py).
 The correction is the Gumbel-max draw argmax_x log r(x) + G(x) over the residual r
 (kernels.verify.verify_sampling), which is an exact draw from norm(r) because the noise of
 step t is independent of the window it judges: that window was drafted earlier, from the
