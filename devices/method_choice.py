@@ -16,8 +16,8 @@ the pair at hand, or a calibrated profile supplies them). The laws:
   extends its cache (one draft pass), rolls out its own runner-up branches to their end (a
   wave of b-second passes per branch_batch rows, γ deep); the early exit's first branches
   join the own wave in flight when it comes (its passes then carry both: linear in rows
-  between T_draft(1) and b), the rest follow in waves, until the verdict. The correction is an own branch
-  with probability Ω̂_own, an early-exit one with Ω̂ − Ω̂_own (App. E: a branch exists iff
+  between T_draft(1) and b), the rest follow in waves, until the verdict. The correction is
+  an own branch with probability Ω̂_own, an early-exit one with Ω̂ − Ω̂_own (App. E: a branch exists iff
   (A, c) is in the tree, FF ≤ 1 − Ω_κ; devices/pair_probe.prompt_hits), else a miss: a branch
   not complete at the verdict is resumed serially, a miss rolled out afresh (γ draft tokens)
   after the pass in flight.
@@ -107,16 +107,17 @@ def mirror_wait(t: StageTimes, gamma: int, prefix: float, suffix: float) -> tupl
     own_end = tok + own_waves * gamma * b  # extend the cache, then the own waves to their end
     arrive, verdict = prefix + rv, prefix + suffix + 2 * rv
     k, pass_t, joined, started = 0, b, 0, rows
+    ee_start = max(own_end, arrive)  # after the own waves, unless it joins one (below)
     if own_waves and b > 0 and tok < arrive < own_end:  # it comes during the own wave w
         w = min(int((arrive - tok) // (gamma * b)), own_waves - 1)
         k = math.ceil((arrive - tok) / b) - w * gamma  # that wave's passes before it is read
-        own_end = tok + (w + 1) * gamma * b  # later own waves are not started: their share
-        started = min(rows, (w + 1) * big)  # of Ω̂_own counts as early-exit hits (below)
+        own_end = ee_start = tok + (w + 1) * gamma * b  # later own waves are not started:
+        started = min(rows, (w + 1) * big)  # their share of Ω̂_own counts as early-exit hits
         if k < gamma:  # its first wave joins the wave in flight (draft_worker.Wave.join)
             n_in = min(rows - w * big, big)  # a pass of n_in + big rows: linear between 1
             pass_t, joined = b + (b - tok) * n_in / max(big - 1, 1), 1  # and big rows
-            own_end = tok + (w * gamma + k) * b + (gamma - k) * pass_t
-    ee_start = own_end - (gamma - k) * pass_t if joined else max(own_end, arrive)
+            ee_start = tok + (w * gamma + k) * b
+            own_end = ee_start + (gamma - k) * pass_t
     ee_end = ee_start + gamma * pass_t
     if verdict < own_end:  # the own rows still run (the joined ones with them): they finish
         passes, free = (gamma - k) * joined, own_end
