@@ -23,6 +23,8 @@ V / B block maxima, and the entries of the few blocks read (about 5 at T = 1 on 
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 
 from kernels.topk_channel import rows_torch
@@ -31,9 +33,10 @@ BLOCK = 64  # columns per block: log B = 4.2 nats of headroom above a block's be
 _GOLDEN = 0x9E3779B97F4A7C15
 _M64 = (1 << 64) - 1
 _MAX, _POS, _VAL, _UNI = 1, 2, 3, 4  # the field's streams per row
-# rows up to this wide are drawn whole by NumPy's generator: at the embedded pair's 4,096 the
-# block construction cost 5x the old table (16 one-draw rows: 2.3 against 0.4 ms); Qwen3's
-# 151,936 reads blocks (2.7 ms for 16 rows, where a softmax and an inverse CDF took 4.8)
+# rows up to this wide are drawn whole (each when first read) by NumPy's generator: at the
+# embedded pair's 4,096 the block construction cost 5x the old table (16 one-draw rows: 2.3
+# against 0.4 ms); Qwen3's 151,936 reads blocks (2.7 ms for 16 rows, where a softmax and an
+# inverse CDF took 4.8)
 DENSE_UP_TO = 16_384
 _FIRST = 32  # blocks read per row in the first round of `top` (then 4x per round)
 
@@ -45,12 +48,20 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+def _mix1(z: int) -> int:
+    """_mix on one Python int (a 64-bit value): the same function, without NumPy's per-call
+    cost (a verdict keys its noise once a step)."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
 def fold(*parts: int) -> int:
     """A 64-bit key from integers (seed, step, tag, ...), each mixed in turn."""
-    k = np.zeros(1, np.uint64)
+    k = 0
     for p in parts:
-        k = _mix(k ^ np.uint64((int(p) + _GOLDEN) & _M64))
-    return int(k[0])
+        k = _mix1(k ^ ((int(p) + _GOLDEN) & _M64))
+    return k
 
 
 def _stream(keys: np.ndarray, stream: int) -> np.ndarray:
@@ -90,10 +101,9 @@ class GumbelField:
     every reader that knows (key, vocab)."""
 
     def __init__(self, key: int, rows: int, vocab: int):
-        ints = np.arange(int(rows), dtype=np.uint64)
-        keys = _mix(np.full(int(rows), int(key) & _M64, np.uint64) ^ (ints * np.uint64(_GOLDEN)))
-        self._keyed(keys, vocab)
-        self._key = int(key) & _M64  # dense: the whole table from one generator
+        key = int(key) & _M64
+        keys = [_mix1(key ^ ((r * _GOLDEN) & _M64)) for r in range(int(rows))]
+        self._keyed(np.array(keys, np.uint64), vocab)
 
     @classmethod
     def of_rows(cls, keys, vocab: int) -> GumbelField:
@@ -105,26 +115,35 @@ class GumbelField:
     def _keyed(self, keys: np.ndarray, vocab: int) -> None:
         self.rows, self.vocab, self._keys = len(keys), int(vocab), keys
         self.dense = self.vocab <= DENSE_UP_TO
-        self._key: int | None = None
-        self._table: np.ndarray | None = None  # dense: every row, drawn at first use
-        self._max, self._pos, self._val = (_stream(keys, s) for s in (_MAX, _POS, _VAL))
-        self._uni = _stream(keys[:1], _UNI)
+        self._drawn: dict[int, np.ndarray] = {}  # dense: the rows drawn so far, at first use
+
+    # each stream's per-row bases, formed when first read (a dense field reads none)
+    _max = cached_property(lambda self: _stream(self._keys, _MAX))
+    _pos = cached_property(lambda self: _stream(self._keys, _POS))
+    _val = cached_property(lambda self: _stream(self._keys, _VAL))
 
     def uniforms(self, n: int) -> np.ndarray:
-        """n uniforms of the key's own stream (Mirror-SD's acceptance uniforms u)."""
-        return _uniform(_draws(self._uni, np.arange(n)))
+        """n uniforms of the key's own stream (Mirror-SD's acceptance uniforms u): _draws and
+        _uniform on Python ints (a verdict's few cost 9 us through NumPy's small arrays)."""
+        base = _mix1(int(self._keys[0]) ^ (_UNI * _GOLDEN & _M64))  # _stream(keys[:1], _UNI)
+        bits = [_mix1((base + (c + 1) * _GOLDEN) & _M64) for c in range(int(n))]
+        return np.array([((b >> 11) + 0.5) * 2.0**-53 for b in bits], np.float64)
 
-    def _dense(self) -> np.ndarray:
-        """Every row of a dense field: one generator for a keyed field's table, one per row
-        for `of_rows`'s (each row is its key's alone)."""
-        if self._table is None:
-            if self._key is not None:
-                e = np.random.default_rng(self._key).standard_exponential((self.rows, self.vocab))
-            else:
-                e = np.stack([np.random.default_rng(int(k)).standard_exponential(self.vocab)
-                              for k in self._keys])  # fmt: skip
-            self._table = -np.log(e)
-        return self._table
+    def _dense(self, rows) -> np.ndarray:
+        """Rows `rows` (any int array) of a dense field, shaped rows.shape + (V,): row r is
+        -log of Exp(1) draws from NumPy's generator keyed by the row's own key, drawn the first
+        time it is read. Only the rows read are drawn: sd's verdict reads one row of γ + 1 (a
+        whole (γ + 1) x 4,096 table cost 0.2 ms on this CPU, the one row 0.03)."""
+        rows = np.asarray(rows, np.int64)
+        for r in np.unique(rows).tolist():
+            if r not in self._drawn:
+                e = np.random.default_rng(int(self._keys[r])).standard_exponential(self.vocab)
+                self._drawn[r] = -np.log(e)
+        if rows.ndim == 0:
+            return self._drawn[int(rows)]
+        return np.stack([self._drawn[r] for r in rows.ravel().tolist()]).reshape(
+            *rows.shape, self.vocab
+        )
 
     def _block_max(self, rows, blocks) -> np.ndarray:
         """M_b: each block's maximum, Gumbel with location log B."""
@@ -144,7 +163,8 @@ class GumbelField:
         if not self.dense:
             blocks = cols // BLOCK
             return self._entries(rows, blocks, cols, self._block_max(rows, blocks))
-        return self._dense()[rows, cols]
+        uniq, at = np.unique(rows, return_inverse=True)  # each row drawn (and stacked) once
+        return self._dense(uniq)[at.reshape(rows.shape), cols]
 
     def __getitem__(self, index) -> np.ndarray:
         """field[j, cols]: G at row j's columns (the noise table's indexing)."""
@@ -173,7 +193,7 @@ class GumbelField:
         if self.dense:
             if log:
                 s = _log(s)
-            g = self._dense()[rows]
+            g = self._dense(rows)
             v = np.where(s > -np.inf, s + g, -np.inf)
             return _select(v, np.broadcast_to(np.arange(V), v.shape), k)
         bmax = np.empty((R, nb), np.float64)  # each block's best score
@@ -229,6 +249,9 @@ class GumbelField:
     def argmax(self, scores: np.ndarray, row: int, log: bool = False) -> int:
         """argmax_x scores(x) + G(row, x) over one row (V,): a Gumbel-max draw from
         softmax(scores) (-inf: never chosen); log: scores are masses, a draw from them."""
+        if self.dense:  # top's answer for k = 1 (ties: the lower id), without its machinery
+            s = _log(scores) if log else np.asarray(scores, np.float64)
+            return int(np.argmax(s + self._dense(row)))  # -inf + G stays -inf: never chosen
         return int(self.top(np.asarray(scores)[None, :], 1, [row], log)[0][0, 0])
 
 

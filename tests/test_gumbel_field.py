@@ -93,3 +93,36 @@ def test_argmax_of_log_p_is_a_draw_from_p(vocab):
     # negative control: the same draws judged against another law
     other = np.roll(p[keep], 1)
     assert chisquare(counts[keep], other * 3000).pvalue < 1e-3
+
+
+def test_fold_is_splitmix64s_finaliser_over_the_parts():
+    """fold mixes on Python ints: the same keys as the finaliser on NumPy's uint64."""
+    from kernels.gumbel_field import _GOLDEN, _M64, _mix
+
+    def ref(*parts):
+        k = np.zeros(1, np.uint64)
+        for p in parts:
+            k = _mix(k ^ np.uint64((p + _GOLDEN) & _M64))
+        return int(k[0])
+
+    for parts in [(0,), (1, 2, 3), (2**40, 7, 3, 9, 4095), (-1, 0)]:
+        assert fold(*parts) == ref(*parts)
+    assert fold(1, 2, 3) != fold(1, 3, 2)
+
+
+def test_a_dense_field_draws_only_the_rows_it_reads():
+    """sd's verdict reads one row of γ + 1: only that row is drawn, and it is the row the
+    whole table holds, whichever rows were read before or with it."""
+    vocab = 4096
+    key = fold(5, 8, 3)
+    table = GumbelField(key, 5, vocab).table()
+    f = GumbelField(key, 5, vocab)
+    p = np.random.default_rng(1).dirichlet(np.full(vocab, 0.1))
+    got = f.argmax(p, 3, log=True)
+    assert list(f._drawn) == [3]  # one row of five drawn
+    with np.errstate(divide="ignore"):
+        assert got == int(np.argmax(np.log(p) + table[3]))
+    assert np.array_equal(f.values(np.array([[1], [3]]), np.arange(vocab)[None, :]), table[[1, 3]])
+    assert sorted(f._drawn) == [1, 3]
+    ids, _ = f.top(np.log(p + 1e-30)[None, :].repeat(2, 0), 4, rows=[4, 4])
+    assert sorted(f._drawn) == [1, 3, 4] and (ids[0] == ids[1]).all()
