@@ -325,8 +325,8 @@ def mirror_pass(target, cache, window, *, kappa: int, exit_layer: int | None,
     if not getattr(target, "supports_layer_range", False):
         return None
     from kernels.topk_channel import encode, topk_message
-    from runtime.decoding.events import Sampling
-    from runtime.mirror.coupled import coupled_message, step_noise
+    from runtime.decoding.events import Sampling, step_noise
+    from runtime.mirror.coupled import coupled_message
     from runtime.mirror.exit_head import resolve_exit_head
 
     n = target.config.num_layers

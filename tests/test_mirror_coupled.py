@@ -12,13 +12,9 @@ from scipy.stats import chisquare
 from kernels.sampling import log_probs_from_logits, probs_from_logits
 from kernels.topk_channel import encode, top_rows, topk_message
 from kernels.verify import verify_sampling
+from runtime.decoding.events import step_noise
 from runtime.mirror.branches import rank_own_branches
-from runtime.mirror.coupled import (
-    coupled_message,
-    rank_coupled,
-    rank_own_coupled,
-    step_noise,
-)
+from runtime.mirror.coupled import coupled_message, rank_coupled, rank_own_coupled
 
 
 def laws(rng, g, vocab, sharp=3.0):

@@ -51,14 +51,26 @@ def test_process_worker_greedy_equals_ar(tiny_dir, arch):
     assert no_draft_process()
 
 
-def test_process_worker_samples_what_the_thread_worker_samples(pair):
-    """Each window is drawn with the generator seeded by (seed, step, A, c) wherever it runs,
-    so at T > 0 the process worker commits exactly the thread worker's tokens."""
+@pytest.mark.parametrize("temp", [1.0, 0.7])
+def test_sampled_mirror_commits_what_sampled_sd_commits_in_either_worker(pair, temp):
+    """Each window is drawn with the generator keyed by (seed, step, A, c) and verified with
+    the noise keyed by (seed, step), by sd as by mirror wherever its worker runs
+    (events.window_rng, events.step_noise): at T > 0 the process worker, the thread worker,
+    mirror with its own branches and sd commit the same tokens for a seed."""
     target, draft = pair
-    thread = run(steps(target, draft, temp=1.0, process=False), max_new=24)
-    proc = run(steps(target, draft, temp=1.0), max_new=24)
+    thread = run(steps(target, draft, temp=temp, process=False), max_new=24)
+    proc = run(steps(target, draft, temp=temp), max_new=24)
     assert proc.tokens == thread.tokens
     assert proc.stats.accept_lengths == thread.stats.accept_lengths
+    assert run(steps(target, draft, temp=temp, own=2), max_new=24).tokens == thread.tokens
+
+    def sd(seed):
+        return run(make_steps("sd", target, draft, PROMPT, max_new=24, sampling=Sampling(temp),
+                              seed=seed, gamma=3), max_new=24)  # fmt: skip
+
+    same = sd(3)
+    assert same.tokens == thread.tokens and same.stats.accept_lengths == thread.stats.accept_lengths
+    assert sd(4).tokens != thread.tokens  # the seed decides: equal tokens are not a constant
 
 
 def test_killed_worker_process_is_a_clear_error_and_leaves_nothing(pair):

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kernels.gumbel_field import DENSE_UP_TO, GumbelField
+from kernels.gumbel_field import DENSE_UP_TO, GumbelField, fold
 from kernels.sampling import log_probs_from_logits, probs_from_logits, sample
 
 
@@ -45,6 +45,29 @@ class Sampling:
 
 
 GREEDY = Sampling()
+
+# A sampled step's random streams, keyed so that sd and mirror draw the same ones and so
+# commit the same tokens for a seed: the window of step s by a generator keyed by the (A, c)
+# it follows (`window_rng`), its verification by the noise of step s (`step_noise`). Mirror's
+# branches of step s - 1 are those windows drawn ahead: a branch's tokens do not depend on how
+# far its rollout got (runtime/mirror/draft_worker.py).
+INITIAL, WINDOW, NOISE_TAG = 0, 1, 3
+
+
+def window_rng(seed: int, step: int, prev: tuple[int, int] | None = None) -> np.random.Generator:
+    """The generator the window of `step` is drawn with: keyed by the (A, c) of step - 1
+    that it follows (`prev`; None for the first window)."""
+    key = [seed, step, INITIAL] if prev is None else [seed, step, WINDOW, *prev]
+    return np.random.default_rng(key)
+
+
+def step_noise(seed: int, step: int, gamma: int, vocab: int) -> tuple[np.ndarray, GumbelField]:
+    """The verifier's noise for `step`: u (γ,) uniforms and G, rows 0..γ of standard Gumbel
+    noise over the vocabulary, as a field read where needed (kernels/gumbel_field.py): a
+    (γ+1) x V table drawn whole cost 10 ms a side at V = 151,936 on this CPU, where the
+    message's top-κ and the correction read a few blocks of each row."""
+    field = GumbelField(fold(seed, step, NOISE_TAG), gamma + 1, vocab)
+    return field.uniforms(gamma), field
 
 
 def draw(

@@ -21,11 +21,11 @@ import numpy as np
 
 from kernels.topk_channel import encode, topk_message
 from kernels.verify import verify_greedy, verify_sampling
-from runtime.decoding.events import GREEDY, Sampling, StepEvent, pending, rewind
+from runtime.decoding.events import GREEDY, Sampling, StepEvent, pending, rewind, step_noise
 from runtime.decoding.ss_draft import is_ss_draft
 from runtime.errors import DuetError
 from runtime.mirror.branches import in_tree
-from runtime.mirror.coupled import coupled_message, step_noise
+from runtime.mirror.coupled import coupled_message
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH, DraftWorker
 from runtime.mirror.exit_head import resolve_exit_head
 from runtime.mirror.messages import EarlyExit, FinalVerify

@@ -16,7 +16,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels.verify import verify_greedy, verify_sampling
-from runtime.decoding.events import GREEDY, Sampling, StepEvent, draw, pending, rewind
+from runtime.decoding.events import (
+    GREEDY,
+    Sampling,
+    StepEvent,
+    draw,
+    pending,
+    rewind,
+    step_noise,
+    window_rng,
+)
 from runtime.decoding.ss_draft import is_ss_draft, ss_draft_window
 from runtime.errors import DuetError
 
@@ -84,11 +93,15 @@ def sd_steps(
     rng: np.random.Generator | None = None,
     target_cache=None,
     draft_cache=None,
+    seed: int | None = None,
 ) -> Iterator[StepEvent]:
     """Yield one StepEvent per draft-then-verify step, continuing `seq`.
 
     Never commits more than `max_new` tokens; the window shrinks near the end and
-    near the context limit. Caches hold only committed tokens on exit.
+    near the context limit. Caches hold only committed tokens on exit. seed: when sampling,
+    draw each window and verdict from the streams keyed by (seed, step) that mirror draws
+    them from (events.window_rng, events.step_noise), so that sd and mirror commit the same
+    tokens for a seed; None: one stream, `rng`.
     """
     if gamma < 1:
         raise DuetError(f"--gamma must be at least 1 for speculative decoding (got {gamma})")
@@ -97,7 +110,8 @@ def sd_steps(
     tc = target_cache if target_cache is not None else target.new_cache()
     dc = draft_cache if draft_cache is not None else draft.new_cache()
     ctx = min(target.config.max_context, draft.config.max_context)
-    produced = 0
+    produced, step, prev = 0, 0, None
+    keyed = seed is not None and not sampling.greedy
     reverify = False  # a redecode target restored its checkpoint: re-verify, no new drafts
     try:
         pre = _prefill_for_hidden(target, draft, tc, seq)
@@ -105,7 +119,8 @@ def sd_steps(
             g = 0 if reverify else max(0, min(gamma, max_new - produced - 1, ctx - len(seq) - 1))
             t0 = time.perf_counter()
             info: dict = {}
-            drafts, q = draft_window(draft, dc, seq, g, sampling, rng, info=info)
+            wrng = window_rng(seed, step, prev) if keyed else rng
+            drafts, q = draft_window(draft, dc, seq, g, sampling, wrng, info=info, gumbel=keyed)
             t1 = time.perf_counter()
             window = pending(tc, seq)
             if len(window) > 1 and not reverify and getattr(tc, "rollback", None) == "redecode":
@@ -118,8 +133,12 @@ def sd_steps(
             d = np.array(drafts, dtype=np.int64)
             if sampling.greedy:
                 a, c = verify_greedy(logits, d)
+            elif keyed:  # the correction by Gumbel-max with the step's noise, as mirror's
+                u, noise = step_noise(seed, step, g, logits.shape[-1])
+                a, c = verify_sampling(sampling.probs(logits), q, d, u, noise)
             else:
                 a, c = verify_sampling(sampling.probs(logits), q, d, rng.random(g), rng.random())
+            step, prev = step + 1, (a, c)
             t2 = time.perf_counter() + pre  # the first step's verify includes the prefill
             pre = 0.0
             committed = drafts[:a] + [c]
@@ -165,5 +184,4 @@ def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=
           draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
     return sd_steps(target, draft, seq, max_new=max_new, gamma=options.gamma, sampling=sampling,
-                    rng=np.random.default_rng(seed), target_cache=target_cache,
-                    draft_cache=draft_cache)  # fmt: skip
+                    seed=seed, target_cache=target_cache, draft_cache=draft_cache)  # fmt: skip

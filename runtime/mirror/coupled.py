@@ -7,8 +7,9 @@ draw poorly: at T = 1 on emulated m3-max it missed in 52-59 % of steps, so mirro
 a serial rollout and lost to sd.
 
 The verifier's randomness is ours, though. Mirror keys the step's noise by (seed, step, 3)
-(`step_noise`): the acceptance uniforms u (γ,) and one row of standard Gumbel noise per window
-position G (γ+1, V), a counter-based field read only where needed (kernels/gumbel_field.py).
+(runtime.decoding.events.step_noise, whose verdicts sd draws too): the acceptance uniforms
+u (γ,) and one row of standard Gumbel noise per window position G (γ+1, V), a counter-based
+field read only where needed (kernels/gumbel_field.py).
 The correction is the Gumbel-max draw argmax_x log r(x) + G(x) over the residual r
 (kernels.verify.verify_sampling), which is an exact draw from norm(r) because the noise of
 step t is independent of the window it judges: that window was drafted earlier, from the
@@ -39,22 +40,12 @@ import math
 
 import numpy as np
 
-from kernels.gumbel_field import GumbelField, fold
+from kernels.gumbel_field import GumbelField
 from kernels.topk_channel import from_bf16_bits, log_softmax, to_bf16_bits
 from runtime.mirror.branches import Branch
 
-NOISE_TAG = 3  # the verifier's stream: [seed, step, 3] (the draft's are tagged 0 and 1)
 SIGMA = 0.75  # assumed spread (nats) of log p around the proxy's log p̃, for the ranking only
 _FLOOR = -1e4  # a finite stand-in for log 0 (top-p cuts), so bf16 and sorting stay finite
-
-
-def step_noise(seed: int, step: int, gamma: int, vocab: int) -> tuple[np.ndarray, GumbelField]:
-    """The verifier's noise for `step`: u (γ,) uniforms and G, rows 0..γ of standard Gumbel
-    noise over the vocabulary, as a field read where needed (kernels/gumbel_field.py): a
-    (γ+1) x V table drawn whole cost 10 ms a side at V = 151,936 on this CPU, where the
-    message's top-κ and the correction read a few blocks of each row."""
-    field = GumbelField(fold(seed, step, NOISE_TAG), gamma + 1, vocab)
-    return field.uniforms(gamma), field
 
 
 def coupled_message(

@@ -35,16 +35,15 @@ import numpy as np
 
 from kernels.sampling import sample
 from kernels.topk_channel import decode
-from runtime.decoding.events import Sampling, gumbel_draws, rewind
+from runtime.decoding.events import Sampling, gumbel_draws, rewind, step_noise, window_rng
 from runtime.decoding.sd import draft_window
 from runtime.decoding.ss_draft import is_ss_draft
 from runtime.mirror.branches import Branch, rank_branches, rank_own_branches, reuse_key
-from runtime.mirror.coupled import rank_coupled, rank_own_coupled, step_noise
+from runtime.mirror.coupled import rank_coupled, rank_own_coupled
 from runtime.mirror.messages import STOP, EarlyExit, FinalVerify, Window, WorkerFailed
 from runtime.mirror.ss_wave import SSWave
 from runtime.mirror.timeline import Timeline, now_ns
 
-INITIAL, WINDOW = 0, 1  # RNG stream tags
 DEFAULT_BRANCH_BATCH = 16  # emulated m3-max: 16 beat 8 at T = 0 and 1 (session 6 notes)
 
 
@@ -187,8 +186,7 @@ class DraftWorker:
 
     def _rng(self, step: int, a: int | None = None, c: int | None = None):
         """The generator for the window of `step`, which follows (A, c) (none for step 0)."""
-        key = [self.seed, step, INITIAL] if a is None else [self.seed, step, WINDOW, a, c]
-        return np.random.default_rng(key)
+        return window_rng(self.seed, step, None if a is None else (a, c))
 
     def _run(self) -> None:
         step, produced = 0, 0
