@@ -135,3 +135,28 @@ def test_an_extra_draft_is_emulated_with_the_pair_under_emulate(base, capsys, mo
     assert any(r.role == "target" for r in made[0].draft.emu.records)
     assert main([*argv, "--methods", "ar,sd", "--drafts", "mtp", "--emulate", "m3-max"]) == 2
     assert "cannot be emulated" in capsys.readouterr().err
+
+
+def test_sampled_mirror_rows_report_how_many_turns_share_sds_texts(base, capsys):
+    """At T > 0 sd and mirror at one γ and seed draw from the same keyed streams: the bench
+    says in how many turns their answers are the same tokens (all, on this pair, with a draft
+    that is often rejected); a turn that differs is counted out."""
+    from apps.bench.report import summarize
+
+    argv, other = base
+    argv = [a if a != "0" else "1" for a in argv]  # --temps 1
+    res = _run([*argv, "--methods", "ar,sd,mirror", "--gamma", "2", "--drafts", str(other)],
+               capsys)  # fmt: skip
+    by = {r["method"]: r for r in res["rows"]}
+    tag = other.name
+    assert by[f"mirror+{tag}"]["same_texts_as_sd"] == "2/2"
+    assert by["mirror"]["same_texts_as_sd"] == "2/2"
+    assert "same_texts_as_sd" not in by[f"sd+{tag}"]
+    notes = table(res["rows"]).splitlines()
+    assert any("the same texts in 2/2 turns" in n for n in notes)
+    rec = {"temp": 1.0, "question_id": 1, "new_tokens": [2, 2], "wall_time": [1.0, 1.0],
+           "accept_lengths": [1, 1], "note": None, "matches_ar": None}  # fmt: skip
+    records = [rec | {"method": "sd", "tokens": [[1, 2], [3, 4]]},
+               rec | {"method": "mirror", "tokens": [[1, 2], [3, 5]]}]  # fmt: skip
+    rows = summarize(records, ["sd", "mirror"], [1.0])
+    assert rows[1]["same_texts_as_sd"] == "1/2"

@@ -59,7 +59,25 @@ def summarize(records: list[dict], methods: list[str], temps: list[float]) -> li
                 other = at_t.get(partner(r["method"], ours, theirs))
                 if other and other.get("tokens_per_s") and r.get("tokens_per_s") is not None:
                     r[f"vs_{theirs}"] = round(r["tokens_per_s"] / other["tokens_per_s"], 3)
+                    if t > 0 and ours == "mirror":  # keyed streams: sd's texts, for a seed
+                        r["same_texts_as_sd"] = same_texts(records, r["method"], other["method"], t)
     return rows
+
+
+def same_texts(records: list[dict], a: str, b: str, temp: float) -> str:
+    """How many turns runners a and b answered with the same tokens at `temp`, "k/n": sampled
+    sd and mirror draw from the same keyed streams (runtime/decoding/events.py), so at one γ
+    and seed their ratio is measured on the same texts, up to the rare draw that the draft's
+    batched and single-row passes round apart."""
+    tok = {(r["method"], r["question_id"]): r.get("tokens") for r in records if r["temp"] == temp}
+    same = n = 0
+    for (m, q), ts in tok.items():
+        other = tok.get((b, q))
+        if m != a or ts is None or other is None:
+            continue
+        n += len(ts)
+        same += sum(x == y for x, y in zip(ts, other, strict=False))
+    return f"{same}/{n}"
 
 
 def base_method(name: str) -> str:
@@ -176,7 +194,9 @@ def table(rows: list[dict]) -> str:
         f"temp {r['temp']:g}: {r['method']} drafts {100 * r['draft_share']:.0f}% of each step, so "
         f"hiding all of it for free makes Mirror-SD at most {r['mirror_ceiling_vs_sd']:.2f}x "
         f"{r['method']} on this pair"
-        + next((f" (measured {m['method']}: {m['vs_sd']:.2f}x {r['method']})" for m in rows
+        + next((f" (measured {m['method']}: {m['vs_sd']:.2f}x {r['method']}"
+                 + (f", the same texts in {m['same_texts_as_sd']} turns" if "same_texts_as_sd" in m
+                    else "") + ")" for m in rows
                 if partner(m["method"], "mirror", "sd") == r["method"] and m["temp"] == r["temp"]
                 and "vs_sd" in m), "")
         for r in rows
