@@ -154,7 +154,13 @@ class ProbeStore:
         return True
 
     def save(self, state: dict) -> None:
-        """Write `state` atomically (a reader never sees half a file); a failure is said once."""
+        """Write `state` atomically (a reader never sees half a file); a failure is said once.
+        A state equal to the one this store last wrote is not written again (auto keeps after
+        every choice and every run: 0.9 ms a write on a 2-core CPU, where most choices change
+        nothing)."""
+        same = json.dumps(state, sort_keys=True)
+        if same == getattr(self, "_written", None):
+            return
         doc = {"store": STORE_VERSION, "measured": self.measured, "saved": time.time(),
                "state": state}  # fmt: skip
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
@@ -162,6 +168,7 @@ class ProbeStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_text(json.dumps(doc))
             os.replace(tmp, self.path)
+            self._written = same
         except OSError as e:
             if not getattr(self, "_warned", False):
                 self._warned = True

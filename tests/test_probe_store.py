@@ -184,3 +184,18 @@ def test_an_emulated_model_is_kept_under_its_wrapped_model_and_the_emulation(tin
     key = model_key(emulated)
     assert key is not None and key["emulated"] == "emulated:m3-max:a+b"
     assert key["path"] == model_key(real)["path"] and key != model_key(real)
+
+
+def test_a_state_already_written_is_not_written_again(tmp_path, monkeypatch):
+    """auto keeps after every choice and every run; most choices change nothing, and then
+    nothing is written (the file stays as it was), while a changed state is written."""
+    store = ProbeStore(tmp_path / "pair.json")
+    writes = []
+    real = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: writes.append(b) or real(a, b))
+    store.save({"probe": [1, 2], "corrections": []})
+    store.save({"corrections": [], "probe": [1, 2]})  # the same state, keys in another order
+    assert len(writes) == 1
+    store.save({"probe": [1, 2, 3], "corrections": []})
+    assert len(writes) == 2
+    assert json.loads((tmp_path / "pair.json").read_text())["state"]["probe"] == [1, 2, 3]
