@@ -141,6 +141,8 @@ class GumbelField:
                 self._drawn[r] = -np.log(e)
         if rows.ndim == 0:
             return self._drawn[int(rows)]
+        if rows.size == 0:  # nothing read (a message with no candidate left): no row drawn
+            return np.empty((*rows.shape, self.vocab))
         return np.stack([self._drawn[r] for r in rows.ravel().tolist()]).reshape(
             *rows.shape, self.vocab
         )

@@ -126,3 +126,5 @@ def test_a_dense_field_draws_only_the_rows_it_reads():
     assert sorted(f._drawn) == [1, 3]
     ids, _ = f.top(np.log(p + 1e-30)[None, :].repeat(2, 0), 4, rows=[4, 4])
     assert sorted(f._drawn) == [1, 3, 4] and (ids[0] == ids[1]).all()
+    assert f[0, np.array([], np.int64)].shape == (0,)  # an empty read draws nothing
+    assert sorted(f._drawn) == [1, 3, 4]

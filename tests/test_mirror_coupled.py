@@ -93,6 +93,18 @@ def test_message_rows_carry_the_own_token_then_the_proxy_gumbel_winners():
     assert np.allclose(logp, np.log(np.take_along_axis(p, ids, -1)), atol=0.02)
 
 
+def test_a_one_token_message_ranks_only_the_bonus_position():
+    """κ = 1: each window row carries only the draft's own token, so no correction candidate
+    is left there (an empty read of the noise, which once raised in the worker: `generate
+    --method mirror --temp 1 --kappa 1`); the bonus position's one candidate is its branch."""
+    p, q, d = laws(np.random.default_rng(2), g=3, vocab=40)
+    u, gum = step_noise(0, 1, 3, 40)
+    ids, logp = coupled_message(np.log(p), d, gum, 1)
+    assert ids.shape == (4, 1) and list(ids[:3, 0]) == d
+    branches = rank_coupled(ids, logp, d, q, u, gum)
+    assert [(b.depth, b.token) for b in branches] == [(3, int(ids[3, 0]))]
+
+
 def test_top_rows_is_a_full_sort_s_head_however_the_scores_spread():
     """top_rows skips the partition of whole rows (V = 151,936 at a real vocabulary): its
     top-k must be a stable full sort's, with ties by lower id, -inf rows and scores spread far
