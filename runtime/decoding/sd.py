@@ -184,4 +184,5 @@ def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=
           draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
     return sd_steps(target, draft, seq, max_new=max_new, gamma=options.gamma, sampling=sampling,
-                    seed=seed, target_cache=target_cache, draft_cache=draft_cache)  # fmt: skip
+                    seed=seed, rng=np.random.default_rng(seed),  # the stream when seed is None
+                    target_cache=target_cache, draft_cache=draft_cache)  # fmt: skip
