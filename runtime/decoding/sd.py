@@ -184,5 +184,4 @@ def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=
           draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
     return sd_steps(target, draft, seq, max_new=max_new, gamma=options.gamma, sampling=sampling,
-                    seed=seed, rng=np.random.default_rng(seed),  # the stream when seed is None
-                    target_cache=target_cache, draft_cache=draft_cache)  # fmt: skip
+                    seed=seed, target_cache=target_cache, draft_cache=draft_cache)  # fmt: skip
