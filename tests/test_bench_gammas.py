@@ -160,3 +160,6 @@ def test_sampled_mirror_rows_report_how_many_turns_share_sds_texts(base, capsys)
                rec | {"method": "mirror", "tokens": [[1, 2], [3, 5]]}]  # fmt: skip
     rows = summarize(records, ["sd", "mirror"], [1.0])
     assert rows[1]["same_texts_as_sd"] == "1/2"
+    again = [r | {"sample": 1, "tokens": [[7], [8]]} for r in records]  # a second draw, the same
+    rows = summarize(records + again, ["sd", "mirror"], [1.0])
+    assert rows[1]["same_texts_as_sd"] == "3/4"  # every draw counted, each against its own

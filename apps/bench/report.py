@@ -69,10 +69,11 @@ def same_texts(records: list[dict], a: str, b: str, temp: float) -> str:
     sd and mirror draw from the same keyed streams (runtime/decoding/events.py), so at one γ
     and seed their ratio is measured on the same texts, up to the rare draw that the draft's
     batched and single-row passes round apart."""
-    tok = {(r["method"], r["question_id"]): r.get("tokens") for r in records if r["temp"] == temp}
+    tok = {(r["method"], r["question_id"], r.get("sample", 0), r.get("round", 0)): r.get("tokens")
+           for r in records if r["temp"] == temp}  # fmt: skip
     same = n = 0
-    for (m, q), ts in tok.items():
-        other = tok.get((b, q))
+    for (m, *draw), ts in tok.items():
+        other = tok.get((b, *draw))
         if m != a or ts is None or other is None:
             continue
         n += len(ts)
