@@ -26,14 +26,14 @@ def ss_pair(tiny_dir, tmp_path_factory):
     return target, draft
 
 
-def sample_ss(target, draft, n, seed) -> np.ndarray:
+def sample_ss(target, draft, n, seed, method="mirror") -> np.ndarray:
     """Counts of (t1, t2) over n mirror generations with γ = 3 (so that a window takes
     several SS passes and a pass can confirm guesses: tests/test_sampling_gof.py's γ = 2
     would never walk past one)."""
     counts = np.zeros((V, V))
     tc, dc = target.new_cache(), draft.new_cache()
     for i in range(n):
-        steps = make_steps("mirror", target, draft, PROMPT, max_new=4, gamma=3, kappa=3,
+        steps = make_steps(method, target, draft, PROMPT, max_new=4, gamma=3, kappa=3,
                            exit_layer=2, sampling=SAMPLING, seed=seed * 100003 + i,
                            target_cache=tc, draft_cache=dc)  # fmt: skip
         out = [t for ev in steps for t in ev.tokens]
@@ -59,4 +59,22 @@ def test_negative_control_wrong_q_fails(ss_pair, monkeypatch):
 
     monkeypatch.setattr(mirror_module, "verify_sampling", wrong_q)
     p = gof_pvalue(sample_ss(target, draft, N, seed=1), exact_joint(target))
+    assert p < ALPHA, f"the negative control passed (p = {p:.2e}); the test has no power"
+
+
+def test_sd_with_ss_draft_on_the_keyed_streams_keeps_the_target_law(ss_pair, monkeypatch):
+    """sd draws its SS windows and verdicts from mirror's keyed streams (Gumbel-max
+    corrections, runtime/decoding/events.py): the same test, and its negative control."""
+    from runtime.decoding import sd as sd_module
+
+    target, draft = ss_pair
+    p = gof_pvalue(sample_ss(target, draft, N, seed=2, method="sd"), exact_joint(target))
+    assert p > ALPHA, f"sd with an SS draft: joint law differs from the target's (p = {p:.2e})"
+    real = sd_module.verify_sampling
+
+    def wrong_q(p, q, d, ua, ur):
+        return real(p, probs_from_logits(np.log(q + 1e-9), temp=3.0), d, ua, ur)
+
+    monkeypatch.setattr(sd_module, "verify_sampling", wrong_q)
+    p = gof_pvalue(sample_ss(target, draft, N, seed=2, method="sd"), exact_joint(target))
     assert p < ALPHA, f"the negative control passed (p = {p:.2e}); the test has no power"
