@@ -631,7 +631,7 @@ def _sampled_hits(p, q, proxy, kappa: int, m: int) -> tuple[list[float], list[fl
                 )
                 if rng.random() * q[t, d] < p[t, d]:
                     continue  # accepted: no correction here
-                g = -np.log(rng.standard_exponential(q.shape[-1]))  # Gumbel (coupled.step_noise)
+                g = -np.log(rng.standard_exponential(q.shape[-1]))  # Gumbel (events.step_noise)
                 c = int(np.argmax(resid + g))
                 sent = _winners(lp_proxy + g, d, kappa - 1)
                 mine = c in _winners(lq + g, d, m)

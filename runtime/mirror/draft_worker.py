@@ -326,7 +326,7 @@ class DraftWorker:
         return self._waves(step, ranked, produced, finish=True, window=window, q=q)
 
     def _noise(self, step, window, q):
-        """The verifier's noise for `step` (coupled.step_noise): u and its Gumbel field."""
+        """The verifier's noise for `step` (events.step_noise): u and its Gumbel field."""
         if self._noise_step != step:
             vocab = q.shape[-1] if np.ndim(q) == 2 else self.draft.config.vocab_size
             self._noise_step, self._noise_uv = step, step_noise(self.seed, step, len(window), vocab)
