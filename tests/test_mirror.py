@@ -59,6 +59,25 @@ def test_greedy_mirror_equals_ar(tiny_dir, arch, gamma, kappa, exit_layer, own):
     assert no_worker_threads()
 
 
+def test_greedy_waves_make_no_generators_and_sampled_ones_do(tiny_dir, monkeypatch):
+    """A greedy wave draws by argmax: its rows get no keyed generator (16 of them cost 0.2 ms
+    a wave; the step's own window still makes one); a sampled wave's rows each get theirs."""
+    import runtime.mirror.draft_worker as dw
+
+    made = []
+    real = dw.window_rng
+    monkeypatch.setattr(dw, "window_rng", lambda *a: made.append(a) or real(*a))
+    target = load_model(tiny_dir("qwen3"), "mlx")
+    draft = load_model(tiny_dir("qwen3", num_layers=1, seed=4), "onnx")
+    r = mirror(target, draft, gamma=3, draft_branches=1)
+    assert r.tokens == ar(target).tokens
+    steps = len(r.stats.accept_lengths)
+    assert len(made) <= steps + 1  # a step's own window at most: none per branch row
+    made.clear()
+    r = mirror(target, draft, gamma=3, draft_branches=1, temp=1.0)
+    assert len(made) > 2 * len(r.stats.accept_lengths)  # and one per branch row
+
+
 def test_target_as_its_own_draft_accepts_everything(tiny_dir):
     target = load_model(tiny_dir("qwen3"), "mlx")
     r = mirror(target, load_model(tiny_dir("qwen3"), "onnx"), n=25, gamma=4)
