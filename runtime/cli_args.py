@@ -150,6 +150,8 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
     builds it and hands it to the engine, which never imports upward (STYLE 11). The record
     (predictions per method, the inputs, the choice and why) goes into `stats.auto`.
     """
+    if pair.draft is None:
+        return alone_chooser()
     from devices.method_choice import AUTO_GAMMAS, Corrections
     from devices.pair_probe import (
         choose_for,
@@ -231,10 +233,28 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
     return choose
 
 
+def alone_chooser():
+    """`--method auto` for a target alone (no --draft): it chooses among the methods that need no
+    second model, which today is `ar` alone; it measures nothing and keeps nothing."""
+
+    def choose(ids: list[int], sampling, target_cache=None, draft_cache=None) -> tuple[str, dict]:
+        return "ar", {"choice": "ar", "alone": True,
+                      "why": "a target alone: ar is the method that needs no draft"}  # fmt: skip
+
+    def observe(rec: dict, sampling, tokens: int, seconds: float, accept_lengths=None,
+                branch_hits=None) -> None:  # fmt: skip
+        """Nothing to correct: there is no choice to learn."""
+
+    choose.observe, choose.store, choose.alone = observe, None, True
+    return choose
+
+
 def auto_announcement(chooser, when: str) -> str:
     """The one stderr line a command prints before auto's first choice: whether it measures
     the pair now (`when`: "first", or "during the first answer") or reads kept figures."""
     store = chooser.store
+    if getattr(chooser, "alone", False):
+        return "[auto: a target alone, so ar (the target by itself); --draft adds speculation]"
     if store is not None and store.restored:
         day = time.strftime("%Y-%m-%d", time.localtime(store.measured))
         return (f"[auto: using the measurements of this pair on this machine kept in {store.path}"
