@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.backends import backend_for_path, load_model
+from runtime.drafts import is_model_free_spec, load_model_free
 from runtime.errors import DuetError
 from runtime.preflight import check_checkpoint, check_pair_files
 from runtime.tokenizer import Tokenizer, check_pair
@@ -21,13 +22,36 @@ class Pair:
     target_dir: Path
     draft_path: Path | None
     settings: dict  # backends and thread counts, for reports
+    name: str = "duet-default"  # what the target is called (a short name, a GGUF's or dir's name)
+
+
+def model_name(arg: str | None, resolved: Path | None) -> str:
+    """The target's name as a user gave it: a known short name, a .gguf file's stem, else the
+    directory's name; the embedded pair is `duet-default`."""
+    if arg is None or resolved is None:
+        return "duet-default"
+    from runtime.registry import KNOWN
+
+    if arg in KNOWN:
+        return arg
+    p = Path(arg)
+    return p.stem if p.suffix == ".gguf" else (p.name or resolved.name)
 
 
 def resolve(path: str | None, role: str) -> Path | None:
-    """A local path, or a Hub id fetched with huggingface_hub (when online)."""
+    """A local path, a .gguf file, a known model's short name (runtime/registry.py), or a Hub
+    id fetched with huggingface_hub (when online)."""
     if path is None:
         return None
+    from runtime.registry import KNOWN, checkpoint_for
+
     p = Path(path).expanduser()
+    if path in KNOWN and not p.exists():  # a real model by its short name (apps.models pull)
+        return checkpoint_for(path, role)
+    if p.suffix == ".gguf":  # dequantized once into the cache (runtime/gguf_import.py)
+        from runtime.gguf_import import checkpoint_for_gguf
+
+        return checkpoint_for_gguf(p)
     if p.exists():
         return p
     if path.count("/") == 1 and not path.startswith((".", "/", "~")):
@@ -44,7 +68,9 @@ def resolve(path: str | None, role: str) -> Path | None:
                 f"--{role} {path}: not a local path, and fetching it from the Hub failed "
                 f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
             ) from None
-    raise DuetError(f"--{role} {path}: no such file or directory")
+    known = ", ".join(KNOWN)
+    raise DuetError(f"--{role} {path}: no such file or directory, nor a known model ({known}; "
+                    "see `python -m apps.models list`)")  # fmt: skip
 
 
 TARGET_BACKENDS = ("auto", "mlx", "torch")
@@ -94,16 +120,16 @@ def load_pair(
         from runtime.assets import default_pair
 
         tdir, ddir = default_pair()
-    elif target is None and draft == "mtp":  # the embedded target's own MTP head
-        from runtime.assets import default_pair
+    elif target is None and (draft == "mtp" or is_model_free_spec(draft)):
+        from runtime.assets import default_pair  # the embedded target, its own head / no model
 
-        tdir, ddir = default_pair()[0], "mtp"
+        tdir, ddir = default_pair()[0], draft
     elif target is None:
         raise DuetError(
             "--draft given without --target; pass both, or neither for the embedded pair"
         )
-    elif draft == "mtp":  # the target's own multi-token-prediction head
-        tdir, ddir = resolve(target, "target"), "mtp"
+    elif draft == "mtp" or is_model_free_spec(draft):  # its own MTP head, or no model
+        tdir, ddir = resolve(target, "target"), draft
     else:
         tdir, ddir = resolve(target, "target"), resolve(draft, "draft")
     if need_draft and ddir is None:
@@ -120,7 +146,7 @@ def load_pair(
         tdir = merged_target_dir(tdir, resolve(adapter, "adapter"))
     # headers and vocabularies first: a bad file costs a second, not a model load
     check_checkpoint(tdir, "target")
-    if need_draft and ddir != "mtp":
+    if need_draft and ddir != "mtp" and not is_model_free_spec(ddir):
         check_checkpoint(ddir, "draft")
         check_pair_files(tdir, ddir)
     target_backend = target_backend_for(target_backend)
@@ -151,6 +177,10 @@ def load_pair(
         d = MTPDraft.load(t, tdir, backend=mb, threads=draft_threads)
         label = "torch" if mb == "torch" else "onnx, int8 weights"
         settings.update(draft_backend=f"mtp (target's own head, {label})")
+    elif need_draft and is_model_free_spec(ddir):  # runtime/drafts/: no model loaded
+        tok = Tokenizer(tdir) if (Path(tdir) / "tokenizer.json").is_file() else None
+        d = load_model_free(ddir, t, tok)
+        settings.update(draft_backend=f"{ddir} (model-free)")
     elif need_draft:
         db = draft_backend or (
             "onnx" if backend_for_path(ddir) in ("mlx", "onnx") else backend_for_path(ddir)
@@ -168,4 +198,4 @@ def load_pair(
             draft_provider=provider if db == "onnx" else None,
         )
     tok = Tokenizer(tdir) if (Path(tdir) / "tokenizer.json").is_file() else None
-    return Pair(t, d, tok, Path(tdir), ddir, settings)
+    return Pair(t, d, tok, Path(tdir), ddir, settings, model_name(target, Path(tdir)))

