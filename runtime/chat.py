@@ -23,6 +23,7 @@ import atexit
 import contextlib
 import sys
 
+from runtime.api import DEFAULT_CHAT_TEMP, DEFAULT_CHAT_TOP_P, eos_ids, sampling_defaults
 from runtime.chat_session import ChatSession, ChatTemplate, stats_line
 from runtime.cli_args import (
     AUTO,
@@ -68,8 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--exit-layer", type=int, default=None, help="early-exit layer (methods that take it)"
     )
     add_wave_args(ap)
-    ap.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
-    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0 = off)")
+    ap.add_argument("--temp", type=float, default=None,
+                    help="temperature; 0 = greedy (default: the checkpoint's generation_config.json "
+                    f"when it sets temperature and top_p, else {DEFAULT_CHAT_TEMP}; the answer "
+                    "keeps the target's own law at any temperature)")  # fmt: skip
+    ap.add_argument("--top-p", type=float, default=None,
+                    help="nucleus mass (default: generation_config.json's, else "
+                    f"{DEFAULT_CHAT_TOP_P})")  # fmt: skip
     ap.add_argument(
         "--max-tokens", type=int, default=256, help="new tokens per answer at most (default 256)"
     )
@@ -79,8 +85,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(a: argparse.Namespace) -> None:
+    """Checks before the load; --temp / --top-p not given are checked at their fallbacks (the
+    checkpoint's generation_config.json is read once the pair is found: resolve_sampling)."""
+    given = a.temp, a.top_p
+    a.temp = DEFAULT_CHAT_TEMP if a.temp is None else a.temp
+    a.top_p = DEFAULT_CHAT_TOP_P if a.top_p is None else a.top_p
     check_decoding_args(a)
     if a.method == "flexspec":
+        check_edge_args(a)
+    a.temp, a.top_p = given
+
+
+def resolve_sampling(a: argparse.Namespace, model_dir) -> None:
+    """--temp / --top-p not given: generation_config.json's when it sets both, else 0.7 / 0.9."""
+    temp, top_p = sampling_defaults(model_dir)
+    a.temp = temp if a.temp is None else a.temp
+    a.top_p = top_p if a.top_p is None else a.top_p
+    if a.method == "flexspec":  # its codec's default follows the temperature
         check_edge_args(a)
 
 
@@ -89,6 +110,7 @@ def make_session(a: argparse.Namespace, notify) -> ChatSession:
     pair = load_pair_from_args(a, need_draft=a.method != "ar" and not alone)
     if pair.tokenizer is None:
         raise DuetError(f"{pair.target_dir}: no tokenizer.json; the chat needs a tokenizer")
+    resolve_sampling(a, pair.target_dir)
     edge = {}
     if a.method == "flexspec":  # the verifier connection lives as long as the chat
         stack = contextlib.ExitStack()
@@ -108,6 +130,7 @@ def make_session(a: argparse.Namespace, notify) -> ChatSession:
         template=ChatTemplate.load(pair.target_dir),
         system=a.system,
         notify=notify,
+        eos=eos_ids(pair),
         kappa=a.kappa,
         exit_layer=a.exit_layer,
         branches=a.branches,
@@ -150,12 +173,28 @@ def answer(session: ChatSession, text: str, out) -> None:
               flush=True)  # fmt: skip
 
 
+def plain_summary(stats) -> str:
+    """/stats' first line, in words: what ran and what it gained."""
+    s = stats.as_dict()
+    method, rate = s.get("method", "?"), s["tokens_per_s"]
+    if method == "ar" or not s["steps"]:
+        return (f"the target alone (no speculation): {s['new_tokens']} tokens at "
+                f"{rate:.1f} tokens per second.")  # fmt: skip
+    ahead = f", {s['gamma']} tokens ahead" if s.get("gamma") else ""
+    said = (f"speculating with {method}{ahead}: {s['mean_accepted']:.1f} tokens per step, "
+            f"{rate:.1f} tokens per second")  # fmt: skip
+    ar = ((s.get("auto") or {}).get("predictions") or {}).get("ar")
+    if ar and ar.get("tokens_per_s"):  # auto's prediction of the target alone on this machine
+        said += f", {rate / ar['tokens_per_s']:.1f}x faster than the target alone"
+    return said + "."
+
+
 def stats_text(session: ChatSession) -> str:
     """/stats: the last answer's figures, and auto's choice with every prediction."""
     s = session.last_stats
     if s is None:
         return "[no answer yet]"
-    lines = [stats_line(s.extra.get("method", session.method), s)]
+    lines = [plain_summary(s), "details: " + stats_line(s.extra.get("method", session.method), s)]
     sk = s.extra.get("skip")
     if sk:
         lines.append(f"LOSSY (--skip): {sk['skipped']} of {sk['output_tokens']} tokens committed "
@@ -179,9 +218,13 @@ def stats_text(session: ChatSession) -> str:
 
 def repl(session: ChatSession, interactive: bool) -> int:
     """Read lines until EOF or /quit; returns the exit code."""
+    if session.template is None:  # said once, interactive or piped
+        print("[this model has no chat template: each line you type is continued as plain "
+              "text, with no newline added after it]", file=sys.stderr, flush=True)  # fmt: skip
     if interactive:
-        kind = "chat template" if session.template is not None else "plain completion"
-        print(f"Duet chat ({session.method}, {kind}). /help for commands.", file=sys.stderr)
+        s = session.sampling
+        how = "greedy" if s.greedy else f"sampling at temperature {s.temp:g}, top-p {s.top_p:g}"
+        print(f"Duet chat ({session.method}, {how}). /help for commands.", file=sys.stderr)
     while True:
         try:
             line = read_line(interactive)

@@ -14,8 +14,9 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
-from runtime.decoding import Sampling, make_steps, option_names, stream
+from runtime.decoding import Sampling, option_names
 from runtime.decoding.events import GREEDY, rewind
 from runtime.errors import DuetError
 from runtime.stats import RunStats
@@ -92,6 +93,7 @@ class ChatSession:
         system: str | None = None,
         notify=lambda msg: None,
         chooser=None,
+        eos: tuple[int, ...] | None = None,
         **strategy_extra,
     ):
         self.target, self.draft, self.tok = target, draft, tokenizer
@@ -104,7 +106,11 @@ class ChatSession:
         self.chooser = chooser
         ctxs = [target.config.max_context] + ([draft.config.max_context] if draft else [])
         self.context = min(ctxs)
-        self.eos = tuple(target.config.eos_token_ids)
+        # the ids that end an answer: config.json's, and generation_config.json's (runtime.api)
+        self.eos = tuple(eos) if eos is not None else tuple(target.config.eos_token_ids)
+        self.pair = SimpleNamespace(
+            target=target, draft=draft, tokenizer=tokenizer, target_dir=None
+        )  # what runtime.api reads of a pair
         self.last_stats: RunStats | None = None
         self.reset()
 
@@ -168,57 +174,43 @@ class ChatSession:
         Closing the generator early (Ctrl-C) keeps what was committed so far as
         the answer and leaves the caches holding only committed tokens.
         """
+        from runtime.api import stream_generate
+
         seq, user_ids = self._fit(user)
         keep = common_prefix(self.tokens, seq)  # the caches' valid prefix for this prompt
         for c in (self.tcache, self.dcache):
             rewind(c, keep)
         max_new = max(1, min(self.max_tokens, self.context - len(seq)))
-        stats = RunStats(prefill_tokens=len(seq) - self.tcache.offset)  # what this turn feeds
-        method, auto, gamma = self.method, None, self.gamma
-        if method == "auto":
-            method, auto = self.chooser(seq, self.sampling)
-            gamma = auto.get("gamma", gamma)  # without --gamma, auto picks γ too
-            stats.extra["auto"] = auto
-        stats.extra["method"] = method
-        steps = make_steps(
-            method,
-            self.target,
-            self.draft,
-            seq,
-            max_new=max_new,
-            sampling=self.sampling,
-            seed=self.seed + self.n_answers,
-            gamma=gamma,
-            target_cache=self.tcache,
-            draft_cache=self.dcache,
-            **self.extra,
-        )
+        s = self.sampling
+        responses = stream_generate(self.pair, seq, max_new, method=self.method, temp=s.temp,
+                                    top_p=s.top_p, top_k=s.top_k, seed=self.seed + self.n_answers,
+                                    gamma=self.gamma, chooser=self.chooser, eos=self.eos,
+                                    target_cache=self.tcache, draft_cache=self.dcache,
+                                    **self.extra)  # fmt: skip
         out: list[int] = []
         events = [] if self.extra.get("skip") is not None else None  # --skip's audit reads them
+        stats = RunStats(prefill_tokens=len(seq) - self.tcache.offset)  # until a step reports
         self.n_answers += 1
         try:
-            for toks, ev in stream(steps, max_new=max_new, eos_ids=self.eos, stats=stats):
-                out += toks
+            for r in responses:
+                out += r.tokens
+                stats = r.stats
                 if events is not None:
-                    events.append(ev)
-                yield toks
+                    events.append(r.step)
+                yield r.tokens
         finally:
-            steps.close()
+            responses.close()  # the strategy rewinds its caches; auto learns from what ran
             self.tokens = seq + out
             for c in (self.tcache, self.dcache):  # the strategy may have seen tokens cut at EOS
                 rewind(c, len(self.tokens))
             answer_ids = out[:-1] if out and out[-1] in self.eos else out
             self.turns.append(Turn(user, self.tok.decode(answer_ids), user_ids, out))
+            stats.extra.setdefault("method", self.method)
             stats.extra["finish"] = (
                 "eos" if out and out[-1] in self.eos else ("length" if out else "stopped")
             )
             if events is not None:  # CU-HLM skipping (--skip): LOSSY, audited
                 stats.extra.update(lossy=True, skip=self._skip_stats(events, seq, out))
-            observe = getattr(self.chooser, "observe", None)
-            if auto is not None and observe is not None and out and stats.wall_s > 0:
-                observe(auto, self.sampling, len(out), stats.wall_s,  # later turns' choices
-                        accept_lengths=list(stats.accept_lengths),
-                        branch_hits=stats.per_step.get("branch_hit"))  # fmt: skip
             self.last_stats = stats
 
     def _skip_stats(self, events, seq: list[int], out: list[int]) -> dict:

@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 
+from runtime.api import context_of, eos_ids, stream_generate
 from runtime.cli_args import (
     AUTO,
     add_auto_args,
@@ -29,7 +30,7 @@ from runtime.cli_args import (
     check_decoding_args,
     load_pair_from_args,
 )
-from runtime.decoding import METHODS, Sampling, make_steps, stream
+from runtime.decoding import METHODS, Sampling
 from runtime.decoding.mirror import draft_in_process
 from runtime.edge.cli_args import (
     add_edge_args,
@@ -43,7 +44,6 @@ from runtime.mirror.summary import mirror_summary
 from runtime.mirror.timeline import Timeline
 from runtime.preflight import writable_file
 from runtime.stats import RunStats
-from runtime.tokenizer import Detokenizer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -210,68 +210,42 @@ def _generate(a: argparse.Namespace, pair, edge: dict) -> dict:
         from devices.emulated_model import emulate_pair
 
         emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
-    max_new = min(a.max_tokens, pair.target.config.max_context - len(ids))
-    sampling = Sampling(a.temp, a.top_p, a.top_k)
-    method, auto, caches = a.method, None, {}
-    if method == AUTO:  # the probe's passes over the prompt are its prefill: keep the caches
-        caches = {"target_cache": pair.target.new_cache(),
-                  "draft_cache": pair.draft.new_cache() if pair.draft is not None else None}  # fmt: skip
+    room = context_of(pair) - len(ids)
+    if a.max_tokens > room:
+        print(f"[--max-tokens {a.max_tokens} is past the context: cut to {room} (the model holds "
+              f"{context_of(pair)} tokens, the prompt takes {len(ids)})]", file=sys.stderr)  # fmt: skip
+    chooser = None
+    if a.method == AUTO:
         chooser = auto_chooser(a, pair)
         if pair.draft is not None:
             print(auto_announcement(chooser, "first"), file=sys.stderr)
-        method, auto = chooser(ids, sampling, **caches)
-        a.gamma = auto.get("gamma", a.gamma)  # without --gamma, auto picks γ too
-        if a.trace and method != "mirror":
-            print(f"no trace written: auto picked {method}, not mirror", file=sys.stderr)
-    timeline = Timeline() if method == "mirror" else None
-    steps = make_steps(
-        method,
-        pair.target,
-        pair.draft,
-        ids,
-        max_new=max_new,
-        sampling=sampling,
-        seed=a.seed,
-        gamma=a.gamma,
-        kappa=a.kappa,
-        exit_layer=a.exit_layer,
-        timeline=timeline,
-        branches=a.branches,
-        draft_branches=a.draft_branches,
-        tree_k=a.tree_k,
-        expand=a.expand,
-        top_n=a.top_n,
-        depth=a.depth,
-        bins=a.bins,
-        draft_process=a.draft_process,
-        exit_head=a.exit_head,
-        **caches,
-        **edge,
-    )
-    stats = RunStats(prefill_tokens=len(ids))
+    timeline = Timeline() if a.method in ("mirror", AUTO) else None
     out: list[int] = []
     events = []
-    detok = None if (a.json or pair.tokenizer is None) else Detokenizer(pair.tokenizer)
-    for toks, ev in stream(
-        steps, max_new=max_new, eos_ids=pair.target.config.eos_token_ids, stats=stats
-    ):
-        out += toks
-        events.append(ev)
-        if detok is not None:
-            sys.stdout.write(detok.add(toks))
+    stats = None
+    responses = stream_generate(
+        pair, ids, a.max_tokens, method=a.method, temp=a.temp, top_p=a.top_p, top_k=a.top_k,
+        seed=a.seed, gamma=a.gamma, chooser=chooser, timeline=timeline, kappa=a.kappa,
+        exit_layer=a.exit_layer, branches=a.branches, draft_branches=a.draft_branches,
+        tree_k=a.tree_k, expand=a.expand, top_n=a.top_n, depth=a.depth, bins=a.bins,
+        draft_process=a.draft_process, exit_head=a.exit_head, **edge,
+    )  # fmt: skip
+    for r in responses:
+        out += r.tokens
+        events.append(r.step)
+        stats = r.stats
+        if not a.json and pair.tokenizer is not None:
+            sys.stdout.write(r.text)
             sys.stdout.flush()
-    eos = set(pair.target.config.eos_token_ids)
-    finish = (
-        "eos" if out and out[-1] in eos else ("length" if len(out) >= a.max_tokens else "context")
-    )
-    stats.extra.update(
-        method=method,
-        gamma=a.gamma if method != "ar" else None,
-        temp=a.temp,
-        finish=finish,
-        **pair.settings,
-    )
-    if timeline is not None:
+    method = stats.extra["method"] if stats is not None else a.method
+    if stats is None:  # no step ran (cannot happen with max_new >= 1; kept for safety)
+        stats = RunStats(prefill_tokens=len(ids))
+    if a.method == AUTO:
+        a.gamma = stats.extra["auto"].get("gamma", a.gamma)  # without --gamma, auto picks γ too
+        if a.trace and method != "mirror":
+            print(f"no trace written: auto picked {method}, not mirror", file=sys.stderr)
+    stats.extra.update(gamma=a.gamma if method != "ar" else None, **pair.settings)
+    if method == "mirror":
         in_process = draft_in_process(pair.target, pair.draft, a.draft_process)
         stats.extra.update(draft_worker="process" if in_process else "thread", kappa=a.kappa,
                            exit_head=events[0].extra.get("exit_head") if events else None, exit_layer=events[0].extra.get("exit_layer") if events else None,
@@ -285,16 +259,12 @@ def _generate(a: argparse.Namespace, pair, edge: dict) -> dict:
                            server=a.server, edge=edge_summary(events),
                            lossy=edge.get("skip") is not None)  # fmt: skip
         if edge.get("skip") is not None:  # CU-HLM skipping: measured R (runtime/edge/skip.py)
+            sampling = Sampling(a.temp, a.top_p, a.top_k)
             stats.extra["skip"] = skip_stats(pair, events, edge["skip"], ids, out, sampling)
-    if auto is not None:
-        stats.extra["auto"] = auto
-        # the run's accepted lengths join the pair's kept τ(γ), its branch hits Ω̂ (a one-shot
-        # run's rate is its process's first of the method: warm-up, so it corrects nothing)
-        chooser.observe(auto, sampling, len(out), stats.wall_s, stats.accept_lengths,
-                        branch_hits=stats.per_step.get("branch_hit"))  # fmt: skip
     if emu is not None:
         stats.extra.update(emulated=emu.label, emulation=emu.summary())
-    text = pair.tokenizer.decode(out) if pair.tokenizer else None
+    eos = set(eos_ids(pair))
+    text = pair.tokenizer.decode([t for t in out if t not in eos]) if pair.tokenizer else None
     return {"tokens": out, "text": text, "stats": stats.as_dict()}
 
 

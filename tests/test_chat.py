@@ -227,7 +227,8 @@ def test_the_chat_defaults_to_auto_and_says_what_it_picked(pair_dirs, tmp_path):
     assert build_parser().parse_args([]).method == "auto"
     t, d = pair_dirs
     cmd = [sys.executable, "-m", "runtime.chat", "--target", str(t), "--draft", str(d),
-           "--target-backend", "torch", "--draft-backend", "onnx", "--max-tokens", "8"]  # fmt: skip
+           "--target-backend", "torch", "--draft-backend", "onnx", "--max-tokens", "8",
+           "--temp", "0"]  # fmt: skip
     env = dict(os.environ, DUET_CACHE_DIR=str(tmp_path))  # nothing kept yet
     r = subprocess.run(cmd, input="hello\n/stats\n", capture_output=True, text=True, cwd=ROOT,
                        timeout=300, env=env)  # fmt: skip
@@ -243,3 +244,42 @@ def test_the_chat_defaults_to_auto_and_says_what_it_picked(pair_dirs, tmp_path):
     assert r.stdout.startswith(ref.stdout)  # the answer, then /stats with the pick
     assert "auto picked" in r.stdout[len(ref.stdout) :]
     assert again.stdout == ref.stdout  # the kept figures pick as well, and stay lossless
+
+
+def test_the_chat_samples_by_default_from_generation_config(pair_dirs, tmp_path):
+    """Issue 44: a chat samples by default, at generation_config.json's temperature and top-p
+    when it sets both, else 0.7 / 0.9; --temp 0 is greedy."""
+    from runtime.chat import build_parser, check_args, make_session
+
+    t, d = pair_dirs
+    g = tmp_path / "genconf"
+    shutil.copytree(t, g)
+    (g / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.95}))
+    base = ["--draft", str(d), "--draft-backend", "mlx", "--method", "sd"]
+    for target, extra, want in ((t, [], (0.7, 0.9)), (g, [], (0.6, 0.95)),
+                                (g, ["--temp", "0"], (0.0, 0.95)),
+                                (g, ["--top-p", "0.5"], (0.6, 0.5))):  # fmt: skip
+        a = build_parser().parse_args(["--target", str(target), *base, *extra])
+        check_args(a)
+        s = make_session(a, notify=lambda m: None).sampling
+        assert (s.temp, s.top_p) == want, (target, extra)
+    assert a.temp == 0.6  # resolved on the arguments too, for what reads them later
+
+
+def test_without_a_template_it_says_so_once_and_stats_speak_plainly(pair_dirs):
+    r = chat(pair_dirs, "hello\n/stats\nagain\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("no chat template: each line you type is continued as plain text") == 1
+    stats = r.stdout[r.stdout.index("speculating with sd") :]
+    assert stats.startswith("speculating with sd, 4 tokens ahead: ") and "tokens per step" in stats
+    assert "details: [sd]" in stats
+
+
+def test_a_target_alone_chats(pair_dirs):
+    t, _ = pair_dirs
+    cmd = [sys.executable, "-m", "runtime.chat", "--target", str(t), "--target-backend", "torch",
+           "--max-tokens", "6", "--temp", "0"]  # fmt: skip
+    r = subprocess.run(cmd, input="hello\n/stats\n", capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "the target alone (no speculation): 6 tokens" in r.stdout

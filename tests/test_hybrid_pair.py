@@ -140,7 +140,7 @@ def test_hybrid_chat_equals_generate_ar(hybrid_dirs):
     t, d = hybrid_dirs
     cmd = [sys.executable, "-m", "runtime.chat", "--target", str(t), "--draft", str(d),
            "--target-backend", "torch", "--draft-backend", "torch", "--method", "sd",
-           "--gamma", "3", "--max-tokens", "12"]  # fmt: skip
+           "--gamma", "3", "--max-tokens", "12", "--temp", "0"]  # fmt: skip
     r = subprocess.run(cmd, input=PROMPT + "\n", capture_output=True, text=True, cwd=ROOT,
                        timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
