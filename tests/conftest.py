@@ -11,6 +11,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 # `--method auto` keeps what it measures per pair and machine (devices/probe_store.py): in a
 # test run, in a folder of its own, never the user's ~/.cache (subprocesses inherit it)
+# The real models a user pulled (`python -m apps.models pull`) stay where they are: fix their folder
+# before DUET_CACHE_DIR moves (the `real` tests read them; runtime/registry.py models_dir)
+from runtime.registry import models_dir  # noqa: E402
+
+os.environ.setdefault("DUET_MODELS_DIR", str(models_dir()))
 _AUTO_CACHE = tempfile.mkdtemp(prefix="duet-test-auto-")
 os.environ["DUET_CACHE_DIR"] = _AUTO_CACHE
 atexit.register(shutil.rmtree, _AUTO_CACHE, True)
