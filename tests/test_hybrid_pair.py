@@ -159,7 +159,7 @@ def test_hybrid_server_equals_generate_ar(hybrid_dirs):
     t, d = hybrid_dirs
     cmd = [sys.executable, "-m", "apps.server", "--target", str(t), "--draft", str(d),
            "--target-backend", "torch", "--draft-backend", "torch", "--method", "sd",
-           "--gamma", "3", "--port", "0", "--api-key", "k"]  # fmt: skip
+           "--gamma", "3", "--port", "0", "--api-key", "k", "--model-id", "m"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
     timer = threading.Timer(120, proc.kill)  # never hang on a server that never starts

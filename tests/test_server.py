@@ -31,7 +31,7 @@ def server(pair):
     t, d = pair
     cmd = [sys.executable, "-m", "apps.server", "--target", str(t), "--draft", str(d),
            "--draft-backend", "torch", "--method", "sd", "--gamma", "3", "--port", "0",
-           "--api-key", KEY, "--queue", "0"]  # fmt: skip
+           "--api-key", KEY, "--queue", "0", "--model-id", "tiny"]  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -187,9 +187,49 @@ def test_bad_json_and_bad_messages_are_400(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].role"
 
 
-def test_models_lists_the_pair(client, pair):
-    ids = [m.id for m in client.models.list().data]
-    assert ids == [pair[0].name]
+def test_models_lists_the_pair(client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]  # --model-id
+
+
+def test_an_unknown_model_is_openais_404_naming_the_held_one(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.completions.create(model="gpt-4o", prompt=PROMPT, max_tokens=2)
+    err = e.value.body
+    assert e.value.status_code == 404 and err["code"] == "model_not_found"
+    assert err["param"] == "model" and "'gpt-4o'" in err["message"] and "'tiny'" in err["message"]
+
+
+def test_a_non_loopback_host_needs_a_key(capsys):
+    from apps.server.__main__ import build_parser, main
+
+    assert main(["--host", "0.0.0.0", "--port", "0"]) == 2  # refused before any bind or load
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "refusing to serve on 0.0.0.0 without --api-key" in err[0]
+    assert "--allow-no-key" in err[0] and "--allow-no-key" in build_parser().format_help()
+
+
+def test_a_target_alone_serves_ar_under_its_own_name(pair):
+    """Issue 40: --target without --draft serves (ar), and /v1/models names the model."""
+    t, _ = pair
+    cmd = [sys.executable, "-m", "apps.server", "--target", str(t), "--port", "0"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    timer = threading.Timer(120, proc.kill)
+    timer.start()
+    try:
+        first = proc.stdout.readline().rstrip("\n")
+        timer.cancel()
+        m = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)", first)
+        assert m, first or proc.stderr.read()
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{m.group(1)}/v1", api_key="unused",
+                          max_retries=0, timeout=60)  # fmt: skip
+        assert [x.id for x in c.models.list().data] == [t.name]
+        r = c.completions.create(model=t.name, prompt=PROMPT, max_tokens=4, temperature=0)
+        assert r.usage.speculative["method"] == "ar" and r.usage.completion_tokens == 4
+    finally:
+        timer.cancel()
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_chat_uses_the_checkpoint_template(pair, tmp_path):

@@ -1,12 +1,15 @@
 """`python -m apps.server`: an OpenAI-compatible HTTP server over one target/draft pair.
 
     python -m apps.server                                  # embedded pair, sd, 127.0.0.1:8080
+    python -m apps.server --target smollm2-135m-instruct   # a target alone: ar
     python -m apps.server --target DIR --draft DIR --method sd --port 0 --api-key KEY
 
 Serves /v1/chat/completions (the checkpoint's chat template when it has one),
-/v1/completions and /v1/models, streaming (server-sent events) or not. Its first
-stdout line is `listening on HOST:PORT` (with --port 0, the free port it got).
-The port is bound before the models load, so a port in use fails at once.
+/v1/completions and /v1/models, streaming (server-sent events) or not. A request
+naming a model the server does not hold gets OpenAI's 404 (`model_not_found`). Its
+first stdout line is `listening on HOST:PORT` (with --port 0, the free port it got).
+The port is bound before the models load, so a port in use fails at once. It binds
+127.0.0.1 by default; another address needs --api-key (or --allow-no-key).
 Try it:
 
     curl -s localhost:8080/v1/completions -H 'Content-Type: application/json' \\
@@ -29,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m apps.server", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add_pair_args(ap)
-    ap.add_argument("--method", choices=METHODS, default="sd", help="decoding method (default sd)")
+    ap.add_argument("--method", choices=server_methods(METHODS), default=None,
+                    help="decoding method (default sd; ar for a --target without --draft)")  # fmt: skip
     ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default 4)")
     ap.add_argument("--kappa", type=int, default=None, help="mirror: channel width")
     ap.add_argument("--exit-layer", type=int, default=None, help="mirror: early-exit layer")
@@ -37,15 +41,27 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=8080, help="port; 0 = any free one (default 8080)")
     ap.add_argument("--api-key", default=None,
-                    help="require 'Authorization: Bearer KEY' on every request")  # fmt: skip
+                    help="require 'Authorization: Bearer KEY' on every request (needed to bind "
+                    "an address other than loopback)")  # fmt: skip
+    ap.add_argument("--allow-no-key", action="store_true",
+                    help="serve a non-loopback --host without --api-key: anyone who reaches the "
+                    "address can use the model")  # fmt: skip
     ap.add_argument("--queue", type=int, default=8,
                     help="requests that may wait while one runs; more get 429 (default 8)")  # fmt: skip
     ap.add_argument("--model-id", default=None,
-                    help="the id /v1/models reports (default: the target directory's name)")  # fmt: skip
+                    help="the id /v1/models reports and requests name (default: the target's "
+                    "short name or directory name; duet-default for the embedded pair)")  # fmt: skip
     return ap
 
 
+def server_methods(methods) -> tuple[str, ...]:
+    """The methods a server runs: all but flexspec (a client of a remote verifier)."""
+    return tuple(m for m in methods if m != "flexspec")
+
+
 def check_args(a: argparse.Namespace) -> None:
+    if a.method is None:  # a target alone runs by itself; a pair (or the embedded one) speculates
+        a.method = "ar" if a.target is not None and a.draft is None else "sd"
     if not 0 <= a.port <= 65535:
         raise DuetError(f"--port must be in [0, 65535] (got {a.port})")
     if a.queue < 0:
@@ -54,6 +70,11 @@ def check_args(a: argparse.Namespace) -> None:
         raise DuetError(f"--gamma must be at least 1 for --method {a.method} (got {a.gamma})")
     if a.api_key is not None and not a.api_key.strip():
         raise DuetError("--api-key is empty")
+    from apps.cloud.server import is_loopback
+
+    if a.api_key is None and not a.allow_no_key and not is_loopback(a.host):
+        raise DuetError(f"refusing to serve on {a.host} without --api-key (only loopback is "
+                        "served keyless; --allow-no-key serves it anyway)")  # fmt: skip
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -86,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.cli_args import load_pair_from_args
 
     pair = load_pair_from_args(a, need_draft=a.method != "ar")
-    name = a.model_id or (pair.target_dir.name if a.target else "duet-default")
+    name = a.model_id or getattr(pair, "name", None) or pair.target_dir.name
     engine = Engine(pair, method=a.method, model_id=name, gamma=a.gamma, kappa=a.kappa,
                     exit_layer=a.exit_layer, branches=a.branches,
                     draft_branches=a.draft_branches)  # fmt: skip

@@ -11,7 +11,8 @@ Every decoding step runs in a worker thread, so the event loop keeps noticing
 disconnects (a stream's next step starts while its last chunk is being sent); a
 client that goes away stops its generation after the current step, and the job's
 `finally` leaves the caches consistent. Errors have OpenAI's shape.
-One model per server: a request's `model` field is accepted whatever it names, and
+One model per server: a request naming another `model` gets OpenAI's 404
+(`model_not_found`, naming the one it holds; a request without `model` is served), and
 `max_tokens` past the context is cut to what fits (as mlx_lm.server does).
 """
 
@@ -107,6 +108,14 @@ class Server:
             raise APIError(401, "Incorrect API key provided; pass it as 'Authorization: Bearer KEY'",
                            type="authentication_error", code="invalid_api_key")  # fmt: skip
 
+    def check_model(self, model: str | None) -> None:
+        """A 404 in OpenAI's shape for a model this server does not hold."""
+        held = [self.engine.model_id]
+        if model is not None and model not in held:
+            raise APIError(404, f"The model '{model}' does not exist on this server; it holds "
+                           f"{', '.join(repr(m) for m in held)}", param="model",
+                           code="model_not_found")  # fmt: skip
+
     async def step(self, job: Job) -> str | None:
         """The text of the job's next step, or None when it is done (runs in the worker thread)."""
         return await anyio.to_thread.run_sync(next, job, None, limiter=self.worker)
@@ -145,6 +154,7 @@ class Server:
         try:
             self.check_key(request)
             req = parse(parse_json(await request.body()))
+            self.check_model(req.model)
             ids = await anyio.to_thread.run_sync(self.engine.prompt_ids, req, limiter=self.worker)
             await self.gate.enter()
         except APIError as e:
