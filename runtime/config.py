@@ -20,8 +20,11 @@ SUPPORTED = {
     "qwen3": (True, False),
     "qwen3_5_text": (True, False),  # hybrid: Gated DeltaNet + gated full attention
     "qwen3_5": (True, False),  # multimodal Qwen3.5: its text tower (`text_config`)
+    "gemma3_text": (True, False),  # local sliding-window layers beside global ones
+    "gemma3": (True, False),  # multimodal Gemma 3: its text tower (`text_config`)
 }
 HYBRID = ("qwen3_5_text", "qwen3_5")  # model types with linear-attention (state) layers
+GEMMA = ("gemma3_text", "gemma3")  # local sliding-window + global attention (not hybrid)
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,14 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     rope_scaling: dict | None = None
     layer_types: tuple[str, ...] = ()  # hybrid: "linear_attention" / "full_attention" per layer
+    # Gemma 3 (runtime/gemma_config.py): per layer, True = a local sliding-window layer
+    sliding: tuple[bool, ...] = ()
+    sliding_window: int = 0  # a local layer's query at p sees keys at (p - window, p]
+    rope_local_theta: float = 0.0  # the local layers' RoPE base (rope_theta: the global ones')
+    query_pre_attn_scalar: float = 0.0  # attention scores scaled by its -1/2 (0: head_dim's)
+    final_logit_softcapping: float = 0.0  # logits = cap * tanh(logits / cap) (0: none)
+    attn_logit_softcapping: float = 0.0  # read, not applied: transformers' Gemma 3 ignores it
+    hidden_activation: str = "silu"  # the MLP's gate activation
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -62,6 +73,12 @@ class ModelConfig:
                 raise DuetError(f"{where}: a qwen3_5 config needs a text_config object")
             cfg = {**text, "model_type": "qwen3_5_text", "multimodal": True}
             mt = "qwen3_5_text"
+        gemma = {}
+        if mt in GEMMA:
+            from runtime.gemma_config import gemma_fields
+
+            cfg, gemma = gemma_fields(cfg, where)
+            mt = cfg["model_type"]
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
@@ -90,6 +107,7 @@ class ModelConfig:
                 rope_scaling=_rope_scaling(cfg),
                 layer_types=_layer_types(cfg) if mt in HYBRID else (),
                 raw=cfg,
+                **gemma,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise DuetError(f"{where}: malformed config ({type(e).__name__}: {e})") from None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 ARCHS = ("llama", "qwen2", "qwen3")  # attention-only families; HYBRID_ARCHS below
 HYBRID_ARCHS = ("qwen3_5_text", "qwen3_5")  # Gated DeltaNet + gated attention (text, multimodal)
+GEMMA_ARCHS = ("gemma3_text", "gemma3")  # local sliding-window + global layers (random_gemma.py)
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
@@ -52,6 +53,8 @@ def make_checkpoint(
     seed: int = 0,
     tokenizer: bool = True,
     mtp: bool = False,
+    sliding_window: int = 8,
+    softcap: float | None = None,
 ) -> Path:
     """Write a random checkpoint of `model_type` to `path` and return it."""
     import torch
@@ -66,6 +69,16 @@ def make_checkpoint(
             max_context=max_context, eos_token_id=eos_token_id,
             tie_word_embeddings=tie_word_embeddings, initializer_range=initializer_range,
             seed=seed, tokenizer=tokenizer, mtp=mtp)  # fmt: skip
+    if model_type in GEMMA_ARCHS:  # sliding_window and softcap are Gemma's alone
+        from runtime.random_gemma import make_gemma_checkpoint
+
+        return make_gemma_checkpoint(path, model_type, vocab_size=vocab_size,
+            hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+            num_kv_heads=num_kv_heads, intermediate_size=intermediate_size,
+            max_context=max_context, eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings, initializer_range=initializer_range,
+            seed=seed, tokenizer=tokenizer, sliding_window=sliding_window,
+            softcap=softcap)  # fmt: skip
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[model_type]
     kw = dict(
         vocab_size=vocab_size,

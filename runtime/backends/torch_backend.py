@@ -83,13 +83,16 @@ class TorchCausalLM:
                 rollback=self.hybrid_rollback,
                 redecode=lambda t, cache: self.forward_layers(t, cache, 0, c.num_layers),
             )
-        return ConcatKVCache(
-            c.num_layers,
-            batch,
-            lambda b: torch.zeros(
-                b, c.num_kv_heads, 0, c.head_dim, dtype=dtype, device=self.device
-            ),
+        empty = lambda b: torch.zeros(  # noqa: E731
+            b, c.num_kv_heads, 0, c.head_dim, dtype=dtype, device=self.device
         )
+        if any(c.sliding):  # Gemma 3: local layers keep their window (runtime/sliding_cache.py)
+            from runtime.sliding_cache import SlidingKVCache
+
+            return SlidingKVCache(c.sliding, c.sliding_window, batch, empty,
+                                  lambda b: torch.zeros(b, 0, dtype=torch.int64,
+                                                        device=self.device))  # fmt: skip
+        return ConcatKVCache(c.num_layers, batch, empty)
 
     def _inputs(self, n_new: int, batch: int, offset: int, positions, mask):
         pos = (

@@ -194,6 +194,10 @@ def load_torch_lm(path, dtype: torch.dtype = torch.float32) -> nn.Module:
             from runtime.backends.torch_qwen3_5 import Qwen3_5LM, text_tower_state
 
             model, state = Qwen3_5LM(cfg), text_tower_state(state, path)
+        elif cfg.model_type == "gemma3_text":  # sliding-window + global layers (own file)
+            from runtime.backends.torch_gemma3 import Gemma3LM, gemma_text_state
+
+            model, state = Gemma3LM(cfg), gemma_text_state(state, path)
         else:
             model = TorchLM(cfg)
     if cfg.tie_word_embeddings:
