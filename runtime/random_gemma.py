@@ -35,7 +35,9 @@ def gemma_config(*, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads
         head_dim=head_dim,
         query_pre_attn_scalar=2 * head_dim,
         sliding_window=sliding_window,
-        layer_types=["full_attention" if i % 3 == 2 else "sliding_attention" for i in range(num_layers)],
+        layer_types=[
+            "full_attention" if i % 3 == 2 else "sliding_attention" for i in range(num_layers)
+        ],
         rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
             "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
