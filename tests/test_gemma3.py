@@ -191,3 +191,32 @@ def test_flexspec_is_lossless(gemma, verifier):
     r = flexspec(conn, near_copy(gemma), PROMPT, N, k=4)
     conn.close()
     assert r.tokens == ref and min(r.stats.accept_lengths) < 5
+
+
+def variant_dir(tiny_dir, variant):
+    kw = {"softcap": 3.0} if variant == "softcap_untied" else {"tie_word_embeddings": True}
+    return tiny_dir("gemma3_text", num_layers=4, **kw)
+
+
+@pytest.mark.parametrize("variant", ["tied", "softcap_untied"])
+def test_mlx_equals_the_torch_reference(tiny_dir, variant):
+    d = variant_dir(tiny_dir, variant)
+    ids = np.random.default_rng(0).integers(0, 320, (2, 30))
+    ref = load_model(d, "torch", threads=1)
+    want = ref.forward(ids, ref.new_cache(batch=2))
+    m = load_model(d, "mlx")
+    c = m.new_cache(batch=2)
+    got = np.concatenate([m.forward(ids[:, :20], c)] +
+                         [m.forward(ids[:, t : t + 1], c) for t in range(20, 30)], axis=1)  # fmt: skip
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+    assert [c.held(i) for i in range(4)] == [WINDOW + SLACK] * 2 + [30, WINDOW + SLACK]
+    assert gen("ar", m, None).tokens == gen("ar", ref, None).tokens
+
+
+def test_methods_on_an_mlx_target_are_lossless(gemma, tiny_dir):
+    target = load_model(gemma, "mlx")
+    ref = gen("ar", target, None).tokens
+    weak = load_model(tiny_dir("gemma3_text", num_layers=1, hidden_size=32, seed=7), "mlx")
+    for draft in (near_copy(gemma), weak):
+        for method in ("sd", "tree", "mirror"):
+            assert gen(method, target, draft).tokens == ref, method

@@ -95,6 +95,10 @@ class MLXCausalLM:
             from runtime.backends.mlx_qwen3_5 import MLXQwen3_5LM
 
             return MLXQwen3_5LM.load(path, dtype, hybrid_rollback)
+        if config.model_type == "gemma3_text":  # local + global layers, a sliding-window cache
+            from runtime.backends.mlx_gemma3 import MLXGemma3LM
+
+            return MLXGemma3LM.load(path, dtype)
         raw = config.raw
         overrides = {}
         if "rope_theta" not in raw:  # transformers >= 5 writes rope_parameters instead
