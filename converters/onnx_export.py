@@ -88,6 +88,13 @@ def export_onnx(
         pre = prefill_path(out)
         return {"path": str(out), "prefill_path": str(pre), "seconds": time.perf_counter() - t0,
                 "bytes": out.stat().st_size + pre.stat().st_size}  # fmt: skip
+    if cfg.model_type == "gemma3_text":  # local layers' positions as I/O (onnx_gemma3_export.py)
+        from converters.onnx_gemma3_export import export_gemma_onnx
+
+        export_gemma_onnx(lm, Path(out), dtype)
+        _embed_config(Path(out), cfg)
+        return {"path": str(out), "seconds": time.perf_counter() - t0,
+                "bytes": Path(out).stat().st_size}  # fmt: skip
     B, T, P = 1, 2, 3  # dummy sizes; every axis below is declared dynamic
     ids = torch.zeros(B, T, dtype=torch.int64)
     am = torch.ones(B, P + T, dtype=torch.int64)

@@ -220,3 +220,28 @@ def test_methods_on_an_mlx_target_are_lossless(gemma, tiny_dir):
     for draft in (near_copy(gemma), weak):
         for method in ("sd", "tree", "mirror"):
             assert gen(method, target, draft).tokens == ref, method
+
+
+@pytest.mark.parametrize("variant", ["tied", "softcap_untied"])
+def test_onnx_export_equals_the_torch_reference(tiny_dir, variant):
+    d = variant_dir(tiny_dir, variant)
+    ids = np.random.default_rng(0).integers(0, 320, (2, 30))
+    ref = load_model(d, "torch", threads=1)
+    want = ref.forward(ids, ref.new_cache(batch=2))
+    m = load_model(d, "onnx")
+    c = m.new_cache(batch=2)
+    got = np.concatenate([m.forward(ids[:, :20], c)] +
+                         [m.forward(ids[:, t : t + 1], c) for t in range(20, 30)], axis=1)  # fmt: skip
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+    assert [c.held(i) for i in range(4)] == [WINDOW + SLACK] * 2 + [30, WINDOW + SLACK]
+
+
+def test_onnx_drafts_are_lossless(gemma, tiny_dir):
+    """ONNX drafts (its own export: all accepted; a weak one: rolled back every step) under
+    sd, tree and mirror (branch rows with key holes in the draft's cache)."""
+    target = load_model(gemma, "torch", threads=1)
+    ref = gen("ar", target, None).tokens
+    weak = tiny_dir("gemma3_text", num_layers=1, hidden_size=32, seed=7)
+    for draft in (load_model(gemma, "onnx"), load_model(weak, "onnx")):
+        for method in ("sd", "tree", "mirror"):
+            assert gen(method, target, draft).tokens == ref, method

@@ -117,6 +117,10 @@ class OnnxCausalLM:
             pre = open_session(pre, prov, intra, inter) if pre.is_file() else None
             return OnnxHybridLM(open_session(p, prov, intra, inter), config, p, prov,
                                 (intra, inter), pre)  # fmt: skip
+        if config.model_type == "gemma3_text":  # local layers' positions as graph I/O
+            from runtime.backends.onnx_gemma3 import OnnxGemma3LM
+
+            return OnnxGemma3LM(p, config, **kw)
         return cls(p, config, **kw)
 
     def new_cache(self, batch: int = 1) -> ConcatKVCache:
