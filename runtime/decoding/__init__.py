@@ -18,7 +18,8 @@ from runtime.stats import RunStats
 # `NEEDS_DRAFT` and `steps(target, draft, seq, *, max_new, sampling, seed, options,
 # target_cache, draft_cache, timeline)`. Adding a method is one module and one line here.
 # A module that runs hybrid (linear-attention) models names the roles in `RUNS_HYBRID`; one
-# with refusals of its own adds `why_not(target, draft) -> str | None`.
+# with refusals of its own adds `why_not(target, draft) -> str | None`; one that drafts from a
+# model-free draft (runtime/drafts/: prompt lookup, suffix tries) says so in `RUNS_MODEL_FREE`.
 METHOD_MODULES: dict[str, str] = {
     "ar": "runtime.decoding.ar",
     "sd": "runtime.decoding.sd",
@@ -56,6 +57,9 @@ def cannot_run(method: str, target, draft) -> str | None:
     mod = method_module(method)
     if mod.NEEDS_DRAFT and draft is None:
         return f"--method {method} needs a draft model"
+    if getattr(draft, "model_free", False) and not getattr(mod, "RUNS_MODEL_FREE", False):
+        return (f"--method {method} needs a draft model; --draft {draft.name} runs none "
+                "(use --method sd or tree)")  # fmt: skip
     hybrid_ok = getattr(mod, "RUNS_HYBRID", ())
     for role, m in (("target", target), ("draft", draft)):
         if role not in hybrid_ok and getattr(getattr(m, "config", None), "is_hybrid", False):

@@ -27,6 +27,7 @@ from runtime.decoding.events import (
     window_rng,
 )
 from runtime.decoding.ss_draft import is_ss_draft, ss_draft_window
+from runtime.drafts.base import chain_window, is_model_free
 from runtime.errors import DuetError
 
 
@@ -56,6 +57,10 @@ def draft_window(
 
     On return the draft cache holds seq + d1..d(γ-1) (dγ is fed next step if accepted).
     """
+    if is_model_free(draft):  # prompt lookup / suffix tries: q = δ, maybe fewer than γ
+        if info is not None:
+            info["passes"] = 0
+        return chain_window(draft, cache, seq, gamma, sampling)
     if is_ss_draft(draft) and observe is None:  # Mirror-SD §3.2: η ≥ 1 tokens per pass
         toks, q, passes = ss_draft_window(draft, cache, seq, gamma, sampling, rng, law, gumbel)
         if info is not None:
@@ -121,6 +126,7 @@ def sd_steps(
             info: dict = {}
             wrng = window_rng(seed, step, prev) if keyed else rng
             drafts, q = draft_window(draft, dc, seq, g, sampling, wrng, info=info, gumbel=keyed)
+            g = len(drafts)  # a model-free draft may propose fewer (none: the target's own step)
             t1 = time.perf_counter()
             window = pending(tc, seq)
             if len(window) > 1 and not reverify and getattr(tc, "rollback", None) == "redecode":
@@ -173,6 +179,7 @@ def _prefill_for_hidden(target, draft, tc, seq: list[int]) -> float:
 
 RUNS_HYBRID = ("target", "draft")  # causal windows: a HybridCache lands states on the prefix
 NEEDS_DRAFT = True
+RUNS_MODEL_FREE = True  # --draft lookup / suffix: chains read from text (runtime/drafts/)
 
 
 @dataclass

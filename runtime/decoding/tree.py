@@ -21,6 +21,7 @@ import numpy as np
 from runtime.decoding.events import GREEDY, Sampling, StepEvent, rewind
 from runtime.decoding.tree_draft import TreeDrafter
 from runtime.decoding.tree_pass import verify_tree
+from runtime.drafts.base import draft_tree, is_model_free
 from runtime.errors import DuetError
 
 # shape(drafter, n, room, cap) -> (n', info): may grow the drafter further (at most `room`
@@ -90,7 +91,10 @@ def tree_steps(
             info: dict = {}
             tokens, parents, tree = [], [], None
             q = None
-            if room > 0:
+            if room > 0 and is_model_free(draft):  # several continuations read from text
+                tree = draft_tree(draft, dc, seq, min(top_n, ctx - len(seq)), min(depth, room))
+                tokens, parents = tree.tokens, tree.parents
+            elif room > 0:
                 rewind(dc, len(seq))
                 cap = ctx - len(seq)  # nodes the verification window has room for
                 budget = min(top_n, cap)
@@ -133,6 +137,7 @@ def tree_steps(
 
 
 NEEDS_DRAFT = True
+RUNS_MODEL_FREE = True  # --draft lookup / suffix: trees read from text, q = δ (q None above)
 
 
 @dataclass

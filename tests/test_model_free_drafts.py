@@ -1,0 +1,165 @@
+"""`--draft lookup` and `--draft suffix` (runtime/drafts/) are lossless in `sd` and `tree`:
+greedy output equals `ar` on tiny random checkpoints of every family, a hybrid target and the
+embedded pair; at T = 1 the joint law of the first two tokens is the target's (chi-square, as
+tests/test_sampling_gof.py), with negative controls that must fail; other methods refuse them
+in one line."""
+
+import numpy as np
+import pytest
+from test_sampling_gof import ALPHA, SAMPLING, V, gof_pvalue
+
+from runtime.backends import load_model
+from runtime.decoding import cannot_run, make_steps, run
+from runtime.decoding import sd as sd_module
+from runtime.decoding import tree_pass as tree_pass_module
+from runtime.decoding.events import GREEDY
+from runtime.drafts import load_model_free
+
+PROMPT = [11, 4, 7, 9, 5, 2, 11, 4, 7, 9, 3]
+N = 48
+SMALL = dict(vocab_size=16, tokenizer=False)  # greedy text loops soon: drafts get accepted
+DRAFTS = ("lookup", "suffix")
+
+
+def gen(method, target, draft, prompt=PROMPT, n=N, sampling=GREEDY, **opts):
+    steps = make_steps(method, target, draft, prompt, max_new=n, sampling=sampling, seed=0,
+                       **opts)  # fmt: skip
+    return run(steps, max_new=n)
+
+
+def check_lossless(target, methods=("sd", "tree")):
+    ref = gen("ar", target, None).tokens
+    for spec in DRAFTS:
+        draft = load_model_free(spec, target)
+        for method in methods:
+            for opts in ({"gamma": 3}, {"gamma": 8, "top_n": 6, "depth": 8}):
+                r = gen(method, target, draft, **opts)
+                assert r.tokens == ref, (spec, method, opts)
+                assert sum(r.stats.accept_lengths) == N
+        # the random models loop, so the drafts find matches and some are accepted
+        assert gen("sd", target, draft, gamma=8).stats.as_dict()["mean_accepted"] > 1.0, spec
+
+
+def test_greedy_equals_ar_on_every_family(tiny_dir, arch):
+    check_lossless(load_model(tiny_dir(arch, **SMALL), "torch", threads=1))
+
+
+def test_greedy_equals_ar_on_a_hybrid_target(tiny_dir):
+    target = load_model(tiny_dir("qwen3_5_text", seed=1, **SMALL), "torch", threads=1)
+    check_lossless(target, ("sd",))
+
+
+def test_greedy_equals_ar_on_the_embedded_pair():
+    from runtime.load import load_pair
+
+    for spec in DRAFTS:
+        pair = load_pair(None, spec, need_draft=True)
+        ids = pair.tokenizer.encode("class Point:\n    def __init__(self, x, y):\n"
+                                    "        self.x = x\n        self.y = y\n\n"
+                                    "class Size:\n    def __init__(self, w, h):\n")  # fmt: skip
+        ref = gen("ar", pair.target, None, ids, 40).tokens
+        for method in ("sd", "tree"):
+            r = gen(method, pair.target, pair.draft, ids, 40, gamma=6)
+            assert r.tokens == ref, (spec, method)
+        assert pair.settings["draft_backend"] == f"{spec} (model-free)"
+
+
+def test_no_match_means_the_targets_own_step(tiny_dir):
+    target = load_model(tiny_dir("llama"), "torch", threads=1)
+    draft = load_model_free("suffix", target)
+    steps = make_steps("sd", target, draft, [1, 2, 3, 4], max_new=1, sampling=GREEDY, seed=0)
+    ev = next(steps)
+    steps.close()
+    assert ev.drafted == 0 and ev.tokens and ev.extra["per_step"]["draft_passes"] == 0
+
+
+@pytest.mark.parametrize("method", ["mirror", "heterospec", "flexspec"])
+def test_methods_needing_a_model_refuse_in_one_line(tiny_dir, method):
+    target = load_model(tiny_dir("qwen3"), "torch", threads=1)
+    why = cannot_run(method, target, load_model_free("lookup", target))
+    assert why is not None and "--draft lookup runs none" in why and "\n" not in why
+
+
+# ---- T = 1: the output law is the target's ---------------------------------------------
+
+# "1 7" was followed by 6 and by 5 before (each with p ~ 0.3 after the prompt): chains
+# propose one, trees both (as siblings)
+GOF_PROMPT = [1, 7, 6, 1, 7, 5, 0, 1, 7]
+GOF_N = 400
+
+
+@pytest.fixture(scope="module")
+def gof_target(tiny_dir):
+    kw = dict(vocab_size=V, tokenizer=False, initializer_range=0.12)
+    return load_model(tiny_dir("qwen3", seed=1, **kw), "mlx")
+
+
+def exact_joint(target) -> np.ndarray:
+    c = target.new_cache()
+    p1 = SAMPLING.probs(target.forward(np.array([GOF_PROMPT]), c)[0, -1])
+    joint = np.zeros((V, V))
+    for t1 in range(V):
+        c.trim(c.offset - len(GOF_PROMPT))
+        joint[t1] = p1[t1] * SAMPLING.probs(target.forward(np.array([[t1]]), c)[0, -1])
+    return joint
+
+
+def sample_pairs(method, target, draft, n) -> tuple[np.ndarray, int]:
+    counts, drafted = np.zeros((V, V)), 0
+    tc, dc = target.new_cache(), draft.new_cache()
+    for i in range(n):
+        out = []
+        for ev in make_steps(method, target, draft, GOF_PROMPT, max_new=3, gamma=2, top_n=4,
+                             depth=2, sampling=SAMPLING, seed=i, target_cache=tc,
+                             draft_cache=dc):  # fmt: skip
+            out += ev.tokens
+            drafted += ev.drafted
+        counts[out[0], out[1]] += 1
+        tc.trim(tc.offset - len(GOF_PROMPT))
+    return counts, drafted
+
+
+CASES = [(m, d) for m in ("sd", "tree") for d in DRAFTS]
+
+
+@pytest.mark.parametrize("method,spec", CASES)
+def test_law_is_the_targets_at_t1(gof_target, method, spec):
+    draft = load_model_free(spec, gof_target)
+    counts, drafted = sample_pairs(method, gof_target, draft, GOF_N)
+    assert drafted >= GOF_N  # every first step drafted (trees: both siblings)
+    p = gof_pvalue(counts, exact_joint(gof_target))
+    assert p > ALPHA, f"{method} + {spec}: the joint law differs from the target's (p = {p:.2e})"
+
+
+@pytest.mark.parametrize("method,spec", [("sd", "suffix"), ("tree", "lookup")])
+def test_negative_control_correction_from_p_fails(gof_target, monkeypatch, method, spec):
+    """Drawing the correction from p instead of p with the rejected token removed (a verifier
+    that forgets q = δ) must break the law: the drafted token comes out too often."""
+    if method == "sd":
+        real = sd_module.verify_sampling
+
+        class NoDelta:  # q_i(d_i) = 1 as before, but the residual keeps d_i
+            def __init__(self, q):
+                self.token_probs, self.row = q.token_probs, lambda i: np.zeros(V, np.float32)
+
+        monkeypatch.setattr(sd_module, "verify_sampling",
+                            lambda p, q, d, u, r: real(p, NoDelta(q), d, u, r))  # fmt: skip
+    else:
+
+        def no_residual(p, tokens, parents, u, uf, q):  # every sibling against the full p
+            from kernels.sampling import sample
+            from kernels.tree_mask import children_lists
+
+            kids, node, path = children_lists(parents), -1, []
+            while True:
+                row = p[node + 1] / p[node + 1].sum()
+                nxt = next((k for k in kids[node + 1] if u[k] < row[tokens[k]]), None)
+                if nxt is None:
+                    return path, int(sample(row, uf))
+                path.append(nxt)
+                node = nxt
+
+        monkeypatch.setattr(tree_pass_module, "verify_tree_sampling", no_residual)
+    draft = load_model_free(spec, gof_target)
+    p = gof_pvalue(sample_pairs(method, gof_target, draft, GOF_N)[0], exact_joint(gof_target))
+    assert p < ALPHA, f"the negative control passed (p = {p:.2e}); the test has no power"
