@@ -151,8 +151,9 @@ def load_pair(
         check_pair_files(tdir, ddir)
     target_backend = target_backend_for(target_backend)
     if target_threads is None:
-        # the same count whatever the method, so ar and sd runs are comparable
-        target_threads = max(1, (os.cpu_count() or 1) - draft_threads)
+        # the same count whatever the method, so ar and sd runs are comparable; a target with no
+        # draft model beside it gets every core
+        target_threads = max(1, (os.cpu_count() or 1) - (draft_threads if need_draft else 0))
     if target_device != "cpu" and target_backend != "torch":
         raise DuetError(
             f"--target-device {target_device} runs the PyTorch target; add --target-backend torch"

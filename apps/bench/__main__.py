@@ -31,7 +31,9 @@ from runtime.cli_args import (
 from runtime.decoding import METHODS
 from runtime.errors import DuetError, cli_main
 
-BASELINES = ("mlx-lm", "hf-assisted")
+BASELINES = ("mlx-lm", "hf-assisted", "hf")
+NEEDS_NO_DRAFT = ("ar", AUTO, "mlx-lm", "hf")  # with a target alone: mlx-lm and auto run it alone
+ALONE_METHODS = "ar,hf,mlx-lm"  # the default rows for a target alone (--target, no --draft)
 UNPADDED = "its own generation loop calls the model directly, so its passes cannot be padded"
 
 
@@ -54,9 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--categories", default=None, help="comma-separated categories to keep")
     ap.add_argument(
         "--methods",
-        default="ar,sd,mirror," + ",".join(BASELINES),
+        default=None,
         help=f"comma-separated, from {', '.join((*METHODS, AUTO, *BASELINES))}; auto: the "
-        "method the latency model predicts fastest, per prompt (default: %(default)s)",
+        "method the latency model predicts fastest, per prompt; hf: Hugging Face generate, the "
+        "target alone (default: ar,sd,mirror,mlx-lm,hf-assisted; with --target and no --draft, "
+        f"{ALONE_METHODS})",
     )
     add_auto_args(ap)
     ap.add_argument(
@@ -205,7 +209,7 @@ def takes_gamma(method: str) -> bool:
 
     from runtime.decoding import method_module
 
-    if method == "ar":
+    if method in ("ar", "hf"):
         return False
     if method in BASELINES or method == AUTO:
         return True
@@ -221,10 +225,10 @@ def make_runners(methods: list[str], pair, a) -> list:
             from .mlx_lm_runner import MlxLmRunner
 
             runners.append(MlxLmRunner(pair, gamma=a.gamma))
-        elif m == "hf-assisted":
+        elif m in ("hf-assisted", "hf"):
             from .hf_runner import HfAssistedRunner
 
-            runners.append(HfAssistedRunner(pair, gamma=a.gamma))
+            runners.append(HfAssistedRunner(pair, gamma=a.gamma, alone=m == "hf"))
         else:
             runners.append(
                 DuetRunner(
@@ -276,7 +280,12 @@ def bench(a: argparse.Namespace) -> dict:
     from .report import mismatches, summarize
     from .schedule import run_bench
 
-    methods, temps = parse_methods(a.methods), parse_temps(a.temps)
+    alone = a.target is not None and a.draft is None and not a.drafts and a.hybrid is None
+    default = ALONE_METHODS if alone else "ar,sd,mirror,mlx-lm,hf-assisted"
+    methods, temps = parse_methods(a.methods or default), parse_temps(a.temps)
+    if alone and (need := [m for m in methods if m not in NEEDS_NO_DRAFT]):
+        raise DuetError(f"--methods {','.join(need)} needs a draft: pass --draft (a target alone "
+                        f"runs {', '.join(NEEDS_NO_DRAFT)})")  # fmt: skip
     if a.max_tokens < 1:
         raise DuetError(f"--max-tokens must be at least 1 (got {a.max_tokens})")
     resolve_gamma(a)  # no --gamma: 4 for every method, and a free γ for auto
@@ -302,7 +311,8 @@ def bench(a: argparse.Namespace) -> dict:
 
         t, d = hybrid_pair_dirs(a.hybrid or None)
         a.target, a.draft, a.target_backend = str(t), str(d), "torch"
-    pair = load_pair_from_args(a, need_draft=len(methods) > 1 or bool(a.drafts))
+    need = any(m not in NEEDS_NO_DRAFT for m in methods) or (not alone and len(methods) > 1)
+    pair = load_pair_from_args(a, need_draft=need or bool(a.drafts))
     if pair.tokenizer is None:
         raise DuetError(f"{pair.target_dir}: no tokenizer.json; the bench needs one")
     emu = None
@@ -336,7 +346,7 @@ def bench(a: argparse.Namespace) -> dict:
         drafts = [getattr(getattr(r, "pair", None), "draft", None) for r in runners]
         close_draft_hosts(pair.draft, *drafts)
     model_id = a.model_id or (
-        f"duet-{pair.target_dir.parent.name}" if a.target is None else pair.target_dir.name
+        f"duet-{pair.target_dir.parent.name}" if a.target is None else pair.name
     )
     settings = {
         "model_id": model_id,

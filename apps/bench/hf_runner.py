@@ -36,28 +36,36 @@ class _StepLengths:
 
 
 class HfAssistedRunner:
+    """`hf-assisted`: generate with the pair's draft as assistant; `hf` (alone=True): the target's
+    own `generate`, no draft (Hugging Face's ar, the peer of Duet's ar)."""
+
     name = "hf-assisted"
 
-    def __init__(self, pair, *, gamma: int):
+    def __init__(self, pair, *, gamma: int, alone: bool = False):
         import torch
         import transformers
         from transformers import AutoModelForCausalLM
 
         from runtime.errors import DuetError
 
-        if pair.draft_path is None or not pair.draft_path.is_dir():
+        if not alone and (pair.draft_path is None or not pair.draft_path.is_dir()):
             raise DuetError(
-                f"HF assisted generation needs a draft directory (got {pair.draft_path})"
+                f"HF assisted generation needs a draft directory (got {pair.draft_path}); "
+                "`hf` runs the target alone"
             )
         self.torch = torch
         transformers.logging.set_verbosity_error()  # the assistant's nested generate() warns per call
         load = dict(dtype=torch.float32)
         self.target = AutoModelForCausalLM.from_pretrained(str(pair.target_dir), **load).eval()
-        self.draft = AutoModelForCausalLM.from_pretrained(str(pair.draft_path), **load).eval()
-        gc = self.draft.generation_config  # the assistant reads these from its own config
-        gc.num_assistant_tokens = gamma
-        gc.num_assistant_tokens_schedule = "constant"
-        gc.assistant_confidence_threshold = 0.0
+        self.draft = None
+        if alone:
+            self.name = "hf"
+        else:
+            self.draft = AutoModelForCausalLM.from_pretrained(str(pair.draft_path), **load).eval()
+            gc = self.draft.generation_config  # the assistant reads these from its own config
+            gc.num_assistant_tokens = gamma
+            gc.num_assistant_tokens_schedule = "constant"
+            gc.assistant_confidence_threshold = 0.0
         self.gamma = gamma
         self.eos = list(pair.target.config.eos_token_ids)
 
@@ -67,7 +75,7 @@ class HfAssistedRunner:
         return {
             "torch_threads": self.torch.get_num_threads(),
             "dtype": "float32",
-            "gamma": self.gamma,
+            "gamma": self.gamma if self.draft is not None else None,
             "transformers": transformers.__version__,
         }
 
@@ -95,17 +103,16 @@ class HfAssistedRunner:
 
     def _generate(self, x, max_new, streamer, kw):
         torch = self.torch
+        if self.draft is not None:
+            kw = dict(kw, assistant_model=self.draft, num_assistant_tokens=self.gamma,
+                      num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)  # fmt: skip
         return self.target.generate(
             x,
             attention_mask=torch.ones_like(x),
-            assistant_model=self.draft,
             max_new_tokens=max_new,
             min_new_tokens=0,
             eos_token_id=self.eos or None,
             pad_token_id=self.eos[0] if self.eos else 0,
-            num_assistant_tokens=self.gamma,
-            num_assistant_tokens_schedule="constant",
-            assistant_confidence_threshold=0.0,
             streamer=streamer,
             **kw,
         )

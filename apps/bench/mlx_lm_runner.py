@@ -1,4 +1,5 @@
-"""mlx-lm's speculative decoding (`speculative_generate_step`) on the same pair and γ.
+"""mlx-lm's speculative decoding (`speculative_generate_step`) on the same pair and γ; for a
+target alone (no draft), mlx-lm's own `generate_step`.
 
 The target is the very mlx-lm `Model` Duet's MLX backend runs (loaded by
 `mlx_lm.utils.load_model`, same dtype); the draft is loaded the same way from
@@ -32,13 +33,15 @@ class MlxLmRunner:
 
         from runtime.backends import load_model
 
-        if pair.draft_path is None or not Path(pair.draft_path).is_dir():
+        alone = pair.draft is None  # a target alone: mlx-lm's own generate_step, no draft
+        if not alone and (pair.draft_path is None or not Path(pair.draft_path).is_dir()):
             raise DuetError(
                 f"mlx-lm needs the draft as a checkpoint directory (got {pair.draft_path})"
             )
         target = pair.target if pair.target.backend == "mlx" else load_model(pair.target_dir, "mlx")
         self.model = target.model
-        self.draft = load_model(pair.draft_path, "mlx").model  # mlx_lm.utils.load_model inside
+        # mlx_lm.utils.load_model inside
+        self.draft = None if alone else load_model(pair.draft_path, "mlx").model
         self.gamma = gamma
         self.eos = set(pair.target.config.eos_token_ids)
         self.mx = mx
@@ -47,7 +50,8 @@ class MlxLmRunner:
     def settings(self) -> dict:
         return {
             "mlx_device": str(self.mx.default_device()),
-            "gamma": self.gamma,
+            "gamma": self.gamma if self.draft is not None else None,
+            "draft": "none: mlx_lm generate_step, the target alone" if self.draft is None else "mlx",
             "mlx_lm": importlib.import_module("mlx_lm").__version__,
         }
 
@@ -61,14 +65,15 @@ class MlxLmRunner:
         lengths: list[int] = []
         run = 0  # tokens committed in the current step
         t0 = time.perf_counter()
-        steps = self.gen.speculative_generate_step(
-            mx.array(ids, dtype=mx.uint32),
-            self.model,
-            self.draft,
-            num_draft_tokens=self.gamma,
-            max_tokens=max_new,
-            sampler=sampler,
-        )
+        prompt = mx.array(ids, dtype=mx.uint32)
+        if self.draft is None:  # (token, logprobs) per step: one target token, never a draft's
+            steps = ((t, lp, False) for t, lp in self.gen.generate_step(
+                prompt, self.model, max_tokens=max_new, sampler=sampler))  # fmt: skip
+        else:
+            steps = self.gen.speculative_generate_step(
+                prompt, self.model, self.draft, num_draft_tokens=self.gamma, max_tokens=max_new,
+                sampler=sampler,
+            )  # fmt: skip
         try:
             for tok, _, from_draft in steps:
                 tok = int(tok)
