@@ -19,11 +19,17 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
         "multi-token-prediction head) (default: embedded pair)",
     )
     ap.add_argument("--target-backend", choices=TARGET_BACKENDS, default="auto",
-                    help="runs the target: auto = mlx on macOS (Metal), torch elsewhere (default auto)")  # fmt: skip
+                    help="runs the target: auto = mlx on macOS (Metal), torch elsewhere; onnx = "
+                    "ONNX Runtime, exported once and cached beside the checkpoint (default auto)")  # fmt: skip
+    ap.add_argument("--quantize", choices=["int4", "int8", "none"], default="int4",
+                    help="ONNX target weights: int4/int8 = block-wise MatMulNBits (blocks of 32, "
+                    "int8 activations), requantized from the checkpoint's float32 weights; none = "
+                    "float32 (default int4; only with --target-backend onnx)")  # fmt: skip
     ap.add_argument("--target-device", choices=["cpu", "cuda"], default="cpu",
                     help="PyTorch target: cpu, or cuda (a GPU; the draft stays on the CPU) (default cpu)")  # fmt: skip
     ap.add_argument("--target-threads", type=int, default=None,
-                    help="PyTorch target threads (default: the cores the draft leaves)")  # fmt: skip
+                    help="PyTorch target threads, or the ONNX target's intra-op threads (default: "
+                    "the cores the draft leaves; every core for an ONNX target with no draft model)")  # fmt: skip
     ap.add_argument("--draft-backend", choices=["onnx", "mlx", "torch"], default=None,
                     help="runs the draft (default onnx; a directory is exported on the fly and cached)")  # fmt: skip
     ap.add_argument("--draft-threads", type=int, default=1,
@@ -83,7 +89,7 @@ def load_pair_from_args(a: argparse.Namespace, *, need_draft: bool) -> Pair:
     return load_pair(a.target, a.draft, need_draft=need_draft, target_backend=a.target_backend,
                      draft_backend=a.draft_backend, draft_threads=a.draft_threads, provider=a.provider,
                      target_threads=a.target_threads, target_device=a.target_device,
-                     adapter=a.adapter,
+                     adapter=a.adapter, quantize=getattr(a, "quantize", "int4"),
                      hybrid_rollback=getattr(a, "hybrid_rollback", "replay"))  # fmt: skip
 
 

@@ -73,7 +73,7 @@ def resolve(path: str | None, role: str) -> Path | None:
                     "see `python -m apps.models list`)")  # fmt: skip
 
 
-TARGET_BACKENDS = ("auto", "mlx", "torch")
+TARGET_BACKENDS = ("auto", "mlx", "torch", "onnx")  # onnx: runtime/backends/onnx_target.py
 
 
 def target_backend_for(name: str) -> str:
@@ -101,6 +101,7 @@ def load_pair(
     target_device: str = "cpu",
     adapter: str | None = None,
     hybrid_rollback: str = "replay",
+    quantize: str = "int4",
 ) -> Pair:
     """Load target (and draft when `need_draft`); the embedded pair when neither is given.
 
@@ -150,6 +151,10 @@ def load_pair(
         check_checkpoint(ddir, "draft")
         check_pair_files(tdir, ddir)
     target_backend = target_backend_for(target_backend)
+    if target_threads is None and target_backend == "onnx" and (
+        not need_draft or ddir == "mtp" or is_model_free_spec(ddir)
+    ):  # no draft model computes beside it: the ONNX target takes every core
+        target_threads = os.cpu_count() or 1
     if target_threads is None:
         # the same count whatever the method, so ar and sd runs are comparable; a target with no
         # draft model beside it gets every core
@@ -166,11 +171,18 @@ def load_pair(
         }
     else:
         kw = {"hybrid_rollback": hybrid_rollback}  # mlx: used by a hybrid checkpoint only
-    t = load_model(tdir, target_backend, **kw)
+    if target_backend == "onnx":  # exported once, cached beside the checkpoint per quantization
+        from runtime.backends.onnx_target import OnnxTargetLM
+
+        t = OnnxTargetLM(tdir, quantize, intra_threads=target_threads)
+    else:
+        t = load_model(tdir, target_backend, **kw)
     d = None
     settings = {"target_backend": target_backend,
-                "target_threads": target_threads if target_backend == "torch" else None,
+                "target_threads": target_threads if target_backend in ("torch", "onnx") else None,
                 "target_device": target_device}  # fmt: skip
+    if target_backend == "onnx":
+        settings["target_quantize"] = quantize
     if need_draft and ddir == "mtp":
         from runtime.backends.torch_mtp import MTPDraft
 

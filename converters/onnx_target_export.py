@@ -1,0 +1,155 @@
+"""Export a target checkpoint to ONNX graphs for the ONNX Runtime target, optionally with
+block-wise int4 / int8 weights (MatMulNBits).
+
+A target is exported as *parts*, each its own graph (runtime/backends/onnx_target.py runs
+them), built op by op by converters/onnx_target_graph.py:
+  full        layers 0..N-1 + final norm + LM head: ids -> logits, hidden (pre-norm, last layer)
+  layers.a.b  layers a..b-1: ids (a == 0) or hidden -> hidden. Mirror-SD's early exit runs
+              layers.0.E, the head on its hidden state, then layers.E.N and the head: the
+              early-exit message leaves after E layers and one head, as on the PyTorch target
+  head        final norm + LM head on any hidden state (Mirror-SD eq. 6)
+Every graph that runs layers takes
+  input_ids (B, T) int64 or hidden_in (B, T, C) float32, position_ids (B, T) int64,
+  attention_mask (B, T, past + T) bool (True = may attend: causal, tree and branch masks alike),
+  past.{i}.key / past.{i}.value (B, KV, past, D) for its layers i
+and returns present.{i}.key / .value (B, KV, past + T, D). Positions and the mask are explicit,
+so tree verification and branch rows run on it; rollback stays an offset on the host cache.
+
+Quantization (`quantize`): "none" keeps float32. "int4" / "int8" rewrite every MatMul with a
+constant weight (packed q|k|v, o, packed gate|up, down, and the LM head; a tied model's head is
+its own transposed copy of the embedding) as ONNX Runtime's MatMulNBits
+(onnxruntime.quantization's MatMulNBitsQuantizer): symmetric blocks of BLOCK_SIZE along the
+input dimension, requantized from the checkpoint's float32 weights (a checkpoint dequantized
+from a GGUF is requantized, not mapped block for block), at the ACCURACY_LEVEL below. The
+embedding stays float32 (a Gather reads one row a token). The recipe is stored in the graph's
+metadata (duet.quantization).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from runtime.backends.torch_ref import load_torch_lm
+from runtime.errors import DuetError
+
+QUANTIZE = ("none", "int4", "int8")
+BLOCK_SIZE = 32
+# MatMulNBits' compute type per weight width. 4: int8 activations (per-block dynamic scale),
+# the fast path. A pair of 4-bit weight x int8 activation products sums to at most
+# 2 * 15 * 128 = 3,840, so no kernel (AVX2 without VNNI sums pairs in a saturating int16,
+# VPMADDUBSW) can clip it. 8-bit weights x int8 activations could reach 2 * 255 * 127: they keep
+# level 1 (float32 compute), right on every instruction set.
+ACCURACY_LEVEL = {4: 4, 8: 1}
+
+
+def recipe(quantize: str) -> dict:
+    """What `quantize` means, as stored in the graph's metadata."""
+    if quantize not in QUANTIZE:
+        raise DuetError(f"unknown --quantize {quantize!r}; choose from {', '.join(QUANTIZE)}")
+    if quantize == "none":
+        return {"scheme": "none"}
+    bits = 4 if quantize == "int4" else 8
+    return {"scheme": quantize, "op": "MatMulNBits", "bits": bits, "block_size": BLOCK_SIZE,
+            "symmetric": True, "accuracy_level": ACCURACY_LEVEL[bits],
+            "source": "requantized from the checkpoint's float32 weights",
+            "embedding": "float32"}  # fmt: skip
+
+
+def part_name(start: int, stop: int, num_layers: int, head: bool) -> str:
+    if head and start == 0 and stop == num_layers:
+        return "full"
+    if start == stop and head:
+        return "head"
+    return f"layers.{start}.{stop}"
+
+
+def io_names(start: int, stop: int, head: bool) -> tuple[list[str], list[str]]:
+    """(input names, output names) of a part, in graph order."""
+    if start == stop:
+        return ["hidden_in"], ["logits"]
+    ins = ["input_ids" if start == 0 else "hidden_in", "position_ids", "attention_mask"]
+    outs = ["logits", "hidden"] if head else ["hidden"]
+    for i in range(start, stop):
+        ins += [f"past.{i}.key", f"past.{i}.value"]
+        outs += [f"present.{i}.key", f"present.{i}.value"]
+    return ins, outs
+
+
+def export_target_part(model_dir, out, start: int, stop: int, head: bool, quantize: str = "none",
+                       lm=None) -> dict:  # fmt: skip
+    """Export one part of `model_dir`'s target to `out` (quantized when asked); returns
+    {path, seconds, bytes, quantization}."""
+    t0 = time.perf_counter()
+    rec = recipe(quantize)
+    lm = lm if lm is not None else load_torch_lm(model_dir, torch.float32)
+    cfg = lm.cfg
+    if cfg.is_hybrid or type(lm).__name__ != "TorchLM":
+        raise DuetError(
+            f"{model_dir}: the ONNX target runs Llama, Qwen2 and Qwen3 checkpoints "
+            f"(got {cfg.model_type}); use --target-backend torch"
+        )
+    if not (0 <= start <= stop <= cfg.num_layers) or (start == stop and not head):
+        raise DuetError(f"layer range [{start}, {stop}) outside 0..{cfg.num_layers}")
+    from converters.onnx_target_graph import build_part
+
+    state = lm.state_dict()
+    inv_freq = lm.inv_freq.detach().float().numpy()
+    m = build_part(cfg, state, inv_freq, start, stop, head)
+    del state
+    if quantize != "none":
+        m = _quantize(m, rec)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp.onnx")
+    for key, value in (("duet.config", json.dumps(cfg.raw)), ("duet.quantization", json.dumps(rec)),
+                       ("duet.part", json.dumps([start, stop, head]))):  # fmt: skip
+        e = m.metadata_props.add()
+        e.key, e.value = key, value
+    import onnx
+
+    onnx.save(m, str(tmp))
+    tmp.replace(out)  # atomic: a reader never sees half a file
+    return {"path": str(out), "seconds": time.perf_counter() - t0, "bytes": out.stat().st_size,
+            "quantization": rec}  # fmt: skip
+
+
+def _quantize(model, rec: dict):
+    """MatMulNBits over every MatMul with a constant weight (onnxruntime.quantization)."""
+    import logging
+
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
+    algo = DefaultWeightOnlyQuantConfig(block_size=rec["block_size"], is_symmetric=rec["symmetric"],
+                                        accuracy_level=rec["accuracy_level"], bits=rec["bits"])  # fmt: skip
+    q = MatMulNBitsQuantizer(model, bits=rec["bits"], block_size=rec["block_size"],
+                             is_symmetric=rec["symmetric"], accuracy_level=rec["accuracy_level"],
+                             algo_config=algo)  # fmt: skip
+    q.process()
+    return q.model.model
+
+
+def export_target(
+    model_dir, out_dir, quantize: str = "int4", exit_layer: int | None = None
+) -> list:
+    """Ahead-of-time build (`converters export --role target`): the full graph, and with
+    `exit_layer` the early-exit parts (layers.0.E, layers.E.N, head), into `out_dir`."""
+    lm = load_torch_lm(model_dir, torch.float32)
+    n = lm.cfg.num_layers
+    parts = [(0, n, True)]
+    if exit_layer is not None:
+        if not 0 < exit_layer < n:
+            raise DuetError(f"--exit-layer {exit_layer} out of range 1..{n - 1}")
+        parts += [(0, exit_layer, False), (exit_layer, n, False), (n, n, True)]
+    done = []
+    for a, b, h in parts:
+        p = Path(out_dir) / f"target-{quantize}-{part_name(a, b, n, h)}.onnx"
+        done.append(export_target_part(model_dir, p, a, b, h, quantize, lm=lm))
+    return done

@@ -1,0 +1,149 @@
+"""The ONNX target graph, built op by op from a Llama / Qwen2 / Qwen3 checkpoint's weights.
+
+Not a trace of the PyTorch reference: a traced decoder is ~70 small ops a layer (RoPE
+recomputed per layer, GQA by repeat and concat, the mask rebuilt), and on a 2-core CPU those
+cost more than the int4 matmuls themselves (SmolLM2-135M: 2,400 nodes, ~60 % of a decode step
+outside MatMulNBits). This graph is ~12 nodes a layer, the fused ops onnxruntime-genai's own
+builder uses (ONNX Runtime's com.microsoft domain, CPU kernels in every build):
+  SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization  RMSNorm (+ the residual add)
+  MatMul over packed q|k|v and gate|up weights  (MatMulNBits once quantized)
+  RotaryEmbedding  rotate-half RoPE from position_ids and cos/sin tables (any rope scaling:
+                   the tables come from runtime/backends/torch_ref.rope_inv_freq)
+  GroupQueryAttention  KV concat + grouped-query attention, with the explicit mask as an
+                   additive attention_bias (0 / float32 min) over its built-in causal rule;
+                   every mask Duet passes (causal, tree, branch rows with key holes) is causal
+                   with some keys removed, so the two compose to exactly that mask
+  QuickGelu(alpha=1) SiLU
+One limit of the CPU kernel: a window of several tokens over a past runs one row at a time
+(batch 1); runtime/backends/onnx_target.py splits such a batch into rows.
+
+I/O of a part [start, stop) (+ head): see converters/onnx_target_export.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto as TP
+from onnx import helper as oh
+from onnx import numpy_helper as onh
+
+MS = "com.microsoft"
+NEG = float(np.finfo(np.float32).min)
+
+
+class _G:
+    """A graph under construction: nodes, initializers, unique names."""
+
+    def __init__(self):
+        self.nodes, self.inits, self.n = [], [], 0
+
+    def init(self, name: str, arr) -> str:
+        self.inits.append(onh.from_array(np.ascontiguousarray(arr), name))
+        return name
+
+    def op(self, kind: str, ins: list[str], n_out: int = 1, domain: str = "", **attrs):
+        self.n += 1
+        outs = [f"{kind}_{self.n}_{j}" for j in range(n_out)]
+        self.nodes.append(oh.make_node(kind, ins, outs, name=f"{kind}_{self.n}", domain=domain,
+                                       **attrs))  # fmt: skip
+        return outs[0] if n_out == 1 else outs
+
+
+def _w(state, key) -> np.ndarray:
+    return state[key].detach().float().numpy()
+
+
+def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, head: bool):
+    """The ModelProto of layers [start, stop) (+ final norm and LM head when `head`);
+    start == stop with `head`: the head alone on `hidden_in`."""
+    g = _G()
+    H, KV, D, C = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
+    eps = float(cfg.rms_norm_eps)
+    ins, outs = [], []
+    x_in = "input_ids" if start == 0 and start < stop else "hidden_in"
+    if x_in == "input_ids":
+        ins.append(oh.make_tensor_value_info(x_in, TP.INT64, ["batch", "seq"]))
+        h = g.op("Gather", [g.init("embed", _w(state, "model.embed_tokens.weight")), x_in])
+    else:
+        ins.append(oh.make_tensor_value_info(x_in, TP.FLOAT, ["batch", "seq", C]))
+        h = x_in
+    if start < stop:
+        ins += [oh.make_tensor_value_info("position_ids", TP.INT64, ["batch", "seq"]),
+                oh.make_tensor_value_info("attention_mask", TP.BOOL, ["batch", "seq", "total"])]  # fmt: skip
+        bias = g.op("Where", ["attention_mask", g.init("zero", np.array(0, np.float32)),
+                              g.init("neg", np.array(NEG, np.float32))])  # fmt: skip
+        bias = g.op("Unsqueeze", [bias, g.init("ax1", np.array([1], np.int64))])
+        total64 = g.op("Shape", ["attention_mask"], start=2, end=3)  # (1,)
+        total = g.op("Cast", [g.op("Squeeze", [total64])], to=TP.INT32)
+        batch = g.op("Shape", ["attention_mask"], start=0, end=1)
+        seqlens = g.op("Cast", [g.op("Expand", [g.op("Sub", [total64, g.init(
+            "one", np.array([1], np.int64))]), batch])], to=TP.INT32)  # fmt: skip
+        pos = np.arange(cfg.max_context, dtype=np.float32)[:, None] * inv_freq[None, :]
+        cos, sin = g.init("cos", np.cos(pos)), g.init("sin", np.sin(pos))
+    resid = None  # the residual stream when the last block's output is still to be added
+    for i in range(start, stop):
+        p = f"model.layers.{i}."
+        w_in = g.init(f"ln_in.{i}", _w(state, p + "input_layernorm.weight"))
+        if resid is None:
+            xn = g.op("SimplifiedLayerNormalization", [h, w_in], axis=-1, epsilon=eps)
+        else:
+            xn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [h, resid, w_in], 4,
+                               domain=MS, epsilon=eps)  # fmt: skip
+        a = p + "self_attn."
+        wqkv = np.concatenate([_w(state, a + f"{n}_proj.weight") for n in "qkv"], 0).T
+        qkv = g.op("MatMul", [xn, g.init(f"qkv.{i}", wqkv)])
+        if cfg.attention_bias:
+            bqkv = np.concatenate([_w(state, a + f"{n}_proj.bias") for n in "qkv"])
+            qkv = g.op("Add", [qkv, g.init(f"qkv_b.{i}", bqkv)])
+        split = g.init(f"qkv_split.{i}", np.array([H * D, KV * D, KV * D], np.int64))
+        q, k, v = g.op("Split", [qkv, split], 3, axis=-1)
+        if cfg.qk_norm:  # Qwen3: RMSNorm over each head's D channels, before RoPE
+            q = _head_norm(g, q, H, D, g.init(f"qn.{i}", _w(state, a + "q_norm.weight")), eps)
+            k = _head_norm(g, k, KV, D, g.init(f"kn.{i}", _w(state, a + "k_norm.weight")), eps)
+        q = g.op("RotaryEmbedding", [q, "position_ids", cos, sin], domain=MS, num_heads=H)
+        k = g.op("RotaryEmbedding", [k, "position_ids", cos, sin], domain=MS, num_heads=KV)
+        ins += [oh.make_tensor_value_info(f"past.{i}.{n}", TP.FLOAT, ["batch", KV, "past", D])
+                for n in ("key", "value")]  # fmt: skip
+        att, pk, pv = g.op("GroupQueryAttention", [q, k, v, f"past.{i}.key", f"past.{i}.value",
+                           seqlens, total, "", "", "", bias], 3, domain=MS, num_heads=H,
+                           kv_num_heads=KV, scale=float(D) ** -0.5)  # fmt: skip
+        outs += [(pk, f"present.{i}.key"), (pv, f"present.{i}.value")]
+        o = g.op("MatMul", [att, g.init(f"o.{i}", _w(state, a + "o_proj.weight").T)])
+        w_post = g.init(f"ln_post.{i}", _w(state, p + "post_attention_layernorm.weight"))
+        xn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [o, h, w_post], 4, domain=MS,
+                           epsilon=eps)  # fmt: skip
+        m = p + "mlp."
+        wgu = np.concatenate([_w(state, m + "gate_proj.weight"), _w(state, m + "up_proj.weight")])
+        gu = g.op("MatMul", [xn, g.init(f"gu.{i}", wgu.T)])
+        gu_split = g.init(f"gu_split.{i}", np.array([cfg.intermediate_size] * 2, np.int64))
+        gate, up = g.op("Split", [gu, gu_split], 2, axis=-1)
+        act = g.op("Mul", [g.op("QuickGelu", [gate], domain=MS, alpha=1.0), up])
+        resid = g.op("MatMul", [act, g.init(f"down.{i}", _w(state, m + "down_proj.weight").T)])
+    if head:
+        wn = g.init("norm", _w(state, "model.norm.weight"))
+        if resid is None:
+            hn = g.op("SimplifiedLayerNormalization", [h, wn], axis=-1, epsilon=eps)
+        else:
+            hn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [resid, h, wn], 4, domain=MS,
+                               epsilon=eps)  # fmt: skip
+        key = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+        logits = g.op("MatMul", [hn, g.init("lm_head", _w(state, key).T)])
+        outs.insert(0, (logits, "logits"))
+        if start < stop:
+            outs.insert(1, (h, "hidden"))
+    else:
+        outs.insert(0, (g.op("Add", [resid, h]), "hidden"))
+    for src, name in outs:  # graph outputs get their public names through Identity
+        g.nodes.append(oh.make_node("Identity", [src], [name], name=f"out_{name}"))
+    out_info = [oh.make_tensor_value_info(name, TP.FLOAT, None) for _, name in outs]
+    graph = oh.make_graph(g.nodes, "duet_target", ins, out_info, g.inits)
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid(MS, 1)],
+                         ir_version=9)  # fmt: skip
+
+
+def _head_norm(g: _G, x: str, heads: int, d: int, w: str, eps: float) -> str:
+    """RMSNorm over the last D channels of (B, T, heads * D)."""
+    shape = g.op("Shape", [x])
+    y = g.op("Reshape", [x, g.init(f"hd_shape_{g.n}", np.array([0, 0, heads, d], np.int64))])
+    y = g.op("SimplifiedLayerNormalization", [y, w], axis=-1, epsilon=eps)
+    return g.op("Reshape", [y, shape])

@@ -1,0 +1,147 @@
+"""The target on ONNX Runtime: exported graph parts, int4/int8 weights, KV cache as explicit I/O.
+
+`OnnxTargetLM` is the CausalLM protocol over the parts that converters/onnx_target_export.py
+writes (`full`: ids -> logits + hidden; `layers.a.b`; `head`). Each part is exported once, on
+the first call that needs it, and cached beside the checkpoint in `<dir>/.duet/` under a name
+keyed by the quantization and the layer range (`target-int4-full.onnx`); a later run opens
+the cached file. Positions and a boolean mask (B, T, past + T) are inputs of every graph, so
+causal windows, tree masks and branch rows all run; rollback moves the host cache's offset
+(runtime/cache.py), as on the other backends. Layer ranges (Mirror-SD's early exit) run the
+`layers.0.E` part, `head` on its hidden state, then `layers.E.N` and `head`: hidden states
+stay NumPy between parts.
+
+Threads: `intra_threads` ONNX Runtime intra-op threads for every part (runtime/load.py gives
+the target all the cores a draft leaves, both of two for the draft-free methods).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from runtime.cache import ConcatKVCache
+from runtime.config import ModelConfig
+from runtime.errors import DuetError
+from runtime.model import causal_mask, check_tokens, default_positions
+
+QUANTIZE = ("int4", "int8", "none")
+
+
+def part_path(d: Path, quantize: str, name: str) -> Path:
+    return Path(d) / ".duet" / f"target-{quantize}-{name}.onnx"
+
+
+def ensure_part(d: Path, quantize: str, start: int, stop: int, head: bool, n: int) -> Path:
+    """The cached graph of one part, exported on first use (made once, redone when older than
+    the checkpoint's weights)."""
+    from converters.onnx_target_export import export_target_part, part_name  # the exporter
+
+    out = part_path(d, quantize, part_name(start, stop, n, head))
+    weights = list(Path(d).glob("*.safetensors"))
+    newest = max((f.stat().st_mtime for f in weights), default=0)
+    if not out.is_file() or out.stat().st_mtime < newest:
+        try:
+            export_target_part(d, out, start, stop, head, quantize)
+        except OSError as e:
+            raise DuetError(
+                f"{d}: cannot write the on-the-fly ONNX target export ({e}); build it with "
+                f"`python -m converters export --role target --model {d} --format onnx "
+                f"--quantize {quantize} --out DIR`"
+            ) from None
+    return out
+
+
+class OnnxTargetLM:
+    """CausalLM over the exported target parts of one checkpoint directory."""
+
+    backend = "onnx"
+    supports_layer_range = True
+
+    def __init__(self, ckpt_dir, quantize: str = "int4", intra_threads: int = 2,
+                 provider: str = "cpu"):  # fmt: skip
+        if quantize not in QUANTIZE:
+            raise DuetError(f"unknown --quantize {quantize!r}; choose from {', '.join(QUANTIZE)}")
+        self.dir = Path(ckpt_dir)
+        self.config = ModelConfig.from_dir(self.dir)
+        if self.config.is_hybrid or any(getattr(self.config, "sliding", None) or ()):
+            raise DuetError(
+                f"{self.dir}: the ONNX target runs Llama, Qwen2 and Qwen3 checkpoints "
+                f"(got {self.config.model_type}); use --target-backend torch"
+            )
+        self.quantize, self.provider, self.threads = quantize, provider, intra_threads
+        self._sessions: dict[tuple, object] = {}
+        self.session = self._part(0, self.config.num_layers, True)  # exported/opened at load
+
+    def _part(self, start: int, stop: int, head: bool):
+        key = (start, stop, head)
+        if key not in self._sessions:
+            from runtime.backends.onnx_backend import open_session
+
+            n = self.config.num_layers
+            p = ensure_part(self.dir, self.quantize, start, stop, head, n)
+            s = open_session(p, self.provider, self.threads, 1)
+            self._sessions[key] = (s, [o.name for o in s.get_outputs()])
+        return self._sessions[key]
+
+    @property
+    def quantization(self) -> dict:
+        """The recipe the full graph was built with (its `duet.quantization` metadata)."""
+        s, _ = self._part(0, self.config.num_layers, True)
+        return json.loads(s.get_modelmeta().custom_metadata_map.get("duet.quantization", "{}"))
+
+    def new_cache(self, batch: int = 1) -> ConcatKVCache:
+        c = self.config
+        return ConcatKVCache(
+            c.num_layers, batch, lambda b: np.zeros((b, c.num_kv_heads, 0, c.head_dim), np.float32)
+        )
+
+    def _run(self, x, cache, start: int, stop: int, head: bool, positions, mask):
+        B, T = x.shape[:2]
+        off = cache.layer_offset(start)
+        pos = default_positions(off, B, T) if positions is None else np.asarray(positions)
+        pos = np.ascontiguousarray(np.broadcast_to(pos, (B, T)), dtype=np.int64)
+        m = causal_mask(off, T) if mask is None else np.asarray(mask, dtype=bool)
+        m = np.ascontiguousarray(np.broadcast_to(m, (B, T, off + T)))
+        past = [cache.get(i) for i in range(start, stop)]
+        session, outs = self._part(start, stop, head)
+        # GroupQueryAttention's CPU kernel runs a multi-token window over a past one row at a
+        # time: such a batch (branch rows verified together) runs row by row
+        rows = [slice(r, r + 1) for r in range(B)] if B > 1 and T > 1 and off else [slice(None)]
+        got = []
+        for r in rows:
+            feed = {"input_ids" if start == 0 else "hidden_in": x[r], "position_ids": pos[r],
+                    "attention_mask": m[r]}  # fmt: skip
+            for i, (k, v) in zip(range(start, stop), past, strict=True):
+                feed[f"past.{i}.key"] = np.ascontiguousarray(k[r])
+                feed[f"past.{i}.value"] = np.ascontiguousarray(v[r])
+            got.append(session.run(outs, feed))
+        res = (
+            got[0] if len(got) == 1 else [np.concatenate(parts) for parts in zip(*got, strict=True)]
+        )
+        first = 2 if head else 1
+        for j, i in enumerate(range(start, stop)):
+            cache.put(i, res[first + 2 * j], res[first + 2 * j + 1])
+        return res[:first]
+
+    def forward(self, tokens, cache, *, positions=None, mask=None) -> np.ndarray:
+        ids = check_tokens(tokens, self.config.vocab_size)
+        logits, _hidden = self._run(ids, cache, 0, self.config.num_layers, True, positions, mask)
+        return logits
+
+    def forward_layers(self, x, cache, start, stop, *, positions=None, mask=None):
+        n = self.config.num_layers
+        if not 0 <= start < stop <= n:
+            raise DuetError(f"layer range [{start}, {stop}) outside 0..{n}")
+        if start == 0:
+            x = check_tokens(x, self.config.vocab_size)
+        else:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        (h,) = self._run(x, cache, start, stop, False, positions, mask)
+        return h
+
+    def head(self, hidden) -> np.ndarray:
+        session, outs = self._part(self.config.num_layers, self.config.num_layers, True)
+        h = np.ascontiguousarray(hidden, dtype=np.float32)
+        return session.run(outs, {"hidden_in": h})[0]

@@ -1,0 +1,133 @@
+"""The target on ONNX Runtime (runtime/backends/onnx_target.py): float32 graphs equal the PyTorch
+reference within TOL per family, with causal, tree and branch-row masks and over layer ranges;
+an int4 target's greedy sd, tree and mirror equal its own ar; rollback after a rejection equals a
+fresh prefill; the export is cached beside the checkpoint, keyed by quantization, and reused;
+the command line runs it."""
+
+import json
+
+import numpy as np
+import pytest
+
+from runtime.backends import load_model
+from runtime.backends.onnx_target import OnnxTargetLM, part_path
+from runtime.decoding import Sampling, make_steps, run
+from runtime.errors import DuetError
+
+TOL = 1e-4  # max |Δlogit| of the float32 graph against the PyTorch reference (logits ~ ±10)
+PROMPT = [11, 42, 7, 99, 5, 250, 3, 17]
+
+
+def _pair(tiny_dir, arch, quantize="none"):
+    d = tiny_dir(arch, tie_word_embeddings=arch == "llama")
+    return OnnxTargetLM(d, quantize, intra_threads=1), load_model(d, "torch", threads=1)
+
+
+def _close(a, b):
+    assert np.abs(np.asarray(a) - np.asarray(b)).max() < TOL
+
+
+def test_float32_logits_equal_the_reference(tiny_dir, arch):
+    onnx_lm, ref = _pair(tiny_dir, arch)
+    co, cr = onnx_lm.new_cache(), ref.new_cache()
+    ids = np.array([PROMPT])
+    _close(onnx_lm.forward(ids[:, :5], co), ref.forward(ids[:, :5], cr))  # prefill
+    _close(onnx_lm.forward(ids[:, 5:6], co), ref.forward(ids[:, 5:6], cr))  # one token
+    _close(onnx_lm.forward(ids[:, 6:], co), ref.forward(ids[:, 6:], cr))  # a window
+    # a layer range, the head on its hidden state, then the rest (Mirror-SD's early exit)
+    n = ref.config.num_layers
+    ho, hr = onnx_lm.forward_layers(ids[:, :2], co, 0, 1), ref.forward_layers(ids[:, :2], cr, 0, 1)
+    _close(onnx_lm.head(ho), ref.head(hr))
+    ho, hr = onnx_lm.forward_layers(ho, co, 1, n), ref.forward_layers(hr, cr, 1, n)
+    _close(onnx_lm.head(ho), ref.head(hr))
+    assert co.offset == cr.offset == len(PROMPT) + 2
+
+
+def test_tree_mask_and_branch_rows_equal_the_reference(tiny_dir):
+    onnx_lm, ref = _pair(tiny_dir, "qwen2")
+    co, cr = onnx_lm.new_cache(), ref.new_cache()
+    onnx_lm.forward(np.array([PROMPT]), co), ref.forward(np.array([PROMPT]), cr)
+    P = len(PROMPT)
+    # a tree: root 0, children 1 and 2 of 0, 3 child of 1; positions are depths
+    parent = [-1, 0, 0, 1]
+    m = np.zeros((4, P + 4), bool)
+    m[:, :P] = True
+    for i, p in enumerate(parent):
+        m[i, P + i] = True
+        while p >= 0:
+            m[i, P + p], p = True, parent[p]
+    pos = np.array([[P, P + 1, P + 1, P + 2]])
+    toks = np.array([[5, 9, 13, 21]])
+    _close(onnx_lm.forward(toks, co, positions=pos, mask=m),
+           ref.forward(toks, cr, positions=pos, mask=m))  # fmt: skip
+    # two branch rows, each hiding its own key (a hole), several tokens over a past
+    co.select([0, 0]), cr.select([0, 0])
+    B = np.broadcast_to(np.tril(np.ones((2, P + 6), bool), P + 4)[None], (2, 2, P + 6)).copy()
+    B[0, :, P], B[1, :, P + 1] = False, False
+    toks = np.array([[3, 4], [7, 8]])
+    _close(onnx_lm.forward(toks, co, mask=B), ref.forward(toks, cr, mask=B))
+
+
+def test_rollback_after_rejection_equals_a_fresh_prefill(tiny_dir):
+    lm, _ = _pair(tiny_dir, "llama")
+    c = lm.new_cache()
+    lm.forward(np.array([PROMPT]), c)
+    lm.forward(np.array([[1, 2, 3, 4]]), c)  # a window, then 3 of its 4 tokens rejected
+    assert c.trim(3) == 3
+    got = lm.forward(np.array([[60, 61]]), c)
+    fresh = lm.forward(np.array([PROMPT + [1, 60, 61]]), lm.new_cache())
+    _close(got, fresh[:, -2:])
+
+
+def test_the_export_is_cached_per_quantization_and_reused(tiny_dir, monkeypatch):
+    d = tiny_dir("qwen3", num_layers=2, seed=3)
+    OnnxTargetLM(d, "none", intra_threads=1)
+    OnnxTargetLM(d, "int8", intra_threads=1)
+    full = part_path(d, "none", "full")
+    assert full.is_file() and part_path(d, "int8", "full").is_file()
+    stamp = full.stat().st_mtime_ns
+
+    def no_export(*a, **k):
+        raise AssertionError("exported again")
+
+    monkeypatch.setattr("converters.onnx_target_export.export_target_part", no_export)
+    lm = OnnxTargetLM(d, "none", intra_threads=1)
+    assert full.stat().st_mtime_ns == stamp
+    assert lm.quantization == {"scheme": "none"}
+    q = OnnxTargetLM(d, "int8", intra_threads=1).quantization
+    assert (q["op"], q["bits"], q["block_size"]) == ("MatMulNBits", 8, 32)
+
+
+def _gen(method, target, draft, n=16, **kw):
+    steps = make_steps(method, target, draft, PROMPT, max_new=n, sampling=Sampling(), seed=0,
+                       **kw)  # fmt: skip
+    return run(steps, max_new=n, eos_ids=target.config.eos_token_ids).tokens
+
+
+def test_int4_target_sd_tree_and_mirror_equal_its_own_ar(tiny_dir):
+    d = tiny_dir("llama", tie_word_embeddings=True)
+    target = OnnxTargetLM(d, "int4", intra_threads=1)
+    assert target.quantization["accuracy_level"] == 4
+    draft = load_model(tiny_dir("llama", num_layers=1, hidden_size=32, seed=7), "onnx")
+    ref = _gen("ar", target, None)
+    assert _gen("sd", target, draft, gamma=3) == ref
+    assert _gen("tree", target, draft) == ref
+    assert _gen("mirror", target, draft, gamma=3, exit_layer=2) == ref
+
+
+def test_unsupported_family_and_quantization_are_one_line(tiny_dir):
+    with pytest.raises(DuetError, match="--quantize"):
+        OnnxTargetLM(tiny_dir("llama"), "int3")
+    with pytest.raises(DuetError, match="target-backend torch"):
+        OnnxTargetLM(tiny_dir("qwen3_5_text"), "none")
+
+
+def test_generate_cli_runs_the_onnx_target(tiny_dir, capsys):
+    from runtime.generate import main
+
+    d = tiny_dir("qwen3", num_layers=2, seed=3)
+    args = ["--target", str(d), "--target-backend", "onnx", "--quantize", "int4",
+            "--prompt-ids", "1,2,3", "--max-tokens", "6", "--json"]  # fmt: skip
+    assert main([*args, "--method", "ar"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["tokens"]) == 6
