@@ -65,3 +65,16 @@ def test_bench_refuses_a_drafting_method_for_a_target_alone(tiny_dir, prompts, c
     rc = main(["--target", str(tiny_dir("qwen3")), "--prompts", str(prompts), "--methods", "ar,sd"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "--methods sd needs a draft" in err and len(err.splitlines()) == 1
+
+
+def test_footprint_runs_ar_and_hf_each_in_its_own_process(tiny_dir, capsys):
+    from apps.bench.__main__ import main
+
+    t = tiny_dir("llama")
+    assert main(["footprint", "--target", str(t), "--rounds", "1", "--max-tokens", "4",
+                 "--json"]) == 0  # fmt: skip
+    res = json.loads(capsys.readouterr().out)
+    rows = {r["runner"]: r for r in res["rows"]}
+    assert set(rows) == {"hf", "duet:torch"}
+    assert rows["duet:torch"]["equals_hf"] is True  # greedy: the target's own tokens either way
+    assert rows["hf"]["tok_s_vs_hf"] == 1.0 and rows["duet:torch"]["peak_rss_mb"] > 0

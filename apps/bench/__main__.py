@@ -5,6 +5,7 @@
     python -m apps.bench --edge --links 5g,4g,wifi-weak          # edge-cloud (apps/bench/edge.py)
     python -m apps.bench --methods ar,sd --drafts mtp            # sd+mtp: the target's MTP head
     python -m apps.bench --methods ar,sd,mirror --gammas 2,4     # sd@g2, sd@g4, ...: a γ sweep
+    python -m apps.bench footprint --target smollm2-135m-instruct  # ar vs HF: tok/s, peak RSS
 
 Defaults: the embedded pair and the held-out prompt set in apps/prompts/.
 Methods: any of runtime.decoding.METHODS, plus `mlx-lm` (speculative_generate_step)
@@ -386,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
         from .edge import main as edge_main
 
         return edge_main([x for x in argv if x != "--edge"])
+    if argv[:1] == ["footprint"]:  # ar against HF generate, one process each: tok/s, peak RSS
+        from .footprint import main as footprint_main
+
+        return footprint_main(argv[1:])
     if argv[:1] == ["evolving"]:  # FlexSpec Table II: generic vs anchor draft on evolved targets
         from .evolving import main as evolving_main
 
