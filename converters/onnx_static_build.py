@@ -36,6 +36,13 @@ def build_static_onnx(
             f"{model_dir}: --static-shapes (and its int8/int16 quantization) is not built for "
             f"hybrid {cfg.model_type} models; export the one-token fp32 graph without it"
         )
+    if any(cfg.sliding):  # Gemma 3: its local layers' windowed cache is not in the static graph
+        from runtime.errors import DuetError
+
+        raise DuetError(
+            f"{model_dir}: --static-shapes is not built for sliding-window models "
+            f"({cfg.model_type}); export the dynamic fp32 graph without it"
+        )
     info = export_onnx_static(model_dir, out, context=context, prefill_len=prefill_len)
     report = {
         "format": "onnx",

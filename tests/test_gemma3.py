@@ -245,3 +245,10 @@ def test_onnx_drafts_are_lossless(gemma, tiny_dir):
     for draft in (load_model(gemma, "onnx"), load_model(weak, "onnx")):
         for method in ("sd", "tree", "mirror"):
             assert gen(method, target, draft).tokens == ref, method
+
+
+def test_static_onnx_export_refuses_in_one_line(gemma, tmp_path):
+    from converters.onnx_static_build import build_static_onnx
+
+    with pytest.raises(DuetError, match="not built for sliding-window models"):
+        build_static_onnx(gemma, tmp_path / "x.onnx")
