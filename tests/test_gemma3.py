@@ -134,6 +134,23 @@ def test_rollback_after_rejection_equals_a_fresh_prefill(gemma):
     assert c.trim(20) == 31 and c.offset == 0 and c.resets == 1  # behind the slack: emptied
 
 
+def test_a_rewind_behind_the_slack_feeds_the_sequence_again(gemma):
+    """A chat turn that rewinds its caches to an earlier prefix than the local layers still
+    hold: the cache empties and the next answer equals one from a fresh cache."""
+    from runtime.decoding.events import rewind
+
+    m = load_model(gemma, "torch", threads=1)
+    c = m.new_cache()
+    gen("ar", m, None, target_cache=c)
+    rewind(c, 5)
+    assert c.offset == 0 and c.resets == 1
+    turn = PROMPT[:5] + [9, 8, 7]
+    assert (
+        gen("ar", m, None, prompt=turn, target_cache=c).tokens
+        == gen("ar", m, None, prompt=turn).tokens
+    )
+
+
 def test_tree_compact_and_branch_rows_keep_the_window_by_position(gemma):
     """A tree window (columns are not positions) committed by compact, and branch rows forked,
     selected and closed by keep_columns, give the logits of the plain causal sequence."""
