@@ -15,8 +15,10 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
                     help="LoRA adapter dir (PEFT format) for the target, merged at load")  # fmt: skip
     ap.add_argument(
         "--draft",
-        help="draft: HF directory, exported .onnx, Hub id, or `mtp` (the target checkpoint's own "
-        "multi-token-prediction head) (default: embedded pair)",
+        help="draft: HF directory, exported .onnx, Hub id, `mtp` (the target checkpoint's own "
+        "multi-token-prediction head), or a model-free draft for sd/tree: `lookup` (prompt "
+        "lookup over n-grams of the prompt and answer), `suffix` (SuffixDecoding: suffix tries "
+        "over them), `suffix:FILE` (and a corpus file) (default: embedded pair)",
     )
     ap.add_argument("--target-backend", choices=TARGET_BACKENDS, default="auto",
                     help="runs the target: auto = mlx on macOS (Metal), torch elsewhere; onnx = "

@@ -2,7 +2,7 @@
 
     python -m apps.bench --methods ar,sd --drafts mtp --gamma 4 --temps 0,1
 
-Each entry is `mtp` (the target's multi-token-prediction head: its checkpoint's `mtp.*`
+Each entry is `lookup` or `suffix` (a model-free draft, runtime/drafts/), `mtp` (the target's multi-token-prediction head: its checkpoint's `mtp.*`
 weights or the sidecar `python -m apps.train mtp` writes, runtime/backends/torch_mtp.py; on a
 CPU target its ONNX step with int8 weights), `mtp-fp32` (the same head's float32 ONNX step,
 to compare) or a draft checkpoint path. Every drafting method then also runs with that draft,
@@ -26,16 +26,26 @@ def parse_drafts(text: str | None) -> list[str]:
 
 
 def label(name: str) -> str:
-    """The suffix of the runner name: `mtp` / `mtp-fp32`, or the draft folder's name."""
-    return name if name in MTP_NAMES else Path(name).name or name
+    """The suffix of the runner name: `mtp` / `mtp-fp32`, `lookup` / `suffix`, or the draft
+    folder's name."""
+    if name in MTP_NAMES or name in ("lookup", "suffix"):
+        return name
+    return Path(name).name or name
 
 
 def extra_pair(pair, name: str, a):
     """`pair` with its draft replaced by `name` (same target object, same tokenizer)."""
     from devices.emulated_model import EmulatedModel, emulate_draft
+    from runtime.drafts import is_model_free_spec, load_model_free
     from runtime.load import load_pair, resolve
 
     emulated = isinstance(pair.draft, EmulatedModel)
+    if is_model_free_spec(name):  # runtime/drafts/: prompt lookup, suffix tries; no model
+        if emulated:
+            raise DuetError(f"--drafts {name} cannot be emulated (it runs no model)")
+        draft = load_model_free(name, pair.target, pair.tokenizer)
+        settings = pair.settings | {"draft_backend": f"{name} (model-free)"}
+        return replace(pair, draft=draft, draft_path=Path(name), settings=settings)
     if name in MTP_NAMES and emulated:
         raise DuetError(f"--drafts {name} cannot be emulated (the target's MTP head is no "
                         "profile model size); drop it or --emulate")  # fmt: skip

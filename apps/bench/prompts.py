@@ -14,13 +14,20 @@ from pathlib import Path
 from runtime.errors import DuetError
 
 DEFAULT_DIR = Path(__file__).resolve().parents[1] / "prompts"
+# named sets (`--prompts chat`): chat.jsonl covers Spec-Bench's six categories (multi-turn,
+# translation, summarization, QA, math reasoning, RAG) for chat models, written here; its
+# summarization and RAG prompts carry passages, which input-grounded drafts can copy from
+NAMED = {"chat": DEFAULT_DIR / "chat"}
 
 
 def load_prompts(
     path: str | Path | None = None, *, limit: int | None = None, categories: list[str] | None = None
 ) -> list[dict]:
-    """Question records from a .jsonl file or a folder of them (default apps/prompts/)."""
+    """Question records from a .jsonl file or a folder of them (default apps/prompts/), or a
+    named set (NAMED: `chat`)."""
     p = Path(path) if path is not None else DEFAULT_DIR
+    if str(path) in NAMED and not p.exists():
+        p = NAMED[str(path)]
     files = sorted(p.glob("*.jsonl")) if p.is_dir() else [p]
     if not files or not all(f.is_file() for f in files):
         raise DuetError(
