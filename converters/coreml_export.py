@@ -8,7 +8,8 @@ Two cache flavours:
   fallback for OS versions or compute units where state fails.
 
 This module converts and compresses; the model maths is `coreml_model.py`, the
-structure check `coreml_inspect.py`, the numerics check `coreml_parity.py`.
+structure check runtime/backends/coreml_inspect.py (the backend reads it as well), the
+numerics check `coreml_parity.py`.
 """
 
 from __future__ import annotations

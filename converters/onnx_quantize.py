@@ -15,7 +15,7 @@ The recipe depends on the execution provider the artefact is for (`PROVIDERS`):
 - `cuda`: full-range QInt8 x QInt8 (symmetric int8 tensor-core kernels).
 int16 (A16W8) runs as dequantize + float on the CPU provider, so it is the same for all.
 The recipe is recorded in the graphs' metadata (`duet.quantization`) and the companion
-manifest; the loader (converters/onnx_static_host.py) reads it back.
+manifest; the loader (runtime/backends/onnx_static_host.py) reads it back.
 
 What is quantized: MatMul and Gather (every linear layer, the attention
 products and the embedding). The attention mask is left in float: the
@@ -63,12 +63,6 @@ def recipe(scheme: str, provider: str = "cpu") -> dict:
                    "in a saturating int16 (VPMADDUBSW); reduce-range cannot clip there"}  # fmt: skip
 
 
-def full_range_u8s8(rec: dict | None) -> bool:
-    """Whether a recorded recipe can clip in ORT's CPU U8S8 kernel on a CPU without VNNI."""
-    return bool(rec) and rec.get("scheme") == "int8" and rec.get("activation") == "QUInt8" \
-        and rec.get("weight") == "QInt8" and not rec.get("reduce_range")  # fmt: skip
-
-
 class RecordedFeeds:
     """onnxruntime CalibrationDataReader over a list of recorded feeds."""
 
@@ -81,7 +75,7 @@ class RecordedFeeds:
 
 def record_feeds(model_dir: str | Path, decode_path: Path) -> dict[str, list[dict]]:
     """Run the calibration texts through the fp32 export; return feeds per graph."""
-    from converters.onnx_static_host import StaticOnnxLM
+    from runtime.backends.onnx_static_host import StaticOnnxLM
 
     lm = StaticOnnxLM.load(decode_path)
     lm.recorder = []

@@ -54,7 +54,7 @@ def export_ss_onnx(model_dir: str | Path, out: str | Path) -> dict:
     """Export the SS draft `model_dir` to the ONNX file `out` (float32); {path, seconds, bytes}."""
     import onnx
 
-    from runtime.ss_checkpoint import load_ss_module
+    from runtime.backends.torch_ss import load_ss_module
 
     t0 = time.perf_counter()
     lm = load_ss_module(model_dir)

@@ -9,7 +9,7 @@ optimum calling convention of `onnx_export.py`, with every shape fixed:
   outputs logits (1, T, V), present.{i}.key / .value (1, KV, T, D): only the new
           tokens' rows, which the host writes into cache slots [offset, offset + T)
 Two graphs per export: `decode` (T = 1) and `prefill` (T = P, the last chunk
-padded). The host side is `onnx_static_host.py`; quantization `onnx_quantize.py`.
+padded). The host side is runtime/backends/onnx_static_host.py; quantization `onnx_quantize.py`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from converters.onnx_export import OPSET, OnnxGraph, io_names
+from runtime.backends.onnx_static_host import graph_paths
 from runtime.backends.torch_ref import load_torch_lm
 from runtime.errors import DuetError
 
@@ -38,14 +39,6 @@ class StaticGraph(nn.Module):
     def forward(self, input_ids, attention_mask, position_ids, *past_flat):
         logits, *presents = self.graph(input_ids, attention_mask, position_ids, *past_flat)
         return (logits, *[p[:, :, -self.query_len :] for p in presents])  # (1, KV, T, D)
-
-
-def graph_paths(out: str | Path) -> dict[str, Path]:
-    """{"decode": out, "prefill": out with `.prefill.onnx`}: the two files of one export."""
-    out = Path(out)
-    if out.suffix != ".onnx":
-        raise DuetError(f"{out}: an ONNX output path must end in .onnx")
-    return {"decode": out, "prefill": out.with_name(out.stem + ".prefill.onnx")}
 
 
 def export_static_graph(lm, out: Path, context: int, query_len: int) -> None:

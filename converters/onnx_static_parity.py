@@ -41,8 +41,8 @@ def static_parity(
     """Measure, judge and record parity of the export at `decode_path` (both graphs)."""
     import onnxruntime as ort
 
-    from converters.onnx_static_host import StaticOnnxLM
     from runtime.backends.cpu_int8 import int8_path
+    from runtime.backends.onnx_static_host import StaticOnnxLM
     from runtime.backends.torch_backend import TorchCausalLM
 
     want = ORT_PROVIDERS[provider]

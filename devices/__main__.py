@@ -135,6 +135,7 @@ def calibrate(
     progress: bool = True,
 ) -> dict:
     """Measure this machine on a target/draft pair, write the fitted profile to `out`, return it."""
+    import converters  # noqa: F401 (a draft directory on ONNX is exported on the fly)
     from devices.calibrate import run_calibration, to_profile
     from devices.profile import dumps_toml, read_profile_file
     from runtime.backends import load_model

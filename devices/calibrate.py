@@ -10,7 +10,7 @@ What is measured (medians over `repeats`), and what is fitted by least squares:
   contention                    the target's γ+1 window pass while a    target_slowdown (x)
                                 draft thread loops branch passes beside
                                 it, over the pass alone; one batched    draft_batch_step (s)
-                                branch pass (devices.pair_probe)
+                                branch pass (devices.pair_stages)
   memory bandwidth, peak        a numpy copy and a float32 matmul
 
 Models come from runtime.backends.load_model. Thread counts are whatever each
@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import os
 import platform
-import queue
 import statistics
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -33,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from devices.fit import LinearFit, fit_linear
+from devices.pair_stages import measure_rendezvous
 
 
 def _block(x) -> None:
@@ -132,35 +131,6 @@ def time_layers(
     return out
 
 
-def measure_rendezvous(*, trials: int = 500, kappa: int = 4, gamma: int = 7) -> float:
-    """Median round trip (s) of a top-κ message between two threads through queue.Queue.
-
-    The payload is what Mirror-SD's early-exit message carries: (γ+1, κ) ids and
-    bf16-sized log-probs. One round trip = two one-way handoffs = T_rv(ee) + T_rv(fv).
-    """
-    to_draft, to_target = queue.Queue(), queue.Queue()
-    ids = np.zeros((gamma + 1, kappa), dtype=np.int64)
-    logp = np.zeros((gamma + 1, kappa), dtype=np.float16)
-
-    def draft_side():
-        while (msg := to_draft.get()) is not None:
-            to_target.put(msg)
-
-    th = threading.Thread(target=draft_side, daemon=True)
-    th.start()
-    times = []
-    try:
-        for _ in range(trials):
-            t0 = time.perf_counter()
-            to_draft.put((ids, logp))
-            to_target.get()
-            times.append(time.perf_counter() - t0)
-    finally:
-        to_draft.put(None)
-        th.join()
-    return statistics.median(times)
-
-
 def measure_bandwidth(n_bytes: int = 32 << 20, repeats: int = 3) -> float:
     """Copy bandwidth (bytes/s): best of `repeats` numpy copies, counting the read and the write."""
     src = np.ones(n_bytes // 8, dtype=np.float64)
@@ -236,7 +206,7 @@ def run_calibration(
         results.append(fn())
     cal = Calibration(*results).fit()
     if getattr(target, "supports_layer_range", None) is not None:
-        from devices.pair_probe import measure_stages
+        from devices.pair_stages import measure_stages
         from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
 
         st = measure_stages(target, draft, gamma=4, branches=DEFAULT_BRANCH_BATCH, repeats=repeats)

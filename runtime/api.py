@@ -43,6 +43,7 @@ def load(target: str | None = None, draft: str | None = None, **options):
     `provider`, `target_threads`, `target_device`, `adapter`, `hybrid_rollback`,
     `need_draft`).
     """
+    import converters  # noqa: F401 (the on-the-fly exports the engine asks for: STYLE 11)
     from runtime.load import load_pair
 
     need = options.pop("need_draft", target is None or draft is not None)
@@ -99,7 +100,7 @@ def prompt_ids(pair, prompt) -> list[int]:
     if isinstance(prompt, str):
         ids = _tokenizer(pair).encode(prompt)
     elif prompt and all(isinstance(m, dict) for m in prompt):
-        from runtime.chat_session import ChatTemplate
+        from runtime.chat_template import ChatTemplate
 
         template = ChatTemplate.load(pair.target_dir)
         if template is not None:

@@ -24,7 +24,8 @@ import contextlib
 import sys
 
 from runtime.api import DEFAULT_CHAT_TEMP, DEFAULT_CHAT_TOP_P, eos_ids, sampling_defaults
-from runtime.chat_session import ChatSession, ChatTemplate, stats_line
+from runtime.chat_session import ChatSession, stats_line
+from runtime.chat_template import ChatTemplate
 from runtime.cli_args import (
     AUTO,
     add_auto_args,

@@ -10,47 +10,14 @@ turn's prefill is just its new tokens. It knows nothing about the terminal.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 
+from runtime.chat_template import ChatTemplate  # noqa: F401 (where the session's template lives)
 from runtime.decoding import Sampling, option_names
 from runtime.decoding.events import GREEDY, rewind
-from runtime.errors import DuetError
 from runtime.stats import RunStats
-
-
-class ChatTemplate:
-    """The checkpoint's chat template (transformers' AutoTokenizer), loaded only when present."""
-
-    def __init__(self, hf_tokenizer):
-        self.hf = hf_tokenizer
-
-    @classmethod
-    def load(cls, model_dir) -> ChatTemplate | None:
-        """The template of `model_dir`, or None when tokenizer_config.json has none."""
-        d = Path(model_dir)
-        cfg = d / "tokenizer_config.json"
-        has = (d / "chat_template.jinja").is_file() or (d / "chat_template.json").is_file()
-        if not has and cfg.is_file():
-            try:
-                has = bool(json.loads(cfg.read_text()).get("chat_template"))
-            except json.JSONDecodeError:
-                raise DuetError(f"{cfg}: not valid JSON") from None
-        if not has:
-            return None
-        from transformers import AutoTokenizer
-
-        return cls(AutoTokenizer.from_pretrained(str(d)))
-
-    def render(self, messages: list[dict]) -> list[int]:
-        """Token ids of `messages` followed by the assistant's generation prompt."""
-        out = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(out, dict) or hasattr(out, "keys"):  # BatchEncoding in newer transformers
-            out = out["input_ids"]
-        return [int(t) for t in out]
 
 
 @dataclass

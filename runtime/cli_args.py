@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
+import converters  # noqa: F401 (registers the on-the-fly exports the engine asks for: STYLE 11)
 from runtime.load import TARGET_BACKENDS, Pair, load_pair
 
 
@@ -88,11 +89,14 @@ def load_pair_from_args(a: argparse.Namespace, *, need_draft: bool) -> Pair:
         raise DuetError(f"--draft-threads must be at least 1 (got {a.draft_threads})")
     if a.target_threads is not None and a.target_threads < 1:
         raise DuetError(f"--target-threads must be at least 1 (got {a.target_threads})")
-    return load_pair(a.target, a.draft, need_draft=need_draft, target_backend=a.target_backend,
+    pair = load_pair(a.target, a.draft, need_draft=need_draft, target_backend=a.target_backend,
                      draft_backend=a.draft_backend, draft_threads=a.draft_threads, provider=a.provider,
                      target_threads=a.target_threads, target_device=a.target_device,
                      adapter=a.adapter, quantize=getattr(a, "quantize", "int4"),
                      hybrid_rollback=getattr(a, "hybrid_rollback", "replay"))  # fmt: skip
+    if getattr(a, "method", None) == AUTO and a.target is not None and a.draft is None:
+        attach_alone_draft(pair)  # auto may run sd on a target alone (alone_chooser)
+    return pair
 
 
 DEFAULT_GAMMA = 4  # draft tokens per step when --gamma is not given (auto: its own pick)
@@ -158,8 +162,8 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
     builds it and hands it to the engine, which never imports upward (STYLE 11). The record
     (predictions per method, the inputs, the choice and why) goes into `stats.auto`.
     """
-    if pair.draft is None:
-        return alone_chooser()
+    if pair.draft is None or getattr(pair.draft, "model_free", False):
+        return alone_chooser(pair, a)
     from devices.method_choice import AUTO_GAMMAS, Corrections
     from devices.pair_probe import (
         choose_for,
@@ -241,13 +245,38 @@ def auto_chooser(a: argparse.Namespace, pair: Pair):
     return choose
 
 
-def alone_chooser():
-    """`--method auto` for a target alone (no --draft): it chooses among the methods that need no
-    second model, which today is `ar` alone; it measures nothing and keeps nothing."""
+ALONE_DRAFT = "suffix"  # the model-free draft auto runs sd with for a target alone
+
+
+def attach_alone_draft(pair: Pair) -> None:
+    """Give a target alone the model-free draft `--method auto` may run sd with (no model)."""
+    from runtime.drafts import load_model_free
+
+    if pair.draft is None:
+        pair.draft = load_model_free(ALONE_DRAFT, pair.target, pair.tokenizer)
+        pair.settings["draft_backend"] = f"{ALONE_DRAFT} (model-free, for auto)"
+
+
+def alone_chooser(pair: Pair | None = None, a: argparse.Namespace | None = None):
+    """`--method auto` for a target alone (no --draft, or a model-free one): `ar`, or `sd` with
+    the model-free draft (attached to `pair` here when it has none) where the latency law of
+    devices/model_free_choice.py says it pays: it measures the target's cost per verified token
+    and the draft's cost per step once per process, on the first prompt. Without a pair: `ar`."""
+    if pair is not None:
+        attach_alone_draft(pair)
+    given = None if a is None or getattr(a, "gamma_free", True) else a.gamma
+    made: dict = {}
 
     def choose(ids: list[int], sampling, target_cache=None, draft_cache=None) -> tuple[str, dict]:
-        return "ar", {"choice": "ar", "alone": True,
-                      "why": "a target alone: ar is the method that needs no draft"}  # fmt: skip
+        if pair is None:
+            return "ar", {"choice": "ar", "alone": True,
+                          "why": "a target alone: ar is the method that needs no draft"}  # fmt: skip
+        if "rec" not in made:
+            from devices.model_free_choice import choose_alone
+
+            made["rec"] = choose_alone(pair.target, pair.draft, list(ids), gamma=given)
+        rec = dict(made["rec"])
+        return rec["choice"], rec
 
     def observe(rec: dict, sampling, tokens: int, seconds: float, accept_lengths=None,
                 branch_hits=None) -> None:  # fmt: skip
@@ -262,7 +291,8 @@ def auto_announcement(chooser, when: str) -> str:
     the pair now (`when`: "first", or "during the first answer") or reads kept figures."""
     store = chooser.store
     if getattr(chooser, "alone", False):
-        return "[auto: a target alone, so ar (the target by itself); --draft adds speculation]"
+        return ("[auto: a target alone: ar, or sd with a model-free draft (prompt and answer "
+                "lookup, no model) where it pays on this machine; --draft adds a draft model]")
     if store is not None and store.restored:
         day = time.strftime("%Y-%m-%d", time.localtime(store.measured))
         return (f"[auto: using the measurements of this pair on this machine kept in {store.path}"

@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 # test run, in a folder of its own, never the user's ~/.cache (subprocesses inherit it)
 # The real models a user pulled (`python -m apps.models pull`) stay where they are: fix their folder
 # before DUET_CACHE_DIR moves (the `real` tests read them; runtime/registry.py models_dir)
+import converters  # noqa: E402, F401 (the on-the-fly exporters, as every command registers them)
 from runtime.registry import models_dir  # noqa: E402
 
 os.environ.setdefault("DUET_MODELS_DIR", str(models_dir()))

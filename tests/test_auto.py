@@ -149,7 +149,7 @@ def test_the_probe_counts_a_correction_as_covered_by_the_exit_top_kappa_or_the_d
     no rejection and does not count."""
     import numpy as np
 
-    from devices.pair_probe import PRIOR_OMEGA, PRIOR_WEIGHT, omega_estimate, prompt_hits
+    from devices.pair_laws import PRIOR_OMEGA, PRIOR_WEIGHT, omega_estimate, prompt_hits
 
     V = 12
 
@@ -210,7 +210,7 @@ def test_mirrors_prediction_uses_its_own_measured_pass_with_the_early_exit():
 
 @pytest.mark.parametrize("temp", [0.0, 1.0])
 def test_the_probe_times_mirrors_own_pass_at_each_temperature(tiny_dir, temp):
-    from devices.pair_probe import measure_stages
+    from devices.pair_stages import measure_stages
     from runtime.backends import load_model
     from runtime.decoding import Sampling
 
@@ -266,11 +266,13 @@ def test_tau_per_gamma_caps_each_steps_accepted_run_at_gamma(monkeypatch):
     last step (cut by the token budget) is left out."""
     from types import SimpleNamespace
 
+    import devices.pair_laws as laws
     import devices.pair_probe as pp
+    import devices.probe_memo as memo
     import runtime.decoding as dec
 
-    monkeypatch.setattr(pp, "_CACHE", {})
-    monkeypatch.setattr(pp, "HAZARD_PRIOR", 0.0)  # no shrinkage: the plain empirical law
+    monkeypatch.setattr(memo, "CACHE", {})
+    monkeypatch.setattr(laws, "HAZARD_PRIOR", 0.0)  # no shrinkage: the plain empirical law
     committed = [9, 1, 5, 3, 2]  # A + 1 per step at γ_max = 8: A = 8, 0, 4, 2 (and a cut 1)
     monkeypatch.setattr(dec, "make_steps", lambda *a, **k: None)
     monkeypatch.setattr(dec, "run", lambda *a, **k: SimpleNamespace(
@@ -287,13 +289,14 @@ def test_tau_pools_every_observed_run_and_reads_a_short_window_as_censored(monke
     """RunLengths: steps at γ 3 that accepted all 3 say nothing about A ≥ 4 (censored), so
     they leave the tail P(A ≥ 8 | A ≥ 3) to the runs that could show it, while raising τ(3);
     and a tail seen on few steps is shrunk toward the pooled acceptance, not a wall."""
+    import devices.pair_laws as laws
     import devices.pair_probe as pp
 
     def reach(r, k):  # P(A ≥ k) = τ(k) - τ(k - 1)
         t = r.taus([k - 1, k])
         return t[k] - t[k - 1]
 
-    monkeypatch.setattr(pp, "HAZARD_PRIOR", 0.0)  # the plain product-limit estimate
+    monkeypatch.setattr(laws, "HAZARD_PRIOR", 0.0)  # the plain product-limit estimate
     base, pooled = pp.RunLengths(), pp.RunLengths()
     for r in (base, pooled):
         r.add([8, 5, 2, 6, 0], 8)
@@ -304,7 +307,7 @@ def test_tau_pools_every_observed_run_and_reads_a_short_window_as_censored(monke
     naive.add([8, 5, 2, 6, 0] + [3] * 50, 8)
     assert reach(naive, 8) / reach(naive, 3) < reach(base, 8) / reach(base, 3)
     monkeypatch.undo()
-    assert pp.HAZARD_PRIOR > 0
+    assert laws.HAZARD_PRIOR > 0
     wall = pp.RunLengths()
     wall.add([5] * 3 + [1] * 30, 8)  # A never above 5, on a handful of steps
     t = wall.taus([5, 6, 8])
@@ -406,16 +409,17 @@ def test_an_observed_sd_or_mirror_run_joins_the_pairs_tau_estimate(monkeypatch):
     import argparse
     from types import SimpleNamespace
 
-    import devices.pair_probe as pp
+    import devices.pair_laws as laws
+    import devices.probe_memo as memo
     from runtime.cli_args import auto_chooser
     from runtime.decoding import Sampling
 
-    monkeypatch.setattr(pp, "_CACHE", {})
+    monkeypatch.setattr(memo, "CACHE", {})
     pair = SimpleNamespace(target=object(), draft=object())
     choose = auto_chooser(argparse.Namespace(device_profile=None), pair)
     law = Sampling(0.0)
     choose.observe({"choice": "sd", "gamma": 4}, law, 12, 0.1, accept_lengths=[5, 5, 2, 1])
-    runs = pp.run_lengths(pair.target, pair.draft, law)
+    runs = laws.run_lengths(pair.target, pair.draft, law)
     # A = 4, 4, 1 (the cut last step left out): at risk at j if A ≥ j, surviving if A ≥ j + 1
     assert runs.risk[:5].tolist() == [3, 3, 2, 2, 0] and runs.survived[:4].tolist() == [3, 2, 2, 2]
     choose.observe({"choice": "ar", "gamma": 4}, law, 12, 0.1, accept_lengths=[1] * 12)
@@ -429,11 +433,13 @@ def test_a_mirror_runs_branch_hits_join_the_pairs_omega(monkeypatch):
     import argparse
     from types import SimpleNamespace
 
+    import devices.pair_laws as laws
     import devices.pair_probe as pp
+    import devices.probe_memo as memo
     from runtime.cli_args import auto_chooser
     from runtime.decoding import Sampling
 
-    monkeypatch.setattr(pp, "_CACHE", {})
+    monkeypatch.setattr(memo, "CACHE", {})
     pair = SimpleNamespace(target=object(), draft=object())
     choose = auto_chooser(argparse.Namespace(device_profile=None), pair)
     law, shape = Sampling(1.0), {"kappa": 8, "own_rows": 2}
@@ -444,7 +450,7 @@ def test_a_mirror_runs_branch_hits_join_the_pairs_omega(monkeypatch):
                    accept_lengths=[3, 3], branch_hits=["own"])  # not mirror: not pooled  # fmt: skip
     pool = pp.branch_pool(pair.target, pair.draft, law, 8, 2)
     assert pool == [4, 3, 2] and pp.branch_pool(pair.target, pair.draft, law, 8, 1) == [0, 0, 0]
-    w, prior = pp.PRIOR_WEIGHT, pp.PRIOR_OMEGA
+    w, prior = laws.PRIOR_WEIGHT, laws.PRIOR_OMEGA
     omega, own = pp.omega_estimate([1.0, 0.0], [0.0, 0.0], draft_branches=2, pool=pool)
     assert omega == pytest.approx((1 + 3 + w * prior) / (2 + 4 + w))
     assert own == pytest.approx((0 + 2 + w * prior / 2) / (2 + 4 + w))
@@ -454,7 +460,7 @@ def test_a_mirror_runs_branch_hits_join_the_pairs_omega(monkeypatch):
 def test_window_passes_over_gamma_are_read_as_a_line():
     """measure_windows' medians become their least-squares line in γ (FlexSpec eq. 9), so a
     noisy probe cannot rank γ 5's pass below γ 4's; a falling fit is taken as flat."""
-    from devices.pair_probe import _affine_in_gamma
+    from devices.pair_stages import _affine_in_gamma
 
     raw = {2: {"target_window": 0.0155}, 4: {"target_window": 0.0182},
            5: {"target_window": 0.0162}, 6: {"target_window": 0.0169}}  # fmt: skip
@@ -496,16 +502,18 @@ def test_the_probes_trial_runs_correct_the_first_choice(monkeypatch):
 
 
 def test_a_trial_run_measures_tokens_per_second_after_its_first_steps(tiny_dir, monkeypatch):
+    import devices.pair_laws as laws
     import devices.pair_probe as pp
+    import devices.probe_memo as memo
     from runtime.backends import load_model
     from runtime.decoding import Sampling
 
-    monkeypatch.setattr(pp, "_CACHE", {})
+    monkeypatch.setattr(memo, "CACHE", {})
     target = load_model(tiny_dir("llama"), "torch")
     draft = load_model(tiny_dir("llama", num_layers=1, seed=4), "onnx", intra_threads=1)
     rate = pp.trial_rate("sd", target, draft, [3, 14, 15, 92], gamma=3, sampling=Sampling(0.0))
     assert rate is not None and rate > 0
-    assert pp.run_lengths(target, draft, Sampling(0.0)).risk[0] > 0  # its steps joined τ(γ)
+    assert laws.run_lengths(target, draft, Sampling(0.0)).risk[0] > 0  # its steps joined τ(γ)
     # and the tokens per step of its timed steps (Corrections compares step rates)
     assert 1.0 <= pp.trial_tokens_per_step("sd", target, draft, 3, Sampling(0.0)) <= 4.0
     monkeypatch.setattr(pp, "TRIAL_TOKENS", 2)  # ends within the steps it leaves out
@@ -517,7 +525,7 @@ def test_a_trial_run_measures_tokens_per_second_after_its_first_steps(tiny_dir, 
 def test_a_thinly_seen_tail_keeps_the_last_well_seen_hazard():
     """Acceptance comes in runs: hazards that grow with j (0.5 at j = 0, 0.9 after) and few
     steps past j = 3 give a tail near 0.9, not near the pooled acceptance."""
-    from devices.pair_probe import RunLengths
+    from devices.pair_laws import RunLengths
 
     r = RunLengths()
     # 200 steps: half rejected at once; of the rest, ~90 % survive each of j = 1..3; the
@@ -537,7 +545,7 @@ def test_the_sampled_probe_counts_hits_among_the_rejections_only():
     correction among the draft's runner-ups counts for the own branches."""
     import numpy as np
 
-    from devices.pair_probe import _sampled_hits
+    from devices.pair_laws import _sampled_hits
 
     rng = np.random.default_rng(1)
     p = rng.dirichlet(np.ones(12), size=6)
@@ -555,7 +563,7 @@ def test_the_sampled_probe_counts_the_drafts_own_branches_coupled_to_the_noise()
     hold 64 % of the corrections (the runner-ups by q alone: 13 % on laws like these)."""
     import numpy as np
 
-    from devices.pair_probe import _sampled_hits
+    from devices.pair_laws import _sampled_hits
 
     rng = np.random.default_rng(2)
     p = rng.dirichlet(np.full(64, 0.3), size=40)  # the target's law; the draft's is near it

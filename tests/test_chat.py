@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from runtime.backends import load_model
-from runtime.chat_session import ChatSession, ChatTemplate
+from runtime.chat_session import ChatSession
+from runtime.chat_template import ChatTemplate
 from runtime.decoding import Sampling, make_steps, run
 from runtime.tokenizer import Tokenizer
 

@@ -10,9 +10,9 @@ import pytest
 from converters.onnx_quantize import recipe
 from converters.onnx_static import graph_paths
 from converters.onnx_static_build import build_static_onnx
-from converters.onnx_static_host import StaticOnnxLM, _session
 from converters.onnx_static_parity import TOLERANCES
 from runtime.backends.cpu_int8 import int8_path
+from runtime.backends.onnx_static_host import StaticOnnxLM, _session
 from runtime.errors import DuetError
 
 

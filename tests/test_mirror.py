@@ -451,7 +451,7 @@ def test_rows_that_join_a_wave_in_flight_draft_what_a_wave_of_their_own_would(ti
     shared prefix and their own columns only, so their tokens, laws and committed cache are
     those of a wave of their own; the rows already there are unchanged by them."""
     from runtime.mirror.branches import Branch
-    from runtime.mirror.draft_worker import Wave
+    from runtime.mirror.wave import Wave
 
     m = load_model(tiny_dir("llama", num_layers=2, seed=11), "onnx")
     s, window, base = Sampling(temp), [17, 23, 5], len(PROMPT)

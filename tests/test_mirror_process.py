@@ -243,7 +243,7 @@ def test_auto_measures_the_slowdown_beside_the_draft_process_it_would_run(pair):
     and leaves it serving generations: the next mirror run still equals ar."""
     import numpy as np
 
-    from devices.pair_probe import _slowdown_process
+    from devices.pair_stages import _slowdown_process
 
     target, draft = pair
     cache = target.new_cache()
@@ -272,7 +272,7 @@ def test_a_draft_process_that_fails_its_busy_loop_takes_mirror_out_of_autos_choi
 
     import numpy as np
 
-    from devices.pair_probe import _slowdown_process
+    from devices.pair_stages import _slowdown_process
     from runtime.mirror.draft_process import draft_host
 
     _, draft = pair

@@ -9,14 +9,22 @@ import time
 
 import pytest
 
+import devices.pair_laws as laws
 import devices.pair_probe as pp
+import devices.pair_stages as stages
+import devices.probe_memo as memo
 import runtime.decoding
 from devices.probe_store import MAX_AGE_DAYS, STORE_VERSION, ProbeStore
 from runtime.backends import load_model
 from runtime.decoding import Sampling
 from runtime.generate import build_parser, main
 
-PROBES = ("_medians", "_slowdown", "_slowdown_process", "trial_rate")
+PROBES = (
+    (stages, "_medians"),
+    (stages, "_slowdown"),
+    (stages, "_slowdown_process"),
+    (pp, "trial_rate"),
+)
 
 
 @pytest.fixture
@@ -27,11 +35,11 @@ def pair(tiny_dir, tmp_path, monkeypatch):
     t, d = tmp_path / "t", tmp_path / "d"
     shutil.copytree(tiny_dir("llama"), t)
     shutil.copytree(tiny_dir("llama", num_layers=1, seed=4), d)
-    monkeypatch.setattr(pp, "_CACHE", {})
-    monkeypatch.setattr(pp, "_ALPHA", {})
+    monkeypatch.setattr(memo, "CACHE", {})
+    monkeypatch.setattr(memo, "ALPHA", {})
     # shorter trial and τ-seed runs: what is kept matters here, not how well it is measured
     monkeypatch.setattr(pp, "TRIAL_TOKENS", 8)
-    monkeypatch.setattr(pp, "JOINT_RUN_TOKENS", 16)
+    monkeypatch.setattr(laws, "JOINT_RUN_TOKENS", 16)
     return t, d
 
 
@@ -43,14 +51,14 @@ def _run(t, d, *extra, temp="0") -> list[str]:
 
 def _no_probe(monkeypatch):
     """A new process (empty in-memory caches) in which any measurement fails the test."""
-    monkeypatch.setattr(pp, "_CACHE", {})
-    monkeypatch.setattr(pp, "_ALPHA", {})
+    monkeypatch.setattr(memo, "CACHE", {})
+    monkeypatch.setattr(memo, "ALPHA", {})
 
     def boom(*a, **k):
         raise AssertionError("auto measured although the pair's figures were kept")
 
-    for name in PROBES:
-        monkeypatch.setattr(pp, name, boom)
+    for module, name in PROBES:
+        monkeypatch.setattr(module, name, boom)
     monkeypatch.setattr(runtime.decoding, "run", boom)  # pair_taus's and α's seed runs
 
 
@@ -103,7 +111,7 @@ def test_an_unreadable_or_old_file_is_said_once_and_measured_again(pair, monkeyp
     (path,) = (t.parent / "kept").iterdir()
     doc = json.loads(path.read_text())
     path.write_text("{not json")
-    monkeypatch.setattr(pp, "_CACHE", {})
+    monkeypatch.setattr(memo, "CACHE", {})
     assert main(_run(t, d)) == 0
     err = capsys.readouterr().err
     assert "ignoring the unreadable measurement cache" in err and "Traceback" not in err
@@ -117,7 +125,7 @@ def test_an_unreadable_or_old_file_is_said_once_and_measured_again(pair, monkeyp
         }
     ]  # a truncated entry
     path.write_text(json.dumps(doc))
-    monkeypatch.setattr(pp, "_CACHE", {})
+    monkeypatch.setattr(memo, "CACHE", {})
     assert main(_run(t, d)) == 0
     assert "ignoring the measurement cache" in capsys.readouterr().err
 
@@ -145,32 +153,34 @@ def test_export_and_restore_are_inverse_for_one_pair_and_leave_other_pairs_out()
     t, d, other = M(), M(), M()
     runs = pp.RunLengths()
     runs.add([3, 1, 0], 4)
-    saved = dict(pp._CACHE)
+    saved = dict(memo.CACHE)
     try:
-        pp._CACHE.clear()
-        pp._CACHE[(id(t), id(d), 4, 16, False, True, 8, 2, None)] = {
+        memo.CACHE.clear()
+        memo.CACHE[(id(t), id(d), 4, 16, False, True, 8, 2, None)] = {
             "target_token": 0.01,
             "source": "measured",
         }
-        pp._CACHE[("windows", id(t), id(d), (2, 4), 8, 2, None, True)] = {2: {"target_window": 0.1}}
-        pp._CACHE[("runs", id(t), id(d), 0.0, 1.0, 0)] = runs
-        pp._CACHE[("trial", "sd", id(t), id(other), 4, 0.0, 1.0, 0)] = 99.0  # another draft's
-        pp._CACHE[("branches", id(t), id(d), 8, 2, 1.0, 1.0, 0)] = [40, 30, 20]  # mirror's hits
+        memo.CACHE[("windows", id(t), id(d), (2, 4), 8, 2, None, True)] = {
+            2: {"target_window": 0.1}
+        }
+        memo.CACHE[("runs", id(t), id(d), 0.0, 1.0, 0)] = runs
+        memo.CACHE[("trial", "sd", id(t), id(other), 4, 0.0, 1.0, 0)] = 99.0  # another draft's
+        memo.CACHE[("branches", id(t), id(d), 8, 2, 1.0, 1.0, 0)] = [40, 30, 20]  # mirror's hits
         entries = json.loads(json.dumps(pp.export_state(t, d)))
         assert len(entries) == 4
         t2, d2 = M(), M()
         assert pp.restore_state(t2, d2, entries, note="file (measured today)") == 4
         assert pp.branch_pool(t2, d2, Sampling(1.0), 8, 2) == [40, 30, 20]
-        back = pp._CACHE[(id(t2), id(d2), 4, 16, False, True, 8, 2, None)]
+        back = memo.CACHE[(id(t2), id(d2), 4, 16, False, True, 8, 2, None)]
         assert back == {"target_token": 0.01, "source": "measured, kept from file (measured today)"}
-        assert pp._CACHE[("windows", id(t2), id(d2), (2, 4), 8, 2, None, True)] == {
+        assert memo.CACHE[("windows", id(t2), id(d2), (2, 4), 8, 2, None, True)] == {
             2: {"target_window": 0.1}
         }
-        r2 = pp._CACHE[("runs", id(t2), id(d2), 0.0, 1.0, 0)]
+        r2 = memo.CACHE[("runs", id(t2), id(d2), 0.0, 1.0, 0)]
         assert r2.taus([2, 4]) == runs.taus([2, 4])
     finally:
-        pp._CACHE.clear()
-        pp._CACHE.update(saved)
+        memo.CACHE.clear()
+        memo.CACHE.update(saved)
 
 
 def test_an_emulated_model_is_kept_under_its_wrapped_model_and_the_emulation(tiny_dir):

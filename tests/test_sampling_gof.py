@@ -44,14 +44,14 @@ def wide(monkeypatch, method):
     """For mirror-lazy: every vocabulary counts as wide; yields the count of lazy wave draws."""
     from kernels import gumbel_field
     from runtime.decoding import events
-    from runtime.mirror import draft_worker
+    from runtime.mirror import wave
 
     drawn = []
     if method == "mirror-lazy":
         monkeypatch.setattr(events, "DENSE_UP_TO", 4)
         monkeypatch.setattr(gumbel_field, "DENSE_UP_TO", 4)
-        real = draft_worker.gumbel_draws
-        monkeypatch.setattr(draft_worker, "gumbel_draws", lambda *a: drawn.append(1) or real(*a))
+        real = wave.gumbel_draws
+        monkeypatch.setattr(wave, "gumbel_draws", lambda *a: drawn.append(1) or real(*a))
     return drawn
 
 

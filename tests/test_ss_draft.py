@@ -7,12 +7,12 @@ import pytest
 
 from kernels.stream_mask import multi_stream_mask, stream_positions
 from runtime.backends import load_model
-from runtime.backends.torch_ss import reference_stream_logits
+from runtime.backends.torch_ss import make_ss_checkpoint, reference_stream_logits
 from runtime.decoding import Sampling, make_steps, run
 from runtime.decoding.sd import draft_window
 from runtime.errors import DuetError
 from runtime.model import causal_mask
-from runtime.ss_checkpoint import is_ss_dir, make_ss_checkpoint
+from runtime.ss_checkpoint import is_ss_dir
 
 STREAMS = 3
 PROMPT = [11, 42, 7, 99, 5, 250]
@@ -196,8 +196,8 @@ def test_ss_branch_wave_equals_the_ar_wave(ss_dirs, monkeypatch, temp, oracle, w
     if wide:
         monkeypatch.setattr(events, "DENSE_UP_TO", 4)
         monkeypatch.setattr(gumbel_field, "DENSE_UP_TO", 4)
-    from runtime.mirror.draft_worker import Wave
     from runtime.mirror.ss_wave import SSWave
+    from runtime.mirror.wave import Wave
 
     _, _, ss = ss_dirs
     m = load_model(ss, "torch")
@@ -288,7 +288,7 @@ def test_autos_probe_times_an_ss_drafts_branch_pass_as_its_worker_runs_it(ss_dir
                                                                           monkeypatch):  # fmt: skip
     """pair_probe.wave_pass builds the wave the worker would: an SSWave for an SS draft."""
     import runtime.mirror.ss_wave as ssw
-    from devices.pair_probe import measure_stages
+    from devices.pair_stages import measure_stages
 
     built = []
 

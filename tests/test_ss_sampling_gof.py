@@ -8,9 +8,9 @@ from test_sampling_gof import ALPHA, PROMPT, SAMPLING, V, exact_joint, gof_pvalu
 
 from kernels.sampling import probs_from_logits
 from runtime.backends import load_model
+from runtime.backends.torch_ss import make_ss_checkpoint
 from runtime.decoding import make_steps
 from runtime.decoding import mirror as mirror_module
-from runtime.ss_checkpoint import make_ss_checkpoint
 
 N = 400
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
+from apps.bench.edge_run import one_run, skip_totals
 from runtime.cli_args import add_pair_args, load_pair_from_args
 from runtime.errors import DuetError
 
@@ -55,44 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--codecs", default=None, help="compare uplink codecs instead of K "
                     "(ids,raw,k-sqs,c-sqs,cu-hlm; apps/bench/edge_codecs.py)")  # fmt: skip
     return ap
-
-
-def one_run(conn_factory, draft, prompt, n, sampling, seed, k, eos, codec=None, params=None,
-            skip=None, target=None, k_max=8, bit_budget=None):  # fmt: skip
-    """(tokens, wall seconds, edge summary) of one flexspec generation; k None = adaptive.
-    `codec` (and its `params`) is the uplink payload: --codec, or ids at T = 0 and raw above.
-    `skip` (a SkipRule): CU-HLM's LOSSY skipping; the summary's `skip` then holds the skip rate
-    and the rejection risk R measured against `target` (runtime/edge/skip.py). `bit_budget`:
-    SQS §4's per-round budget (k-sqs, c-sqs), which sets each round's length up to k or k_max."""
-    from devices.kstar import AdaptiveK
-    from runtime.decoding import make_steps, stream
-    from runtime.edge.loop import edge_summary
-
-    conn = conn_factory()  # (the codec is checked against every temperature before any run)
-    try:
-        events = []
-        steps = make_steps("flexspec", None, draft, prompt, max_new=n, sampling=sampling, seed=seed,
-                           conn=conn, k=k, k_max=k_max, bit_budget=bit_budget,
-                           controller=AdaptiveK() if k is None else None,
-                           codec=codec or ("ids" if sampling.greedy else "raw"),
-                           codec_params=params, skip=skip)  # fmt: skip
-        t0, v0 = time.perf_counter(), getattr(conn.link, "virtual_s", 0.0)
-        toks = []
-        for t, ev in stream(steps, max_new=n, eos_ids=eos):
-            toks += t
-            events.append(ev)
-        # measured compute and socket time + the link's waits (slept, or on its virtual clock)
-        wall = time.perf_counter() - t0 + getattr(conn.link, "virtual_s", 0.0) - v0
-    finally:
-        conn.close()
-    summary = edge_summary(events)
-    if skip is not None:
-        from runtime.edge.skip import audit, skip_summary, skipped_positions
-
-        pos, xs = skipped_positions(events, len(prompt), len(toks))
-        betas = audit(target, list(prompt) + toks, pos, xs, sampling)
-        summary["skip"] = skip_summary(events, skip, len(toks), betas)
-    return toks, wall, summary
 
 
 def bench(a: argparse.Namespace) -> dict:
@@ -247,17 +209,6 @@ def adaptive_vs_fixed(runs: list[dict], resamples: int = 2000, seed: int = 0) ->
 
             row["ci95"] = prompt_ci(ratio, len(prompts), resamples, rng)
         out.append(row)
-    return out
-
-
-def skip_totals(skips: list[dict]) -> dict:
-    """Skip rate and measured R (runtime/edge/skip.py) pooled over runs, by output token."""
-    n = sum(s["output_tokens"] for s in skips) or 1
-    out = {"skip_rate": sum(s["skipped"] for s in skips) / n,
-           "u_th": skips[0]["u_th"] if skips else None,
-           "theorem1_bound": max((s.get("theorem1_bound") or 0.0 for s in skips), default=None)}  # fmt: skip
-    if all(s["measured_risk"] is not None for s in skips):
-        out["measured_risk"] = sum(s["measured_risk"] * s["output_tokens"] for s in skips) / n
     return out
 
 

@@ -40,7 +40,7 @@ def one_run(factory, draft, prompt, n, sampling, seed, codec, params, eos, skip=
     """(tokens, wall seconds, edge summary) of one flexspec run with `codec`: adaptive K*, a
     fixed K (`k`: `--k` with `--codecs`, e.g. to compare acceptance at equal K), or with
     `bit_budget` SQS §4's budget-set round length capped by k (else k_max)."""
-    from apps.bench.edge import one_run as edge_run
+    from apps.bench.edge_run import one_run as edge_run
 
     return edge_run(factory, draft, prompt, n, sampling, seed, k, eos, codec, params, skip,
                     target, k_max, bit_budget)  # fmt: skip
@@ -123,7 +123,7 @@ def summarize(runs: list[dict]) -> list[dict]:
             "split_ms_per_round": split_per_round(rs),
         })  # fmt: skip
         if out[-1]["lossy"]:
-            from apps.bench.edge import skip_totals
+            from apps.bench.edge_run import skip_totals
 
             out[-1].update(skip_totals([r["skip"] for r in rs]))
     for s in out:

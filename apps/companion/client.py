@@ -24,7 +24,7 @@ def load_draft(bundle: Path, engine: str, threads: int = 1):
         from runtime.backends.coreml_backend import CoreMLCausalLM
 
         return CoreMLCausalLM.load(bundle / "draft.mlpackage")
-    from converters.onnx_static_host import StaticOnnxLM
+    from runtime.backends.onnx_static_host import StaticOnnxLM
 
     return StaticOnnxLM.load(bundle / "draft.onnx", threads=threads)
 

@@ -57,9 +57,9 @@ def run_through_cloud(
     stats.edge holds the per-round lists (k, accepted, bytes, link rate, times)."""
     from tokenizers import Tokenizer
 
-    from converters.onnx_static_host import StaticOnnxLM
     from devices.kstar import AdaptiveK
     from devices.links import LINK_NAMES, emulator
+    from runtime.backends.onnx_static_host import StaticOnnxLM
     from runtime.decoding import make_steps, stream
     from runtime.decoding.events import Sampling
     from runtime.edge.client import Connection

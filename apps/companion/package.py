@@ -60,8 +60,8 @@ def package_bundle(
     builds an ONNX-only bundle (Android). `anchor` is an anchor draft's record (anchor.json):
     the manifest keeps which base it anchors to (FlexSpec §IV-A)."""
     from converters.coreml_export import export_coreml
-    from converters.coreml_inspect import describe
     from converters.onnx_static_build import build_static_onnx
+    from runtime.backends.coreml_inspect import describe
 
     src, out = Path(draft), Path(out)
     cfg = ModelConfig.from_dir(src)

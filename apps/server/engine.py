@@ -17,7 +17,8 @@ import random
 from collections.abc import Iterator
 
 from apps.server.requests import APIError, GenRequest
-from runtime.chat_session import ChatTemplate, common_prefix, strategy_kwargs
+from runtime.chat_session import common_prefix, strategy_kwargs
+from runtime.chat_template import ChatTemplate
 from runtime.decoding import Sampling, make_steps, stream
 from runtime.decoding.events import rewind
 from runtime.load import Pair

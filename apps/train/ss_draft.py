@@ -149,9 +149,9 @@ def heldout_agreement(student, teacher, windows: list[np.ndarray]) -> dict:
 
 def run(a: argparse.Namespace) -> dict:
     from runtime.backends.torch_ref import load_torch_lm
-    from runtime.backends.torch_ss import SSTorchLM
+    from runtime.backends.torch_ss import SSTorchLM, load_ss_module
     from runtime.config import ModelConfig
-    from runtime.ss_checkpoint import load_ss_module, save_ss_checkpoint
+    from runtime.ss_checkpoint import save_ss_checkpoint
     from runtime.tokenizer import check_pair
 
     from .checkpoint import load_model

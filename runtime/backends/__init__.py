@@ -85,8 +85,8 @@ def _load_model(path, backend: str | None = None, **kw):
         if p.is_dir():
             return OnnxCausalLM.load(onnx_for_dir(p), config_dir=p, **kw)
         if _is_static_onnx(p):  # fixed-shape export for NPUs (converters --static-shapes)
-            from converters.onnx_static_host import StaticOnnxLM
             from runtime.backends.onnx_backend import PROVIDERS
+            from runtime.backends.onnx_static_host import StaticOnnxLM
 
             ep = PROVIDERS.get(kw.get("provider", "cpu"), kw.get("provider"))
             return StaticOnnxLM.load(p, provider=ep, threads=kw.get("intra_threads", 1))
@@ -121,10 +121,10 @@ def ss_onnx_for_dir(d: Path) -> Path:
     out = d / ".duet" / "model_ss.onnx"
     newest = max(f.stat().st_mtime for f in d.glob("*.safetensors"))
     if not out.is_file() or out.stat().st_mtime < newest:
-        from converters.onnx_ss_export import export_ss_onnx
+        from runtime.backends.exporters import export
 
         try:
-            export_ss_onnx(d, out)
+            export("onnx-ss", d, out, source=d)
         except OSError as e:
             raise DuetError(f"{d}: cannot write the on-the-fly ONNX export ({e})") from None
     return out
@@ -152,10 +152,10 @@ def onnx_for_dir(d: Path) -> Path:
         else 0
     )
     if not out.is_file() or out.stat().st_mtime < newest:
-        from converters.onnx_export import export_onnx
+        from runtime.backends.exporters import export  # converters/, registered from above
 
         try:
-            export_onnx(d, out)
+            export("onnx", d, out, source=d)
         except OSError as e:
             raise DuetError(
                 f"{d}: cannot write the on-the-fly ONNX export ({e}); export it with "

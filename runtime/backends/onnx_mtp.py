@@ -40,7 +40,7 @@ class OnnxMTPStep:
     def for_target(cls, target, head, path, threads: int = 1, quant: str = "int8") -> OnnxMTPStep:
         """The step graph of `head` for checkpoint `path` (`quant`: fp32, or int8 weights),
         exported on first use and again when the head's weights are newer."""
-        from runtime.backends.torch_mtp import find_mtp_weights, mtp_sidecar
+        from runtime.backends.mtp_weights import find_mtp_weights, mtp_sidecar
 
         if getattr(target, "device", None) is not None and target.device.type != "cpu":
             raise DuetError(
@@ -48,7 +48,7 @@ class OnnxMTPStep:
             )
         if quant not in STEP_FILES:
             raise DuetError(f"MTP head weights {quant!r}: choose from {', '.join(QUANTS)}")
-        from converters.onnx_mtp import export_mtp_onnx, quantize_mtp_onnx
+        from runtime.backends.exporters import export  # converters/onnx_mtp.py, registered above
 
         _, src = find_mtp_weights(path)
         srcs = list(Path(src).glob("*.safetensors")) if Path(src).is_dir() else [Path(src)]
@@ -57,9 +57,9 @@ class OnnxMTPStep:
         out = mtp_sidecar(path) / STEP_FILES[quant]
         try:
             if _stale(fp32, newest):
-                export_mtp_onnx(target.module, head, fp32)
+                export("onnx-mtp", target.module, head, fp32, source=path)
             if quant == "int8" and _stale(out, fp32.stat().st_mtime):
-                quantize_mtp_onnx(fp32, out, target.config)
+                export("onnx-mtp-int8", fp32, out, target.config, source=path)
         except OSError as e:
             raise DuetError(
                 f"{out}: cannot write the MTP head's ONNX export ({e}); use --draft-backend torch"

@@ -1,5 +1,5 @@
 """The host side of a static-shape ONNX draft: a fixed cache buffer driven through the
-`decode` (T = 1) and `prefill` (T = P) graphs of `onnx_static.py`.
+`decode` (T = 1) and `prefill` (T = P) graphs of converters/onnx_static.py.
 
 It implements the CausalLM protocol (batch 1, whole model), so the same parity
 check and the companion app's reference client run it like any backend.
@@ -15,10 +15,23 @@ from pathlib import Path
 
 import numpy as np
 
-from converters.onnx_static import graph_paths
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.model import check_tokens
+
+
+def graph_paths(out: str | Path) -> dict[str, Path]:
+    """{"decode": out, "prefill": out with `.prefill.onnx`}: the two files of one export."""
+    out = Path(out)
+    if out.suffix != ".onnx":
+        raise DuetError(f"{out}: an ONNX output path must end in .onnx")
+    return {"decode": out, "prefill": out.with_name(out.stem + ".prefill.onnx")}
+
+
+def full_range_u8s8(rec: dict | None) -> bool:
+    """Whether a recorded recipe can clip in ORT's CPU U8S8 kernel on a CPU without VNNI."""
+    return bool(rec) and rec.get("scheme") == "int8" and rec.get("activation") == "QUInt8" \
+        and rec.get("weight") == "QInt8" and not rec.get("reduce_range")  # fmt: skip
 
 
 class StaticCache:
@@ -76,7 +89,6 @@ class StaticOnnxLM:
         float ops, the graph's exact semantics, instead of the clipping int8 kernel.
         `qdq_path` says which path runs.
         """
-        from converters.onnx_quantize import full_range_u8s8
         from runtime.backends.cpu_int8 import int8_path
 
         paths = graph_paths(decode_path)

@@ -9,10 +9,10 @@ the concatenation, RoPE position i) follow vLLM's Qwen3-Next MTP; they are not c
 against a released checkpoint. On a hybrid (qwen3_5) target the layer is its gated attention
 layer and the norms are (1 + w); on Llama / Qwen2 / Qwen3 the layer is a plain decoder layer.
 
-Where the weights are found (`find_mtp_weights`): the checkpoint's own `mtp.*` tensors (as
-Qwen3.5 / Qwen3.6 releases ship them), else the sidecar TARGET/.duet/mtp/model.safetensors
-that `python -m apps.train mtp` writes in the same layout (`mtp.` prefix), so any of our
-targets gets one without copying the target.
+Where the weights are found (runtime/backends/mtp_weights.py): the checkpoint's own `mtp.*`
+tensors (as Qwen3.5 / Qwen3.6 releases ship them), else the sidecar
+TARGET/.duet/mtp/model.safetensors that `python -m apps.train mtp` writes in the same layout
+(`mtp.` prefix), so any of our targets gets one without copying the target.
 
 `MTPDraft` is a CausalLM over the draft positions, so `sd` runs it unchanged. The target's
 post-norm hidden states come from the target's own cache (the PyTorch backend records them
@@ -25,26 +25,17 @@ layer ranges; training lives in apps/train/mtp.py.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 from torch import nn
 
+from runtime.backends.mtp_weights import WEIGHTS, find_mtp_weights, mtp_sidecar  # noqa: F401
 from runtime.backends.torch_qwen3_5 import FULL, HybridLayer, OffsetRMSNorm
 from runtime.backends.torch_ref import DecoderLayer, RMSNorm
 from runtime.cache import ConcatKVCache
-from runtime.config import ModelConfig, weight_files
+from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens
-
-SIDECAR = Path(".duet") / "mtp"  # relative to the target directory
-WEIGHTS = "model.safetensors"
-
-
-def mtp_sidecar(target_dir) -> Path:
-    """The directory `apps.train mtp` writes to by default and `--draft mtp` reads."""
-    return Path(target_dir) / SIDECAR
 
 
 class MTPHead(nn.Module):
@@ -73,28 +64,6 @@ class MTPHead(nn.Module):
         else:
             u, k, v = self.layers[0](u, positions, mask, past[0], past[1], inv_freq)
         return self.norm(u), k, v
-
-
-def find_mtp_weights(path) -> tuple[dict, Path]:
-    """The `mtp.*` tensors (prefix stripped) of checkpoint `path` or of its sidecar, and the
-    file or directory they came from; one DuetError naming both places when neither has them."""
-    from safetensors.torch import load_file
-
-    state = {}
-    for f in weight_files(path):
-        state.update({k[4:]: v for k, v in load_file(str(f)).items() if k.startswith("mtp.")})
-    if state:
-        return state, Path(path)
-    side = mtp_sidecar(path) / WEIGHTS
-    if side.is_file():
-        state = {k[4:]: v for k, v in load_file(str(side)).items() if k.startswith("mtp.")}
-        if state:
-            return state, side
-    raise DuetError(
-        f"{path}: no mtp.* weights in the checkpoint nor in {side}; --draft mtp needs a "
-        f"multi-token-prediction head (Qwen3.5 / Qwen3.6 releases ship one; fit one with "
-        f"`python -m apps.train mtp --target {path}`)"
-    )
 
 
 def load_mtp_head(path, cfg: ModelConfig, dtype=torch.float32) -> MTPHead:

@@ -12,10 +12,15 @@ decoding method can use an SS draft as an ordinary draft.
 Two paths compute the stream logits: `forward_streams`, one masked pass over the cache
 (the fast one), and `reference_stream_logits`, each stream run as its own explicit causal
 sequence without a cache (the slow, obviously-correct one); tests check they agree.
+`load_ss_module` builds the model from an SS checkpoint (runtime/ss_checkpoint.py: the
+format), `make_ss_checkpoint` makes one from an ordinary checkpoint (random stream
+embeddings: the start of `python -m apps.train ss-draft` and the tests' tiny SS drafts).
 This module does not decide which tokens to keep: runtime/decoding/ss_draft.py does.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -24,9 +29,10 @@ from torch import nn
 from kernels.stream_mask import multi_stream_mask, stream_positions
 from runtime.backends.torch_backend import TorchCausalLM
 from runtime.backends.torch_ref import TorchLM
-from runtime.config import ModelConfig
+from runtime.config import ModelConfig, weight_files
+from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens, default_positions
-from runtime.ss_checkpoint import load_ss_module
+from runtime.ss_checkpoint import SS_KEY, save_ss_checkpoint, ss_streams
 
 
 class SSTorchLM(TorchLM):
@@ -100,6 +106,58 @@ def reference_stream_logits(module: SSTorchLM, tokens: np.ndarray, p: int, j: in
             h, 0, cfg.num_layers, pos, mask, [(empty, empty)] * cfg.num_layers
         )
         return module.head(out[:, -1])[0].float().numpy()
+
+
+def load_ss_module(path, dtype: torch.dtype | None = None) -> SSTorchLM:
+    """Build an SSTorchLM (float32 unless `dtype`) from an SS checkpoint directory (strict:
+    every weight present)."""
+    from safetensors.torch import load_file
+
+    cfg = ModelConfig.from_dir(path)
+    n = ss_streams(cfg)
+    if n < 1 or cfg.is_hybrid:
+        raise DuetError(f"{path}: not a speculative-streaming draft (no {SS_KEY} in config.json)")
+    state = {}
+    for f in weight_files(path):
+        state.update(load_file(str(f)))
+    state = {k: v for k, v in state.items() if "rotary_emb" not in k}
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    model = SSTorchLM(cfg, n)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise DuetError(
+            f"{path}: weights do not match an SS {cfg.model_type} draft with {n} streams "
+            f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
+        )
+    return model.to(dtype or torch.float32).eval()
+
+
+def make_ss_checkpoint(
+    src_dir, out, streams: int, *, seed: int = 0, scale: float = 0.02, dtype=None
+) -> Path:
+    """An SS checkpoint in `out` from the ordinary checkpoint `src_dir`: its weights, and
+    stream embeddings drawn N(0, scale^2) (seeded). dtype: that of the source by default."""
+    from runtime.backends.torch_ref import load_torch_lm
+
+    if streams < 1:
+        raise DuetError(f"--streams must be at least 1 (got {streams})")
+    base = load_torch_lm(src_dir)
+    cfg = ModelConfig.from_dir(src_dir)
+    module = SSTorchLM(cfg, streams)
+    module.load_state_dict(base.state_dict(), strict=False)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        module.ss_stream_embeddings.copy_(
+            torch.randn(streams, cfg.hidden_size, generator=g) * scale
+        )
+    if dtype is None:
+        from safetensors import safe_open
+
+        with safe_open(str(weight_files(src_dir)[0]), "pt") as f:
+            dtype = f.get_slice(next(iter(f.keys()))).get_dtype()
+        dtype = {"BF16": torch.bfloat16, "F16": torch.float16}.get(dtype, torch.float32)
+    return save_ss_checkpoint(module, out, src_dir, dtype=dtype)
 
 
 class SSCausalLM(TorchCausalLM):

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 from pathlib import Path
 
+import converters  # noqa: F401 (registers the on-the-fly exports the engine asks for: STYLE 11)
 from runtime.errors import DuetError
 
 

@@ -1,0 +1,43 @@
+"""Where a target's multi-token-prediction head (`mtp.*` weights) is found.
+
+The checkpoint's own `mtp.*` tensors (as Qwen3.5 / Qwen3.6 releases ship them), else the
+sidecar TARGET/.duet/mtp/model.safetensors that `python -m apps.train mtp` writes in the same
+layout. Both MTP backends read it (runtime/backends/torch_mtp.py, onnx_mtp.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runtime.config import weight_files
+from runtime.errors import DuetError
+
+SIDECAR = Path(".duet") / "mtp"  # relative to the target directory
+WEIGHTS = "model.safetensors"
+
+
+def mtp_sidecar(target_dir) -> Path:
+    """The directory `apps.train mtp` writes to by default and `--draft mtp` reads."""
+    return Path(target_dir) / SIDECAR
+
+
+def find_mtp_weights(path) -> tuple[dict, Path]:
+    """The `mtp.*` tensors (prefix stripped) of checkpoint `path` or of its sidecar, and the
+    file or directory they came from; one DuetError naming both places when neither has them."""
+    from safetensors.torch import load_file
+
+    state = {}
+    for f in weight_files(path):
+        state.update({k[4:]: v for k, v in load_file(str(f)).items() if k.startswith("mtp.")})
+    if state:
+        return state, Path(path)
+    side = mtp_sidecar(path) / WEIGHTS
+    if side.is_file():
+        state = {k[4:]: v for k, v in load_file(str(side)).items() if k.startswith("mtp.")}
+        if state:
+            return state, side
+    raise DuetError(
+        f"{path}: no mtp.* weights in the checkpoint nor in {side}; --draft mtp needs a "
+        f"multi-token-prediction head (Qwen3.5 / Qwen3.6 releases ship one; fit one with "
+        f"`python -m apps.train mtp --target {path}`)"
+    )
