@@ -21,6 +21,9 @@ unfused (exact, slower) rather than through the clipping int8 kernel.
           functions sharing weights); --quantize int8|int4|palettize4; --kv-io for the
           explicit KV-in/KV-out fallback
   mlx     the target quantized with mlx-lm (--quantize 4|8, default 4)
+  onnx --role target  the ONNX Runtime target's graphs (converters/onnx_target_export.py):
+          --quantize int4|int8|none (block-wise MatMulNBits), --exit-layer E for Mirror-SD's
+          split parts, --out DIR (CHECKPOINT/.duet is where --target-backend onnx looks)
 
 Every export prints the parity it measured against its reference with the named
 tolerance, keeps it in the artefact's metadata, and exits non-zero when parity
@@ -213,6 +216,12 @@ def main(argv: list[str] | None = None) -> int:
         "--group-size", type=int, default=64, help="mlx: quantization group size (default 64)"
     )
     ex.add_argument("--tol", type=float, default=None, help="onnx (dynamic): max |Δlogit| allowed")
+    ex.add_argument("--role", choices=["draft", "target"], default="draft",
+                    help="onnx: target = the ONNX Runtime target's graphs (--out DIR; --quantize "
+                    "int4|int8|none, default int4; --exit-layer E adds Mirror-SD's split parts); "
+                    "--out CHECKPOINT/.duet is where --target-backend onnx looks (default draft)")  # fmt: skip
+    ex.add_argument("--exit-layer", type=int, default=None,
+                    help="--role target: also export the parts split at this layer")  # fmt: skip
     ex.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
     if args.max_context is not None and args.max_context < 2:
@@ -221,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.preflight import check_checkpoint, writable_file
 
     check_checkpoint(args.model, "model")  # before torch is imported
+    if args.role == "target":  # converters/onnx_target_export.py
+        from converters.onnx_target_cli import export_target_cli
+
+        return export_target_cli(args)
     if args.out.endswith(".onnx") or args.format == "coreml":
         writable_file(args.out, "--out")
     info = run_export(args)

@@ -29,6 +29,7 @@ from onnx import numpy_helper as onh
 
 MS = "com.microsoft"
 NEG = float(np.finfo(np.float32).min)
+HEAD_NODE = "lm_head"  # the LM head's MatMul (quantized to its own width)
 
 
 class _G:
@@ -41,11 +42,11 @@ class _G:
         self.inits.append(onh.from_array(np.ascontiguousarray(arr), name))
         return name
 
-    def op(self, kind: str, ins: list[str], n_out: int = 1, domain: str = "", **attrs):
+    def op(self, kind: str, ins: list[str], n_out: int = 1, domain: str = "", node=None, **attrs):
         self.n += 1
         outs = [f"{kind}_{self.n}_{j}" for j in range(n_out)]
-        self.nodes.append(oh.make_node(kind, ins, outs, name=f"{kind}_{self.n}", domain=domain,
-                                       **attrs))  # fmt: skip
+        self.nodes.append(oh.make_node(kind, ins, outs, name=node or f"{kind}_{self.n}",
+                                       domain=domain, **attrs))  # fmt: skip
         return outs[0] if n_out == 1 else outs
 
 
@@ -127,7 +128,7 @@ def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, he
             hn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [resid, h, wn], 4, domain=MS,
                                epsilon=eps)  # fmt: skip
         key = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-        logits = g.op("MatMul", [hn, g.init("lm_head", _w(state, key).T)])
+        logits = g.op("MatMul", [hn, g.init("lm_head", _w(state, key).T)], node=HEAD_NODE)
         outs.insert(0, (logits, "logits"))
         if start < stop:
             outs.insert(1, (h, "hidden"))

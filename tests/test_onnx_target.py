@@ -131,3 +131,18 @@ def test_generate_cli_runs_the_onnx_target(tiny_dir, capsys):
     assert main([*args, "--method", "ar"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["tokens"]) == 6
+
+
+def test_converters_export_role_target_seeds_the_cache(tiny_dir, tmp_path, capsys):
+    from converters.__main__ import main
+
+    d = tiny_dir("qwen2", num_layers=2, seed=5)
+    out = d / ".duet"
+    args = ["export", "--role", "target", "--model", str(d), "--format", "onnx",
+            "--quantize", "none", "--exit-layer", "1", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    assert "max |Δlogit|" in capsys.readouterr().out
+    for name in ("full", "layers.0.1", "layers.1.2", "head"):
+        assert part_path(d, "none", name).is_file(), name
+    assert main([*args[:5], "--format", "coreml", *args[7:]]) == 2  # one line, not a traceback
+    assert "--format onnx" in capsys.readouterr().err

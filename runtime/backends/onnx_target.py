@@ -3,7 +3,8 @@
 `OnnxTargetLM` is the CausalLM protocol over the parts that converters/onnx_target_export.py
 writes (`full`: ids -> logits + hidden; `layers.a.b`; `head`). Each part is exported once, on
 the first call that needs it, and cached beside the checkpoint in `<dir>/.duet/` under a name
-keyed by the quantization and the layer range (`target-int4-full.onnx`); a later run opens
+keyed by the quantization, its recipe's hash and the layer range
+(`target-int4-1a2b3c4d-full.onnx`); a later run opens
 the cached file. Positions and a boolean mask (B, T, past + T) are inputs of every graph, so
 causal windows, tree masks and branch rows all run; rollback moves the host cache's offset
 (runtime/cache.py), as on the other backends. Layer ranges (Mirror-SD's early exit) run the
@@ -30,7 +31,14 @@ QUANTIZE = ("int4", "int8", "none")
 
 
 def part_path(d: Path, quantize: str, name: str) -> Path:
-    return Path(d) / ".duet" / f"target-{quantize}-{name}.onnx"
+    """Where a part is cached: keyed by the quantization and a hash of its recipe, so a changed
+    recipe (block size, accuracy level) exports afresh instead of reusing a stale file."""
+    import hashlib
+
+    from converters.onnx_target_export import recipe  # the exporter owns the recipe
+
+    tag = hashlib.sha1(json.dumps(recipe(quantize), sort_keys=True).encode()).hexdigest()[:8]
+    return Path(d) / ".duet" / f"target-{quantize}-{tag}-{name}.onnx"
 
 
 def ensure_part(d: Path, quantize: str, start: int, stop: int, head: bool, n: int) -> Path:
