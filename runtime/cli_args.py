@@ -298,8 +298,8 @@ def auto_announcement(chooser, when: str) -> str:
         return (f"[auto: using the measurements of this pair on this machine kept in {store.path}"
                 f" (from {day}); --reprobe measures again]")  # fmt: skip
     kept = f"; kept in {store.path} for later runs" if store is not None else ""
-    return (f"[auto: measuring this pair on this machine {when} (seconds){kept}; --method sd "
-            "skips it]")  # fmt: skip
+    return (f"[auto: measuring this pair on this machine {when} to pick the fastest method "
+            f"(7-15 s on a 2-core CPU, once){kept}; --method sd skips it]")  # fmt: skip
 
 
 CORRECTION_MIN_TOKENS = (
