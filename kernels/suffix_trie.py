@@ -76,22 +76,30 @@ class SuffixTrie(CountTrie):
 
     def extend(self, tokens) -> None:
         """Feed tokens to the current text. O(depth) each."""
-        d, bump = self.depth, self.bump
+        d, kids, count, cont, dep = self.depth, self.kids, self.count, self.cont, self.dep
         active = self.active
-        for t in tokens:
+        for t in tokens:  # CountTrie.bump inlined: this loop is the draft's main cost
             t = int(t)
             nxt = [0]
             for node in active:
-                child = bump(node, t)
-                if self.dep[child] < d:
+                child = kids[node].get(t)
+                if child is None:
+                    child = len(count)
+                    kids[node][t] = child
+                    kids.append({})
+                    self.tok.append(t)
+                    self.par.append(node)
+                    dep.append(dep[node] + 1)
+                    count.append(0)
+                    cont.append(0)
+                count[child] += 1
+                cont[node] += 1
+                if dep[child] < d:
                     nxt.append(child)
-            self.root_count(1)
+            count[0] += 1  # the empty string occurs once per token (ends there)
             active = nxt
         self.active = active
         self.fed += len(tokens)
-
-    def root_count(self, n: int) -> None:
-        self.count[0] += n  # the empty string occurs once per token (ends there)
 
     def suffix_matches(self, last: int | None = None, longest: int | None = None) -> list[int]:
         """Nodes of the current text's suffixes that occur in the trie, shortest first,

@@ -163,3 +163,43 @@ def test_negative_control_correction_from_p_fails(gof_target, monkeypatch, metho
     draft = load_model_free(spec, gof_target)
     p = gof_pvalue(sample_pairs(method, gof_target, draft, GOF_N)[0], exact_joint(gof_target))
     assert p < ALPHA, f"the negative control passed (p = {p:.2e}); the test has no power"
+
+
+# ---- auto for a target alone (devices/model_free_choice.py) ----------------------------
+
+
+@pytest.mark.parametrize("per_token,choice", [(0.2, "sd"), (1.5, "ar")])
+def test_auto_alone_takes_sd_where_a_verified_token_costs_less_than_a_step(
+    tiny_dir, monkeypatch, per_token, choice
+):
+    import devices.pair_stages as stages
+    from devices.model_free_choice import choose_alone
+
+    step = 0.05  # a one-token target step; each verified token costs per_token of it
+    monkeypatch.setattr(stages, "measure_windows", lambda target, gammas, **k: {
+        g: {"target_window": step * (1 + per_token * g)} for g in gammas})  # fmt: skip
+    target = load_model(tiny_dir("llama", **SMALL), "torch", threads=1)
+    draft = load_model_free("suffix", target)
+    rec = choose_alone(target, draft, PROMPT * 3)
+    assert rec["choice"] == choice and rec["alone"] and rec["draft"] == "suffix"
+    assert rec["verify_token_share"] == pytest.approx(per_token) and 0 < rec["draft_share"] < 0.1
+    if choice == "sd":  # a token is drafted only where its chance beats its cost
+        assert rec["min_prob"] == pytest.approx(per_token) == draft.min_prob
+        assert rec["gamma"] == 16
+
+
+def test_generate_with_a_target_alone_under_auto_equals_ar(tiny_dir, capsys):
+    import json
+
+    from runtime.generate import main
+
+    t = str(tiny_dir("llama"))
+    args = ["--target", t, "--prompt-ids", ",".join(map(str, PROMPT * 2)), "--max-tokens", "24",
+            "--json"]  # fmt: skip
+    outs = {}
+    for method in ("auto", "ar"):
+        assert main(args + ["--method", method]) == 0
+        outs[method] = json.loads(capsys.readouterr().out)
+    auto = outs["auto"]["stats"]["auto"]
+    assert auto["alone"] and auto["choice"] in ("ar", "sd") and auto["draft"] == "suffix"
+    assert outs["auto"]["tokens"] == outs["ar"]["tokens"]

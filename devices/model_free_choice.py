@@ -1,0 +1,65 @@
+"""`--method auto` for a target alone: `ar`, or `sd` with a model-free draft (runtime/drafts/).
+
+The latency law. A target step over a window of 1 + g tokens costs T(g) = T1·(1 + c·g)
+(measured: devices/pair_stages.measure_windows, affine in g); a model-free draft costs
+T_d per step (measured on the prompt: its index built once, then a proposal per step) and
+proposes a token only where the text backs it, with an estimated chance p of being accepted.
+Verifying that token costs c·T1 and, accepted, saves a whole step T1, so it pays exactly
+when p > c: auto sets the draft's floor on p (`min_prob`) to c, and a step where nothing
+clears it is the target's own step (no drafts). sd with the draft then runs at least as fast
+as `ar` in expectation, less T_d, whatever the prompt; so auto takes it when c < 1 (a
+verified token costs less than a step) and T_d is a small share of T1 (MAX_DRAFT_SHARE), and
+`ar` otherwise. γ is only a ceiling here (ALONE_GAMMA): the chances set each step's length.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+ALONE_GAMMA = 16  # sd's ceiling on drafts per step; the draft's chances decide how many
+MAX_DRAFT_SHARE = 0.1  # a draft costing more than this share of a target step is not taken
+WINDOW = 8  # the window over which the target's cost per verified token is measured
+
+
+def draft_cost(draft, ids: list[int], gamma: int, repeats: int = 20) -> tuple[float, float]:
+    """(seconds to index `ids` once, median seconds of one proposal after it) for `draft`."""
+    cache = draft.new_cache()
+    t0 = time.perf_counter()
+    draft.chain(cache, ids, gamma)  # indexes ids[:-1], then proposes
+    index_s = time.perf_counter() - t0
+    times = []
+    for i in range(repeats):
+        seq = ids[: max(2, len(ids) - repeats + i + 1)]
+        t0 = time.perf_counter()
+        draft.chain(cache, seq, gamma)
+        times.append(time.perf_counter() - t0)
+    return index_s, statistics.median(times)
+
+
+def choose_alone(target, draft, ids: list[int], *, gamma: int | None = None) -> dict:
+    """auto's record for a target alone with model-free `draft`: the measured step cost, cost
+    per verified token and draft cost, the choice ("ar" or "sd"), its γ and why. Sets the
+    draft's `min_prob` to the cost per verified token when it chooses sd."""
+    from devices.pair_stages import measure_windows
+
+    g = gamma or ALONE_GAMMA
+    win = measure_windows(target, (0, WINDOW // 2, WINDOW), mirror=False)
+    t1 = win[0]["target_window"]
+    c = max(0.0, (win[WINDOW]["target_window"] - t1) / (WINDOW * t1))
+    index_s, step_s = draft_cost(draft, list(ids), g)
+    share = step_s / t1
+    rec = {"alone": True, "draft": draft.name, "target_step_s": t1, "verify_token_share": c,
+           "draft_step_s": step_s, "draft_index_s": index_s, "draft_share": share}  # fmt: skip
+    if c >= 1:
+        why = f"a verified token costs {c:.2f} of a target step: speculation cannot pay"
+        return rec | {"choice": "ar", "why": why}
+    if share > MAX_DRAFT_SHARE:
+        why = f"the {draft.name} draft costs {share:.1%} of a target step"
+        return rec | {"choice": "ar", "why": why}
+    if hasattr(draft, "min_prob"):
+        draft.min_prob = max(draft.min_prob, c)
+    why = (f"a target alone: sd with the {draft.name} draft (no model) drafts a token only where "
+           f"its chance beats its cost ({c:.2f} of a step); the draft costs {share:.1%} of a step")  # fmt: skip
+    return rec | {"choice": "sd", "gamma": g, "min_prob": getattr(draft, "min_prob", None),
+                  "why": why}  # fmt: skip
