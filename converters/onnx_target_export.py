@@ -19,8 +19,8 @@ Quantization (`quantize`): "none" keeps float32. "int4" / "int8" rewrite every M
 constant weight (packed q|k|v, o, packed gate|up, down, and the LM head; a tied model's head is
 its own transposed copy of the embedding; the head keeps 8 bits under int4: on SmolLM2 an int4
 head cost 11 points of top-1 agreement, 64 % against 75 %) as ONNX Runtime's MatMulNBits
-(onnxruntime.quantization's MatMulNBitsQuantizer): symmetric blocks of BLOCK_SIZE along the
-input dimension, requantized from the checkpoint's float32 weights (a checkpoint dequantized
+(onnxruntime.quantization's MatMulNBitsQuantizer for 4 bits; 8 bits as two 4-bit halves,
+converters/onnx_head_split.py): symmetric blocks of BLOCK_SIZE along the input dimension, requantized from the checkpoint's float32 weights (a checkpoint dequantized
 from a GGUF is requantized, not mapped block for block), at the ACCURACY_LEVEL below. The
 embedding stays float32 (a Gather reads one row a token). The recipe is stored in the graph's
 metadata (duet.quantization).
@@ -39,12 +39,11 @@ from runtime.errors import DuetError
 
 QUANTIZE = ("none", "int4", "int8")
 BLOCK_SIZE = 32
-# MatMulNBits' compute type per weight width. 4: int8 activations (per-block dynamic scale),
-# the fast path. A pair of 4-bit weight x int8 activation products sums to at most
-# 2 * 15 * 128 = 3,840, so no kernel (AVX2 without VNNI sums pairs in a saturating int16,
-# VPMADDUBSW) can clip it. 8-bit weights x int8 activations could reach 2 * 255 * 127: they keep
-# level 1 (float32 compute), right on every instruction set.
-ACCURACY_LEVEL = {4: 4, 8: 1}
+# MatMulNBits' compute type: 4 = int8 activations (per-block dynamic scale), the fast path. A
+# pair of 4-bit weight x int8 activation products sums to at most 2 * 15 * 128 = 3,840, so no
+# kernel (AVX2 without VNNI sums pairs in a saturating int16, VPMADDUBSW) can clip it. 8-bit
+# weights are never handed to it as such: each is two 4-bit halves (converters/onnx_head_split.py)
+ACCURACY_LEVEL = 4
 
 
 def recipe(quantize: str) -> dict:
@@ -55,8 +54,8 @@ def recipe(quantize: str) -> dict:
         return {"scheme": "none"}
     bits = 4 if quantize == "int4" else 8
     return {"scheme": quantize, "op": "MatMulNBits", "bits": bits, "block_size": BLOCK_SIZE,
-            "symmetric": True, "accuracy_level": ACCURACY_LEVEL[bits], "head_bits": 8,
-            "head_accuracy_level": ACCURACY_LEVEL[8],
+            "symmetric": True, "accuracy_level": ACCURACY_LEVEL, "head_bits": 8,
+            "int8_as": "two 4-bit MatMulNBits (hi/lo nibbles of symmetric int8 blocks)",
             "source": "requantized from the checkpoint's float32 weights",
             "embedding": "float32"}  # fmt: skip
 
@@ -128,23 +127,26 @@ def _quantize(model, rec: dict):
         MatMulNBitsQuantizer,
     )
 
+    from converters.onnx_head_split import split_matmul
     from converters.onnx_target_graph import HEAD_NODE
 
     logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
-    bits, head_bits = rec["bits"], rec.get("head_bits", rec["bits"])
-    if head_bits == bits:
-        passes = [(bits, rec["symmetric"], {})]
-    else:  # the LM head at its own width, in a second pass
-        passes = [(bits, rec["symmetric"], {"nodes_to_exclude": [HEAD_NODE]}),
-                  (head_bits, True, {"nodes_to_include": [HEAD_NODE]})]  # fmt: skip
-    for b, sym, which in passes:
-        level, block = ACCURACY_LEVEL[b], rec["block_size"]
-        algo = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=sym,
-                                            accuracy_level=level, bits=b)  # fmt: skip
-        q = MatMulNBitsQuantizer(model, bits=b, block_size=block, is_symmetric=sym,
-                                 accuracy_level=level, algo_config=algo, **which)  # fmt: skip
+    bits, block = rec["bits"], rec["block_size"]
+    if bits == 4:
+        head8 = rec.get("head_bits") == 8 and any(n.name == HEAD_NODE for n in model.graph.node)
+        algo = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=rec["symmetric"],
+                                            accuracy_level=ACCURACY_LEVEL, bits=4)  # fmt: skip
+        q = MatMulNBitsQuantizer(model, bits=4, block_size=block, is_symmetric=rec["symmetric"],
+                                 accuracy_level=ACCURACY_LEVEL, algo_config=algo,
+                                 nodes_to_exclude=[HEAD_NODE] if head8 else [])  # fmt: skip
         q.process()
         model = q.model.model
+        eight = [HEAD_NODE] if head8 else []
+    else:  # every 8-bit weight as two 4-bit halves
+        consts = {i.name for i in model.graph.initializer}
+        eight = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in consts]
+    for name in eight:  # fast and unclippable (converters/onnx_head_split.py)
+        split_matmul(model, name, block, ACCURACY_LEVEL)
     return model
 
 

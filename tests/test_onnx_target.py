@@ -98,6 +98,34 @@ def test_the_export_is_cached_per_quantization_and_reused(tiny_dir, monkeypatch)
     assert (q["op"], q["bits"], q["block_size"]) == ("MatMulNBits", 8, 32)
 
 
+def test_int8_weights_as_two_4bit_halves_are_exact():
+    """q8 = 16 hi + lo through two 4-bit MatMulNBits equals the int8-dequantized product (float
+    compute, accuracy level 0: the same on every instruction set)."""
+    import onnxruntime as ort
+    from onnx import TensorProto
+    from onnx import helper as oh
+    from onnx import numpy_helper as onh
+
+    from converters.onnx_head_split import split_matmul
+
+    K, N = 96, 40
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((K, N)).astype(np.float32)
+    g = oh.make_graph([oh.make_node("MatMul", ["A", "W"], ["Y"], name="mm")], "g",
+                      [oh.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+                      [oh.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+                      [onh.from_array(W, "W")])  # fmt: skip
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)], ir_version=9)
+    split_matmul(m, "mm", 32, accuracy_level=0)
+    y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"A": (A := rng.standard_normal((3, K)).astype(np.float32))}
+    )[0]
+    Wb = W.T.reshape(N, 3, 32)
+    s = np.abs(Wb).max(-1, keepdims=True) / 127
+    Wq = (np.rint(Wb / s) * s).reshape(N, K).T
+    assert np.abs(y - A @ Wq).max() < 1e-4 < np.abs(y - A @ W).max()
+
+
 def _gen(method, target, draft, n=16, **kw):
     steps = make_steps(method, target, draft, PROMPT, max_new=n, sampling=Sampling(), seed=0,
                        **kw)  # fmt: skip
