@@ -88,6 +88,16 @@ def target_backend_for(name: str) -> str:
     return name
 
 
+def backend_reason(asked: str, picked: str) -> str | None:
+    """Why `auto` put the target where it did (None when the user named the backend)."""
+    if asked != "auto":
+        return None
+    if picked == "mlx":
+        return "auto on macOS: MLX on the Metal GPU"
+    return ("auto off macOS: PyTorch, since MLX runs on the CPU here and measured slower "
+            "(`python -m apps.bench footprint --backends torch,mlx` compares them)")  # fmt: skip
+
+
 def load_pair(
     target: str | None,
     draft: str | None,
@@ -150,7 +160,7 @@ def load_pair(
     if need_draft and ddir != "mtp" and not is_model_free_spec(ddir):
         check_checkpoint(ddir, "draft")
         check_pair_files(tdir, ddir)
-    target_backend = target_backend_for(target_backend)
+    asked_backend, target_backend = target_backend, target_backend_for(target_backend)
     if target_threads is None and target_backend == "onnx" and (
         not need_draft or ddir == "mtp" or is_model_free_spec(ddir)
     ):  # no draft model computes beside it: the ONNX target takes every core
@@ -180,7 +190,8 @@ def load_pair(
     d = None
     settings = {"target_backend": target_backend,
                 "target_threads": target_threads if target_backend in ("torch", "onnx") else None,
-                "target_device": target_device}  # fmt: skip
+                "target_device": target_device,
+                "target_backend_why": backend_reason(asked_backend, target_backend)}  # fmt: skip
     if target_backend == "onnx":
         settings["target_quantize"] = quantize
     if need_draft and ddir == "mtp":
