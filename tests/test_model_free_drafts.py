@@ -203,3 +203,22 @@ def test_generate_with_a_target_alone_under_auto_equals_ar(tiny_dir, capsys):
     auto = outs["auto"]["stats"]["auto"]
     assert auto["alone"] and auto["choice"] in ("ar", "sd") and auto["draft"] == "suffix"
     assert outs["auto"]["tokens"] == outs["ar"]["tokens"]
+
+
+def test_suffix_draft_proposes_from_a_corpus_file(tiny_dir, tmp_path):
+    from runtime.errors import DuetError
+    from runtime.tokenizer import Tokenizer
+
+    d = tiny_dir("llama")
+    target, tok = load_model(d, "torch", threads=1), Tokenizer(d)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n\nan unrelated second document")
+    draft = load_model_free(f"suffix:{corpus}", target, tok)
+    seq = tok.encode("I saw the quick brown fox")
+    want = tok.encode("the quick brown fox jumps over the lazy dog")
+    got = draft.chain(draft.new_cache(), seq, 16)
+    k = len(tok.encode("the quick brown fox"))
+    assert got and want[k : k + len(got)] == got  # the corpus's continuation, nothing else
+    assert load_model_free("suffix", target).chain(draft.new_cache(), seq, 16) == []
+    with pytest.raises(DuetError, match="no such corpus file"):
+        load_model_free(f"suffix:{tmp_path / 'missing.txt'}", target, tok)
