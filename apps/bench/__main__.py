@@ -51,7 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "PyTorch, the draft on --draft-backend (default onnx, as runtime.generate "
                     "runs it); a missing pair is answered with the command that builds it")  # fmt: skip
     ap.add_argument(
-        "--prompts", default=None, help="prompt set .jsonl or folder (default apps/prompts/)"
+        "--prompts",
+        default=None,
+        help="prompt set .jsonl or folder, or `chat` (Spec-Bench's six categories for chat "
+        "models, apps/prompts/chat/) (default apps/prompts/)",
     )
     ap.add_argument("--limit", type=int, default=None, help="first N prompts only")
     ap.add_argument("--categories", default=None, help="comma-separated categories to keep")
