@@ -183,7 +183,8 @@ def stream_generate(
             probe_caches = {k: options[k] for k in ("target_cache", "draft_cache")}
         method, auto = chooser(ids, sampling, **probe_caches)
         gamma = auto.get("gamma", gamma)  # without a given γ, auto picks γ too
-    steps = make_steps(method, pair.target, pair.draft, ids, max_new=max_new, sampling=sampling,
+    draft = pair.draft if method != "ar" else None  # ar is the target alone, whatever is attached
+    steps = make_steps(method, pair.target, draft, ids, max_new=max_new, sampling=sampling,
                        seed=seed, gamma=gamma, timeline=timeline if method == "mirror" else None,
                        **options)  # fmt: skip
     stats = RunStats(prefill_tokens=len(ids) - held)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -283,4 +284,6 @@ def test_a_target_alone_chats(pair_dirs):
     r = subprocess.run(cmd, input="hello\n/stats\n", capture_output=True, text=True, cwd=ROOT,
                        timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert "the target alone (no speculation): 6 tokens" in r.stdout
+    assert "] 6 tokens, " in r.stderr  # auto ran ar, or sd with a model-free draft
+    assert "the target alone (no speculation): 6 tokens" in r.stdout or re.search(
+        r"speculating with sd, \d+ tokens ahead: ", r.stdout)  # fmt: skip
