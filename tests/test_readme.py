@@ -41,3 +41,12 @@ def test_the_quick_start_is_two_commands_and_ci_runs_the_second():
 def test_the_readme_holds_no_measurements():
     text = (ROOT / "README.md").read_text()
     assert not re.search(r"\d+(\.\d+)? ?tok/s", text), "measured figures go to docs/benchmarks.md"
+
+
+def test_the_server_usage_lists_every_method_its_help_offers():
+    from apps.server.__main__ import build_parser
+
+    usage = (ROOT / "docs" / "serving.md").read_text()
+    listed = re.search(r"--method ([a-z|]+)", usage).group(1).split("|")
+    offered = next(a.choices for a in build_parser()._actions if a.dest == "method")
+    assert listed == list(offered)
