@@ -20,8 +20,9 @@ constant weight (packed q|k|v, o, packed gate|up, down, and the LM head; a tied 
 its own transposed copy of the embedding; the head keeps 8 bits under int4: on SmolLM2 an int4
 head cost 11 points of top-1 agreement, 64 % against 75 %) as ONNX Runtime's MatMulNBits
 (onnxruntime.quantization's MatMulNBitsQuantizer for 4 bits; 8 bits as two 4-bit halves,
-converters/onnx_head_split.py): symmetric blocks of BLOCK_SIZE along the input dimension, requantized from the checkpoint's float32 weights (a checkpoint dequantized
-from a GGUF is requantized, not mapped block for block), at the ACCURACY_LEVEL below. The
+converters/onnx_head_split.py): symmetric blocks of BLOCK_SIZE along the input dimension, requantized from the checkpoint's float32 weights, at the ACCURACY_LEVEL below.
+Under int4, a weight that already lies on a 4-bit block grid (a checkpoint dequantized from a
+Q4_0/Q4_1 GGUF) keeps its own blocks exactly instead (converters/onnx_grid_q4.py). The
 embedding stays float32 (a Gather reads one row a token). The recipe is stored in the graph's
 metadata (duet.quantization).
 """
@@ -56,7 +57,9 @@ def recipe(quantize: str) -> dict:
     return {"scheme": quantize, "op": "MatMulNBits", "bits": bits, "block_size": BLOCK_SIZE,
             "symmetric": True, "accuracy_level": ACCURACY_LEVEL, "head_bits": 8,
             "int8_as": "two 4-bit MatMulNBits (hi/lo nibbles of symmetric int8 blocks)",
-            "source": "requantized from the checkpoint's float32 weights",
+            "grid": bits == 4,  # weights on a GGUF Q4_0/Q4_1 block grid kept exactly
+            "source": "weights on a 4-bit block grid (a GGUF's Q4_0/Q4_1) kept exactly "
+            "(converters/onnx_grid_q4.py); others requantized from the float32 weights",
             "embedding": "float32"}  # fmt: skip
 
 
@@ -133,12 +136,15 @@ def _quantize(model, rec: dict):
     logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
     bits, block = rec["bits"], rec["block_size"]
     if bits == 4:
+        from converters.onnx_grid_q4 import keep_grids
+
         head8 = rec.get("head_bits") == 8 and any(n.name == HEAD_NODE for n in model.graph.node)
+        keep = keep_grids(model, block, ACCURACY_LEVEL, {HEAD_NODE}) if rec.get("grid") else []
         algo = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=rec["symmetric"],
                                             accuracy_level=ACCURACY_LEVEL, bits=4)  # fmt: skip
         q = MatMulNBitsQuantizer(model, bits=4, block_size=block, is_symmetric=rec["symmetric"],
                                  accuracy_level=ACCURACY_LEVEL, algo_config=algo,
-                                 nodes_to_exclude=[HEAD_NODE] if head8 else [])  # fmt: skip
+                                 nodes_to_exclude=keep + ([HEAD_NODE] if head8 else []))  # fmt: skip
         q.process()
         model = q.model.model
         eight = [HEAD_NODE] if head8 else []

@@ -174,3 +174,35 @@ def test_converters_export_role_target_seeds_the_cache(tiny_dir, tmp_path, capsy
         assert part_path(d, "none", name).is_file(), name
     assert main([*args[:5], "--format", "coreml", *args[7:]]) == 2  # one line, not a traceback
     assert "--format onnx" in capsys.readouterr().err
+
+
+def test_weights_on_a_q4_1_grid_are_kept_exactly():
+    """A weight whose blocks are d q + m (a Q4_1 GGUF's) runs exactly, not requantized
+    (float compute, accuracy level 0); one off the grid is left alone."""
+    import onnxruntime as ort
+    from onnx import TensorProto
+    from onnx import helper as oh
+    from onnx import numpy_helper as onh
+
+    from converters.onnx_grid_q4 import keep_grids
+
+    K, N = 64, 24
+    rng = np.random.default_rng(1)
+    d, m = rng.uniform(0.01, 0.1, (N, 2, 1)), rng.uniform(-1, 0, (N, 2, 1))
+    q = rng.integers(0, 16, (N, 2, 32))
+    q[..., 0], q[..., 1] = 0, 15  # each block spans its grid
+    W = (d * q + m).reshape(N, K).T.astype(np.float32)
+    off = rng.standard_normal((K, N)).astype(np.float32)
+    nodes = [oh.make_node("MatMul", ["A", "W"], ["Y"], name="on"),
+             oh.make_node("MatMul", ["A", "V"], ["Z"], name="off")]  # fmt: skip
+    g = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("A", TensorProto.FLOAT, [1, 3, K])],
+                      [oh.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "YZ"],
+                      [onh.from_array(W, "W"), onh.from_array(off, "V")])  # fmt: skip
+    model = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)], ir_version=9)
+    assert keep_grids(model, 32, 0, set()) == ["on.grid_min"]
+    A = rng.standard_normal((1, 3, K)).astype(np.float32)
+    y, z = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"A": A}
+    )
+    assert np.abs(y - A @ W).max() < 1e-4 and np.abs(z - A @ off).max() < 1e-4
+    assert [n.op_type for n in model.graph.node].count("MatMulNBits") == 1
