@@ -2,7 +2,9 @@
 
 The execution provider and thread counts are arguments (the device profile
 chooses them). Only the full forward is available: an exported graph has no
-layer range, so this backend is for drafts, not for an early-exit target.
+layer range, so this backend is for drafts, not for an early-exit target. The target on ONNX
+Runtime (`--target-backend onnx`: parts per layer range, explicit masks, int4 weights) is
+runtime/backends/onnx_target.py.
 """
 
 from __future__ import annotations
