@@ -8,7 +8,9 @@ and `slack` positions more: after each forward it drops its leading columns whos
 Rollback. A speculative step feeds positions ahead of the committed prefix and may then roll
 back to it (sd's draft and verify windows, a tree's nodes, a Mirror-SD wave's branch rows);
 no step reaches back more than its window and branch depth below the highest position it
-fed. The slack (SLACK = 64 positions, far above the γ ≤ 16 and tree depths the methods use)
+fed: γ + 1 for sd, about 2γ for a Mirror-SD wave (its rows sit at depths 0..γ), a tree's
+depth. The slack, SLACK = 64 positions or twice the widest spread of positions seen in one
+forward whose positions are not its columns (tree nodes, branch rows) if that is more,
 holds every key that such a step may evict until its verdict is in, so `trim`, `fork`,
 `select`, `keep_columns` and `compact` land on the accepted prefix exactly, with the same keys
 a fresh prefill of it would hold. Columns are not positions (a tree's nodes, the holes of
@@ -51,7 +53,8 @@ class SlidingKVCache:
         slack: int | None = None,
     ):
         self.sliding, self.window = tuple(sliding), int(window)
-        self.slack = SLACK if slack is None else int(slack)  # read at call time: tests lower it
+        self.base_slack = SLACK if slack is None else int(slack)  # read now: tests lower it
+        self.reach = 0  # the widest spread of positions in one tree / branch-row forward
         self._empty, self._empty_pos, self._batch = empty, empty_pos, batch
         self.resets = 0  # trims that reached behind the slack and emptied the cache
         self._reset()
@@ -63,6 +66,11 @@ class SlidingKVCache:
         self._held = [0] * n  # live columns stored
         self._base = [0] * n  # columns dropped from the front (local layers)
         self._gone: list[int | None] = [None] * n  # the highest position dropped
+
+    @property
+    def slack(self) -> int:
+        """Positions a local layer keeps beyond its window (see the module docstring)."""
+        return max(self.base_slack, 2 * self.reach + 2)
 
     @property
     def offset(self) -> int:
@@ -103,6 +111,10 @@ class SlidingKVCache:
         hp = _host(pos)  # (B, S)
         if T > 0:
             new = hp[:, -T:]
+            off = (new != self.layer_offset(i) + np.arange(T)).any(axis=0)  # positions != columns
+            if off.any():  # tree nodes or branch rows (after any plain prefill in the same pass)
+                j = max(int(np.argmax(off)) - 1, 0)
+                self.reach = max(self.reach, int(new[:, j:].max()) - int(new[:, j:].min()))
             gone = self._gone[i]
             if gone is not None and gone > int(new.min()) - self.window:
                 raise DuetError(

@@ -269,3 +269,15 @@ def test_static_onnx_export_refuses_in_one_line(gemma, tmp_path):
 
     with pytest.raises(DuetError, match="not built for sliding-window models"):
         build_static_onnx(gemma, tmp_path / "x.onnx")
+
+
+def test_a_mirror_wave_wider_than_the_slack_grows_it(gemma, tiny_dir):
+    """γ = 8: a wave's rows reach ~2γ = 16 positions back, past the base slack of 12; the
+    cache widens its slack from the spread it sees (it raised a DuetError without that)."""
+    target = load_model(gemma, "torch", threads=1)
+    weak = load_model(tiny_dir("gemma3_text", num_layers=1, hidden_size=32, seed=7), "torch")
+    dc = weak.new_cache()
+    assert (
+        gen("mirror", target, weak, gamma=8, draft_cache=dc).tokens
+        == gen("ar", target, None).tokens
+    )
