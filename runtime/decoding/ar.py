@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels.sampling import sample
-from runtime.decoding.events import GREEDY, Sampling, StepEvent, pending, rewind
+from runtime.decoding.events import GREEDY, Sampling, StepEvent, last_logits, pending, rewind
 
 
 def ar_steps(
@@ -32,7 +32,7 @@ def ar_steps(
     try:
         for _ in range(max_new):
             t0 = time.perf_counter()
-            logits = target.forward(np.array([pending(cache, seq)]), cache)[0, -1]
+            logits = last_logits(target, np.array([pending(cache, seq)]), cache)
             if sampling.greedy:
                 tok = int(logits.argmax())
             else:

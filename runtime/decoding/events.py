@@ -121,6 +121,20 @@ def rewind(cache, keep: int) -> None:
         cache.trim(cache.offset - keep)
 
 
+def last_logits(target, tokens: np.ndarray, cache) -> np.ndarray:
+    """Float32 logits (V,) of the last position of `tokens` (1, T), appended to `cache`.
+
+    A prefill (T > 1) on the PyTorch and MLX backends runs the layers and applies the head to
+    the last row only, as HF's generate does: the head over every prompt position is T x V
+    (for Gemma 3's 262,144 tokens, a 727-token prompt's logits are 762 MB). A target that
+    records its hidden states for an MTP head keeps the full forward."""
+    T = tokens.shape[1]
+    if T > 1 and target.backend in ("torch", "mlx") and not getattr(target, "record_hidden", False):
+        h = target.forward_layers(tokens, cache, 0, target.config.num_layers)
+        return target.head(h[:, -1:])[0, -1]
+    return target.forward(tokens, cache)[0, -1]
+
+
 def pending(cache, seq: list[int]) -> list[int]:
     """Tokens of `seq` the cache has not seen yet (at least the last one, to get its logits)."""
     if cache.offset >= len(seq):
