@@ -32,7 +32,14 @@ def _onnx_mtp_int8(src, out, cfg):
     return quantize_mtp_onnx(src, out, cfg)
 
 
+def _onnx_target(model_dir, out, start, stop, head, quantize):
+    from converters.onnx_target_export import export_target_part
+
+    return export_target_part(model_dir, out, start, stop, head, quantize)
+
+
 register("onnx", _onnx)
+register("onnx-target", _onnx_target)
 register("onnx-ss", _onnx_ss)
 register("onnx-mtp", _onnx_mtp)
 register("onnx-mtp-int8", _onnx_mtp_int8)

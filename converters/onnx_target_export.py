@@ -35,40 +35,9 @@ from pathlib import Path
 
 import torch
 
+from runtime.backends.onnx_target import ACCURACY_LEVEL, QUANTIZE, part_name, recipe  # noqa: F401
 from runtime.backends.torch_ref import load_torch_lm
 from runtime.errors import DuetError
-
-QUANTIZE = ("none", "int4", "int8")
-BLOCK_SIZE = 32
-# MatMulNBits' compute type: 4 = int8 activations (per-block dynamic scale), the fast path. A
-# pair of 4-bit weight x int8 activation products sums to at most 2 * 15 * 128 = 3,840, so no
-# kernel (AVX2 without VNNI sums pairs in a saturating int16, VPMADDUBSW) can clip it. 8-bit
-# weights are never handed to it as such: each is two 4-bit halves (converters/onnx_head_split.py)
-ACCURACY_LEVEL = 4
-
-
-def recipe(quantize: str) -> dict:
-    """What `quantize` means, as stored in the graph's metadata."""
-    if quantize not in QUANTIZE:
-        raise DuetError(f"unknown --quantize {quantize!r}; choose from {', '.join(QUANTIZE)}")
-    if quantize == "none":
-        return {"scheme": "none"}
-    bits = 4 if quantize == "int4" else 8
-    return {"scheme": quantize, "op": "MatMulNBits", "bits": bits, "block_size": BLOCK_SIZE,
-            "symmetric": True, "accuracy_level": ACCURACY_LEVEL, "head_bits": 8,
-            "int8_as": "two 4-bit MatMulNBits (hi/lo nibbles of symmetric int8 blocks)",
-            "grid": bits == 4,  # weights on a GGUF Q4_0/Q4_1 block grid kept exactly
-            "source": "weights on a 4-bit block grid (a GGUF's Q4_0/Q4_1) kept exactly "
-            "(converters/onnx_grid_q4.py); others requantized from the float32 weights",
-            "embedding": "float32"}  # fmt: skip
-
-
-def part_name(start: int, stop: int, num_layers: int, head: bool) -> str:
-    if head and start == 0 and stop == num_layers:
-        return "full"
-    if start == stop and head:
-        return "head"
-    return f"layers.{start}.{stop}"
 
 
 def io_names(start: int, stop: int, head: bool) -> tuple[list[str], list[str]]:

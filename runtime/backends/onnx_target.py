@@ -28,14 +28,42 @@ from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens, default_positions
 
 QUANTIZE = ("int4", "int8", "none")
+BLOCK_SIZE = 32
+# MatMulNBits' compute type: 4 = int8 activations (per-block dynamic scale), the fast path. A
+# pair of 4-bit weight x int8 activation products sums to at most 2 * 15 * 128 = 3,840, so no
+# kernel (AVX2 without VNNI sums pairs in a saturating int16, VPMADDUBSW) can clip it. 8-bit
+# weights are never handed to it as such: each is two 4-bit halves (converters/onnx_head_split.py)
+ACCURACY_LEVEL = 4
+
+
+def recipe(quantize: str) -> dict:
+    """What `quantize` means, as stored in the graph's metadata."""
+    if quantize not in QUANTIZE:
+        raise DuetError(f"unknown --quantize {quantize!r}; choose from {', '.join(QUANTIZE)}")
+    if quantize == "none":
+        return {"scheme": "none"}
+    bits = 4 if quantize == "int4" else 8
+    return {"scheme": quantize, "op": "MatMulNBits", "bits": bits, "block_size": BLOCK_SIZE,
+            "symmetric": True, "accuracy_level": ACCURACY_LEVEL, "head_bits": 8,
+            "int8_as": "two 4-bit MatMulNBits (hi/lo nibbles of symmetric int8 blocks)",
+            "grid": bits == 4,  # weights on a GGUF Q4_0/Q4_1 block grid kept exactly
+            "source": "weights on a 4-bit block grid (a GGUF's Q4_0/Q4_1) kept exactly "
+            "(converters/onnx_grid_q4.py); others requantized from the float32 weights",
+            "embedding": "float32"}  # fmt: skip
+
+
+def part_name(start: int, stop: int, num_layers: int, head: bool) -> str:
+    if head and start == 0 and stop == num_layers:
+        return "full"
+    if start == stop and head:
+        return "head"
+    return f"layers.{start}.{stop}"
 
 
 def part_path(d: Path, quantize: str, name: str) -> Path:
     """Where a part is cached: keyed by the quantization and a hash of its recipe, so a changed
     recipe (block size, accuracy level) exports afresh instead of reusing a stale file."""
     import hashlib
-
-    from converters.onnx_target_export import recipe  # the exporter owns the recipe
 
     tag = hashlib.sha1(json.dumps(recipe(quantize), sort_keys=True).encode()).hexdigest()[:8]
     return Path(d) / ".duet" / f"target-{quantize}-{tag}-{name}.onnx"
@@ -44,14 +72,14 @@ def part_path(d: Path, quantize: str, name: str) -> Path:
 def ensure_part(d: Path, quantize: str, start: int, stop: int, head: bool, n: int) -> Path:
     """The cached graph of one part, exported on first use (made once, redone when older than
     the checkpoint's weights)."""
-    from converters.onnx_target_export import export_target_part, part_name  # the exporter
+    from runtime.backends.exporters import export  # converters/ registers the exporter
 
     out = part_path(d, quantize, part_name(start, stop, n, head))
     weights = list(Path(d).glob("*.safetensors"))
     newest = max((f.stat().st_mtime for f in weights), default=0)
     if not out.is_file() or out.stat().st_mtime < newest:
         try:
-            export_target_part(d, out, start, stop, head, quantize)
+            export("onnx-target", d, out, start, stop, head, quantize, source=d)
         except OSError as e:
             raise DuetError(
                 f"{d}: cannot write the on-the-fly ONNX target export ({e}); build it with "
