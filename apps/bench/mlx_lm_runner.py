@@ -33,8 +33,8 @@ class MlxLmRunner:
 
         from runtime.backends import load_model
 
-        alone = pair.draft is None  # a target alone: mlx-lm's own generate_step, no draft
-        if not alone and (pair.draft_path is None or not Path(pair.draft_path).is_dir()):
+        alone = pair.draft_path is None  # a target alone: mlx-lm's own generate_step, no draft
+        if not alone and not Path(pair.draft_path).is_dir():
             raise DuetError(
                 f"mlx-lm needs the draft as a checkpoint directory (got {pair.draft_path})"
             )
