@@ -4,10 +4,14 @@ A checkpoint dequantized from a Q4_1 GGUF holds, in every block of 32 input chan
 column, w = d q + m with q in [0, 15]. Requantizing those values to symmetric int4 rounds them a
 second time (SmolLM2-135M: 75 % top-1 agreement with float32). Here each block's own (d, m, q) is
 recovered from its min and max and written as
-    y = MatMulNBits(x; q, scale d, zero point 0) + blocksum(x) @ M
-where blocksum(x) sums x over each block of 32 input channels (B, T, K/32) and M (K/32, N) holds
-the blocks' m: exact up to MatMulNBits' int8 activations (SmolLM2: 92.8 % agreement; the layers
-are the GGUF's own, as llama.cpp runs them). The block sums are computed once per input tensor
+    y = MatMulNBits(x; q, scale d) + blocksum(x) @ M
+where MatMulNBits has no zero-point input (its implicit zero point is 8: it computes d (q - 8)),
+blocksum(x) sums x over each block of 32 input channels (B, T, K/32) and M (K/32, N) holds the
+blocks' m + 8 d. The symmetric form on purpose: at accuracy level 4, ONNX Runtime 1.32's kernel
+with an explicit zero point gave a one-token pass and a multi-token pass logits up to 1.07 apart
+on SmolLM2 (greedy sd then differed from ar); without one the two agree exactly, so the target's
+output does not depend on how many tokens a pass verifies. Exact up to MatMulNBits' int8
+activations (SmolLM2: 92.8 % agreement; the layers are the GGUF's own, as llama.cpp runs them). The block sums are computed once per input tensor
 (q|k|v share one). A weight that is not on such a grid is left for the ordinary quantizer.
 """
 
@@ -76,13 +80,14 @@ def keep_grids(model, block: int, accuracy_level: int, skip: set[str]) -> list[s
             g.node.insert(at, r)
             at += 2
             sums[x] = f"{x}.blocksum"
-        zeros = np.zeros(N * (-(-nb // 2)), np.uint8)
+        # the symmetric form (no zero-point input, implicit zero point 8): d (q - 8) + (m + 8 d)
+        shift = (m + 8 * d).T  # (nb, N)
         g.initializer.extend([
             onh.from_array(_pack(q), f"{n}.q"), onh.from_array(d.reshape(-1), f"{n}.d"),
-            onh.from_array(zeros, f"{n}.z"), onh.from_array(np.ascontiguousarray(m.T), f"{n}.m"),
+            onh.from_array(np.ascontiguousarray(shift, dtype=np.float32), f"{n}.m"),
         ])  # fmt: skip
         new = [
-            oh.make_node("MatMulNBits", [x, f"{n}.q", f"{n}.d", f"{n}.z"], [f"{n}.dq"],
+            oh.make_node("MatMulNBits", [x, f"{n}.q", f"{n}.d"], [f"{n}.dq"],
                          name=f"{n}.dq", domain=MS, K=K, N=N, bits=4, block_size=block,
                          accuracy_level=accuracy_level),
             oh.make_node("MatMul", [sums[x], f"{n}.m"], [f"{n}.mm"], name=f"{n}.grid_min"),

@@ -6,9 +6,11 @@ With 4-bit weights a pair of products sums to at most 2 * 15 * 128 (no kernel ca
 8-bit weights could reach 2 * 255 * 127, past the int16 that AVX2 CPUs without VNNI sum pairs
 in (VPMADDUBSW), and the 8-bit fallback paths (levels 0 and 1) were ~400x slower here on the
 head (49,152 x 576: 52 ms against 0.13 ms). So 8-bit weights are written as their high and low
-nibbles: q8 = 16 * hi + lo, hi in [-8, 7] (symmetric 4-bit, scale 16 s) and lo in [0, 15]
-(4-bit with zero point 0, scale s); the two products add to exactly the 8-bit product. Blocks of 32 along the input dimension, s = the
-block's max |w| / 127.
+nibbles: q8 = 16 hi + lo with hi, lo in [-8, 7], each a symmetric 4-bit MatMulNBits (no
+zero-point input: at accuracy level 4 ONNX Runtime 1.32's zero-point kernel answered a one-token
+and a multi-token pass differently), scales 16 s and s; the two products add to exactly the
+8-bit product. Blocks of 32 along the input dimension, s = the block's max |w| / 119 (the
+largest |q8| two such nibbles reach).
 """
 
 from __future__ import annotations
@@ -37,27 +39,25 @@ def split_matmul(model, node_name: str, block: int = 32, accuracy_level: int = 4
     Wp = np.zeros((nb * block, N), np.float32)
     Wp[:K] = W
     Wb = Wp.T.reshape(N, nb, block)
-    s = np.abs(Wb).max(-1) / 127
+    s = np.abs(Wb).max(-1) / 119
     s = np.where(s == 0, 1.0, s).astype(np.float32)
-    q8 = np.clip(np.rint(Wb / s[..., None]), -127, 127).astype(np.int16)
-    hi = np.floor_divide(q8, 16)  # [-8, 7]
-    lo = q8 - 16 * hi  # [0, 15]
+    q8 = np.clip(np.rint(Wb / s[..., None]), -119, 119).astype(np.int16)
+    lo = (q8 + 8) % 16 - 8  # [-8, 7]
+    hi = (q8 - lo) // 16  # [-7, 7]
     a = node.input[0]
     inits = [
         onh.from_array(_pack(hi + 8), f"{node_name}.hi.q"),
         onh.from_array((16 * s).reshape(-1), f"{node_name}.hi.s"),
-        onh.from_array(_pack(lo), f"{node_name}.lo.q"),
+        onh.from_array(_pack(lo + 8), f"{node_name}.lo.q"),
         onh.from_array(s.reshape(-1), f"{node_name}.lo.s"),
-        onh.from_array(np.zeros(N * (-(-nb // 2)), np.uint8), f"{node_name}.lo.z"),
     ]
     attrs = dict(K=K, N=N, bits=4, block_size=block, accuracy_level=accuracy_level)
     y_hi, y_lo = f"{node_name}.hi.y", f"{node_name}.lo.y"
     new = [
         oh.make_node("MatMulNBits", [a, f"{node_name}.hi.q", f"{node_name}.hi.s"], [y_hi],
                      name=f"{node_name}.hi", domain=MS, **attrs),
-        oh.make_node("MatMulNBits", [a, f"{node_name}.lo.q", f"{node_name}.lo.s",
-                                     f"{node_name}.lo.z"], [y_lo], name=f"{node_name}.lo",
-                     domain=MS, **attrs),
+        oh.make_node("MatMulNBits", [a, f"{node_name}.lo.q", f"{node_name}.lo.s"], [y_lo],
+                     name=f"{node_name}.lo", domain=MS, **attrs),
         oh.make_node("Add", [y_hi, y_lo], list(node.output), name=f"{node_name}.add"),
     ]  # fmt: skip
     at = list(g.node).index(node)

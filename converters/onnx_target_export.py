@@ -20,7 +20,9 @@ constant weight (packed q|k|v, o, packed gate|up, down, and the LM head; a tied 
 its own transposed copy of the embedding; the head keeps 8 bits under int4: on SmolLM2 an int4
 head cost 11 points of top-1 agreement, 64 % against 75 %) as ONNX Runtime's MatMulNBits
 (onnxruntime.quantization's MatMulNBitsQuantizer for 4 bits; 8 bits as two 4-bit halves,
-converters/onnx_head_split.py): symmetric blocks of BLOCK_SIZE along the input dimension, requantized from the checkpoint's float32 weights, at the ACCURACY_LEVEL below.
+converters/onnx_head_split.py): symmetric blocks of BLOCK_SIZE along the input dimension,
+requantized from the checkpoint's float32 weights, at the accuracy levels of
+runtime/backends/onnx_target.py (layers 1, head 4: why there).
 Under int4, a weight that already lies on a 4-bit block grid (a checkpoint dequantized from a
 Q4_0/Q4_1 GGUF) keeps its own blocks exactly instead (converters/onnx_grid_q4.py). The
 embedding stays float32 (a Gather reads one row a token). The recipe is stored in the graph's
@@ -35,7 +37,13 @@ from pathlib import Path
 
 import torch
 
-from runtime.backends.onnx_target import ACCURACY_LEVEL, QUANTIZE, part_name, recipe  # noqa: F401
+from runtime.backends.onnx_target import (  # noqa: F401
+    ACCURACY_LEVEL,
+    HEAD_ACCURACY_LEVEL,
+    QUANTIZE,
+    part_name,
+    recipe,
+)
 from runtime.backends.torch_ref import load_torch_lm
 from runtime.errors import DuetError
 
@@ -121,7 +129,8 @@ def _quantize(model, rec: dict):
         consts = {i.name for i in model.graph.initializer}
         eight = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in consts]
     for name in eight:  # fast and unclippable (converters/onnx_head_split.py)
-        split_matmul(model, name, block, ACCURACY_LEVEL)
+        split_matmul(model, name, block,
+                     HEAD_ACCURACY_LEVEL if name == HEAD_NODE else ACCURACY_LEVEL)  # fmt: skip
     return model
 
 

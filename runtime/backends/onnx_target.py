@@ -29,11 +29,15 @@ from runtime.model import causal_mask, check_tokens, default_positions
 
 QUANTIZE = ("int4", "int8", "none")
 BLOCK_SIZE = 32
-# MatMulNBits' compute type: 4 = int8 activations (per-block dynamic scale), the fast path. A
-# pair of 4-bit weight x int8 activation products sums to at most 2 * 15 * 128 = 3,840, so no
-# kernel (AVX2 without VNNI sums pairs in a saturating int16, VPMADDUBSW) can clip it. 8-bit
-# weights are never handed to it as such: each is two 4-bit halves (converters/onnx_head_split.py)
-ACCURACY_LEVEL = 4
+# MatMulNBits' compute types (accuracy levels). The layers run at 1 (float32 compute): at 4
+# (int8 activations) ONNX Runtime 1.32 answered a one-token pass and the last row of a
+# multi-token pass up to 0.5 logits apart on SmolLM2, and greedy sd then left ar's tokens; at 1
+# they agree exactly and a one-token pass costs the same (a 5-token pass costs more). The LM head
+# (49,152 columns) runs at 4, where its passes agree and it is ~5x faster; its 4-bit halves
+# (converters/onnx_head_split.py) sum pairs to at most 2 * 15 * 128, which no kernel (AVX2
+# without VNNI sums pairs in a saturating int16, VPMADDUBSW) can clip.
+ACCURACY_LEVEL = 1
+HEAD_ACCURACY_LEVEL = 4
 
 
 def recipe(quantize: str) -> dict:
@@ -45,6 +49,7 @@ def recipe(quantize: str) -> dict:
     bits = 4 if quantize == "int4" else 8
     return {"scheme": quantize, "op": "MatMulNBits", "bits": bits, "block_size": BLOCK_SIZE,
             "symmetric": True, "accuracy_level": ACCURACY_LEVEL, "head_bits": 8,
+            "head_accuracy_level": HEAD_ACCURACY_LEVEL,
             "int8_as": "two 4-bit MatMulNBits (hi/lo nibbles of symmetric int8 blocks)",
             "grid": bits == 4,  # weights on a GGUF Q4_0/Q4_1 block grid kept exactly
             "source": "weights on a 4-bit block grid (a GGUF's Q4_0/Q4_1) kept exactly "
