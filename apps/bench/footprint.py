@@ -19,6 +19,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from runtime.errors import DuetError, cli_main
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="threads for every runner (default: all cores)")  # fmt: skip
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one runner, print JSON
+    ap.add_argument("--ids-file", help=argparse.SUPPRESS)  # internal: the prompts' token ids
     return ap
 
 
@@ -54,27 +56,28 @@ def _chat_ids(tok, text: str) -> list[int]:
 
 
 def worker(a: argparse.Namespace) -> dict:
-    """Load the target one way, answer every prompt greedily; the figures as a dict."""
+    """Load the target one way, answer every prompt greedily; the figures as a dict. The prompts
+    come tokenized (the parent's --ids-file); each runner holds what its user holds: the model
+    and its tokenizer (Duet's load_pair loads its own, HF's user an AutoTokenizer)."""
     import torch
-    from transformers import AutoTokenizer
 
     from runtime.load import resolve
 
     torch.set_num_threads(a.threads)
     d = resolve(a.target, "target")
-    tok = AutoTokenizer.from_pretrained(str(d))
-    prompts = [_chat_ids(tok, p) for p in PROMPTS]
+    prompts = json.loads(open(a.ids_file).read())
     t0 = time.perf_counter()
     if a.worker == "hf":
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        tok = AutoTokenizer.from_pretrained(str(d))  # noqa: F841 (resident, as for any HF user)
         model = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
         eos = model.generation_config.eos_token_id
 
         def answer(ids, n):
             with torch.inference_mode():
                 y = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
-                                   eos_token_id=eos, pad_token_id=tok.pad_token_id or 0)  # fmt: skip
+                                   eos_token_id=eos, pad_token_id=model.generation_config.pad_token_id or 0)  # fmt: skip
             return y[0, len(ids):].tolist()
     else:
         from runtime.decoding import Sampling, make_steps, stream
@@ -102,9 +105,10 @@ def worker(a: argparse.Namespace) -> dict:
             "tokens": tokens}  # fmt: skip
 
 
-def run_child(a: argparse.Namespace, runner: str) -> dict:
+def run_child(a: argparse.Namespace, runner: str, ids_file: str) -> dict:
     cmd = [sys.executable, "-m", "apps.bench", "footprint", "--target", a.target, "--worker",
-           runner, "--max-tokens", str(a.max_tokens), "--threads", str(a.threads)]  # fmt: skip
+           runner, "--max-tokens", str(a.max_tokens), "--threads", str(a.threads),
+           "--ids-file", ids_file]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     if r.returncode != 0:
@@ -120,11 +124,19 @@ def footprint(a: argparse.Namespace) -> dict:
         raise DuetError(f"--backends: {', '.join(bad)}; choose from torch, mlx")
     if a.rounds < 1:
         raise DuetError(f"--rounds must be at least 1 (got {a.rounds})")
+    from transformers import AutoTokenizer
+
+    from runtime.load import resolve
+
+    tok = AutoTokenizer.from_pretrained(str(resolve(a.target, "target")))
+    ids_file = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    with ids_file:
+        json.dump([_chat_ids(tok, p) for p in PROMPTS], ids_file)
     runs: dict[str, list[dict]] = {r: [] for r in runners}
     for i in range(a.rounds):
         order = runners if i % 2 == 0 else runners[::-1]  # alternate who goes first
         for r in order:
-            res = run_child(a, r)
+            res = run_child(a, r, ids_file.name)
             runs[r].append(res)
             print(f"[round {i + 1}] {r}: {res['tokens_per_s']:.1f} tok/s, peak RSS "
                   f"{res['peak_rss_mb']:.0f} MB, load {res['load_s']:.1f} s", file=sys.stderr)  # fmt: skip
