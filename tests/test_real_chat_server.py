@@ -43,7 +43,7 @@ def test_chat_answers_with_the_template_and_stops_at_eos():
     model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
     with torch.inference_mode():
         y = model.generate(torch.tensor([list(ids)]), max_new_tokens=48, do_sample=False)
-    new = y[0, len(ids):].tolist()
+    new = y[0, len(ids) :].tolist()
     assert tok.eos_token_id in new, "the reference answer should end within 48 tokens"
     want = tok.decode(new[: new.index(tok.eos_token_id)])  # the text before <|im_end|>
     r = chat("smollm2-135m-instruct", QUESTION + "\n")

@@ -52,7 +52,7 @@ def hf_greedy(model, ids: list[int]) -> list[int]:
 
     with torch.inference_mode():
         out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)
-    return out[0, len(ids):].tolist()
+    return out[0, len(ids) :].tolist()
 
 
 def duet(capsys, target, ids, *extra) -> list[int]:
@@ -73,7 +73,11 @@ def test_greedy_ar_equals_hugging_face_generate(real, capsys, kind, backend):
     want = hf_greedy(model, ids)
     got = duet(capsys, name, ids, "--method", "ar", "--target-backend", backend)
     assert got == want, f"{name} {backend} {kind}: first difference at " + str(
-        next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want))))
+        next(
+            (i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
+            min(len(got), len(want)),
+        )
+    )
     assert len(got) == NEW_TOKENS  # the prompts run past 64 tokens: the whole window is compared
 
 

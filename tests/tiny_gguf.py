@@ -12,10 +12,14 @@ import numpy as np
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's q/k row order (convert_hf_to_gguf's `permute`): halves interleaved per head."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
 
 
-def write_llama_gguf(ckpt: Path, out: Path, *, arch: str = "llama", chat_template: str | None = None) -> Path:
+def write_llama_gguf(
+    ckpt: Path, out: Path, *, arch: str = "llama", chat_template: str | None = None
+) -> Path:
     """Write `ckpt` (a tiny llama checkpoint with a byte tokenizer) as an F32 GGUF at `out`.
     `arch` is written as general.architecture as given (a wrong one tests the refusal)."""
     import gguf
@@ -32,7 +36,9 @@ def write_llama_gguf(ckpt: Path, out: Path, *, arch: str = "llama", chat_templat
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(h)
     w.add_head_count_kv(kv)
-    w.add_rope_freq_base(float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))))
+    w.add_rope_freq_base(
+        float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)))
+    )
     w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
     w.add_vocab_size(cfg["vocab_size"])
     w.add_rope_dimension_count(cfg["hidden_size"] // h)

@@ -78,7 +78,7 @@ def worker(a: argparse.Namespace) -> dict:
             with torch.inference_mode():
                 y = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
                                    eos_token_id=eos, pad_token_id=model.generation_config.pad_token_id or 0)  # fmt: skip
-            return y[0, len(ids):].tolist()
+            return y[0, len(ids) :].tolist()
     else:
         from runtime.decoding import Sampling, make_steps, stream
         from runtime.load import load_pair
@@ -93,6 +93,7 @@ def worker(a: argparse.Namespace) -> dict:
             steps = make_steps("ar", pair.target, None, list(ids), max_new=n, sampling=Sampling(),
                                seed=0)  # fmt: skip
             return [t for toks, _ in stream(steps, max_new=n, eos_ids=eos) for t in toks]
+
     load_s = time.perf_counter() - t0
     answer(prompts[0], 8)  # warm-up, untimed
     tokens, t1 = [], time.perf_counter()
@@ -167,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{res['target']}: {res['prompts']} chat prompts x {res['max_tokens']} tokens, greedy, "
           f"{res['threads']} threads, median of {res['rounds']} alternating rounds")  # fmt: skip
-    print(f"{'runner':<12} {'tok/s':>7} {'vs hf':>6} {'peak RSS':>9} {'vs hf':>6} {'load s':>7}  = hf")
+    print(
+        f"{'runner':<12} {'tok/s':>7} {'vs hf':>6} {'peak RSS':>9} {'vs hf':>6} {'load s':>7}  = hf"
+    )
     for r in res["rows"]:
         print(f"{r['runner']:<12} {r['tokens_per_s']:7.1f} {r['tok_s_vs_hf']:5.2f}x "
               f"{r['peak_rss_mb']:7.0f} MB {r['rss_vs_hf']:5.2f}x {r['load_s']:7.1f}  "

@@ -51,7 +51,9 @@ class MlxLmRunner:
         return {
             "mlx_device": str(self.mx.default_device()),
             "gamma": self.gamma if self.draft is not None else None,
-            "draft": "none: mlx_lm generate_step, the target alone" if self.draft is None else "mlx",
+            "draft": "none: mlx_lm generate_step, the target alone"
+            if self.draft is None
+            else "mlx",
             "mlx_lm": importlib.import_module("mlx_lm").__version__,
         }
 
