@@ -10,6 +10,7 @@ callers pass the past keys/values in and get the presents back.
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 from torch import nn
@@ -57,10 +58,28 @@ def rope_inv_freq(cfg: ModelConfig, dim: int | None = None) -> torch.Tensor:
     raise DuetError(f"unsupported rope_type {kind!r} (supported: default, linear, llama3)")
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE. x (B, H, T, D), positions (B, T)."""
+_ROPE = threading.local()  # per thread: id(inv_freq) -> (positions, inv_freq, cos, sin)
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor):
+    """cos, sin (B, 1, T, D/2) of `positions` (B, T), computed once per forward: every layer of a
+    forward gets the same positions tensor, so the angles are reused while both are the same
+    objects (per thread and per RoPE base; identical values, 60 recomputations a step saved)."""
+    memo = getattr(_ROPE, "memo", None)
+    if memo is None:
+        memo = _ROPE.memo = {}
+    hit = memo.get(id(inv_freq))
+    if hit is not None and hit[0] is positions and hit[1] is inv_freq:
+        return hit[2], hit[3]
     ang = positions[:, None, :, None].float() * inv_freq  # (B, 1, T, D/2)
     cos, sin = torch.cos(ang), torch.sin(ang)
+    memo[id(inv_freq)] = (positions, inv_freq, cos, sin)
+    return cos, sin
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE. x (B, H, T, D), positions (B, T)."""
+    cos, sin = rope_cos_sin(positions, inv_freq)
     x1, x2 = x[..., : x.shape[-1] // 2].float(), x[..., x.shape[-1] // 2 :].float()
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
