@@ -68,8 +68,8 @@ def test_builds_a_hybrid_pair_on_the_embedded_vocabulary(pair):
         cfg = json.loads((args.out / name / "config.json").read_text())
         assert cfg["model_type"] == "qwen3_5_text"
         assert set(cfg["layer_types"]) == {"linear_attention", "full_attention"}
-        tok = (args.out / name / "tokenizer.json").read_text()
-        assert tok == (default_pair()[0] / "tokenizer.json").read_text()
+        tok = json.loads((args.out / name / "tokenizer.json").read_text())  # the same tokenizer,
+        assert tok == json.loads((default_pair()[0] / "tokenizer.json").read_text())  # any layout
     assert report["stages"]["target"]["steps"] == 3 and report["stages"]["draft"]["steps"] == 2
     assert report["arch"] == "qwen3_5" and 0 < report["draft_target_flop_ratio"] < 1
     for name in ("target", "draft"):  # our reference read the checkpoint as transformers does
