@@ -50,7 +50,7 @@ def export_onnx_checked(model: str, out: str, tol: float) -> dict:
     from converters.onnx_export import export_onnx
     from converters.onnx_static import set_metadata
     from converters.parity import decode_parity
-    from runtime.backends.onnx_backend import OnnxCausalLM
+    from runtime.backends.onnx_load import load_onnx_lm
     from runtime.backends.torch_backend import TorchCausalLM
     from runtime.ss_checkpoint import is_ss_dir
 
@@ -68,7 +68,7 @@ def export_onnx_checked(model: str, out: str, tol: float) -> dict:
     info = export_onnx(model, out)
     # a hybrid's prompt runs through its prefill graph in chunks: cover two and the tail
     n = 40 if ref.config.is_hybrid else 16
-    par = decode_parity(ref, OnnxCausalLM.load(out, config_dir=model), prompt_len=n)
+    par = decode_parity(ref, load_onnx_lm(out, config_dir=model), prompt_len=n)
     info.update(parity=par, tolerance=tol, ok=par["max_abs"] <= tol)
     set_metadata(out, {"duet.parity": {**par, "tolerance": {"max_abs": tol}, "ok": info["ok"]}})
     return info

@@ -20,28 +20,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from runtime.backends.torch_ref import TorchLM, load_torch_lm
-
-OPSET = 17
-
-
-def io_names(num_layers: int) -> tuple[list[str], list[str]]:
-    """(input names, output names) in graph order."""
-    ins = ["input_ids", "attention_mask", "position_ids"]
-    outs = ["logits"]
-    for i in range(num_layers):
-        ins += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
-        outs += [f"present.{i}.key", f"present.{i}.value"]
-    return ins, outs
-
-
-def padded_causal_mask(input_ids, attention_mask):
-    """The (B, 1, T, S) boolean mask of T new tokens over S positions: causal, and hiding the
-    positions a 2-D padding `attention_mask` (B, S) zeroes (the optimum calling convention)."""
-    T, S = input_ids.shape[1], attention_mask.shape[1]
-    q = torch.arange(T, device=input_ids.device)[:, None] + (S - T)
-    k = torch.arange(S, device=input_ids.device)[None, :]
-    return (k <= q)[None, None] & attention_mask[:, None, None, :].bool()
+from converters.onnx_io import OPSET, io_names, padded_causal_mask
+from runtime.backends.torch_load import load_torch_lm
+from runtime.backends.torch_ref import TorchLM
 
 
 class OnnxGraph(nn.Module):

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from converters.onnx_export import OPSET, padded_causal_mask
+from converters.onnx_io import OPSET, padded_causal_mask
 
 
 def gemma_io_names(num_layers: int) -> tuple[list[str], list[str]]:

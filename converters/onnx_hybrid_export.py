@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from converters.onnx_export import padded_causal_mask
+from converters.onnx_io import padded_causal_mask
 from runtime.backends.onnx_hybrid import DEFAULT_PREFILL, hybrid_io_names, prefill_path
 from runtime.backends.torch_qwen3_5 import LINEAR
 
@@ -73,7 +73,7 @@ def export_hybrid_onnx(lm, out: Path, dtype: torch.dtype = torch.float32,
 
 
 def _trace(lm, out: Path, length: int, dtype: torch.dtype) -> None:
-    from converters.onnx_export import OPSET
+    from converters.onnx_io import OPSET
 
     B, P = 2, 3  # dummy sizes; batch and past are declared dynamic, the length is not
     ids = torch.zeros(B, length, dtype=torch.int64)

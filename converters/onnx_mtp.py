@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from converters.onnx_export import OPSET
+from converters.onnx_io import OPSET
 
 MTP_ONNX_ATOL = 1e-3  # float32 logits, ORT's fused kernels vs PyTorch's
 MTP_INT8_RTOL = 0.05  # int8 weights and activations vs float32, of the largest |logit|

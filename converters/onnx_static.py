@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from converters.onnx_export import OPSET, OnnxGraph, io_names
+from converters.onnx_export import OnnxGraph
+from converters.onnx_io import OPSET, io_names
 from runtime.backends.onnx_static_host import graph_paths
-from runtime.backends.torch_ref import load_torch_lm
+from runtime.backends.torch_load import load_torch_lm
 from runtime.errors import DuetError
 
 DEFAULT_PREFILL = 16

@@ -44,7 +44,7 @@ from runtime.backends.onnx_target import (  # noqa: F401
     part_name,
     recipe,
 )
-from runtime.backends.torch_ref import load_torch_lm
+from runtime.backends.torch_load import load_torch_lm
 from runtime.errors import DuetError
 
 

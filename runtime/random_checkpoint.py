@@ -12,28 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from runtime.random_tokenizer import byte_tokenizer
+
 ARCHS = ("llama", "qwen2", "qwen3")  # attention-only families; HYBRID_ARCHS below
 HYBRID_ARCHS = ("qwen3_5_text", "qwen3_5")  # Gated DeltaNet + gated attention (text, multimodal)
 GEMMA_ARCHS = ("gemma3_text", "gemma3")  # local sliding-window + global layers (random_gemma.py)
-SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-
-
-def byte_tokenizer(vocab_size: int):
-    """A byte-level BPE tokenizer with no merges: 256 bytes + specials, padded to vocab_size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers.pre_tokenizers import ByteLevel
-
-    alphabet = ByteLevel.alphabet()
-    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-    for s in SPECIALS:
-        vocab[s] = len(vocab)
-    while len(vocab) < vocab_size:
-        vocab[f"<|unused{len(vocab)}|>"] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(list(SPECIALS))
-    return tok
 
 
 def make_checkpoint(

@@ -13,7 +13,7 @@ import runtime.decoding.mirror as mirror_mod
 from converters.onnx_hybrid_export import export_hybrid_onnx
 from kernels.topk_channel import encode
 from runtime.backends import load_model
-from runtime.backends.onnx_backend import OnnxCausalLM
+from runtime.backends.onnx_load import load_onnx_lm
 from runtime.backends.torch_backend import TorchCausalLM
 from runtime.decoding import cannot_run, make_steps, run
 from runtime.decoding.events import GREEDY
@@ -34,7 +34,7 @@ def models(tiny_dir, tmp_path_factory):
         "dir": tdir,
         "target": load_model(tdir, "torch", threads=1),
         "torch_near": near,
-        "onnx_near": OnnxCausalLM.load(path, config_dir=tdir),
+        "onnx_near": load_onnx_lm(path, config_dir=tdir),
         "torch_small": load_model(tiny_dir("qwen3_5_text", num_layers=2, seed=2), "torch"),
     }
 

@@ -11,8 +11,8 @@ from converters.__main__ import main as convert
 from converters.onnx_export import export_onnx
 from converters.onnx_hybrid_export import export_hybrid_onnx
 from runtime.backends import load_model
-from runtime.backends.onnx_backend import OnnxCausalLM
 from runtime.backends.onnx_hybrid import OnnxHybridLM, hybrid_io_names
+from runtime.backends.onnx_load import load_onnx_lm
 from runtime.decoding import make_steps, run
 from runtime.decoding.events import GREEDY
 from runtime.errors import DuetError
@@ -40,7 +40,7 @@ def pair(tiny_dir, tmp_path_factory):
         "ddir": ddir,
         "target": load_model(tdir, "torch", threads=1),
         "draft": load_model(out / "draft.onnx"),
-        "near": OnnxCausalLM.load(out / "near.onnx", config_dir=tdir),
+        "near": load_onnx_lm(out / "near.onnx", config_dir=tdir),
         "near_ref": near,
     }
 

@@ -5,7 +5,7 @@ import json
 import onnx
 
 from converters.__main__ import main
-from converters.onnx_export import io_names
+from converters.onnx_io import io_names
 from runtime.backends import load_model
 
 

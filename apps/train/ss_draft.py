@@ -148,7 +148,7 @@ def heldout_agreement(student, teacher, windows: list[np.ndarray]) -> dict:
 
 
 def run(a: argparse.Namespace) -> dict:
-    from runtime.backends.torch_ref import load_torch_lm
+    from runtime.backends.torch_load import load_torch_lm
     from runtime.backends.torch_ss import SSTorchLM, load_ss_module
     from runtime.config import ModelConfig
     from runtime.ss_checkpoint import save_ss_checkpoint

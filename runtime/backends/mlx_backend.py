@@ -83,22 +83,14 @@ class MLXCausalLM:
         self._lm_head = inner.embed_tokens.as_linear if tied else model.lm_head
 
     @classmethod
-    def load(cls, path, dtype: str | None = None, hybrid_rollback: str = "replay") -> MLXCausalLM:
-        """Load a Hugging Face or mlx-community directory with mlx-lm.
+    def load(cls, path, dtype: str | None = None) -> MLXCausalLM:
+        """Load a Llama / Qwen2 / Qwen3 Hugging Face or mlx-community directory with mlx-lm
+        (runtime/backends/mlx_load.py picks the family's class; hybrids and Gemma 3 have theirs).
 
         dtype: None keeps the checkpoint's on a GPU and uses float32 on the CPU
-        (bf16 matmuls are emulated there, and slower). A hybrid Qwen3.5 checkpoint loads as
-        an MLXQwen3_5LM (runtime/backends/mlx_qwen3_5.py) with `hybrid_rollback`.
+        (bf16 matmuls are emulated there, and slower).
         """
         config = ModelConfig.from_dir(path)
-        if config.is_hybrid:
-            from runtime.backends.mlx_qwen3_5 import MLXQwen3_5LM
-
-            return MLXQwen3_5LM.load(path, dtype, hybrid_rollback)
-        if config.model_type == "gemma3_text":  # local + global layers, a sliding-window cache
-            from runtime.backends.mlx_gemma3 import MLXGemma3LM
-
-            return MLXGemma3LM.load(path, dtype)
         raw = config.raw
         overrides = {}
         if "rope_theta" not in raw:  # transformers >= 5 writes rope_parameters instead

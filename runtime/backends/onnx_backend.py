@@ -104,26 +104,13 @@ class OnnxCausalLM:
 
     @classmethod
     def load(cls, onnx_path, config_dir=None, **kw) -> OnnxCausalLM:
-        """Load `onnx_path`. The config comes from `config_dir`, else the `duet.config`
+        """Load a Llama / Qwen2 / Qwen3 export at `onnx_path` (runtime/backends/onnx_load.py
+        picks the family's class). The config comes from `config_dir`, else the `duet.config`
         metadata our exporter embeds, else a config.json beside the file."""
         p = Path(onnx_path)
         if not p.is_file():
             raise DuetError(f"ONNX draft not found: {p}")
-        config = ModelConfig.from_dir(config_dir) if config_dir is not None else _file_config(p)
-        if config.is_hybrid:  # one-token graph with the linear states as I/O
-            from runtime.backends.onnx_hybrid import OnnxHybridLM, prefill_path
-
-            prov, intra, inter = (kw.get("provider", "cpu"), kw.get("intra_threads", 1),
-                                  kw.get("inter_threads", 1))  # fmt: skip
-            pre = prefill_path(p)
-            pre = open_session(pre, prov, intra, inter) if pre.is_file() else None
-            return OnnxHybridLM(open_session(p, prov, intra, inter), config, p, prov,
-                                (intra, inter), pre)  # fmt: skip
-        if config.model_type == "gemma3_text":  # local layers' positions as graph I/O
-            from runtime.backends.onnx_gemma3 import OnnxGemma3LM
-
-            return OnnxGemma3LM(p, config, **kw)
-        return cls(p, config, **kw)
+        return cls(p, onnx_config(p, config_dir), **kw)
 
     def new_cache(self, batch: int = 1) -> ConcatKVCache:
         c = self.config
@@ -162,6 +149,14 @@ class OnnxCausalLM:
 
     def head(self, hidden):
         raise DuetError("the ONNX backend runs whole models only; it has no separate LM head")
+
+
+def onnx_config(path, config_dir=None) -> ModelConfig:
+    """The config of the export at `path`: `config_dir`'s, else the `duet.config` metadata
+    our exporter embeds, else a config.json beside the file."""
+    if config_dir is not None:
+        return ModelConfig.from_dir(config_dir)
+    return _file_config(Path(path))
 
 
 def _file_config(p: Path) -> ModelConfig:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runtime.backends.torch_ref import TorchLM, load_torch_lm
+from runtime.backends.torch_load import load_torch_lm
+from runtime.backends.torch_ref import TorchLM
 from runtime.cache import ConcatKVCache
 from runtime.model import causal_mask, check_tokens, default_positions
 

@@ -138,7 +138,7 @@ def make_ss_checkpoint(
 ) -> Path:
     """An SS checkpoint in `out` from the ordinary checkpoint `src_dir`: its weights, and
     stream embeddings drawn N(0, scale^2) (seeded). dtype: that of the source by default."""
-    from runtime.backends.torch_ref import load_torch_lm
+    from runtime.backends.torch_load import load_torch_lm
 
     if streams < 1:
         raise DuetError(f"--streams must be at least 1 (got {streams})")
