@@ -2,7 +2,8 @@
 block-wise int4 / int8 weights (MatMulNBits).
 
 A target is exported as *parts*, each its own graph (runtime/backends/onnx_target.py runs
-them), built op by op by converters/onnx_target_graph.py:
+them), built op by op by converters/onnx_target_graph.py (Llama, Qwen2, Qwen3) and
+converters/onnx_target_gemma3.py (Gemma 3, whose local layers also read `local_mask`):
   full        layers 0..N-1 + final norm + LM head: ids -> logits, hidden (pre-norm, last layer)
   layers.a.b  layers a..b-1: ids (a == 0) or hidden -> hidden. Mirror-SD's early exit runs
               layers.0.E, the head on its hidden state, then layers.E.N and the head: the
@@ -68,18 +69,25 @@ def export_target_part(model_dir, out, start: int, stop: int, head: bool, quanti
     rec = recipe(quantize)
     lm = lm if lm is not None else load_torch_lm(model_dir, torch.float32)
     cfg = lm.cfg
-    if cfg.is_hybrid or type(lm).__name__ != "TorchLM":
+    family = type(lm).__name__
+    if cfg.is_hybrid or family not in ("TorchLM", "Gemma3LM"):
         raise DuetError(
-            f"{model_dir}: the ONNX target runs Llama, Qwen2 and Qwen3 checkpoints "
+            f"{model_dir}: the ONNX target runs Llama, Qwen2, Qwen3 and Gemma 3 checkpoints "
             f"(got {cfg.model_type}); use --target-backend torch"
         )
     if not (0 <= start <= stop <= cfg.num_layers) or (start == stop and not head):
         raise DuetError(f"layer range [{start}, {stop}) outside 0..{cfg.num_layers}")
-    from converters.onnx_target_graph import build_part
-
     state = lm.state_dict()
     inv_freq = lm.inv_freq.detach().float().numpy()
-    m = build_part(cfg, state, inv_freq, start, stop, head)
+    if family == "Gemma3LM":
+        from converters.onnx_target_gemma3 import build_gemma_part
+
+        ropes = {"global": inv_freq, "local": lm.inv_freq_local.detach().float().numpy()}
+        m = build_gemma_part(cfg, state, ropes, start, stop, head)
+    else:
+        from converters.onnx_target_graph import build_part
+
+        m = build_part(cfg, state, inv_freq, start, stop, head)
     del state
     if quantize != "none":
         m = _quantize(m, rec)

@@ -32,7 +32,7 @@ NEG = float(np.finfo(np.float32).min)
 HEAD_NODE = "lm_head"  # the LM head's MatMul (quantized to its own width)
 
 
-class _G:
+class Graph:
     """A graph under construction: nodes, initializers, unique names."""
 
     def __init__(self):
@@ -50,57 +50,49 @@ class _G:
         return outs[0] if n_out == 1 else outs
 
 
-def _w(state, key) -> np.ndarray:
+def weight(state, key) -> np.ndarray:
     return state[key].detach().float().numpy()
 
 
 def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, head: bool):
     """The ModelProto of layers [start, stop) (+ final norm and LM head when `head`);
     start == stop with `head`: the head alone on `hidden_in`."""
-    g = _G()
+    g = Graph()
     H, KV, D, C = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
     eps = float(cfg.rms_norm_eps)
     ins, outs = [], []
     x_in = "input_ids" if start == 0 and start < stop else "hidden_in"
     if x_in == "input_ids":
         ins.append(oh.make_tensor_value_info(x_in, TP.INT64, ["batch", "seq"]))
-        h = g.op("Gather", [g.init("embed", _w(state, "model.embed_tokens.weight")), x_in])
+        h = g.op("Gather", [g.init("embed", weight(state, "model.embed_tokens.weight")), x_in])
     else:
         ins.append(oh.make_tensor_value_info(x_in, TP.FLOAT, ["batch", "seq", C]))
         h = x_in
     if start < stop:
         ins += [oh.make_tensor_value_info("position_ids", TP.INT64, ["batch", "seq"]),
                 oh.make_tensor_value_info("attention_mask", TP.BOOL, ["batch", "seq", "total"])]  # fmt: skip
-        bias = g.op("Where", ["attention_mask", g.init("zero", np.array(0, np.float32)),
-                              g.init("neg", np.array(NEG, np.float32))])  # fmt: skip
-        bias = g.op("Unsqueeze", [bias, g.init("ax1", np.array([1], np.int64))])
-        total64 = g.op("Shape", ["attention_mask"], start=2, end=3)  # (1,)
-        total = g.op("Cast", [g.op("Squeeze", [total64])], to=TP.INT32)
-        batch = g.op("Shape", ["attention_mask"], start=0, end=1)
-        seqlens = g.op("Cast", [g.op("Expand", [g.op("Sub", [total64, g.init(
-            "one", np.array([1], np.int64))]), batch])], to=TP.INT32)  # fmt: skip
-        pos = np.arange(cfg.max_context, dtype=np.float32)[:, None] * inv_freq[None, :]
-        cos, sin = g.init("cos", np.cos(pos)), g.init("sin", np.sin(pos))
+        bias, seqlens, total = attention_inputs(g, "attention_mask")
+        cos, sin = rope_tables(g, cfg, inv_freq, "")
     resid = None  # the residual stream when the last block's output is still to be added
     for i in range(start, stop):
         p = f"model.layers.{i}."
-        w_in = g.init(f"ln_in.{i}", _w(state, p + "input_layernorm.weight"))
+        w_in = g.init(f"ln_in.{i}", weight(state, p + "input_layernorm.weight"))
         if resid is None:
             xn = g.op("SimplifiedLayerNormalization", [h, w_in], axis=-1, epsilon=eps)
         else:
             xn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [h, resid, w_in], 4,
                                domain=MS, epsilon=eps)  # fmt: skip
         a = p + "self_attn."
-        wqkv = np.concatenate([_w(state, a + f"{n}_proj.weight") for n in "qkv"], 0).T
+        wqkv = np.concatenate([weight(state, a + f"{n}_proj.weight") for n in "qkv"], 0).T
         qkv = g.op("MatMul", [xn, g.init(f"qkv.{i}", wqkv)])
         if cfg.attention_bias:
-            bqkv = np.concatenate([_w(state, a + f"{n}_proj.bias") for n in "qkv"])
+            bqkv = np.concatenate([weight(state, a + f"{n}_proj.bias") for n in "qkv"])
             qkv = g.op("Add", [qkv, g.init(f"qkv_b.{i}", bqkv)])
         split = g.init(f"qkv_split.{i}", np.array([H * D, KV * D, KV * D], np.int64))
         q, k, v = g.op("Split", [qkv, split], 3, axis=-1)
         if cfg.qk_norm:  # Qwen3: RMSNorm over each head's D channels, before RoPE
-            q = _head_norm(g, q, H, D, g.init(f"qn.{i}", _w(state, a + "q_norm.weight")), eps)
-            k = _head_norm(g, k, KV, D, g.init(f"kn.{i}", _w(state, a + "k_norm.weight")), eps)
+            q = head_norm(g, q, H, D, g.init(f"qn.{i}", weight(state, a + "q_norm.weight")), eps)
+            k = head_norm(g, k, KV, D, g.init(f"kn.{i}", weight(state, a + "k_norm.weight")), eps)
         q = g.op("RotaryEmbedding", [q, "position_ids", cos, sin], domain=MS, num_heads=H)
         k = g.op("RotaryEmbedding", [k, "position_ids", cos, sin], domain=MS, num_heads=KV)
         ins += [oh.make_tensor_value_info(f"past.{i}.{n}", TP.FLOAT, ["batch", KV, "past", D])
@@ -109,32 +101,58 @@ def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, he
                            seqlens, total, "", "", "", bias], 3, domain=MS, num_heads=H,
                            kv_num_heads=KV, scale=float(D) ** -0.5)  # fmt: skip
         outs += [(pk, f"present.{i}.key"), (pv, f"present.{i}.value")]
-        o = g.op("MatMul", [att, g.init(f"o.{i}", _w(state, a + "o_proj.weight").T)])
-        w_post = g.init(f"ln_post.{i}", _w(state, p + "post_attention_layernorm.weight"))
+        o = g.op("MatMul", [att, g.init(f"o.{i}", weight(state, a + "o_proj.weight").T)])
+        w_post = g.init(f"ln_post.{i}", weight(state, p + "post_attention_layernorm.weight"))
         xn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [o, h, w_post], 4, domain=MS,
                            epsilon=eps)  # fmt: skip
         m = p + "mlp."
-        wgu = np.concatenate([_w(state, m + "gate_proj.weight"), _w(state, m + "up_proj.weight")])
+        wgu = np.concatenate([weight(state, m + f"{n}_proj.weight") for n in ("gate", "up")])
         gu = g.op("MatMul", [xn, g.init(f"gu.{i}", wgu.T)])
         gu_split = g.init(f"gu_split.{i}", np.array([cfg.intermediate_size] * 2, np.int64))
         gate, up = g.op("Split", [gu, gu_split], 2, axis=-1)
         act = g.op("Mul", [g.op("QuickGelu", [gate], domain=MS, alpha=1.0), up])
-        resid = g.op("MatMul", [act, g.init(f"down.{i}", _w(state, m + "down_proj.weight").T)])
+        resid = g.op("MatMul", [act, g.init(f"down.{i}", weight(state, m + "down_proj.weight").T)])
     if head:
-        wn = g.init("norm", _w(state, "model.norm.weight"))
+        wn = g.init("norm", weight(state, "model.norm.weight"))
         if resid is None:
             hn = g.op("SimplifiedLayerNormalization", [h, wn], axis=-1, epsilon=eps)
         else:
             hn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [resid, h, wn], 4, domain=MS,
                                epsilon=eps)  # fmt: skip
         key = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-        logits = g.op("MatMul", [hn, g.init("lm_head", _w(state, key).T)], node=HEAD_NODE)
+        logits = g.op("MatMul", [hn, g.init("lm_head", weight(state, key).T)], node=HEAD_NODE)
         outs.insert(0, (logits, "logits"))
         if start < stop:
             outs.insert(1, (h, "hidden"))
     else:
         outs.insert(0, (g.op("Add", [resid, h]), "hidden"))
-    for src, name in outs:  # graph outputs get their public names through Identity
+    return finish(g, ins, outs)
+
+
+def attention_inputs(g: Graph, mask: str) -> tuple[str, str, str]:
+    """GroupQueryAttention's (attention_bias (B, 1, T, S): 0 / float32 min, seqlens_k (B,)
+    int32 = S - 1, total_sequence_length int32 = S) from a bool mask input (B, T, S)."""
+    t = g.n
+    bias = g.op("Where", [mask, g.init(f"zero_{t}", np.array(0, np.float32)),
+                          g.init(f"neg_{t}", np.array(NEG, np.float32))])  # fmt: skip
+    bias = g.op("Unsqueeze", [bias, g.init(f"ax1_{t}", np.array([1], np.int64))])
+    total64 = g.op("Shape", [mask], start=2, end=3)  # (1,)
+    total = g.op("Cast", [g.op("Squeeze", [total64])], to=TP.INT32)
+    batch = g.op("Shape", [mask], start=0, end=1)
+    seqlens = g.op("Cast", [g.op("Expand", [g.op("Sub", [total64, g.init(
+        f"one_{t}", np.array([1], np.int64))]), batch])], to=TP.INT32)  # fmt: skip
+    return bias, seqlens, total
+
+
+def rope_tables(g: Graph, cfg, inv_freq: np.ndarray, tag: str) -> tuple[str, str]:
+    """RotaryEmbedding's cos and sin caches (max_context, D / 2) for one RoPE base."""
+    pos = np.arange(cfg.max_context, dtype=np.float32)[:, None] * inv_freq[None, :]
+    return g.init(f"cos{tag}", np.cos(pos)), g.init(f"sin{tag}", np.sin(pos))
+
+
+def finish(g: Graph, ins: list, outs: list[tuple[str, str]]):
+    """The ModelProto: graph outputs get their public names through Identity nodes."""
+    for src, name in outs:
         g.nodes.append(oh.make_node("Identity", [src], [name], name=f"out_{name}"))
     out_info = [oh.make_tensor_value_info(name, TP.FLOAT, None) for _, name in outs]
     graph = oh.make_graph(g.nodes, "duet_target", ins, out_info, g.inits)
@@ -142,7 +160,7 @@ def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, he
                          ir_version=9)  # fmt: skip
 
 
-def _head_norm(g: _G, x: str, heads: int, d: int, w: str, eps: float) -> str:
+def head_norm(g: Graph, x: str, heads: int, d: int, w: str, eps: float) -> str:
     """RMSNorm over the last D channels of (B, T, heads * D)."""
     shape = g.op("Shape", [x])
     y = g.op("Reshape", [x, g.init(f"hd_shape_{g.n}", np.array([0, 0, heads, d], np.int64))])

@@ -9,7 +9,9 @@ the cached file. Positions and a boolean mask (B, T, past + T) are inputs of eve
 causal windows, tree masks and branch rows all run; rollback moves the host cache's offset
 (runtime/cache.py), as on the other backends. Layer ranges (Mirror-SD's early exit) run the
 `layers.0.E` part, `head` on its hidden state, then `layers.E.N` and `head`: hidden states
-stay NumPy between parts.
+stay NumPy between parts. Gemma 3's local layers hold only their window and a slack
+(runtime/sliding_cache.py): their graphs read `local_mask`, which the host builds from the
+mask and the held columns' positions, and the host keeps those positions for the cache.
 
 Threads: `intra_threads` ONNX Runtime intra-op threads for every part (runtime/load.py gives
 the target all the cores a draft leaves, both of two for the draft-free methods).
@@ -26,6 +28,7 @@ from runtime.cache import ConcatKVCache
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens, default_positions
+from runtime.sliding_cache import SlidingKVCache
 
 QUANTIZE = ("int4", "int8", "none")
 BLOCK_SIZE = 32
@@ -106,11 +109,12 @@ class OnnxTargetLM:
             raise DuetError(f"unknown --quantize {quantize!r}; choose from {', '.join(QUANTIZE)}")
         self.dir = Path(ckpt_dir)
         self.config = ModelConfig.from_dir(self.dir)
-        if self.config.is_hybrid or any(getattr(self.config, "sliding", None) or ()):
+        if self.config.is_hybrid:
             raise DuetError(
-                f"{self.dir}: the ONNX target runs Llama, Qwen2 and Qwen3 checkpoints "
+                f"{self.dir}: the ONNX target runs Llama, Qwen2, Qwen3 and Gemma 3 checkpoints "
                 f"(got {self.config.model_type}); use --target-backend torch"
             )
+        self.sliding = tuple(getattr(self.config, "sliding", None) or ())  # Gemma 3's local layers
         self.quantize, self.provider, self.threads = quantize, provider, intra_threads
         self._sessions: dict[tuple, object] = {}
         self.session = self._part(0, self.config.num_layers, True)  # exported/opened at load
@@ -132,11 +136,28 @@ class OnnxTargetLM:
         s, _ = self._part(0, self.config.num_layers, True)
         return json.loads(s.get_modelmeta().custom_metadata_map.get("duet.quantization", "{}"))
 
-    def new_cache(self, batch: int = 1) -> ConcatKVCache:
+    def new_cache(self, batch: int = 1):
         c = self.config
-        return ConcatKVCache(
-            c.num_layers, batch, lambda b: np.zeros((b, c.num_kv_heads, 0, c.head_dim), np.float32)
-        )
+        empty = lambda b: np.zeros((b, c.num_kv_heads, 0, c.head_dim), np.float32)  # noqa: E731
+        if any(self.sliding):  # Gemma 3: local layers keep their window (runtime/sliding_cache.py)
+            return SlidingKVCache(self.sliding, c.sliding_window, batch, empty,
+                                  lambda b: np.zeros((b, 0), np.int64))  # fmt: skip
+        return ConcatKVCache(c.num_layers, batch, empty)
+
+    def _local_mask(self, cache, start: int, stop: int, pos, m):
+        """The local layers' mask over their held columns (B, T, held + T) and those columns'
+        positions (B, held + T): the last held + T columns of `m`, keys within the window."""
+        local = [i for i in range(start, stop) if self.sliding[i]]
+        if not local:
+            return None, None
+        held = [cache.get(i)[2] for i in local]
+        if any(h.shape != held[0].shape or (h != held[0]).any() for h in held[1:]):
+            raise DuetError("sliding-window cache: local layers out of step in one forward")
+        key_pos = np.concatenate([np.broadcast_to(held[0], (pos.shape[0], held[0].shape[1])),
+                                  pos], axis=1)  # fmt: skip
+        S = key_pos.shape[1]
+        near = key_pos[:, None, :] > pos[:, :, None] - self.config.sliding_window
+        return np.ascontiguousarray(m[..., -S:] & near), key_pos
 
     def _run(self, x, cache, start: int, stop: int, head: bool, positions, mask):
         B, T = x.shape[:2]
@@ -145,7 +166,8 @@ class OnnxTargetLM:
         pos = np.ascontiguousarray(np.broadcast_to(pos, (B, T)), dtype=np.int64)
         m = causal_mask(off, T) if mask is None else np.asarray(mask, dtype=bool)
         m = np.ascontiguousarray(np.broadcast_to(m, (B, T, off + T)))
-        past = [cache.get(i) for i in range(start, stop)]
+        past = [cache.get(i)[:2] for i in range(start, stop)]
+        lm, key_pos = self._local_mask(cache, start, stop, pos, m) if self.sliding else (None,) * 2
         session, outs = self._part(start, stop, head)
         # GroupQueryAttention's CPU kernel runs a multi-token window over a past one row at a
         # time: such a batch (branch rows verified together) runs row by row
@@ -154,6 +176,8 @@ class OnnxTargetLM:
         for r in rows:
             feed = {"input_ids" if start == 0 else "hidden_in": x[r], "position_ids": pos[r],
                     "attention_mask": m[r]}  # fmt: skip
+            if lm is not None:
+                feed["local_mask"] = lm[r]
             for i, (k, v) in zip(range(start, stop), past, strict=True):
                 feed[f"past.{i}.key"] = np.ascontiguousarray(k[r])
                 feed[f"past.{i}.value"] = np.ascontiguousarray(v[r])
@@ -163,7 +187,8 @@ class OnnxTargetLM:
         )
         first = 2 if head else 1
         for j, i in enumerate(range(start, stop)):
-            cache.put(i, res[first + 2 * j], res[first + 2 * j + 1])
+            kv = (res[first + 2 * j], res[first + 2 * j + 1])
+            cache.put(i, *kv, key_pos) if self.sliding and self.sliding[i] else cache.put(i, *kv)
         return res[:first]
 
     def forward(self, tokens, cache, *, positions=None, mask=None) -> np.ndarray:

@@ -1,0 +1,138 @@
+"""The ONNX target graph of a Gemma 3 checkpoint, op by op (the Llama family's is
+converters/onnx_target_graph.py, whose fused ops and I/O it shares).
+
+What Gemma adds, against runtime/backends/torch_gemma3.py (the reference):
+- local sliding-window layers beside global ones, each kind with its own RoPE tables. A local
+  layer holds only its window and a slack (runtime/sliding_cache.py), so its past is shorter
+  than a global layer's; it reads `local_mask` (B, T, held + T) bool, which the host builds as
+  the last held + T columns of attention_mask and keys within (p - window, p] of a query at p
+  (key positions are columns' positions, not columns: tree nodes and branch holes stay right);
+- q/k RMSNorm before RoPE, RMSNorm before and after attention and the MLP, every one Gemma's
+  x / rms(x) * (1 + w): SimplifiedLayerNormalization with the weight 1 + w, in float32;
+- the embedding times sqrt(hidden), a GELU-tanh gated MLP (com.microsoft FastGelu; exact GELU
+  where the config says `gelu`), attention scaled by query_pre_attn_scalar^-1/2, and the
+  final logits soft-capped (cap * tanh(x / cap)) where the config sets a cap.
+Per layer: the residual add rides on SkipSimplifiedLayerNormalization twice (before attention
+with the previous MLP's normed output, before the MLP with the normed attention output).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from onnx import TensorProto as TP
+from onnx import helper as oh
+
+from converters.onnx_target_graph import (
+    HEAD_NODE,
+    MS,
+    Graph,
+    attention_inputs,
+    finish,
+    head_norm,
+    rope_tables,
+    weight,
+)
+
+
+def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head: bool):
+    """The ModelProto of Gemma 3 layers [start, stop) (+ final norm, LM head and soft-cap
+    when `head`); ropes = {"global": inv_freq, "local": inv_freq} (D / 2,) each."""
+    g = Graph()
+    H, KV, D, C = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
+    eps = float(cfg.rms_norm_eps)
+    sliding = cfg.sliding[start:stop]
+
+    def norm_w(name: str, key: str) -> str:  # Gemma's (1 + w), folded into the weight
+        return g.init(name, 1.0 + weight(state, key))
+
+    ins, outs = [], []
+    x_in = "input_ids" if start == 0 and start < stop else "hidden_in"
+    if x_in == "input_ids":
+        ins.append(oh.make_tensor_value_info(x_in, TP.INT64, ["batch", "seq"]))
+        embed = g.op("Gather", [g.init("embed", weight(state, "model.embed_tokens.weight")), x_in])
+        scale = np.array(math.sqrt(C), np.float32)  # rounded to the weights' dtype, as HF does
+        h = g.op("Mul", [embed, g.init("embed_scale", scale)])
+    else:
+        ins.append(oh.make_tensor_value_info(x_in, TP.FLOAT, ["batch", "seq", C]))
+        h = x_in
+    att_in = {}  # kind -> (bias, seqlens, total, cos, sin)
+    if start < stop:
+        ins += [oh.make_tensor_value_info("position_ids", TP.INT64, ["batch", "seq"]),
+                oh.make_tensor_value_info("attention_mask", TP.BOOL, ["batch", "seq", "total"])]  # fmt: skip
+        if not all(sliding):
+            att_in[False] = (*attention_inputs(g, "attention_mask"),
+                             *rope_tables(g, cfg, ropes["global"], ""))  # fmt: skip
+        if any(sliding):
+            ins.append(oh.make_tensor_value_info("local_mask", TP.BOOL, ["batch", "seq", "held"]))
+            att_in[True] = (*attention_inputs(g, "local_mask"),
+                            *rope_tables(g, cfg, ropes["local"], "_local"))  # fmt: skip
+    act_op = ("Gelu", {}) if cfg.hidden_activation == "gelu" else ("FastGelu", {})
+    resid = None  # the last block's normed MLP output, still to be added to h
+    for i, local in zip(range(start, stop), sliding, strict=True):
+        p = f"model.layers.{i}."
+        w_in = norm_w(f"ln_in.{i}", p + "input_layernorm.weight")
+        if resid is None:
+            xn = g.op("SimplifiedLayerNormalization", [h, w_in], axis=-1, epsilon=eps)
+        else:
+            xn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [resid, h, w_in], 4,
+                               domain=MS, epsilon=eps)  # fmt: skip
+        a = p + "self_attn."
+        wqkv = np.concatenate([weight(state, a + f"{n}_proj.weight") for n in "qkv"], 0).T
+        qkv = g.op("MatMul", [xn, g.init(f"qkv.{i}", wqkv)])
+        if cfg.attention_bias:
+            bqkv = np.concatenate([weight(state, a + f"{n}_proj.bias") for n in "qkv"])
+            qkv = g.op("Add", [qkv, g.init(f"qkv_b.{i}", bqkv)])
+        split = g.init(f"qkv_split.{i}", np.array([H * D, KV * D, KV * D], np.int64))
+        q, k, v = g.op("Split", [qkv, split], 3, axis=-1)
+        q = head_norm(g, q, H, D, norm_w(f"qn.{i}", a + "q_norm.weight"), eps)
+        k = head_norm(g, k, KV, D, norm_w(f"kn.{i}", a + "k_norm.weight"), eps)
+        bias, seqlens, total, cos, sin = att_in[local]
+        q = g.op("RotaryEmbedding", [q, "position_ids", cos, sin], domain=MS, num_heads=H)
+        k = g.op("RotaryEmbedding", [k, "position_ids", cos, sin], domain=MS, num_heads=KV)
+        past = ["batch", KV, "held" if local else "past", D]
+        ins += [oh.make_tensor_value_info(f"past.{i}.{n}", TP.FLOAT, past)
+                for n in ("key", "value")]  # fmt: skip
+        att, pk, pv = g.op("GroupQueryAttention", [q, k, v, f"past.{i}.key", f"past.{i}.value",
+                           seqlens, total, "", "", "", bias], 3, domain=MS, num_heads=H,
+                           kv_num_heads=KV,
+                           scale=float(cfg.query_pre_attn_scalar) ** -0.5)  # fmt: skip
+        outs += [(pk, f"present.{i}.key"), (pv, f"present.{i}.value")]
+        o = g.op("MatMul", [att, g.init(f"o.{i}", weight(state, a + "o_proj.weight").T)])
+        on = g.op("SimplifiedLayerNormalization",
+                  [o, norm_w(f"ln_post.{i}", p + "post_attention_layernorm.weight")],
+                  axis=-1, epsilon=eps)  # fmt: skip
+        xn, _, _, h = g.op("SkipSimplifiedLayerNormalization",
+                           [on, h, norm_w(f"ln_pre_ff.{i}", p + "pre_feedforward_layernorm.weight")],
+                           4, domain=MS, epsilon=eps)  # fmt: skip
+        m = p + "mlp."
+        wgu = np.concatenate([weight(state, m + "gate_proj.weight"),
+                              weight(state, m + "up_proj.weight")])  # fmt: skip
+        gu = g.op("MatMul", [xn, g.init(f"gu.{i}", wgu.T)])
+        gu_split = g.init(f"gu_split.{i}", np.array([cfg.intermediate_size] * 2, np.int64))
+        gate, up = g.op("Split", [gu, gu_split], 2, axis=-1)
+        act = g.op("Mul", [g.op(act_op[0], [gate], domain=MS, **act_op[1]), up])
+        down = g.op("MatMul", [act, g.init(f"down.{i}", weight(state, m + "down_proj.weight").T)])
+        resid = g.op("SimplifiedLayerNormalization",
+                     [down, norm_w(f"ln_post_ff.{i}", p + "post_feedforward_layernorm.weight")],
+                     axis=-1, epsilon=eps)  # fmt: skip
+    if head:
+        wn = norm_w("norm", "model.norm.weight")
+        if resid is None:
+            hn = g.op("SimplifiedLayerNormalization", [h, wn], axis=-1, epsilon=eps)
+        else:
+            hn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [resid, h, wn], 4, domain=MS,
+                               epsilon=eps)  # fmt: skip
+        key = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+        logits = g.op("MatMul", [hn, g.init("lm_head", weight(state, key).T)], node=HEAD_NODE)
+        cap = float(cfg.final_logit_softcapping or 0.0)
+        if cap:  # cap * tanh(x / cap)
+            c = g.init("softcap", np.array(cap, np.float32))
+            logits = g.op("Mul", [g.op("Tanh", [g.op("Div", [logits, c])]), c])
+        outs.insert(0, (logits, "logits"))
+        if start < stop:
+            outs.insert(1, (h, "hidden"))
+    else:
+        outs.insert(0, (g.op("Add", [resid, h]), "hidden"))
+    return finish(g, ins, outs)

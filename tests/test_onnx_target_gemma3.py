@@ -1,0 +1,107 @@
+"""Gemma 3 on the ONNX target (runtime/backends/onnx_target.py, converters/onnx_target_gemma3.py):
+the float32 graph equals the PyTorch reference within TOL past the sliding window (tied, and
+untied with a logit soft-cap), over layer ranges, with a tree mask committed by compact and with
+branch rows; local layers drop keys as the reference's cache does; rollback equals a fresh
+prefill; an int4 target's greedy sd, tree and mirror equal its own ar."""
+
+import numpy as np
+import pytest
+from test_onnx_target import TOL
+
+import runtime.sliding_cache as sliding_cache
+from runtime.backends import load_model
+from runtime.backends.onnx_target import OnnxTargetLM
+from runtime.decoding import Sampling, make_steps, run
+
+WINDOW, SLACK = 8, 12  # the tiny checkpoints' window; the slack lowered so short runs drop keys
+PROMPT = [int(t) for t in np.random.default_rng(1).integers(0, 320, 24)]  # > window + slack
+
+
+@pytest.fixture(autouse=True)
+def small_slack(monkeypatch):
+    monkeypatch.setattr(sliding_cache, "SLACK", SLACK)
+
+
+def _pair(tiny_dir, variant="untied", quantize="none"):
+    kw = {"softcap": 3.0} if variant == "softcap_untied" else {}
+    d = tiny_dir("gemma3_text", num_layers=4, tie_word_embeddings=variant == "tied", **kw)
+    return OnnxTargetLM(d, quantize, intra_threads=1), load_model(d, "torch", threads=1)
+
+
+def _close(a, b):
+    assert np.abs(np.asarray(a) - np.asarray(b)).max() < TOL
+
+
+@pytest.mark.parametrize("variant", ["tied", "softcap_untied"])
+def test_float32_logits_equal_the_reference_past_the_window(tiny_dir, variant):
+    lm, ref = _pair(tiny_dir, variant)
+    ids = np.random.default_rng(0).integers(0, 320, (2, 36))
+    co, cr = lm.new_cache(batch=2), ref.new_cache(batch=2)
+    _close(lm.forward(ids[:, :20], co), ref.forward(ids[:, :20], cr))  # prefill
+    for t in range(20, 30):  # one token at a time, past window + slack
+        _close(lm.forward(ids[:, t : t + 1], co), ref.forward(ids[:, t : t + 1], cr))
+    assert [co.held(i) for i in range(4)] == [cr.held(i) for i in range(4)]
+    assert [co.held(i) for i in range(4)] == [WINDOW + SLACK] * 2 + [30, WINDOW + SLACK]
+    _close(lm.forward(ids[:, 30:33], co), ref.forward(ids[:, 30:33], cr))  # a window
+    # a layer range, the head on its hidden state, then the rest (Mirror-SD's early exit)
+    x = ids[:, 33:36]
+    ho, hr = lm.forward_layers(x, co, 0, 2), ref.forward_layers(x, cr, 0, 2)
+    _close(lm.head(ho), ref.head(hr))
+    ho, hr = lm.forward_layers(ho, co, 2, 4), ref.forward_layers(hr, cr, 2, 4)
+    _close(lm.head(ho), ref.head(hr))
+    assert co.offset == cr.offset == 36
+
+
+def test_tree_mask_and_branch_rows_equal_the_reference(tiny_dir):
+    lm, ref = _pair(tiny_dir)
+    co, cr = lm.new_cache(), ref.new_cache()
+    _close(lm.forward(np.array([PROMPT]), co), ref.forward(np.array([PROMPT]), cr))
+    o = co.offset
+    # tree: root 0 with children 1, 2; node 3 under 2 (positions o, o+1, o+1, o+2)
+    pos = np.array([[o, o + 1, o + 1, o + 2]])
+    mask = np.ones((1, 4, o + 4), bool)
+    mask[0, :, o:] = [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]]
+    toks = np.array([[50, 60, 70, 80]])
+    _close(lm.forward(toks, co, positions=pos, mask=mask),
+           ref.forward(toks, cr, positions=pos, mask=mask))  # fmt: skip
+    co.compact(o, [o, o + 2, o + 3]), cr.compact(o, [o, o + 2, o + 3])
+    _close(lm.forward(np.array([[90]]), co), ref.forward(np.array([[90]]), cr))
+    # branch rows: row 1 replaces the last token (a hole), its positions one behind its columns
+    bo, br = co.fork([0, 0]), cr.fork([0, 0])
+    base = bo.offset
+    for n in (1, 2):  # one token, then a two-token window over the past (run row by row)
+        off = bo.offset
+        mk = np.tril(np.ones((n, off + n), bool), off)[None].repeat(2, 0)
+        mk[1, :, base - 1] = False
+        pos = np.array([[off + j for j in range(n)], [off - 1 + j for j in range(n)]])
+        toks = np.array([[100 + j for j in range(n)], [110 + j for j in range(n)]])
+        _close(lm.forward(toks, bo, mask=mk, positions=pos),
+               ref.forward(toks, br, mask=mk, positions=pos))  # fmt: skip
+
+
+def test_rollback_after_rejection_equals_a_fresh_prefill(tiny_dir):
+    lm, _ = _pair(tiny_dir)
+    seq = PROMPT + [5, 6, 7]
+    c = lm.new_cache()
+    lm.forward(np.array([seq]), c)
+    lm.forward(np.array([[1, 2, 3, 4]]), c)  # a window, then 3 of its 4 tokens rejected
+    assert c.trim(3) == 3 and c.resets == 0
+    got = lm.forward(np.array([[60, 61]]), c)
+    fresh = lm.forward(np.array([seq + [1, 60, 61]]), lm.new_cache())
+    _close(got, fresh[:, -2:])
+
+
+def _gen(method, target, draft, n=24, **kw):
+    steps = make_steps(method, target, draft, PROMPT, max_new=n, sampling=Sampling(), seed=0,
+                       **kw)  # fmt: skip
+    return run(steps, max_new=n).tokens
+
+
+def test_int4_target_sd_tree_and_mirror_equal_its_own_ar(tiny_dir):
+    target, _ = _pair(tiny_dir, quantize="int4")
+    assert target.quantization["scheme"] == "int4"
+    draft = load_model(tiny_dir("gemma3_text", num_layers=1, hidden_size=32, seed=7), "torch")
+    ref = _gen("ar", target, None)
+    assert _gen("sd", target, draft, gamma=3) == ref
+    assert _gen("tree", target, draft) == ref
+    assert _gen("mirror", target, draft, gamma=3, exit_layer=2) == ref
