@@ -2,7 +2,7 @@
 
 list [--json]                         the shipped profiles, each with its figures' sources
 show NAME|FILE [--json]               one profile, as written (TOML) or parsed (JSON)
-calibrate --out FILE [--model DIR | --target DIR --draft DIR] [--target-backend B]
+calibrate --out FILE [--model DIR | --target DIR --draft DIR] [--target-backend B [--quantize Q]]
           [--draft-backend B] [--k-max K] [--repeats R] [--name NAME]
                                       measure this machine, fit the latency parameters, write a profile
 latency --profile NAME --link 5g|4g|wifi-weak [--gamma-hat G] [--k-max K]
@@ -39,7 +39,8 @@ def list_profiles() -> list[dict]:
             "description": p.description,
             "kind": p.kind,
             "draft": f"{p.draft.backend}/{p.draft.provider}",
-            "target": f"{p.target.backend}/{p.target.provider}",
+            "target": f"{p.target.backend}/{p.target.provider}"
+            + (f" {p.target.quantize}" if p.target.quantize != "none" else ""),
             "bandwidth_gb_s": p.bandwidth.value * p.count.value,
             "sources": p.sources(),
         }
@@ -129,6 +130,7 @@ def calibrate(
     draft: str | None = None,
     target_backend: str = "mlx",
     draft_backend: str = "mlx",
+    quantize: str = "int4",
     k_max: int = 8,
     repeats: int = 5,
     name: str | None = None,
@@ -170,7 +172,12 @@ def calibrate(
                 seed=1,
                 **tiny,
             )
-        tgt = load_model(target_dir, target_backend)
+        if target_backend == "onnx":  # the ONNX Runtime target, its weights `quantize`d
+            from runtime.backends.onnx_target import OnnxTargetLM
+
+            tgt = OnnxTargetLM(target_dir, quantize)
+        else:
+            tgt = load_model(target_dir, target_backend)
         drf = load_model(draft_dir, draft_backend)
         cal = run_calibration(tgt, drf, k_max=k_max, repeats=repeats, progress=progress)
     provider = {"mlx": _mlx_device(), "onnx": "cpu", "torch": "cpu", "coreml": "all"}
@@ -183,6 +190,7 @@ def calibrate(
         draft_backend=draft_backend,
         target_provider=provider[target_backend],
         draft_provider=provider[draft_backend],
+        target_quantize=quantize if target_backend == "onnx" else "none",
     )
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if out_path.suffix == ".json":
@@ -260,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--model", help="one checkpoint directory used as both target and draft")
     s.add_argument("--target", help="target checkpoint directory")
     s.add_argument("--draft", help="draft checkpoint directory")
-    s.add_argument("--target-backend", default="mlx", choices=("mlx", "torch"))
+    s.add_argument("--target-backend", default="mlx", choices=("mlx", "torch", "onnx"))
+    s.add_argument("--quantize", default="int4", choices=("int4", "int8", "none"),
+                   help="the ONNX target's weights (--target-backend onnx)")  # fmt: skip
     s.add_argument("--draft-backend", default="mlx", choices=("mlx", "torch", "onnx"))
     s.add_argument("--k-max", type=int, default=8)
     s.add_argument("--repeats", type=int, default=5)
@@ -310,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             draft=a.draft,
             target_backend=a.target_backend,
             draft_backend=a.draft_backend,
+            quantize=a.quantize,
             k_max=a.k_max,
             repeats=a.repeats,
             name=a.name,

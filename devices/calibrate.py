@@ -243,6 +243,7 @@ def to_profile(
     draft_backend: str,
     target_provider: str,
     draft_provider: str,
+    target_quantize: str = "none",
 ) -> dict:
     """A profile dict (devices/profile.py schema) whose figures all say 'calibrated on <host>'."""
     host = host_description()
@@ -258,7 +259,8 @@ def to_profile(
     ks = f"K = {min(cal.draft)}..{max(cal.draft)}"
     return {
         "name": name,
-        "description": f"this machine, {host}; target {target_desc} on {target_backend}/{target_provider}, "
+        "description": f"this machine, {host}; target {target_desc} on {target_backend}/{target_provider}"
+        f"{' ' + target_quantize if target_quantize != 'none' else ''}, "
         f"draft {draft_desc} on {draft_backend}/{draft_provider} (default backend threads)",
         "kind": "host",
         "memory": {
@@ -274,7 +276,8 @@ def to_profile(
             }
         },
         "draft": {"accelerator": "cpu", "backend": draft_backend, "provider": draft_provider},
-        "target": {"accelerator": "cpu", "backend": target_backend, "provider": target_provider},
+        "target": {"accelerator": "cpu", "backend": target_backend, "provider": target_provider}
+        | ({"quantize": target_quantize} if target_quantize != "none" else {}),
         "latency": {
             "reference_draft": draft_desc,
             "reference_target": target_desc,

@@ -30,6 +30,8 @@ an optional `r2` for fitted values):
     backend = "mlx" | "onnx" | "coreml" | "torch" | "remote"
     provider = "..."                     # ONNX EP, Core ML compute units, torch/mlx device,
                                          # or the cloud profile's name for backend = "remote"
+    quantize = "int4" | "int8" | "none"  # optional, default "none": the weights' width (the
+                                         # ONNX target's MatMulNBits, MLX's 4-bit, ...)
 
     [latency]
     reference_draft = "qwen3-0.6b"       # what the figures below were measured/derived for
@@ -66,6 +68,7 @@ PROVIDERS = {
     "torch": ("cpu", "cuda", "mps"),
     "remote": (),  # provider = a cloud profile's name
 }
+QUANTIZE = ("none", "int8", "int4")  # runtime/backends/onnx_target.py's --quantize
 LATENCY_FIELDS = (
     "alpha_edge",
     "beta",
@@ -114,6 +117,7 @@ class Placement:
     accelerator: str
     backend: str
     provider: str
+    quantize: str = "none"
 
     @property
     def remote(self) -> bool:
@@ -246,7 +250,8 @@ def _placement(d: dict, role: str, where: str, accelerators: dict) -> Placement:
                 f"{role}.accelerator",
                 f"{acc!r} is not one of [accelerators]: {', '.join(accelerators)}",
             )
-    return Placement(acc, backend, provider)
+    quantize = _str(t, "quantize", where, f"{role}.", QUANTIZE) if "quantize" in t else "none"
+    return Placement(acc, backend, provider, quantize)
 
 
 def parse_profile(data: dict, where: str) -> Profile:

@@ -116,6 +116,10 @@ class OnnxTargetLM:
             )
         self.sliding = tuple(getattr(self.config, "sliding", None) or ())  # Gemma 3's local layers
         self.quantize, self.provider, self.threads = quantize, provider, intra_threads
+        # what identifies it (auto's stored measurements, devices/probe_store.py; a tuned exit
+        # head beside the checkpoint), as load_model's models keep theirs
+        self.load_spec = (str(self.dir), "onnx-target",
+                          {"quantize": quantize, "intra_threads": intra_threads})  # fmt: skip
         self._sessions: dict[tuple, object] = {}
         self.session = self._part(0, self.config.num_layers, True)  # exported/opened at load
 
