@@ -1,7 +1,8 @@
 """Weights already on a 4-bit block grid (a GGUF's Q4_0 / Q4_1 blocks) kept exactly, not requantized.
 
 A checkpoint dequantized from a Q4_1 GGUF holds, in every block of 32 input channels of every
-column, w = d q + m with q in [0, 15]. Requantizing those values to symmetric int4 rounds them a
+column, w = d q + m with q in [0, 15] (Q4_0 and Q4_K's sub-blocks too; a Q4_K block's levels
+need not reach 0 and 15, so its step d is read from the gaps between its values). Requantizing those values to symmetric int4 rounds them a
 second time (SmolLM2-135M: 75 % top-1 agreement with float32). Here each block's own (d, m, q) is
 recovered from its min and max and written as
     y = MatMulNBits(x; q, scale d) + blocksum(x) @ M
@@ -32,12 +33,29 @@ def grid_of(W: np.ndarray, block: int):
     if K % block:
         return None
     Wb = W.T.reshape(N, K // block, block)
+    tol = GRID_TOL * max(float(np.abs(W).max()), 1e-30)
     m, mx = Wb.min(-1), Wb.max(-1)
-    d = (mx - m) / 15
+    got = _on_grid(Wb, m, (mx - m) / 15, tol)  # Q4_0 / Q4_1: each block spans its 16 levels
+    if got is None and _gap_grid(Wb[:4], m[:4], tol) is not None:  # a few columns first: cheap
+        got = _gap_grid(Wb, m, tol)  # Q4_K: a block's levels need not reach both ends
+    return got
+
+
+def _gap_grid(Wb, m, tol):
+    """_on_grid with each block's step read as the smallest gap between its sorted values."""
+    gaps = np.diff(np.sort(Wb, axis=-1), axis=-1)
+    step = np.where(gaps > tol, gaps, np.inf).min(-1)
+    return _on_grid(Wb, m, np.where(np.isinf(step), 0.0, step), tol)
+
+
+def _on_grid(Wb, m, d, tol):
+    """(q, d, m) when every block of Wb is m + d q with q in [0, 15] within tol, else None."""
     safe = np.where(d == 0, 1.0, d)
-    q = np.clip(np.rint((Wb - m[..., None]) / safe[..., None]), 0, 15)
+    q = np.rint((Wb - m[..., None]) / safe[..., None])
+    if q.max() > 15:
+        return None
     err = np.abs(m[..., None] + d[..., None] * q - Wb).max()
-    if err > GRID_TOL * max(float(np.abs(W).max()), 1e-30):
+    if err > tol:
         return None
     return q.astype(np.uint8), d.astype(np.float32), m.astype(np.float32)
 

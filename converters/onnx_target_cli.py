@@ -3,11 +3,18 @@
 Writes the parts converters/onnx_target_export.py builds, under the names the runtime caches
 them by, and prints each part's parity against the PyTorch reference on a short token sequence
 (max |Δlogit| and top-1 agreement); a float32 build (--quantize none) must stay within --tol.
+
+`python -m converters.onnx_target_cli agree --model M --quantize int4 --text FILE`: top-1
+agreement with float32 on held-out text (converters/onnx_target_agree.py).
+`python -m converters.onnx_target_cli pass-cost --model M --quantize int4`: the seconds of a
+w-token verify pass over a context, per window, and their ratios (converters/onnx_target_bench.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -68,3 +75,62 @@ def _parity(model: str, out: Path, q: str) -> dict:
     r = ref.forward(ids, ref.new_cache())
     return {"max_abs_logit_diff": float(np.abs(a - r).max()),
             "top1": float((a.argmax(-1) == r.argmax(-1)).mean()), "positions": n}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m converters.onnx_target_cli",
+                                 description="Measurements of the ONNX Runtime target.")  # fmt: skip
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ag = sub.add_parser("agree", help="top-1 agreement with float32 on held-out text")
+    ag.add_argument("--model", required=True, help="checkpoint dir or a known model's name")
+    ag.add_argument("--quantize", default="int4", help="int4 | int8 | none")
+    ag.add_argument("--text", required=True,
+                    help=".jsonl (turns/reference/text fields) or a plain text file")  # fmt: skip
+    ag.add_argument("--positions", type=int, default=2048, help="positions to compare")
+    ag.add_argument("--per-text", type=int, default=256, help="tokens read from each text")
+    ag.add_argument("--threads", type=int, default=2)
+    ag.add_argument("--json", action="store_true")
+    pc = sub.add_parser("pass-cost", help="seconds of a w-token pass over a context, per w")
+    pc.add_argument("--model", required=True, help="checkpoint dir or a known model's name")
+    pc.add_argument("--quantize", default="int4", help="int4 | int8 | none")
+    pc.add_argument("--context", type=int, default=200, help="tokens already in the cache")
+    pc.add_argument("--windows", default="1,5", help="window lengths, comma-separated")
+    pc.add_argument("--repeats", type=int, default=30)
+    pc.add_argument("--threads", type=int, default=2)
+    pc.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        from runtime.load import resolve
+
+        model = resolve(args.model, "model")
+        if args.cmd == "agree":
+            from converters.onnx_target_agree import read_texts, top1_agreement
+
+            r = top1_agreement(model, args.quantize, read_texts(args.text),
+                               positions=args.positions, per_text=args.per_text,
+                               threads=args.threads)  # fmt: skip
+            r["text"] = args.text
+            print(json.dumps(r) if args.json else
+                  f"{args.quantize} vs float32 on {args.text}: top-1 agreement "
+                  f"{r['agreement']:.3f} over {r['positions']} positions "
+                  f"({r['texts']} texts, {r['seconds']:.0f} s)")  # fmt: skip
+        else:
+            from converters.onnx_target_bench import pass_costs
+
+            try:
+                windows = tuple(int(w) for w in args.windows.split(","))
+            except ValueError:
+                raise DuetError(f"--windows {args.windows!r}: expected integers like 1,5") from None
+            r = pass_costs(model, args.quantize, context=args.context, windows=windows,
+                           repeats=args.repeats, threads=args.threads)  # fmt: skip
+            print(json.dumps(r) if args.json else "\n".join(
+                f"{w:>3} tokens over {args.context}: {s * 1e3:7.2f} ms  ({r['ratio'][w]:.2f}x)"
+                for w, s in r["seconds"].items()))  # fmt: skip
+    except DuetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # the converters package, imported first, registers the exporter
+    sys.exit(main())

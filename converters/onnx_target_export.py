@@ -90,7 +90,7 @@ def export_target_part(model_dir, out, start: int, stop: int, head: bool, quanti
         m = build_part(cfg, state, inv_freq, start, stop, head)
     del state
     if quantize != "none":
-        m = _quantize(m, rec)
+        m = _quantize(m, rec, gguf=_from_gguf(model_dir))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp.onnx")
@@ -106,8 +106,19 @@ def export_target_part(model_dir, out, start: int, stop: int, head: bool, quanti
             "quantization": rec}  # fmt: skip
 
 
-def _quantize(model, rec: dict):
-    """MatMulNBits over every MatMul with a constant weight (onnxruntime.quantization)."""
+def _from_gguf(model_dir) -> bool:
+    """Whether the checkpoint was dequantized from a GGUF (runtime/gguf_import.py notes it)."""
+    f = Path(model_dir) / "duet-source.json"
+    try:
+        return f.is_file() and bool(json.loads(f.read_text()).get("gguf"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _quantize(model, rec: dict, gguf: bool = False):
+    """MatMulNBits over every MatMul with a constant weight (onnxruntime.quantization). Under
+    int4 with `gguf` (the weights dequantized from a GGUF), a weight off every 4-bit grid was
+    stored at more bits there, and keeps 8 (recipe `gguf_finer`)."""
     import logging
 
     from onnxruntime.quantization.matmul_nbits_quantizer import (
@@ -125,14 +136,19 @@ def _quantize(model, rec: dict):
 
         head8 = rec.get("head_bits") == 8 and any(n.name == HEAD_NODE for n in model.graph.node)
         keep = keep_grids(model, block, ACCURACY_LEVEL, {HEAD_NODE}) if rec.get("grid") else []
+        finer = []
+        if gguf and rec.get("gguf_finer"):
+            consts = {i.name for i in model.graph.initializer}
+            finer = [n.name for n in model.graph.node if n.op_type == "MatMul"
+                     and n.input[1] in consts and n.name not in (*keep, HEAD_NODE)]  # fmt: skip
         algo = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=rec["symmetric"],
                                             accuracy_level=ACCURACY_LEVEL, bits=4)  # fmt: skip
         q = MatMulNBitsQuantizer(model, bits=4, block_size=block, is_symmetric=rec["symmetric"],
                                  accuracy_level=ACCURACY_LEVEL, algo_config=algo,
-                                 nodes_to_exclude=keep + ([HEAD_NODE] if head8 else []))  # fmt: skip
+                                 nodes_to_exclude=keep + finer + ([HEAD_NODE] if head8 else []))  # fmt: skip
         q.process()
         model = q.model.model
-        eight = [HEAD_NODE] if head8 else []
+        eight = finer + ([HEAD_NODE] if head8 else [])
     else:  # every 8-bit weight as two 4-bit halves
         consts = {i.name for i in model.graph.initializer}
         eight = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in consts]

@@ -207,3 +207,64 @@ def test_weights_on_a_q4_1_grid_are_kept_exactly():
     )
     assert np.abs(y - A @ W).max() < 1e-4 and np.abs(z - A @ off).max() < 1e-4
     assert [n.op_type for n in model.graph.node].count("MatMulNBits") == 1
+
+
+def test_agree_and_pass_cost_commands(tiny_dir, tmp_path, capsys):
+    """`python -m converters.onnx_target_cli agree` (a float32 graph agrees with its reference
+    everywhere) and `pass-cost` (a 1- and a 3-token pass, timed)."""
+    from converters.onnx_target_cli import main
+
+    d = tiny_dir("qwen2", num_layers=2, seed=5)
+    text = tmp_path / "held.jsonl"
+    text.write_text(json.dumps({"turns": ["a held-out text of some length, " * 4]}) + "\n")
+    assert main(["agree", "--model", str(d), "--quantize", "none", "--text", str(text),
+                 "--threads", "1", "--json"]) == 0  # fmt: skip
+    r = json.loads(capsys.readouterr().out)
+    assert r["agreement"] == 1.0 and r["positions"] > 100
+    assert main(["pass-cost", "--model", str(d), "--quantize", "int4", "--context", "20",
+                 "--windows", "1,3", "--repeats", "2", "--threads", "1", "--json"]) == 0  # fmt: skip
+    r = json.loads(capsys.readouterr().out)
+    assert set(r["seconds"]) == {"1", "3"} and r["ratio"]["1"] == 1.0
+    assert main(["agree", "--model", str(d), "--text", str(tmp_path / "none.txt")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_q4_k_blocks_whose_levels_skip_the_ends_are_kept():
+    """A Q4_K sub-block's levels need not reach 0 and 15: its step comes from the gaps."""
+    from converters.onnx_grid_q4 import grid_of
+
+    K, N = 64, 8
+    rng = np.random.default_rng(2)
+    d, m = rng.uniform(0.01, 0.1, (N, 2, 1)), rng.uniform(-1, 0, (N, 2, 1))
+    q = rng.integers(2, 13, (N, 2, 32))
+    q[..., 0], q[..., 1], q[..., 2] = 2, 3, 12  # a gap of one level in every block
+    W = (d * q + m).reshape(N, K).T.astype(np.float32)
+    got = grid_of(W, 32)
+    assert got is not None
+    gq, gd, gm = got
+    back = (gm[..., None] + gd[..., None] * gq).reshape(N, K).T
+    assert np.abs(back - W).max() < 1e-6 and gq.max() <= 15
+    assert grid_of(rng.standard_normal((K, N)).astype(np.float32), 32) is None
+
+
+def test_int4_from_a_gguf_keeps_weights_finer_than_4_bits_at_8(tiny_dir, tmp_path):
+    """A checkpoint dequantized from a GGUF: a weight off every 4-bit grid was stored at 5-8
+    bits there and becomes two 4-bit halves (8 bits); without a GGUF source it is 4-bit."""
+    import shutil
+
+    import onnx
+
+    from converters.onnx_target_export import export_target_part
+
+    src = tiny_dir("qwen2", num_layers=2, seed=5)
+    d = tmp_path / "from-gguf"
+    shutil.copytree(src, d, ignore=shutil.ignore_patterns(".duet"))
+    (d / "duet-source.json").write_text(json.dumps({"gguf": "model.Q4_K_M.gguf"}))
+
+    def halves(model_dir, out):
+        export_target_part(model_dir, out, 0, 2, True, "int4")
+        names = [n.name for n in onnx.load(str(out)).graph.node if n.op_type == "MatMulNBits"]
+        return sum(n.endswith(".hi") for n in names), len(names)
+
+    assert halves(d, tmp_path / "g.onnx") == (2 * 4 + 1, 2 * (2 * 4 + 1))  # 4 a layer + head
+    assert halves(src, tmp_path / "p.onnx") == (1, 2 * 4 + 2)  # the head alone

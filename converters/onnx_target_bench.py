@@ -1,0 +1,46 @@
+"""What a verify pass costs on the ONNX target: one forward of w tokens over a context of C
+tokens, for each window w (1 and γ + 1 = 5 by default), through OnnxTargetLM as the decoding
+methods call it (host feed, KV concat, graph, cache put), the cache trimmed back after each.
+
+Medians over `repeats` rounds, the windows interleaved round by round so that a machine whose
+load drifts biases none against the others; the ratio to the one-token pass is issue 41's
+"a (γ+1)-token pass costs <= 1.3x a one-token pass at γ = 4". On a machine shared with other
+work the figures are taken under load: say so beside them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+
+def pass_costs(model_dir, quantize: str = "int4", *, context: int = 200,
+               windows: tuple[int, ...] = (1, 5), repeats: int = 30,
+               threads: int = 2) -> dict:  # fmt: skip
+    """{window: median seconds} and each one's ratio to the smallest window's."""
+    from runtime.backends.onnx_target import OnnxTargetLM
+
+    lm = OnnxTargetLM(model_dir, quantize, intra_threads=threads)
+    v = lm.config.vocab_size
+    rng = np.random.default_rng(0)
+    cache = lm.new_cache()
+    lm.forward(rng.integers(0, v, (1, context)), cache)
+    feeds = {w: rng.integers(0, v, (1, w)) for w in windows}
+    times: dict[int, list[float]] = {w: [] for w in windows}
+    for r in range(repeats + 2):  # two rounds warm up
+        for w in windows:
+            t0 = time.perf_counter()
+            lm.forward(feeds[w], cache)
+            dt = time.perf_counter() - t0
+            assert cache.trim(w) == w
+            if r >= 2:
+                times[w].append(dt)
+    med = {w: statistics.median(t) for w, t in times.items()}
+    base = med[min(windows)]
+    return {"model": str(model_dir), "quantize": quantize, "context": context,
+            "threads": threads, "repeats": repeats,
+            "seconds": {str(w): med[w] for w in windows},
+            "ratio": {str(w): med[w] / base for w in windows},
+            "recipe": lm.quantization}  # fmt: skip
