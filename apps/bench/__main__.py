@@ -6,6 +6,8 @@
     python -m apps.bench --methods ar,sd --drafts mtp            # sd+mtp: the target's MTP head
     python -m apps.bench --methods ar,sd,mirror --gammas 2,4     # sd@g2, sd@g4, ...: a γ sweep
     python -m apps.bench footprint --target smollm2-135m-instruct  # ar vs HF: tok/s, peak RSS
+    python -m apps.bench --target smollm2-135m-instruct --peers all --threads 2 --per-category
+                                                       # llama.cpp, ort-genai, HF, mlx-lm rows
 
 Defaults: the embedded pair and the held-out prompt set in apps/prompts/.
 Methods: any of runtime.decoding.METHODS, plus `mlx-lm` (speculative_generate_step)
@@ -32,6 +34,8 @@ from runtime.cli_args import (
 from runtime.decoding import METHODS
 from runtime.errors import DuetError, cli_main
 
+from .peers import add_peer_args
+
 BASELINES = ("mlx-lm", "hf-assisted", "hf")
 NEEDS_NO_DRAFT = ("ar", AUTO, "mlx-lm", "hf")  # with a target alone: mlx-lm and auto run it alone
 ALONE_METHODS = "ar,hf,mlx-lm"  # the default rows for a target alone (--target, no --draft)
@@ -57,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
         "models, apps/prompts/chat/) (default apps/prompts/)",
     )
     ap.add_argument("--limit", type=int, default=None, help="first N prompts only")
+    ap.add_argument("--per-category-limit", type=int, default=None, metavar="N",
+                    help="first N prompts of each category only")  # fmt: skip
+    ap.add_argument(
+        "--per-category",
+        action="store_true",
+        help="also print Spec-Bench's per-category table (the JSON always has it)",
+    )
     ap.add_argument("--categories", default=None, help="comma-separated categories to keep")
     ap.add_argument(
         "--methods",
@@ -67,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"{ALONE_METHODS})",
     )
     add_auto_args(ap)
+    add_peer_args(ap)
     ap.add_argument(
         "--drafts",
         default=None,
@@ -280,6 +292,14 @@ def bench(a: argparse.Namespace) -> dict:
     """Run the benchmark; returns {"settings", "rows", "mismatches", "records"}."""
     from runtime.chat_session import ChatTemplate
 
+    from .categories import by_category
+    from .peers import (
+        bench_threads,
+        close_runners,
+        parse_peers,
+        peer_runners,
+        second_backend_runners,
+    )
     from .prompts import load_prompts
     from .report import mismatches, summarize
     from .schedule import run_bench
@@ -303,7 +323,10 @@ def bench(a: argparse.Namespace) -> dict:
     if a.rounds < 1:
         raise DuetError(f"--rounds must be at least 1 (got {a.rounds})")
     cats = [c.strip() for c in a.categories.split(",")] if a.categories else None
-    prompts = load_prompts(a.prompts, limit=a.limit, categories=cats)
+    prompts = load_prompts(a.prompts, limit=a.limit, categories=cats,
+                           per_category=a.per_category_limit)  # fmt: skip
+    peer_names = parse_peers(a.peers)
+    threads = bench_threads(a)  # --threads: Duet's target, PyTorch and every peer alike
     skipped = {}
     if a.emulate:  # only Duet's own models can be wrapped; the baselines run their own loops
         skipped = {m: UNPADDED for m in methods if m in BASELINES}
@@ -325,6 +348,13 @@ def bench(a: argparse.Namespace) -> dict:
 
         emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
     runners = sweep_runners(methods, pair, a)
+    if a.also_target_backend:  # Duet's methods again over a second target backend
+        runners += second_backend_runners(methods, a, sweep_runners, need or bool(a.drafts))
+    peers, peer_skips = peer_runners(peer_names, pair, a, threads)
+    skipped |= peer_skips
+    for m, why in peer_skips.items():
+        print(f"skipping {m}: {why}", file=sys.stderr)
+    runners += peers
     ctx = min(
         [pair.target.config.max_context]
         + ([pair.draft.config.max_context] if pair.draft is not None else [])
@@ -349,6 +379,7 @@ def bench(a: argparse.Namespace) -> dict:
 
         drafts = [getattr(getattr(r, "pair", None), "draft", None) for r in runners]
         close_draft_hosts(pair.draft, *drafts)
+        close_runners(runners)  # the peers' llama-server processes
     model_id = a.model_id or (
         f"duet-{pair.target_dir.parent.name}" if a.target is None else pair.name
     )
@@ -367,7 +398,11 @@ def bench(a: argparse.Namespace) -> dict:
         "threads": thread_settings(runners),
         **{k: pair.settings[k] for k in ("target_backend", "draft_backend") if k in pair.settings},
     }
-    rows = summarize(records, [r.name for r in runners], temps)
+    own_ar = {r.name: getattr(r, "own_ar", "ar") for r in runners}
+    rows = summarize(records, [r.name for r in runners], temps, own_ar)
+    settings["threads"]["bench_threads"] = threads
+    if skipped:
+        settings["skipped"] = skipped
     if emu is not None:
         settings.update(emulated=emu.label, skipped=skipped, emulation=emu.summary())
         for r in rows:
@@ -375,6 +410,7 @@ def bench(a: argparse.Namespace) -> dict:
     return {
         "settings": settings,
         "rows": rows,
+        "categories": by_category(records, [r.name for r in runners], temps, own_ar),
         "mismatches": mismatches(records),
         "records": records,
     }
@@ -408,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         files = write_answers(a.out, res["records"], res["settings"]["model_id"])
         print(f"wrote {len(files)} Spec-Bench answer files to {a.out}", file=sys.stderr)
     if a.json:
-        out = {k: res[k] for k in ("settings", "rows", "mismatches")}
+        out = {k: res[k] for k in ("settings", "rows", "categories", "mismatches")}
         if "emulated" in res["settings"]:
             out = {"emulated": res["settings"]["emulated"]} | out
         print(json.dumps(out))
@@ -421,9 +457,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"threads: {json.dumps(s['threads'])}")
     print(table(res["rows"]))
+    if a.per_category:
+        from .categories import category_table
+
+        for t in s["temps"]:
+            print("\n" + category_table(res["categories"], t))
+    for m, why in s.get("skipped", {}).items():
+        print(f"skipped {m}: {why}")
     for m in res["mismatches"]:
         print(
-            f"greedy mismatch: {m['method']} on question {m['question_id']} differs from ar "
+            f"greedy mismatch: {m['method']} on question {m['question_id']} differs from "
+            f"{m.get('own_ar', 'ar')} "
             f"at token {m['first_diff']}",
             file=sys.stderr,
         )

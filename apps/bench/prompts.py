@@ -21,10 +21,14 @@ NAMED = {"chat": DEFAULT_DIR / "chat"}
 
 
 def load_prompts(
-    path: str | Path | None = None, *, limit: int | None = None, categories: list[str] | None = None
+    path: str | Path | None = None,
+    *,
+    limit: int | None = None,
+    categories: list[str] | None = None,
+    per_category: int | None = None,
 ) -> list[dict]:
     """Question records from a .jsonl file or a folder of them (default apps/prompts/), or a
-    named set (NAMED: `chat`)."""
+    named set (NAMED: `chat`); `per_category`: the first N of each category, then `limit`."""
     p = Path(path) if path is not None else DEFAULT_DIR
     if str(path) in NAMED and not p.exists():
         p = NAMED[str(path)]
@@ -56,6 +60,16 @@ def load_prompts(
                 f"--categories: unknown {', '.join(bad)}; the set has {', '.join(known)}"
             )
         recs = [r for r in recs if r["category"] in categories]
+    if per_category is not None:
+        if per_category < 1:
+            raise DuetError(f"--per-category-limit must be at least 1 (got {per_category})")
+        seen: dict[str, int] = {}
+        kept = []
+        for r in recs:
+            seen[r["category"]] = seen.get(r["category"], 0) + 1
+            if seen[r["category"]] <= per_category:
+                kept.append(r)
+        recs = kept
     if limit is not None:
         recs = recs[:limit]
     if not recs:

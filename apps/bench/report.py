@@ -9,10 +9,13 @@ library refused the pair gets a row with its refusal text and no figures.
 from __future__ import annotations
 
 
-def summarize(records: list[dict], methods: list[str], temps: list[float]) -> list[dict]:
+def summarize(records: list[dict], methods: list[str], temps: list[float],
+              own_ar: dict | None = None) -> list[dict]:  # fmt: skip
+    """Rows per (method, temperature); a method's speedup is over `own_ar[method]` (a peer's own
+    ar, apps/bench/peers.py), else over `ar`."""
     rows = []
     for t in temps:
-        base = None
+        tps_of: dict[str, float] = {}
         for m in methods:
             rs = [r for r in records if r["method"] == m and r["temp"] == t]
             if not rs:
@@ -28,8 +31,7 @@ def summarize(records: list[dict], methods: list[str], temps: list[float]) -> li
             tps = toks / wall if wall > 0 else 0.0
             observed = all(r["accept_lengths"] is not None for r in rs)
             lengths = [x for r in rs for x in (r["accept_lengths"] or [])]
-            if m == "ar":
-                base = tps
+            tps_of[m] = tps
             matches = [r["matches_ar"] for r in rs if r["matches_ar"] is not None]
             rows.append(
                 {
@@ -45,7 +47,7 @@ def summarize(records: list[dict], methods: list[str], temps: list[float]) -> li
                     "mean_accepted_note": None
                     if observed
                     else next(r["note"] for r in rs if r["note"]),
-                    "speedup": round(tps / base, 3) if base else None,
+                    "speedup": None,  # below, once every method's rate is known
                     "matches_ar": f"{sum(matches)}/{len(matches)}" if matches else None,
                 }
                 | calls_and_tokens(rs)
@@ -54,6 +56,10 @@ def summarize(records: list[dict], methods: list[str], temps: list[float]) -> li
                 | draft_passes(rs)
             )
         at_t = {r["method"]: r for r in rows if r["temp"] == t}
+        for m, r in at_t.items():
+            base = tps_of.get((own_ar or {}).get(m, "ar"))
+            if m in tps_of and base:
+                r["speedup"] = round(tps_of[m] / base, 3)
         for r in at_t.values():  # mirror@g4 against sd@g4, tree+X against sd+X (same suffix)
             for ours, theirs in (("mirror", "sd"), ("tree", "sd"), ("heterospec", "tree")):
                 other = at_t.get(partner(r["method"], ours, theirs))
@@ -150,12 +156,15 @@ def draft_passes(rs: list[dict]) -> dict:
 
 
 def mismatches(records: list[dict]) -> list[dict]:
-    """Greedy outputs that differ from `ar`'s: where, and from which token on."""
-    ar = {(r["question_id"]): r for r in records if r["method"] == "ar" and r["temp"] == 0}
+    """Greedy outputs that differ from their own `ar`'s (record["own_ar"], default `ar`): where,
+    and from which token on."""
+    ar = {(r["method"], r["question_id"], r.get("round", 0)): r for r in records
+          if r["temp"] == 0}  # fmt: skip
     out = []
     for r in records:
         if r["matches_ar"] is False:
-            a = [x for t in ar[r["question_id"]]["tokens"] for x in t]
+            base = ar[(r.get("own_ar", "ar"), r["question_id"], r.get("round", 0))]
+            a = [x for t in base["tokens"] for x in t]
             b = [x for t in r["tokens"] for x in t]
             first = next(
                 (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
@@ -164,6 +173,7 @@ def mismatches(records: list[dict]) -> list[dict]:
             out.append(
                 {
                     "method": r["method"],
+                    "own_ar": r.get("own_ar", "ar"),
                     "question_id": r["question_id"],
                     "first_diff": first,
                     "ar_tokens": len(a),

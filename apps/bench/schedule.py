@@ -120,10 +120,11 @@ def run_bench(
                     | {"sample": k, "round": rnd}
                     for r in order
                 }
-                if t == 0 and "ar" in done:
-                    for d in done.values():
-                        if "refused" not in d and "refused" not in done["ar"]:
-                            d["matches_ar"] = d["tokens"] == done["ar"]["tokens"]
+                for r in order:  # each against its own ar: Duet's `ar`, a peer's (peers.py)
+                    own = done[r.name]["own_ar"] = getattr(r, "own_ar", "ar")
+                    d, base = done[r.name], done.get(own)
+                    if t == 0 and base is not None and "refused" not in d and "refused" not in base:
+                        d["matches_ar"] = d["tokens"] == base["tokens"]
                 records += [done[r.name] for r in runners]
     bar.close()
     return records

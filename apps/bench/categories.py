@@ -1,0 +1,58 @@
+"""Per-category rows, as Spec-Bench's speed.py prints them: one line per method, a column per
+category with its speedup over its own `ar`, then its mean tokens per step and the overall
+speedup (and here also the overall tok/s and its greedy equality with its own `ar`).
+
+The figures are report.summarize's, over each category's records alone; `own_ar` maps a runner
+to the `ar` it is measured against (a peer's own, apps/bench/peers.py).
+"""
+
+from __future__ import annotations
+
+from .report import summarize
+
+# Spec-Bench's column titles for the chat set's categories (apps/prompts/chat/chat.jsonl)
+TITLES = {
+    "mt_bench": "Multi-turn",
+    "translation": "Translation",
+    "summarization": "Summarization",
+    "qa": "QA",
+    "math_reasoning": "Math",
+    "rag": "RAG",
+}
+
+
+def by_category(records: list[dict], methods: list[str], temps: list[float],
+                own_ar: dict | None = None) -> dict[str, list[dict]]:  # fmt: skip
+    """{category: summarize rows over that category's records}, categories in first-seen
+    order, plus "overall" over every record."""
+    cats = list(dict.fromkeys(r["category"] for r in records))
+    out = {c: summarize([r for r in records if r["category"] == c], methods, temps, own_ar)
+           for c in cats}  # fmt: skip
+    out["overall"] = summarize(records, methods, temps, own_ar)
+    return out
+
+
+def category_table(per_cat: dict[str, list[dict]], temp: float) -> str:
+    """The Spec-Bench table at one temperature: speedup per category, mean tokens per step,
+    overall speedup, overall tok/s, greedy = own ar."""
+    cats = [c for c in per_cat if c != "overall"]
+    overall = [r for r in per_cat["overall"] if r["temp"] == temp]
+    cell = {(c, r["method"]): r for c in cats for r in per_cat[c] if r["temp"] == temp}
+    head = ["method", *(TITLES.get(c, c) for c in cats), "tok/step", "Overall", "tok/s",
+            "= own ar"]  # fmt: skip
+    body = []
+    for r in overall:
+        if "refused" in r:
+            continue
+        m = r["method"]
+        body.append([m, *(_x(cell.get((c, m), {}).get("speedup")) for c in cats),
+                     "n/a" if r["mean_accepted"] is None else f"{r['mean_accepted']:.2f}",
+                     _x(r["speedup"]), f"{r['tokens_per_s']:.1f}", r["matches_ar"] or ""])  # fmt: skip
+    w = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
+    line = lambda cells: "  ".join(str(c).ljust(n) for c, n in zip(cells, w, strict=False)).rstrip()  # noqa: E731
+    title = f"per category, temp {temp:g} (speedup over each row's own ar)"
+    return "\n".join([title, line(head), line(["-" * n for n in w]), *(line(b) for b in body)])
+
+
+def _x(v) -> str:
+    return "n/a" if v is None else f"{v:.2f}x"
