@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from devices.method_choice import StageTimes, choose, expected_tokens, predict
+from devices.method_choice import EXPLORE, StageTimes, choose, expected_tokens, predict
 from devices.pair_probe import from_profile, runnable_methods
 from devices.profile import PROFILES_DIR, load_profile, parse_profile
 from runtime.generate import main
@@ -137,10 +137,15 @@ def test_generate_auto_reports_its_choice_and_stays_lossless(tiny_dir, capsys):
         for m, p in auto["predictions"].items()
     }  # the trial runs' corrections, if any
     assert res["stats"]["method"] == auto["choice"]
-    # the choice is the best scaled prediction, or ties with it: a fresh-clone CI run saw sd chosen
-    # where ar's scaled figure was the argmax (a near-tie under load); within 5 % is a tie here
+    # the choice is the best scaled prediction, unless the chooser explores a near tie that few
+    # runs decided (devices/method_choice.py Corrections.apply: within EXPLORE of the best, said
+    # in its why); a fresh-clone CI run once saw sd chosen by exploration where ar was the argmax
     best = scaled[argmax(scaled)]["tokens_per_s"]
-    assert scaled[auto["choice"]]["tokens_per_s"] >= 0.95 * best, (auto["choice"], scaled)
+    chosen = scaled[auto["choice"]]["tokens_per_s"]
+    if "exploring" in auto["why"]:
+        assert chosen >= (1 - EXPLORE) * best, (auto["choice"], scaled)
+    else:
+        assert chosen >= best * (1 - 1e-3), (auto["choice"], scaled)  # argmax, up to rounding
     assert set(auto["predictions"]) == set(ALL) and auto["why"]
     assert res["tokens"] == ref
 
