@@ -5,7 +5,10 @@ methods call it (host feed, KV concat, graph, cache put), the cache trimmed back
 Medians over `repeats` rounds, the windows interleaved round by round so that a machine whose
 load drifts biases none against the others; the ratio to the one-token pass is issue 41's
 "a (γ+1)-token pass costs <= 1.3x a one-token pass at γ = 4". On a machine shared with other
-work the figures are taken under load: say so beside them.
+work the wall times are taken under load: say so beside them. The process's CPU time per pass
+is kept beside them (`cpu_seconds`): with one intra-op thread it is the pass's own work, which
+other processes preempt but do not add to (they still share the memory system); with more,
+it also counts the thread pool's spinning.
 """
 
 from __future__ import annotations
@@ -29,18 +32,23 @@ def pass_costs(model_dir, quantize: str = "int4", *, context: int = 200,
     lm.forward(rng.integers(0, v, (1, context)), cache)
     feeds = {w: rng.integers(0, v, (1, w)) for w in windows}
     times: dict[int, list[float]] = {w: [] for w in windows}
+    cpu: dict[int, list[float]] = {w: [] for w in windows}
     for r in range(repeats + 2):  # two rounds warm up
         for w in windows:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             lm.forward(feeds[w], cache)
-            dt = time.perf_counter() - t0
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
             assert cache.trim(w) == w
             if r >= 2:
                 times[w].append(dt)
+                cpu[w].append(dc)
     med = {w: statistics.median(t) for w, t in times.items()}
-    base = med[min(windows)]
+    mcpu = {w: statistics.median(t) for w, t in cpu.items()}
+    base, cbase = med[min(windows)], mcpu[min(windows)]
     return {"model": str(model_dir), "quantize": quantize, "context": context,
             "threads": threads, "repeats": repeats,
             "seconds": {str(w): med[w] for w in windows},
             "ratio": {str(w): med[w] / base for w in windows},
+            "cpu_seconds": {str(w): mcpu[w] for w in windows},
+            "cpu_ratio": {str(w): mcpu[w] / cbase for w in windows},
             "recipe": lm.quantization}  # fmt: skip

@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             r = pass_costs(model, args.quantize, context=args.context, windows=windows,
                            repeats=args.repeats, threads=args.threads)  # fmt: skip
             print(json.dumps(r) if args.json else "\n".join(
-                f"{w:>3} tokens over {args.context}: {s * 1e3:7.2f} ms  ({r['ratio'][w]:.2f}x)"
+                f"{w:>3} tokens over {args.context}: {s * 1e3:7.2f} ms ({r['ratio'][w]:.2f}x), "
+                f"CPU {r['cpu_seconds'][w] * 1e3:7.2f} ms ({r['cpu_ratio'][w]:.2f}x)"
                 for w, s in r["seconds"].items()))  # fmt: skip
     except DuetError as e:
         print(f"error: {e}", file=sys.stderr)
