@@ -73,6 +73,8 @@ def resolve(path: str | None, role: str) -> Path | None:
                     "see `python -m apps.models list`)")  # fmt: skip
 
 
+# drafts read from beside the target: its MTP head (checkpoint or sidecar), a fitted head
+OWN_HEADS = ("mtp", "head")
 TARGET_BACKENDS = ("auto", "mlx", "torch", "onnx")  # onnx: runtime/backends/onnx_target.py
 
 
@@ -131,7 +133,7 @@ def load_pair(
         from runtime.assets import default_pair
 
         tdir, ddir = default_pair()
-    elif target is None and (draft == "mtp" or is_model_free_spec(draft)):
+    elif target is None and (draft in OWN_HEADS or is_model_free_spec(draft)):
         from runtime.assets import default_pair  # the embedded target, its own head / no model
 
         tdir, ddir = default_pair()[0], draft
@@ -139,7 +141,7 @@ def load_pair(
         raise DuetError(
             "--draft given without --target; pass both, or neither for the embedded pair"
         )
-    elif draft == "mtp" or is_model_free_spec(draft):  # its own MTP head, or no model
+    elif draft in OWN_HEADS or is_model_free_spec(draft):  # its own head, or no model
         tdir, ddir = resolve(target, "target"), draft
     else:
         tdir, ddir = resolve(target, "target"), resolve(draft, "draft")
@@ -157,14 +159,14 @@ def load_pair(
         tdir = merged_target_dir(tdir, resolve(adapter, "adapter"))
     # headers and vocabularies first: a bad file costs a second, not a model load
     check_checkpoint(tdir, "target")
-    if need_draft and ddir != "mtp" and not is_model_free_spec(ddir):
+    if need_draft and ddir not in OWN_HEADS and not is_model_free_spec(ddir):
         check_checkpoint(ddir, "draft")
         check_pair_files(tdir, ddir)
     asked_backend, target_backend = target_backend, target_backend_for(target_backend)
     if (
         target_threads is None
         and target_backend == "onnx"
-        and (not need_draft or ddir == "mtp" or is_model_free_spec(ddir))
+        and (not need_draft or ddir in OWN_HEADS or is_model_free_spec(ddir))
     ):  # no draft model computes beside it: the ONNX target takes every core
         target_threads = os.cpu_count() or 1
     if target_threads is None:
@@ -196,7 +198,12 @@ def load_pair(
                 "target_backend_why": backend_reason(asked_backend, target_backend)}  # fmt: skip
     if target_backend == "onnx":
         settings["target_quantize"] = quantize
-    if need_draft and ddir == "mtp":
+    if need_draft and ddir == "head":  # a fitted feature-level head (apps.train eagle)
+        from runtime.backends.torch_eagle import HeadDraft
+
+        d = HeadDraft.load(t, tdir)
+        settings.update(draft_backend="head (fitted feature-level head, torch)")
+    elif need_draft and ddir == "mtp":
         from runtime.backends.torch_mtp import MTPDraft
 
         mb = "torch" if draft_backend == "torch" or target_device != "cpu" else "onnx"

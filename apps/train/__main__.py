@@ -23,6 +23,7 @@ SUBCOMMANDS = (
     "bins",
     "exit-head",
     "mtp",
+    "eagle",
     "ss-draft",
     "draft-tune",
     "gather-corpus",
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
             "evolve the target (FlexSpec): python -m apps.train evolve --help\n"
             "train an anchor draft:        python -m apps.train anchor --help\n"
             "fine-tune a draft (KL + TV):  python -m apps.train draft-tune --help\n"
+            "fit a draft head (EAGLE-3):   python -m apps.train eagle --help\n"
             "a larger corpus (V = 16384):  python -m apps.train gather-corpus --help"
         ),
     )

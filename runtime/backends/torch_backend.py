@@ -135,8 +135,15 @@ class TorchCausalLM:
 
     record_hidden = False  # set by an MTP draft: caches keep the post-norm hidden states
     last_cache = None  # the cache of the last forward (where an MTP draft reads them)
+    # set by a feature-level head (--draft head, runtime/backends/torch_eagle.py): record the
+    # outputs of these layers (concatenated) instead of the post-norm last hidden state
+    record_layers: tuple[int, ...] | None = None
 
     def forward(self, tokens, cache, *, positions=None, mask=None) -> np.ndarray:
+        if self.record_hidden and self.record_layers:
+            h, taps = self._forward_taps(tokens, cache, positions, mask)
+            self._record(cache, h, tokens, taps)
+            return self.head(h)
         h = self.forward_layers(
             tokens, cache, 0, self.config.num_layers, positions=positions, mask=mask
         )
@@ -144,13 +151,22 @@ class TorchCausalLM:
             self._record(cache, h, tokens)
         return self.head(h)
 
+    def _forward_taps(self, tokens, cache, positions, mask):
+        """The forward as layer ranges cut after each tapped layer: (h, taps (B, T, n*H))."""
+        out, h, start = {}, tokens, 0
+        for stop in sorted({i + 1 for i in self.record_layers}) + [self.config.num_layers]:
+            if stop > start:
+                h = self.forward_layers(h, cache, start, stop, positions=positions, mask=mask)
+            out[stop - 1], start = h, stop
+        return h, torch.cat([out[i] for i in self.record_layers], dim=-1)
+
     @torch.inference_mode()
-    def _record(self, cache, h, tokens) -> None:
+    def _record(self, cache, h, tokens, feats=None) -> None:
         """cache.hidden: post-norm hidden states of row 0, position-aligned (rows past
         len(cache.hidden_ids) are spare capacity), and cache.hidden_ids the token ids they
         were computed for (-1 where never recorded). Written in place into a buffer that
         doubles when full: a verify step copies its window, not the whole history."""
-        hn = self.module.model.norm(h)[0]  # (T, H)
+        hn = (self.module.model.norm(h) if feats is None else feats)[0]  # (T, H) or (T, n*H)
         end = cache.offset
         start = end - hn.shape[0]
         buf, ids = getattr(cache, "hidden", None), getattr(cache, "hidden_ids", [])

@@ -1,0 +1,300 @@
+"""`python -m apps.train eagle`: fit a feature-level draft head (EAGLE-3 + FR-Spec) to any target.
+
+    nice -n 10 python -m apps.train eagle --target smollm2-135m-instruct --time-budget-min 50
+
+A new subcommand rather than an extension of `apps.train mtp`: the MTP trainer runs the frozen
+target on every step (on SmolLM2 that was 12-36 s a step, 25 steps in 8 minutes) and trains on
+code with the full 49k-row LM head. Here the target runs once, in a data phase, and training
+never touches it: what differs is the data (the target's own chat answers), what is cached
+(three layers' outputs and the target's top-k law per position), the head's input (fused
+taps) and its output (a cut vocabulary). The two share the unrolled "training-time test"
+(`chain_outputs`, `chain_mask` from apps/train/mtp.py) and the drafting machinery.
+
+Phases, each resumable (rerun the same command to go on; `--fresh` starts training over):
+1. data (apps/train/eagle_data.py): training prompts built offline (apps/train/
+   eagle_prompts.py, disjoint from the held-out chat set), the target's own greedy answers with
+   its chat template, batched, and the teacher's features, appended shard by shard to
+   OUT/data/ for `--data-budget-min` (default: half the time budget).
+2. vocabulary (FR-Spec): the `--vocab` ids the target says most often in its answers (and its
+   end-of-turn ids); the head's LM head is initialised from the target's rows for them.
+3. training: at entry j (token x_{j+1}, the target's taps at j) the head must give the
+   target's law of x_{j+2}, chained `--unroll` steps on its own outputs, as it drafts. The
+   loss is the cross-entropy to the target's top-k probabilities (T = 1) plus the mass outside
+   them as one bucket, so q is fitted to p itself (calibrated, not sharpened): a draft whose
+   confidence predicts acceptance (trees, HeteroSpec).
+
+Writes OUT/model.safetensors (`eagle.*`, bf16, with the kept ids) and OUT/head.json (the
+target's identity, taps, vocabulary coverage, held-out top-1 agreement per chained step, time);
+OUT defaults to TARGET/.duet/eagle/, where `--draft head` looks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from runtime.errors import DuetError
+
+from .loop import LoopConfig, make_optimizer, train_loop
+from .mtp import chain_outputs
+
+
+def kept_vocab(data: dict, k: int, vocab_size: int, eos: tuple[int, ...]) -> torch.Tensor:
+    """The k ids the target says most often in its answers, its end ids first; ties and any
+    shortfall filled from the prompts' counts, then by id."""
+    ans = torch.zeros(vocab_size, dtype=torch.float64)
+    allc = torch.zeros(vocab_size, dtype=torch.float64)
+    starts, plens, ids = data["starts"], data["prompt_lens"], data["ids"]
+    for s in range(len(plens)):
+        a, p, e = int(starts[s]), int(plens[s]), int(starts[s + 1])
+        ans += torch.bincount(ids[a + p : e], minlength=vocab_size)
+    allc += torch.bincount(ids, minlength=vocab_size)
+    score = ans * 1e6 + allc + torch.linspace(1e-3, 0, vocab_size, dtype=torch.float64)
+    score[list(eos)] = float("inf")
+    return score.topk(min(k, vocab_size)).indices.sort().values
+
+
+def init_head(target, taps: tuple[int, ...], vocab_ids: torch.Tensor):
+    """An EagleHead whose layer copies the target's last one (outputs zeroed: it starts as the
+    identity), norm the target's final norm, LM head the target's rows for the kept ids, fuse
+    picking the high tap, fc = [N(0, 0.02) | I]."""
+    from runtime.backends.torch_eagle import EagleHead
+
+    m, cfg = target.module, target.config
+    head = EagleHead(cfg, len(taps), len(vocab_ids)).float()
+    H = cfg.hidden_size
+    try:
+        head.layers[0].load_state_dict(m.model.layers[-1].state_dict())
+        head.norm.load_state_dict(m.model.norm.state_dict())
+    except (RuntimeError, KeyError):  # another layer family: the layer starts fresh
+        pass
+    w = m.model.embed_tokens.weight if cfg.tie_word_embeddings else m.lm_head.weight
+    with torch.no_grad():
+        head.vocab_ids.copy_(vocab_ids)
+        head.lm_head.weight.copy_(w[vocab_ids].float())
+        head.fc.weight.normal_(0, 0.02)
+        head.fc.weight[:, H:] = torch.eye(H)
+        head.fuse.weight.zero_()
+        head.fuse.weight[:, -H:] = torch.eye(H)
+        head.layers[0].mlp.down_proj.weight.zero_()
+        head.layers[0].self_attn.o_proj.weight.zero_()
+    head.layers_tapped = taps
+    return head
+
+
+def windows(data: dict, seqs: list[int], batch: int, seq_len: int, seed: int):
+    """Batches (positions (B, L) into the flat arrays, -1 past a sequence's end; valid (B, L)):
+    a random window per drawn sequence, half the time the one ending at its end (the answer)."""
+    g = torch.Generator().manual_seed(seed)
+    starts = data["starts"]
+    while True:
+        pick = torch.randint(len(seqs), (batch,), generator=g)
+        pos = torch.full((batch, seq_len), -1, dtype=torch.long)
+        for b, i in enumerate(pick.tolist()):
+            a, e = int(starts[seqs[i]]), int(starts[seqs[i] + 1])
+            if e - a > seq_len:
+                late = torch.rand((), generator=g).item() < 0.5
+                a = e - seq_len if late else a + int(torch.randint(e - a - seq_len + 1, (),
+                                                                   generator=g))  # fmt: skip
+            n = min(seq_len, e - a)
+            pos[b, :n] = torch.arange(a, a + n)
+        yield pos, pos >= 0
+
+
+def head_step(target, head, data: dict, remap: torch.Tensor, unroll: int):
+    """(positions, valid) -> (mean loss over the unrolled steps, metrics) for train_loop."""
+
+    def step(pos, valid):
+        p = pos.clamp(min=0)
+        x = data["ids"][p]
+        hid = data["taps"][p].float()
+        total, metrics = 0.0, {}
+        for r, out in enumerate(chain_outputs(target, head, x, hid, unroll), start=1):
+            lq = torch.log_softmax(head.lm_head(out[:, r - 1 :]).float(), -1)
+            sub = remap[data["top_ids"][p[:, r:]]]  # teacher's top-k at j + 1, as kept indices
+            tp = data["top_lp"][p[:, r:]].float().exp() * (sub >= 0)
+            lq_top = lq.gather(-1, sub.clamp(min=0))
+            q_top = (lq_top.exp() * (sub >= 0)).sum(-1)
+            p_rest = (1 - tp.sum(-1)).clamp(min=0)
+            ce = -(tp * lq_top).sum(-1) - p_rest * torch.log((1 - q_top).clamp(min=1e-6))
+            m = valid[:, r:].float()
+            total = total + (ce * m).sum() / m.sum().clamp(min=1)
+            agree = (lq.argmax(-1) == sub[..., 0]).float()
+            metrics[f"top1_{r}"] = round(float((agree * m).sum() / m.sum().clamp(min=1)), 4)
+        return total / unroll, metrics
+
+    return step
+
+
+@torch.no_grad()
+def heldout(target, head, data, remap, seqs, unroll, seq_len) -> dict:
+    """Top-1 agreement with the target per chained step, and the loss, on held-out sequences."""
+    if not seqs:
+        return {}
+    step = head_step(target, head, data, remap, unroll)
+    acc: dict = {}
+    for i in range(0, len(seqs), 8):
+        sub = seqs[i : i + 8]
+        pos, valid = next(windows(data, sub, len(sub), seq_len, i))
+        loss, mt = step(pos, valid)
+        for k, v in {"loss": float(loss), **mt}.items():
+            acc.setdefault(k, []).append(v)
+    return {f"heldout_{k}": round(sum(v) / len(v), 4) for k, v in acc.items()}
+
+
+def save_head(head, out: Path, target_dir: Path, meta: dict) -> Path:
+    """OUT/model.safetensors (`eagle.*`: float tensors bf16, the kept ids int64), OUT/head.json."""
+    from safetensors.torch import save_file
+
+    from runtime.adapter import base_record
+    from runtime.backends.torch_eagle import META, WEIGHTS
+
+    state = {"eagle." + k: (v.to(torch.bfloat16) if v.is_floating_point() else v)
+             .detach().contiguous() for k, v in head.state_dict().items()}  # fmt: skip
+    tmp = out / (WEIGHTS + ".tmp")
+    save_file(state, str(tmp), metadata={"format": "pt"})
+    tmp.replace(out / WEIGHTS)
+    n = sum(p.numel() for p in head.parameters())
+    rec = {"kind": "duet-eagle-head", "target": base_record(target_dir),
+           "layers": list(head.layers_tapped), "params": n, **meta}  # fmt: skip
+    (out / META).write_text(json.dumps(rec, indent=2) + "\n")
+    return out / WEIGHTS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m apps.train eagle", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--target", required=True, help="target checkpoint (path or short name)")
+    ap.add_argument("--out", default=None, help="default TARGET/.duet/eagle (--draft head)")
+    ap.add_argument("--prompts", type=int, default=1500, help="training prompts (default 1500)")
+    ap.add_argument("--time-budget-min", type=float, default=None,
+                    help="wall-clock cap for data and training together")  # fmt: skip
+    ap.add_argument("--data-budget-min", type=float, default=None,
+                    help="cap for the data phase (default: half the time budget)")  # fmt: skip
+    ap.add_argument("--doc-files", type=int, default=120,
+                    help="stdlib files the document prompts are cut from (default 120)")  # fmt: skip
+    ap.add_argument("--max-prompt", type=int, default=768,
+                    help="skip training prompts longer than this many tokens (768)")  # fmt: skip
+    ap.add_argument("--gen-batch", type=int, default=24, help="prompts answered per batch")
+    ap.add_argument("--max-new", type=int, default=128, help="answer tokens per prompt at most")
+    ap.add_argument("--topk", type=int, default=8, help="teacher probabilities kept per position")
+    ap.add_argument("--vocab", type=int, default=4096, help="kept vocabulary (FR-Spec, 4096)")
+    ap.add_argument("--steps", type=int, default=2000, help="planned steps (default 2000)")
+    ap.add_argument("--unroll", type=int, default=3, help="chained steps in the loss (3)")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ckpt-every", type=int, default=50)
+    ap.add_argument("--fresh", action="store_true", help="start training over (data is kept)")
+    return ap
+
+
+def _check(a) -> None:
+    for name in ("prompts", "doc_files", "max_prompt", "gen_batch", "max_new", "topk", "vocab", "steps", "unroll",
+                 "batch_size", "seq_len", "threads"):  # fmt: skip
+        if getattr(a, name) < 1:
+            raise DuetError(f"--{name.replace('_', '-')} must be positive (got {getattr(a, name)})")
+    for name in ("time_budget_min", "data_budget_min"):
+        if getattr(a, name) is not None and getattr(a, name) <= 0:
+            raise DuetError(f"--{name.replace('_', '-')} must be positive")
+
+
+def run(a: argparse.Namespace) -> dict:
+    from runtime.backends import load_model
+    from runtime.backends.torch_eagle import head_sidecar
+    from runtime.load import resolve
+
+    from .eagle_data import build_data, load_shards
+    from .eagle_prompts import build_prompts
+
+    _check(a)
+    t0 = time.monotonic()
+    tdir = resolve(a.target, "target")
+    if not (tdir / "config.json").is_file() or not (tdir / "tokenizer.json").is_file():
+        raise DuetError(f"--target {tdir}: not a checkpoint directory with a tokenizer.json")
+    out = Path(a.out) if a.out else head_sidecar(tdir)
+    out.mkdir(parents=True, exist_ok=True)
+    budget = a.time_budget_min * 60 if a.time_budget_min else None
+    data_s = a.data_budget_min * 60 if a.data_budget_min else (budget / 2 if budget else None)
+    torch.manual_seed(a.seed)
+    heldout_set = Path(__file__).resolve().parents[1] / "prompts" / "chat" / "chat.jsonl"
+    prompts = build_prompts(a.prompts, a.seed, heldout_set, a.doc_files)
+    print(f"data: answering up to {len(prompts)} prompts into {out / 'data'}", flush=True)
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(prompts), desc="data", unit="prompt", mininterval=10)
+    stats = build_data(tdir, prompts, out / "data", batch=a.gen_batch, max_new=a.max_new,
+                       topk=a.topk, threads=a.threads, max_prompt=a.max_prompt,
+                       deadline=t0 + data_s if data_s else None,
+                       progress=lambda n, _tk: bar.update(n))  # fmt: skip
+    bar.close()
+    data_wall = time.monotonic() - t0
+    torch.set_num_threads(a.threads)
+    target = load_model(tdir, "torch", threads=a.threads)
+    target.module.requires_grad_(False)
+    data = load_shards(out / "data")
+    n_seq = len(data["prompt_lens"])
+    n_held = max(1, n_seq // 20) if n_seq > 1 else 0
+    train_seqs, held_seqs = list(range(n_seq - n_held)), list(range(n_seq - n_held, n_seq))
+    cfg_v, resume = target.config.vocab_size, out / ".resume"
+    if a.fresh:
+        shutil.rmtree(resume, ignore_errors=True)
+    st = torch.load(resume / "state.pt", weights_only=False) if (resume / "state.pt").is_file() \
+        else None  # fmt: skip
+    vocab = st["vocab_ids"] if st else kept_vocab(data, a.vocab, cfg_v,
+                                                  target.config.eos_token_ids)  # fmt: skip
+    head = init_head(target, data["layers"], vocab)
+    remap = torch.full((cfg_v,), -1, dtype=torch.long)
+    remap[vocab] = torch.arange(len(vocab))
+    left = (budget - (time.monotonic() - t0)) if budget else None
+    if left is not None and left < 30:
+        raise DuetError("the time budget is spent before training: raise --time-budget-min")
+    lc = LoopConfig(stage="eagle", steps=a.steps, lr=a.lr, warmup=min(20, a.steps),
+                    weight_decay=0.0, ckpt_every=a.ckpt_every, bf16=False,
+                    time_limit_s=left - 20 if left else None)  # fmt: skip
+    opt = make_optimizer(head, lc)
+    start = 0
+    if st:
+        head.load_state_dict(st["head"])
+        opt.load_state_dict(st["optimizer"])
+        start = st["step"]
+        print(f"resuming {out} at step {start}", flush=True)
+
+    def save_resume(step: int) -> None:
+        resume.mkdir(exist_ok=True)
+        torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                    "vocab_ids": vocab}, resume / "state.pt.tmp")  # fmt: skip
+        (resume / "state.pt.tmp").replace(resume / "state.pt")
+
+    summary = train_loop(head, head_step(target, head, data, remap, a.unroll),
+                         windows(data, train_seqs, a.batch_size, a.seq_len, a.seed + start),
+                         lc, out / "loss_log.jsonl", checkpoint=save_resume, optimizer=opt,
+                         start_step=start)  # fmt: skip
+    save_resume(summary["steps"])
+    ans = sum(int(data["starts"][s + 1] - data["starts"][s] - data["prompt_lens"][s])
+              for s in range(n_seq))  # fmt: skip
+    kept = torch.zeros(cfg_v, dtype=torch.bool)
+    kept[vocab] = True
+    meta = {"vocab": len(vocab), "steps": summary["steps"], "unroll": a.unroll,
+            "batch_size": a.batch_size, "seq_len": a.seq_len, "lr": a.lr, "seed": a.seed,
+            "data": {**stats, "sequences": n_seq, "heldout_sequences": n_held,
+                     "positions": int(data["ids"].numel()), "answer_tokens": ans},
+            "vocab_coverage_all_positions": round(float(kept[data["ids"]].float().mean()), 4),
+            "final_loss_ema": summary["final_loss_ema"], "time_capped": summary["time_capped"],
+            "data_wall_s": round(data_wall, 1), "train_wall_s": summary["wall_s"],
+            "wall_s": round(time.monotonic() - t0, 1),
+            **heldout(target, head, data, remap, held_seqs, a.unroll, a.seq_len)}  # fmt: skip
+    save_head(head, out, tdir, meta)
+    return {"wrote": str(out), **meta}
+
+
+def main(argv: list[str]) -> int:
+    print(json.dumps(run(build_parser().parse_args(argv)), indent=2))
+    return 0

@@ -1,0 +1,194 @@
+"""`python -m apps.train eagle` and `--draft head`: a feature-level head (fused taps of three
+target layers, a cut vocabulary) fitted a few steps on a tiny target loads back from the
+sidecar and drafts losslessly: greedy equals `ar`, and at T = 1 the joint law is the target's
+(chi-square, with a negative control that must fail); the features cached for training are the
+ones the target records while it verifies, and the unrolled training chain is the drafting
+chain."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from apps.train.eagle import chain_outputs, init_head, main, save_head
+from apps.train.eagle_data import _generate, _hf_model
+from runtime.backends import load_model
+from runtime.backends.torch_eagle import HeadDraft, head_sidecar, tap_layers
+from runtime.decoding import make_steps, run
+from runtime.decoding import sd as sd_module
+from runtime.decoding.events import GREEDY
+from runtime.errors import DuetError
+
+PROMPT = [5, 17, 42, 99, 7]
+N_NEW = 16
+ATOL = 1e-4
+
+
+def _fit(target_dir, steps, *extra):
+    return main(["--target", str(target_dir), "--prompts", "6", "--doc-files", "2",
+                 "--max-prompt", "200", "--gen-batch", "3", "--max-new", "12", "--steps",
+                 str(steps), "--seq-len", "48", "--batch-size", "2", "--vocab", "96",
+                 "--ckpt-every", "1", "--unroll", "2", "--threads", "1", *extra])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fitted(tiny_dir, tmp_path_factory):
+    """A Llama target with its head fitted 2 steps, then resumed to 3 (what each run printed)."""
+    import contextlib
+    import io
+
+    target_dir = tmp_path_factory.mktemp("eagle") / "target"
+    shutil.copytree(tiny_dir("llama", seed=3), target_dir)
+    printed = []
+    for steps in (2, 3):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert _fit(target_dir, steps) == 0
+        printed.append(buf.getvalue())
+    return target_dir, printed
+
+
+def test_fitted_head_loads_back_resumes_and_is_lossless(fitted):
+    target_dir, printed = fitted
+    rec = json.loads(printed[1][printed[1].index("{\n") :])
+    side = head_sidecar(target_dir)
+    assert "resuming" in printed[1] and rec["steps"] == 3 and rec["wrote"] == str(side)
+    meta = json.loads((side / "head.json").read_text())
+    assert meta["kind"] == "duet-eagle-head" and meta["layers"] == [1, 1, 0]
+    assert meta["vocab"] == 96 and meta["data"]["prompts"] == 6
+    assert (side / "data" / "shard_00000.pt").is_file()  # the cached teacher features
+    target = load_model(target_dir, "torch", threads=1)
+    draft = HeadDraft.load(target, target_dir)
+    kept = set(draft.head_module.vocab_ids.tolist())
+    ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
+             max_new=N_NEW).tokens  # fmt: skip
+    for gamma in (1, 4):
+        sd = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
+                        gamma=gamma)  # fmt: skip
+        assert run(sd, max_new=N_NEW).tokens == ar
+    row = draft.forward(np.array([PROMPT]), draft.new_cache())[0, -1]
+    assert np.isneginf(row[[i for i in range(row.size) if i not in kept]]).all()
+    assert np.isfinite(row[sorted(kept)]).all()  # q is the softmax over the kept ids, 0 elsewhere
+
+
+def test_generate_cli_finds_the_head(fitted, capsys):
+    from runtime.generate import main as generate
+
+    target_dir, _ = fitted
+    ids = ",".join(map(str, PROMPT))
+    outs = []
+    for method, extra in (("ar", []), ("sd", ["--draft", "head", "--gamma", "3"])):
+        assert generate(["--target", str(target_dir), "--method", method, "--prompt-ids", ids,
+                         "--max-tokens", "10", "--json", *extra]) == 0  # fmt: skip
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[1]["tokens"] == outs[0]["tokens"] and outs[1]["stats"]["steps"] >= 1
+
+
+def test_no_head_is_one_line(tiny_dir, capsys):
+    from runtime.generate import main as generate
+
+    d = tiny_dir("llama", seed=4)
+    capsys.readouterr()
+    rc = generate(["--target", str(d), "--draft", "head", "--method",
+                   "sd", "--prompt-ids", "1,2,3", "--max-tokens", "4"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and len(err) == 1 and "apps.train eagle" in err[0]
+
+
+def _taps(target, ids):
+    target.record_hidden, target.record_layers = True, tap_layers(target.config.num_layers)
+    c = target.new_cache()
+    target.forward(np.array([ids]), c)
+    return c.hidden[: len(ids)]
+
+
+def test_cached_features_are_the_recorded_taps(tiny_dir):
+    """Training reads the taps Hugging Face's forward gave; drafting, those the PyTorch target
+    records while verifying: the same numbers. The teacher's top-1 is the target's argmax."""
+    d = tiny_dir("llama", seed=3)
+    target = load_model(d, "torch", threads=1)
+    ids = [3, 9, 27, 81, 243, 7, 21, 63, 189, 5, 15]
+    seq, taps, top_ids, _ = _generate(_hf_model(d, 1), [ids], 4, 0, {0}, True, tap_layers(4), 4)[0]
+    assert seq[: len(ids)] == ids and len(seq) == len(taps) == len(top_ids) >= len(ids)
+    ids = seq  # the prompt and its answer (features of all but the answer's last token)
+    np.testing.assert_allclose(
+        taps.float().numpy(), _taps(target, ids).numpy(), rtol=2e-3, atol=1e-3
+    )  # cached as float16
+    logits = target.forward(np.array([ids]), target.new_cache())[0]
+    assert (top_ids[:, 0].numpy() == logits.argmax(-1)).all()
+
+
+def test_training_chain_is_the_drafting_chain(tiny_dir):
+    """Step r of the unrolled loss at entry j gives the logits the head drafts its r-th token
+    with, when the target has committed x_0..x_{c-1} and the drafts are the true tokens."""
+    target = load_model(tiny_dir("llama", seed=3), "torch", threads=1)
+    taps = tap_layers(target.config.num_layers)
+    head = init_head(target, taps, torch.arange(0, 320, 2))
+    with torch.no_grad():  # move off the identity start so every part of the layer counts
+        for p in head.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    x = torch.tensor([[3, 9, 27, 81, 243, 7, 21, 63, 189, 5, 15]])
+    c = 6
+    outs = chain_outputs(target, head, x, _taps(target, x[0].tolist())[None].clone(), 3)
+    draft = HeadDraft(target, head)
+    tc, dc = target.new_cache(), draft.new_cache()
+    target.forward(x[:, :c].numpy(), tc)  # records the taps at 0 .. c-1
+    got = [draft.forward(x[:, : c + 1].numpy(), dc)[0, -1]]
+    got += [draft.forward(x[:, c + r : c + r + 1].numpy(), dc)[0, -1] for r in (1, 2)]
+    for r in (1, 2, 3):
+        want = head.lm_head(outs[r - 1][0, c + r - 2]).detach().numpy()
+        np.testing.assert_allclose(got[r - 1][head.vocab_ids.numpy()], want, atol=ATOL, rtol=ATOL)
+
+
+V = 8
+N = 500
+ALPHA = 1e-3
+
+
+@pytest.fixture(scope="module")
+def gof_pair(tiny_dir, tmp_path_factory):
+    """A V = 8 target and a head over 5 of its 8 ids (q = 0 on the other 3), saved and loaded."""
+    d = tiny_dir("qwen3", seed=1, vocab_size=V, tokenizer=False, initializer_range=0.12)
+    target = load_model(d, "torch", threads=1)
+    head = init_head(target, tap_layers(target.config.num_layers), torch.tensor([0, 2, 3, 5, 6]))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.1 * torch.randn_like(p, generator=torch.Generator().manual_seed(0)))
+    target_dir = tmp_path_factory.mktemp("gof_target")
+    for f in d.iterdir():
+        (target_dir / f.name).symlink_to(f)
+    side = head_sidecar(target_dir)
+    side.mkdir(parents=True)
+    save_head(head, side, d, {"steps": 0})
+    return target, HeadDraft.load(target, target_dir)
+
+
+def test_sampling_with_the_head_matches_the_target(gof_pair):
+    from test_sampling_gof import exact_joint, gof_pvalue, sample_pairs
+
+    target, draft = gof_pair
+    p = gof_pvalue(sample_pairs("sd", target, draft, N, seed=0), exact_joint(target))
+    assert p > ALPHA, f"sd with the head: joint law differs from the target's (p = {p:.2e})"
+
+
+def test_negative_control_full_vocabulary_q_fails(gof_pair, monkeypatch):
+    """Verifying with q spread over the whole vocabulary (as if the cut ids had mass) must break
+    the law: the test has power against a q that is not the law the token came from."""
+    from test_sampling_gof import exact_joint, gof_pvalue, sample_pairs
+
+    target, draft = gof_pair
+    real = sd_module.verify_sampling
+
+    def wrong_q(p, q, d, ua, ur):
+        return real(p, (np.asarray(q) + 0.2) / (1 + 0.2 * V), d, ua, ur)
+
+    monkeypatch.setattr(sd_module, "verify_sampling", wrong_q)
+    p = gof_pvalue(sample_pairs("sd", target, draft, N, seed=0), exact_joint(target))
+    assert p < ALPHA, f"the negative control passed (p = {p:.2e}); the test has no power"
+
+
+def test_bad_flags_are_one_line():
+    with pytest.raises(DuetError, match="--vocab must be positive"):
+        main(["--target", "x", "--vocab", "0"])
