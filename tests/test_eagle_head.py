@@ -192,3 +192,19 @@ def test_negative_control_full_vocabulary_q_fails(gof_pair, monkeypatch):
 def test_bad_flags_are_one_line():
     with pytest.raises(DuetError, match="--vocab must be positive"):
         main(["--target", "x", "--vocab", "0"])
+
+
+def test_eval_reports_tokens_per_step_on_held_out_prompts(fitted, tmp_path, capsys):
+    from apps.train.eagle_eval import main as evaluate
+
+    target_dir, _ = fitted
+    q = tmp_path / "q.jsonl"
+    q.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [t]})
+                           for i, (c, t) in enumerate([("qa", "Why?"), ("math", "2 + 2")])))  # fmt: skip
+    capsys.readouterr()
+    assert evaluate(["--target", str(target_dir), "--prompts", str(q), "--per-category", "1",
+                     "--max-tokens", "6", "--threads", "1", "--json"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    rows = json.loads(out[out.index("{\n") :])["rows"]
+    assert set(rows) == {"qa", "math", "all"} and rows["all"]["greedy_equals_ar"] == "2/2"
+    assert 1 <= rows["all"]["tokens_per_step"] <= 5 and 0 <= rows["all"]["accept_rate"] <= 1

@@ -1,0 +1,88 @@
+"""`python -m apps.train.eagle_eval`: a fitted head's tokens per step and speed on held-out chat.
+
+    nice -n 10 python -m apps.train.eagle_eval --target smollm2-135m-instruct --per-category 2
+
+For each held-out prompt (apps/prompts/chat, first turn, the target's chat template), `ar` and
+`sd` with `--draft head` at γ `--gamma`, greedy, alternated prompt by prompt in one process
+(both on the same PyTorch target); prints per category and overall: tokens per sd step (the
+committed tokens over the steps, A + 1 per step), the share of drafted tokens accepted, each
+method's tokens/s and sd's speedup over ar, and whether sd's tokens equal ar's. One JSON
+object with `--json`. The fuller comparison against peers is `apps.bench --prompts chat`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m apps.train.eagle_eval", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--prompts", default="chat", help="a named set or a .jsonl (default chat)")
+    ap.add_argument("--per-category", type=int, default=2, help="prompts per category (2)")
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=None, help="target threads (default: all)")
+    ap.add_argument("--json", action="store_true")
+    return ap
+
+
+def main(argv=None) -> int:
+    from apps.bench.prompts import load_prompts, turn_ids
+    from runtime.chat_template import ChatTemplate
+    from runtime.decoding import make_steps, run
+    from runtime.decoding.events import GREEDY
+    from runtime.load import load_pair
+
+    a = build_parser().parse_args(argv)
+    pair = load_pair(a.target, "head", need_draft=True, target_backend="torch",
+                     target_threads=a.threads)  # fmt: skip
+    template = ChatTemplate.load(pair.target_dir)
+    recs = load_prompts(a.prompts, per_category=a.per_category)
+    eos = pair.target.config.eos_token_ids
+    cats: dict = defaultdict(lambda: defaultdict(float))
+    for rec in recs:
+        ids = turn_ids(pair.tokenizer, template, rec["turns"][:1], [])
+        got = {}
+        for method, draft in (("ar", None), ("sd", pair.draft)):
+            steps = make_steps(method, pair.target, draft, ids, max_new=a.max_tokens,
+                               sampling=GREEDY, seed=0, gamma=a.gamma)  # fmt: skip
+            got[method] = run(steps, max_new=a.max_tokens, eos_ids=eos, prompt_len=len(ids))
+        for key in (rec["category"], "all"):
+            c, s, r = cats[key], got["sd"].stats, got["ar"].stats
+            c["prompts"] += 1
+            c["sd_tokens"] += s.new_tokens
+            c["sd_steps"] += len(s.accept_lengths)
+            c["accepted"] += sum(s.accepted)
+            c["drafted"] += sum(s.drafted)
+            c["sd_s"] += s.wall_s
+            c["ar_tokens"] += r.new_tokens
+            c["ar_s"] += r.wall_s
+            c["equal"] += got["sd"].tokens == got["ar"].tokens
+        print(f"{rec['category']:>15} q{rec['question_id']}: {got['sd'].stats.new_tokens} tokens "
+              f"in {len(got['sd'].stats.accept_lengths)} sd steps", flush=True)  # fmt: skip
+    rows = {k: {"prompts": int(c["prompts"]),
+                "tokens_per_step": round(c["sd_tokens"] / max(1, c["sd_steps"]), 3),
+                "accept_rate": round(c["accepted"] / max(1, c["drafted"]), 3),
+                "ar_tok_s": round(c["ar_tokens"] / max(1e-9, c["ar_s"]), 2),
+                "sd_tok_s": round(c["sd_tokens"] / max(1e-9, c["sd_s"]), 2),
+                "speedup": round((c["sd_tokens"] / c["sd_s"]) / (c["ar_tokens"] / c["ar_s"]), 3),
+                "greedy_equals_ar": f"{int(c['equal'])}/{int(c['prompts'])}"}
+            for k, c in cats.items()}  # fmt: skip
+    out = {"target": str(pair.target_dir), "gamma": a.gamma, "max_tokens": a.max_tokens,
+           "settings": pair.settings, "rows": rows}  # fmt: skip
+    if a.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for k, r in rows.items():
+            print(f"{k:>15}: {r}")
+    return 0
+
+
+if __name__ == "__main__":
+    from runtime.errors import cli_main
+
+    raise SystemExit(cli_main(main)())
