@@ -35,17 +35,18 @@ def _fit(target_dir, steps, *extra):
 
 @pytest.fixture(scope="module")
 def fitted(tiny_dir, tmp_path_factory):
-    """A Llama target with its head fitted 2 steps, then resumed to 3 (what each run printed)."""
+    """A Llama target with its head fitted 2 steps, then resumed to 3 on the cached data (what
+    each run printed)."""
     import contextlib
     import io
 
     target_dir = tmp_path_factory.mktemp("eagle") / "target"
     shutil.copytree(tiny_dir("llama", seed=3), target_dir)
     printed = []
-    for steps in (2, 3):
+    for steps, extra in ((2, []), (3, ["--data-budget-min", "0"])):  # then the cached data only
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
-            assert _fit(target_dir, steps) == 0
+            assert _fit(target_dir, steps, *extra) == 0
         printed.append(buf.getvalue())
     return target_dir, printed
 
@@ -208,3 +209,5 @@ def test_eval_reports_tokens_per_step_on_held_out_prompts(fitted, tmp_path, caps
     rows = json.loads(out[out.index("{\n") :])["rows"]
     assert set(rows) == {"qa", "math", "all"} and rows["all"]["greedy_equals_ar"] == "2/2"
     assert 1 <= rows["all"]["tokens_per_step"] <= 5 and 0 <= rows["all"]["accept_rate"] <= 1
+    cal = json.loads(out[out.index("{\n") :])["calibration"]
+    assert cal and all(0 <= r["accepted"] <= 1 and 0 < r["mean_q"] <= 1 for r in cal)

@@ -201,9 +201,10 @@ def _check(a) -> None:
                  "batch_size", "seq_len", "threads"):  # fmt: skip
         if getattr(a, name) < 1:
             raise DuetError(f"--{name.replace('_', '-')} must be positive (got {getattr(a, name)})")
-    for name in ("time_budget_min", "data_budget_min"):
-        if getattr(a, name) is not None and getattr(a, name) <= 0:
-            raise DuetError(f"--{name.replace('_', '-')} must be positive")
+    if a.time_budget_min is not None and a.time_budget_min <= 0:
+        raise DuetError("--time-budget-min must be positive")
+    if a.data_budget_min is not None and a.data_budget_min < 0:
+        raise DuetError("--data-budget-min must be >= 0 (0: train on the cached data only)")
 
 
 def run(a: argparse.Namespace) -> dict:
@@ -211,7 +212,7 @@ def run(a: argparse.Namespace) -> dict:
     from runtime.backends.torch_eagle import head_sidecar
     from runtime.load import resolve
 
-    from .eagle_data import build_data, load_shards
+    from .eagle_data import build_data, data_stats, load_shards
     from .eagle_prompts import build_prompts
 
     _check(a)
@@ -222,19 +223,22 @@ def run(a: argparse.Namespace) -> dict:
     out = Path(a.out) if a.out else head_sidecar(tdir)
     out.mkdir(parents=True, exist_ok=True)
     budget = a.time_budget_min * 60 if a.time_budget_min else None
-    data_s = a.data_budget_min * 60 if a.data_budget_min else (budget / 2 if budget else None)
+    data_s = a.data_budget_min * 60 if a.data_budget_min is not None else (
+        budget / 2 if budget else None)  # fmt: skip
     torch.manual_seed(a.seed)
-    heldout_set = Path(__file__).resolve().parents[1] / "prompts" / "chat" / "chat.jsonl"
-    prompts = build_prompts(a.prompts, a.seed, heldout_set, a.doc_files)
-    print(f"data: answering up to {len(prompts)} prompts into {out / 'data'}", flush=True)
-    from tqdm import tqdm
+    stats = data_stats(out / "data")
+    if data_s != 0:
+        heldout_set = Path(__file__).resolve().parents[1] / "prompts" / "chat" / "chat.jsonl"
+        prompts = build_prompts(a.prompts, a.seed, heldout_set, a.doc_files)
+        print(f"data: answering up to {len(prompts)} prompts into {out / 'data'}", flush=True)
+        from tqdm import tqdm
 
-    bar = tqdm(total=len(prompts), desc="data", unit="prompt", mininterval=10)
-    stats = build_data(tdir, prompts, out / "data", batch=a.gen_batch, max_new=a.max_new,
-                       topk=a.topk, threads=a.threads, max_prompt=a.max_prompt,
-                       deadline=t0 + data_s if data_s else None,
-                       progress=lambda n, _tk: bar.update(n))  # fmt: skip
-    bar.close()
+        bar = tqdm(total=len(prompts), desc="data", unit="prompt", mininterval=10)
+        stats = build_data(tdir, prompts, out / "data", batch=a.gen_batch, max_new=a.max_new,
+                           topk=a.topk, threads=a.threads, max_prompt=a.max_prompt,
+                           deadline=t0 + data_s if data_s else None,
+                           progress=lambda n, _tk: bar.update(n))  # fmt: skip
+        bar.close()
     data_wall = time.monotonic() - t0
     torch.set_num_threads(a.threads)
     target = load_model(tdir, "torch", threads=a.threads)

@@ -137,10 +137,15 @@ def build_data(tdir: Path, prompts: list[str], data: Path, *, batch: int, max_ne
         i, n_shard = i + len(chunk), n_shard + 1
         if progress is not None:
             progress(len(chunk), sum(answers))
-    meta = [json.loads(x) for x in (data / "shards.jsonl").read_text().splitlines() if x.strip()] \
-        if (data / "shards.jsonl").is_file() else []  # fmt: skip
-    return {"prompts": sum(m["n"] for m in meta), "answer_tokens":
-            sum(m["answer_tokens"] for m in meta), "shards": len(meta)}  # fmt: skip
+    return data_stats(data)
+
+
+def data_stats(data: Path) -> dict:
+    """{"prompts", "answer_tokens", "shards"} cached in DATA so far."""
+    f = data / "shards.jsonl"
+    meta = [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.is_file() else []
+    return {"prompts": sum(m["n"] for m in meta), "shards": len(meta),
+            "answer_tokens": sum(m["answer_tokens"] for m in meta)}  # fmt: skip
 
 
 def load_shards(data: Path) -> dict:

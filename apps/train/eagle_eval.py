@@ -6,7 +6,8 @@ For each held-out prompt (apps/prompts/chat, first turn, the target's chat templ
 `sd` with `--draft head` at γ `--gamma`, greedy, alternated prompt by prompt in one process
 (both on the same PyTorch target); prints per category and overall: tokens per sd step (the
 committed tokens over the steps, A + 1 per step), the share of drafted tokens accepted, each
-method's tokens/s and sd's speedup over ar, and whether sd's tokens equal ar's. One JSON
+method's tokens/s and sd's speedup over ar, whether sd's tokens equal ar's, and how well
+the head's confidence in a drafted token (its max q) predicts that the target accepts it. One JSON
 object with `--json`. The fuller comparison against peers is `apps.bench --prompts chat`.
 """
 
@@ -30,6 +31,44 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+class Confidence:
+    """The head's confidence (max q) in each token it drafts, paired with whether the target
+    accepted it: drafts 1..A of a step were accepted, draft A + 1 rejected, later ones never
+    judged. Reliability bins say whether q predicts acceptance (what trees need)."""
+
+    EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.01)
+
+    def __init__(self, draft):
+        import numpy as np
+
+        self.rows, self.pairs, real = [], [], draft.forward
+
+        def forward(tokens, cache, **kw):
+            out = real(tokens, cache, **kw)
+            z = out[0, -1].astype(np.float64)
+            self.rows.append(float(1.0 / np.exp(z - z.max()).sum()))
+            return out
+
+        draft.forward = forward
+
+    def steps(self, events):
+        for ev in events:
+            qs, self.rows = self.rows[-ev.drafted :] if ev.drafted else [], []
+            self.pairs += [(q, j < ev.accepted) for j, q in enumerate(qs) if j <= ev.accepted]
+            yield ev
+
+    def table(self) -> list[dict]:
+        out = []
+        for lo, hi in zip(self.EDGES, self.EDGES[1:], strict=False):
+            got = [ok for q, ok in self.pairs if lo <= q < hi]
+            mean_q = [q for q, _ in self.pairs if lo <= q < hi]
+            if got:
+                out.append({"q": f"{lo:.1f}-{min(hi, 1):.1f}", "n": len(got),
+                            "mean_q": round(sum(mean_q) / len(got), 3),
+                            "accepted": round(sum(got) / len(got), 3)})  # fmt: skip
+        return out
+
+
 def main(argv=None) -> int:
     from apps.bench.prompts import load_prompts, turn_ids
     from runtime.chat_template import ChatTemplate
@@ -43,6 +82,7 @@ def main(argv=None) -> int:
     template = ChatTemplate.load(pair.target_dir)
     recs = load_prompts(a.prompts, per_category=a.per_category)
     eos = pair.target.config.eos_token_ids
+    conf = Confidence(pair.draft)
     cats: dict = defaultdict(lambda: defaultdict(float))
     for rec in recs:
         ids = turn_ids(pair.tokenizer, template, rec["turns"][:1], [])
@@ -50,6 +90,8 @@ def main(argv=None) -> int:
         for method, draft in (("ar", None), ("sd", pair.draft)):
             steps = make_steps(method, pair.target, draft, ids, max_new=a.max_tokens,
                                sampling=GREEDY, seed=0, gamma=a.gamma)  # fmt: skip
+            conf.rows = []
+            steps = conf.steps(steps) if draft is not None else steps
             got[method] = run(steps, max_new=a.max_tokens, eos_ids=eos, prompt_len=len(ids))
         for key in (rec["category"], "all"):
             c, s, r = cats[key], got["sd"].stats, got["ar"].stats
@@ -73,12 +115,15 @@ def main(argv=None) -> int:
                 "greedy_equals_ar": f"{int(c['equal'])}/{int(c['prompts'])}"}
             for k, c in cats.items()}  # fmt: skip
     out = {"target": str(pair.target_dir), "gamma": a.gamma, "max_tokens": a.max_tokens,
-           "settings": pair.settings, "rows": rows}  # fmt: skip
+           "settings": pair.settings, "rows": rows, "calibration": conf.table()}  # fmt: skip
     if a.json:
         print(json.dumps(out, indent=2))
     else:
         for k, r in rows.items():
             print(f"{k:>15}: {r}")
+        for r in out["calibration"]:
+            print(f"draft confidence {r['q']}: {r['n']} drafts, mean q {r['mean_q']}, "
+                  f"accepted {r['accepted']}")  # fmt: skip
     return 0
 
 
