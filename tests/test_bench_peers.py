@@ -153,3 +153,26 @@ def test_per_category_limit():
     assert len(load_prompts("chat", per_category=2)) == 12
     with pytest.raises(DuetError, match="per-category-limit"):
         load_prompts("chat", per_category=0)
+
+
+def test_cli_rows_categories_and_skips(tiny_dir, tmp_path, monkeypatch, capsys):
+    import json
+
+    from apps.bench.__main__ import main
+
+    monkeypatch.setenv("DUET_CACHE_DIR", str(tmp_path / "cache"))  # no llama-server there
+    qs = tmp_path / "q.jsonl"
+    qs.write_text("\n".join(json.dumps(q) for q in QS) + "\n")
+    out = tmp_path / "res.json"
+    argv = ["--target", str(tiny_dir("llama")), "--methods", "ar", "--peers", "llama.cpp,hf",
+            "--prompts", str(qs), "--per-category-limit", "1", "--max-tokens", "6",
+            "--temps", "0", "--threads", "1", "--no-warmup", "--json-out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    res = json.loads(out.read_text())
+    rows = {r["method"]: r for r in res["rows"]}
+    assert list(rows) == ["ar", "hf:ar", "hf:lookup"]
+    assert rows["hf:lookup"]["matches_ar"] == "2/2"  # against hf:ar, one prompt per category
+    assert list(res["categories"]) == ["summarization", "rag", "overall"]
+    assert "apps.bench.llamacpp build" in res["settings"]["skipped"]["llama.cpp:ar"]
+    text = capsys.readouterr().out
+    assert "skipped llama.cpp:ar: llama-server is not built here" in text

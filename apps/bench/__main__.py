@@ -34,6 +34,7 @@ from runtime.cli_args import (
 from runtime.decoding import METHODS
 from runtime.errors import DuetError, cli_main
 
+from .categories import add_category_args
 from .peers import add_peer_args
 
 BASELINES = ("mlx-lm", "hf-assisted", "hf")
@@ -61,13 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "models, apps/prompts/chat/) (default apps/prompts/)",
     )
     ap.add_argument("--limit", type=int, default=None, help="first N prompts only")
-    ap.add_argument("--per-category-limit", type=int, default=None, metavar="N",
-                    help="first N prompts of each category only")  # fmt: skip
-    ap.add_argument(
-        "--per-category",
-        action="store_true",
-        help="also print Spec-Bench's per-category table (the JSON always has it)",
-    )
+    add_category_args(ap)
     ap.add_argument("--categories", default=None, help="comma-separated categories to keep")
     ap.add_argument(
         "--methods",
@@ -144,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
         "append ',real-vocab' to pad the logits to the emulated target's vocabulary as well",
     )
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    ap.add_argument("--json-out", default=None, metavar="FILE",
+                    help="also write that JSON object (settings, rows, per-category rows, "
+                    "mismatches) to FILE, beside the table")  # fmt: skip
     ap.add_argument(
         "--out", default=None, help="write Spec-Bench answer JSONL files to this folder"
     )
@@ -190,7 +188,9 @@ def sweep_runners(methods: list[str], pair, a) -> list:
     than one γ, each drafting runner is named METHOD@gG (ar runs once)."""
     from copy import copy
 
-    from .drafts import extra_runners
+    from runtime.drafts import is_model_free_spec
+
+    from .drafts import extra_runners, label
 
     gammas = parse_gammas(getattr(a, "gammas", None), a.gamma)
     runners, pairs = [], {}
@@ -203,6 +203,10 @@ def sweep_runners(methods: list[str], pair, a) -> list:
         if not ms:  # nothing here takes γ (e.g. ar,tree): one pass is the whole sweep
             break
         rs = make_runners(ms, pair, ag)
+        if is_model_free_spec(a.draft):  # `sd` with --draft lookup reads as sd+lookup
+            for r in rs:
+                if r.name not in ("ar", AUTO, *BASELINES):
+                    r.name = f"{r.name}+{label(a.draft)}"
         rs += extra_runners(ms, pair, ag, make_runners, skip=(*BASELINES, AUTO), pairs=pairs)
         if len(gammas) > 1:
             for r in rs:
@@ -350,6 +354,9 @@ def bench(a: argparse.Namespace) -> dict:
     runners = sweep_runners(methods, pair, a)
     if a.also_target_backend:  # Duet's methods again over a second target backend
         runners += second_backend_runners(methods, a, sweep_runners, need or bool(a.drafts))
+    if emu is not None:  # the peers run their own loops: nothing to pad
+        skipped |= {f"{x}:ar": UNPADDED for x in peer_names}
+        peer_names = []
     peers, peer_skips = peer_runners(peer_names, pair, a, threads)
     skipped |= peer_skips
     for m, why in peer_skips.items():
@@ -418,6 +425,7 @@ def bench(a: argparse.Namespace) -> dict:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
+    from .categories import category_report
     from .report import table
     from .specbench import write_answers
 
@@ -439,14 +447,21 @@ def main(argv: list[str] | None = None) -> int:
         from runtime.preflight import writable_dir
 
         writable_dir(a.out, "--out")
+    if a.json_out and not os.path.isdir(os.path.dirname(os.path.abspath(a.json_out))):
+        raise DuetError(f"--json-out {a.json_out}: its folder does not exist")
     res = bench(a)
     if a.out:
         files = write_answers(a.out, res["records"], res["settings"]["model_id"])
         print(f"wrote {len(files)} Spec-Bench answer files to {a.out}", file=sys.stderr)
+    out = {k: res[k] for k in ("settings", "rows", "categories", "mismatches")}
+    if "emulated" in res["settings"]:
+        out = {"emulated": res["settings"]["emulated"]} | out
+    if a.json_out:
+        from pathlib import Path
+
+        Path(a.json_out).write_text(json.dumps(out, indent=1) + "\n")
+        print(f"wrote {a.json_out}", file=sys.stderr)
     if a.json:
-        out = {k: res[k] for k in ("settings", "rows", "categories", "mismatches")}
-        if "emulated" in res["settings"]:
-            out = {"emulated": res["settings"]["emulated"]} | out
         print(json.dumps(out))
         return 0
     s = res["settings"]
@@ -457,13 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"threads: {json.dumps(s['threads'])}")
     print(table(res["rows"]))
-    if a.per_category:
-        from .categories import category_table
-
-        for t in s["temps"]:
-            print("\n" + category_table(res["categories"], t))
-    for m, why in s.get("skipped", {}).items():
-        print(f"skipped {m}: {why}")
+    if extra := category_report(res, a.per_category):  # Spec-Bench's table, skipped peers
+        print(extra)
     for m in res["mismatches"]:
         print(
             f"greedy mismatch: {m['method']} on question {m['question_id']} differs from "

@@ -21,6 +21,22 @@ TITLES = {
 }
 
 
+def add_category_args(ap) -> None:
+    ap.add_argument("--per-category-limit", type=int, default=None, metavar="N",
+                    help="first N prompts of each category only")  # fmt: skip
+    ap.add_argument("--per-category", action="store_true",
+                    help="also print Spec-Bench's per-category table (the JSON always has it)")  # fmt: skip
+
+
+def category_report(res: dict, tables: bool) -> str:
+    """What the bench prints under its table: the per-category tables (when `tables`), one
+    per temperature, and a line per skipped peer with why."""
+    s = res["settings"]
+    out = ["\n" + category_table(res["categories"], t) for t in s["temps"]] if tables else []
+    out += [f"skipped {m}: {why}" for m, why in s.get("skipped", {}).items()]
+    return "\n".join(out)
+
+
 def by_category(records: list[dict], methods: list[str], temps: list[float],
                 own_ar: dict | None = None) -> dict[str, list[dict]]:  # fmt: skip
     """{category: summarize rows over that category's records}, categories in first-seen

@@ -114,12 +114,14 @@ def _llamacpp(pair, a, threads, eos):
     if gguf is None or not gguf.is_file():
         return [], {"llama.cpp:ar": f"no GGUF for {pair.target_dir} (pass --gguf FILE; found "
                                     f"{gguf or 'none, or several, beside the checkpoint'})"}  # fmt: skip
+    # the model's context, at most 8192 (the chat set's prompts fit; a KV of 6 servers stays small)
+    ctx = min(int(getattr(pair.target.config, "max_context", 4096) or 4096), 8192)
     runners = []
     try:
         modes = [None, *ngram_modes(str(binary)), *(["draft"] if a.gguf_draft else [])]
         for mode in modes:
             runners.append(LlamaCppRunner(str(gguf), threads=threads, mode=mode, eos=eos,
-                                          draft_gguf=a.gguf_draft, gamma=a.gamma))  # fmt: skip
+                                          draft_gguf=a.gguf_draft, gamma=a.gamma, ctx=ctx))  # fmt: skip
     except BaseException:
         for r in runners:
             r.close()
