@@ -176,3 +176,22 @@ def test_cli_rows_categories_and_skips(tiny_dir, tmp_path, monkeypatch, capsys):
     assert "apps.bench.llamacpp build" in res["settings"]["skipped"]["llama.cpp:ar"]
     text = capsys.readouterr().out
     assert "skipped llama.cpp:ar: llama-server is not built here" in text
+
+
+def test_second_target_backend_rows(tiny_dir, tmp_path):
+    import json
+
+    from apps.bench.__main__ import main
+
+    qs = tmp_path / "q.jsonl"
+    qs.write_text(json.dumps(QS[0]) + "\n")
+    out = tmp_path / "res.json"
+    argv = ["--target", str(tiny_dir("llama")), "--target-backend", "torch", "--draft", "lookup",
+            "--methods", "ar,sd", "--also-target-backend", "onnx", "--quantize", "none",
+            "--prompts", str(qs), "--max-tokens", "6", "--temps", "0", "--threads", "1",
+            "--no-warmup", "--json-out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    assert list(rows) == ["ar", "sd+lookup", "onnx:ar", "onnx:sd+lookup"]
+    assert rows["onnx:sd+lookup"]["matches_ar"] == "1/1"  # against onnx:ar, its own target
+    assert rows["onnx:ar"]["speedup"] == 1.0
