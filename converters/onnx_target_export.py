@@ -11,7 +11,8 @@ converters/onnx_target_gemma3.py (Gemma 3, whose local layers also read `local_m
   head        final norm + LM head on any hidden state (Mirror-SD eq. 6)
 Every graph that runs layers takes
   input_ids (B, T) int64 or hidden_in (B, T, C) float32, position_ids (B, T) int64,
-  attention_mask (B, T, past + T) bool (True = may attend: causal, tree and branch masks alike),
+  kv_index / seqlens_k / gqa_mask (and local_* for Gemma 3's sliding layers): the attention
+  mask (causal, tree and branch masks alike) as attention rows (converters/onnx_target_rows.py),
   past.{i}.key / past.{i}.value (B, KV, past, D) for its layers i
 and returns present.{i}.key / .value (B, KV, past + T, D). Positions and the mask are explicit,
 so tree verification and branch rows run on it; rollback stays an offset on the host cache.
@@ -23,7 +24,7 @@ head cost 11 points of top-1 agreement, 64 % against 75 %) as ONNX Runtime's Mat
 (onnxruntime.quantization's MatMulNBitsQuantizer for 4 bits; 8 bits as two 4-bit halves,
 converters/onnx_head_split.py): symmetric blocks of BLOCK_SIZE along the input dimension,
 requantized from the checkpoint's float32 weights, at the accuracy levels of
-runtime/backends/onnx_target.py (layers 1, head 4: why there).
+runtime/backends/onnx_target.py (layers and head 4: why there).
 Under int4, a weight that already lies on a 4-bit block grid (a checkpoint dequantized from a
 Q4_0/Q4_1 GGUF) keeps its own blocks exactly instead (converters/onnx_grid_q4.py). The
 embedding stays float32 (a Gather reads one row a token). The recipe is stored in the graph's
@@ -53,7 +54,8 @@ def io_names(start: int, stop: int, head: bool) -> tuple[list[str], list[str]]:
     """(input names, output names) of a part, in graph order."""
     if start == stop:
         return ["hidden_in"], ["logits"]
-    ins = ["input_ids" if start == 0 else "hidden_in", "position_ids", "attention_mask"]
+    ins = ["input_ids" if start == 0 else "hidden_in", "position_ids", "kv_index", "seqlens_k",
+           "gqa_mask"]  # fmt: skip
     outs = ["logits", "hidden"] if head else ["hidden"]
     for i in range(start, stop):
         ins += [f"past.{i}.key", f"past.{i}.value"]

@@ -4,9 +4,10 @@ converters/onnx_target_graph.py, whose fused ops and I/O it shares).
 What Gemma adds, against runtime/backends/torch_gemma3.py (the reference):
 - local sliding-window layers beside global ones, each kind with its own RoPE tables. A local
   layer holds only its window and a slack (runtime/sliding_cache.py), so its past is shorter
-  than a global layer's; it reads `local_mask` (B, T, held + T) bool, which the host builds as
-  the last held + T columns of attention_mask and keys within (p - window, p] of a query at p
-  (key positions are columns' positions, not columns: tree nodes and branch holes stay right);
+  than a global layer's; its row inputs (local_kv_index, ...: converters/onnx_target_rows.py)
+  come from the host's local mask: the last held + T columns of the mask and keys within
+  (p - window, p] of a query at p (key positions are columns' positions, not columns: tree
+  nodes and branch holes stay right);
 - q/k RMSNorm before RoPE, RMSNorm before and after attention and the MLP, every one Gemma's
   x / rms(x) * (1 + w): SimplifiedLayerNormalization with the weight 1 + w, in float32;
 - the embedding times sqrt(hidden), a GELU-tanh gated MLP (com.microsoft FastGelu; exact GELU
@@ -28,12 +29,12 @@ from converters.onnx_target_graph import (
     HEAD_NODE,
     MS,
     Graph,
-    attention_inputs,
     finish,
     head_norm,
     rope_tables,
     weight,
 )
+from converters.onnx_target_rows import row_attention, row_inputs
 
 
 def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head: bool):
@@ -57,16 +58,13 @@ def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head:
     else:
         ins.append(oh.make_tensor_value_info(x_in, TP.FLOAT, ["batch", "seq", C]))
         h = x_in
-    att_in = {}  # kind -> (bias, seqlens, total, cos, sin)
+    att_in = {}  # kind -> (row inputs, cos, sin)
     if start < stop:
-        ins += [oh.make_tensor_value_info("position_ids", TP.INT64, ["batch", "seq"]),
-                oh.make_tensor_value_info("attention_mask", TP.BOOL, ["batch", "seq", "total"])]  # fmt: skip
+        ins.append(oh.make_tensor_value_info("position_ids", TP.INT64, ["batch", "seq"]))
         if not all(sliding):
-            att_in[False] = (*attention_inputs(g, "attention_mask"),
-                             *rope_tables(g, cfg, ropes["global"], ""))  # fmt: skip
+            att_in[False] = (row_inputs(g, ins, "", KV), *rope_tables(g, cfg, ropes["global"], ""))
         if any(sliding):
-            ins.append(oh.make_tensor_value_info("local_mask", TP.BOOL, ["batch", "seq", "held"]))
-            att_in[True] = (*attention_inputs(g, "local_mask"),
+            att_in[True] = (row_inputs(g, ins, "local_", KV),
                             *rope_tables(g, cfg, ropes["local"], "_local"))  # fmt: skip
     act_op = ("Gelu", {}) if cfg.hidden_activation == "gelu" else ("FastGelu", {})
     resid = None  # the last block's normed MLP output, still to be added to h
@@ -88,16 +86,14 @@ def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head:
         q, k, v = g.op("Split", [qkv, split], 3, axis=-1)
         q = head_norm(g, q, H, D, norm_w(f"qn.{i}", a + "q_norm.weight"), eps)
         k = head_norm(g, k, KV, D, norm_w(f"kn.{i}", a + "k_norm.weight"), eps)
-        bias, seqlens, total, cos, sin = att_in[local]
+        rows, cos, sin = att_in[local]
         q = g.op("RotaryEmbedding", [q, "position_ids", cos, sin], domain=MS, num_heads=H)
         k = g.op("RotaryEmbedding", [k, "position_ids", cos, sin], domain=MS, num_heads=KV)
         past = ["batch", KV, "held" if local else "past", D]
         ins += [oh.make_tensor_value_info(f"past.{i}.{n}", TP.FLOAT, past)
                 for n in ("key", "value")]  # fmt: skip
-        att, pk, pv = g.op("GroupQueryAttention", [q, k, v, f"past.{i}.key", f"past.{i}.value",
-                           seqlens, total, "", "", "", bias], 3, domain=MS, num_heads=H,
-                           kv_num_heads=KV,
-                           scale=float(cfg.query_pre_attn_scalar) ** -0.5)  # fmt: skip
+        att, pk, pv = row_attention(g, rows, q, k, v, f"past.{i}.key", f"past.{i}.value",
+                                    H, KV, D, float(cfg.query_pre_attn_scalar) ** -0.5)  # fmt: skip
         outs += [(pk, f"present.{i}.key"), (pv, f"present.{i}.value")]
         o = g.op("MatMul", [att, g.init(f"o.{i}", weight(state, a + "o_proj.weight").T)])
         on = g.op("SimplifiedLayerNormalization",

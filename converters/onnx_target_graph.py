@@ -9,13 +9,12 @@ builder uses (ONNX Runtime's com.microsoft domain, CPU kernels in every build):
   MatMul over packed q|k|v and gate|up weights  (MatMulNBits once quantized)
   RotaryEmbedding  rotate-half RoPE from position_ids and cos/sin tables (any rope scaling:
                    the tables come from runtime/backends/torch_ref.rope_inv_freq)
-  GroupQueryAttention  KV concat + grouped-query attention, with the explicit mask as an
-                   additive attention_bias (0 / float32 min) over its built-in causal rule;
-                   every mask Duet passes (causal, tree, branch rows with key holes) is causal
-                   with some keys removed, so the two compose to exactly that mask
+  GroupQueryAttention  grouped-query attention, run as rows of one token over the keys each
+                   may see (converters/onnx_target_rows.py: why, and the inputs it reads);
+                   a prefill runs as one window, the mask as an additive attention_bias over
+                   its built-in causal rule (every mask Duet passes is causal with some keys
+                   removed, so the two compose to exactly that mask)
   QuickGelu(alpha=1) SiLU
-One limit of the CPU kernel: a window of several tokens over a past runs one row at a time
-(batch 1); runtime/backends/onnx_target.py splits such a batch into rows.
 
 I/O of a part [start, stop) (+ head): see converters/onnx_target_export.py.
 """
@@ -27,8 +26,9 @@ from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper as onh
 
+from converters.onnx_target_rows import row_attention, row_inputs
+
 MS = "com.microsoft"
-NEG = float(np.finfo(np.float32).min)
 HEAD_NODE = "lm_head"  # the LM head's MatMul (quantized to its own width)
 
 
@@ -69,9 +69,8 @@ def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, he
         ins.append(oh.make_tensor_value_info(x_in, TP.FLOAT, ["batch", "seq", C]))
         h = x_in
     if start < stop:
-        ins += [oh.make_tensor_value_info("position_ids", TP.INT64, ["batch", "seq"]),
-                oh.make_tensor_value_info("attention_mask", TP.BOOL, ["batch", "seq", "total"])]  # fmt: skip
-        bias, seqlens, total = attention_inputs(g, "attention_mask")
+        ins.append(oh.make_tensor_value_info("position_ids", TP.INT64, ["batch", "seq"]))
+        rows = row_inputs(g, ins, "", KV)
         cos, sin = rope_tables(g, cfg, inv_freq, "")
     resid = None  # the residual stream when the last block's output is still to be added
     for i in range(start, stop):
@@ -97,9 +96,8 @@ def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, he
         k = g.op("RotaryEmbedding", [k, "position_ids", cos, sin], domain=MS, num_heads=KV)
         ins += [oh.make_tensor_value_info(f"past.{i}.{n}", TP.FLOAT, ["batch", KV, "past", D])
                 for n in ("key", "value")]  # fmt: skip
-        att, pk, pv = g.op("GroupQueryAttention", [q, k, v, f"past.{i}.key", f"past.{i}.value",
-                           seqlens, total, "", "", "", bias], 3, domain=MS, num_heads=H,
-                           kv_num_heads=KV, scale=float(D) ** -0.5)  # fmt: skip
+        att, pk, pv = row_attention(g, rows, q, k, v, f"past.{i}.key", f"past.{i}.value",
+                                    H, KV, D, float(D) ** -0.5)  # fmt: skip
         outs += [(pk, f"present.{i}.key"), (pv, f"present.{i}.value")]
         o = g.op("MatMul", [att, g.init(f"o.{i}", weight(state, a + "o_proj.weight").T)])
         w_post = g.init(f"ln_post.{i}", weight(state, p + "post_attention_layernorm.weight"))
@@ -127,21 +125,6 @@ def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, he
     else:
         outs.insert(0, (g.op("Add", [resid, h]), "hidden"))
     return finish(g, ins, outs)
-
-
-def attention_inputs(g: Graph, mask: str) -> tuple[str, str, str]:
-    """GroupQueryAttention's (attention_bias (B, 1, T, S): 0 / float32 min, seqlens_k (B,)
-    int32 = S - 1, total_sequence_length int32 = S) from a bool mask input (B, T, S)."""
-    t = g.n
-    bias = g.op("Where", [mask, g.init(f"zero_{t}", np.array(0, np.float32)),
-                          g.init(f"neg_{t}", np.array(NEG, np.float32))])  # fmt: skip
-    bias = g.op("Unsqueeze", [bias, g.init(f"ax1_{t}", np.array([1], np.int64))])
-    total64 = g.op("Shape", [mask], start=2, end=3)  # (1,)
-    total = g.op("Cast", [g.op("Squeeze", [total64])], to=TP.INT32)
-    batch = g.op("Shape", [mask], start=0, end=1)
-    seqlens = g.op("Cast", [g.op("Expand", [g.op("Sub", [total64, g.init(
-        f"one_{t}", np.array([1], np.int64))]), batch])], to=TP.INT32)  # fmt: skip
-    return bias, seqlens, total
 
 
 def rope_tables(g: Graph, cfg, inv_freq: np.ndarray, tag: str) -> tuple[str, str]:

@@ -93,7 +93,7 @@ def test_the_export_is_cached_per_quantization_and_reused(tiny_dir, monkeypatch)
     monkeypatch.setattr("converters.onnx_target_export.export_target_part", no_export)
     lm = OnnxTargetLM(d, "none", intra_threads=1)
     assert full.stat().st_mtime_ns == stamp
-    assert lm.quantization == {"scheme": "none"}
+    assert lm.quantization == {"scheme": "none", "attention": "rows"}
     q = OnnxTargetLM(d, "int8", intra_threads=1).quantization
     assert (q["op"], q["bits"], q["block_size"]) == ("MatMulNBits", 8, 32)
 
@@ -136,12 +136,40 @@ def test_int4_target_sd_tree_and_mirror_equal_its_own_ar(tiny_dir):
     d = tiny_dir("llama", tie_word_embeddings=True)
     target = OnnxTargetLM(d, "int4", intra_threads=1)
     q = target.quantization
-    assert (q["accuracy_level"], q["head_accuracy_level"]) == (1, 4)
+    assert (q["accuracy_level"], q["head_accuracy_level"], q["attention"]) == (4, 4, "rows")
     draft = load_model(tiny_dir("llama", num_layers=1, hidden_size=32, seed=7), "onnx")
     ref = _gen("ar", target, None)
     assert _gen("sd", target, draft, gamma=3) == ref
     assert _gen("tree", target, draft) == ref
     assert _gen("mirror", target, draft, gamma=3, exit_layer=2) == ref
+
+
+def test_int4_windows_and_tree_rows_equal_one_token_passes_bit_for_bit(tiny_dir, arch):
+    """At int8 activations (accuracy level 4) a last-bit difference in attention grows through
+    the layers (GroupQueryAttention's window path left SmolLM2 0.84 logits from its one-token
+    path); as rows, a verify window and a tree's path give exactly ar's one-token logits and KV."""
+    lm = OnnxTargetLM(tiny_dir(arch, tie_word_embeddings=arch == "llama"), "int4", 1)
+    assert lm.quantization["accuracy_level"] == 4
+    P, win = len(PROMPT), np.array([[5, 9, 13, 21, 30]])
+    ca, cb = lm.new_cache(), lm.new_cache()
+    lm.forward(np.array([PROMPT]), ca), lm.forward(np.array([PROMPT]), cb)
+    got = lm.forward(win, ca)
+    one = np.concatenate([lm.forward(win[:, i : i + 1], cb) for i in range(5)], axis=1)
+    assert np.array_equal(got, one)
+    for i in range(lm.config.num_layers):
+        assert all(np.array_equal(a, b) for a, b in zip(ca.get(i), cb.get(i), strict=True))
+    # a tree over the same past: 0 -> {1, 2}, 1 -> 3; the path 0, 1, 3 is what ar would run
+    ca.trim(5), cb.trim(5)
+    parent, m = [-1, 0, 0, 1], np.zeros((4, P + 4), bool)
+    m[:, :P] = True
+    for i, p in enumerate(parent):
+        m[i, P + i] = True
+        while p >= 0:
+            m[i, P + p], p = True, parent[p]
+    toks = np.array([[5, 9, 40, 13]])
+    tree = lm.forward(toks, ca, positions=np.array([[P, P + 1, P + 1, P + 2]]), mask=m)
+    path = np.concatenate([lm.forward(toks[:, [i]], cb) for i in (0, 1, 3)], axis=1)
+    assert np.array_equal(tree[:, [0, 1, 3]], path)
 
 
 def test_unsupported_family_and_quantization_are_one_line(tiny_dir):

@@ -105,3 +105,17 @@ def test_int4_target_sd_tree_and_mirror_equal_its_own_ar(tiny_dir):
     assert _gen("sd", target, draft, gamma=3) == ref
     assert _gen("tree", target, draft) == ref
     assert _gen("mirror", target, draft, gamma=3, exit_layer=2) == ref
+
+
+def test_int4_window_equals_one_token_passes_bit_for_bit(tiny_dir):
+    """Past the window (local layers hold fewer keys than global ones), a 5-token int4 pass at
+    int8 activations gives exactly the logits of five one-token passes (rows: the local layers'
+    rows gather only the keys within the window, however many the cache holds)."""
+    target, _ = _pair(tiny_dir, quantize="int4")
+    assert target.quantization["accuracy_level"] == 4
+    win = np.array([[5, 9, 13, 21, 30]])
+    ca, cb = target.new_cache(), target.new_cache()
+    target.forward(np.array([PROMPT]), ca), target.forward(np.array([PROMPT]), cb)
+    got = target.forward(win, ca)
+    one = np.concatenate([target.forward(win[:, i : i + 1], cb) for i in range(5)], axis=1)
+    assert np.array_equal(got, one)

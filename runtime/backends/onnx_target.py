@@ -5,12 +5,14 @@ writes (`full`: ids -> logits + hidden; `layers.a.b`; `head`). Each part is expo
 the first call that needs it, and cached beside the checkpoint in `<dir>/.duet/` under a name
 keyed by the quantization, its recipe's hash and the layer range
 (`target-int4-1a2b3c4d-full.onnx`); a later run opens
-the cached file. Positions and a boolean mask (B, T, past + T) are inputs of every graph, so
-causal windows, tree masks and branch rows all run; rollback moves the host cache's offset
+the cached file. Positions and a boolean mask (B, T, past + T) are what every pass takes, so
+causal windows, tree masks and branch rows all run: a window over a past goes to the graph as
+attention rows, one a token (runtime/backends/onnx_target_rows.py), so that at int8 activations
+it equals one-token passes bit for bit; rollback moves the host cache's offset
 (runtime/cache.py), as on the other backends. Layer ranges (Mirror-SD's early exit) run the
 `layers.0.E` part, `head` on its hidden state, then `layers.E.N` and `head`: hidden states
 stay NumPy between parts. Gemma 3's local layers hold only their window and a slack
-(runtime/sliding_cache.py): their graphs read `local_mask`, which the host builds from the
+(runtime/sliding_cache.py): their rows come from a local mask, which the host builds from the
 mask and the held columns' positions, and the host keeps those positions for the cache.
 
 Threads: `intra_threads` ONNX Runtime intra-op threads for every part (runtime/load.py gives
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.backends.onnx_target_rows import row_feed, use_rows
 from runtime.cache import ConcatKVCache
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
@@ -32,14 +35,14 @@ from runtime.sliding_cache import SlidingKVCache
 
 QUANTIZE = ("int4", "int8", "none")
 BLOCK_SIZE = 32
-# MatMulNBits' compute types (accuracy levels). The layers run at 1 (float32 compute): at 4
-# (int8 activations) ONNX Runtime 1.32 answered a one-token pass and the last row of a
-# multi-token pass up to 0.5 logits apart on SmolLM2, and greedy sd then left ar's tokens; at 1
-# they agree exactly and a one-token pass costs the same (a 5-token pass costs more). The LM head
-# (49,152 columns) runs at 4, where its passes agree and it is ~5x faster; its 4-bit halves
+# MatMulNBits' compute types (accuracy levels). The layers run at 4 (int8 activations): each
+# matmul and norm then gives a token's row bit for bit whatever the window, and attention runs as
+# rows of one token (converters/onnx_target_rows.py), so a verify window equals ar's one-token
+# passes exactly (with GroupQueryAttention's window path they ended 0.84 logits apart on SmolLM2
+# and greedy sd left ar). The LM head (49,152 columns) runs at 4 too; its 4-bit halves
 # (converters/onnx_head_split.py) sum pairs to at most 2 * 15 * 128, which no kernel (AVX2
 # without VNNI sums pairs in a saturating int16, VPMADDUBSW) can clip.
-ACCURACY_LEVEL = 1
+ACCURACY_LEVEL = 4
 HEAD_ACCURACY_LEVEL = 4
 
 
@@ -47,8 +50,10 @@ def recipe(quantize: str) -> dict:
     """What `quantize` means, as stored in the graph's metadata."""
     if quantize not in QUANTIZE:
         raise DuetError(f"unknown --quantize {quantize!r}; choose from {', '.join(QUANTIZE)}")
+    # graphs before it ran GroupQueryAttention as a window: a cache of those re-exports
+    attention = "rows"  # converters/onnx_target_rows.py
     if quantize == "none":
-        return {"scheme": "none"}
+        return {"scheme": "none", "attention": attention}
     bits = 4 if quantize == "int4" else 8
     return {"scheme": quantize, "op": "MatMulNBits", "bits": bits, "block_size": BLOCK_SIZE,
             "symmetric": True, "accuracy_level": ACCURACY_LEVEL, "head_bits": 8,
@@ -60,7 +65,7 @@ def recipe(quantize: str) -> dict:
             # a GGUF stored them at 5, 6 or 8 bits (Q5_0, Q6_K, Q8_0: most of a Q4_K_M file);
             # 4 bits would lose what llama.cpp keeps (Gemma 3 270M: 71 % top-1 agreement)
             "gguf_finer": "8 bits" if bits == 4 else None,
-            "embedding": "float32"}  # fmt: skip
+            "embedding": "float32", "attention": attention}  # fmt: skip
 
 
 def part_name(start: int, stop: int, num_layers: int, head: bool) -> str:
@@ -134,13 +139,14 @@ class OnnxTargetLM:
             n = self.config.num_layers
             p = ensure_part(self.dir, self.quantize, start, stop, head, n)
             s = open_session(p, self.provider, self.threads, 1)
-            self._sessions[key] = (s, [o.name for o in s.get_outputs()])
+            self._sessions[key] = (s, [o.name for o in s.get_outputs()],
+                                   {i.name for i in s.get_inputs()})  # fmt: skip
         return self._sessions[key]
 
     @property
     def quantization(self) -> dict:
         """The recipe the full graph was built with (its `duet.quantization` metadata)."""
-        s, _ = self._part(0, self.config.num_layers, True)
+        s = self._part(0, self.config.num_layers, True)[0]
         return json.loads(s.get_modelmeta().custom_metadata_map.get("duet.quantization", "{}"))
 
     def new_cache(self, batch: int = 1):
@@ -175,16 +181,24 @@ class OnnxTargetLM:
         m = np.ascontiguousarray(np.broadcast_to(m, (B, T, off + T)))
         past = [cache.get(i)[:2] for i in range(start, stop)]
         lm, key_pos = self._local_mask(cache, start, stop, pos, m) if self.sliding else (None,) * 2
-        session, outs = self._part(start, stop, head)
+        session, outs, names = self._part(start, stop, head)
+        rows = use_rows(off, T)
+        attn = {"": row_feed(m, self.config.num_kv_heads, rows)} if "kv_index" in names else {}
+        if lm is not None:
+            attn["local_"] = row_feed(lm, self.config.num_kv_heads, rows)
         # GroupQueryAttention's CPU kernel runs a multi-token window over a past one row at a
-        # time: such a batch (branch rows verified together) runs row by row
-        rows = [slice(r, r + 1) for r in range(B)] if B > 1 and T > 1 and off else [slice(None)]
+        # time: such a batch (branch rows verified together) too long for rows runs row by row
+        parts = [slice(r, r + 1) for r in range(B)] if B > 1 and T > 1 and off and not rows \
+            else [slice(None)]  # fmt: skip
         got = []
-        for r in rows:
-            feed = {"input_ids" if start == 0 else "hidden_in": x[r], "position_ids": pos[r],
-                    "attention_mask": m[r]}  # fmt: skip
-            if lm is not None:
-                feed["local_mask"] = lm[r]
+        for r in parts:
+            feed = {"input_ids" if start == 0 else "hidden_in": x[r], "position_ids": pos[r]}
+            for tag, (idx, seqlens, gm) in attn.items():
+                if len(parts) > 1:  # this row's own feed: its indices into a batch-1 present
+                    idx, seqlens, gm = row_feed((lm if tag else m)[r], self.config.num_kv_heads,
+                                                rows)  # fmt: skip
+                feed.update({f"{tag}kv_index": idx, f"{tag}seqlens_k": seqlens,
+                             f"{tag}gqa_mask": gm})  # fmt: skip
             for i, (k, v) in zip(range(start, stop), past, strict=True):
                 feed[f"past.{i}.key"] = np.ascontiguousarray(k[r])
                 feed[f"past.{i}.value"] = np.ascontiguousarray(v[r])
@@ -215,6 +229,6 @@ class OnnxTargetLM:
         return h
 
     def head(self, hidden) -> np.ndarray:
-        session, outs = self._part(self.config.num_layers, self.config.num_layers, True)
+        session, outs, _ = self._part(self.config.num_layers, self.config.num_layers, True)
         h = np.ascontiguousarray(hidden, dtype=np.float32)
         return session.run(outs, {"hidden_in": h})[0]
