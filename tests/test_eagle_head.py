@@ -211,3 +211,18 @@ def test_eval_reports_tokens_per_step_on_held_out_prompts(fitted, tmp_path, caps
     assert 1 <= rows["all"]["tokens_per_step"] <= 5 and 0 <= rows["all"]["accept_rate"] <= 1
     cal = json.loads(out[out.index("{\n") :])["calibration"]
     assert cal and all(0 <= r["accepted"] <= 1 and 0 < r["mean_q"] <= 1 for r in cal)
+
+
+def test_a_refreshed_vocabulary_keeps_the_trained_rows(tiny_dir):
+    from apps.train.eagle import refit_rows
+
+    target = load_model(tiny_dir("llama", seed=3), "torch", threads=1)
+    old = init_head(target, (1, 1, 0), torch.tensor([4, 9, 30, 31]))
+    with torch.no_grad():
+        old.lm_head.weight.mul_(3.0)  # "trained"
+    new = init_head(target, (1, 1, 0), torch.tensor([9, 31, 50, 60]))
+    new.load_state_dict(refit_rows(old.state_dict(), old.vocab_ids, new), strict=True)
+    w = new.lm_head.weight.detach()
+    torch.testing.assert_close(w[:2], old.lm_head.weight.detach()[[1, 3]])  # ids 9 and 31
+    torch.testing.assert_close(w[2:], target.module.lm_head.weight.detach()[[50, 60]])
+    assert new.vocab_ids.tolist() == [9, 31, 50, 60]

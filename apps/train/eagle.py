@@ -87,6 +87,17 @@ def init_head(target, taps: tuple[int, ...], vocab_ids: torch.Tensor):
     return head
 
 
+def refit_rows(state: dict, old_ids: torch.Tensor, head) -> dict:
+    """A trained head's state over another kept vocabulary (head.vocab_ids): the LM head rows
+    of ids kept before are the trained ones, the others stay as `head` has them."""
+    new, w = head.vocab_ids, head.lm_head.weight.detach().clone()
+    where = {int(t): i for i, t in enumerate(old_ids.tolist())}
+    for i, t in enumerate(new.tolist()):
+        if t in where:
+            w[i] = state["lm_head.weight"][where[t]]
+    return {**state, "lm_head.weight": w, "vocab_ids": new.clone()}
+
+
 def windows(data: dict, seqs: list[int], batch: int, seq_len: int, seed: int):
     """Batches (positions (B, L) into the flat arrays, -1 past a sequence's end; valid (B, L)):
     a random window per drawn sequence, half the time the one ending at its end (the answer)."""
@@ -197,8 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check(a) -> None:
-    for name in ("prompts", "doc_files", "max_prompt", "gen_batch", "max_new", "topk", "vocab", "steps", "unroll",
-                 "batch_size", "seq_len", "threads"):  # fmt: skip
+    for name in ("prompts", "doc_files", "max_prompt", "gen_batch", "max_new", "topk", "vocab",
+                 "steps", "unroll", "batch_size", "seq_len", "threads"):  # fmt: skip
         if getattr(a, name) < 1:
             raise DuetError(f"--{name.replace('_', '-')} must be positive (got {getattr(a, name)})")
     if a.time_budget_min is not None and a.time_budget_min <= 0:
@@ -252,8 +263,7 @@ def run(a: argparse.Namespace) -> dict:
         shutil.rmtree(resume, ignore_errors=True)
     st = torch.load(resume / "state.pt", weights_only=False) if (resume / "state.pt").is_file() \
         else None  # fmt: skip
-    vocab = st["vocab_ids"] if st else kept_vocab(data, a.vocab, cfg_v,
-                                                  target.config.eos_token_ids)  # fmt: skip
+    vocab = kept_vocab(data, a.vocab, cfg_v, target.config.eos_token_ids)
     head = init_head(target, data["layers"], vocab)
     remap = torch.full((cfg_v,), -1, dtype=torch.long)
     remap[vocab] = torch.arange(len(vocab))
@@ -266,10 +276,16 @@ def run(a: argparse.Namespace) -> dict:
     opt = make_optimizer(head, lc)
     start = 0
     if st:
-        head.load_state_dict(st["head"])
-        opt.load_state_dict(st["optimizer"])
         start = st["step"]
         print(f"resuming {out} at step {start}", flush=True)
+        if torch.equal(st["vocab_ids"], vocab):
+            head.load_state_dict(st["head"])
+            opt.load_state_dict(st["optimizer"])
+        else:  # more data, another kept vocabulary: trained rows kept, new ids from the target
+            fresh = len(set(vocab.tolist()) - set(st["vocab_ids"].tolist()))
+            print(f"vocabulary refreshed: {fresh} new ids (their rows from the target; the "
+                  "optimizer restarts)", flush=True)  # fmt: skip
+            head.load_state_dict(refit_rows(st["head"], st["vocab_ids"], head), strict=True)
 
     def save_resume(step: int) -> None:
         resume.mkdir(exist_ok=True)

@@ -1,4 +1,4 @@
-"""`--draft head`: a feature-level draft head fitted to the target (EAGLE-3 with FR-Spec's vocabulary).
+"""`--draft head`: a feature-level draft head fitted to the target (EAGLE-3, FR-Spec's vocabulary).
 
 The head reads, at position i, the outputs of three of the target's layers (low, middle, high:
 `tap_layers`, recorded by the PyTorch target as it verifies, `TorchCausalLM.record_layers`),
@@ -115,8 +115,8 @@ def load_eagle_head(target_dir, cfg: ModelConfig, dtype=torch.float32) -> EagleH
     head = EagleHead(cfg, len(taps), vocab)
     missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise DuetError(f"{path}: weights do not match a head for this target "
-                        f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")  # fmt: skip
+        raise DuetError(f"{path}: weights do not match a head for this target (missing "
+                        f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")  # fmt: skip
     head.layers_tapped = tuple(int(i) for i in taps)
     return head.to(dtype).eval()
 
