@@ -41,6 +41,9 @@ from runtime.mirror.timeline import Timeline, now_ns
 
 LOAD_TIMEOUT_S = 300.0  # spawning + importing + loading (an on-the-fly ONNX export included)
 STOP_TIMEOUT_S = 1.0  # a child that does not acknowledge a stop by then is killed
+# a child asked to quit exits its interpreter (torch and ONNX Runtime torn down): on a loaded
+# 2-core machine that took over 1 s (a fresh-clone test run at load 8 saw it killed)
+QUIT_TIMEOUT_S = 10.0
 LOCK_TIMEOUT_S = 1.0  # the board's lock is held for microseconds; longer means a dead holder
 POLL_S = 0.05
 
@@ -123,7 +126,7 @@ class DraftHost:
         )
 
     def close(self) -> None:
-        """Ask the child to quit; kill it if it does not within STOP_TIMEOUT_S. Idempotent."""
+        """Ask the child to quit; kill it if it does not within QUIT_TIMEOUT_S. Idempotent."""
         if not self.alive:
             return
         self.alive = False
@@ -131,7 +134,7 @@ class DraftHost:
             self.conn.send_bytes(wire.QUIT)
         except OSError:
             pass
-        self.proc.join(STOP_TIMEOUT_S)
+        self.proc.join(QUIT_TIMEOUT_S)
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join(STOP_TIMEOUT_S)
