@@ -10,17 +10,17 @@ leaves ar's tokens). As rows, every token of every pass goes through the same on
 over exactly the keys it may see, so a verify window equals the one-token passes that ar makes.
 
 The host (runtime/backends/onnx_target_rows.py) feeds, per attention kind (`tag`: "" for the
-global layers, "local_" for Gemma 3's sliding ones):
+global layers, "local_" for Gemma 3's sliding ones), for R = B T rows of one token:
   {tag}kv_index  (R, KV, L) int64   row r's past, as indices into this layer's present (the past
-                                    and the window's keys, (B, KV, S, D) flattened to (B KV S, D))
-  {tag}seqlens_k (R,) int32         keys row r sees before its own (GQA's seqlens_k)
-  {tag}gqa_mask  (R, T', L or S)    the rows' mask, as GQA's attention_bias (0 / float32 min)
-Rows mode: R = B T, T' = 1, row (b, t)'s past = the columns its mask allows before its own,
-in order (a tree node's ancestors, a branch row's kept keys), so no mask is needed inside GQA
-(the mask is all True) and the keys it sums over sit where a one-token pass has them.
-Window mode (a prefill, or a window too long for rows): R = B, T' = T, the past is the first
-P columns, seqlens_k = S - 1, the mask as given: GQA's ordinary multi-token path.
-The layer's present (the host's cache) is Concat(past, window keys) in column order either way.
+                                    and the window's keys, (B, KV, S, D) flattened to (B KV S, D)):
+                                    the columns its mask allows before its own, in order (a tree
+                                    node's ancestors, a branch row's kept keys), then padding
+  {tag}seqlens_k (R,) int32         how many of them it sees (GQA's seqlens_k)
+  {tag}gqa_mask  (R, 1, L) bool     all True (GQA's attention_bias, 0 / float32 min): the mask is
+                                    in the gather, so a row sums its keys where a one-token
+                                    pass over the same keys has them
+Every pass runs so, a prefill too (the host says why and what it costs). The layer's present
+(the host's cache) is Concat(past, window keys) in column order.
 """
 
 from __future__ import annotations

@@ -144,10 +144,11 @@ def test_int4_target_sd_tree_and_mirror_equal_its_own_ar(tiny_dir):
     assert _gen("mirror", target, draft, gamma=3, exit_layer=2) == ref
 
 
-def test_int4_windows_and_tree_rows_equal_one_token_passes_bit_for_bit(tiny_dir, arch):
+def test_int4_windows_and_tree_rows_equal_one_token_passes_bit_for_bit(tiny_dir, arch, monkeypatch):
     """At int8 activations (accuracy level 4) a last-bit difference in attention grows through
     the layers (GroupQueryAttention's window path left SmolLM2 0.84 logits from its one-token
-    path); as rows, a verify window and a tree's path give exactly ar's one-token logits and KV."""
+    path); as rows, a verify window, a prefill with drafts and a tree's path give exactly ar's
+    one-token logits and KV."""
     lm = OnnxTargetLM(tiny_dir(arch, tie_word_embeddings=arch == "llama"), "int4", 1)
     assert lm.quantization["accuracy_level"] == 4
     P, win = len(PROMPT), np.array([[5, 9, 13, 21, 30]])
@@ -158,6 +159,10 @@ def test_int4_windows_and_tree_rows_equal_one_token_passes_bit_for_bit(tiny_dir,
     assert np.array_equal(got, one)
     for i in range(lm.config.num_layers):
         assert all(np.array_equal(a, b) for a, b in zip(ca.get(i), cb.get(i), strict=True))
+    # sd's first pass: the prompt and the first drafts in one window; a long pass in chunks
+    monkeypatch.setattr("runtime.backends.onnx_target_rows.ROW_KEYS", 40)  # 3 rows a run
+    both = lm.forward(np.array([PROMPT + win[0].tolist()]), lm.new_cache())
+    assert np.array_equal(both[:, P:], one)
     # a tree over the same past: 0 -> {1, 2}, 1 -> 3; the path 0, 1, 3 is what ar would run
     ca.trim(5), cb.trim(5)
     parent, m = [-1, 0, 0, 1], np.zeros((4, P + 4), bool)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.backends.onnx_target_rows import row_feed, use_rows
+from runtime.backends.onnx_target_rows import chunk_rows, row_feed
 from runtime.cache import ConcatKVCache
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
@@ -51,7 +51,7 @@ def recipe(quantize: str) -> dict:
     if quantize not in QUANTIZE:
         raise DuetError(f"unknown --quantize {quantize!r}; choose from {', '.join(QUANTIZE)}")
     # graphs before it ran GroupQueryAttention as a window: a cache of those re-exports
-    attention = "rows"  # converters/onnx_target_rows.py
+    attention = "rows"  # converters/onnx_target_rows.py (every pass, the prefill too)
     if quantize == "none":
         return {"scheme": "none", "attention": attention}
     bits = 4 if quantize == "int4" else 8
@@ -179,33 +179,25 @@ class OnnxTargetLM:
         pos = np.ascontiguousarray(np.broadcast_to(pos, (B, T)), dtype=np.int64)
         m = causal_mask(off, T) if mask is None else np.asarray(mask, dtype=bool)
         m = np.ascontiguousarray(np.broadcast_to(m, (B, T, off + T)))
+        n = chunk_rows(off, T)
+        if T > n:  # a long pass: chunk by chunk, each over the keys the ones before it put
+            got = [self._run(x[:, a : a + n], cache, start, stop, head, pos[:, a : a + n],
+                             m[:, a : a + n, : off + a + n]) for a in range(0, T, n)]  # fmt: skip
+            return [np.concatenate(parts, axis=1) for parts in zip(*got, strict=True)]
         past = [cache.get(i)[:2] for i in range(start, stop)]
         lm, key_pos = self._local_mask(cache, start, stop, pos, m) if self.sliding else (None,) * 2
         session, outs, names = self._part(start, stop, head)
-        rows = use_rows(off, T)
-        attn = {"": row_feed(m, self.config.num_kv_heads, rows)} if "kv_index" in names else {}
-        if lm is not None:
-            attn["local_"] = row_feed(lm, self.config.num_kv_heads, rows)
-        # GroupQueryAttention's CPU kernel runs a multi-token window over a past one row at a
-        # time: such a batch (branch rows verified together) too long for rows runs row by row
-        parts = [slice(r, r + 1) for r in range(B)] if B > 1 and T > 1 and off and not rows \
-            else [slice(None)]  # fmt: skip
-        got = []
-        for r in parts:
-            feed = {"input_ids" if start == 0 else "hidden_in": x[r], "position_ids": pos[r]}
-            for tag, (idx, seqlens, gm) in attn.items():
-                if len(parts) > 1:  # this row's own feed: its indices into a batch-1 present
-                    idx, seqlens, gm = row_feed((lm if tag else m)[r], self.config.num_kv_heads,
-                                                rows)  # fmt: skip
+        kvh = self.config.num_kv_heads
+        feed = {"input_ids" if start == 0 else "hidden_in": x, "position_ids": pos}
+        for tag, mm in (("", m if "kv_index" in names else None), ("local_", lm)):
+            if mm is not None:
+                idx, seqlens, gm = row_feed(mm, kvh)
                 feed.update({f"{tag}kv_index": idx, f"{tag}seqlens_k": seqlens,
                              f"{tag}gqa_mask": gm})  # fmt: skip
-            for i, (k, v) in zip(range(start, stop), past, strict=True):
-                feed[f"past.{i}.key"] = np.ascontiguousarray(k[r])
-                feed[f"past.{i}.value"] = np.ascontiguousarray(v[r])
-            got.append(session.run(outs, feed))
-        res = (
-            got[0] if len(got) == 1 else [np.concatenate(parts) for parts in zip(*got, strict=True)]
-        )
+        for i, (k, v) in zip(range(start, stop), past, strict=True):
+            feed[f"past.{i}.key"] = np.ascontiguousarray(k)
+            feed[f"past.{i}.value"] = np.ascontiguousarray(v)
+        res = session.run(outs, feed)
         first = 2 if head else 1
         for j, i in enumerate(range(start, stop)):
             kv = (res[first + 2 * j], res[first + 2 * j + 1])
