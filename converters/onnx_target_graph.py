@@ -42,9 +42,10 @@ class Graph:
         self.inits.append(onh.from_array(np.ascontiguousarray(arr), name))
         return name
 
-    def op(self, kind: str, ins: list[str], n_out: int = 1, domain: str = "", node=None, **attrs):
+    def op(self, kind: str, ins: list[str], n_out: int = 1, domain: str = "", node=None,
+           out=None, **attrs):  # fmt: skip
         self.n += 1
-        outs = [f"{kind}_{self.n}_{j}" for j in range(n_out)]
+        outs = [out] if out else [f"{kind}_{self.n}_{j}" for j in range(n_out)]
         self.nodes.append(oh.make_node(kind, ins, outs, name=node or f"{kind}_{self.n}",
                                        domain=domain, **attrs))  # fmt: skip
         return outs[0] if n_out == 1 else outs
@@ -134,9 +135,11 @@ def rope_tables(g: Graph, cfg, inv_freq: np.ndarray, tag: str) -> tuple[str, str
 
 
 def finish(g: Graph, ins: list, outs: list[tuple[str, str]]):
-    """The ModelProto: graph outputs get their public names through Identity nodes."""
+    """The ModelProto: graph outputs get their public names through Identity nodes (a copy;
+    the presents, the largest, are made under their public names instead)."""
     for src, name in outs:
-        g.nodes.append(oh.make_node("Identity", [src], [name], name=f"out_{name}"))
+        if src != name:
+            g.nodes.append(oh.make_node("Identity", [src], [name], name=f"out_{name}"))
     out_info = [oh.make_tensor_value_info(name, TP.FLOAT, None) for _, name in outs]
     graph = oh.make_graph(g.nodes, "duet_target", ins, out_info, g.inits)
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid(MS, 1)],

@@ -72,9 +72,10 @@ def row_attention(g, r: dict, q: str, k: str, v: str, past_k: str, past_v: str,
         }
     s = r["shapes"]
     presents = []
-    for x, past in ((k, past_k), (v, past_v)):
+    for x, past in ((k, past_k), (v, past_v)):  # named as the graph's outputs: no copy there
         x4 = g.op("Transpose", [g.op("Reshape", [x, s["bnsd"]])], perm=[0, 2, 1, 3])
-        presents.append(g.op("Concat", [past, x4], axis=2))  # (B, KV, P + T, D)
+        name = past.replace("past.", "present.", 1)
+        presents.append(g.op("Concat", [past, x4], axis=2, out=name))  # (B, KV, P + T, D)
     bufs = [
         g.op("Gather", [g.op("Reshape", [p, s["flat"]]), r["kv_index"]], axis=0) for p in presents
     ]  # (R, KV, L, D)

@@ -93,7 +93,7 @@ def test_the_export_is_cached_per_quantization_and_reused(tiny_dir, monkeypatch)
     monkeypatch.setattr("converters.onnx_target_export.export_target_part", no_export)
     lm = OnnxTargetLM(d, "none", intra_threads=1)
     assert full.stat().st_mtime_ns == stamp
-    assert lm.quantization == {"scheme": "none", "attention": "rows"}
+    assert lm.quantization == {"scheme": "none", "attention": "rows-2"}
     q = OnnxTargetLM(d, "int8", intra_threads=1).quantization
     assert (q["op"], q["bits"], q["block_size"]) == ("MatMulNBits", 8, 32)
 
@@ -136,7 +136,7 @@ def test_int4_target_sd_tree_and_mirror_equal_its_own_ar(tiny_dir):
     d = tiny_dir("llama", tie_word_embeddings=True)
     target = OnnxTargetLM(d, "int4", intra_threads=1)
     q = target.quantization
-    assert (q["accuracy_level"], q["head_accuracy_level"], q["attention"]) == (4, 4, "rows")
+    assert (q["accuracy_level"], q["head_accuracy_level"], q["attention"]) == (4, 4, "rows-2")
     draft = load_model(tiny_dir("llama", num_layers=1, hidden_size=32, seed=7), "onnx")
     ref = _gen("ar", target, None)
     assert _gen("sd", target, draft, gamma=3) == ref

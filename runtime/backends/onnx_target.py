@@ -51,7 +51,7 @@ def recipe(quantize: str) -> dict:
     if quantize not in QUANTIZE:
         raise DuetError(f"unknown --quantize {quantize!r}; choose from {', '.join(QUANTIZE)}")
     # graphs before it ran GroupQueryAttention as a window: a cache of those re-exports
-    attention = "rows"  # converters/onnx_target_rows.py (every pass, the prefill too)
+    attention = "rows-2"  # converters/onnx_target_rows.py; the number moves when the graph does
     if quantize == "none":
         return {"scheme": "none", "attention": attention}
     bits = 4 if quantize == "int4" else 8
