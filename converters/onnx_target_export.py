@@ -11,8 +11,9 @@ converters/onnx_target_gemma3.py (Gemma 3, whose local layers also read `local_m
   head        final norm + LM head on any hidden state (Mirror-SD eq. 6)
 Every graph that runs layers takes
   input_ids (B, T) int64 or hidden_in (B, T, C) float32, position_ids (B, T) int64,
-  kv_index / seqlens_k / gqa_mask (and local_* for Gemma 3's sliding layers): the attention
-  mask (causal, tree and branch masks alike) as attention rows (converters/onnx_target_rows.py),
+  attention_mask (B, T, past + T) bool (True = may attend: causal, tree and branch masks alike;
+  Gemma 3's sliding layers read local_mask), or under the recipe's attention "rows" that mask
+  as kv_index / seqlens_k / gqa_mask (converters/onnx_target_rows.py),
   past.{i}.key / past.{i}.value (B, KV, past, D) for its layers i
 and returns present.{i}.key / .value (B, KV, past + T, D). Positions and the mask are explicit,
 so tree verification and branch rows run on it; rollback stays an offset on the host cache.
@@ -24,7 +25,7 @@ head cost 11 points of top-1 agreement, 64 % against 75 %) as ONNX Runtime's Mat
 (onnxruntime.quantization's MatMulNBitsQuantizer for 4 bits; 8 bits as two 4-bit halves,
 converters/onnx_head_split.py): symmetric blocks of BLOCK_SIZE along the input dimension,
 requantized from the checkpoint's float32 weights, at the accuracy levels of
-runtime/backends/onnx_target.py (layers and head 4: why there).
+runtime/backends/onnx_target.py (layers 1, or 4 under attention rows; head 4: why there).
 Under int4, a weight that already lies on a 4-bit block grid (a checkpoint dequantized from a
 Q4_0/Q4_1 GGUF) keeps its own blocks exactly instead (converters/onnx_grid_q4.py). The
 embedding stays float32 (a Gather reads one row a token). The recipe is stored in the graph's
@@ -40,7 +41,6 @@ from pathlib import Path
 import torch
 
 from runtime.backends.onnx_target import (  # noqa: F401
-    ACCURACY_LEVEL,
     HEAD_ACCURACY_LEVEL,
     QUANTIZE,
     part_name,
@@ -54,8 +54,7 @@ def io_names(start: int, stop: int, head: bool) -> tuple[list[str], list[str]]:
     """(input names, output names) of a part, in graph order."""
     if start == stop:
         return ["hidden_in"], ["logits"]
-    ins = ["input_ids" if start == 0 else "hidden_in", "position_ids", "kv_index", "seqlens_k",
-           "gqa_mask"]  # fmt: skip
+    ins = ["input_ids" if start == 0 else "hidden_in", "position_ids", "attention_mask"]
     outs = ["logits", "hidden"] if head else ["hidden"]
     for i in range(start, stop):
         ins += [f"past.{i}.key", f"past.{i}.value"]
@@ -80,16 +79,17 @@ def export_target_part(model_dir, out, start: int, stop: int, head: bool, quanti
     if not (0 <= start <= stop <= cfg.num_layers) or (start == stop and not head):
         raise DuetError(f"layer range [{start}, {stop}) outside 0..{cfg.num_layers}")
     state = lm.state_dict()
+    rows = rec.get("attention", "window").startswith("rows")
     inv_freq = lm.inv_freq.detach().float().numpy()
     if family == "Gemma3LM":
         from converters.onnx_target_gemma3 import build_gemma_part
 
         ropes = {"global": inv_freq, "local": lm.inv_freq_local.detach().float().numpy()}
-        m = build_gemma_part(cfg, state, ropes, start, stop, head)
+        m = build_gemma_part(cfg, state, ropes, start, stop, head, rows)
     else:
         from converters.onnx_target_graph import build_part
 
-        m = build_part(cfg, state, inv_freq, start, stop, head)
+        m = build_part(cfg, state, inv_freq, start, stop, head, rows)
     del state
     if quantize != "none":
         m = _quantize(m, rec, gguf=_from_gguf(model_dir))
@@ -132,21 +132,21 @@ def _quantize(model, rec: dict, gguf: bool = False):
     from converters.onnx_target_graph import HEAD_NODE
 
     logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
-    bits, block = rec["bits"], rec["block_size"]
+    bits, block, level = rec["bits"], rec["block_size"], rec["accuracy_level"]
     if bits == 4:
         from converters.onnx_grid_q4 import keep_grids
 
         head8 = rec.get("head_bits") == 8 and any(n.name == HEAD_NODE for n in model.graph.node)
-        keep = keep_grids(model, block, ACCURACY_LEVEL, {HEAD_NODE}) if rec.get("grid") else []
+        keep = keep_grids(model, block, level, {HEAD_NODE}) if rec.get("grid") else []
         finer = []
         if gguf and rec.get("gguf_finer"):
             consts = {i.name for i in model.graph.initializer}
             finer = [n.name for n in model.graph.node if n.op_type == "MatMul"
                      and n.input[1] in consts and n.name not in (*keep, HEAD_NODE)]  # fmt: skip
         algo = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=rec["symmetric"],
-                                            accuracy_level=ACCURACY_LEVEL, bits=4)  # fmt: skip
+                                            accuracy_level=level, bits=4)  # fmt: skip
         q = MatMulNBitsQuantizer(model, bits=4, block_size=block, is_symmetric=rec["symmetric"],
-                                 accuracy_level=ACCURACY_LEVEL, algo_config=algo,
+                                 accuracy_level=level, algo_config=algo,
                                  nodes_to_exclude=keep + finer + ([HEAD_NODE] if head8 else []))  # fmt: skip
         q.process()
         model = q.model.model
@@ -156,7 +156,7 @@ def _quantize(model, rec: dict, gguf: bool = False):
         eight = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in consts]
     for name in eight:  # fast and unclippable (converters/onnx_head_split.py)
         split_matmul(model, name, block,
-                     HEAD_ACCURACY_LEVEL if name == HEAD_NODE else ACCURACY_LEVEL)  # fmt: skip
+                     HEAD_ACCURACY_LEVEL if name == HEAD_NODE else level)  # fmt: skip
     return model
 
 

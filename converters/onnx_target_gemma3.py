@@ -29,15 +29,17 @@ from converters.onnx_target_graph import (
     HEAD_NODE,
     MS,
     Graph,
+    attention,
+    attention_inputs,
     finish,
     head_norm,
     rope_tables,
     weight,
 )
-from converters.onnx_target_rows import row_attention, row_inputs
 
 
-def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head: bool):
+def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head: bool,
+                     rows: bool = False):  # fmt: skip
     """The ModelProto of Gemma 3 layers [start, stop) (+ final norm, LM head and soft-cap
     when `head`); ropes = {"global": inv_freq, "local": inv_freq} (D / 2,) each."""
     g = Graph()
@@ -58,13 +60,14 @@ def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head:
     else:
         ins.append(oh.make_tensor_value_info(x_in, TP.FLOAT, ["batch", "seq", C]))
         h = x_in
-    att_in = {}  # kind -> (row inputs, cos, sin)
+    att_in = {}  # kind -> (attention inputs, cos, sin)
     if start < stop:
         ins.append(oh.make_tensor_value_info("position_ids", TP.INT64, ["batch", "seq"]))
         if not all(sliding):
-            att_in[False] = (row_inputs(g, ins, "", KV), *rope_tables(g, cfg, ropes["global"], ""))
+            att_in[False] = (attention_inputs(g, ins, "", KV, rows),
+                             *rope_tables(g, cfg, ropes["global"], ""))  # fmt: skip
         if any(sliding):
-            att_in[True] = (row_inputs(g, ins, "local_", KV),
+            att_in[True] = (attention_inputs(g, ins, "local_", KV, rows),
                             *rope_tables(g, cfg, ropes["local"], "_local"))  # fmt: skip
     act_op = ("Gelu", {}) if cfg.hidden_activation == "gelu" else ("FastGelu", {})
     resid = None  # the last block's normed MLP output, still to be added to h
@@ -86,13 +89,13 @@ def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head:
         q, k, v = g.op("Split", [qkv, split], 3, axis=-1)
         q = head_norm(g, q, H, D, norm_w(f"qn.{i}", a + "q_norm.weight"), eps)
         k = head_norm(g, k, KV, D, norm_w(f"kn.{i}", a + "k_norm.weight"), eps)
-        rows, cos, sin = att_in[local]
+        a_in, cos, sin = att_in[local]
         q = g.op("RotaryEmbedding", [q, "position_ids", cos, sin], domain=MS, num_heads=H)
         k = g.op("RotaryEmbedding", [k, "position_ids", cos, sin], domain=MS, num_heads=KV)
         past = ["batch", KV, "held" if local else "past", D]
         ins += [oh.make_tensor_value_info(f"past.{i}.{n}", TP.FLOAT, past)
                 for n in ("key", "value")]  # fmt: skip
-        att, pk, pv = row_attention(g, rows, q, k, v, f"past.{i}.key", f"past.{i}.value",
+        att, pk, pv = attention(g, a_in, q, k, v, f"past.{i}.key", f"past.{i}.value",
                                     H, KV, D, float(cfg.query_pre_attn_scalar) ** -0.5)  # fmt: skip
         outs += [(pk, f"present.{i}.key"), (pv, f"present.{i}.value")]
         o = g.op("MatMul", [att, g.init(f"o.{i}", weight(state, a + "o_proj.weight").T)])

@@ -9,12 +9,15 @@ builder uses (ONNX Runtime's com.microsoft domain, CPU kernels in every build):
   MatMul over packed q|k|v and gate|up weights  (MatMulNBits once quantized)
   RotaryEmbedding  rotate-half RoPE from position_ids and cos/sin tables (any rope scaling:
                    the tables come from runtime/backends/torch_ref.rope_inv_freq)
-  GroupQueryAttention  grouped-query attention, run as rows of one token over the keys each
-                   may see (converters/onnx_target_rows.py: why, and the inputs it reads);
-                   a prefill runs as one window, the mask as an additive attention_bias over
-                   its built-in causal rule (every mask Duet passes is causal with some keys
-                   removed, so the two compose to exactly that mask)
+  GroupQueryAttention  KV concat + grouped-query attention, with the explicit mask as an
+                   additive attention_bias (0 / float32 min) over its built-in causal rule;
+                   every mask Duet passes (causal, tree, branch rows with key holes) is causal
+                   with some keys removed, so the two compose to exactly that mask (or, under
+                   the recipe's attention "rows", as rows of one token over the keys each may
+                   see: converters/onnx_target_rows.py)
   QuickGelu(alpha=1) SiLU
+One limit of the CPU kernel: a window of several tokens over a past runs one row at a time
+(batch 1); runtime/backends/onnx_target.py splits such a batch into rows.
 
 I/O of a part [start, stop) (+ head): see converters/onnx_target_export.py.
 """
@@ -29,6 +32,7 @@ from onnx import numpy_helper as onh
 from converters.onnx_target_rows import row_attention, row_inputs
 
 MS = "com.microsoft"
+NEG = float(np.finfo(np.float32).min)
 HEAD_NODE = "lm_head"  # the LM head's MatMul (quantized to its own width)
 
 
@@ -55,9 +59,11 @@ def weight(state, key) -> np.ndarray:
     return state[key].detach().float().numpy()
 
 
-def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, head: bool):
+def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, head: bool,
+               rows: bool = False):  # fmt: skip
     """The ModelProto of layers [start, stop) (+ final norm and LM head when `head`);
-    start == stop with `head`: the head alone on `hidden_in`."""
+    start == stop with `head`: the head alone on `hidden_in`. `rows`: attention as rows
+    (converters/onnx_target_rows.py), else one window over an attention_mask input."""
     g = Graph()
     H, KV, D, C = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
     eps = float(cfg.rms_norm_eps)
@@ -71,7 +77,7 @@ def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, he
         h = x_in
     if start < stop:
         ins.append(oh.make_tensor_value_info("position_ids", TP.INT64, ["batch", "seq"]))
-        rows = row_inputs(g, ins, "", KV)
+        att_in = attention_inputs(g, ins, "", KV, rows)
         cos, sin = rope_tables(g, cfg, inv_freq, "")
     resid = None  # the residual stream when the last block's output is still to be added
     for i in range(start, stop):
@@ -97,7 +103,7 @@ def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, he
         k = g.op("RotaryEmbedding", [k, "position_ids", cos, sin], domain=MS, num_heads=KV)
         ins += [oh.make_tensor_value_info(f"past.{i}.{n}", TP.FLOAT, ["batch", KV, "past", D])
                 for n in ("key", "value")]  # fmt: skip
-        att, pk, pv = row_attention(g, rows, q, k, v, f"past.{i}.key", f"past.{i}.value",
+        att, pk, pv = attention(g, att_in, q, k, v, f"past.{i}.key", f"past.{i}.value",
                                     H, KV, D, float(D) ** -0.5)  # fmt: skip
         outs += [(pk, f"present.{i}.key"), (pv, f"present.{i}.value")]
         o = g.op("MatMul", [att, g.init(f"o.{i}", weight(state, a + "o_proj.weight").T)])
@@ -126,6 +132,37 @@ def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, he
     else:
         outs.insert(0, (g.op("Add", [resid, h]), "hidden"))
     return finish(g, ins, outs)
+
+
+def attention_inputs(g: Graph, ins: list, tag: str, kv: int, rows: bool) -> dict:
+    """One attention kind's inputs ("" the global layers, "local_" Gemma 3's sliding ones): the
+    row inputs, or a bool mask (B, T, S) as GroupQueryAttention's (attention_bias (B, 1, T, S):
+    0 / float32 min, seqlens_k (B,) int32 = S - 1, total_sequence_length int32 = S)."""
+    if rows:
+        return row_inputs(g, ins, tag, kv)
+    mask = "local_mask" if tag else "attention_mask"
+    ins.append(
+        oh.make_tensor_value_info(mask, TP.BOOL, ["batch", "seq", "held" if tag else "total"])
+    )
+    t = g.n
+    bias = g.op("Where", [mask, g.init(f"zero_{t}", np.array(0, np.float32)),
+                          g.init(f"neg_{t}", np.array(NEG, np.float32))])  # fmt: skip
+    bias = g.op("Unsqueeze", [bias, g.init(f"ax1_{t}", np.array([1], np.int64))])
+    total64 = g.op("Shape", [mask], start=2, end=3)  # (1,)
+    total = g.op("Cast", [g.op("Squeeze", [total64])], to=TP.INT32)
+    batch = g.op("Shape", [mask], start=0, end=1)
+    seqlens = g.op("Cast", [g.op("Expand", [g.op("Sub", [total64, g.init(
+        f"one_{t}", np.array([1], np.int64))]), batch])], to=TP.INT32)  # fmt: skip
+    return {"window": (bias, seqlens, total)}
+
+
+def attention(g: Graph, a: dict, q, k, v, past_k, past_v, heads, kv, d, scale):
+    """(attention output, present key, present value) of one layer, as `a` was declared."""
+    if "window" not in a:
+        return row_attention(g, a, q, k, v, past_k, past_v, heads, kv, d, scale)
+    bias, seqlens, total = a["window"]
+    return g.op("GroupQueryAttention", [q, k, v, past_k, past_v, seqlens, total, "", "", "",
+                bias], 3, domain=MS, num_heads=heads, kv_num_heads=kv, scale=scale)  # fmt: skip
 
 
 def rope_tables(g: Graph, cfg, inv_freq: np.ndarray, tag: str) -> tuple[str, str]:

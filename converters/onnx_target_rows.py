@@ -19,7 +19,9 @@ global layers, "local_" for Gemma 3's sliding ones), for R = B T rows of one tok
   {tag}gqa_mask  (R, 1, L) bool     all True (GQA's attention_bias, 0 / float32 min): the mask is
                                     in the gather, so a row sums its keys where a one-token
                                     pass over the same keys has them
-Every pass runs so, a prefill too (the host says why and what it costs). The layer's present
+Under the recipe's attention "rows" every pass runs so, a prefill too (the host,
+runtime/backends/onnx_target_rows.py, says why and what it costs; the default, "window", is
+GroupQueryAttention over the whole pass: converters/onnx_target_graph.py). The layer's present
 (the host's cache) is Concat(past, window keys) in column order.
 """
 

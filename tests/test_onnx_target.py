@@ -93,7 +93,7 @@ def test_the_export_is_cached_per_quantization_and_reused(tiny_dir, monkeypatch)
     monkeypatch.setattr("converters.onnx_target_export.export_target_part", no_export)
     lm = OnnxTargetLM(d, "none", intra_threads=1)
     assert full.stat().st_mtime_ns == stamp
-    assert lm.quantization == {"scheme": "none", "attention": "rows-2"}
+    assert lm.quantization == {"scheme": "none"}
     q = OnnxTargetLM(d, "int8", intra_threads=1).quantization
     assert (q["op"], q["bits"], q["block_size"]) == ("MatMulNBits", 8, 32)
 
@@ -132,11 +132,21 @@ def _gen(method, target, draft, n=16, **kw):
     return run(steps, max_new=n, eos_ids=target.config.eos_token_ids).tokens
 
 
-def test_int4_target_sd_tree_and_mirror_equal_its_own_ar(tiny_dir):
+@pytest.fixture
+def rows(monkeypatch):
+    """The recipe's attention as rows, the layers at accuracy level 4 (int8 activations)."""
+    monkeypatch.setattr("runtime.backends.onnx_target.ATTENTION", "rows")
+
+
+@pytest.mark.parametrize("attention", ["window", "rows"])
+def test_int4_target_sd_tree_and_mirror_equal_its_own_ar(tiny_dir, attention, monkeypatch):
+    monkeypatch.setattr("runtime.backends.onnx_target.ATTENTION", attention)
     d = tiny_dir("llama", tie_word_embeddings=True)
     target = OnnxTargetLM(d, "int4", intra_threads=1)
     q = target.quantization
-    assert (q["accuracy_level"], q["head_accuracy_level"], q["attention"]) == (4, 4, "rows-2")
+    level = {"window": 1, "rows": 4}[attention]
+    assert (q["accuracy_level"], q["head_accuracy_level"]) == (level, 4)
+    assert q.get("attention", "window").startswith(attention)
     draft = load_model(tiny_dir("llama", num_layers=1, hidden_size=32, seed=7), "onnx")
     ref = _gen("ar", target, None)
     assert _gen("sd", target, draft, gamma=3) == ref
@@ -144,7 +154,9 @@ def test_int4_target_sd_tree_and_mirror_equal_its_own_ar(tiny_dir):
     assert _gen("mirror", target, draft, gamma=3, exit_layer=2) == ref
 
 
-def test_int4_windows_and_tree_rows_equal_one_token_passes_bit_for_bit(tiny_dir, arch, monkeypatch):
+def test_int4_windows_and_tree_rows_equal_one_token_passes_bit_for_bit(
+    tiny_dir, arch, rows, monkeypatch
+):
     """At int8 activations (accuracy level 4) a last-bit difference in attention grows through
     the layers (GroupQueryAttention's window path left SmolLM2 0.84 logits from its one-token
     path); as rows, a verify window, a prefill with drafts and a tree's path give exactly ar's

@@ -97,7 +97,9 @@ def _gen(method, target, draft, n=24, **kw):
     return run(steps, max_new=n).tokens
 
 
-def test_int4_target_sd_tree_and_mirror_equal_its_own_ar(tiny_dir):
+@pytest.mark.parametrize("attention", ["window", "rows"])
+def test_int4_target_sd_tree_and_mirror_equal_its_own_ar(tiny_dir, attention, monkeypatch):
+    monkeypatch.setattr("runtime.backends.onnx_target.ATTENTION", attention)
     target, _ = _pair(tiny_dir, quantize="int4")
     assert target.quantization["scheme"] == "int4"
     draft = load_model(tiny_dir("gemma3_text", num_layers=1, hidden_size=32, seed=7), "torch")
@@ -107,10 +109,11 @@ def test_int4_target_sd_tree_and_mirror_equal_its_own_ar(tiny_dir):
     assert _gen("mirror", target, draft, gamma=3, exit_layer=2) == ref
 
 
-def test_int4_window_equals_one_token_passes_bit_for_bit(tiny_dir):
+def test_int4_window_equals_one_token_passes_bit_for_bit(tiny_dir, monkeypatch):
     """Past the window (local layers hold fewer keys than global ones), a 5-token int4 pass at
     int8 activations gives exactly the logits of five one-token passes (rows: the local layers'
     rows gather only the keys within the window, however many the cache holds)."""
+    monkeypatch.setattr("runtime.backends.onnx_target.ATTENTION", "rows")  # level 4
     target, _ = _pair(tiny_dir, quantize="int4")
     assert target.quantization["accuracy_level"] == 4
     win = np.array([[5, 9, 13, 21, 30]])

@@ -6,13 +6,13 @@ the first call that needs it, and cached beside the checkpoint in `<dir>/.duet/`
 keyed by the quantization, its recipe's hash and the layer range
 (`target-int4-1a2b3c4d-full.onnx`); a later run opens
 the cached file. Positions and a boolean mask (B, T, past + T) are what every pass takes, so
-causal windows, tree masks and branch rows all run: a window over a past goes to the graph as
-attention rows, one a token (runtime/backends/onnx_target_rows.py), so that at int8 activations
-it equals one-token passes bit for bit; rollback moves the host cache's offset
+causal windows, tree masks and branch rows all run (under the recipe's attention "rows" every
+pass goes to the graph as rows, one a token: runtime/backends/onnx_target_rows.py, so that at
+int8 activations it equals one-token passes bit for bit); rollback moves the host cache's offset
 (runtime/cache.py), as on the other backends. Layer ranges (Mirror-SD's early exit) run the
 `layers.0.E` part, `head` on its hidden state, then `layers.E.N` and `head`: hidden states
 stay NumPy between parts. Gemma 3's local layers hold only their window and a slack
-(runtime/sliding_cache.py): their rows come from a local mask, which the host builds from the
+(runtime/sliding_cache.py): their attention reads a local mask, which the host builds from the
 mask and the held columns' positions, and the host keeps those positions for the cache.
 
 Threads: `intra_threads` ONNX Runtime intra-op threads for every part (runtime/load.py gives
@@ -35,14 +35,23 @@ from runtime.sliding_cache import SlidingKVCache
 
 QUANTIZE = ("int4", "int8", "none")
 BLOCK_SIZE = 32
-# MatMulNBits' compute types (accuracy levels). The layers run at 4 (int8 activations): each
-# matmul and norm then gives a token's row bit for bit whatever the window, and attention runs as
-# rows of one token (converters/onnx_target_rows.py), so a verify window equals ar's one-token
-# passes exactly (with GroupQueryAttention's window path they ended 0.84 logits apart on SmolLM2
-# and greedy sd left ar). The LM head (49,152 columns) runs at 4 too; its 4-bit halves
+# How attention runs, and with it MatMulNBits' compute type (accuracy level) on the layers:
+# "window": GroupQueryAttention over the whole pass, the layers at 1 (float32 compute).
+# "rows": every token its own row (converters/onnx_target_rows.py), the layers at 4 (int8
+#   activations). At 4 a last-bit difference in attention grows through the layers, and GQA's
+#   window path sums in another order than its one-token path (SmolLM2-135M int4: a 5-token pass
+#   and five 1-token passes 0.84 logits apart, greedy sd left ar); as rows every pass gives a
+#   token bit for bit what a one-token pass gives, so sd, tree and mirror equal ar. It costs a
+#   gather of the keys each row sees, quadratic in a prefill's length (sd's first pass holds the
+#   prompt and the first drafts, so the prefill must run as rows too): on SmolLM2 under load a
+#   5-token pass over 200 drops from ~2.3x to ~2.0x a one-token pass, the one-token pass stays
+#   the same, and a 200-token prefill costs 2.2 s against 1.1 s (800 tokens: 16.6 s against
+#   4.3 s). Hence "window" stays the default.
+# The LM head (49,152 columns) runs at 4 under both: its passes agree, and its 4-bit halves
 # (converters/onnx_head_split.py) sum pairs to at most 2 * 15 * 128, which no kernel (AVX2
 # without VNNI sums pairs in a saturating int16, VPMADDUBSW) can clip.
-ACCURACY_LEVEL = 4
+ATTENTION = "window"
+LEVELS = {"window": 1, "rows": 4}
 HEAD_ACCURACY_LEVEL = 4
 
 
@@ -50,13 +59,14 @@ def recipe(quantize: str) -> dict:
     """What `quantize` means, as stored in the graph's metadata."""
     if quantize not in QUANTIZE:
         raise DuetError(f"unknown --quantize {quantize!r}; choose from {', '.join(QUANTIZE)}")
-    # graphs before it ran GroupQueryAttention as a window: a cache of those re-exports
-    attention = "rows-2"  # converters/onnx_target_rows.py; the number moves when the graph does
+    # "window" graphs keep the recipe they had before rows existed (their caches stay valid);
+    # the number after "rows" moves when the rows graph does
+    rows = {"attention": "rows-2"} if ATTENTION == "rows" else {}
     if quantize == "none":
-        return {"scheme": "none", "attention": attention}
+        return {"scheme": "none", **rows}
     bits = 4 if quantize == "int4" else 8
     return {"scheme": quantize, "op": "MatMulNBits", "bits": bits, "block_size": BLOCK_SIZE,
-            "symmetric": True, "accuracy_level": ACCURACY_LEVEL, "head_bits": 8,
+            "symmetric": True, "accuracy_level": LEVELS[ATTENTION], "head_bits": 8,
             "head_accuracy_level": HEAD_ACCURACY_LEVEL,
             "int8_as": "two 4-bit MatMulNBits (hi/lo nibbles of symmetric int8 blocks)",
             "grid": bits == 4,  # weights on a GGUF Q4_0/Q4_1/Q4_K block grid kept exactly
@@ -65,7 +75,7 @@ def recipe(quantize: str) -> dict:
             # a GGUF stored them at 5, 6 or 8 bits (Q5_0, Q6_K, Q8_0: most of a Q4_K_M file);
             # 4 bits would lose what llama.cpp keeps (Gemma 3 270M: 71 % top-1 agreement)
             "gguf_finer": "8 bits" if bits == 4 else None,
-            "embedding": "float32", "attention": attention}  # fmt: skip
+            "embedding": "float32", **rows}  # fmt: skip
 
 
 def part_name(start: int, stop: int, num_layers: int, head: bool) -> str:
@@ -179,30 +189,53 @@ class OnnxTargetLM:
         pos = np.ascontiguousarray(np.broadcast_to(pos, (B, T)), dtype=np.int64)
         m = causal_mask(off, T) if mask is None else np.asarray(mask, dtype=bool)
         m = np.ascontiguousarray(np.broadcast_to(m, (B, T, off + T)))
-        n = chunk_rows(off, T)
+        session, outs, names = self._part(start, stop, head)
+        rows = "kv_index" in names or "local_kv_index" in names  # recipe attention "rows"
+        n = chunk_rows(off, T) if rows else T
         if T > n:  # a long pass: chunk by chunk, each over the keys the ones before it put
             got = [self._run(x[:, a : a + n], cache, start, stop, head, pos[:, a : a + n],
                              m[:, a : a + n, : off + a + n]) for a in range(0, T, n)]  # fmt: skip
             return [np.concatenate(parts, axis=1) for parts in zip(*got, strict=True)]
         past = [cache.get(i)[:2] for i in range(start, stop)]
         lm, key_pos = self._local_mask(cache, start, stop, pos, m) if self.sliding else (None,) * 2
-        session, outs, names = self._part(start, stop, head)
-        kvh = self.config.num_kv_heads
-        feed = {"input_ids" if start == 0 else "hidden_in": x, "position_ids": pos}
-        for tag, mm in (("", m if "kv_index" in names else None), ("local_", lm)):
-            if mm is not None:
-                idx, seqlens, gm = row_feed(mm, kvh)
-                feed.update({f"{tag}kv_index": idx, f"{tag}seqlens_k": seqlens,
-                             f"{tag}gqa_mask": gm})  # fmt: skip
-        for i, (k, v) in zip(range(start, stop), past, strict=True):
-            feed[f"past.{i}.key"] = np.ascontiguousarray(k)
-            feed[f"past.{i}.value"] = np.ascontiguousarray(v)
-        res = session.run(outs, feed)
+        if rows:
+            feed = {"input_ids" if start == 0 else "hidden_in": x, "position_ids": pos}
+            for tag, mm in (("", m if "kv_index" in names else None), ("local_", lm)):
+                if mm is not None:
+                    idx, seqlens, gm = row_feed(mm, self.config.num_kv_heads)
+                    feed.update({f"{tag}kv_index": idx, f"{tag}seqlens_k": seqlens,
+                                 f"{tag}gqa_mask": gm})  # fmt: skip
+            for i, (k, v) in zip(range(start, stop), past, strict=True):
+                feed[f"past.{i}.key"] = np.ascontiguousarray(k)
+                feed[f"past.{i}.value"] = np.ascontiguousarray(v)
+            res = session.run(outs, feed)
+        else:
+            res = self._run_window(session, outs, names, x, pos, m, lm, past, start, stop, off)
         first = 2 if head else 1
         for j, i in enumerate(range(start, stop)):
             kv = (res[first + 2 * j], res[first + 2 * j + 1])
             cache.put(i, *kv, key_pos) if self.sliding and self.sliding[i] else cache.put(i, *kv)
         return res[:first]
+
+    @staticmethod
+    def _run_window(session, outs, names, x, pos, m, lm, past, start, stop, off):
+        """One graph run of the whole pass (recipe attention "window")."""
+        B, T = x.shape[:2]
+        # GroupQueryAttention's CPU kernel runs a multi-token window over a past one row at a
+        # time: such a batch (branch rows verified together) runs row by row
+        rows = [slice(r, r + 1) for r in range(B)] if B > 1 and T > 1 and off else [slice(None)]
+        got = []
+        for r in rows:
+            feed = {"input_ids" if start == 0 else "hidden_in": x[r], "position_ids": pos[r]}
+            if "attention_mask" in names:
+                feed["attention_mask"] = m[r]
+            if lm is not None:
+                feed["local_mask"] = lm[r]
+            for i, (k, v) in zip(range(start, stop), past, strict=True):
+                feed[f"past.{i}.key"] = np.ascontiguousarray(k[r])
+                feed[f"past.{i}.value"] = np.ascontiguousarray(v[r])
+            got.append(session.run(outs, feed))
+        return got[0] if len(got) == 1 else [np.concatenate(p) for p in zip(*got, strict=True)]
 
     def forward(self, tokens, cache, *, positions=None, mask=None) -> np.ndarray:
         ids = check_tokens(tokens, self.config.vocab_size)

@@ -1,5 +1,6 @@
-"""The host side of the ONNX target's row attention (converters/onnx_target_rows.py): from a
-pass's boolean mask, the indices, key counts and mask GroupQueryAttention reads.
+"""The host side of the ONNX target's row attention (converters/onnx_target_rows.py; the recipe's
+attention "rows", runtime/backends/onnx_target.py): from a pass's boolean mask, the indices,
+key counts and mask GroupQueryAttention reads.
 
 Every pass runs as rows (one batch row a token, each over the keys its mask allows, gathered in
 column order), so that every token goes through the same one-query kernel path whether a pass
