@@ -63,6 +63,9 @@ class DuetRunner:
         draft = self.pair.draft if method != "ar" else None
         if hasattr(self.pair.target, "record_hidden"):  # only an MTP draft reads them
             self.pair.target.record_hidden = getattr(draft, "reads_target_hidden", False)
+        if hasattr(self.pair.target, "record_layers"):  # a fitted head reads several layers
+            head = getattr(draft, "head_module", None)
+            self.pair.target.record_layers = getattr(head, "layers_tapped", None)
         steps = make_steps(
             method,
             self.pair.target,
