@@ -98,6 +98,20 @@ def test_no_head_is_one_line(tiny_dir, capsys):
     assert rc != 0 and len(err) == 1 and "apps.train eagle" in err[0]
 
 
+def test_a_head_beside_a_non_pytorch_target_is_one_line(fitted, capsys):
+    """The head reads the target's layer outputs, which only the PyTorch target records: an
+    ONNX target is refused before anything is built (it was an AttributeError)."""
+    from runtime.generate import main as generate
+
+    target_dir, _ = fitted
+    capsys.readouterr()
+    rc = generate(["--target", str(target_dir), "--target-backend", "onnx", "--quantize", "none",
+                   "--draft", "head", "--method", "sd", "--prompt-ids", "1,2,3",
+                   "--max-tokens", "4"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and len(err) == 1 and "PyTorch target" in err[0], err
+
+
 def _taps(target, ids):
     target.record_hidden, target.record_layers = True, tap_layers(target.config.num_layers)
     c = target.new_cache()

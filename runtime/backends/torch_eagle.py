@@ -149,14 +149,19 @@ class HeadDraft(MTPDraft):
     """The fitted head behind the CausalLM protocol (batch 1, chains), in PyTorch."""
 
     def __init__(self, target, head: EagleHead):
-        if target.backend != "torch" or not hasattr(target, "record_layers"):
-            raise DuetError("--draft head runs beside a PyTorch target (--target-backend "
-                            "torch): it reads the outputs of the target's layers")  # fmt: skip
+        _check_torch_target(target)
         super().__init__(target, head, step=TorchEagleStep(target, head))
         self.backend = "torch"
         target.record_layers = head.layers_tapped  # record these layers' outputs, not h_L
 
     @classmethod
     def load(cls, target, path, **_) -> HeadDraft:
+        _check_torch_target(target)
         dtype = next(target.module.parameters()).dtype
         return cls(target, load_eagle_head(path, target.config, dtype))
+
+
+def _check_torch_target(target) -> None:
+    if target.backend != "torch" or not hasattr(target, "record_layers"):
+        raise DuetError("--draft head runs beside a PyTorch target (--target-backend "
+                        "torch): it reads the outputs of the target's layers")  # fmt: skip
