@@ -36,7 +36,10 @@ def save_model(model, out_dir: str | Path, tokenizer_dir: str | Path, eos_token_
     # completer, T 1.0 / top-p 0.95 left 2 of 50 answers with a line repeated > 3 times in 256
     # tokens, where 0.7 / 0.9 left 12 of 30 (five code prompts, ten seeds, /tmp sweep, 2026-11-27)
     m.generation_config = GenerationConfig(
-        eos_token_id=eos_token_id, pad_token_id=eos_token_id, do_sample=True, temperature=1.0,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
+        do_sample=True,
+        temperature=1.0,
         top_p=0.95,
     )
     m.save_pretrained(tmp, safe_serialization=True)
