@@ -33,6 +33,7 @@ from converters.onnx_target_graph import (
     attention_inputs,
     finish,
     head_norm,
+    qkv_projection,
     rope_tables,
     weight,
 )
@@ -80,13 +81,7 @@ def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head:
             xn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [resid, h, w_in], 4,
                                domain=MS, epsilon=eps)  # fmt: skip
         a = p + "self_attn."
-        wqkv = np.concatenate([weight(state, a + f"{n}_proj.weight") for n in "qkv"], 0).T
-        qkv = g.op("MatMul", [xn, g.init(f"qkv.{i}", wqkv)])
-        if cfg.attention_bias:
-            bqkv = np.concatenate([weight(state, a + f"{n}_proj.bias") for n in "qkv"])
-            qkv = g.op("Add", [qkv, g.init(f"qkv_b.{i}", bqkv)])
-        split = g.init(f"qkv_split.{i}", np.array([H * D, KV * D, KV * D], np.int64))
-        q, k, v = g.op("Split", [qkv, split], 3, axis=-1)
+        q, k, v = qkv_projection(g, state, cfg, a, i, xn)
         q = head_norm(g, q, H, D, norm_w(f"qn.{i}", a + "q_norm.weight"), eps)
         k = head_norm(g, k, KV, D, norm_w(f"kn.{i}", a + "k_norm.weight"), eps)
         a_in, cos, sin = att_in[local]

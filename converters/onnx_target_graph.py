@@ -89,13 +89,7 @@ def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, he
             xn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [h, resid, w_in], 4,
                                domain=MS, epsilon=eps)  # fmt: skip
         a = p + "self_attn."
-        wqkv = np.concatenate([weight(state, a + f"{n}_proj.weight") for n in "qkv"], 0).T
-        qkv = g.op("MatMul", [xn, g.init(f"qkv.{i}", wqkv)])
-        if cfg.attention_bias:
-            bqkv = np.concatenate([weight(state, a + f"{n}_proj.bias") for n in "qkv"])
-            qkv = g.op("Add", [qkv, g.init(f"qkv_b.{i}", bqkv)])
-        split = g.init(f"qkv_split.{i}", np.array([H * D, KV * D, KV * D], np.int64))
-        q, k, v = g.op("Split", [qkv, split], 3, axis=-1)
+        q, k, v = qkv_projection(g, state, cfg, a, i, xn)
         if cfg.qk_norm:  # Qwen3: RMSNorm over each head's D channels, before RoPE
             q = head_norm(g, q, H, D, g.init(f"qn.{i}", weight(state, a + "q_norm.weight")), eps)
             k = head_norm(g, k, KV, D, g.init(f"kn.{i}", weight(state, a + "k_norm.weight")), eps)
@@ -181,6 +175,18 @@ def finish(g: Graph, ins: list, outs: list[tuple[str, str]]):
     graph = oh.make_graph(g.nodes, "duet_target", ins, out_info, g.inits)
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid(MS, 1)],
                          ir_version=9)  # fmt: skip
+
+
+def qkv_projection(g: Graph, state, cfg, a: str, i: int, xn: str) -> tuple[str, str, str]:
+    """Layer i's q, k, v from one packed MatMul (and bias) over the normed input `xn`."""
+    H, KV, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    wqkv = np.concatenate([weight(state, a + f"{n}_proj.weight") for n in "qkv"], 0).T
+    qkv = g.op("MatMul", [xn, g.init(f"qkv.{i}", wqkv)])
+    if cfg.attention_bias:
+        bqkv = np.concatenate([weight(state, a + f"{n}_proj.bias") for n in "qkv"])
+        qkv = g.op("Add", [qkv, g.init(f"qkv_b.{i}", bqkv)])
+    split = g.init(f"qkv_split.{i}", np.array([H * D, KV * D, KV * D], np.int64))
+    return g.op("Split", [qkv, split], 3, axis=-1)
 
 
 def head_norm(g: Graph, x: str, heads: int, d: int, w: str, eps: float) -> str:
