@@ -49,7 +49,11 @@ class Graph:
     def op(self, kind: str, ins: list[str], n_out: int = 1, domain: str = "", node=None,
            out=None, **attrs):  # fmt: skip
         self.n += 1
-        outs = [out] if out else [f"{kind}_{self.n}_{j}" for j in range(n_out)]
+        outs = (
+            ([out] if isinstance(out, str) else list(out))
+            if out
+            else [f"{kind}_{self.n}_{j}" for j in range(n_out)]
+        )
         self.nodes.append(oh.make_node(kind, ins, outs, name=node or f"{kind}_{self.n}",
                                        domain=domain, **attrs))  # fmt: skip
         return outs[0] if n_out == 1 else outs
@@ -155,8 +159,12 @@ def attention(g: Graph, a: dict, q, k, v, past_k, past_v, heads, kv, d, scale):
     if "window" not in a:
         return row_attention(g, a, q, k, v, past_k, past_v, heads, kv, d, scale)
     bias, seqlens, total = a["window"]
+    # the presents under their public names (no Identity copy): the host binds each to its
+    # past's buffer, and the kernel appends in place (runtime/buffer_cache.py)
+    presents = [p.replace("past.", "present.", 1) for p in (past_k, past_v)]
     return g.op("GroupQueryAttention", [q, k, v, past_k, past_v, seqlens, total, "", "", "",
-                bias], 3, domain=MS, num_heads=heads, kv_num_heads=kv, scale=scale)  # fmt: skip
+                bias], 3, domain=MS, out=[f"att_{g.n}", *presents], num_heads=heads,
+                kv_num_heads=kv, scale=scale)  # fmt: skip
 
 
 def rope_tables(g: Graph, cfg, inv_freq: np.ndarray, tag: str) -> tuple[str, str]:

@@ -93,7 +93,7 @@ def test_the_export_is_cached_per_quantization_and_reused(tiny_dir, monkeypatch)
     monkeypatch.setattr("converters.onnx_target_export.export_target_part", no_export)
     lm = OnnxTargetLM(d, "none", intra_threads=1)
     assert full.stat().st_mtime_ns == stamp
-    assert lm.quantization == {"scheme": "none"}
+    assert lm.quantization == {"scheme": "none", "present": "in-place"}
     q = OnnxTargetLM(d, "int8", intra_threads=1).quantization
     assert (q["op"], q["bits"], q["block_size"]) == ("MatMulNBits", 8, 32)
 

@@ -8,8 +8,11 @@ keyed by the quantization, its recipe's hash and the layer range
 the cached file. Positions and a boolean mask (B, T, past + T) are what every pass takes, so
 causal windows, tree masks and branch rows all run (under the recipe's attention "rows" every
 pass goes to the graph as rows, one a token: runtime/backends/onnx_target_rows.py, so that at
-int8 activations it equals one-token passes bit for bit); rollback moves the host cache's offset
-(runtime/cache.py), as on the other backends. Layer ranges (Mirror-SD's early exit) run the
+int8 activations it equals one-token passes bit for bit); rollback moves the host cache's offset,
+as on the other backends. Under "window" that cache is preallocated buffers
+(runtime/buffer_cache.py) bound as both each layer's past and its present, so the attention
+kernel appends a pass's keys in place and no step copies the past (runtime/cache.py's
+concatenating cache under "rows"; Gemma 3's sliding cache for its local layers). Layer ranges (Mirror-SD's early exit) run the
 `layers.0.E` part, `head` on its hidden state, then `layers.E.N` and `head`: hidden states
 stay NumPy between parts. Gemma 3's local layers hold only their window and a slack
 (runtime/sliding_cache.py): their attention reads a local mask, which the host builds from the
@@ -27,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from runtime.backends.onnx_target_rows import chunk_rows, row_feed
+from runtime.buffer_cache import BufferKVCache
 from runtime.cache import ConcatKVCache
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
@@ -61,7 +65,7 @@ def recipe(quantize: str) -> dict:
         raise DuetError(f"unknown --quantize {quantize!r}; choose from {', '.join(QUANTIZE)}")
     # "window" graphs keep the recipe they had before rows existed (their caches stay valid);
     # the number after "rows" moves when the rows graph does
-    rows = {"attention": "rows-2"} if ATTENTION == "rows" else {}
+    rows = {"attention": "rows-2"} if ATTENTION == "rows" else {"present": "in-place"}
     if quantize == "none":
         return {"scheme": "none", **rows}
     bits = 4 if quantize == "int4" else 8
@@ -165,6 +169,8 @@ class OnnxTargetLM:
         if any(self.sliding):  # Gemma 3: local layers keep their window (runtime/sliding_cache.py)
             return SlidingKVCache(self.sliding, c.sliding_window, batch, empty,
                                   lambda b: np.zeros((b, 0), np.int64))  # fmt: skip
+        if ATTENTION == "window":  # written in place by the kernel (runtime/buffer_cache.py)
+            return BufferKVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, c.max_context)
         return ConcatKVCache(c.num_layers, batch, empty)
 
     def _local_mask(self, cache, start: int, stop: int, pos, m):
@@ -196,6 +202,8 @@ class OnnxTargetLM:
             got = [self._run(x[:, a : a + n], cache, start, stop, head, pos[:, a : a + n],
                              m[:, a : a + n, : off + a + n]) for a in range(0, T, n)]  # fmt: skip
             return [np.concatenate(parts, axis=1) for parts in zip(*got, strict=True)]
+        if isinstance(cache, BufferKVCache) and not rows and not self.sliding:
+            return self._run_in_place(session, outs, x, pos, m, cache, start, stop, head, off)
         past = [cache.get(i)[:2] for i in range(start, stop)]
         lm, key_pos = self._local_mask(cache, start, stop, pos, m) if self.sliding else (None,) * 2
         if rows:
@@ -216,6 +224,39 @@ class OnnxTargetLM:
             kv = (res[first + 2 * j], res[first + 2 * j + 1])
             cache.put(i, *kv, key_pos) if self.sliding and self.sliding[i] else cache.put(i, *kv)
         return res[:first]
+
+    def _run_in_place(self, session, outs, x, pos, m, cache, start, stop, head, off):
+        """One graph run of the whole pass with each layer's buffer bound as both its past and
+        its present: the kernel appends the pass's keys and values at `off` in place
+        (runtime/buffer_cache.py); logits and hidden are written into arrays made here."""
+        B, T = x.shape[:2]
+        for i in range(start, stop):
+            cache.reserve(i, off + T)
+        first = 2 if head else 1
+        widths = {"logits": self.config.vocab_size, "hidden": self.config.hidden_size}
+        got = [np.empty((B, T, widths[n]), np.float32) for n in outs[:first]]
+        # the CPU kernel runs a multi-token window over a past one batch row at a time
+        rows = [slice(r, r + 1) for r in range(B)] if B > 1 and T > 1 and off else [slice(None)]
+        for r in rows:
+            io = session.io_binding()
+            io.bind_cpu_input(
+                "input_ids" if start == 0 else "hidden_in", np.ascontiguousarray(x[r])
+            )
+            io.bind_cpu_input("position_ids", np.ascontiguousarray(pos[r]))
+            io.bind_cpu_input("attention_mask", np.ascontiguousarray(m[r]))
+            for i in range(start, stop):
+                for name, buf in zip(("key", "value"), cache.buffers(i), strict=True):
+                    b = buf[r]  # a contiguous view: the batch is the outer axis
+                    for bind, kind in ((io.bind_input, "past"), (io.bind_output, "present")):
+                        bind(f"{kind}.{i}.{name}", "cpu", 0, np.float32, list(b.shape),
+                             b.ctypes.data)  # fmt: skip
+            for name, arr in zip(outs[:first], got, strict=True):
+                a = arr[r]
+                io.bind_output(name, "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
+            session.run_with_iobinding(io)
+        for i in range(start, stop):
+            cache.advance(i, T)
+        return got
 
     @staticmethod
     def _run_window(session, outs, names, x, pos, m, lm, past, start, stop, off):
