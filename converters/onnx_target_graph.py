@@ -123,6 +123,7 @@ def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, he
             hn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [resid, h, wn], 4, domain=MS,
                                epsilon=eps)  # fmt: skip
         key = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+        hn = last_rows(g, ins, hn) if start < stop else hn
         logits = g.op("MatMul", [hn, g.init("lm_head", weight(state, key).T)], node=HEAD_NODE)
         outs.insert(0, (logits, "logits"))
         if start < stop:
@@ -165,6 +166,19 @@ def attention(g: Graph, a: dict, q, k, v, past_k, past_v, heads, kv, d, scale):
     return g.op("GroupQueryAttention", [q, k, v, past_k, past_v, seqlens, total, "", "", "",
                 bias], 3, domain=MS, out=[f"att_{g.n}", *presents], num_heads=heads,
                 kv_num_heads=kv, scale=scale)  # fmt: skip
+
+
+ALL_ROWS = 1 << 62  # Slice's "to the end"
+
+
+def last_rows(g: Graph, ins: list, hn: str) -> str:
+    """The head's input cut to its last `last_rows` (1,) int64 rows: the host feeds the pass's
+    length for every row's logits and 1 for a prefill's (whose head then costs one row, not
+    T x V: a 150-token prompt's 49,152-column head was a quarter of SmolLM2's prefill)."""
+    ins.append(oh.make_tensor_value_info("last_rows", TP.INT64, [1]))
+    start = g.op("Neg", ["last_rows"])
+    ends = g.init(f"rows_end_{g.n}", np.array([ALL_ROWS], np.int64))
+    return g.op("Slice", [hn, start, ends, g.init(f"rows_axis_{g.n}", np.array([1], np.int64))])
 
 
 def rope_tables(g: Graph, cfg, inv_freq: np.ndarray, tag: str) -> tuple[str, str]:

@@ -93,7 +93,7 @@ def test_the_export_is_cached_per_quantization_and_reused(tiny_dir, monkeypatch)
     monkeypatch.setattr("converters.onnx_target_export.export_target_part", no_export)
     lm = OnnxTargetLM(d, "none", intra_threads=1)
     assert full.stat().st_mtime_ns == stamp
-    assert lm.quantization == {"scheme": "none", "present": "in-place"}
+    assert lm.quantization == {"scheme": "none", "present": "in-place", "last_rows": True}
     q = OnnxTargetLM(d, "int8", intra_threads=1).quantization
     assert (q["op"], q["bits"], q["block_size"]) == ("MatMulNBits", 8, 32)
 
@@ -313,3 +313,15 @@ def test_int4_from_a_gguf_keeps_weights_finer_than_4_bits_at_8(tiny_dir, tmp_pat
 
     assert halves(d, tmp_path / "g.onnx") == (2 * 4 + 1, 2 * (2 * 4 + 1))  # 4 a layer + head
     assert halves(src, tmp_path / "p.onnx") == (1, 2 * 4 + 2)  # the head alone
+
+
+def test_the_head_on_the_last_rows_equals_those_rows_of_a_full_pass(tiny_dir):
+    lm = OnnxTargetLM(tiny_dir("llama", tie_word_embeddings=True), "int4", intra_threads=1)
+    ids = np.array([PROMPT])
+    full, cut = lm.new_cache(), lm.new_cache()
+    want = lm.forward(ids, full)
+    got = lm.forward(ids, cut, last=3)
+    assert got.shape == (1, 3, lm.config.vocab_size)
+    np.testing.assert_array_equal(got, want[:, -3:])
+    assert cut.offset == full.offset == len(PROMPT)  # every row's keys are kept
+    np.testing.assert_array_equal(cut.get(0)[0], full.get(0)[0])

@@ -66,6 +66,7 @@ def recipe(quantize: str) -> dict:
     # "window" graphs keep the recipe they had before rows existed (their caches stay valid);
     # the number after "rows" moves when the rows graph does
     rows = {"attention": "rows-2"} if ATTENTION == "rows" else {"present": "in-place"}
+    rows["last_rows"] = True  # the head can run on a pass's last rows only (a prefill's one)
     if quantize == "none":
         return {"scheme": "none", **rows}
     bits = 4 if quantize == "int4" else 8
@@ -124,6 +125,7 @@ class OnnxTargetLM:
 
     backend = "onnx"
     supports_layer_range = True
+    logits_last = True  # forward(..., last=n): the head on the last n positions only
 
     def __init__(self, ckpt_dir, quantize: str = "int4", intra_threads: int = 2,
                  provider: str = "cpu"):  # fmt: skip
@@ -188,7 +190,9 @@ class OnnxTargetLM:
         near = key_pos[:, None, :] > pos[:, :, None] - self.config.sliding_window
         return np.ascontiguousarray(m[..., -S:] & near), key_pos
 
-    def _run(self, x, cache, start: int, stop: int, head: bool, positions, mask):
+    def _run(self, x, cache, start: int, stop: int, head: bool, positions, mask, last=None):
+        """[logits (B, min(last, T), V) when `head`,] hidden (B, T, C): `last` cuts the head to the
+        pass's last rows (a prefill's 1), where the graph takes `last_rows`."""
         B, T = x.shape[:2]
         off = cache.layer_offset(start)
         pos = default_positions(off, B, T) if positions is None else np.asarray(positions)
@@ -201,13 +205,18 @@ class OnnxTargetLM:
         if T > n:  # a long pass: chunk by chunk, each over the keys the ones before it put
             got = [self._run(x[:, a : a + n], cache, start, stop, head, pos[:, a : a + n],
                              m[:, a : a + n, : off + a + n]) for a in range(0, T, n)]  # fmt: skip
-            return [np.concatenate(parts, axis=1) for parts in zip(*got, strict=True)]
+            res = [np.concatenate(parts, axis=1) for parts in zip(*got, strict=True)]
+            return [res[0][:, -last:], *res[1:]] if head and last else res  # a cut after all
+        last = min(last, T) if head and last else T  # rows of logits (graphs with last_rows)
         if isinstance(cache, BufferKVCache) and not rows and not self.sliding:
-            return self._run_in_place(session, outs, x, pos, m, cache, start, stop, head, off)
+            return self._run_in_place(session, outs, x, pos, m, cache, start, stop, head, off,
+                                      last)  # fmt: skip
         past = [cache.get(i)[:2] for i in range(start, stop)]
         lm, key_pos = self._local_mask(cache, start, stop, pos, m) if self.sliding else (None,) * 2
         if rows:
             feed = {"input_ids" if start == 0 else "hidden_in": x, "position_ids": pos}
+            if "last_rows" in names:
+                feed["last_rows"] = np.array([last], np.int64)
             for tag, mm in (("", m if "kv_index" in names else None), ("local_", lm)):
                 if mm is not None:
                     idx, seqlens, gm = row_feed(mm, self.config.num_kv_heads)
@@ -218,14 +227,15 @@ class OnnxTargetLM:
                 feed[f"past.{i}.value"] = np.ascontiguousarray(v)
             res = session.run(outs, feed)
         else:
-            res = self._run_window(session, outs, names, x, pos, m, lm, past, start, stop, off)
+            res = self._run_window(session, outs, names, x, pos, m, lm, past, start, stop, off,
+                                   last)  # fmt: skip
         first = 2 if head else 1
         for j, i in enumerate(range(start, stop)):
             kv = (res[first + 2 * j], res[first + 2 * j + 1])
             cache.put(i, *kv, key_pos) if self.sliding and self.sliding[i] else cache.put(i, *kv)
         return res[:first]
 
-    def _run_in_place(self, session, outs, x, pos, m, cache, start, stop, head, off):
+    def _run_in_place(self, session, outs, x, pos, m, cache, start, stop, head, off, last):
         """One graph run of the whole pass with each layer's buffer bound as both its past and
         its present: the kernel appends the pass's keys and values at `off` in place
         (runtime/buffer_cache.py); logits and hidden are written into arrays made here."""
@@ -234,7 +244,8 @@ class OnnxTargetLM:
             cache.reserve(i, off + T)
         first = 2 if head else 1
         widths = {"logits": self.config.vocab_size, "hidden": self.config.hidden_size}
-        got = [np.empty((B, T, widths[n]), np.float32) for n in outs[:first]]
+        rows_out = {"logits": last, "hidden": T}
+        got = [np.empty((B, rows_out[n], widths[n]), np.float32) for n in outs[:first]]
         # the CPU kernel runs a multi-token window over a past one batch row at a time
         rows = [slice(r, r + 1) for r in range(B)] if B > 1 and T > 1 and off else [slice(None)]
         for r in rows:
@@ -244,6 +255,8 @@ class OnnxTargetLM:
             )
             io.bind_cpu_input("position_ids", np.ascontiguousarray(pos[r]))
             io.bind_cpu_input("attention_mask", np.ascontiguousarray(m[r]))
+            if head:
+                io.bind_cpu_input("last_rows", np.array([last], np.int64))
             for i in range(start, stop):
                 for name, buf in zip(("key", "value"), cache.buffers(i), strict=True):
                     b = buf[r]  # a contiguous view: the batch is the outer axis
@@ -259,7 +272,7 @@ class OnnxTargetLM:
         return got
 
     @staticmethod
-    def _run_window(session, outs, names, x, pos, m, lm, past, start, stop, off):
+    def _run_window(session, outs, names, x, pos, m, lm, past, start, stop, off, last):
         """One graph run of the whole pass (recipe attention "window")."""
         B, T = x.shape[:2]
         # GroupQueryAttention's CPU kernel runs a multi-token window over a past one row at a
@@ -272,15 +285,19 @@ class OnnxTargetLM:
                 feed["attention_mask"] = m[r]
             if lm is not None:
                 feed["local_mask"] = lm[r]
+            if "last_rows" in names:
+                feed["last_rows"] = np.array([last], np.int64)
             for i, (k, v) in zip(range(start, stop), past, strict=True):
                 feed[f"past.{i}.key"] = np.ascontiguousarray(k[r])
                 feed[f"past.{i}.value"] = np.ascontiguousarray(v[r])
             got.append(session.run(outs, feed))
         return got[0] if len(got) == 1 else [np.concatenate(p) for p in zip(*got, strict=True)]
 
-    def forward(self, tokens, cache, *, positions=None, mask=None) -> np.ndarray:
+    def forward(self, tokens, cache, *, positions=None, mask=None, last=None) -> np.ndarray:
+        """Logits (B, T, V), or of the last `last` positions only (B, last, V)."""
         ids = check_tokens(tokens, self.config.vocab_size)
-        logits, _hidden = self._run(ids, cache, 0, self.config.num_layers, True, positions, mask)
+        logits, _hidden = self._run(ids, cache, 0, self.config.num_layers, True, positions, mask,
+                                    last)  # fmt: skip
         return logits
 
     def forward_layers(self, x, cache, start, stop, *, positions=None, mask=None):

@@ -129,6 +129,8 @@ def last_logits(target, tokens: np.ndarray, cache) -> np.ndarray:
     (for Gemma 3's 262,144 tokens, a 727-token prompt's logits are 762 MB). A target that
     records its hidden states for an MTP head keeps the full forward."""
     T = tokens.shape[1]
+    if T > 1 and getattr(target, "logits_last", False):  # the ONNX target: its head on one row
+        return target.forward(tokens, cache, last=1)[0, -1]
     if T > 1 and target.backend in ("torch", "mlx") and not getattr(target, "record_hidden", False):
         h = target.forward_layers(tokens, cache, 0, target.config.num_layers)
         return target.head(h[:, -1:])[0, -1]

@@ -135,7 +135,9 @@ def sd_steps(
                 target.forward(np.array([window[:-1]]), tc)
                 window = window[-1:]
             window += drafts
-            logits = target.forward(np.array([window]), tc)[0, -(g + 1) :]  # (γ+1, V)
+            # (γ+1, V); the ONNX target's head runs on those rows only (the first holds the prompt)
+            last = {"last": g + 1} if getattr(target, "logits_last", False) else {}
+            logits = target.forward(np.array([window]), tc, **last)[0, -(g + 1) :]
             d = np.array(drafts, dtype=np.int64)
             if sampling.greedy:
                 a, c = verify_greedy(logits, d)
