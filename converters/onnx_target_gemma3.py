@@ -33,7 +33,7 @@ from converters.onnx_target_graph import (
     attention_inputs,
     finish,
     head_norm,
-    last_rows,
+    head_rows,
     qkv_projection,
     rope_tables,
     weight,
@@ -120,7 +120,7 @@ def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head:
             hn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [resid, h, wn], 4, domain=MS,
                                epsilon=eps)  # fmt: skip
         key = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-        hn = last_rows(g, ins, hn) if start < stop else hn
+        hn = head_rows(g, ins, hn) if start < stop else hn
         logits = g.op("MatMul", [hn, g.init("lm_head", weight(state, key).T)], node=HEAD_NODE)
         cap = float(cfg.final_logit_softcapping or 0.0)
         if cap:  # cap * tanh(x / cap)

@@ -123,7 +123,7 @@ def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, he
             hn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [resid, h, wn], 4, domain=MS,
                                epsilon=eps)  # fmt: skip
         key = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-        hn = last_rows(g, ins, hn) if start < stop else hn
+        hn = head_rows(g, ins, hn) if start < stop else hn
         logits = g.op("MatMul", [hn, g.init("lm_head", weight(state, key).T)], node=HEAD_NODE)
         outs.insert(0, (logits, "logits"))
         if start < stop:
@@ -168,17 +168,14 @@ def attention(g: Graph, a: dict, q, k, v, past_k, past_v, heads, kv, d, scale):
                 kv_num_heads=kv, scale=scale)  # fmt: skip
 
 
-ALL_ROWS = 1 << 62  # Slice's "to the end"
-
-
-def last_rows(g: Graph, ins: list, hn: str) -> str:
-    """The head's input cut to its last `last_rows` (1,) int64 rows: the host feeds the pass's
-    length for every row's logits and 1 for a prefill's (whose head then costs one row, not
-    T x V: a 150-token prompt's 49,152-column head was a quarter of SmolLM2's prefill)."""
-    ins.append(oh.make_tensor_value_info("last_rows", TP.INT64, [1]))
-    start = g.op("Neg", ["last_rows"])
-    ends = g.init(f"rows_end_{g.n}", np.array([ALL_ROWS], np.int64))
-    return g.op("Slice", [hn, start, ends, g.init(f"rows_axis_{g.n}", np.array([1], np.int64))])
+def head_rows(g: Graph, ins: list, hn: str) -> str:
+    """The head's input cut to rows [from, to) of the pass (`head_rows` (2,) int64): the host
+    feeds (0, T) for every row's logits, (T - 1, T) for a prefill's last (whose head then costs
+    one row, not T x V: a 150-token prompt's 49,152-column head was a quarter of SmolLM2's
+    prefill) and (0, 1) for a one-token pass padded to two (runtime/backends/onnx_target.py)."""
+    ins.append(oh.make_tensor_value_info("head_rows", TP.INT64, [2]))
+    a, b = g.op("Split", ["head_rows"], 2, axis=0)
+    return g.op("Slice", [hn, a, b, g.init(f"rows_axis_{g.n}", np.array([1], np.int64))])
 
 
 def rope_tables(g: Graph, cfg, inv_freq: np.ndarray, tag: str) -> tuple[str, str]:

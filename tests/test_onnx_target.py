@@ -93,7 +93,7 @@ def test_the_export_is_cached_per_quantization_and_reused(tiny_dir, monkeypatch)
     monkeypatch.setattr("converters.onnx_target_export.export_target_part", no_export)
     lm = OnnxTargetLM(d, "none", intra_threads=1)
     assert full.stat().st_mtime_ns == stamp
-    assert lm.quantization == {"scheme": "none", "present": "in-place", "last_rows": True}
+    assert lm.quantization == {"scheme": "none", "present": "in-place", "head_rows": True}
     q = OnnxTargetLM(d, "int8", intra_threads=1).quantization
     assert (q["op"], q["bits"], q["block_size"]) == ("MatMulNBits", 8, 32)
 
@@ -132,20 +132,13 @@ def _gen(method, target, draft, n=16, **kw):
     return run(steps, max_new=n, eos_ids=target.config.eos_token_ids).tokens
 
 
-@pytest.fixture
-def rows(monkeypatch):
-    """The recipe's attention as rows, the layers at accuracy level 4 (int8 activations)."""
-    monkeypatch.setattr("runtime.backends.onnx_target.ATTENTION", "rows")
-
-
 @pytest.mark.parametrize("attention", ["window", "rows"])
 def test_int4_target_sd_tree_and_mirror_equal_its_own_ar(tiny_dir, attention, monkeypatch):
     monkeypatch.setattr("runtime.backends.onnx_target.ATTENTION", attention)
     d = tiny_dir("llama", tie_word_embeddings=True)
     target = OnnxTargetLM(d, "int4", intra_threads=1)
     q = target.quantization
-    level = {"window": 1, "rows": 4}[attention]
-    assert (q["accuracy_level"], q["head_accuracy_level"]) == (level, 4)
+    assert (q["accuracy_level"], q["head_accuracy_level"]) == (4, 4)
     assert q.get("attention", "window").startswith(attention)
     draft = load_model(tiny_dir("llama", num_layers=1, hidden_size=32, seed=7), "onnx")
     ref = _gen("ar", target, None)
@@ -154,13 +147,16 @@ def test_int4_target_sd_tree_and_mirror_equal_its_own_ar(tiny_dir, attention, mo
     assert _gen("mirror", target, draft, gamma=3, exit_layer=2) == ref
 
 
+@pytest.mark.parametrize("attention", ["window", "rows"])
 def test_int4_windows_and_tree_rows_equal_one_token_passes_bit_for_bit(
-    tiny_dir, arch, rows, monkeypatch
+    tiny_dir, arch, attention, monkeypatch
 ):
     """At int8 activations (accuracy level 4) a last-bit difference in attention grows through
-    the layers (GroupQueryAttention's window path left SmolLM2 0.84 logits from its one-token
-    path); as rows, a verify window, a prefill with drafts and a tree's path give exactly ar's
-    one-token logits and KV."""
+    the layers (GroupQueryAttention's one-query path left SmolLM2 0.6-0.84 logits from its
+    window path); with one-token passes padded to two ("window") or every token a row ("rows"),
+    a verify window, a prefill with drafts and a tree's path give exactly ar's one-token logits
+    and KV."""
+    monkeypatch.setattr("runtime.backends.onnx_target.ATTENTION", attention)
     lm = OnnxTargetLM(tiny_dir(arch, tie_word_embeddings=arch == "llama"), "int4", 1)
     assert lm.quantization["accuracy_level"] == 4
     P, win = len(PROMPT), np.array([[5, 9, 13, 21, 30]])
@@ -313,6 +309,21 @@ def test_int4_from_a_gguf_keeps_weights_finer_than_4_bits_at_8(tiny_dir, tmp_pat
 
     assert halves(d, tmp_path / "g.onnx") == (2 * 4 + 1, 2 * (2 * 4 + 1))  # 4 a layer + head
     assert halves(src, tmp_path / "p.onnx") == (1, 2 * 4 + 2)  # the head alone
+
+
+def test_a_padded_one_token_pass_keeps_one_column_and_its_own_logits(tiny_dir):
+    """A one-token pass runs as two rows (PAD_ONE_TOKEN); the second leaves nothing behind:
+    the cache grows by one, and the next pass overwrites the stale column."""
+    lm = OnnxTargetLM(tiny_dir("qwen2"), "int4", intra_threads=1)
+    c = lm.new_cache()
+    lm.forward(np.array([PROMPT[:4]]), c)
+    one = lm.forward(np.array([PROMPT[4:5]]), c)
+    assert one.shape == (1, 1, lm.config.vocab_size) and c.offset == 5
+    h = lm.forward_layers(np.array([PROMPT[5:6]]), c, 0, lm.config.num_layers)
+    assert h.shape == (1, 1, lm.config.hidden_size) and c.offset == 6
+    fresh = lm.new_cache()
+    want = lm.forward(np.array([PROMPT[:5]]), fresh)[:, -1:]  # row 4 of a 5-token prefill
+    np.testing.assert_array_equal(one, want)
 
 
 def test_the_head_on_the_last_rows_equals_those_rows_of_a_full_pass(tiny_dir):

@@ -40,22 +40,26 @@ from runtime.sliding_cache import SlidingKVCache
 QUANTIZE = ("int4", "int8", "none")
 BLOCK_SIZE = 32
 # How attention runs, and with it MatMulNBits' compute type (accuracy level) on the layers:
-# "window": GroupQueryAttention over the whole pass, the layers at 1 (float32 compute).
-# "rows": every token its own row (converters/onnx_target_rows.py), the layers at 4 (int8
-#   activations). At 4 a last-bit difference in attention grows through the layers, and GQA's
-#   window path sums in another order than its one-token path (SmolLM2-135M int4: a 5-token pass
-#   and five 1-token passes 0.84 logits apart, greedy sd left ar); as rows every pass gives a
-#   token bit for bit what a one-token pass gives, so sd, tree and mirror equal ar. It costs a
-#   gather of the keys each row sees, quadratic in a prefill's length (sd's first pass holds the
-#   prompt and the first drafts, so the prefill must run as rows too): on SmolLM2 under load a
-#   5-token pass over 200 drops from ~2.3x to ~2.0x a one-token pass, the one-token pass stays
-#   the same, and a 200-token prefill costs 2.2 s against 1.1 s (800 tokens: 16.6 s against
-#   4.3 s). Hence "window" stays the default.
-# The LM head (49,152 columns) runs at 4 under both: its passes agree, and its 4-bit halves
-# (converters/onnx_head_split.py) sum pairs to at most 2 * 15 * 128, which no kernel (AVX2
-# without VNNI sums pairs in a saturating int16, VPMADDUBSW) can clip.
+# "window": GroupQueryAttention over the whole pass, the layers at 4 (int8 activations, the
+#   VNNI/dot-product kernels; level 1 computes in float32 and costs a 5-token pass 2.2x a
+#   one-token one on SmolLM2-135M, against 1.5x at 4). At 4 every matmul and norm gives a
+#   token's row bit for bit the same in any pass, and GQA's multi-query path does too for any
+#   T >= 2 (a prefill of P or P + 3 tokens, a 5-token window or 2-token passes over the same past:
+#   SmolLM2 int4, equal to the bit); only its one-query path (T = 1) sums in another order,
+#   0.6 logits away after 30 layers once int8 rounding amplifies it, and greedy sd then left
+#   ar. PAD_ONE_TOKEN: a one-token pass runs as two (_pad_one), so that path is never taken,
+#   and sd, tree and mirror equal ar token for token. The second row costs a little (a 2-row
+#   int8 matmul is ~1.3x a 1-row one; the head runs on the first row only).
+# "rows": every token its own row (converters/onnx_target_rows.py), the layers at 4: the
+#   one-query path for every token, through a gather of the keys each row sees (quadratic in
+#   a prefill's length: a 200-token prefill 2.2 s against 1.1 s). Kept as a check on "window".
+# The int4 agreement with float32 at 4 is lower than at 1 (SmolLM2: 0.947 against 0.971 on
+# the held-out chat text): llama.cpp's CPU kernels round activations to 8 bits too.
+# The LM head runs at 4 under both: its 4-bit halves (converters/onnx_head_split.py) sum
+# pairs to at most 2 * 15 * 128, which no kernel (AVX2 without VNNI sums pairs in a saturating
+# int16, VPMADDUBSW) can clip.
 ATTENTION = "window"
-LEVELS = {"window": 1, "rows": 4}
+LEVELS = {"window": 4, "rows": 4}
 HEAD_ACCURACY_LEVEL = 4
 
 
@@ -63,10 +67,9 @@ def recipe(quantize: str) -> dict:
     """What `quantize` means, as stored in the graph's metadata."""
     if quantize not in QUANTIZE:
         raise DuetError(f"unknown --quantize {quantize!r}; choose from {', '.join(QUANTIZE)}")
-    # "window" graphs keep the recipe they had before rows existed (their caches stay valid);
-    # the number after "rows" moves when the rows graph does
+    # the number after "rows" moves when the rows graph does; a changed recipe re-exports
     rows = {"attention": "rows-2"} if ATTENTION == "rows" else {"present": "in-place"}
-    rows["last_rows"] = True  # the head can run on a pass's last rows only (a prefill's one)
+    rows["head_rows"] = True  # the head runs on the rows asked for (a prefill: its last)
     if quantize == "none":
         return {"scheme": "none", **rows}
     bits = 4 if quantize == "int4" else 8
@@ -81,6 +84,17 @@ def recipe(quantize: str) -> dict:
             # 4 bits would lose what llama.cpp keeps (Gemma 3 270M: 71 % top-1 agreement)
             "gguf_finer": "8 bits" if bits == 4 else None,
             "embedding": "float32", **rows}  # fmt: skip
+
+
+def _pad_one(x, pos, m):
+    """A one-token pass as two rows (PAD_ONE_TOKEN): the token again, at the same position,
+    seeing what the token sees and itself; the token's row does not see it. Its logits are
+    never computed (head_rows), its hidden row and its key column are dropped."""
+    B, _, S = m.shape
+    m2 = np.zeros((B, 2, S + 1), bool)
+    m2[:, :, :S] = m[:, :1]
+    m2[:, 1, S] = True
+    return np.concatenate([x, x], axis=1), np.concatenate([pos, pos], axis=1), m2
 
 
 def part_name(start: int, stop: int, num_layers: int, head: bool) -> str:
@@ -191,8 +205,8 @@ class OnnxTargetLM:
         return np.ascontiguousarray(m[..., -S:] & near), key_pos
 
     def _run(self, x, cache, start: int, stop: int, head: bool, positions, mask, last=None):
-        """[logits (B, min(last, T), V) when `head`,] hidden (B, T, C): `last` cuts the head to the
-        pass's last rows (a prefill's 1), where the graph takes `last_rows`."""
+        """[logits (B, min(last, T), V) when `head`,] hidden (B, T, C); `last` cuts the head to
+        the pass's last rows (a prefill's 1)."""
         B, T = x.shape[:2]
         off = cache.layer_offset(start)
         pos = default_positions(off, B, T) if positions is None else np.asarray(positions)
@@ -207,16 +221,22 @@ class OnnxTargetLM:
                              m[:, a : a + n, : off + a + n]) for a in range(0, T, n)]  # fmt: skip
             res = [np.concatenate(parts, axis=1) for parts in zip(*got, strict=True)]
             return [res[0][:, -last:], *res[1:]] if head and last else res  # a cut after all
-        last = min(last, T) if head and last else T  # rows of logits (graphs with last_rows)
+        if not rows and T > 1 and (m[:, :, off:] != np.tri(T, dtype=bool)).any():
+            return self._tree_as_chains(x, cache, start, stop, head, pos, m, off, last)
+        keep = T
+        if T == 1 and not rows:  # GQA's one-query path: never taken (PAD_ONE_TOKEN)
+            x, pos, m = _pad_one(x, pos, m)
+            T = 2
+        lo, hi = (keep - min(last, keep), keep) if head and last else (0, keep)
         if isinstance(cache, BufferKVCache) and not rows and not self.sliding:
             return self._run_in_place(session, outs, x, pos, m, cache, start, stop, head, off,
-                                      last)  # fmt: skip
+                                      (lo, hi), keep)  # fmt: skip
         past = [cache.get(i)[:2] for i in range(start, stop)]
         lm, key_pos = self._local_mask(cache, start, stop, pos, m) if self.sliding else (None,) * 2
         if rows:
             feed = {"input_ids" if start == 0 else "hidden_in": x, "position_ids": pos}
-            if "last_rows" in names:
-                feed["last_rows"] = np.array([last], np.int64)
+            if "head_rows" in names:
+                feed["head_rows"] = np.array([lo, hi], np.int64)
             for tag, mm in (("", m if "kv_index" in names else None), ("local_", lm)):
                 if mm is not None:
                     idx, seqlens, gm = row_feed(mm, self.config.num_kv_heads)
@@ -228,24 +248,92 @@ class OnnxTargetLM:
             res = session.run(outs, feed)
         else:
             res = self._run_window(session, outs, names, x, pos, m, lm, past, start, stop, off,
-                                   last)  # fmt: skip
+                                   (lo, hi))  # fmt: skip
         first = 2 if head else 1
+        drop = T - keep  # a padded pass's second column is dropped
         for j, i in enumerate(range(start, stop)):
-            kv = (res[first + 2 * j], res[first + 2 * j + 1])
-            cache.put(i, *kv, key_pos) if self.sliding and self.sliding[i] else cache.put(i, *kv)
-        return res[:first]
+            k, v = res[first + 2 * j], res[first + 2 * j + 1]
+            kv = (k[:, :, : k.shape[2] - drop], v[:, :, : v.shape[2] - drop])
+            if self.sliding and self.sliding[i]:
+                cache.put(i, *kv, key_pos[:, : key_pos.shape[1] - drop])
+            else:
+                cache.put(i, *kv)
+        out = res[:first]
+        return [out[0], out[1][:, :keep]] if head else [out[0][:, :keep]]
 
-    def _run_in_place(self, session, outs, x, pos, m, cache, start, stop, head, off, last):
+    def _tree_as_chains(self, x, cache, start, stop, head, pos, m, off, last):
+        """A pass whose mask has holes in its window (a draft tree's nodes see their ancestors,
+        not their siblings), run as one causal pass per root-to-leaf path (TREE_AS_CHAINS).
+
+        In one window a node's keys would sit behind its siblings' masked columns, and the
+        int8-activation layers turn the other order of GQA's sums into other logits; along its
+        own path a node sees [past][ancestors][itself] as the one-token passes of ar do, so
+        its logits and keys are ar's to the bit. Each path is rolled back before the next;
+        the cache then holds every node's keys in window order, as one pass would leave it."""
+        B, T = x.shape[:2]
+        n = self.config.num_layers
+        if B != 1 or (start, stop) != (0, n) or not head or not m[:, :, :off].all():
+            raise DuetError("ONNX target: a masked window (tree) runs on one row over a whole "
+                            "past, through every layer")  # fmt: skip
+        win = m[0, :, off:]
+        h = 0  # rows every later row sees (the committed tokens before a tree): one pass
+        while h < T and win[h:, : h + 1].all() and not win[h, h + 1 :].any():
+            h += 1
+        if h:
+            lg0, h0 = self._run(x[:, :h], cache, 0, n, True, pos[:, :h], m[:, :h, : off + h])
+            lg1, h1 = self._tree_as_chains(x[:, h:], cache, 0, n, True, pos[:, h:],
+                                           m[:, h:], off + h, None)  # fmt: skip
+            lg = np.concatenate([lg0, lg1], axis=1)
+            return [lg[:, -last:] if last else lg, np.concatenate([h0, h1], axis=1)]
+        parent = [int(a[-1]) if len(a := np.flatnonzero(win[t, :t])) else -1 for t in range(T)]
+        for t in range(T):  # a forest: each row sees exactly its ancestors and itself
+            seen, a = {t}, parent[t]
+            while a >= 0:
+                seen.add(a)
+                a = parent[a]
+            if set(np.flatnonzero(win[t]).tolist()) != seen:
+                raise DuetError("ONNX target: a mask row must see its ancestors' columns only")
+        leaves = [t for t in range(T) if t not in set(parent)]
+        logits, hidden, keys = [None] * T, [None] * T, [None] * T
+        for leaf in leaves:
+            path, t = [], leaf
+            while t >= 0:
+                path.append(t)
+                t = parent[t]
+            path.reverse()
+            cache.trim(cache.offset - off)
+            lg, h = self._run(x[:, path], cache, 0, n, True, pos[:, path], None)
+            L = len(path)
+            for j, t in enumerate(path):
+                if keys[t] is None:
+                    logits[t], hidden[t] = lg[:, j], h[:, j]
+                    keys[t] = [tuple(a[..., j - L, :].copy() for a in cache.get(i)[:2])
+                               for i in range(n)]  # fmt: skip
+        cache.trim(cache.offset - off)
+        for i in range(n):  # every node's keys after the past, in window order
+            got = cache.get(i)
+            k, v = (np.concatenate([got[a], *[keys[t][i][a][:, :, None] for t in range(T)]],
+                                   axis=2) for a in (0, 1))  # fmt: skip
+            if self.sliding and self.sliding[i]:
+                cache.put(i, k, v, np.concatenate([np.asarray(got[2]), pos], axis=1))
+            else:
+                cache.put(i, k, v)
+        lg = np.stack(logits, axis=1)
+        return [lg[:, -last:] if last else lg, np.stack(hidden, axis=1)]
+
+    def _run_in_place(self, session, outs, x, pos, m, cache, start, stop, head, off, rows_,
+                      keep):  # fmt: skip
         """One graph run of the whole pass with each layer's buffer bound as both its past and
         its present: the kernel appends the pass's keys and values at `off` in place
-        (runtime/buffer_cache.py); logits and hidden are written into arrays made here."""
+        (runtime/buffer_cache.py); logits and hidden are written into arrays made here. The
+        offsets advance by `keep` (a padded one-token pass's second column is left stale)."""
         B, T = x.shape[:2]
         for i in range(start, stop):
             cache.reserve(i, off + T)
         first = 2 if head else 1
         widths = {"logits": self.config.vocab_size, "hidden": self.config.hidden_size}
-        rows_out = {"logits": last, "hidden": T}
-        got = [np.empty((B, rows_out[n], widths[n]), np.float32) for n in outs[:first]]
+        lengths = {"logits": rows_[1] - rows_[0], "hidden": T}
+        got = [np.empty((B, lengths[n], widths[n]), np.float32) for n in outs[:first]]
         # the CPU kernel runs a multi-token window over a past one batch row at a time
         rows = [slice(r, r + 1) for r in range(B)] if B > 1 and T > 1 and off else [slice(None)]
         for r in rows:
@@ -256,7 +344,7 @@ class OnnxTargetLM:
             io.bind_cpu_input("position_ids", np.ascontiguousarray(pos[r]))
             io.bind_cpu_input("attention_mask", np.ascontiguousarray(m[r]))
             if head:
-                io.bind_cpu_input("last_rows", np.array([last], np.int64))
+                io.bind_cpu_input("head_rows", np.array(rows_, np.int64))
             for i in range(start, stop):
                 for name, buf in zip(("key", "value"), cache.buffers(i), strict=True):
                     b = buf[r]  # a contiguous view: the batch is the outer axis
@@ -268,11 +356,11 @@ class OnnxTargetLM:
                 io.bind_output(name, "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
             session.run_with_iobinding(io)
         for i in range(start, stop):
-            cache.advance(i, T)
-        return got
+            cache.advance(i, keep)
+        return [got[0], got[1][:, :keep]] if head else [got[0][:, :keep]]
 
     @staticmethod
-    def _run_window(session, outs, names, x, pos, m, lm, past, start, stop, off, last):
+    def _run_window(session, outs, names, x, pos, m, lm, past, start, stop, off, rows_):
         """One graph run of the whole pass (recipe attention "window")."""
         B, T = x.shape[:2]
         # GroupQueryAttention's CPU kernel runs a multi-token window over a past one row at a
@@ -285,8 +373,8 @@ class OnnxTargetLM:
                 feed["attention_mask"] = m[r]
             if lm is not None:
                 feed["local_mask"] = lm[r]
-            if "last_rows" in names:
-                feed["last_rows"] = np.array([last], np.int64)
+            if "head_rows" in names:
+                feed["head_rows"] = np.array(rows_, np.int64)
             for i, (k, v) in zip(range(start, stop), past, strict=True):
                 feed[f"past.{i}.key"] = np.ascontiguousarray(k[r])
                 feed[f"past.{i}.value"] = np.ascontiguousarray(v[r])
