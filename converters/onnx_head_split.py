@@ -1,5 +1,6 @@
 """8-bit weights (the LM head, --quantize int8) as two 4-bit MatMulNBits: exact, and safe on
-every x86-64 and arm64 CPU.
+every x86-64 and arm64 CPU; or, on a CPU with VNNI (runtime/backends/onnx_target.int8_dot), as
+one 8-bit MatMulNBits (`one_matmul8`), whose int8 products VPDPBUSD sums in int32.
 
 MatMulNBits' fast path (accuracy level 4) multiplies int8 activations by the weights' integers.
 With 4-bit weights a pair of products sums to at most 2 * 15 * 128 (no kernel can clip it);
@@ -64,6 +65,37 @@ def split_matmul(model, node_name: str, block: int = 32, accuracy_level: int = 4
     g.node.remove(node)
     for j, n in enumerate(new):
         g.node.insert(at + j, n)
+    g.initializer.remove(init)
+    g.initializer.extend(inits)
+    if not any(o.domain == MS for o in model.opset_import):
+        model.opset_import.append(oh.make_opsetid(MS, 1))
+
+
+def one_matmul8(model, node_name: str, block: int = 32, accuracy_level: int = 4) -> None:
+    """Replace the MatMul `node_name` by one 8-bit MatMulNBits (symmetric blocks of `block`
+    along the input dimension, s = max |w| / 127, stored as q8 + 128: its implicit zero point),
+    in place. Only where int8 products are summed without saturation (a VNNI CPU): on AVX2
+    without VNNI a pair of products can reach 2 * 255 * 127, past VPMADDUBSW's int16."""
+    g = model.graph
+    node = next(n for n in g.node if n.name == node_name)
+    init = next(i for i in g.initializer if i.name == node.input[1])
+    W = onh.to_array(init).astype(np.float32)  # (K, N)
+    K, N = W.shape
+    nb = -(-K // block)
+    Wp = np.zeros((nb * block, N), np.float32)
+    Wp[:K] = W
+    Wb = Wp.T.reshape(N, nb, block)
+    s = np.abs(Wb).max(-1) / 127
+    s = np.where(s == 0, 1.0, s).astype(np.float32)
+    q8 = np.clip(np.rint(Wb / s[..., None]), -127, 127).astype(np.int16)
+    inits = [onh.from_array((q8 + 128).astype(np.uint8), f"{node_name}.q8"),
+             onh.from_array(s.reshape(-1), f"{node_name}.s8")]  # fmt: skip
+    new = oh.make_node("MatMulNBits", [node.input[0], f"{node_name}.q8", f"{node_name}.s8"],
+                       list(node.output), name=f"{node_name}.q8mm", domain=MS, K=K, N=N,
+                       bits=8, block_size=block, accuracy_level=accuracy_level)  # fmt: skip
+    at = list(g.node).index(node)
+    g.node.remove(node)
+    g.node.insert(at, new)
     g.initializer.remove(init)
     g.initializer.extend(inits)
     if not any(o.domain == MS for o in model.opset_import):

@@ -128,7 +128,7 @@ def _quantize(model, rec: dict, gguf: bool = False):
         MatMulNBitsQuantizer,
     )
 
-    from converters.onnx_head_split import split_matmul
+    from converters.onnx_head_split import one_matmul8, split_matmul
     from converters.onnx_target_graph import HEAD_NODE
 
     logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
@@ -154,9 +154,11 @@ def _quantize(model, rec: dict, gguf: bool = False):
     else:  # every 8-bit weight as two 4-bit halves
         consts = {i.name for i in model.graph.initializer}
         eight = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in consts]
-    for name in eight:  # fast and unclippable (converters/onnx_head_split.py)
-        split_matmul(model, name, block,
-                     HEAD_ACCURACY_LEVEL if name == HEAD_NODE else level)  # fmt: skip
+    one = rec.get("int8_as", "").startswith("one")  # a VNNI CPU (converters/onnx_head_split.py)
+    for name in eight:  # fast and unclippable
+        (one_matmul8 if one else split_matmul)(
+            model, name, block, HEAD_ACCURACY_LEVEL if name == HEAD_NODE else level
+        )
     return model
 
 

@@ -126,6 +126,47 @@ def test_int8_weights_as_two_4bit_halves_are_exact():
     assert np.abs(y - A @ Wq).max() < 1e-4 < np.abs(y - A @ W).max()
 
 
+@pytest.mark.parametrize("level", [0, 4])
+def test_int8_weights_as_one_8bit_matmul_equal_their_int8_product(level):
+    """One 8-bit MatMulNBits (converters/onnx_head_split.one_matmul8) equals the int8-dequantized
+    product: at accuracy level 0 (float compute, any CPU) exactly up to float sums, at 4 (int8
+    activations) within their rounding. Level 4 runs only where the recipe uses it (a VNNI
+    CPU): without VNNI a pair of int8 products can clip, which is why the recipe keeps halves."""
+    import onnxruntime as ort
+    from onnx import TensorProto
+    from onnx import helper as oh
+    from onnx import numpy_helper as onh
+
+    from converters.onnx_head_split import one_matmul8
+    from runtime.backends.onnx_target import int8_dot
+
+    if level == 4 and not int8_dot():
+        pytest.skip("this CPU has no VNNI: the recipe writes 8-bit weights as two 4-bit halves")
+    K, N = 96, 40
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((K, N)).astype(np.float32)
+    g = oh.make_graph([oh.make_node("MatMul", ["A", "W"], ["Y"], name="mm")], "g",
+                      [oh.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+                      [oh.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+                      [onh.from_array(W, "W")])  # fmt: skip
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)], ir_version=9)
+    one_matmul8(m, "mm", 32, accuracy_level=level)
+    assert [n.op_type for n in m.graph.node] == ["MatMulNBits"]
+    A = rng.standard_normal((3, K)).astype(np.float32)
+    y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"A": A}
+    )[0]
+    Wb = W.T.reshape(N, 3, 32)
+    s = np.abs(Wb).max(-1, keepdims=True) / 127
+    Wq = (np.rint(Wb / s) * s).reshape(N, K).T
+    if level == 4:  # the activations rounded to int8 per block of 32, as the kernel does
+        Ab = A.reshape(3, 3, 32)
+        sa = np.abs(Ab).max(-1, keepdims=True) / 127
+        A = (np.rint(Ab / sa) * sa).reshape(3, K)
+    assert np.abs(y - A @ Wq).max() < 1e-3
+    assert np.abs(y - A @ W).max() > 1e-3  # the weights really were rounded to 8 bits
+
+
 def _gen(method, target, draft, n=16, **kw):
     steps = make_steps(method, target, draft, PROMPT, max_new=n, sampling=Sampling(), seed=0,
                        **kw)  # fmt: skip
@@ -290,7 +331,8 @@ def test_q4_k_blocks_whose_levels_skip_the_ends_are_kept():
 
 def test_int4_from_a_gguf_keeps_weights_finer_than_4_bits_at_8(tiny_dir, tmp_path):
     """A checkpoint dequantized from a GGUF: a weight off every 4-bit grid was stored at 5-8
-    bits there and becomes two 4-bit halves (8 bits); without a GGUF source it is 4-bit."""
+    bits there and stays at 8 bits (two 4-bit halves, or one 8-bit MatMulNBits on a VNNI CPU);
+    without a GGUF source it is 4-bit."""
     import shutil
 
     import onnx
@@ -302,13 +344,16 @@ def test_int4_from_a_gguf_keeps_weights_finer_than_4_bits_at_8(tiny_dir, tmp_pat
     shutil.copytree(src, d, ignore=shutil.ignore_patterns(".duet"))
     (d / "duet-source.json").write_text(json.dumps({"gguf": "model.Q4_K_M.gguf"}))
 
-    def halves(model_dir, out):
+    def widths(model_dir, out):  # (8-bit weights, 4-bit weights)
         export_target_part(model_dir, out, 0, 2, True, "int4")
-        names = [n.name for n in onnx.load(str(out)).graph.node if n.op_type == "MatMulNBits"]
-        return sum(n.endswith(".hi") for n in names), len(names)
+        nodes = [n for n in onnx.load(str(out)).graph.node if n.op_type == "MatMulNBits"]
+        bits = [next(a.i for a in n.attribute if a.name == "bits") for n in nodes]
+        eight = sum(b == 8 or n.name.endswith(".hi") for n, b in zip(nodes, bits, strict=True))
+        return eight, sum(b == 4 and not n.name.endswith((".hi", ".lo"))
+                          for n, b in zip(nodes, bits, strict=True))  # fmt: skip
 
-    assert halves(d, tmp_path / "g.onnx") == (2 * 4 + 1, 2 * (2 * 4 + 1))  # 4 a layer + head
-    assert halves(src, tmp_path / "p.onnx") == (1, 2 * 4 + 2)  # the head alone
+    assert widths(d, tmp_path / "g.onnx") == (2 * 4 + 1, 0)  # 4 a layer + head
+    assert widths(src, tmp_path / "p.onnx") == (1, 2 * 4)  # the head alone
 
 
 def test_a_padded_one_token_pass_keeps_one_column_and_its_own_logits(tiny_dir):

@@ -59,9 +59,34 @@ BLOCK_SIZE = 32
 # The LM head runs at 4 under both: its 4-bit halves (converters/onnx_head_split.py) sum
 # pairs to at most 2 * 15 * 128, which no kernel (AVX2 without VNNI sums pairs in a saturating
 # int16, VPMADDUBSW) can clip.
+# KEY_BUCKETS: GQA's multi-query path gives a row the same sums in any pass only while the
+#   pass's key count stays in the row's bucket. With Gemma 3's 256-wide heads a row's output
+#   changes (~3e-7, which int8 rounding grew to 3-5 logits and a two-turn chat prompt's sd
+#   unequal to ar) when a pass's total keys cross 64, 192, 320, ... (64 + 128 k): measured on
+#   GQA alone, 15 of 15 failures across 1,300 (position, window) pairs sat on those boundaries,
+#   and 0 of 5,447 pairs within a bucket differed; 64- and 128-wide heads showed none. So a pass
+#   is cut before each position 63 + 128 k it spans (a one-token pass, padded, has keys p + 2;
+#   a row at p must run with a key count in the bucket of p + 2): at most one more run per 128
+#   tokens.
+KEY_BUCKET_FIRST, KEY_BUCKET_STEP = 64, 128
 ATTENTION = "window"
 LEVELS = {"window": 4, "rows": 4}
 HEAD_ACCURACY_LEVEL = 4
+
+
+def int8_dot() -> bool:
+    """Whether this CPU sums int8 products without an int16 step (x86 AVX-512 VNNI or AVX-VNNI):
+    there one 8-bit MatMulNBits runs 8-bit weights (converters/onnx_head_split.py), at about
+    0.7x the time of two 4-bit ones; elsewhere the two halves, which no kernel can clip."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_vnni" in flags or " avx_vnni" in flags
 
 
 def recipe(quantize: str) -> dict:
@@ -77,7 +102,8 @@ def recipe(quantize: str) -> dict:
     return {"scheme": quantize, "op": "MatMulNBits", "bits": bits, "block_size": BLOCK_SIZE,
             "symmetric": True, "accuracy_level": LEVELS[ATTENTION], "head_bits": 8,
             "head_accuracy_level": HEAD_ACCURACY_LEVEL,
-            "int8_as": "two 4-bit MatMulNBits (hi/lo nibbles of symmetric int8 blocks)",
+            "int8_as": "one 8-bit MatMulNBits (a VNNI CPU)" if int8_dot() else
+            "two 4-bit MatMulNBits (hi/lo nibbles of symmetric int8 blocks)",
             "grid": bits == 4,  # weights on a GGUF Q4_0/Q4_1/Q4_K block grid kept exactly
             "source": "weights on a 4-bit block grid (a GGUF's Q4_0/Q4_1/Q4_K) kept exactly "
             "(converters/onnx_grid_q4.py); others requantized from the float32 weights",
@@ -183,11 +209,15 @@ class OnnxTargetLM:
     def new_cache(self, batch: int = 1):
         c = self.config
         empty = lambda b: np.zeros((b, c.num_kv_heads, 0, c.head_dim), np.float32)  # noqa: E731
+        if ATTENTION == "window":  # written in place by the kernel (runtime/buffer_cache.py)
+            # Gemma 3's local layers too: every column kept (columns are positions), their
+            # window a mask over them. A local layer that held only its window would start its
+            # keys at a column that depends on when it last evicted, which differs between ar
+            # and sd; at int8 activations where a key sits in GQA's sums changes the logits
+            return BufferKVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, c.max_context)
         if any(self.sliding):  # Gemma 3: local layers keep their window (runtime/sliding_cache.py)
             return SlidingKVCache(self.sliding, c.sliding_window, batch, empty,
                                   lambda b: np.zeros((b, 0), np.int64))  # fmt: skip
-        if ATTENTION == "window":  # written in place by the kernel (runtime/buffer_cache.py)
-            return BufferKVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, c.max_context)
         return ConcatKVCache(c.num_layers, batch, empty)
 
     def _local_mask(self, cache, start: int, stop: int, pos, m):
@@ -216,22 +246,29 @@ class OnnxTargetLM:
         m = np.ascontiguousarray(np.broadcast_to(m, (B, T, off + T)))
         session, outs, names = self._part(start, stop, head)
         rows = "kv_index" in names or "local_kv_index" in names  # recipe attention "rows"
-        n = chunk_rows(off, T) if rows else T
-        if T > n:  # a long pass: chunk by chunk, each over the keys the ones before it put
-            got = [self._run(x[:, a : a + n], cache, start, stop, head, pos[:, a : a + n],
-                             m[:, a : a + n, : off + a + n]) for a in range(0, T, n)]  # fmt: skip
-            res = [np.concatenate(parts, axis=1) for parts in zip(*got, strict=True)]
-            return [res[0][:, -last:], *res[1:]] if head and last else res  # a cut after all
         if not rows and T > 1 and (m[:, :, off:] != np.tri(T, dtype=bool)).any():
             return self._tree_as_chains(x, cache, start, stop, head, pos, m, off, last)
+        if rows:  # a long pass: chunk by chunk, each over the keys the ones before it put
+            n = chunk_rows(off, T)
+            bounds = list(range(0, T, n))
+        else:  # KEY_BUCKETS: cut before each position 63 + 128 k inside the pass
+            c0 = KEY_BUCKET_FIRST - 1
+            bounds = [0] + [c - off for c in range(c0, off + T, KEY_BUCKET_STEP) if c > off]
+        if len(bounds) > 1:
+            want = T if last is None or not head else min(last, T)  # logits of the last `want`
+            got = []
+            for a, b in zip(bounds, [*bounds[1:], T], strict=True):
+                got.append(self._run(x[:, a:b], cache, start, stop, head, pos[:, a:b],
+                                     m[:, a:b, : off + b], max(0, min(b - a, b - (T - want)))))  # fmt: skip
+            return [np.concatenate(parts, axis=1) for parts in zip(*got, strict=True)]
         keep = T
         if T == 1 and not rows:  # GQA's one-query path: never taken (PAD_ONE_TOKEN)
             x, pos, m = _pad_one(x, pos, m)
             T = 2
-        lo, hi = (keep - min(last, keep), keep) if head and last else (0, keep)
-        if isinstance(cache, BufferKVCache) and not rows and not self.sliding:
-            return self._run_in_place(session, outs, x, pos, m, cache, start, stop, head, off,
-                                      (lo, hi), keep)  # fmt: skip
+        lo, hi = (keep - min(last, keep), keep) if head and last is not None else (0, keep)
+        if isinstance(cache, BufferKVCache) and not rows:
+            return self._run_in_place(session, outs, names, x, pos, m, cache, start, stop, head,
+                                      off, (lo, hi), keep)  # fmt: skip
         past = [cache.get(i)[:2] for i in range(start, stop)]
         lm, key_pos = self._local_mask(cache, start, stop, pos, m) if self.sliding else (None,) * 2
         if rows:
@@ -315,15 +352,15 @@ class OnnxTargetLM:
             got = cache.get(i)
             k, v = (np.concatenate([got[a], *[keys[t][i][a][:, :, None] for t in range(T)]],
                                    axis=2) for a in (0, 1))  # fmt: skip
-            if self.sliding and self.sliding[i]:
+            if isinstance(cache, SlidingKVCache) and self.sliding[i]:
                 cache.put(i, k, v, np.concatenate([np.asarray(got[2]), pos], axis=1))
             else:
                 cache.put(i, k, v)
         lg = np.stack(logits, axis=1)
         return [lg[:, -last:] if last else lg, np.stack(hidden, axis=1)]
 
-    def _run_in_place(self, session, outs, x, pos, m, cache, start, stop, head, off, rows_,
-                      keep):  # fmt: skip
+    def _run_in_place(self, session, outs, names, x, pos, m, cache, start, stop, head, off,
+                      rows_, keep):  # fmt: skip
         """One graph run of the whole pass with each layer's buffer bound as both its past and
         its present: the kernel appends the pass's keys and values at `off` in place
         (runtime/buffer_cache.py); logits and hidden are written into arrays made here. The
@@ -331,6 +368,10 @@ class OnnxTargetLM:
         B, T = x.shape[:2]
         for i in range(start, stop):
             cache.reserve(i, off + T)
+        lm = None  # Gemma 3's local layers: the mask within their window, columns as positions
+        if any(self.sliding[start:stop]):
+            near = np.arange(off + T)[None, None, :] > pos[:, :, None] - self.config.sliding_window
+            lm = m & near
         first = 2 if head else 1
         widths = {"logits": self.config.vocab_size, "hidden": self.config.hidden_size}
         lengths = {"logits": rows_[1] - rows_[0], "hidden": T}
@@ -343,7 +384,10 @@ class OnnxTargetLM:
                 "input_ids" if start == 0 else "hidden_in", np.ascontiguousarray(x[r])
             )
             io.bind_cpu_input("position_ids", np.ascontiguousarray(pos[r]))
-            io.bind_cpu_input("attention_mask", np.ascontiguousarray(m[r]))
+            if "attention_mask" in names:  # a part of local layers only takes local_mask
+                io.bind_cpu_input("attention_mask", np.ascontiguousarray(m[r]))
+            if lm is not None and "local_mask" in names:
+                io.bind_cpu_input("local_mask", np.ascontiguousarray(lm[r]))
             if head:
                 io.bind_cpu_input("head_rows", np.array(rows_, np.int64))
             for i in range(start, stop):
