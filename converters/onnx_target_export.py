@@ -22,10 +22,10 @@ Quantization (`quantize`): "none" keeps float32. "int4" / "int8" rewrite every M
 constant weight (packed q|k|v, o, packed gate|up, down, and the LM head; a tied model's head is
 its own transposed copy of the embedding; the head keeps 8 bits under int4: on SmolLM2 an int4
 head cost 11 points of top-1 agreement, 64 % against 75 %) as ONNX Runtime's MatMulNBits
-(onnxruntime.quantization's MatMulNBitsQuantizer for 4 bits; 8 bits as two 4-bit halves,
-converters/onnx_head_split.py): symmetric blocks of BLOCK_SIZE along the input dimension,
-requantized from the checkpoint's float32 weights, at the accuracy levels of
-runtime/backends/onnx_target.py (layers 1, or 4 under attention rows; head 4: why there).
+(onnxruntime.quantization's MatMulNBitsQuantizer for 4 bits; 8 bits as one 8-bit MatMulNBits
+on a VNNI CPU, else two 4-bit halves, converters/onnx_head_split.py): symmetric blocks of
+BLOCK_SIZE along the input dimension, requantized from the checkpoint's float32 weights, at
+the accuracy level of runtime/backends/onnx_target.py (4: int8 activations; why there).
 Under int4, a weight that already lies on a 4-bit block grid (a checkpoint dequantized from a
 Q4_0/Q4_1 GGUF) keeps its own blocks exactly instead (converters/onnx_grid_q4.py). The
 embedding stays float32 (a Gather reads one row a token). The recipe is stored in the graph's
@@ -151,7 +151,7 @@ def _quantize(model, rec: dict, gguf: bool = False):
         q.process()
         model = q.model.model
         eight = finer + ([HEAD_NODE] if head8 else [])
-    else:  # every 8-bit weight as two 4-bit halves
+    else:  # every weight at 8 bits
         consts = {i.name for i in model.graph.initializer}
         eight = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in consts]
     one = rec.get("int8_as", "").startswith("one")  # a VNNI CPU (converters/onnx_head_split.py)

@@ -132,13 +132,18 @@ def part_name(start: int, stop: int, num_layers: int, head: bool) -> str:
     return f"layers.{start}.{stop}"
 
 
+def recipe_tag(quantize: str) -> str:
+    """A hash of the recipe: in the cached parts' names, and in the load spec, so that auto's
+    stored measurements of an older recipe (devices/probe_store.py) are not read as this one's."""
+    import hashlib
+
+    return hashlib.sha1(json.dumps(recipe(quantize), sort_keys=True).encode()).hexdigest()[:8]
+
+
 def part_path(d: Path, quantize: str, name: str) -> Path:
     """Where a part is cached: keyed by the quantization and a hash of its recipe, so a changed
     recipe (block size, accuracy level) exports afresh instead of reusing a stale file."""
-    import hashlib
-
-    tag = hashlib.sha1(json.dumps(recipe(quantize), sort_keys=True).encode()).hexdigest()[:8]
-    return Path(d) / ".duet" / f"target-{quantize}-{tag}-{name}.onnx"
+    return Path(d) / ".duet" / f"target-{quantize}-{recipe_tag(quantize)}-{name}.onnx"
 
 
 def ensure_part(d: Path, quantize: str, start: int, stop: int, head: bool, n: int) -> Path:
@@ -184,7 +189,8 @@ class OnnxTargetLM:
         # what identifies it (auto's stored measurements, devices/probe_store.py; a tuned exit
         # head beside the checkpoint), as load_model's models keep theirs
         self.load_spec = (str(self.dir), "onnx-target",
-                          {"quantize": quantize, "intra_threads": intra_threads})  # fmt: skip
+                          {"quantize": quantize, "intra_threads": intra_threads,
+                           "recipe": recipe_tag(quantize)})  # fmt: skip
         self._sessions: dict[tuple, object] = {}
         self.session = self._part(0, self.config.num_layers, True)  # exported/opened at load
 
