@@ -75,18 +75,14 @@ HEAD_ACCURACY_LEVEL = 4
 
 
 def int8_dot() -> bool:
-    """Whether this CPU sums int8 products without an int16 step (x86 AVX-512 VNNI or AVX-VNNI):
-    there one 8-bit MatMulNBits runs 8-bit weights (converters/onnx_head_split.py), at about
-    0.7x the time of two 4-bit ones; elsewhere the two halves, which no kernel can clip."""
-    import platform
+    """Whether this CPU sums int8 products without an int16 step (x86 AVX-512 VNNI or AVX-VNNI,
+    runtime/backends/cpu_int8.py): there one 8-bit MatMulNBits runs 8-bit weights
+    (converters/onnx_head_split.py), at about 0.7x the time of two 4-bit ones; elsewhere the
+    two halves, which no kernel can clip (arm64 too: its 8-bit kernels are unmeasured here)."""
+    from runtime.backends.cpu_int8 import int8_path
 
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_vnni" in flags or " avx_vnni" in flags
+    p = int8_path()
+    return p.arch == "x86-64" and p.vnni
 
 
 def recipe(quantize: str) -> dict:
