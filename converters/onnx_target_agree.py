@@ -37,17 +37,64 @@ def read_texts(path) -> list[str]:
     return [t for t in out if t]
 
 
+class _GenaiLM:
+    """An onnxruntime-genai model folder's decoder (its genai_config.json names the graph and
+    its I/O) as the two calls top1_agreement makes: new_cache and forward (logits)."""
+
+    def __init__(self, folder, threads: int):
+        import onnxruntime as ort
+
+        d = Path(folder)
+        try:
+            dec = json.loads((d / "genai_config.json").read_text())["model"]["decoder"]
+        except (OSError, ValueError, KeyError) as e:
+            raise DuetError(
+                f"--ort-genai {d}: not an onnxruntime-genai model folder ({e})"
+            ) from None
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        self.s = ort.InferenceSession(str(d / dec["filename"]), so,
+                                      providers=["CPUExecutionProvider"])  # fmt: skip
+        self.io, self.n, self.kv = (
+            dec["inputs"],
+            dec["num_hidden_layers"],
+            dec["num_key_value_heads"],
+        )
+        self.hd, self.out = dec["head_size"], dec["outputs"]
+
+    def new_cache(self):
+        z = np.zeros((1, self.kv, 0, self.hd), np.float32)
+        return {"past": [(z, z)] * self.n}
+
+    def forward(self, x, cache):
+        past = cache["past"]
+        f = {self.io["input_ids"]: x, self.io["attention_mask"]:
+             np.ones((1, past[0][0].shape[2] + x.shape[1]), np.int64)}  # fmt: skip
+        for i, (k, v) in enumerate(past):
+            f[self.io["past_key_names"] % i], f[self.io["past_value_names"] % i] = k, v
+        names = [o.name for o in self.s.get_outputs()]
+        r = dict(zip(names, self.s.run(names, f), strict=True))
+        cache["past"] = [(r[self.out["present_key_names"] % i], r[self.out["present_value_names"] % i])
+                         for i in range(self.n)]  # fmt: skip
+        return r[self.out["logits"]]
+
+
 def top1_agreement(model_dir, quantize: str, texts: list[str], *, positions: int = 2048,
-                   per_text: int = 256, chunk: int = 64, threads: int = 2) -> dict:  # fmt: skip
+                   per_text: int = 256, chunk: int = 64, threads: int = 2,
+                   genai_dir=None) -> dict:  # fmt: skip
     """{agreement, positions, texts, seconds} of `quantize` against float32 over `texts`,
-    stopping once `positions` positions are compared."""
+    stopping once `positions` positions are compared; with `genai_dir`, of that
+    onnxruntime-genai build instead (the peer in apps.bench; the same text and reference)."""
     from runtime.backends import load_model
     from runtime.backends.onnx_target import OnnxTargetLM
     from runtime.tokenizer import Tokenizer
 
     t0 = time.perf_counter()
     tok = Tokenizer(model_dir)
-    lm = OnnxTargetLM(model_dir, quantize, intra_threads=threads)
+    if genai_dir is not None:
+        lm = _GenaiLM(genai_dir, threads)
+    else:
+        lm = OnnxTargetLM(model_dir, quantize, intra_threads=threads)
     ref = load_model(model_dir, "torch", threads=threads)
     same = seen = used = 0
     for text in texts:
@@ -66,5 +113,6 @@ def top1_agreement(model_dir, quantize: str, texts: list[str], *, positions: int
             break
     if not seen:
         raise DuetError("no text of two tokens or more to compare on")
-    return {"model": str(model_dir), "quantize": quantize, "agreement": same / seen,
+    return {"model": str(model_dir), "quantize": f"ort-genai {genai_dir}" if genai_dir else quantize,
+            "agreement": same / seen,
             "positions": seen, "texts": used, "seconds": time.perf_counter() - t0}  # fmt: skip

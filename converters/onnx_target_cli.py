@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     ag.add_argument("--positions", type=int, default=2048, help="positions to compare")
     ag.add_argument("--per-text", type=int, default=256, help="tokens read from each text")
     ag.add_argument("--threads", type=int, default=2)
+    ag.add_argument("--ort-genai", metavar="DIR", default=None,
+                    help="measure this onnxruntime-genai model folder (the bench's peer, "
+                         "~/.cache/duet/ort-genai/NAME-int4) instead of Duet's target")  # fmt: skip
     ag.add_argument("--json", action="store_true")
     pc = sub.add_parser("pass-cost", help="seconds of a w-token pass over a context, per w")
     pc.add_argument("--model", required=True, help="checkpoint dir or a known model's name")
@@ -108,10 +111,10 @@ def main(argv: list[str] | None = None) -> int:
 
             r = top1_agreement(model, args.quantize, read_texts(args.text),
                                positions=args.positions, per_text=args.per_text,
-                               threads=args.threads)  # fmt: skip
+                               threads=args.threads, genai_dir=args.ort_genai)  # fmt: skip
             r["text"] = args.text
             print(json.dumps(r) if args.json else
-                  f"{args.quantize} vs float32 on {args.text}: top-1 agreement "
+                  f"{r['quantize']} vs float32 on {args.text}: top-1 agreement "
                   f"{r['agreement']:.3f} over {r['positions']} positions "
                   f"({r['texts']} texts, {r['seconds']:.0f} s)")  # fmt: skip
         else:

@@ -309,6 +309,9 @@ def test_agree_and_pass_cost_commands(tiny_dir, tmp_path, capsys):
     assert set(r["seconds"]) == {"1", "3"} and r["ratio"]["1"] == 1.0
     assert main(["agree", "--model", str(d), "--text", str(tmp_path / "none.txt")]) == 2
     assert "no such file" in capsys.readouterr().err
+    assert main(["agree", "--model", str(d), "--text", str(text),
+                 "--ort-genai", str(tmp_path)]) == 2  # fmt: skip
+    assert "not an onnxruntime-genai model folder" in capsys.readouterr().err
 
 
 def test_q4_k_blocks_whose_levels_skip_the_ends_are_kept():
