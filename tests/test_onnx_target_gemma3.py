@@ -146,10 +146,11 @@ def test_int4_windows_past_the_window_equal_one_token_passes_bit_for_bit(tiny_di
 def test_256_wide_heads_cut_passes_at_the_key_buckets(tiny_dir, cut, monkeypatch):
     """Gemma 3's 256-wide heads (KEY_BUCKETS in runtime/backends/onnx_target.py): a prefill, a
     window across 63 and one-token passes give every row the same logits to the bit once passes
-    are cut before positions 63 + 128 k; without the cut (the negative control) they differ,
-    on CPUs whose attention kernel buckets its key counts as this one does."""
+    are cut where runtime/backends/gqa_buckets.py measured GQA's sums to change (here before
+    63 + 128 k); without the cuts (the negative control) they differ, on CPUs whose attention
+    kernel buckets its key counts at all."""
     if not cut:
-        monkeypatch.setattr("runtime.backends.onnx_target.KEY_BUCKET_FIRST", 10**6)
+        monkeypatch.setattr(OnnxTargetLM, "_key_cuts", lambda self: ())
     d = tiny_dir("gemma3_text", num_layers=3, hidden_size=1024, num_heads=4, num_kv_heads=1,
                  intermediate_size=256, max_context=512, seed=2)  # fmt: skip
     lm = OnnxTargetLM(d, "int4", intra_threads=1)

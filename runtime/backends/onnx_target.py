@@ -62,13 +62,12 @@ BLOCK_SIZE = 32
 # KEY_BUCKETS: GQA's multi-query path gives a row the same sums in any pass only while the
 #   pass's key count stays in the row's bucket. With Gemma 3's 256-wide heads a row's output
 #   changes (~3e-7, which int8 rounding grew to 3-5 logits and a two-turn chat prompt's sd
-#   unequal to ar) when a pass's total keys cross 64, 192, 320, ... (64 + 128 k): measured on
-#   GQA alone, 15 of 15 failures across 1,300 (position, window) pairs sat on those boundaries,
-#   and 0 of 5,447 pairs within a bucket differed; 64- and 128-wide heads showed none. So a pass
-#   is cut before each position 63 + 128 k it spans (a one-token pass, padded, has keys p + 2;
-#   a row at p must run with a key count in the bucket of p + 2): at most one more run per 128
-#   tokens.
-KEY_BUCKET_FIRST, KEY_BUCKET_STEP = 64, 128
+#   unequal to ar) when a pass's total keys cross 64, 192, 320, ... (64 + 128 k) on this
+#   machine: on GQA alone, 15 of 15 failures across 1,300 (position, window) pairs sat on those
+#   boundaries, and 0 of 5,447 pairs within a bucket differed; 64- and 128-wide heads showed
+#   none. The boundaries are measured per head shape on the machine that runs the target
+#   (runtime/backends/gqa_buckets.py; it finds exactly these here), and a pass is cut before
+#   each position they name: at most one more run per 128 tokens.
 ATTENTION = "window"
 LEVELS = {"window": 4, "rows": 4}
 HEAD_ACCURACY_LEVEL = 4
@@ -222,6 +221,13 @@ class OnnxTargetLM:
                                   lambda b: np.zeros((b, 0), np.int64))  # fmt: skip
         return ConcatKVCache(c.num_layers, batch, empty)
 
+    def _key_cuts(self) -> tuple[int, ...]:
+        """Positions a pass is cut before (KEY_BUCKETS), measured once per head shape."""
+        from runtime.backends.gqa_buckets import key_cuts
+
+        c = self.config
+        return key_cuts(c.num_heads, c.num_kv_heads, c.head_dim, c.max_context + 2)
+
     def _local_mask(self, cache, start: int, stop: int, pos, m):
         """The local layers' mask over their held columns (B, T, held + T) and those columns'
         positions (B, held + T): the last held + T columns of `m`, keys within the window."""
@@ -253,9 +259,8 @@ class OnnxTargetLM:
         if rows:  # a long pass: chunk by chunk, each over the keys the ones before it put
             n = chunk_rows(off, T)
             bounds = list(range(0, T, n))
-        else:  # KEY_BUCKETS: cut before each position 63 + 128 k inside the pass
-            c0 = KEY_BUCKET_FIRST - 1
-            bounds = [0] + [c - off for c in range(c0, off + T, KEY_BUCKET_STEP) if c > off]
+        else:  # KEY_BUCKETS: cut before each position where GQA's sums change
+            bounds = [0] + [c - off for c in self._key_cuts() if off < c < off + T]
         if len(bounds) > 1:
             want = T if last is None or not head else min(last, T)  # logits of the last `want`
             got = []
