@@ -188,6 +188,37 @@ def test_auto_alone_takes_sd_where_a_verified_token_costs_less_than_a_step(
         assert rec["gamma"] == 16
 
 
+def test_auto_alone_under_sampling_measures_sd_against_ar(monkeypatch):
+    """Greedy, the law's choice (sd) stands; sampling, sd runs first, ar once, then the faster
+    of the two measured rates (a deterministic draft is accepted with the target's own
+    probability of its token, which the draft's greedy chances overstate)."""
+    import devices.model_free_choice as mfc
+    from runtime.cli_args import CORRECTION_MIN_TOKENS, alone_chooser
+    from runtime.decoding import Sampling
+
+    monkeypatch.setattr(mfc, "choose_alone", lambda *a, **k: {
+        "alone": True, "choice": "sd", "gamma": 16, "why": "the law"})  # fmt: skip
+
+    class Pair:  # what alone_chooser reads: a target and a draft already attached
+        target, draft = object(), object()
+
+    choose = alone_chooser(Pair())
+    hot, n = Sampling(1.0, 1.0), CORRECTION_MIN_TOKENS
+    assert choose([1, 2], None)[0] == "sd"
+    m, rec = choose([1, 2], hot)
+    assert m == "sd"
+    choose.observe(rec, hot, n, n / 40.0)  # sd: 40 tok/s
+    m, rec = choose([1, 2], hot)
+    assert m == "ar" and "once to compare" in rec["why"]
+    choose.observe(rec, hot, n, n / 60.0)  # ar: 60 tok/s
+    m, rec = choose([1, 2], hot)
+    assert m == "ar" and "60.0" in rec["why"]
+    assert choose([1, 2], Sampling(0.0, 1.0))[0] == "sd"  # greedy: the law's choice
+    choose.observe(rec, hot, n, n / 90.0)  # ar slower than sd now would flip it back
+    choose.observe({"choice": "sd"}, hot, n, n / 200.0)
+    assert choose([1, 2], hot)[0] == "sd"
+
+
 def test_generate_with_a_target_alone_under_auto_equals_ar(tiny_dir, capsys):
     import json
 
