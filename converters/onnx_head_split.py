@@ -29,8 +29,10 @@ def _pack(u: np.ndarray) -> np.ndarray:
     return (u[..., 0::2] | (u[..., 1::2] << 4)).astype(np.uint8)
 
 
-def split_matmul(model, node_name: str, block: int = 32, accuracy_level: int = 4) -> None:
-    """Replace the MatMul `node_name` (constant (K, N) weight) by hi + lo MatMulNBits, in place."""
+def _int8_blocks(model, node_name: str, block: int, top: int):
+    """(graph, node, weight initializer, K, N, q8 (N, nb, block) in [-top, top], scales (N, nb))
+    of the MatMul `node_name`'s constant (K, N) weight: symmetric blocks of `block` along K
+    (zero-padded), s = the block's max |w| / top."""
     g = model.graph
     node = next(n for n in g.node if n.name == node_name)
     init = next(i for i in g.initializer if i.name == node.input[1])
@@ -40,9 +42,15 @@ def split_matmul(model, node_name: str, block: int = 32, accuracy_level: int = 4
     Wp = np.zeros((nb * block, N), np.float32)
     Wp[:K] = W
     Wb = Wp.T.reshape(N, nb, block)
-    s = np.abs(Wb).max(-1) / 119
+    s = np.abs(Wb).max(-1) / top
     s = np.where(s == 0, 1.0, s).astype(np.float32)
-    q8 = np.clip(np.rint(Wb / s[..., None]), -119, 119).astype(np.int16)
+    q8 = np.clip(np.rint(Wb / s[..., None]), -top, top).astype(np.int16)
+    return g, node, init, K, N, q8, s
+
+
+def split_matmul(model, node_name: str, block: int = 32, accuracy_level: int = 4) -> None:
+    """Replace the MatMul `node_name` (constant (K, N) weight) by hi + lo MatMulNBits, in place."""
+    g, node, init, K, N, q8, s = _int8_blocks(model, node_name, block, 119)
     lo = (q8 + 8) % 16 - 8  # [-8, 7]
     hi = (q8 - lo) // 16  # [-7, 7]
     a = node.input[0]
@@ -76,18 +84,7 @@ def one_matmul8(model, node_name: str, block: int = 32, accuracy_level: int = 4)
     along the input dimension, s = max |w| / 127, stored as q8 + 128: its implicit zero point),
     in place. Only where int8 products are summed without saturation (a VNNI CPU): on AVX2
     without VNNI a pair of products can reach 2 * 255 * 127, past VPMADDUBSW's int16."""
-    g = model.graph
-    node = next(n for n in g.node if n.name == node_name)
-    init = next(i for i in g.initializer if i.name == node.input[1])
-    W = onh.to_array(init).astype(np.float32)  # (K, N)
-    K, N = W.shape
-    nb = -(-K // block)
-    Wp = np.zeros((nb * block, N), np.float32)
-    Wp[:K] = W
-    Wb = Wp.T.reshape(N, nb, block)
-    s = np.abs(Wb).max(-1) / 127
-    s = np.where(s == 0, 1.0, s).astype(np.float32)
-    q8 = np.clip(np.rint(Wb / s[..., None]), -127, 127).astype(np.int16)
+    g, node, init, K, N, q8, s = _int8_blocks(model, node_name, block, 127)
     inits = [onh.from_array((q8 + 128).astype(np.uint8), f"{node_name}.q8"),
              onh.from_array(s.reshape(-1), f"{node_name}.s8")]  # fmt: skip
     new = oh.make_node("MatMulNBits", [node.input[0], f"{node_name}.q8", f"{node_name}.s8"],
