@@ -12,8 +12,16 @@ blocks' m + 8 d. The symmetric form on purpose: at accuracy level 4, ONNX Runtim
 with an explicit zero point gave a one-token pass and a multi-token pass logits up to 1.07 apart
 on SmolLM2 (greedy sd then differed from ar); without one the two agree exactly, so the target's
 output does not depend on how many tokens a pass verifies. Exact up to MatMulNBits' int8
-activations (SmolLM2: 92.8 % agreement; the layers are the GGUF's own, as llama.cpp runs them). The block sums are computed once per input tensor
-(q|k|v share one). A weight that is not on such a grid is left for the ordinary quantizer.
+activations (SmolLM2: 92.8 % agreement; the layers are the GGUF's own, as llama.cpp runs them).
+
+blocksum(x) comes out of the same MatMulNBits (`fused_sums`): K/32 more output columns whose
+blocks are 1 on their own block of 32 input channels and 0 elsewhere (q 9 and 8 at scale 1,
+exact on the grid), split off its output. At accuracy level 4 that sums the block's int8-rounded
+activations, as llama.cpp's Q4_1 x Q8_1 dot does with its Q8_1 block sums. Against a Reshape
+and a ReduceSum per input it is one node (a Split) in place of two and ~2-8 % more columns; the
+correction's four small nodes a weight were ~2 ms of SmolLM2-135M's ~11 ms one-token pass
+(ONNX Runtime's per-node cost, not their arithmetic). The block sums are computed once per input
+tensor (q|k|v share one). A weight that is not on such a grid is left for the ordinary quantizer.
 """
 
 from __future__ import annotations
@@ -64,15 +72,19 @@ def _pack(u: np.ndarray) -> np.ndarray:
     return (u[..., 0::2] | (u[..., 1::2] << 4)).astype(np.uint8)
 
 
-def keep_grids(model, block: int, accuracy_level: int, skip: set[str]) -> list[str]:
+def keep_grids(model, block: int, accuracy_level: int, skip: set[str],
+               fused_sums: bool = True) -> list[str]:  # fmt: skip
     """Rewrite every MatMul whose constant weight lies on a 4-bit grid (not in `skip`), in place;
-    returns the names of the correction MatMuls it added (float; the quantizer must skip them)."""
+    returns the names of the correction MatMuls it added (float; the quantizer must skip them).
+    `fused_sums`: blocksum(x) as indicator columns of the input's first MatMulNBits, else a
+    Reshape and a ReduceSum (float32 sums)."""
     g = model.graph
     inits = {i.name: i for i in g.initializer}
     sums: dict[str, str] = {}
     added: list[str] = []
     axis = "grid.axis"
-    g.initializer.append(onh.from_array(np.array([-1], np.int64), axis))
+    if not fused_sums:
+        g.initializer.append(onh.from_array(np.array([-1], np.int64), axis))
     for node in list(g.node):
         if node.op_type != "MatMul" or node.name in skip or node.input[1] not in inits:
             continue
@@ -86,28 +98,39 @@ def keep_grids(model, block: int, accuracy_level: int, skip: set[str]) -> list[s
         nb = K // block
         x, n = node.input[0], node.name
         at = list(g.node).index(node)
-        if x not in sums:  # blocksum(x): (B, T, K) -> (B, T, K / block)
+        new, extra = [], 0
+        if x not in sums and fused_sums:  # blocksum(x) as nb more columns of this MatMulNBits
+            ind = np.full((nb, nb, block), 8, np.uint8)
+            ind[np.arange(nb), np.arange(nb)] = 9  # d (q - 8): 1 on the column's own block
+            q = np.concatenate([q, ind])
+            d = np.concatenate([d, np.ones((nb, nb), np.float32)])
+            extra = nb
+            split = f"{n}.sums_split"
+            g.initializer.append(onh.from_array(np.array([N, nb], np.int64), split))
+            new.append(oh.make_node("Split", [f"{n}.dq_sums", split], [f"{n}.dq", f"{x}.blocksum"],
+                                    name=f"{n}.sums", axis=-1))  # fmt: skip
+            sums[x] = f"{x}.blocksum"
+        elif x not in sums:  # blocksum(x): (B, T, K) -> (B, T, K / block)
             shape = f"grid.shape.{nb}"
             if shape not in inits:
                 inits[shape] = onh.from_array(np.array([0, 0, nb, block], np.int64), shape)
                 g.initializer.append(inits[shape])
-            r = oh.make_node("Reshape", [x, shape], [f"{x}.blocks"], name=f"{n}.blocks")
-            s = oh.make_node("ReduceSum", [f"{x}.blocks", axis], [f"{x}.blocksum"],
-                             name=f"{n}.blocksum", keepdims=0)  # fmt: skip
-            g.node.insert(at, s)
-            g.node.insert(at, r)
-            at += 2
+            new += [oh.make_node("Reshape", [x, shape], [f"{x}.blocks"], name=f"{n}.blocks"),
+                    oh.make_node("ReduceSum", [f"{x}.blocks", axis], [f"{x}.blocksum"],
+                                 name=f"{n}.blocksum", keepdims=0)]  # fmt: skip
             sums[x] = f"{x}.blocksum"
         # the symmetric form (no zero-point input, implicit zero point 8): d (q - 8) + (m + 8 d)
-        shift = (m + 8 * d).T  # (nb, N)
+        shift = (m + 8 * d[:N]).T  # (nb, N)
         g.initializer.extend([
             onh.from_array(_pack(q), f"{n}.q"), onh.from_array(d.reshape(-1), f"{n}.d"),
             onh.from_array(np.ascontiguousarray(shift, dtype=np.float32), f"{n}.m"),
         ])  # fmt: skip
-        new = [
-            oh.make_node("MatMulNBits", [x, f"{n}.q", f"{n}.d"], [f"{n}.dq"],
-                         name=f"{n}.dq", domain=MS, K=K, N=N, bits=4, block_size=block,
-                         accuracy_level=accuracy_level),
+        dq = oh.make_node("MatMulNBits", [x, f"{n}.q", f"{n}.d"],
+                          [f"{n}.dq_sums" if extra else f"{n}.dq"], name=f"{n}.dq", domain=MS,
+                          K=K, N=N + extra, bits=4, block_size=block,
+                          accuracy_level=accuracy_level)  # fmt: skip
+        new = ([dq] + new) if extra else (new + [dq])
+        new += [
             oh.make_node("MatMul", [sums[x], f"{n}.m"], [f"{n}.mm"], name=f"{n}.grid_min"),
             oh.make_node("Add", [f"{n}.dq", f"{n}.mm"], list(node.output), name=f"{n}.add"),
         ]  # fmt: skip

@@ -5,6 +5,7 @@ fresh prefill; the export is cached beside the checkpoint, keyed by quantization
 the command line runs it."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -259,9 +260,11 @@ def test_converters_export_role_target_seeds_the_cache(tiny_dir, tmp_path, capsy
     assert "--format onnx" in capsys.readouterr().err
 
 
-def test_weights_on_a_q4_1_grid_are_kept_exactly():
+@pytest.mark.parametrize("fused", [True, False])
+def test_weights_on_a_q4_1_grid_are_kept_exactly(fused):
     """A weight whose blocks are d q + m (a Q4_1 GGUF's) runs exactly, not requantized
-    (float compute, accuracy level 0); one off the grid is left alone."""
+    (float compute, accuracy level 0); one off the grid is left alone. Its block sums come from
+    indicator columns of the same MatMulNBits (`fused`) or from a Reshape and a ReduceSum."""
     import onnxruntime as ort
     from onnx import TensorProto
     from onnx import helper as oh
@@ -282,13 +285,57 @@ def test_weights_on_a_q4_1_grid_are_kept_exactly():
                       [oh.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "YZ"],
                       [onh.from_array(W, "W"), onh.from_array(off, "V")])  # fmt: skip
     model = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)], ir_version=9)
-    assert keep_grids(model, 32, 0, set()) == ["on.grid_min"]
+    assert keep_grids(model, 32, 0, set(), fused_sums=fused) == ["on.grid_min"]
     A = rng.standard_normal((1, 3, K)).astype(np.float32)
     y, z = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"A": A}
     )
     assert np.abs(y - A @ W).max() < 1e-4 and np.abs(z - A @ off).max() < 1e-4
-    assert [n.op_type for n in model.graph.node].count("MatMulNBits") == 1
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("MatMulNBits") == 1 and ("ReduceSum" in ops) != fused
+    nbits = next(n for n in model.graph.node if n.op_type == "MatMulNBits")
+    assert next(a.i for a in nbits.attribute if a.name == "N") == N + 2 * fused  # K / 32 sums
+
+
+def _on_q4_1_grid(src, dst):
+    """A copy of checkpoint `src` whose linear weights lie on a Q4_1 grid (each block of 32 input
+    channels d q + m, as a checkpoint dequantized from a Q4_1 GGUF holds them)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".duet"))
+    f = next(Path(dst).glob("*.safetensors"))
+    state = load_file(f)
+    for k, w in state.items():
+        if k.endswith("_proj.weight"):
+            b = w.float().reshape(w.shape[0], -1, 32)
+            lo, hi = b.min(-1, keepdim=True).values, b.max(-1, keepdim=True).values
+            d = (hi - lo) / 15
+            state[k] = (lo + d * torch.round((b - lo) / d)).reshape(w.shape).to(w.dtype)
+    save_file(state, f)
+    return Path(dst)
+
+
+def test_a_q4_1_grid_checkpoint_keeps_its_blocks_and_stays_exact(tiny_dir, tmp_path):
+    """The GGUF path: every layer weight kept on its grid with fused block sums, and at int8
+    activations a verify window and sd give exactly ar's one-token logits and tokens."""
+    import onnx
+
+    d = _on_q4_1_grid(tiny_dir("llama", tie_word_embeddings=True), tmp_path / "grid")
+    lm = OnnxTargetLM(d, "int4", 1)
+    assert lm.quantization["grid_sums"] == "fused columns"
+    nodes = onnx.load(str(next((d / ".duet").glob("*-full.onnx")))).graph.node
+    assert sum(n.name.endswith(".sums") for n in nodes) == 4 * lm.config.num_layers
+    assert not any(n.op_type == "ReduceSum" for n in nodes)
+    win = np.array([[5, 9, 13, 21, 30]])
+    ca, cb = lm.new_cache(), lm.new_cache()
+    lm.forward(np.array([PROMPT]), ca), lm.forward(np.array([PROMPT]), cb)
+    one = np.concatenate([lm.forward(win[:, i : i + 1], cb) for i in range(5)], axis=1)
+    assert np.array_equal(lm.forward(win, ca), one)
+    draft = load_model(tiny_dir("llama", num_layers=1, hidden_size=32, seed=7), "onnx")
+    assert _gen("sd", lm, draft, gamma=3) == _gen("ar", lm, None)
 
 
 def test_agree_and_pass_cost_commands(tiny_dir, tmp_path, capsys):

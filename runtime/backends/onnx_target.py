@@ -100,6 +100,8 @@ def recipe(quantize: str) -> dict:
             "int8_as": "one 8-bit MatMulNBits (a VNNI CPU)" if int8_dot() else
             "two 4-bit MatMulNBits (hi/lo nibbles of symmetric int8 blocks)",
             "grid": bits == 4,  # weights on a GGUF Q4_0/Q4_1/Q4_K block grid kept exactly
+            # their block sums as more columns of the same MatMulNBits (int8-rounded at level 4)
+            "grid_sums": "fused columns" if bits == 4 else None,
             "source": "weights on a 4-bit block grid (a GGUF's Q4_0/Q4_1/Q4_K) kept exactly "
             "(converters/onnx_grid_q4.py); others requantized from the float32 weights",
             # a GGUF stored them at 5, 6 or 8 bits (Q5_0, Q6_K, Q8_0: most of a Q4_K_M file);
