@@ -186,6 +186,8 @@ def test_auto_alone_takes_sd_where_a_verified_token_costs_less_than_a_step(
     if choice == "sd":  # a token is drafted only where its chance beats its cost
         assert rec["min_prob"] == pytest.approx(per_token) == draft.min_prob
         assert rec["gamma"] == 16
+        # prompt lookup's chances come from a few occurrences: its ceiling is the default γ
+        assert choose_alone(target, load_model_free("lookup", target), PROMPT * 3)["gamma"] == 4
 
 
 def test_auto_alone_under_sampling_measures_sd_against_ar(monkeypatch):

@@ -22,6 +22,9 @@ class LookupDraft(ModelFreeDraft):
     """Prompt lookup over n-grams of the prompt and the answer so far."""
 
     name = "lookup"
+    # auto's ceiling on drafts per step (devices/model_free_choice.py): a share of a few
+    # occurrences is no chance of a long run (one occurrence gives 1.0 all along it)
+    alone_gamma = 4
 
     def __init__(self, config: ModelConfig, max_ngram: int = 3, min_ngram: int = 2,
                  matches: int = 8, min_prob: float = 0.0):  # fmt: skip
