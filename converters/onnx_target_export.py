@@ -5,12 +5,15 @@ A target is exported as *parts*, each its own graph (runtime/backends/onnx_targe
 them), built op by op by converters/onnx_target_graph.py (Llama, Qwen2, Qwen3) and
 converters/onnx_target_gemma3.py (Gemma 3, whose local layers also read `local_mask`):
   full        layers 0..N-1 + final norm + LM head: ids -> logits, hidden (pre-norm, last layer)
-  layers.a.b  layers a..b-1: ids (a == 0) or hidden -> hidden. Mirror-SD's early exit runs
+  layers.a.b  layers a..b-1: ids (a == 0) or (hidden, resid) -> (hidden, resid): the residual
+              stream and its last block's output, added by the next part's first norm as the
+              whole graph adds them (converters/onnx_target_graph.py, residual_inputs; the
+              runtime carries the two as one `Residual`). Mirror-SD's early exit runs
               layers.0.E, the head on its hidden state, then layers.E.N and the head: the
               early-exit message leaves after E layers and one head, as on the PyTorch target
   head        final norm + LM head on any hidden state (Mirror-SD eq. 6)
 Every graph that runs layers takes
-  input_ids (B, T) int64 or hidden_in (B, T, C) float32, position_ids (B, T) int64,
+  input_ids (B, T) int64 or hidden_in and resid_in (B, T, C) float32, position_ids (B, T) int64,
   attention_mask (B, T, past + T) bool (True = may attend: causal, tree and branch masks alike;
   Gemma 3's sliding layers read local_mask), or under the recipe's attention "rows" that mask
   as kv_index / seqlens_k / gqa_mask (converters/onnx_target_rows.py),
@@ -52,10 +55,11 @@ from runtime.errors import DuetError
 
 def io_names(start: int, stop: int, head: bool) -> tuple[list[str], list[str]]:
     """(input names, output names) of a part, in graph order."""
+    carried = ["hidden_in", "resid_in"]  # a later part: the residual stream as two halves
     if start == stop:
-        return ["hidden_in"], ["logits"]
-    ins = ["input_ids" if start == 0 else "hidden_in", "position_ids", "attention_mask"]
-    outs = ["logits", "hidden"] if head else ["hidden"]
+        return carried, ["logits"]
+    ins = [*(["input_ids"] if start == 0 else carried), "position_ids", "attention_mask"]
+    outs = ["logits", "hidden"] if head else ["hidden", "resid"]
     for i in range(start, stop):
         ins += [f"past.{i}.key", f"past.{i}.value"]
         outs += [f"present.{i}.key", f"present.{i}.value"]

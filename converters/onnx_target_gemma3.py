@@ -35,6 +35,7 @@ from converters.onnx_target_graph import (
     head_norm,
     head_rows,
     qkv_projection,
+    residual_inputs,
     rope_tables,
     weight,
 )
@@ -53,15 +54,15 @@ def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head:
         return g.init(name, 1.0 + weight(state, key))
 
     ins, outs = [], []
-    x_in = "input_ids" if start == 0 and start < stop else "hidden_in"
-    if x_in == "input_ids":
-        ins.append(oh.make_tensor_value_info(x_in, TP.INT64, ["batch", "seq"]))
-        embed = g.op("Gather", [g.init("embed", weight(state, "model.embed_tokens.weight")), x_in])
+    if start == 0 and start < stop:
+        ins.append(oh.make_tensor_value_info("input_ids", TP.INT64, ["batch", "seq"]))
+        embed = g.op("Gather", [g.init("embed", weight(state, "model.embed_tokens.weight")),
+                                "input_ids"])  # fmt: skip
         scale = np.array(math.sqrt(C), np.float32)  # rounded to the weights' dtype, as HF does
         h = g.op("Mul", [embed, g.init("embed_scale", scale)])
-    else:
-        ins.append(oh.make_tensor_value_info(x_in, TP.FLOAT, ["batch", "seq", C]))
-        h = x_in
+    # the last block's normed MLP output, still to be added to h (after the first part: an input)
+    resid = None if start == 0 and start < stop else residual_inputs(ins, C)
+    h = "hidden_in" if resid else h
     att_in = {}  # kind -> (attention inputs, cos, sin)
     if start < stop:
         ins.append(oh.make_tensor_value_info("position_ids", TP.INT64, ["batch", "seq"]))
@@ -72,7 +73,6 @@ def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head:
             att_in[True] = (attention_inputs(g, ins, "local_", KV, rows),
                             *rope_tables(g, cfg, ropes["local"], "_local"))  # fmt: skip
     act_op = ("Gelu", {}) if cfg.hidden_activation == "gelu" else ("FastGelu", {})
-    resid = None  # the last block's normed MLP output, still to be added to h
     for i, local in zip(range(start, stop), sliding, strict=True):
         p = f"model.layers.{i}."
         w_in = norm_w(f"ln_in.{i}", p + "input_layernorm.weight")
@@ -130,5 +130,5 @@ def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head:
         if start < stop:
             outs.insert(1, (h, "hidden"))
     else:
-        outs.insert(0, (g.op("Add", [resid, h]), "hidden"))
+        outs[:0] = [(h, "hidden"), (resid, "resid")]  # added by the next part (residual_inputs)
     return finish(g, ins, outs)

@@ -98,18 +98,48 @@ def test_no_head_is_one_line(tiny_dir, capsys):
     assert rc != 0 and len(err) == 1 and "apps.train eagle" in err[0]
 
 
-def test_a_head_beside_a_non_pytorch_target_is_one_line(fitted, capsys):
-    """The head reads the target's layer outputs, which only the PyTorch target records: an
-    ONNX target is refused before anything is built (it was an AttributeError)."""
-    from runtime.generate import main as generate
+@pytest.mark.parametrize("quantize", ["none", "int4"])
+def test_the_head_beside_the_onnx_target_is_lossless(fitted, quantize):
+    """The ONNX target records the taps through its layer-range parts: float32, they are the
+    PyTorch target's (within the graph's tolerance); int4 (accuracy level 4), greedy sd with the
+    head equals that target's own ar token for token."""
+    from runtime.backends.onnx_target import OnnxTargetLM
 
     target_dir, _ = fitted
-    capsys.readouterr()
-    rc = generate(["--target", str(target_dir), "--target-backend", "onnx", "--quantize", "none",
-                   "--draft", "head", "--method", "sd", "--prompt-ids", "1,2,3",
-                   "--max-tokens", "4"])  # fmt: skip
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc != 0 and len(err) == 1 and "PyTorch target" in err[0], err
+    target = OnnxTargetLM(target_dir, quantize, intra_threads=1)
+    draft = HeadDraft.load(target, target_dir)
+    assert target.record_layers == draft.head_module.layers_tapped
+    ar_steps = make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0)
+    target.record_hidden = False  # ar reads no taps (as the bench and generate run it)
+    ar = run(ar_steps, max_new=N_NEW).tokens
+    target.record_hidden = True
+    for gamma in (1, 4):
+        sd = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
+                        gamma=gamma)  # fmt: skip
+        got = run(sd, max_new=N_NEW)
+        assert got.tokens == ar, gamma
+    if quantize == "none":
+        ref = load_model(target_dir, "torch", threads=1)
+        ref.record_hidden, ref.record_layers = True, target.record_layers
+        ids = np.array([PROMPT + ar[:6]])
+        c_ref, c = ref.new_cache(), target.new_cache()
+        ref.forward(ids, c_ref), target.forward(ids, c)
+        assert (
+            np.abs(c.hidden[: ids.shape[1]].numpy() - c_ref.hidden[: ids.shape[1]].numpy()).max()
+            < ATOL
+        )
+        assert c.hidden_ids == c_ref.hidden_ids == ids[0].tolist()
+
+
+def test_a_head_beside_an_mlx_target_is_one_line(fitted):
+    """The head reads the target's layer outputs, which the PyTorch and the ONNX target record:
+    another backend is refused in one line before anything is built."""
+
+    class Other:
+        backend, record_layers = "mlx", None
+
+    with pytest.raises(DuetError, match="PyTorch or an ONNX target"):
+        HeadDraft.load(Other(), fitted[0])
 
 
 def _taps(target, ids):

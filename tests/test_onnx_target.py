@@ -94,7 +94,12 @@ def test_the_export_is_cached_per_quantization_and_reused(tiny_dir, monkeypatch)
     monkeypatch.setattr("converters.onnx_target_export.export_target_part", no_export)
     lm = OnnxTargetLM(d, "none", intra_threads=1)
     assert full.stat().st_mtime_ns == stamp
-    assert lm.quantization == {"scheme": "none", "present": "in-place", "head_rows": True}
+    assert lm.quantization == {
+        "scheme": "none",
+        "present": "in-place",
+        "head_rows": True,
+        "parts": "residual carried apart",
+    }
     q = OnnxTargetLM(d, "int8", intra_threads=1).quantization
     assert (q["op"], q["bits"], q["block_size"]) == ("MatMulNBits", 8, 32)
 
@@ -431,3 +436,17 @@ def test_the_head_on_the_last_rows_equals_those_rows_of_a_full_pass(tiny_dir):
     np.testing.assert_array_equal(got, want[:, -3:])
     assert cut.offset == full.offset == len(PROMPT)  # every row's keys are kept
     np.testing.assert_array_equal(cut.get(0)[0], full.get(0)[0])
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_int4_parts_give_the_whole_graphs_logits_bit_for_bit(tiny_dir, arch):
+    """Mirror-SD's early exit and a fitted head's taps run the target as layer-range parts: at
+    int8 activations they give the whole graph's logits exactly (the residual stream crosses a
+    part boundary as two halves, added by the next part's norm as the whole graph adds them)."""
+    lm = OnnxTargetLM(tiny_dir(arch, num_layers=4, seed=11), "int4", 1)
+    ids = np.array([PROMPT * 6])
+    whole = lm.forward(ids, lm.new_cache())
+    for cut in (1, 2, 3):
+        c = lm.new_cache()
+        h = lm.forward_layers(lm.forward_layers(ids, c, 0, cut), c, cut, 4)
+        assert np.array_equal(lm.head(h), whole), cut

@@ -45,8 +45,11 @@ def key_mask(mask, batch: int, offset: int, length: int) -> np.ndarray:
     return cols.astype(np.int64)
 
 
-def open_session(path, provider: str, intra_threads: int, inter_threads: int):
-    """An ONNX Runtime session on `provider` with these thread counts; bad input is a DuetError."""
+def open_session(path, provider: str, intra_threads: int, inter_threads: int,
+                 spin: bool = True):  # fmt: skip
+    """An ONNX Runtime session on `provider` with these thread counts; bad input is a DuetError.
+    `spin` False: its pool's threads sleep between runs instead of spinning (sessions run one
+    after another, as the ONNX target's parts, would otherwise spin against each other)."""
     import onnxruntime as ort
 
     if provider not in PROVIDERS:
@@ -62,6 +65,8 @@ def open_session(path, provider: str, intra_threads: int, inter_threads: int):
     so = ort.SessionOptions()
     so.intra_op_num_threads = intra_threads
     so.inter_op_num_threads = inter_threads
+    if not spin:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         session = ort.InferenceSession(str(path), so, providers=[ep])
     except Exception as e:  # ORT raises its own types for a bad file

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.backends.onnx_residual import Residual, _carried, _pad_one, forward_taps
 from runtime.backends.onnx_target_rows import chunk_rows, row_feed
 from runtime.buffer_cache import BufferKVCache
 from runtime.cache import ConcatKVCache
@@ -91,6 +92,7 @@ def recipe(quantize: str) -> dict:
     # the number after "rows" moves when the rows graph does; a changed recipe re-exports
     rows = {"attention": "rows-2"} if ATTENTION == "rows" else {"present": "in-place"}
     rows["head_rows"] = True  # the head runs on the rows asked for (a prefill: its last)
+    rows["parts"] = "residual carried apart"  # Residual: parts add it as the whole graph does
     if quantize == "none":
         return {"scheme": "none", **rows}
     bits = 4 if quantize == "int4" else 8
@@ -108,17 +110,6 @@ def recipe(quantize: str) -> dict:
             # 4 bits would lose what llama.cpp keeps (Gemma 3 270M: 71 % top-1 agreement)
             "gguf_finer": "8 bits" if bits == 4 else None,
             "embedding": "float32", **rows}  # fmt: skip
-
-
-def _pad_one(x, pos, m):
-    """A one-token pass as two rows (PAD_ONE_TOKEN): the token again, at the same position,
-    seeing what the token sees and itself; the token's row does not see it. Its logits are
-    never computed (head_rows), its hidden row and its key column are dropped."""
-    B, _, S = m.shape
-    m2 = np.zeros((B, 2, S + 1), bool)
-    m2[:, :, :S] = m[:, :1]
-    m2[:, 1, S] = True
-    return np.concatenate([x, x], axis=1), np.concatenate([pos, pos], axis=1), m2
 
 
 def part_name(start: int, stop: int, num_layers: int, head: bool) -> str:
@@ -199,7 +190,11 @@ class OnnxTargetLM:
 
             n = self.config.num_layers
             p = ensure_part(self.dir, self.quantize, start, stop, head, n)
-            s = open_session(p, self.provider, self.threads, 1)
+            # the parts (layer ranges, the head) run in turn: their pools spinning against each
+            # other made a 5-token pass through four parts 72 ms against the whole graph's 15;
+            # sleeping between runs, 22 ms (SmolLM2-135M int4). The whole graph keeps spinning
+            s = open_session(p, self.provider, self.threads, 1,
+                             spin=(start, stop, head) == (0, n, True))  # fmt: skip
             self._sessions[key] = (s, [o.name for o in s.get_outputs()],
                                    {i.name for i in s.get_inputs()})  # fmt: skip
         return self._sessions[key]
@@ -282,7 +277,7 @@ class OnnxTargetLM:
         past = [cache.get(i)[:2] for i in range(start, stop)]
         lm, key_pos = self._local_mask(cache, start, stop, pos, m) if self.sliding else (None,) * 2
         if rows:
-            feed = {"input_ids" if start == 0 else "hidden_in": x, "position_ids": pos}
+            feed = {**_carried(start, x), "position_ids": pos}
             if "head_rows" in names:
                 feed["head_rows"] = np.array([lo, hi], np.int64)
             for tag, mm in (("", m if "kv_index" in names else None), ("local_", lm)):
@@ -297,7 +292,7 @@ class OnnxTargetLM:
         else:
             res = self._run_window(session, outs, names, x, pos, m, lm, past, start, stop, off,
                                    (lo, hi))  # fmt: skip
-        first = 2 if head else 1
+        first = 2  # (logits, hidden) or (hidden, resid): Residual
         drop = T - keep  # a padded pass's second column is dropped
         for j, i in enumerate(range(start, stop)):
             k, v = res[first + 2 * j], res[first + 2 * j + 1]
@@ -307,7 +302,7 @@ class OnnxTargetLM:
             else:
                 cache.put(i, *kv)
         out = res[:first]
-        return [out[0], out[1][:, :keep]] if head else [out[0][:, :keep]]
+        return [out[0], out[1][:, :keep]] if head else [out[0][:, :keep], out[1][:, :keep]]
 
     def _tree_as_chains(self, x, cache, start, stop, head, pos, m, off, last):
         """A pass whose mask has holes in its window (a draft tree's nodes see their ancestors,
@@ -382,17 +377,17 @@ class OnnxTargetLM:
         if any(self.sliding[start:stop]):
             near = np.arange(off + T)[None, None, :] > pos[:, :, None] - self.config.sliding_window
             lm = m & near
-        first = 2 if head else 1
-        widths = {"logits": self.config.vocab_size, "hidden": self.config.hidden_size}
-        lengths = {"logits": rows_[1] - rows_[0], "hidden": T}
+        first = 2  # (logits, hidden) or (hidden, resid): Residual
+        C = self.config.hidden_size
+        widths = {"logits": self.config.vocab_size, "hidden": C, "resid": C}
+        lengths = {"logits": rows_[1] - rows_[0], "hidden": T, "resid": T}
         got = [np.empty((B, lengths[n], widths[n]), np.float32) for n in outs[:first]]
         # the CPU kernel runs a multi-token window over a past one batch row at a time
         rows = [slice(r, r + 1) for r in range(B)] if B > 1 and T > 1 and off else [slice(None)]
         for r in rows:
             io = self._kv_binding(session, cache, start, stop, r)
-            io.bind_cpu_input(
-                "input_ids" if start == 0 else "hidden_in", np.ascontiguousarray(x[r])
-            )
+            for name, arr in _carried(start, x[r]).items():
+                io.bind_cpu_input(name, np.ascontiguousarray(arr))
             io.bind_cpu_input("position_ids", np.ascontiguousarray(pos[r]))
             if "attention_mask" in names:  # a part of local layers only takes local_mask
                 io.bind_cpu_input("attention_mask", np.ascontiguousarray(m[r]))
@@ -406,7 +401,7 @@ class OnnxTargetLM:
             session.run_with_iobinding(io)
         for i in range(start, stop):
             cache.advance(i, keep)
-        return [got[0], got[1][:, :keep]] if head else [got[0][:, :keep]]
+        return [got[0], got[1][:, :keep]] if head else [got[0][:, :keep], got[1][:, :keep]]
 
     def _kv_binding(self, session, cache, start: int, stop: int, r: slice):
         """An IOBinding with layers [start, stop)'s buffers (row r) bound as their past and
@@ -436,7 +431,7 @@ class OnnxTargetLM:
         rows = [slice(r, r + 1) for r in range(B)] if B > 1 and T > 1 and off else [slice(None)]
         got = []
         for r in rows:
-            feed = {"input_ids" if start == 0 else "hidden_in": x[r], "position_ids": pos[r]}
+            feed = {**_carried(start, x[r]), "position_ids": pos[r]}
             if "attention_mask" in names:
                 feed["attention_mask"] = m[r]
             if lm is not None:
@@ -449,9 +444,17 @@ class OnnxTargetLM:
             got.append(session.run(outs, feed))
         return got[0] if len(got) == 1 else [np.concatenate(p) for p in zip(*got, strict=True)]
 
+    # set by a fitted head's draft (--draft head, runtime/backends/torch_eagle.py): the outputs
+    # of these layers, concatenated, are kept on the cache (record_rows) for it to read
+    record_hidden = False
+    record_layers: tuple[int, ...] | None = None
+    last_cache = None  # the cache of the last recording forward
+
     def forward(self, tokens, cache, *, positions=None, mask=None, last=None) -> np.ndarray:
         """Logits (B, T, V), or of the last `last` positions only (B, last, V)."""
         ids = check_tokens(tokens, self.config.vocab_size)
+        if self.record_hidden and self.record_layers:
+            return forward_taps(self, ids, cache, positions, mask, last)
         logits, _hidden = self._run(ids, cache, 0, self.config.num_layers, True, positions, mask,
                                     last)  # fmt: skip
         return logits
@@ -463,11 +466,11 @@ class OnnxTargetLM:
         if start == 0:
             x = check_tokens(x, self.config.vocab_size)
         else:
-            x = np.ascontiguousarray(x, dtype=np.float32)
-        (h,) = self._run(x, cache, start, stop, False, positions, mask)
-        return h
+            x = Residual.of(x)
+        return Residual(*self._run(x, cache, start, stop, False, positions, mask))
 
     def head(self, hidden) -> np.ndarray:
+        """Logits of a hidden state from forward_layers (a Residual: the head adds and normalises
+        it as the whole graph does) or of a plain one."""
         session, outs, _ = self._part(self.config.num_layers, self.config.num_layers, True)
-        h = np.ascontiguousarray(hidden, dtype=np.float32)
-        return session.run(outs, {"hidden_in": h})[0]
+        return session.run(outs, _carried(1, Residual.of(hidden)))[0]

@@ -162,27 +162,33 @@ class TorchCausalLM:
 
     @torch.inference_mode()
     def _record(self, cache, h, tokens, feats=None) -> None:
-        """cache.hidden: post-norm hidden states of row 0, position-aligned (rows past
-        len(cache.hidden_ids) are spare capacity), and cache.hidden_ids the token ids they
-        were computed for (-1 where never recorded). Written in place into a buffer that
-        doubles when full: a verify step copies its window, not the whole history."""
-        hn = (self.module.model.norm(h) if feats is None else feats)[0]  # (T, H) or (T, n*H)
-        end = cache.offset
-        start = end - hn.shape[0]
-        buf, ids = getattr(cache, "hidden", None), getattr(cache, "hidden_ids", [])
-        if buf is None or len(ids) < start:  # positions never recorded: zeros
-            buf, ids = None, [-1] * start
-        del ids[start:]
-        if buf is None or buf.shape[0] < end:
-            grown = torch.zeros(max(end, 2 * (0 if buf is None else buf.shape[0]), 64),
-                                hn.shape[1], dtype=hn.dtype, device=hn.device)  # fmt: skip
-            if buf is not None:
-                grown[:start] = buf[:start]
-            buf = grown
-        buf[start:end] = hn
-        ids += np.asarray(tokens)[0].tolist()
-        cache.hidden, cache.hidden_ids = buf, ids
+        """The post-norm hidden states of row 0 (or `feats`, a fitted head's taps) kept on the
+        cache for a draft that reads them (record_rows)."""
+        record_rows(cache, self.module.model.norm(h)[0] if feats is None else feats[0], tokens)
         self.last_cache = cache
+
+
+def record_rows(cache, rows: torch.Tensor, tokens) -> None:
+    """cache.hidden: the rows (T, H or n*H) of a pass that ends at cache.offset, position-aligned
+    (rows past len(cache.hidden_ids) are spare capacity), and cache.hidden_ids the token ids they
+    were computed for (-1 where never recorded). Written in place into a buffer that doubles
+    when full: a verify step copies its window, not the whole history. The PyTorch and the ONNX
+    target (runtime/backends/onnx_target.py) both keep them so."""
+    end = cache.offset
+    start = end - rows.shape[0]
+    buf, ids = getattr(cache, "hidden", None), getattr(cache, "hidden_ids", [])
+    if buf is None or len(ids) < start:  # positions never recorded: zeros
+        buf, ids = None, [-1] * start
+    del ids[start:]
+    if buf is None or buf.shape[0] < end:
+        grown = torch.zeros(max(end, 2 * (0 if buf is None else buf.shape[0]), 64),
+                            rows.shape[1], dtype=rows.dtype, device=rows.device)  # fmt: skip
+        if buf is not None:
+            grown[:start] = buf[:start]
+        buf = grown
+    buf[start:end] = rows
+    ids += np.asarray(tokens)[0].tolist()
+    cache.hidden, cache.hidden_ids = buf, ids
 
 
 def _causal_only(mask: np.ndarray, offset: int, length: int, cache) -> None:

@@ -20,7 +20,9 @@ Stored as a sidecar TARGET/.duet/eagle/ (model.safetensors with `eagle.*` tensor
 ids, head.json with the taps and training record) by `python -m apps.train eagle`. It rides on
 the MTP draft's machinery (runtime/backends/torch_mtp.py: the head's cache, the redo of
 chained entries once the target has verified them) and so runs where it does: `sd` chains,
-one row, beside a PyTorch target. No ONNX export yet.
+one row. The head steps in PyTorch; the target is the PyTorch one or the ONNX one
+(runtime/backends/onnx_target.py records the taps through its layer-range parts, and the head
+step reads the token embedding from the checkpoint: `EmbeddingView`).
 """
 
 from __future__ import annotations
@@ -145,23 +147,53 @@ class TorchEagleStep(TorchMTPStep):
         return list(out[0]), list(full.cpu().numpy()), (k, v)
 
 
+class EmbeddingView:
+    """What a head step reads of a target that does not run in PyTorch (the ONNX target): its
+    config and token embedding (`module.model.embed_tokens`, the checkpoint's float rows, as
+    the PyTorch target's own; loaded once, read-only)."""
+
+    backend = "torch"
+    device = torch.device("cpu")
+
+    def __init__(self, target):
+        from safetensors import safe_open
+
+        from runtime.config import weight_files
+
+        self.config = target.config
+        key = "model.embed_tokens.weight"
+        for f in weight_files(target.dir):
+            with safe_open(str(f), framework="pt") as st:
+                if key in st.keys():
+                    w = st.get_tensor(key).float()
+                    break
+        else:
+            raise DuetError(f"{target.dir}: no {key} in its weights")
+        self.module = nn.Module()
+        self.module.model = nn.Module()
+        self.module.model.embed_tokens = nn.Embedding.from_pretrained(w, freeze=True)
+
+
 class HeadDraft(MTPDraft):
     """The fitted head behind the CausalLM protocol (batch 1, chains), in PyTorch."""
 
     def __init__(self, target, head: EagleHead):
-        _check_torch_target(target)
-        super().__init__(target, head, step=TorchEagleStep(target, head))
+        _check_target_records(target)
+        view = EmbeddingView(target) if target.backend == "onnx" else target
+        super().__init__(target, head, step=TorchEagleStep(view, head))
         self.backend = "torch"
         target.record_layers = head.layers_tapped  # record these layers' outputs, not h_L
 
     @classmethod
     def load(cls, target, path, **_) -> HeadDraft:
-        _check_torch_target(target)
-        dtype = next(target.module.parameters()).dtype
+        _check_target_records(target)
+        dtype = (
+            torch.float32 if target.backend == "onnx" else next(target.module.parameters()).dtype
+        )
         return cls(target, load_eagle_head(path, target.config, dtype))
 
 
-def _check_torch_target(target) -> None:
-    if target.backend != "torch" or not hasattr(target, "record_layers"):
-        raise DuetError("--draft head runs beside a PyTorch target (--target-backend "
-                        "torch): it reads the outputs of the target's layers")  # fmt: skip
+def _check_target_records(target) -> None:
+    if target.backend not in ("torch", "onnx") or not hasattr(target, "record_layers"):
+        raise DuetError("--draft head runs beside a PyTorch or an ONNX target (--target-backend "
+                        "torch or onnx): it reads the outputs of the target's layers")  # fmt: skip

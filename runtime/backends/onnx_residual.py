@@ -1,0 +1,89 @@
+"""The ONNX target's hidden state between its parts (`Residual`), the one-token pass padding
+(PAD_ONE_TOKEN in runtime/backends/onnx_target.py) and the forward through parts that records a
+fitted head's taps (`forward_taps`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from runtime.errors import DuetError
+
+
+class Residual:
+    """The hidden state between the ONNX target's parts: the residual stream `h` and its last
+    block's output `resid`, not yet added. The next part's first norm adds and normalises them
+    in one SkipSimplifiedLayerNormalization, exactly as the whole graph does at that layer
+    (converters/onnx_target_graph.py, residual_inputs), so a pass through parts (Mirror-SD's
+    early exit, a fitted head's taps) gives the whole graph's logits to the bit. Indexed like
+    an array (both halves alike); `sum()` (and np.asarray) is the hidden state itself."""
+
+    def __init__(self, h: np.ndarray, resid: np.ndarray):
+        self.h, self.resid = h, resid
+
+    @classmethod
+    def of(cls, x) -> Residual:
+        """x itself, or a plain hidden state as a Residual (its last addition already made)."""
+        if isinstance(x, Residual):
+            return x
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        return cls(x, np.zeros_like(x))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.h.shape
+
+    def __getitem__(self, key) -> Residual:
+        return Residual(self.h[key], self.resid[key])
+
+    def sum(self) -> np.ndarray:
+        return self.h + self.resid
+
+    def __array__(self, dtype=None, copy=None):
+        s = self.sum()
+        return s if dtype is None else s.astype(dtype)
+
+
+def _cat(parts: list, axis: int = 1):
+    """np.concatenate over arrays or Residuals."""
+    if isinstance(parts[0], Residual):
+        return Residual(_cat([p.h for p in parts], axis), _cat([p.resid for p in parts], axis))
+    return np.concatenate(parts, axis=axis)
+
+
+def _carried(start: int, x) -> dict:
+    """A pass's first inputs: ids for a part from layer 0, else the Residual's two halves."""
+    if start == 0:
+        return {"input_ids": x}
+    return {"hidden_in": np.ascontiguousarray(x.h), "resid_in": np.ascontiguousarray(x.resid)}
+
+
+def _pad_one(x, pos, m):
+    """A one-token pass as two rows (PAD_ONE_TOKEN): the token again, at the same position,
+    seeing what the token sees and itself; the token's row does not see it. Its logits are
+    never computed (head_rows), its hidden row and its key column are dropped."""
+    B, _, S = m.shape
+    m2 = np.zeros((B, 2, S + 1), bool)
+    m2[:, :, :S] = m[:, :1]
+    m2[:, 1, S] = True
+    return _cat([x, x]), np.concatenate([pos, pos], axis=1), m2
+
+
+def forward_taps(lm, ids, cache, positions, mask, last) -> np.ndarray:
+    """The forward as the layer-range parts Mirror-SD's early exit runs, cut after each
+    tapped layer, then the head part; the taps' outputs (row 0) recorded for the head."""
+    import torch
+
+    from runtime.backends.torch_backend import record_rows
+
+    if ids.shape[0] != 1:
+        raise DuetError("--draft head: the target records one row only")
+    n = lm.config.num_layers
+    out, h, start = {}, ids, 0
+    for stop in sorted({i + 1 for i in lm.record_layers}) + [n]:
+        if stop > start:
+            h = lm.forward_layers(h, cache, start, stop, positions=positions, mask=mask)
+        out[stop - 1], start = h, stop
+    taps = np.concatenate([out[i].sum() for i in lm.record_layers], axis=-1)[0]
+    record_rows(cache, torch.from_numpy(np.ascontiguousarray(taps)), ids)
+    lm.last_cache = cache
+    return lm.head(h[:, -last:] if last else h)
