@@ -86,3 +86,35 @@ def test_generates_default_auto_takes_draft_mtp_and_stays_lossless(target_dir, c
     res = json.loads(capsys.readouterr().out)
     assert res["tokens"] == ref and res["stats"]["auto"]["choice"] in ("ar", "sd")
     assert "mirror" not in res["stats"]["auto"]["predictions"]
+
+
+@pytest.fixture(scope="module")
+def embedded_copy(tmp_path_factory):
+    """The embedded target (Qwen3, with its MTP head as a sidecar), copied: the ONNX target
+    and the head's step are exported beside it."""
+    import shutil
+
+    from runtime.assets import default_pair
+
+    src = default_pair()[0]
+    dst = tmp_path_factory.mktemp("embedded") / "target"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data"))
+    return dst
+
+
+@pytest.mark.parametrize("step", ["torch", "onnx"])
+def test_the_mtp_head_beside_the_onnx_target_is_lossless(embedded_copy, step):
+    """The int4 ONNX target keeps its normed last hidden state for the head (through the
+    checkpoint's final norm): greedy sd with the head equals that target's own ar."""
+    from runtime.backends.onnx_target import OnnxTargetLM
+
+    target = OnnxTargetLM(embedded_copy, "int4", intra_threads=1)
+    ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
+             max_new=N_NEW).tokens  # fmt: skip
+    draft = MTPDraft.load(target, embedded_copy, backend=step)
+    tc, dc = target.new_cache(), draft.new_cache()
+    steps = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
+                       gamma=3, target_cache=tc, draft_cache=dc)  # fmt: skip
+    got = run(steps, max_new=N_NEW)
+    assert got.tokens == ar
+    assert tc.hidden_ids[: len(PROMPT)] == PROMPT and got.stats.as_dict()["mean_accepted"] > 1.0

@@ -1,6 +1,6 @@
 """The ONNX target's hidden state between its parts (`Residual`), the one-token pass padding
 (PAD_ONE_TOKEN in runtime/backends/onnx_target.py) and the forward through parts that records a
-fitted head's taps (`forward_taps`)."""
+the target's hidden states a draft reads (`forward_recording`)."""
 
 from __future__ import annotations
 
@@ -68,16 +68,25 @@ def _pad_one(x, pos, m):
     return _cat([x, x]), np.concatenate([pos, pos], axis=1), m2
 
 
-def forward_taps(lm, ids, cache, positions, mask, last) -> np.ndarray:
-    """The forward as the layer-range parts Mirror-SD's early exit runs, cut after each
-    tapped layer, then the head part; the taps' outputs (row 0) recorded for the head."""
+def forward_recording(lm, ids, cache, positions, mask, last) -> np.ndarray:
+    """A forward that keeps on the cache what a draft reading the target's hidden states needs
+    (runtime/backends/torch_backend.record_rows): a fitted head's taps (`record_layers`: the
+    parts Mirror-SD's early exit runs, cut after each tapped layer, then the head part) or an
+    MTP head's post-norm last hidden state (the whole graph's hidden output through the
+    checkpoint's final norm, `lm.hidden_norm`, set by the MTP draft)."""
     import torch
 
     from runtime.backends.torch_backend import record_rows
 
     if ids.shape[0] != 1:
-        raise DuetError("--draft head: the target records one row only")
+        raise DuetError("a draft that reads the target's hidden states drafts one row only")
     n = lm.config.num_layers
+    if not lm.record_layers:  # MTP: the last layer's output, normed
+        logits, h = lm._run(ids, cache, 0, n, True, positions, mask, last)
+        with torch.inference_mode():
+            record_rows(cache, lm.hidden_norm(torch.from_numpy(h))[0], ids)
+        lm.last_cache = cache
+        return logits
     out, h, start = {}, ids, 0
     for stop in sorted({i + 1 for i in lm.record_layers}) + [n]:
         if stop > start:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.backends.onnx_residual import Residual, _carried, _pad_one, forward_taps
+from runtime.backends.onnx_residual import Residual, _carried, _pad_one, forward_recording
 from runtime.backends.onnx_target_rows import chunk_rows, row_feed
 from runtime.buffer_cache import BufferKVCache
 from runtime.cache import ConcatKVCache
@@ -449,12 +449,14 @@ class OnnxTargetLM:
     record_hidden = False
     record_layers: tuple[int, ...] | None = None
     last_cache = None  # the cache of the last recording forward
+    hidden_norm = None  # an MTP head's: the checkpoint's final norm, in PyTorch (its twin's)
 
     def forward(self, tokens, cache, *, positions=None, mask=None, last=None) -> np.ndarray:
         """Logits (B, T, V), or of the last `last` positions only (B, last, V)."""
         ids = check_tokens(tokens, self.config.vocab_size)
-        if self.record_hidden and self.record_layers:
-            return forward_taps(self, ids, cache, positions, mask, last)
+        if self.record_hidden and (self.record_layers or self.hidden_norm is not None):
+            # a fitted head reads its taps, an MTP head the normed last hidden state
+            return forward_recording(self, ids, cache, positions, mask, last)
         logits, _hidden = self._run(ids, cache, 0, self.config.num_layers, True, positions, mask,
                                     last)  # fmt: skip
         return logits

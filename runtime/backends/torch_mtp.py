@@ -118,11 +118,29 @@ class MTPCache:
 
 
 def _check_target(target) -> None:
-    if target.backend != "torch":
+    if target.backend not in ("torch", "onnx") or not hasattr(target, "record_hidden"):
         raise DuetError(
-            "--draft mtp runs beside a PyTorch target (--target-backend torch): it reads "
-            "the target's last hidden state"
+            "--draft mtp runs beside a PyTorch or an ONNX target (--target-backend torch or "
+            "onnx): it reads the target's last hidden state"
         )
+
+
+class TorchTwin:
+    """What a head step reads of a target that does not run in PyTorch (the ONNX target): the
+    checkpoint as a PyTorch module (its embedding, LM head and RoPE frequencies), loaded once
+    on the CPU; the target itself otherwise."""
+
+    backend = "torch"
+    device = torch.device("cpu")
+
+    def __init__(self, target):
+        from runtime.backends.torch_load import load_torch_lm
+
+        self.config, self.module = target.config, load_torch_lm(target.dir, torch.float32).eval()
+
+    @staticmethod
+    def of(target):
+        return TorchTwin(target) if target.backend == "onnx" else target
 
 
 class TorchMTPStep:
@@ -165,8 +183,7 @@ class MTPDraft:
     reads_target_hidden = True  # the target must record its hidden states while this drafts
 
     def __init__(self, target, head: MTPHead, step=None):
-        if step is None or target.backend != "onnx":  # a fitted head's step reads no module
-            _check_target(target)
+        _check_target(target)
         self.target, self.config = target, target.config
         self.step = step if step is not None else TorchMTPStep(target, head)
         self.head_module = head
@@ -180,13 +197,16 @@ class MTPDraft:
         its steps in ONNX Runtime (exported once into the sidecar folder), with int8 weights
         unless `quant` is fp32 (runtime/backends/onnx_mtp.py)."""
         _check_target(target)
-        dtype = next(target.module.parameters()).dtype
+        twin = TorchTwin.of(target)  # an ONNX target's embedding and LM head, in PyTorch
+        dtype = next(twin.module.parameters()).dtype
         head = load_mtp_head(path, target.config, dtype)
+        if twin is not target:  # the ONNX target norms its last hidden state as PyTorch does
+            target.hidden_norm = twin.module.model.norm
         if backend == "onnx":
             from runtime.backends.onnx_mtp import OnnxMTPStep
 
-            return cls(target, head, OnnxMTPStep.for_target(target, head, path, threads, quant))
-        return cls(target, head)
+            return cls(target, head, OnnxMTPStep.for_target(twin, head, path, threads, quant))
+        return cls(target, head, TorchMTPStep(twin, head) if twin is not target else None)
 
     def new_cache(self, batch: int = 1) -> MTPCache:
         if batch != 1:
