@@ -44,16 +44,26 @@ def draft_cost(draft, ids: list[int], gamma: int, repeats: int = 20) -> tuple[fl
     return index_s, statistics.median(times)
 
 
-def choose_alone(target, draft, ids: list[int], *, gamma: int | None = None) -> dict:
-    """auto's record for a target alone with model-free `draft`: the measured step cost, cost
-    per verified token and draft cost, the choice ("ar" or "sd"), its γ and why. Sets the
-    draft's `min_prob` to the cost per verified token when it chooses sd."""
+def target_costs(target) -> dict:
+    """{"target_step_s": a one-token pass, "verify_token_share": c}: the target's part of the
+    law, measured (the draft's is measured per prompt: draft_cost)."""
     from devices.pair_stages import measure_windows
 
-    g = gamma or getattr(draft, "alone_gamma", ALONE_GAMMA)
     win = measure_windows(target, (0, WINDOW // 2, WINDOW), mirror=False)
     t1 = win[0]["target_window"]
-    c = max(0.0, (win[WINDOW]["target_window"] - t1) / (WINDOW * t1))
+    return {"target_step_s": t1,
+            "verify_token_share": max(0.0, (win[WINDOW]["target_window"] - t1) / (WINDOW * t1))}  # fmt: skip
+
+
+def choose_alone(target, draft, ids: list[int], *, gamma: int | None = None,
+                 costs: dict | None = None) -> dict:  # fmt: skip
+    """auto's record for a target alone with model-free `draft`: the step cost and cost per
+    verified token (`costs`, kept from an earlier run, else measured now: target_costs), the
+    draft's cost, the choice ("ar" or "sd"), its γ and why. Sets the draft's `min_prob` to the
+    cost per verified token when it chooses sd."""
+    g = gamma or getattr(draft, "alone_gamma", ALONE_GAMMA)
+    costs = costs or target_costs(target)
+    t1, c = float(costs["target_step_s"]), float(costs["verify_token_share"])
     index_s, step_s = draft_cost(draft, list(ids), g)
     share = step_s / t1
     rec = {"alone": True, "draft": draft.name, "target_step_s": t1, "verify_token_share": c,

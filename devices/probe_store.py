@@ -117,6 +117,17 @@ class ProbeStore:
         digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
         return cls(cache_dir() / f"pair-{digest}.json", refresh=refresh)
 
+    @classmethod
+    def for_target(cls, target, kind: str, *, refresh: bool = False) -> ProbeStore | None:
+        """A store of what auto measured on the target alone (`kind`: what for), keyed as a
+        pair's is; None for a target not loaded from files."""
+        key = model_key(target)
+        if key is None:
+            return None
+        ident = {"machine": machine_key(), "versions": _versions(), "target": key, "kind": kind}
+        digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
+        return cls(cache_dir() / f"{kind}-{digest}.json", refresh=refresh)
+
     def load(self) -> dict | None:
         """The saved state, or None: no file, --reprobe, too old, or unreadable (said once)."""
         if self.refresh or not self.path.exists():

@@ -268,15 +268,27 @@ def alone_chooser(pair: Pair | None = None, a: argparse.Namespace | None = None)
     given = None if a is None or getattr(a, "gamma_free", True) else a.gamma
     made: dict = {}
     rates: dict = {}  # (sampling regime, method) -> tok/s of the runs auto observed
+    # the target's costs, kept per target and machine as a pair's probe is (--reprobe: again)
+    store = None
+    if pair is not None:
+        from devices.probe_store import ProbeStore
+
+        store = ProbeStore.for_target(pair.target, "alone",
+                                      refresh=getattr(a, "reprobe", False))  # fmt: skip
 
     def choose(ids: list[int], sampling, target_cache=None, draft_cache=None) -> tuple[str, dict]:
         if pair is None:
             return "ar", {"choice": "ar", "alone": True,
                           "why": "a target alone: ar is the method that needs no draft"}  # fmt: skip
         if "rec" not in made:
-            from devices.model_free_choice import choose_alone
+            from devices.model_free_choice import choose_alone, target_costs
 
-            made["rec"] = choose_alone(pair.target, pair.draft, list(ids), gamma=given)
+            kept = store.load() if store is not None else None
+            costs = kept if kept and "verify_token_share" in kept else target_costs(pair.target)
+            if store is not None and costs is not kept:
+                store.save(costs)
+            made["rec"] = choose_alone(pair.target, pair.draft, list(ids), gamma=given,
+                                       costs=costs) | {"kept": costs is kept}  # fmt: skip
         rec = dict(made["rec"])
         if rec["choice"] == "sd" and sampling is not None and not sampling.greedy:
             # The law's chances are the draft's greedy ones; sampling accepts a deterministic

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.backends import backend_for_path, load_model
+from runtime.config import ModelConfig
 from runtime.drafts import is_model_free_spec, load_model_free
 from runtime.errors import DuetError
 from runtime.preflight import check_checkpoint, check_pair_files
@@ -185,7 +186,11 @@ def load_pair(
         }
     else:
         kw = {"hybrid_rollback": hybrid_rollback}  # mlx: used by a hybrid checkpoint only
-    if target_backend == "onnx":  # exported once, cached beside the checkpoint per quantization
+    hybrid_onnx = target_backend == "onnx" and ModelConfig.from_dir(tdir).is_hybrid
+    if hybrid_onnx:  # a hybrid: the draft's one-token graph with its states (float32)
+        t = load_model(tdir, "onnx", intra_threads=target_threads)
+        quantize = "none"
+    elif target_backend == "onnx":  # exported once, cached beside the checkpoint per quantization
         from runtime.backends.onnx_target import OnnxTargetLM
 
         t = OnnxTargetLM(tdir, quantize, intra_threads=target_threads)
@@ -198,6 +203,12 @@ def load_pair(
                 "target_backend_why": backend_reason(asked_backend, target_backend)}  # fmt: skip
     if target_backend == "onnx":
         settings["target_quantize"] = quantize
+    if hybrid_onnx:  # say why --quantize did not apply
+        settings["target_backend_why"] = (
+            "a hybrid (linear-attention) checkpoint runs as the ONNX draft export's one-token "
+            "graph with its recurrent states, float32 weights (--quantize applies to Llama, "
+            "Qwen2, Qwen3 and Gemma 3)"
+        )
     if need_draft and ddir == "head":  # a fitted feature-level head (apps.train eagle)
         from runtime.backends.torch_eagle import HeadDraft
 

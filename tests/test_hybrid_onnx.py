@@ -153,3 +153,24 @@ def test_a_long_prompt_runs_through_the_prefill_graph_and_stays_landable(pair):
     assert_same_states(c, prefill(m, ids[0, :39].tolist()), atol=ATOL_REF)
     c.trim(20)  # inside a chunk: no states there, the cache starts over
     assert c.offset == 0
+
+
+def test_a_hybrid_target_on_onnx_runs_the_draft_export_losslessly(pair, capsys):
+    """`--target-backend onnx` on a hybrid checkpoint runs the draft export's one-token graph as
+    the target (its recurrent states kept per position, float32 weights; --quantize does not
+    apply and the stats say why): greedy sd with a draft model and with prompt lookup equals
+    that target's own ar."""
+    from runtime.generate import main as generate
+
+    ids = ",".join(map(str, PROMPT * 2))
+    base = ["--target", str(pair["tdir"]), "--target-backend", "onnx", "--prompt-ids", ids,
+            "--max-tokens", "12", "--json"]  # fmt: skip
+    got = []
+    for extra in (["--method", "ar"], ["--method", "sd", "--draft", str(pair["ddir"])],
+                  ["--method", "sd", "--draft", "lookup"]):  # fmt: skip
+        assert generate([*base, *extra]) == 0
+        got.append(json.loads(capsys.readouterr().out))
+    assert got[0]["tokens"] == got[1]["tokens"] == got[2]["tokens"]
+    s = got[0]["stats"]
+    assert s["target_backend"] == "onnx" and s["target_quantize"] == "none"
+    assert "one-token graph" in s["target_backend_why"]

@@ -200,6 +200,8 @@ def test_auto_alone_under_sampling_measures_sd_against_ar(monkeypatch):
 
     monkeypatch.setattr(mfc, "choose_alone", lambda *a, **k: {
         "alone": True, "choice": "sd", "gamma": 16, "why": "the law"})  # fmt: skip
+    monkeypatch.setattr(mfc, "target_costs", lambda t: {"target_step_s": 0.01,
+                                                        "verify_token_share": 0.1})  # fmt: skip
 
     class Pair:  # what alone_chooser reads: a target and a draft already attached
         target, draft = object(), object()
@@ -219,6 +221,41 @@ def test_auto_alone_under_sampling_measures_sd_against_ar(monkeypatch):
     choose.observe(rec, hot, n, n / 90.0)  # ar slower than sd now would flip it back
     choose.observe({"choice": "sd"}, hot, n, n / 200.0)
     assert choose([1, 2], hot)[0] == "sd"
+
+
+def test_auto_alone_keeps_the_targets_costs_for_the_next_process(tiny_dir, monkeypatch, tmp_path):
+    """The target's step cost and cost per verified token are measured once per target and
+    machine and kept (as a pair's probe is): a later chooser reads them and measures nothing;
+    --reprobe measures again."""
+    import argparse
+
+    import devices.model_free_choice as mfc
+    from runtime.cli_args import alone_chooser
+
+    monkeypatch.setenv("DUET_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def costs(target):
+        calls.append(target)
+        return {"target_step_s": 0.02, "verify_token_share": 0.15}
+
+    monkeypatch.setattr(mfc, "target_costs", costs)
+    target = load_model(tiny_dir("llama", **SMALL), "torch", threads=1)
+
+    class Pair:
+        pass
+
+    def chooser(reprobe=False):
+        pair = Pair()
+        pair.target, pair.draft = target, load_model_free("lookup", target)
+        return alone_chooser(pair, argparse.Namespace(reprobe=reprobe, gamma_free=True))
+
+    first = chooser()([5, 6, 7, 5, 6], None)[1]
+    again = chooser()([5, 6, 7, 5, 6], None)[1]
+    assert len(calls) == 1 and not first["kept"] and again["kept"]
+    assert again["verify_token_share"] == first["verify_token_share"] == 0.15
+    chooser(reprobe=True)([5, 6, 7, 5, 6], None)
+    assert len(calls) == 2
 
 
 def test_generate_with_a_target_alone_under_auto_equals_ar(tiny_dir, capsys):
