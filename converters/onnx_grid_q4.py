@@ -12,7 +12,8 @@ blocks' m + 8 d. The symmetric form on purpose: at accuracy level 4, ONNX Runtim
 with an explicit zero point gave a one-token pass and a multi-token pass logits up to 1.07 apart
 on SmolLM2 (greedy sd then differed from ar); without one the two agree exactly, so the target's
 output does not depend on how many tokens a pass verifies. Exact up to MatMulNBits' int8
-activations (SmolLM2: 92.8 % agreement; the layers are the GGUF's own, as llama.cpp runs them).
+activations (SmolLM2: 97.1 % agreement with the fused sums below; the layers are the GGUF's own,
+as llama.cpp runs them).
 
 blocksum(x) comes out of the same MatMulNBits (`fused_sums`): K/32 more output columns whose
 blocks are 1 on their own block of 32 input channels and 0 elsewhere (q 9 and 8 at scale 1,

@@ -54,9 +54,10 @@ BLOCK_SIZE = 32
 # "rows": every token its own row (converters/onnx_target_rows.py), the layers at 4: the
 #   one-query path for every token, through a gather of the keys each row sees (quadratic in
 #   a prefill's length: a 200-token prefill 2.2 s against 1.1 s). Kept as a check on "window".
-# The int4 agreement with float32 at 4 is lower than at 1 (`converters.onnx_target_cli agree`,
-# held-out chat text: SmolLM2-135M 0.956 against 0.973, Gemma 3 270M 0.959 against 0.971);
-# llama.cpp's CPU kernels round activations to 8 bits too.
+# The int4 agreement with float32 at 4 (`converters.onnx_target_cli agree`, held-out chat
+# text, the Q4 grid's block sums fused: converters/onnx_grid_q4.py): SmolLM2-135M 0.971,
+# Gemma 3 270M 0.969, against 0.973 and 0.971 at 1; llama.cpp's CPU kernels round activations
+# to 8 bits too.
 # The LM head runs at 4 under both: its 4-bit halves (converters/onnx_head_split.py) sum
 # pairs to at most 2 * 15 * 128, which no kernel (AVX2 without VNNI sums pairs in a saturating
 # int16, VPMADDUBSW) can clip.
