@@ -118,3 +118,14 @@ def test_the_mtp_head_beside_the_onnx_target_is_lossless(embedded_copy, step):
     got = run(steps, max_new=N_NEW)
     assert got.tokens == ar
     assert tc.hidden_ids[: len(PROMPT)] == PROMPT and got.stats.as_dict()["mean_accepted"] > 1.0
+
+
+def test_mirror_with_the_mtp_head_is_one_line(capsys):
+    """Mirror-SD's draft worker rolls out branch rows, which the MTP head cannot: the worker's
+    DuetError reaches the user as one line and a non-zero exit, not a traceback."""
+    from runtime.generate import main as generate
+
+    rc = generate(["--method", "mirror", "--draft", "mtp", "--prompt", "def f(x):",
+                   "--max-tokens", "8"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and len(err) == 1 and "--method mirror" in err[-1] and "one row" in err[-1]

@@ -39,6 +39,7 @@ from kernels.topk_channel import decode
 from runtime.decoding.events import Sampling, rewind, step_noise, window_rng
 from runtime.decoding.sd import draft_window
 from runtime.decoding.ss_draft import is_ss_draft
+from runtime.errors import DuetError
 from runtime.mirror.branches import Branch, rank_branches, rank_own_branches, reuse_key
 from runtime.mirror.coupled import rank_coupled, rank_own_coupled
 from runtime.mirror.messages import STOP, EarlyExit, FinalVerify, Window, WorkerFailed
@@ -111,6 +112,8 @@ class DraftWorker:
                     raise RuntimeError("the draft worker stopped without answering") from None
                 continue
             if isinstance(msg, WorkerFailed):
+                if isinstance(msg.error, DuetError):  # bad input (a draft that cannot branch):
+                    raise DuetError(f"--method mirror: {msg.error}") from None  # one line
                 raise RuntimeError(f"Mirror-SD draft worker failed: {msg.error!r}") from msg.error
             assert msg.step == step, f"window for step {msg.step}, expected {step}"
             self.tl.add("channel", "window", msg.sent_ns, now_ns(), step=step, source=msg.source)
