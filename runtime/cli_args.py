@@ -27,8 +27,10 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
                     "ONNX Runtime, exported once and cached beside the checkpoint (default auto)")  # fmt: skip
     ap.add_argument("--quantize", choices=["int4", "int8", "none"], default="int4",
                     help="ONNX target weights: int4/int8 = block-wise MatMulNBits (blocks of 32, "
-                    "int8 activations), requantized from the checkpoint's float32 weights; none = "
-                    "float32 (default int4; only with --target-backend onnx)")  # fmt: skip
+                    "int8 activations), requantized from the checkpoint's float32 weights (a "
+                    "checkpoint from a GGUF keeps its own 4-bit blocks, its finer ones at 8 bits); "
+                    "none = float32; a hybrid runs float32 (default int4; only with "
+                    "--target-backend onnx)")  # fmt: skip
     ap.add_argument("--target-device", choices=["cpu", "cuda"], default="cpu",
                     help="PyTorch target: cpu, or cuda (a GPU; the draft stays on the CPU) (default cpu)")  # fmt: skip
     ap.add_argument("--target-threads", type=int, default=None,
