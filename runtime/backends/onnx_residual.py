@@ -1,6 +1,6 @@
 """The ONNX target's hidden state between its parts (`Residual`), the one-token pass padding
-(PAD_ONE_TOKEN in runtime/backends/onnx_target.py) and the forward through parts that records a
-the target's hidden states a draft reads (`forward_recording`)."""
+(PAD_ONE_TOKEN in runtime/backends/onnx_target.py), and the forward that records the hidden
+states a draft reads (`forward_recording`)."""
 
 from __future__ import annotations
 
