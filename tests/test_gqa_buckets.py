@@ -60,3 +60,25 @@ def test_the_probe_extends_its_last_spacing(monkeypatch):
         pytest.skip("this machine's GQA does not bucket 256-wide heads: nothing to extend")
     steps = np.diff(got)
     assert (steps == steps[-1]).all() and got[-1] + steps[-1] >= 1000
+
+
+def test_the_probe_is_kept_for_the_next_process_and_a_bad_file_is_probed_over(
+    monkeypatch, tmp_path
+):
+    monkeypatch.setenv("DUET_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(gqa_buckets, "PROBE_POSITIONS", 200)
+    key_cuts.cache_clear()
+    first = key_cuts(4, 1, 256, upto=1000)
+    assert (tmp_path / "gqa_buckets.json").is_file()
+    key_cuts.cache_clear()  # a new process: the file answers, nothing is probed
+
+    def no_probe(*a):
+        raise AssertionError("probed again")
+
+    with monkeypatch.context() as m:
+        m.setattr(gqa_buckets, "_probe", no_probe)
+        assert key_cuts(4, 1, 256, upto=1000) == first
+    (tmp_path / "gqa_buckets.json").write_text("{not json")
+    key_cuts.cache_clear()
+    assert key_cuts(4, 1, 256, upto=1000) == first  # probed again, and kept again
+    key_cuts.cache_clear()

@@ -12,12 +12,21 @@ pass uses) and in a 3-row pass (p + 3 keys); where the two differ, rows up to p 
 p + 1 on must not share a pass, so a pass is cut before position p + 1.
 
 Probed up to PROBE_POSITIONS; past that the last spacing found repeats (two or more
-boundaries), as it does in every pattern seen. About 0.1-0.5 s, once.
+boundaries), as it does in every pattern seen. About 0.3-0.5 s; what it found is kept per
+machine (host, CPU model and flags), ONNX Runtime version and head shape in
+`gqa_buckets.json` in Duet's cache folder ($DUET_CACHE_DIR, else $XDG_CACHE_HOME/duet or
+~/.cache/duet), so a later process reads it instead of probing again (a run of the ONNX target
+started half a second sooner); a file that cannot be read is probed over.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import platform
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 
@@ -53,10 +62,70 @@ def _gqa_session(heads: int, kv_heads: int, head_dim: int):
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
+def _store() -> Path:
+    base = os.environ.get("DUET_CACHE_DIR") or (
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "duet"
+    )
+    return Path(base) / "gqa_buckets.json"
+
+
+def _machine_key(heads: int, kv_heads: int, head_dim: int) -> str:
+    """What a probe's result holds for: this host and CPU (model and flags), ONNX Runtime's
+    version, the head shape and the probe's reach."""
+    import onnxruntime as ort
+
+    cpu = ""
+    try:  # Linux: the model name and every flag (the kernels ONNX Runtime dispatches to)
+        cpu = "\n".join(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                        if line.startswith(("model name", "flags")))  # fmt: skip
+    except OSError:
+        cpu = platform.processor()
+    ident = [platform.node(), platform.machine(), cpu, ort.__version__,
+             heads, kv_heads, head_dim, PROBE_POSITIONS]  # fmt: skip
+    return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:24]
+
+
 @cache
 def key_cuts(heads: int, kv_heads: int, head_dim: int, upto: int = 1 << 16) -> tuple[int, ...]:
     """Positions c (increasing, < upto) before which a pass must be cut: no pass may hold both
     a row < c and a row >= c."""
+    key, path = _machine_key(heads, kv_heads, head_dim), _store()
+    try:
+        found = json.loads(path.read_text())[key]
+        if not (isinstance(found, list) and all(isinstance(c, int) for c in found)):
+            raise ValueError(key)
+    except (OSError, ValueError, KeyError, TypeError):
+        found = _probe(heads, kv_heads, head_dim)
+        _keep(path, key, found)
+    cuts = list(found)
+    if len(found) >= 2:  # the last spacing repeats past the probe
+        step = found[-1] - found[-2]
+        c = found[-1] + step
+        while c < upto:
+            cuts.append(c)
+            c += step
+    return tuple(c for c in cuts if c < upto)
+
+
+def _keep(path: Path, key: str, found: list[int]) -> None:
+    """Add this probe to the file, atomically; a cache that cannot be written is no error."""
+    try:
+        try:
+            doc = json.loads(path.read_text())
+            doc = doc if isinstance(doc, dict) else {}
+        except (OSError, ValueError):
+            doc = {}
+        doc[key] = found
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _probe(heads: int, kv_heads: int, head_dim: int) -> list[int]:
+    """The positions up to PROBE_POSITIONS before which this machine's GQA changes its sums."""
     s = _gqa_session(heads, kv_heads, head_dim)
     n = PROBE_POSITIONS + 4
     rng = np.random.default_rng(0)
@@ -73,12 +142,4 @@ def key_cuts(heads: int, kv_heads: int, head_dim: int, upto: int = 1 << 16) -> t
                 "tot": np.array(tot, np.int32), "bias": np.zeros((1, 1, T, tot), np.float32)}  # fmt: skip
         return s.run(["o"], feed)[0][0, 0]
 
-    found = [p + 1 for p in range(1, PROBE_POSITIONS) if not np.array_equal(row(p, 2), row(p, 3))]
-    cuts = list(found)
-    if len(found) >= 2:  # the last spacing repeats past the probe
-        step = found[-1] - found[-2]
-        c = found[-1] + step
-        while c < upto:
-            cuts.append(c)
-            c += step
-    return tuple(c for c in cuts if c < upto)
+    return [p + 1 for p in range(1, PROBE_POSITIONS) if not np.array_equal(row(p, 2), row(p, 3))]
