@@ -16,11 +16,13 @@ are stale: every read goes through an offset, as the MLX cache's do (runtime/bac
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
 
 STEP = 256  # capacity grows in steps of this many positions
+_LAYOUTS = itertools.count()  # layout tokens, unique across every cache of the process
 
 
 class BufferKVCache:
@@ -35,6 +37,9 @@ class BufferKVCache:
         self._max = max_context
         self._kv = [self._alloc(batch, 0) for _ in range(num_layers)]
         self._offsets = [0] * num_layers
+        # changes whenever any buffer is replaced (grown, rows selected): a binding of the
+        # buffers (runtime/backends/onnx_target.py) made under the same token is still valid
+        self.layout = next(_LAYOUTS)
 
     def _alloc(self, batch: int, cap: int) -> tuple[np.ndarray, np.ndarray]:
         kv, d = self._shape
@@ -79,6 +84,7 @@ class BufferKVCache:
         n = self._offsets[i]
         nk[:, :, :n], nv[:, :, :n] = k[:, :, :n], v[:, :, :n]
         self._kv[i] = (nk, nv)
+        self.layout = next(_LAYOUTS)
 
     def advance(self, i: int, n: int) -> None:
         """Layer i now holds n more positions (a pass wrote them in place)."""
@@ -105,12 +111,14 @@ class BufferKVCache:
         new._shape, new._max, new._batch = self._shape, self._max, len(rows)
         new._offsets = list(self._offsets)
         new._kv = [(k[rows], v[rows]) for k, v in self._kv]  # fancy indexing copies
+        new.layout = next(_LAYOUTS)
         return new
 
     def select(self, rows: Sequence[int]) -> None:
         rows = list(rows)
         self._kv = [(k[rows], v[rows]) for k, v in self._kv]
         self._batch = len(rows)
+        self.layout = next(_LAYOUTS)
 
     def compact(self, base: int, cols: Sequence[int]) -> None:
         """Keep positions [0, base) and move positions `cols` (each >= base, increasing) right

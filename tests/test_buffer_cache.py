@@ -90,3 +90,21 @@ def test_an_in_place_pass_equals_a_concatenating_one(tiny_dir):
             for a, b in zip(buf.get(i), cat.get(i), strict=True):
                 np.testing.assert_array_equal(a, b)
         buf.trim(1), cat.trim(1)  # a rejection: the next pass overwrites the stale column
+
+
+def test_the_layout_token_changes_exactly_when_a_buffer_is_replaced():
+    """The ONNX target keeps an IOBinding of the buffers while the token stays: growing or
+    selecting rows replaces buffers (a new token, unique in the process), writing in place and
+    moving offsets do not."""
+    c = BufferKVCache(2, 2, 1, 4, max_context=4096)
+    t0 = c.layout
+    c.reserve(0, 10)  # grows from nothing: new buffers
+    t1 = c.layout
+    assert t1 != t0
+    c.reserve(0, 20), c.advance(0, 3), c.trim(1)  # fits: in place
+    c.keep_columns([0, 1])
+    assert c.layout == t1
+    f = c.fork([1])
+    c.select([0])
+    assert len({t0, t1, f.layout, c.layout}) == 4
+    assert BufferKVCache(2, 1, 1, 4).layout not in (t0, t1, f.layout, c.layout)
