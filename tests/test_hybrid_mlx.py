@@ -220,7 +220,7 @@ def test_generate_cli_runs_mlx_hybrid_pairs_and_refuses_mtp(models, tiny_dir, ca
     assert outs[0] == outs[1] == outs[2]
     assert main([*base, "--method", "sd", "--draft", "mtp"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--draft mtp runs beside a PyTorch target" in err and "\n" not in err
+    assert "--draft mtp runs beside a PyTorch or an ONNX target" in err and "\n" not in err
 
 
 def test_mlx_lm_baseline_shows_its_own_refusal(models, tiny_dir):

@@ -207,7 +207,7 @@ def test_draft_mtp_beside_a_non_torch_target_is_one_line(tiny_dir, capsys):
     argv = ["--target", str(tiny_dir("qwen3", seed=3)), "--draft", "mtp", "--method", "sd",
             "--target-backend", "mlx", "--prompt-ids", "5,17", "--max-tokens", "2"]  # fmt: skip
     assert generate(argv) == 2
-    assert "runs beside a PyTorch target" in capsys.readouterr().err
+    assert "runs beside a PyTorch or an ONNX target" in capsys.readouterr().err
 
 
 def test_tv_term_is_half_the_l1_distance():
