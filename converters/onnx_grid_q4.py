@@ -15,7 +15,7 @@ output does not depend on how many tokens a pass verifies. Exact up to MatMulNBi
 activations (SmolLM2: 97.1 % agreement with the fused sums below; the layers are the GGUF's own,
 as llama.cpp runs them).
 
-blocksum(x) comes out of the same MatMulNBits (`fused_sums`): K/32 more output columns whose
+blocksum(x) comes out of the same MatMulNBits: K/32 more output columns whose
 blocks are 1 on their own block of 32 input channels and 0 elsewhere (q 9 and 8 at scale 1,
 exact on the grid), split off its output. At accuracy level 4 that sums the block's int8-rounded
 activations, as llama.cpp's Q4_1 x Q8_1 dot does with its Q8_1 block sums. Against a Reshape
@@ -73,19 +73,14 @@ def _pack(u: np.ndarray) -> np.ndarray:
     return (u[..., 0::2] | (u[..., 1::2] << 4)).astype(np.uint8)
 
 
-def keep_grids(model, block: int, accuracy_level: int, skip: set[str],
-               fused_sums: bool = True) -> list[str]:  # fmt: skip
+def keep_grids(model, block: int, accuracy_level: int, skip: set[str]) -> list[str]:
     """Rewrite every MatMul whose constant weight lies on a 4-bit grid (not in `skip`), in place;
     returns the names of the correction MatMuls it added (float; the quantizer must skip them).
-    `fused_sums`: blocksum(x) as indicator columns of the input's first MatMulNBits, else a
-    Reshape and a ReduceSum (float32 sums)."""
+    blocksum(x) comes from indicator columns of the input's first MatMulNBits."""
     g = model.graph
     inits = {i.name: i for i in g.initializer}
     sums: dict[str, str] = {}
     added: list[str] = []
-    axis = "grid.axis"
-    if not fused_sums:
-        g.initializer.append(onh.from_array(np.array([-1], np.int64), axis))
     for node in list(g.node):
         if node.op_type != "MatMul" or node.name in skip or node.input[1] not in inits:
             continue
@@ -100,7 +95,7 @@ def keep_grids(model, block: int, accuracy_level: int, skip: set[str],
         x, n = node.input[0], node.name
         at = list(g.node).index(node)
         new, extra = [], 0
-        if x not in sums and fused_sums:  # blocksum(x) as nb more columns of this MatMulNBits
+        if x not in sums:  # blocksum(x) as nb more columns of this MatMulNBits
             ind = np.full((nb, nb, block), 8, np.uint8)
             ind[np.arange(nb), np.arange(nb)] = 9  # d (q - 8): 1 on the column's own block
             q = np.concatenate([q, ind])
@@ -110,15 +105,6 @@ def keep_grids(model, block: int, accuracy_level: int, skip: set[str],
             g.initializer.append(onh.from_array(np.array([N, nb], np.int64), split))
             new.append(oh.make_node("Split", [f"{n}.dq_sums", split], [f"{n}.dq", f"{x}.blocksum"],
                                     name=f"{n}.sums", axis=-1))  # fmt: skip
-            sums[x] = f"{x}.blocksum"
-        elif x not in sums:  # blocksum(x): (B, T, K) -> (B, T, K / block)
-            shape = f"grid.shape.{nb}"
-            if shape not in inits:
-                inits[shape] = onh.from_array(np.array([0, 0, nb, block], np.int64), shape)
-                g.initializer.append(inits[shape])
-            new += [oh.make_node("Reshape", [x, shape], [f"{x}.blocks"], name=f"{n}.blocks"),
-                    oh.make_node("ReduceSum", [f"{x}.blocks", axis], [f"{x}.blocksum"],
-                                 name=f"{n}.blocksum", keepdims=0)]  # fmt: skip
             sums[x] = f"{x}.blocksum"
         # the symmetric form (no zero-point input, implicit zero point 8): d (q - 8) + (m + 8 d)
         shift = (m + 8 * d[:N]).T  # (nb, N)
@@ -130,8 +116,8 @@ def keep_grids(model, block: int, accuracy_level: int, skip: set[str],
                           [f"{n}.dq_sums" if extra else f"{n}.dq"], name=f"{n}.dq", domain=MS,
                           K=K, N=N + extra, bits=4, block_size=block,
                           accuracy_level=accuracy_level)  # fmt: skip
-        new = ([dq] + new) if extra else (new + [dq])
-        new += [
+        new = [
+            dq, *new,
             oh.make_node("MatMul", [sums[x], f"{n}.m"], [f"{n}.mm"], name=f"{n}.grid_min"),
             oh.make_node("Add", [f"{n}.dq", f"{n}.mm"], list(node.output), name=f"{n}.add"),
         ]  # fmt: skip

@@ -141,8 +141,7 @@ def _quantize(model, rec: dict, gguf: bool = False):
         from converters.onnx_grid_q4 import keep_grids
 
         head8 = rec.get("head_bits") == 8 and any(n.name == HEAD_NODE for n in model.graph.node)
-        keep = (keep_grids(model, block, level, {HEAD_NODE}, rec.get("grid_sums") is not None)
-                if rec.get("grid") else [])  # fmt: skip
+        keep = keep_grids(model, block, level, {HEAD_NODE}) if rec.get("grid") else []
         finer = []
         if gguf and rec.get("gguf_finer"):
             consts = {i.name for i in model.graph.initializer}

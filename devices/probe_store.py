@@ -112,21 +112,21 @@ class ProbeStore:
         keys = [model_key(target), model_key(draft)]
         if None in keys:
             return None
-        ident = {"machine": machine_key(), "versions": _versions(), "target": keys[0],
-                 "draft": keys[1]}  # fmt: skip
-        digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
-        return cls(cache_dir() / f"pair-{digest}.json", refresh=refresh)
+        return cls._keyed("pair", {"target": keys[0], "draft": keys[1]}, refresh)
 
     @classmethod
     def for_target(cls, target, kind: str, *, refresh: bool = False) -> ProbeStore | None:
         """A store of what auto measured on the target alone (`kind`: what for), keyed as a
         pair's is; None for a target not loaded from files."""
         key = model_key(target)
-        if key is None:
-            return None
-        ident = {"machine": machine_key(), "versions": _versions(), "target": key, "kind": kind}
+        return None if key is None else cls._keyed(kind, {"target": key, "kind": kind}, refresh)
+
+    @classmethod
+    def _keyed(cls, prefix: str, models: dict, refresh: bool) -> ProbeStore:
+        """The file of these models' figures on this machine under these package versions."""
+        ident = {"machine": machine_key(), "versions": _versions(), **models}
         digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
-        return cls(cache_dir() / f"{kind}-{digest}.json", refresh=refresh)
+        return cls(cache_dir() / f"{prefix}-{digest}.json", refresh=refresh)
 
     def load(self) -> dict | None:
         """The saved state, or None: no file, --reprobe, too old, or unreadable (said once)."""

@@ -265,11 +265,10 @@ def test_converters_export_role_target_seeds_the_cache(tiny_dir, tmp_path, capsy
     assert "--format onnx" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_weights_on_a_q4_1_grid_are_kept_exactly(fused):
+def test_weights_on_a_q4_1_grid_are_kept_exactly():
     """A weight whose blocks are d q + m (a Q4_1 GGUF's) runs exactly, not requantized
     (float compute, accuracy level 0); one off the grid is left alone. Its block sums come from
-    indicator columns of the same MatMulNBits (`fused`) or from a Reshape and a ReduceSum."""
+    indicator columns of the same MatMulNBits."""
     import onnxruntime as ort
     from onnx import TensorProto
     from onnx import helper as oh
@@ -290,16 +289,16 @@ def test_weights_on_a_q4_1_grid_are_kept_exactly(fused):
                       [oh.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "YZ"],
                       [onh.from_array(W, "W"), onh.from_array(off, "V")])  # fmt: skip
     model = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)], ir_version=9)
-    assert keep_grids(model, 32, 0, set(), fused_sums=fused) == ["on.grid_min"]
+    assert keep_grids(model, 32, 0, set()) == ["on.grid_min"]
     A = rng.standard_normal((1, 3, K)).astype(np.float32)
     y, z = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"A": A}
     )
     assert np.abs(y - A @ W).max() < 1e-4 and np.abs(z - A @ off).max() < 1e-4
     ops = [n.op_type for n in model.graph.node]
-    assert ops.count("MatMulNBits") == 1 and ("ReduceSum" in ops) != fused
+    assert ops.count("MatMulNBits") == 1 and "ReduceSum" not in ops
     nbits = next(n for n in model.graph.node if n.op_type == "MatMulNBits")
-    assert next(a.i for a in nbits.attribute if a.name == "N") == N + 2 * fused  # K / 32 sums
+    assert next(a.i for a in nbits.attribute if a.name == "N") == N + 2  # K / 32 sums
 
 
 def _on_q4_1_grid(src, dst):

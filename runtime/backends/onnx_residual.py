@@ -38,6 +38,11 @@ class Residual:
     def sum(self) -> np.ndarray:
         return self.h + self.resid
 
+    def feed(self) -> dict:
+        """The inputs of the part that takes it: `hidden_in` and `resid_in`."""
+        return {"hidden_in": np.ascontiguousarray(self.h),
+                "resid_in": np.ascontiguousarray(self.resid)}  # fmt: skip
+
     def __array__(self, dtype=None, copy=None):
         s = self.sum()
         return s if dtype is None else s.astype(dtype)
@@ -52,9 +57,7 @@ def _cat(parts: list, axis: int = 1):
 
 def _carried(start: int, x) -> dict:
     """A pass's first inputs: ids for a part from layer 0, else the Residual's two halves."""
-    if start == 0:
-        return {"input_ids": x}
-    return {"hidden_in": np.ascontiguousarray(x.h), "resid_in": np.ascontiguousarray(x.resid)}
+    return {"input_ids": x} if start == 0 else x.feed()
 
 
 def _pad_one(x, pos, m):

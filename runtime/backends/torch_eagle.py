@@ -22,7 +22,7 @@ the MTP draft's machinery (runtime/backends/torch_mtp.py: the head's cache, the 
 chained entries once the target has verified them) and so runs where it does: `sd` chains,
 one row. The head steps in PyTorch; the target is the PyTorch one or the ONNX one
 (runtime/backends/onnx_target.py records the taps through its layer-range parts, and the head
-step reads the token embedding from the checkpoint: `EmbeddingView`).
+step reads the token embedding from the checkpoint's PyTorch twin: torch_mtp.TorchTwin).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from runtime.backends.torch_mtp import MTPDraft, TorchMTPStep
+from runtime.backends.torch_mtp import MTPDraft, TorchMTPStep, TorchTwin
 from runtime.backends.torch_ref import DecoderLayer, RMSNorm, rope_inv_freq
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
@@ -147,50 +147,23 @@ class TorchEagleStep(TorchMTPStep):
         return list(out[0]), list(full.cpu().numpy()), (k, v)
 
 
-class EmbeddingView:
-    """What a head step reads of a target that does not run in PyTorch (the ONNX target): its
-    config and token embedding (`module.model.embed_tokens`, the checkpoint's float rows, as
-    the PyTorch target's own; loaded once, read-only)."""
-
-    backend = "torch"
-    device = torch.device("cpu")
-
-    def __init__(self, target):
-        from safetensors import safe_open
-
-        from runtime.config import weight_files
-
-        self.config = target.config
-        key = "model.embed_tokens.weight"
-        for f in weight_files(target.dir):
-            with safe_open(str(f), framework="pt") as st:
-                if key in st.keys():
-                    w = st.get_tensor(key).float()
-                    break
-        else:
-            raise DuetError(f"{target.dir}: no {key} in its weights")
-        self.module = nn.Module()
-        self.module.model = nn.Module()
-        self.module.model.embed_tokens = nn.Embedding.from_pretrained(w, freeze=True)
-
-
 class HeadDraft(MTPDraft):
     """The fitted head behind the CausalLM protocol (batch 1, chains), in PyTorch."""
 
-    def __init__(self, target, head: EagleHead):
+    def __init__(self, target, head: EagleHead, twin=None):
+        """`twin`: what the head step reads of the target (TorchTwin.of(target))."""
         _check_target_records(target)
-        view = EmbeddingView(target) if target.backend == "onnx" else target
-        super().__init__(target, head, step=TorchEagleStep(view, head))
+        twin = twin if twin is not None else TorchTwin.of(target)
+        super().__init__(target, head, step=TorchEagleStep(twin, head))
         self.backend = "torch"
         target.record_layers = head.layers_tapped  # record these layers' outputs, not h_L
 
     @classmethod
     def load(cls, target, path, **_) -> HeadDraft:
         _check_target_records(target)
-        dtype = (
-            torch.float32 if target.backend == "onnx" else next(target.module.parameters()).dtype
-        )
-        return cls(target, load_eagle_head(path, target.config, dtype))
+        twin = TorchTwin.of(target)
+        dtype = next(twin.module.parameters()).dtype
+        return cls(target, load_eagle_head(path, target.config, dtype), twin)
 
 
 def _check_target_records(target) -> None:
