@@ -32,10 +32,10 @@ def _onnx_mtp_int8(src, out, cfg):
     return quantize_mtp_onnx(src, out, cfg)
 
 
-def _onnx_target(model_dir, out, start, stop, head, quantize):
+def _onnx_target(model_dir, out, start, stop, head, quantize, taps=()):
     from converters.onnx_target_export import export_target_part
 
-    return export_target_part(model_dir, out, start, stop, head, quantize)
+    return export_target_part(model_dir, out, start, stop, head, quantize, taps=taps)
 
 
 register("onnx", _onnx)

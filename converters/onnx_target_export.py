@@ -12,6 +12,8 @@ converters/onnx_target_gemma3.py (Gemma 3, whose local layers also read `local_m
               layers.0.E, the head on its hidden state, then layers.E.N and the head: the
               early-exit message leaves after E layers and one head, as on the PyTorch target
   head        final norm + LM head on any hidden state (Mirror-SD eq. 6)
+  full.taps.i.j.k  the full graph with a third output `taps`: layers i, j, k's outputs, what
+              a fitted head reads (`--draft head`), recorded in the one run
 Every graph that runs layers takes
   input_ids (B, T) int64 or hidden_in and resid_in (B, T, C) float32, position_ids (B, T) int64,
   attention_mask (B, T, past + T) bool (True = may attend: causal, tree and branch masks alike;
@@ -67,8 +69,9 @@ def io_names(start: int, stop: int, head: bool) -> tuple[list[str], list[str]]:
 
 
 def export_target_part(model_dir, out, start: int, stop: int, head: bool, quantize: str = "none",
-                       lm=None) -> dict:  # fmt: skip
-    """Export one part of `model_dir`'s target to `out` (quantized when asked); returns
+                       lm=None, taps: tuple[int, ...] = ()) -> dict:  # fmt: skip
+    """Export one part of `model_dir`'s target to `out` (quantized when asked; `taps`: the
+    whole graph with those layers' outputs as a third output); returns
     {path, seconds, bytes, quantization}."""
     t0 = time.perf_counter()
     rec = recipe(quantize)
@@ -89,11 +92,11 @@ def export_target_part(model_dir, out, start: int, stop: int, head: bool, quanti
         from converters.onnx_target_gemma3 import build_gemma_part
 
         ropes = {"global": inv_freq, "local": lm.inv_freq_local.detach().float().numpy()}
-        m = build_gemma_part(cfg, state, ropes, start, stop, head, rows)
+        m = build_gemma_part(cfg, state, ropes, start, stop, head, rows, tuple(taps))
     else:
         from converters.onnx_target_graph import build_part
 
-        m = build_part(cfg, state, inv_freq, start, stop, head, rows)
+        m = build_part(cfg, state, inv_freq, start, stop, head, rows, tuple(taps))
     del state
     if quantize != "none":
         m = _quantize(m, rec, gguf=_from_gguf(model_dir))
@@ -101,7 +104,8 @@ def export_target_part(model_dir, out, start: int, stop: int, head: bool, quanti
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp.onnx")
     for key, value in (("duet.config", json.dumps(cfg.raw)), ("duet.quantization", json.dumps(rec)),
-                       ("duet.part", json.dumps([start, stop, head]))):  # fmt: skip
+                       ("duet.part", json.dumps([start, stop, head])),
+                       ("duet.taps", json.dumps(list(taps)))):  # fmt: skip
         e = m.metadata_props.add()
         e.key, e.value = key, value
     import onnx

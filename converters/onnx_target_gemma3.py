@@ -37,15 +37,18 @@ from converters.onnx_target_graph import (
     qkv_projection,
     residual_inputs,
     rope_tables,
+    tap_output,
     weight,
 )
 
 
 def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head: bool,
-                     rows: bool = False):  # fmt: skip
+                     rows: bool = False, taps: tuple[int, ...] = ()):  # fmt: skip
     """The ModelProto of Gemma 3 layers [start, stop) (+ final norm, LM head and soft-cap
-    when `head`); ropes = {"global": inv_freq, "local": inv_freq} (D / 2,) each."""
+    when `head`); ropes = {"global": inv_freq, "local": inv_freq} (D / 2,) each; `taps` as
+    converters/onnx_target_graph.build_part's."""
     g = Graph()
+    sums: dict[int, str] = {}
     H, KV, D, C = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
     eps = float(cfg.rms_norm_eps)
     sliding = cfg.sliding[start:stop]
@@ -81,6 +84,7 @@ def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head:
         else:
             xn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [resid, h, w_in], 4,
                                domain=MS, epsilon=eps)  # fmt: skip
+            sums[i - 1] = h
         a = p + "self_attn."
         q, k, v = qkv_projection(g, state, cfg, a, i, xn)
         q = head_norm(g, q, H, D, norm_w(f"qn.{i}", a + "q_norm.weight"), eps)
@@ -119,6 +123,7 @@ def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head:
         else:
             hn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [resid, h, wn], 4, domain=MS,
                                epsilon=eps)  # fmt: skip
+            sums[stop - 1] = h
         key = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
         hn = head_rows(g, ins, hn) if start < stop else hn
         logits = g.op("MatMul", [hn, g.init("lm_head", weight(state, key).T)], node=HEAD_NODE)
@@ -129,6 +134,7 @@ def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head:
         outs.insert(0, (logits, "logits"))
         if start < stop:
             outs.insert(1, (h, "hidden"))
+        tap_output(g, outs, sums, taps, (start, stop))
     else:
         outs[:0] = [(h, "hidden"), (resid, "resid")]  # added by the next part (residual_inputs)
     return finish(g, ins, outs)

@@ -100,7 +100,7 @@ def test_no_head_is_one_line(tiny_dir, capsys):
 
 @pytest.mark.parametrize("quantize", ["none", "int4"])
 def test_the_head_beside_the_onnx_target_is_lossless(fitted, quantize):
-    """The ONNX target records the taps through its layer-range parts: float32, they are the
+    """The ONNX target records the taps off its whole graph (`full.taps.*`): float32, they are the
     PyTorch target's (within the graph's tolerance); int4 (accuracy level 4), greedy sd with the
     head equals that target's own ar token for token."""
     from runtime.backends.onnx_target import OnnxTargetLM

@@ -449,3 +449,23 @@ def test_int4_parts_give_the_whole_graphs_logits_bit_for_bit(tiny_dir, arch):
         c = lm.new_cache()
         h = lm.forward_layers(lm.forward_layers(ids, c, 0, cut), c, cut, 4)
         assert np.array_equal(lm.head(h), whole), cut
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_the_whole_graph_gives_a_heads_taps_as_the_parts_do(tiny_dir, arch):
+    """A fitted head's taps are the whole graph's third output (`full.taps.*`): bit for bit
+    the layer outputs the layer-range parts give (their two halves added), beside the plain
+    graph's logits; a prefill and then a one-token pass (padded to two rows inside)."""
+    lm = OnnxTargetLM(tiny_dir(arch, num_layers=4, seed=11), "int4", 1)
+    ids, taps = np.array([PROMPT * 6]), (0, 2, 3)
+    c_whole, c_taps, c_parts = lm.new_cache(), lm.new_cache(), lm.new_cache()
+    for x in (ids, ids[:, -1:]):
+        whole = lm.forward(x, c_whole)
+        logits, _h, got = lm._run(x, c_taps, 0, 4, True, None, None, None, taps)
+        assert np.array_equal(logits, whole)
+        assert got.shape == (1, x.shape[1], 3 * lm.config.hidden_size)
+        h, want = x, {}
+        for a in range(4):
+            h = lm.forward_layers(h, c_parts, a, a + 1)
+            want[a] = h.sum()
+        assert np.array_equal(got, np.concatenate([want[i] for i in taps], axis=-1))

@@ -73,8 +73,8 @@ def _pad_one(x, pos, m):
 
 def forward_recording(lm, ids, cache, positions, mask, last) -> np.ndarray:
     """A forward that keeps on the cache what a draft reading the target's hidden states needs
-    (runtime/backends/torch_backend.record_rows): a fitted head's taps (`record_layers`: the
-    parts Mirror-SD's early exit runs, cut after each tapped layer, then the head part) or an
+    (runtime/backends/torch_backend.record_rows): a fitted head's taps (`record_layers`: read
+    off the whole graph's own residual sums, one run, the graph `full.taps.*`) or an
     MTP head's post-norm last hidden state (the whole graph's hidden output through the
     checkpoint's final norm, `lm.hidden_norm`, set by the MTP draft)."""
     import torch
@@ -90,12 +90,9 @@ def forward_recording(lm, ids, cache, positions, mask, last) -> np.ndarray:
             record_rows(cache, lm.hidden_norm(torch.from_numpy(h))[0], ids)
         lm.last_cache = cache
         return logits
-    out, h, start = {}, ids, 0
-    for stop in sorted({i + 1 for i in lm.record_layers}) + [n]:
-        if stop > start:
-            h = lm.forward_layers(h, cache, start, stop, positions=positions, mask=mask)
-        out[stop - 1], start = h, stop
-    taps = np.concatenate([out[i].sum() for i in lm.record_layers], axis=-1)[0]
-    record_rows(cache, torch.from_numpy(np.ascontiguousarray(taps)), ids)
+    # the whole graph with the taps as a third output (converters/onnx_target_graph.tap_output)
+    logits, _h, taps = lm._run(ids, cache, 0, n, True, positions, mask, last,
+                               tuple(lm.record_layers))  # fmt: skip
+    record_rows(cache, torch.from_numpy(np.ascontiguousarray(taps[0])), ids)
     lm.last_cache = cache
-    return lm.head(h[:, -last:] if last else h)
+    return logits

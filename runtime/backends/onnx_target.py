@@ -113,9 +113,21 @@ def recipe(quantize: str) -> dict:
             "embedding": "float32", **rows}  # fmt: skip
 
 
-def part_name(start: int, stop: int, num_layers: int, head: bool) -> str:
+def _first(outs: list[str]) -> int:
+    """How many of a part's outputs come before its presents: (logits, hidden[, taps]) or
+    (hidden, resid) (a Residual)."""
+    return next((j for j, o in enumerate(outs) if o.startswith("present.")), len(outs))
+
+
+def _kept(res: list, head: bool, keep: int) -> list:
+    """A pass's outputs without a padded one-token pass's second row (the logits, cut to the
+    rows asked for, never have it)."""
+    return [a if head and j == 0 else a[:, :keep] for j, a in enumerate(res)]
+
+
+def part_name(start: int, stop: int, num_layers: int, head: bool, taps: tuple = ()) -> str:
     if head and start == 0 and stop == num_layers:
-        return "full"
+        return ".".join(["full", *(["taps", *map(str, taps)] if taps else [])])
     if start == stop and head:
         return "head"
     return f"layers.{start}.{stop}"
@@ -135,17 +147,19 @@ def part_path(d: Path, quantize: str, name: str) -> Path:
     return Path(d) / ".duet" / f"target-{quantize}-{recipe_tag(quantize)}-{name}.onnx"
 
 
-def ensure_part(d: Path, quantize: str, start: int, stop: int, head: bool, n: int) -> Path:
+def ensure_part(d: Path, quantize: str, start: int, stop: int, head: bool, n: int,
+                taps: tuple = ()) -> Path:  # fmt: skip
     """The cached graph of one part, exported on first use (made once, redone when older than
     the checkpoint's weights)."""
     from runtime.backends.exporters import export  # converters/ registers the exporter
 
-    out = part_path(d, quantize, part_name(start, stop, n, head))
+    out = part_path(d, quantize, part_name(start, stop, n, head, taps))
     weights = list(Path(d).glob("*.safetensors"))
     newest = max((f.stat().st_mtime for f in weights), default=0)
     if not out.is_file() or out.stat().st_mtime < newest:
         try:
-            export("onnx-target", d, out, start, stop, head, quantize, source=d)
+            export("onnx-target", d, out, start, stop, head, quantize, source=d,
+                   **({"taps": tuple(taps)} if taps else {}))  # fmt: skip
         except OSError as e:
             raise DuetError(
                 f"{d}: cannot write the on-the-fly ONNX target export ({e}); build it with "
@@ -184,16 +198,16 @@ class OnnxTargetLM:
         self._bindings: dict[tuple, tuple] = {}  # kept KV bindings (_kv_binding)
         self.session = self._part(0, self.config.num_layers, True)  # exported/opened at load
 
-    def _part(self, start: int, stop: int, head: bool):
-        key = (start, stop, head)
+    def _part(self, start: int, stop: int, head: bool, taps: tuple = ()):
+        key = (start, stop, head, tuple(taps))
         if key not in self._sessions:
             from runtime.backends.onnx_backend import open_session
 
             n = self.config.num_layers
-            p = ensure_part(self.dir, self.quantize, start, stop, head, n)
+            p = ensure_part(self.dir, self.quantize, start, stop, head, n, tuple(taps))
             # the parts (layer ranges, the head) run in turn: their pools spinning against each
             # other made a 5-token pass through four parts 72 ms against the whole graph's 15;
-            # sleeping between runs, 22 ms (SmolLM2-135M int4). The whole graph keeps spinning
+            # sleeping between runs, 22 ms (SmolLM2-135M int4). The whole graph (taps or not) spins
             s = open_session(p, self.provider, self.threads, 1,
                              spin=(start, stop, head) == (0, n, True))  # fmt: skip
             self._sessions[key] = (s, [o.name for o in s.get_outputs()],
@@ -242,19 +256,21 @@ class OnnxTargetLM:
         near = key_pos[:, None, :] > pos[:, :, None] - self.config.sliding_window
         return np.ascontiguousarray(m[..., -S:] & near), key_pos
 
-    def _run(self, x, cache, start: int, stop: int, head: bool, positions, mask, last=None):
+    def _run(self, x, cache, start: int, stop: int, head: bool, positions, mask, last=None,
+             taps: tuple = ()):  # fmt: skip
         """[logits (B, min(last, T), V) when `head`,] hidden (B, T, C); `last` cuts the head to
-        the pass's last rows (a prefill's 1)."""
+        the pass's last rows (a prefill's 1). `taps` (the whole graph): a third array, those
+        layers' outputs (B, T, len(taps) * C), from the graph that also returns them."""
         B, T = x.shape[:2]
         off = cache.layer_offset(start)
         pos = default_positions(off, B, T) if positions is None else np.asarray(positions)
         pos = np.ascontiguousarray(np.broadcast_to(pos, (B, T)), dtype=np.int64)
         m = causal_mask(off, T) if mask is None else np.asarray(mask, dtype=bool)
         m = np.ascontiguousarray(np.broadcast_to(m, (B, T, off + T)))
-        session, outs, names = self._part(start, stop, head)
+        session, outs, names = self._part(start, stop, head, taps)
         rows = "kv_index" in names or "local_kv_index" in names  # recipe attention "rows"
         if not rows and T > 1 and (m[:, :, off:] != np.tri(T, dtype=bool)).any():
-            return self._tree_as_chains(x, cache, start, stop, head, pos, m, off, last)
+            return self._tree_as_chains(x, cache, start, stop, head, pos, m, off, last, taps)
         if rows:  # a long pass: chunk by chunk, each over the keys the ones before it put
             n = chunk_rows(off, T)
             bounds = list(range(0, T, n))
@@ -265,7 +281,8 @@ class OnnxTargetLM:
             got = []
             for a, b in zip(bounds, [*bounds[1:], T], strict=True):
                 got.append(self._run(x[:, a:b], cache, start, stop, head, pos[:, a:b],
-                                     m[:, a:b, : off + b], max(0, min(b - a, b - (T - want)))))  # fmt: skip
+                                     m[:, a:b, : off + b], max(0, min(b - a, b - (T - want))),
+                                     taps))  # fmt: skip
             return [np.concatenate(parts, axis=1) for parts in zip(*got, strict=True)]
         keep = T
         if T == 1 and not rows:  # GQA's one-query path: never taken (PAD_ONE_TOKEN)
@@ -274,7 +291,7 @@ class OnnxTargetLM:
         lo, hi = (keep - min(last, keep), keep) if head and last is not None else (0, keep)
         if isinstance(cache, BufferKVCache) and not rows:
             return self._run_in_place(session, outs, names, x, pos, m, cache, start, stop, head,
-                                      off, (lo, hi), keep)  # fmt: skip
+                                      off, (lo, hi), keep, taps)  # fmt: skip
         past = [cache.get(i)[:2] for i in range(start, stop)]
         lm, key_pos = self._local_mask(cache, start, stop, pos, m) if self.sliding else (None,) * 2
         if rows:
@@ -293,7 +310,7 @@ class OnnxTargetLM:
         else:
             res = self._run_window(session, outs, names, x, pos, m, lm, past, start, stop, off,
                                    (lo, hi))  # fmt: skip
-        first = 2  # (logits, hidden) or (hidden, resid): Residual
+        first = _first(outs)
         drop = T - keep  # a padded pass's second column is dropped
         for j, i in enumerate(range(start, stop)):
             k, v = res[first + 2 * j], res[first + 2 * j + 1]
@@ -302,10 +319,9 @@ class OnnxTargetLM:
                 cache.put(i, *kv, key_pos[:, : key_pos.shape[1] - drop])
             else:
                 cache.put(i, *kv)
-        out = res[:first]
-        return [out[0], out[1][:, :keep]] if head else [out[0][:, :keep], out[1][:, :keep]]
+        return _kept(res[:first], head, keep)
 
-    def _tree_as_chains(self, x, cache, start, stop, head, pos, m, off, last):
+    def _tree_as_chains(self, x, cache, start, stop, head, pos, m, off, last, taps=()):
         """A pass whose mask has holes in its window (a draft tree's nodes see their ancestors,
         not their siblings), run as one causal pass per root-to-leaf path (TREE_AS_CHAINS).
 
@@ -324,11 +340,12 @@ class OnnxTargetLM:
         while h < T and win[h:, : h + 1].all() and not win[h, h + 1 :].any():
             h += 1
         if h:
-            lg0, h0 = self._run(x[:, :h], cache, 0, n, True, pos[:, :h], m[:, :h, : off + h])
-            lg1, h1 = self._tree_as_chains(x[:, h:], cache, 0, n, True, pos[:, h:],
-                                           m[:, h:], off + h, None)  # fmt: skip
-            lg = np.concatenate([lg0, lg1], axis=1)
-            return [lg[:, -last:] if last else lg, np.concatenate([h0, h1], axis=1)]
+            got0 = self._run(x[:, :h], cache, 0, n, True, pos[:, :h], m[:, :h, : off + h],
+                             None, taps)  # fmt: skip
+            got1 = self._tree_as_chains(x[:, h:], cache, 0, n, True, pos[:, h:], m[:, h:],
+                                        off + h, None, taps)  # fmt: skip
+            lg, *rest = (np.concatenate(p, axis=1) for p in zip(got0, got1, strict=True))
+            return [lg[:, -last:] if last else lg, *rest]
         parent = [int(a[-1]) if len(a := np.flatnonzero(win[t, :t])) else -1 for t in range(T)]
         for t in range(T):  # a forest: each row sees exactly its ancestors and itself
             seen, a = {t}, parent[t]
@@ -338,7 +355,7 @@ class OnnxTargetLM:
             if set(np.flatnonzero(win[t]).tolist()) != seen:
                 raise DuetError("ONNX target: a mask row must see its ancestors' columns only")
         leaves = [t for t in range(T) if t not in set(parent)]
-        logits, hidden, keys = [None] * T, [None] * T, [None] * T
+        rows_of, keys = [None] * T, [None] * T  # per node: its row of each output
         for leaf in leaves:
             path, t = [], leaf
             while t >= 0:
@@ -346,11 +363,11 @@ class OnnxTargetLM:
                 t = parent[t]
             path.reverse()
             cache.trim(cache.offset - off)
-            lg, h = self._run(x[:, path], cache, 0, n, True, pos[:, path], None)
+            got = self._run(x[:, path], cache, 0, n, True, pos[:, path], None, None, taps)
             L = len(path)
             for j, t in enumerate(path):
                 if keys[t] is None:
-                    logits[t], hidden[t] = lg[:, j], h[:, j]
+                    rows_of[t] = [a[:, j] for a in got]
                     keys[t] = [tuple(a[..., j - L, :].copy() for a in cache.get(i)[:2])
                                for i in range(n)]  # fmt: skip
         cache.trim(cache.offset - off)
@@ -362,11 +379,11 @@ class OnnxTargetLM:
                 cache.put(i, k, v, np.concatenate([np.asarray(got[2]), pos], axis=1))
             else:
                 cache.put(i, k, v)
-        lg = np.stack(logits, axis=1)
-        return [lg[:, -last:] if last else lg, np.stack(hidden, axis=1)]
+        lg, *rest = (np.stack(p, axis=1) for p in zip(*rows_of, strict=True))
+        return [lg[:, -last:] if last else lg, *rest]
 
     def _run_in_place(self, session, outs, names, x, pos, m, cache, start, stop, head, off,
-                      rows_, keep):  # fmt: skip
+                      rows_, keep, taps=()):  # fmt: skip
         """One graph run of the whole pass with each layer's buffer bound as both its past and
         its present: the kernel appends the pass's keys and values at `off` in place
         (runtime/buffer_cache.py); logits and hidden are written into arrays made here. The
@@ -378,11 +395,12 @@ class OnnxTargetLM:
         if any(self.sliding[start:stop]):
             near = np.arange(off + T)[None, None, :] > pos[:, :, None] - self.config.sliding_window
             lm = m & near
-        first = 2  # (logits, hidden) or (hidden, resid): Residual
+        first = _first(outs)
         C = self.config.hidden_size
-        widths = {"logits": self.config.vocab_size, "hidden": C, "resid": C}
-        lengths = {"logits": rows_[1] - rows_[0], "hidden": T, "resid": T}
-        got = [np.empty((B, lengths[n], widths[n]), np.float32) for n in outs[:first]]
+        widths = {"logits": self.config.vocab_size, "hidden": C, "resid": C,
+                  "taps": C * len(taps)}  # fmt: skip
+        got = [np.empty((B, rows_[1] - rows_[0] if n == "logits" else T, widths[n]), np.float32)
+               for n in outs[:first]]  # fmt: skip
         # the CPU kernel runs a multi-token window over a past one batch row at a time
         rows = [slice(r, r + 1) for r in range(B)] if B > 1 and T > 1 and off else [slice(None)]
         for r in rows:
@@ -402,7 +420,7 @@ class OnnxTargetLM:
             session.run_with_iobinding(io)
         for i in range(start, stop):
             cache.advance(i, keep)
-        return [got[0], got[1][:, :keep]] if head else [got[0][:, :keep], got[1][:, :keep]]
+        return _kept(got, head, keep)
 
     def _kv_binding(self, session, cache, start: int, stop: int, r: slice):
         """An IOBinding with layers [start, stop)'s buffers (row r) bound as their past and

@@ -21,8 +21,8 @@ ids, head.json with the taps and training record) by `python -m apps.train eagle
 the MTP draft's machinery (runtime/backends/torch_mtp.py: the head's cache, the redo of
 chained entries once the target has verified them) and so runs where it does: `sd` chains,
 one row. The head steps in PyTorch; the target is the PyTorch one or the ONNX one
-(runtime/backends/onnx_target.py records the taps through its layer-range parts, and the head
-step reads the token embedding from the checkpoint's PyTorch twin: torch_mtp.TorchTwin).
+(runtime/backends/onnx_target.py records the taps as its whole graph's third output, and the
+head step reads the token embedding from the checkpoint's PyTorch twin: torch_mtp.TorchTwin).
 """
 
 from __future__ import annotations
