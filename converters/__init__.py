@@ -38,8 +38,15 @@ def _onnx_target(model_dir, out, start, stop, head, quantize, taps=()):
     return export_target_part(model_dir, out, start, stop, head, quantize, taps=taps)
 
 
+def _onnx_eagle(target_module, head, folder, quant):
+    from converters.onnx_eagle import export_eagle_onnx
+
+    return export_eagle_onnx(target_module, head, folder, quant)
+
+
 register("onnx", _onnx)
 register("onnx-target", _onnx_target)
 register("onnx-ss", _onnx_ss)
 register("onnx-mtp", _onnx_mtp)
+register("onnx-eagle", _onnx_eagle)
 register("onnx-mtp-int8", _onnx_mtp_int8)

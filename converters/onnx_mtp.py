@@ -56,12 +56,13 @@ class MTPStepGraph(nn.Module):
         return out @ self.lm.T, out, k, v
 
 
-def _probe(cfg) -> tuple:
-    """Dummy step inputs (n = 2 entries after S = 3 past ones; n and S are dynamic)."""
+def _probe(cfg, width: int | None = None) -> tuple:
+    """Dummy step inputs (n = 2 entries after S = 3 past ones; n and S are dynamic); `width`:
+    the hidden input's (default the target's hidden size)."""
     n, S = 2, 3
     g = torch.Generator().manual_seed(0)
     return (torch.randint(0, cfg.vocab_size, (1, n), generator=g),
-            torch.randn(1, n, cfg.hidden_size, generator=g),
+            torch.randn(1, n, width or cfg.hidden_size, generator=g),
             torch.arange(S, S + n)[None], torch.ones(1, 1, n, S + n, dtype=torch.bool),
             torch.randn(1, cfg.num_kv_heads, S, cfg.head_dim, generator=g),
             torch.randn(1, cfg.num_kv_heads, S, cfg.head_dim, generator=g))  # fmt: skip
@@ -80,11 +81,13 @@ def _check(name: str, want, got, tol: float, what: str) -> None:
         raise AssertionError(f"{what}: {name} differs by {err:.2e}")
 
 
-def export_mtp_onnx(target_module, head, out: str | Path) -> Path:
-    """Write the step graph of `head` (an MTPHead for `target_module`) to `out`; parity-checked."""
+def export_mtp_onnx(target_module, head, out: str | Path, graph: nn.Module | None = None,
+                    width: int | None = None) -> Path:  # fmt: skip
+    """Write the step graph of `head` (an MTPHead for `target_module`, or `graph`: another step
+    module with the same I/O, its hidden input `width` wide) to `out`; parity-checked."""
     cfg = target_module.cfg
-    graph = MTPStepGraph(target_module, head).float().eval()
-    args = _probe(cfg)
+    graph = (graph or MTPStepGraph(target_module, head)).float().eval()
+    args = _probe(cfg, width)
     dyn = {"input_ids": {1: "n"}, "hidden": {1: "n"}, "position_ids": {1: "n"},
            "mask": {2: "n", 3: "total"}, "past_key": {2: "past"}, "past_value": {2: "past"},
            "logits": {1: "n"}, "out_hidden": {1: "n"}, "present_key": {2: "total"},
@@ -104,7 +107,7 @@ def export_mtp_onnx(target_module, head, out: str | Path) -> Path:
     return out
 
 
-def quantize_mtp_onnx(src: str | Path, out: str | Path, cfg) -> Path:
+def quantize_mtp_onnx(src: str | Path, out: str | Path, cfg, width: int | None = None) -> Path:
     """Write `src` (an fp32 step graph) with int8 weight-only MatMulNBits to `out`; checked
     against `src` on the export's probe (logits within MTP_INT8_RTOL of the largest)."""
     import logging
@@ -124,7 +127,7 @@ def quantize_mtp_onnx(src: str | Path, out: str | Path, cfg) -> Path:
         q.model.save_model_to_file(str(tmp))
     finally:
         log.setLevel(level)
-    args = [a.numpy() for a in _probe(cfg)]
+    args = [a.numpy() for a in _probe(cfg, width)]
     want, got = _run(src, args)[0], _run(tmp, args)[0]
     _check("logits", want, got, MTP_INT8_RTOL, "MTP int8 ONNX vs fp32")
     tmp.replace(out)

@@ -212,8 +212,10 @@ def load_pair(
     if need_draft and ddir == "head":  # a fitted feature-level head (apps.train eagle)
         from runtime.backends.torch_eagle import HeadDraft
 
-        d = HeadDraft.load(t, tdir)
-        settings.update(draft_backend="head (fitted feature-level head, torch)")
+        hb = "torch" if draft_backend == "torch" or target_device != "cpu" else "onnx"
+        d = HeadDraft.load(t, tdir, backend=hb, threads=draft_threads)
+        label = "torch" if hb == "torch" else "onnx, int8 weights"
+        settings.update(draft_backend=f"head (fitted feature-level head, {label})")
     elif need_draft and ddir == "mtp":
         from runtime.backends.torch_mtp import MTPDraft
 

@@ -15,6 +15,7 @@ import torch
 from apps.train.eagle import chain_outputs, init_head, main, save_head
 from apps.train.eagle_data import _generate, _hf_model
 from runtime.backends import load_model
+from runtime.backends.onnx_eagle import KINDS
 from runtime.backends.torch_eagle import HeadDraft, head_sidecar, tap_layers
 from runtime.decoding import make_steps, run
 from runtime.decoding import sd as sd_module
@@ -72,6 +73,32 @@ def test_fitted_head_loads_back_resumes_and_is_lossless(fitted):
     row = draft.forward(np.array([PROMPT]), draft.new_cache())[0, -1]
     assert np.isneginf(row[[i for i in range(row.size) if i not in kept]]).all()
     assert np.isfinite(row[sorted(kept)]).all()  # q is the softmax over the kept ids, 0 elsewhere
+
+
+@pytest.mark.parametrize("quant", ["fp32", "int8"])
+def test_the_head_steps_in_onnx_runtime(fitted, quant):
+    """The head's step as ONNX graphs (one reading the target's taps, one its own output) gives
+    the PyTorch step's rows: the same kept ids finite, values within the export's checks
+    (float32 1e-3, int8 weights 5 % of the largest logit); and it drafts losslessly."""
+    target_dir, _ = fitted
+    target = load_model(target_dir, "torch", threads=1)
+    ref = HeadDraft.load(target, target_dir)
+    onx = HeadDraft.load(target, target_dir, backend="onnx", quant=quant)
+    tag = "" if quant == "fp32" else ".int8"
+    assert onx.backend == "onnx"
+    assert all((head_sidecar(target_dir) / f"step.{k}{tag}.onnx").is_file() for k in KINDS)
+    target.forward(np.array([PROMPT]), target.new_cache())  # records the taps the head reads
+    c_ref, c_onx = ref.new_cache(), onx.new_cache()
+    tol = 1e-3 if quant == "fp32" else 0.05
+    for x in ([PROMPT], [[5]], [[7]]):  # the prompt (taps), then two chained steps
+        want, got = ref.forward(np.array(x), c_ref), onx.forward(np.array(x), c_onx)
+        assert np.array_equal(np.isfinite(want), np.isfinite(got))
+        fin = np.isfinite(want)
+        assert np.abs(want[fin] - got[fin]).max() <= tol * max(1.0, np.abs(want[fin]).max())
+    ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
+             max_new=N_NEW).tokens  # fmt: skip
+    sd = make_steps("sd", target, onx, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0, gamma=4)
+    assert run(sd, max_new=N_NEW).tokens == ar
 
 
 def test_generate_cli_finds_the_head(fitted, capsys):

@@ -4,7 +4,7 @@
 
 For each held-out prompt (apps/prompts/chat, first turn, the target's chat template), `ar` and
 `sd` with `--draft head` at γ `--gamma`, greedy, alternated prompt by prompt in one process
-(both on the same PyTorch target); prints per category and overall: tokens per sd step (the
+(both on the same target: PyTorch, or `--target-backend onnx`); prints per category and overall: tokens per sd step (the
 committed tokens over the steps, A + 1 per step), the share of drafted tokens accepted, each
 method's tokens/s and sd's speedup over ar, whether sd's tokens equal ar's, and how well
 the head's confidence in a drafted token (its max q) predicts that the target accepts it. One JSON
@@ -27,6 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=None, help="target threads (default: all)")
+    ap.add_argument("--target-backend", choices=("torch", "onnx"), default="torch",
+                    help="the PyTorch target (float32, as the head was fitted on) or the ONNX "
+                    "one (int4, as `generate` runs a GGUF-sourced target)")  # fmt: skip
+    ap.add_argument("--draft-backend", choices=("torch", "onnx"), default=None,
+                    help="where the head steps (default: ONNX Runtime, int8 weights)")  # fmt: skip
     ap.add_argument("--json", action="store_true")
     return ap
 
@@ -77,8 +82,8 @@ def main(argv=None) -> int:
     from runtime.load import load_pair
 
     a = build_parser().parse_args(argv)
-    pair = load_pair(a.target, "head", need_draft=True, target_backend="torch",
-                     target_threads=a.threads)  # fmt: skip
+    pair = load_pair(a.target, "head", need_draft=True, target_backend=a.target_backend,
+                     target_threads=a.threads, draft_backend=a.draft_backend)  # fmt: skip
     template = ChatTemplate.load(pair.target_dir)
     recs = load_prompts(a.prompts, per_category=a.per_category)
     eos = pair.target.config.eos_token_ids

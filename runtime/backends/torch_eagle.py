@@ -20,7 +20,9 @@ Stored as a sidecar TARGET/.duet/eagle/ (model.safetensors with `eagle.*` tensor
 ids, head.json with the taps and training record) by `python -m apps.train eagle`. It rides on
 the MTP draft's machinery (runtime/backends/torch_mtp.py: the head's cache, the redo of
 chained entries once the target has verified them) and so runs where it does: `sd` chains,
-one row. The head steps in PyTorch; the target is the PyTorch one or the ONNX one
+one row. The head steps in PyTorch, or beside a CPU target in ONNX Runtime (its step as two
+graphs with int8 weights, runtime/backends/onnx_eagle.py: a PyTorch step is ~30 ops whose
+dispatch outweighs their arithmetic); the target is the PyTorch one or the ONNX one
 (runtime/backends/onnx_target.py records the taps as its whole graph's third output, and the
 head step reads the token embedding from the checkpoint's PyTorch twin: torch_mtp.TorchTwin).
 """
@@ -78,9 +80,10 @@ class EagleHead(nn.Module):
         """The target's taps (..., n_taps*H) fused to (..., H); a chained output passes as is."""
         if hidden.shape[-1] == self.hidden:
             return hidden
-        x = hidden.float().unflatten(-1, (self.n_taps, self.hidden))
+        lead = hidden.shape[:-1]  # sizes read off the tensor: an ONNX trace keeps them dynamic
+        x = hidden.float().reshape(*lead, self.n_taps, self.hidden)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.tap_norm.float()
-        return self.fuse(x.flatten(-2).to(self.fuse.weight.dtype))
+        return self.fuse(x.reshape(*lead, self.n_taps * self.hidden).to(self.fuse.weight.dtype))
 
     def step(self, emb, hidden, positions, mask, past, inv_freq):
         """emb (B, T, H), hidden (B, T, n_taps*H or H) -> output (B, T, H) and the layer's k, v
@@ -148,22 +151,33 @@ class TorchEagleStep(TorchMTPStep):
 
 
 class HeadDraft(MTPDraft):
-    """The fitted head behind the CausalLM protocol (batch 1, chains), in PyTorch."""
+    """The fitted head behind the CausalLM protocol (batch 1, chains), stepped in PyTorch or
+    ONNX Runtime."""
 
-    def __init__(self, target, head: EagleHead, twin=None):
-        """`twin`: what the head step reads of the target (TorchTwin.of(target))."""
+    def __init__(self, target, head: EagleHead, twin=None, step=None):
+        """`twin`: what the head step reads of the target (TorchTwin.of(target)); `step`: the
+        step's runner (default TorchEagleStep; OnnxEagleStep in ONNX Runtime)."""
         _check_target_records(target)
         twin = twin if twin is not None else TorchTwin.of(target)
-        super().__init__(target, head, step=TorchEagleStep(twin, head))
-        self.backend = "torch"
+        super().__init__(target, head, step=step or TorchEagleStep(twin, head))
+        self.backend = "torch" if step is None else "onnx"
         target.record_layers = head.layers_tapped  # record these layers' outputs, not h_L
 
     @classmethod
-    def load(cls, target, path, **_) -> HeadDraft:
+    def load(cls, target, path, backend: str = "torch", threads: int = 1,
+             quant: str = "int8") -> HeadDraft:  # fmt: skip
+        """The sidecar head of checkpoint `path` beside `target`; `backend` onnx steps it in
+        ONNX Runtime (runtime/backends/onnx_eagle.py, int8 weights unless `quant` is fp32)."""
         _check_target_records(target)
         twin = TorchTwin.of(target)
         dtype = next(twin.module.parameters()).dtype
-        return cls(target, load_eagle_head(path, target.config, dtype), twin)
+        head = load_eagle_head(path, target.config, dtype)
+        if backend != "onnx":
+            return cls(target, head, twin)
+        from runtime.backends.onnx_eagle import OnnxEagleStep
+
+        return cls(target, head, twin, step=OnnxEagleStep.for_target(twin, head, path, threads,
+                                                                     quant))  # fmt: skip
 
 
 def _check_target_records(target) -> None:

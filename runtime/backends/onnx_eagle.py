@@ -1,0 +1,74 @@
+"""A fitted head's step in ONNX Runtime: what `--draft head` runs beside a CPU target.
+
+A head step in PyTorch is ~30 small ops (fuse, norms, fc, one decoder layer, the LM head over
+the kept ids): on this 2-core CPU their dispatch costs more than their arithmetic. The same
+step as ONNX graphs (converters/onnx_eagle.py: `step.taps` reads the target's taps,
+`step.chain` the head's own output) runs in one call, int8 weights by default, as the MTP
+head's does (runtime/backends/onnx_mtp.py). Exported once into the head's sidecar folder and
+again when its weights are newer. The graphs' logits cover the kept ids; they are scattered
+into full-vocabulary rows, -inf elsewhere, as TorchEagleStep returns them (so the draft's q is
+exactly the softmax over the kept ids). Same interface as torch_mtp.TorchMTPStep, numpy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from runtime.backends.onnx_mtp import QUANTS, OnnxMTPStep, _stale
+from runtime.errors import DuetError
+from runtime.model import causal_mask
+
+KINDS = ("taps", "chain")  # the target's taps in, or the head's own previous output
+
+
+def step_files(folder: Path, quant: str) -> dict[str, Path]:
+    """{kind: path} of the step graphs in the head's sidecar `folder` (`quant` fp32 or int8)."""
+    tag = "" if quant == "fp32" else f".{quant}"
+    return {k: Path(folder) / f"step.{k}{tag}.onnx" for k in KINDS}
+
+
+class OnnxEagleStep(OnnxMTPStep):
+    """The head's two step graphs (taps, chain) in ONNX Runtime sessions (CPU)."""
+
+    def __init__(self, paths: dict, cfg, vocab_ids: np.ndarray, threads: int = 1):
+        super().__init__(paths["taps"], cfg, threads)
+        self.taps = self.session
+        self.chain = OnnxMTPStep(paths["chain"], cfg, threads).session
+        self.ids = np.asarray(vocab_ids, np.int64)
+
+    @classmethod
+    def for_target(cls, target, head, path, threads: int = 1, quant: str = "int8"):
+        """The step graphs of `head` (fitted for checkpoint `path`), exported on first use and
+        again when the head's weights are newer; `target`: the PyTorch twin (embedding)."""
+        from runtime.backends.exporters import export
+        from runtime.backends.torch_eagle import WEIGHTS, head_sidecar
+
+        if quant not in QUANTS:
+            raise DuetError(f"head step weights {quant!r}: choose from {', '.join(QUANTS)}")
+        folder = head_sidecar(path)
+        want = step_files(folder, quant)
+        newest = (folder / WEIGHTS).stat().st_mtime
+        if any(_stale(p, newest) for p in want.values()):
+            try:
+                export("onnx-eagle", target.module, head, folder, quant, source=path)
+            except OSError as e:
+                raise DuetError(f"{folder}: cannot write the head's ONNX step ({e}); use "
+                                "--draft-backend torch") from None  # fmt: skip
+        return cls(want, target.config, head.vocab_ids.numpy(), threads)
+
+    def __call__(self, ids: list[int], hidden: np.ndarray, j: int, past):
+        """Entries j.. for tokens `ids` reading `hidden` (n, n_taps*H or H)."""
+        n, S = len(ids), past[0].shape[2]
+        hidden = np.ascontiguousarray(hidden, np.float32)
+        session = self.chain if hidden.shape[-1] == self.cfg.hidden_size else self.taps
+        feed = {"input_ids": np.array([ids], np.int64), "hidden": hidden[None],
+                "position_ids": np.arange(j, j + n, dtype=np.int64)[None],
+                "mask": causal_mask(S, n)[None, None] if n > 1 else np.ones((1, 1, 1, S + 1), bool),
+                "past_key": np.ascontiguousarray(past[0]),
+                "past_value": np.ascontiguousarray(past[1])}  # fmt: skip
+        small, out, k, v = session.run(None, feed)
+        full = np.full((n, self.cfg.vocab_size), -np.inf, np.float32)
+        full[:, self.ids] = small[0]
+        return list(out[0]), list(full), (k, v)
