@@ -39,20 +39,19 @@ class OnnxEagleStep(OnnxMTPStep):
         self.ids = np.asarray(vocab_ids, np.int64)
 
     @classmethod
-    def for_target(cls, target, head, path, threads: int = 1, quant: str = "int8"):
-        """The step graphs of `head` (fitted for checkpoint `path`), exported on first use and
-        again when the head's weights are newer; `target`: the PyTorch twin (embedding)."""
+    def for_target(cls, target, head, weights: Path, threads: int = 1, quant: str = "int8"):
+        """The step graphs of `head` (its sidecar's `weights` file), exported beside it on
+        first use and again when the weights are newer; `target`: the PyTorch twin."""
         from runtime.backends.exporters import export
-        from runtime.backends.torch_eagle import WEIGHTS, head_sidecar
 
         if quant not in QUANTS:
             raise DuetError(f"head step weights {quant!r}: choose from {', '.join(QUANTS)}")
-        folder = head_sidecar(path)
+        folder = Path(weights).parent
         want = step_files(folder, quant)
-        newest = (folder / WEIGHTS).stat().st_mtime
+        newest = Path(weights).stat().st_mtime
         if any(_stale(p, newest) for p in want.values()):
             try:
-                export("onnx-eagle", target.module, head, folder, quant, source=path)
+                export("onnx-eagle", target.module, head, folder, quant, source=folder)
             except OSError as e:
                 raise DuetError(f"{folder}: cannot write the head's ONNX step ({e}); use "
                                 "--draft-backend torch") from None  # fmt: skip

@@ -176,8 +176,8 @@ class HeadDraft(MTPDraft):
             return cls(target, head, twin)
         from runtime.backends.onnx_eagle import OnnxEagleStep
 
-        return cls(target, head, twin, step=OnnxEagleStep.for_target(twin, head, path, threads,
-                                                                     quant))  # fmt: skip
+        step = OnnxEagleStep.for_target(twin, head, head_sidecar(path) / WEIGHTS, threads, quant)
+        return cls(target, head, twin, step=step)
 
 
 def _check_target_records(target) -> None:
