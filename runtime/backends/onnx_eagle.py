@@ -18,7 +18,6 @@ import numpy as np
 
 from runtime.backends.onnx_mtp import QUANTS, OnnxMTPStep, _stale
 from runtime.errors import DuetError
-from runtime.model import causal_mask
 
 KINDS = ("taps", "chain")  # the target's taps in, or the head's own previous output
 
@@ -34,8 +33,7 @@ class OnnxEagleStep(OnnxMTPStep):
 
     def __init__(self, paths: dict, cfg, vocab_ids: np.ndarray, threads: int = 1):
         super().__init__(paths["taps"], cfg, threads)
-        self.taps = self.session
-        self.chain = OnnxMTPStep(paths["chain"], cfg, threads).session
+        self.chain = self.open(paths["chain"], threads)  # self.session reads the taps
         self.ids = np.asarray(vocab_ids, np.int64)
 
     @classmethod
@@ -59,15 +57,8 @@ class OnnxEagleStep(OnnxMTPStep):
 
     def __call__(self, ids: list[int], hidden: np.ndarray, j: int, past):
         """Entries j.. for tokens `ids` reading `hidden` (n, n_taps*H or H)."""
-        n, S = len(ids), past[0].shape[2]
-        hidden = np.ascontiguousarray(hidden, np.float32)
-        session = self.chain if hidden.shape[-1] == self.cfg.hidden_size else self.taps
-        feed = {"input_ids": np.array([ids], np.int64), "hidden": hidden[None],
-                "position_ids": np.arange(j, j + n, dtype=np.int64)[None],
-                "mask": causal_mask(S, n)[None, None] if n > 1 else np.ones((1, 1, 1, S + 1), bool),
-                "past_key": np.ascontiguousarray(past[0]),
-                "past_value": np.ascontiguousarray(past[1])}  # fmt: skip
-        small, out, k, v = session.run(None, feed)
-        full = np.full((n, self.cfg.vocab_size), -np.inf, np.float32)
+        session = self.chain if hidden.shape[-1] == self.cfg.hidden_size else self.session
+        small, out, k, v = session.run(None, self.feed(ids, hidden, j, past))
+        full = np.full((len(ids), self.cfg.vocab_size), -np.inf, np.float32)
         full[:, self.ids] = small[0]
         return list(out[0]), list(full), (k, v)

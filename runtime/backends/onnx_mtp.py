@@ -29,12 +29,16 @@ class OnnxMTPStep:
     """One head step over n entries in an ONNX Runtime session (CPU, `threads` intra-op)."""
 
     def __init__(self, path: Path, cfg, threads: int = 1):
+        self.session, self.cfg = self.open(path, threads), cfg
+
+    @staticmethod
+    def open(path: Path, threads: int):
+        """A CPU session on `path`, `threads` intra-op."""
         import onnxruntime as ort
 
         so = ort.SessionOptions()
         so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        self.cfg = cfg
+        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
     @classmethod
     def for_target(cls, target, head, path, threads: int = 1, quant: str = "int8") -> OnnxMTPStep:
@@ -78,16 +82,20 @@ class OnnxMTPStep:
         """n zero hidden states (no target hidden state yet)."""
         return np.zeros((n, self.cfg.hidden_size), np.float32)
 
-    def __call__(self, ids: list[int], hidden: np.ndarray, j: int, past):
-        """Entries j.. for tokens `ids` reading `hidden` (n, H): (outs, logits rows, (k, v))."""
+    @staticmethod
+    def feed(ids: list[int], hidden: np.ndarray, j: int, past) -> dict:
+        """A step graph's inputs: entries j.. for tokens `ids` reading `hidden` (n, width)."""
         n, S = len(ids), past[0].shape[2]
-        feed = {"input_ids": np.array([ids], np.int64),
+        return {"input_ids": np.array([ids], np.int64),
                 "hidden": np.ascontiguousarray(hidden, np.float32)[None],
                 "position_ids": np.arange(j, j + n, dtype=np.int64)[None],
                 "mask": causal_mask(S, n)[None, None] if n > 1 else np.ones((1, 1, 1, S + 1), bool),
                 "past_key": np.ascontiguousarray(past[0]),
                 "past_value": np.ascontiguousarray(past[1])}  # fmt: skip
-        logits, out, k, v = self.session.run(None, feed)
+
+    def __call__(self, ids: list[int], hidden: np.ndarray, j: int, past):
+        """Entries j.. for tokens `ids` reading `hidden` (n, H): (outs, logits rows, (k, v))."""
+        logits, out, k, v = self.session.run(None, self.feed(ids, hidden, j, past))
         return list(out[0]), list(logits[0]), (k, v)
 
 

@@ -158,8 +158,7 @@ def ensure_part(d: Path, quantize: str, start: int, stop: int, head: bool, n: in
     newest = max((f.stat().st_mtime for f in weights), default=0)
     if not out.is_file() or out.stat().st_mtime < newest:
         try:
-            export("onnx-target", d, out, start, stop, head, quantize, source=d,
-                   **({"taps": tuple(taps)} if taps else {}))  # fmt: skip
+            export("onnx-target", d, out, start, stop, head, quantize, tuple(taps), source=d)
         except OSError as e:
             raise DuetError(
                 f"{d}: cannot write the on-the-fly ONNX target export ({e}); build it with "
@@ -207,7 +206,8 @@ class OnnxTargetLM:
             p = ensure_part(self.dir, self.quantize, start, stop, head, n, tuple(taps))
             # the parts (layer ranges, the head) run in turn: their pools spinning against each
             # other made a 5-token pass through four parts 72 ms against the whole graph's 15;
-            # sleeping between runs, 22 ms (SmolLM2-135M int4). The whole graph (taps or not) spins
+            # sleeping between runs, 22 ms (SmolLM2-135M int4). The whole graph, taps or not,
+            # spins
             s = open_session(p, self.provider, self.threads, 1,
                              spin=(start, stop, head) == (0, n, True))  # fmt: skip
             self._sessions[key] = (s, [o.name for o in s.get_outputs()],
