@@ -297,3 +297,57 @@ def test_a_refreshed_vocabulary_keeps_the_trained_rows(tiny_dir):
     torch.testing.assert_close(w[:2], old.lm_head.weight.detach()[[1, 3]])  # ids 9 and 31
     torch.testing.assert_close(w[2:], target.module.lm_head.weight.detach()[[50, 60]])
     assert new.vocab_ids.tolist() == [9, 31, 50, 60]
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_the_head_drafts_trees(fitted, backend, tmp_path):
+    """`tree` and `heterospec` draft with the head along its chain (one node expanded per
+    level, runner-up siblings as leaves): greedy equals `ar` over the PyTorch and the int4 ONNX
+    target, and the hidden rows the target recorded follow the accepted nodes (commit), so the
+    head reads the target's own features at every committed position."""
+    from runtime.backends.onnx_target import OnnxTargetLM
+
+    target_dir, _ = fitted
+    if backend == "torch":
+        target = load_model(target_dir, "torch", threads=1)
+    else:
+        target = OnnxTargetLM(target_dir, "int4", intra_threads=1)
+    draft = HeadDraft.load(target, target_dir)
+    target.record_hidden = False
+    ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
+             max_new=N_NEW).tokens  # fmt: skip
+    target.record_hidden = True
+    bins = tmp_path / "bins.json"
+    bins.write_text(json.dumps({"thresholds": [0.5 * i for i in range(1, 8)], "top_k": 2}))
+    for method in ("tree", "heterospec"):
+        tc = target.new_cache()
+        steps = make_steps(method, target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY,
+                           seed=0, target_cache=tc, tree_k=3, top_n=8, depth=4,
+                           bins=str(bins))  # fmt: skip
+        got = run(steps, max_new=N_NEW)
+        assert got.tokens == ar, method
+        seq = PROMPT + ar
+        assert tc.hidden_ids[: tc.offset] == seq[: tc.offset]
+    with pytest.raises(DuetError, match="one node per level"):
+        run(make_steps("tree", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
+                       tree_k=2, expand=2), max_new=N_NEW)  # fmt: skip
+
+
+def test_a_tree_commit_moves_the_recorded_rows(fitted):
+    """After a tree verify accepts a sibling's branch, the target's recorded taps at the
+    committed positions are those of a plain pass over the committed sequence."""
+    from runtime.decoding.tree_pass import commit, tree_logits
+
+    target_dir, _ = fitted
+    target = load_model(target_dir, "torch", threads=1)
+    target.record_hidden, target.record_layers = True, (1, 1, 0)
+    tokens, parents, path = [11, 23, 31], [-1, -1, 1], [1, 2]  # the second root child, its child
+    cache = target.new_cache()
+    tree_logits(target, cache, PROMPT, tokens, parents)
+    commit(cache, len(PROMPT), path)
+    seq = PROMPT + [tokens[i] for i in path]
+    ref = target.new_cache()
+    target.forward(np.array([seq]), ref)
+    n = len(seq)
+    assert cache.offset == n and cache.hidden_ids[:n] == ref.hidden_ids[:n] == seq
+    assert torch.allclose(cache.hidden[:n], ref.hidden[:n], atol=ATOL)

@@ -191,6 +191,16 @@ def record_rows(cache, rows: torch.Tensor, tokens) -> None:
     cache.hidden, cache.hidden_ids = buf, ids
 
 
+@torch.inference_mode()
+def compact_rows(cache, base: int, cols) -> None:
+    """The recorded rows after a tree's commit (runtime/decoding/tree_pass.commit): positions
+    [0, base) kept, the accepted nodes' rows `cols` moved right after them."""
+    ids = cache.hidden_ids
+    keep = [c for c in cols if c < len(ids)]
+    cache.hidden[base : base + len(keep)] = cache.hidden[keep]  # gathered (a copy), then moved
+    cache.hidden_ids = ids[:base] + [ids[c] for c in keep]
+
+
 def _causal_only(mask: np.ndarray, offset: int, length: int, cache) -> None:
     """Refuse a mask a hybrid model cannot honour: its linear-attention layers read no mask, so
     only causal windows pass, or the key holes of branch rows whose linear states were forked

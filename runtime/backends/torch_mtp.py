@@ -111,10 +111,23 @@ class MTPCache:
         self.out, self.exact = self.out[:entries], self.exact[:entries]
         self.logits = self.logits[:entries]
 
-    def fork(self, rows):
-        raise DuetError("--draft mtp drafts one row only (no branch rollouts)")
+    def fork(self, rows) -> MTPCache:
+        """A copy (this cache unchanged) that a tree drafter extends along its chain: one row
+        only, so `tree` and `heterospec` expand one node per level (--expand 1)."""
+        _one_row(rows)
+        new = MTPCache.__new__(MTPCache)
+        new.tokens, new.kv = list(self.tokens), self.kv.fork([0])
+        new.out, new.logits, new.exact = list(self.out), list(self.logits), list(self.exact)
+        return new
 
-    select = fork
+    def select(self, rows) -> None:
+        _one_row(rows)  # the one row is the one expanded node's path already
+
+
+def _one_row(rows) -> None:
+    if list(rows) != [0]:
+        raise DuetError("--draft mtp/head draft one row: a tree expands one node per level "
+                        "(--expand 1)")  # fmt: skip
 
 
 def _check_target(target) -> None:

@@ -30,8 +30,14 @@ def tree_logits(target, cache, seq: list[int], tokens, parents) -> np.ndarray:
 
 
 def commit(cache, seq_len: int, path: list[int]) -> None:
-    """Keep the committed prefix (seq_len tokens) and the accepted nodes' entries after it."""
-    cache.compact(seq_len, [seq_len + i for i in path])
+    """Keep the committed prefix (seq_len tokens) and the accepted nodes' entries after it,
+    and so for the hidden rows a target records for a draft that reads them (record_rows)."""
+    cols = [seq_len + i for i in path]
+    cache.compact(seq_len, cols)
+    if getattr(cache, "hidden_ids", None) is not None:  # torch is loaded: it recorded them
+        from runtime.backends.torch_backend import compact_rows
+
+        compact_rows(cache, seq_len, cols)
 
 
 def verify_tree(
