@@ -67,3 +67,15 @@ def test_heterospec_shape_extends_and_sizes_n_prime(tiny_dir):
     assert shaped(2) == (13, 2, 7)  # 12 + 1: above --top-n, as the paper's N' allows
     assert shaped(5) == (12, 5, 6)  # a high-entropy bin keeps the base tree
     assert shaped(0, cap=5)[0] == 5  # never more than the verification window has room for
+
+
+def test_skip_per_category_holds_out_what_the_bench_measures():
+    from apps.bench.prompts import load_prompts
+    from apps.train.bins import after_each_category
+
+    recs = load_prompts("chat")
+    bench = load_prompts("chat", per_category=2)
+    kept = after_each_category(recs, 2)
+    ids = {r["question_id"] for r in kept}
+    assert len(kept) == len(recs) - len(bench)
+    assert not ids & {r["question_id"] for r in bench}

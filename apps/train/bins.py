@@ -9,7 +9,8 @@ whose split criterion is eq. 2's within-partition variance) and writes its split
 hand-written CART because it is the reference implementation of exactly that criterion.
 
 By default the first 10 prompts of the set (what `apps.bench --limit 10` measures) are
-skipped, so bins are never fitted on the prompts they are benchmarked on.
+skipped, so bins are never fitted on the prompts they are benchmarked on; on a set with
+categories, `--skip-per-category K` skips what `--per-category-limit K` measures instead.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +91,18 @@ def fit_bins(phi: np.ndarray, tcr: np.ndarray, lengths: np.ndarray, max_depth: i
     }
 
 
+def after_each_category(recs: list[dict], k: int) -> list[dict]:
+    """The records after the first k of each category (held out from what `apps.bench
+    --per-category-limit k` measures)."""
+    seen: Counter = Counter()
+    kept = []
+    for r in recs:
+        seen[r["category"]] += 1
+        if seen[r["category"]] > k:
+            kept.append(r)
+    return kept
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m apps.train bins", description=__doc__.split("\n\n")[0]
@@ -96,7 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_pair_args(ap)
     ap.add_argument("--out", required=True, help="bins JSON to write")
     ap.add_argument("--prompts", default=None, help="prompt .jsonl (default apps/prompts/)")
-    ap.add_argument("--skip", type=int, default=10, help="prompts skipped first (default 10)")
+    ap.add_argument("--skip", type=int, default=None,
+                    help="prompts skipped first (default 10, or 0 with --skip-per-category)")  # fmt: skip
+    ap.add_argument("--skip-per-category", type=int, default=0, metavar="K",
+                    help="skip the first K prompts of each category: what `apps.bench "
+                    "--per-category-limit K` measures (e.g. --prompts chat)")  # fmt: skip
     ap.add_argument("--limit", type=int, default=30, help="prompts used (default 30)")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per prompt (default 128)")
     # defaults: the tree method's (runtime/decoding/tree.py Options), which the bins serve
@@ -122,8 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     from apps.bench.prompts import load_prompts, turn_ids
 
     a = build_parser().parse_args(argv)
-    if a.skip < 0 or a.limit < 1 or a.max_tokens < 1:
-        raise DuetError("--skip must be >= 0, --limit and --max-tokens >= 1")
+    if a.skip is None:
+        a.skip = 0 if a.skip_per_category else 10
+    if a.skip < 0 or a.skip_per_category < 0 or a.limit < 1 or a.max_tokens < 1:
+        raise DuetError("--skip and --skip-per-category must be >= 0, --limit and "
+                        "--max-tokens >= 1")  # fmt: skip
     t0 = time.perf_counter()
     if a.from_paths:
         try:
@@ -142,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             raise DuetError(
                 "bins need a tokenizer to encode the prompts (none found with the target)"
             )
-        recs = load_prompts(a.prompts)[a.skip : a.skip + a.limit]
+        recs = after_each_category(load_prompts(a.prompts), a.skip_per_category)
+        recs = recs[a.skip : a.skip + a.limit]
         if not recs:
             raise DuetError(f"no prompts left after --skip {a.skip}")
         ids = [turn_ids(pair.tokenizer, None, r["turns"], []) for r in recs]
