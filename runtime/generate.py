@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--depth", type=int, default=None,
                     help="tree, heterospec: tree levels (heterospec: the base depth d_base) (default 6)")  # fmt: skip
     ap.add_argument("--bins", default=None,
-                    help="heterospec: entropy bins from `python -m apps.train bins` (default: the embedded pair's)")  # fmt: skip
+                    help="heterospec: entropy bins from `python -m apps.train bins` (default: a fitted head's own TARGET/.duet/eagle/bins.json, else the embedded pair's)")  # fmt: skip
     ap.add_argument("--exit-head", choices=("raw", "tuned"), default=None,
                     help="mirror: the early exit's head: raw, or tuned (python -m apps.train "
                     "exit-head); default tuned when one is stored beside the target")  # fmt: skip

@@ -300,12 +300,13 @@ def test_a_refreshed_vocabulary_keeps_the_trained_rows(tiny_dir):
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnx"])
-def test_the_head_drafts_trees(fitted, backend, tmp_path):
+def test_the_head_drafts_trees(fitted, backend):
     """`tree` and `heterospec` draft with the head along its chain (one node expanded per
     level, runner-up siblings as leaves): greedy equals `ar` over the PyTorch and the int4 ONNX
     target, and the hidden rows the target recorded follow the accepted nodes (commit), so the
     head reads the target's own features at every committed position."""
     from runtime.backends.onnx_target import OnnxTargetLM
+    from runtime.decoding.heterospec import pair_bins
 
     target_dir, _ = fitted
     if backend == "torch":
@@ -317,17 +318,21 @@ def test_the_head_drafts_trees(fitted, backend, tmp_path):
     ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
              max_new=N_NEW).tokens  # fmt: skip
     target.record_hidden = True
-    bins = tmp_path / "bins.json"
+    bins = head_sidecar(target_dir) / "bins.json"  # heterospec finds the head's own bins
+    assert pair_bins(draft) is None
     bins.write_text(json.dumps({"thresholds": [0.5 * i for i in range(1, 8)], "top_k": 2}))
-    for method in ("tree", "heterospec"):
-        tc = target.new_cache()
-        steps = make_steps(method, target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY,
-                           seed=0, target_cache=tc, tree_k=3, top_n=8, depth=4,
-                           bins=str(bins))  # fmt: skip
-        got = run(steps, max_new=N_NEW)
-        assert got.tokens == ar, method
-        seq = PROMPT + ar
-        assert tc.hidden_ids[: tc.offset] == seq[: tc.offset]
+    try:
+        assert pair_bins(draft) == bins
+        for method in ("tree", "heterospec"):
+            tc = target.new_cache()
+            steps = make_steps(method, target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY,
+                               seed=0, target_cache=tc, tree_k=3, top_n=8, depth=4)  # fmt: skip
+            got = run(steps, max_new=N_NEW)
+            assert got.tokens == ar, method
+            seq = PROMPT + ar
+            assert tc.hidden_ids[: tc.offset] == seq[: tc.offset]
+    finally:
+        bins.unlink()
     with pytest.raises(DuetError, match="one node per level"):
         run(make_steps("tree", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
                        tree_k=2, expand=2), max_new=N_NEW)  # fmt: skip

@@ -116,7 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--depth", type=int, default=None, help="tree, heterospec: (base) depth (default 6)"
     )
     ap.add_argument(
-        "--bins", default=None, help="heterospec: bins JSON (default: the embedded pair's)"
+        "--bins",
+        default=None,
+        help="heterospec: bins JSON (default: a fitted head's own "
+        "TARGET/.duet/eagle/bins.json, else the embedded pair's)",
     )
     ap.add_argument("--temps", default="0,1", help="comma-separated temperatures (default 0,1)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0 = off)")

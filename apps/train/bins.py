@@ -1,4 +1,4 @@
-"""`python -m apps.train bins`: fit HeteroSpec's entropy bins for a target/draft pair.
+r"""`python -m apps.train bins`: fit HeteroSpec's entropy bins for a target/draft pair.
 
 Runs the `tree` method over prompts, recording per step Φ(P*) of the base tree (eq. 1,
 runtime/decoding/heterospec.path_entropy) and the Terminal Confidence Rank of the
@@ -11,6 +11,11 @@ hand-written CART because it is the reference implementation of exactly that cri
 By default the first 10 prompts of the set (what `apps.bench --limit 10` measures) are
 skipped, so bins are never fitted on the prompts they are benchmarked on; on a set with
 categories, `--skip-per-category K` skips what `--per-category-limit K` measures instead.
+
+For a real target's fitted head, written where `heterospec --draft head` finds them:
+    python -m apps.train bins --target smollm2-135m-instruct --target-backend onnx --draft head \
+        --prompts chat --skip-per-category 2 --limit 34 \
+        --out ~/.cache/duet/models/smollm2-135m-instruct/checkpoint/.duet/eagle/bins.json
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ def collect(pair, prompts: list[list[int]], *, max_new: int, top_k: int, top_n: 
     def record(drafter, n, room, budget):
         return n, {"phi": path_entropy(drafter, top_k)}
 
-    for i, ids in enumerate(prompts):
+    from tqdm import tqdm
+
+    for i, ids in enumerate(tqdm(prompts, desc="bins", unit="prompt", file=sys.stderr)):
         steps = tree_steps(pair.target, pair.draft, ids, max_new=max_new, top_k=top_k,
                            top_n=top_n, depth=depth, expand=expand, sampling=Sampling(temp),
                            rng=np.random.default_rng(i), shape=record)  # fmt: skip
@@ -105,7 +112,10 @@ def after_each_category(recs: list[dict], k: int) -> list[dict]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m apps.train bins", description=__doc__.split("\n\n")[0]
+        prog="python -m apps.train bins",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n")[-1],  # the recipe for a fitted head
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_pair_args(ap)
     ap.add_argument("--out", required=True, help="bins JSON to write")

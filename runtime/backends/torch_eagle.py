@@ -151,8 +151,8 @@ class TorchEagleStep(TorchMTPStep):
 
 
 class HeadDraft(MTPDraft):
-    """The fitted head behind the CausalLM protocol (batch 1, chains), stepped in PyTorch or
-    ONNX Runtime."""
+    """The fitted head behind the CausalLM protocol (batch 1: chains, and `tree` or
+    `heterospec` trees that expand one node per level), stepped in PyTorch or ONNX Runtime."""
 
     def __init__(self, target, head: EagleHead, twin=None, step=None):
         """`twin`: what the head step reads of the target (TorchTwin.of(target)); `step`: the
@@ -173,11 +173,15 @@ class HeadDraft(MTPDraft):
         dtype = next(twin.module.parameters()).dtype
         head = load_eagle_head(path, target.config, dtype)
         if backend != "onnx":
-            return cls(target, head, twin)
-        from runtime.backends.onnx_eagle import OnnxEagleStep
+            draft = cls(target, head, twin)
+        else:
+            from runtime.backends.onnx_eagle import OnnxEagleStep
 
-        step = OnnxEagleStep.for_target(twin, head, head_sidecar(path) / WEIGHTS, threads, quant)
-        return cls(target, head, twin, step=step)
+            step = OnnxEagleStep.for_target(twin, head, head_sidecar(path) / WEIGHTS, threads,
+                                            quant)  # fmt: skip
+            draft = cls(target, head, twin, step=step)
+        draft.bins_file = head_sidecar(path) / "bins.json"  # heterospec's, if fitted (pair_bins)
+        return draft
 
 
 def _check_target_records(target) -> None:

@@ -249,7 +249,9 @@ class MTPDraft:
 
     def forward(self, tokens, cache: MTPCache, *, positions=None, mask=None) -> np.ndarray:
         if positions is not None or mask is not None:
-            raise DuetError("--draft mtp takes no explicit positions or masks (no trees)")
+            raise DuetError(
+                "--draft mtp takes no explicit positions or masks (trees: one row per level)"
+            )
         new = check_tokens(tokens, self.config.vocab_size)
         if new.shape[0] != 1:
             raise DuetError("--draft mtp drafts one row only")

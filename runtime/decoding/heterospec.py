@@ -12,7 +12,8 @@ method is lossless whatever the bins say.
 
 Bins come from `python -m apps.train bins` (a JSON file); the embedded pair ships its own
 (runtime/assets/default/bins.json), which is also the default for other pairs, whose Φ
-scale may differ: fit bins for a pair you use. Per-bin compiled graphs (§4.3) are not here.
+scale may differ: fit bins for a pair you use. A fitted head (--draft head) reads its own from
+TARGET/.duet/eagle/bins.json when `apps.train bins --out` wrote them there. Per-bin compiled graphs (§4.3) are not here.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ from runtime.errors import DuetError
 DEFAULT_BINS = DEFAULT_DIR / "bins.json"
 ALPHA = 3  # low-entropy bins B_0..B_{α-1} get extended and pruned
 GAMMAS = (0.3, 0.6, 1.0)  # γ_i of the top-N pruning, one per low-entropy bin (§4.3)
+
+
+def pair_bins(draft) -> Path | None:
+    """Bins fitted for this draft and kept beside it (a fitted head's TARGET/.duet/eagle/bins.json,
+    `draft.bins_file`), when they exist."""
+    p = getattr(draft, "bins_file", None)
+    return Path(p) if p is not None and Path(p).is_file() else None
 
 
 def load_bins(path) -> dict:
@@ -94,14 +102,14 @@ class Options:
     top_n: int = 12
     depth: int = 6  # d_base
     expand: int = 1  # nodes expanded per level (runtime/decoding/tree.py's Options)
-    bins: str | None = None  # bins JSON (default: the embedded pair's)
+    bins: str | None = None  # bins JSON (default: pair_bins(draft), else the embedded pair's)
 
 
 def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
           draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
     check_tree_args(options.tree_k, options.top_n, options.depth, options.expand)
-    bins = load_bins(options.bins or DEFAULT_BINS)
+    bins = load_bins(options.bins or pair_bins(draft) or DEFAULT_BINS)
     return tree_steps(target, draft, seq, max_new=max_new, top_k=options.tree_k,
                       top_n=options.top_n, depth=options.depth, expand=options.expand,
                       sampling=sampling,
