@@ -245,7 +245,7 @@ def _print_latency(t: dict) -> None:
     print(
         f"shift: T_marginal/T_fixed = {sh['ratio']:.4f}; K* <= 2 (FlexSpec Fig. 2, weak signal) "
         f"needs >= {sh['ratio_for_k_star_2']:.3f}, i.e. >= {sh['bits_per_token_for_k_star_2']:.3g} "
-        f"bits per drafted token on this link (the ids payload is {p['bits_per_token']:g})"
+        f"bits per drafted token on this link (the payload here is {p['bits_per_token']:g})"
     )
 
 

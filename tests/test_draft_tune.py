@@ -112,3 +112,17 @@ def test_bad_input_is_one_line_exit_2(setup, capsys, extra, needle):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
     assert (junk / "notes.txt").read_text() == "keep me"
+
+
+def test_a_real_tokenizers_end_token_separates_documents():
+    """Gemma 3's tokenizer has <eos>, not our <|endoftext|>: draft-tune takes it; a tokenizer
+    with no end token at all is one clear error."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    from apps.train.tokenizer import eos_id
+    from runtime.errors import DuetError
+
+    assert eos_id(Tokenizer(WordLevel({"a": 0, "<eos>": 1}, unk_token="a"))) == 1
+    with pytest.raises(DuetError, match="to end a document"):
+        eos_id(Tokenizer(WordLevel({"a": 0}, unk_token="a")))

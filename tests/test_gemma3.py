@@ -281,3 +281,24 @@ def test_a_mirror_wave_wider_than_the_slack_grows_it(gemma, tiny_dir):
         gen("mirror", target, weak, gamma=8, draft_cache=dc).tokens
         == gen("ar", target, None).tokens
     )
+
+
+def test_a_draft_of_global_layers_only_runs_on_onnx(gemma, tiny_dir, tmp_path):
+    """A draft cut from a Gemma 3 target's global layers (`apps.train draft-tune
+    --from-target-layers 5,11,17` on Gemma 3 270M) has no local layer: its graph takes no
+    `past_positions`, and it drafts losslessly."""
+    import json
+    import shutil
+
+    d = tmp_path / "global"
+    shutil.copytree(tiny_dir("gemma3_text", num_layers=1, hidden_size=32, seed=7), d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["layer_types"] = ["full_attention"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    ids = np.random.default_rng(0).integers(0, 320, (1, 12))
+    ref = load_model(d, "torch", threads=1)
+    m = load_model(d, "onnx")
+    np.testing.assert_allclose(m.forward(ids, m.new_cache()), ref.forward(ids, ref.new_cache()),
+                               atol=TOL, rtol=0)  # fmt: skip
+    target = load_model(gemma, "torch", threads=1)
+    assert gen("sd", target, m).tokens == gen("ar", target, None).tokens

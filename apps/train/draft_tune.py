@@ -192,7 +192,9 @@ def _checkpoint_dir(path: str | None, which: str) -> Path:
         from runtime.assets import default_pair
 
         return default_pair()[0 if which == "target" else 1]
-    d = Path(path)
+    from runtime.load import resolve
+
+    d = Path(resolve(path, which))  # a directory, or a known model's name (runtime/registry.py)
     if not (d / "config.json").is_file() or not (d / "tokenizer.json").is_file():
         raise DuetError(
             f"--{which} {d}: not a checkpoint directory (needs config.json and tokenizer.json)"

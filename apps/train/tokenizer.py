@@ -44,9 +44,14 @@ def load_tokenizer(path: str | Path):
 
 
 def eos_id(tok) -> int:
-    i = tok.token_to_id(EOS)
-    assert i is not None, "tokenizer has no <|endoftext|>"
-    return i
+    """The document separator: ours (<|endoftext|>), else a real checkpoint's end token."""
+    for name in (EOS, "<eos>", "</s>", "<|im_end|>"):  # Gemma 3: <eos>; Llama 2: </s>
+        i = tok.token_to_id(name)
+        if i is not None:
+            return i
+    from runtime.errors import DuetError
+
+    raise DuetError(f"the tokenizer has none of {EOS}, <eos>, </s>, <|im_end|> to end a document")
 
 
 def save_tokenizer(tok, out_dir: str | Path) -> None:

@@ -51,7 +51,8 @@ class OnnxGemma3LM(OnnxCausalLM):
             feed[f"past_key_values.{i}.key"] = np.ascontiguousarray(got[0])
             feed[f"past_key_values.{i}.value"] = np.ascontiguousarray(got[1])
         held = np.zeros((B, 0), np.int64) if held is None else held
-        feed["past_positions"] = np.ascontiguousarray(held, dtype=np.int64)
+        if any(self.config.sliding):  # a graph without local layers (a draft cut from the
+            feed["past_positions"] = np.ascontiguousarray(held, dtype=np.int64)  # global ones)
         res = self.session.run(self._outputs, feed)
         key_pos = np.concatenate([held, pos], axis=1)  # (B, held + T)
         for i, local in enumerate(self.config.sliding):
