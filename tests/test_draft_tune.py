@@ -114,15 +114,22 @@ def test_bad_input_is_one_line_exit_2(setup, capsys, extra, needle):
     assert (junk / "notes.txt").read_text() == "keep me"
 
 
-def test_a_real_tokenizers_end_token_separates_documents():
-    """Gemma 3's tokenizer has <eos>, not our <|endoftext|>: draft-tune takes it; a tokenizer
-    with no end token at all is one clear error."""
+def test_a_real_tokenizers_end_token_separates_documents(tiny_dir, tmp_path):
+    """A tokenizer without our <|endoftext|> (Gemma 3's) ends documents with the end token its
+    checkpoint's config names; with neither, one clear error."""
+    import json
+
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
 
     from apps.train.tokenizer import eos_id
+    from runtime.config import ModelConfig
     from runtime.errors import DuetError
 
-    assert eos_id(Tokenizer(WordLevel({"a": 0, "<eos>": 1}, unk_token="a"))) == 1
-    with pytest.raises(DuetError, match="to end a document"):
-        eos_id(Tokenizer(WordLevel({"a": 0}, unk_token="a")))
+    cfg = json.loads((tiny_dir("gemma3_text", num_layers=1, hidden_size=32, seed=7)
+                      / "config.json").read_text())  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg | {"eos_token_id": 1}))
+    tok = Tokenizer(WordLevel({"a": 0, "<eos>": 1}, unk_token="a"))
+    assert eos_id(tok, tmp_path) == ModelConfig.from_dir(tmp_path).eos_token_ids[0] == 1
+    with pytest.raises(DuetError, match="nothing ends a document"):
+        eos_id(tok)

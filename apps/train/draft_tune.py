@@ -374,7 +374,7 @@ def run(a: argparse.Namespace) -> dict:
     torch.manual_seed(a.seed)
     corpus, eval_len, split = _corpus(a, ddir)  # held-out windows keep the split's length
     seq_len = a.seq_len or eval_len
-    eos = eos_id(tok)
+    eos = eos_id(tok, tdir)
 
     def enc(texts):
         return [e.ids for e in tok.encode_batch(texts)]

@@ -213,8 +213,8 @@ def run(a: argparse.Namespace) -> dict:
     def encode(ts):
         return [e.ids for e in tok.encode_batch(ts)]
 
-    ids = token_stream(corpus.texts("train", a.max_corpus_chars), encode, eos_id(tok))
-    held = token_stream(corpus.texts("heldout", 4 * a.eval_tokens), encode, eos_id(tok))
+    ids = token_stream(corpus.texts("train", a.max_corpus_chars), encode, eos_id(tok, tdir))
+    held = token_stream(corpus.texts("heldout", 4 * a.eval_tokens), encode, eos_id(tok, tdir))
     out = Path(a.out) if a.out else mtp_sidecar(tdir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = LoopConfig(stage="mtp", steps=a.steps, lr=a.lr, warmup=min(20, a.steps),

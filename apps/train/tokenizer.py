@@ -43,15 +43,20 @@ def load_tokenizer(path: str | Path):
     return Tokenizer.from_file(str(p / "tokenizer.json" if p.is_dir() else p))
 
 
-def eos_id(tok) -> int:
-    """The document separator: ours (<|endoftext|>), else a real checkpoint's end token."""
-    for name in (EOS, "<eos>", "</s>", "<|im_end|>"):  # Gemma 3: <eos>; Llama 2: </s>
-        i = tok.token_to_id(name)
-        if i is not None:
-            return i
+def eos_id(tok, model_dir: str | Path | None = None) -> int:
+    """The document separator: ours (<|endoftext|>), else the end token `model_dir`'s config
+    names (a real checkpoint's: Gemma 3's <eos>)."""
+    i = tok.token_to_id(EOS)
+    if i is not None:
+        return i
+    from runtime.config import ModelConfig
     from runtime.errors import DuetError
 
-    raise DuetError(f"the tokenizer has none of {EOS}, <eos>, </s>, <|im_end|> to end a document")
+    ids = ModelConfig.from_dir(model_dir).eos_token_ids if model_dir is not None else ()
+    if not ids:
+        raise DuetError(f"no {EOS} in the tokenizer and no eos_token_id in the config: nothing "
+                        "ends a document")  # fmt: skip
+    return ids[0]
 
 
 def save_tokenizer(tok, out_dir: str | Path) -> None:
