@@ -8,7 +8,8 @@ For each held-out prompt (apps/prompts/chat, first turn, the target's chat templ
 overall: tokens per sd step (the committed tokens over the steps, A + 1 per step), the share
 of drafted tokens accepted, each method's tokens/s and sd's speedup over ar, whether sd's
 tokens equal ar's, and how well the head's confidence in a drafted token (its max q) predicts
-that the target accepts it. One JSON object with `--json`. The fuller comparison against peers is `apps.bench --prompts chat`.
+that the target accepts it. One JSON object with `--json`. The fuller comparison against
+peers is `apps.bench --prompts chat`.
 """
 
 from __future__ import annotations

@@ -206,8 +206,8 @@ class OnnxTargetLM:
             p = ensure_part(self.dir, self.quantize, start, stop, head, n, tuple(taps))
             # the parts (layer ranges, the head) run in turn: their pools spinning against each
             # other made a 5-token pass through four parts 72 ms against the whole graph's 15;
-            # sleeping between runs, 22 ms (SmolLM2-135M int4). The whole graph, taps or not,
-            # spins
+            # sleeping between runs, 22 ms (SmolLM2-135M int4). The whole graph (taps or not)
+            # keeps spinning
             s = open_session(p, self.provider, self.threads, 1,
                              spin=(start, stop, head) == (0, n, True))  # fmt: skip
             self._sessions[key] = (s, [o.name for o in s.get_outputs()],

@@ -19,12 +19,13 @@ ids a head keeps come back as full-vocabulary ids; nothing else in the engine ch
 Stored as a sidecar TARGET/.duet/eagle/ (model.safetensors with `eagle.*` tensors and the kept
 ids, head.json with the taps and training record) by `python -m apps.train eagle`. It rides on
 the MTP draft's machinery (runtime/backends/torch_mtp.py: the head's cache, the redo of
-chained entries once the target has verified them) and so runs where it does: `sd` chains,
-one row. The head steps in PyTorch, or beside a CPU target in ONNX Runtime (its step as two
-graphs with int8 weights, runtime/backends/onnx_eagle.py: a PyTorch step is ~30 ops whose
-dispatch outweighs their arithmetic); the target is the PyTorch one or the ONNX one
-(runtime/backends/onnx_target.py records the taps as its whole graph's third output, and the
-head step reads the token embedding from the checkpoint's PyTorch twin: torch_mtp.TorchTwin).
+chained entries once the target has verified them) and so runs where it does: one row, so
+`sd` chains and `tree` / `heterospec` trees that expand one node per level. The head steps
+in PyTorch, or beside a CPU target in ONNX Runtime (its step as two graphs with int8 weights,
+runtime/backends/onnx_eagle.py: a PyTorch step is ~30 ops whose dispatch outweighs their
+arithmetic); the target is the PyTorch one or the ONNX one (runtime/backends/onnx_target.py
+records the taps as its whole graph's third output, and the head step reads the token
+embedding from the checkpoint's PyTorch twin: torch_mtp.TorchTwin).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ method is lossless whatever the bins say.
 Bins come from `python -m apps.train bins` (a JSON file); the embedded pair ships its own
 (runtime/assets/default/bins.json), which is also the default for other pairs, whose Φ
 scale may differ: fit bins for a pair you use. A fitted head (--draft head) reads its own from
-TARGET/.duet/eagle/bins.json when `apps.train bins --out` wrote them there. Per-bin compiled graphs (§4.3) are not here.
+TARGET/.duet/eagle/bins.json when `apps.train bins --out` wrote them there. Per-bin compiled
+graphs (§4.3) are not here.
 """
 
 from __future__ import annotations
