@@ -115,6 +115,7 @@ def load_pair(
     adapter: str | None = None,
     hybrid_rollback: str = "replay",
     quantize: str = "int4",
+    heads_from: str | Path | None = None,
 ) -> Pair:
     """Load target (and draft when `need_draft`); the embedded pair when neither is given.
 
@@ -129,6 +130,10 @@ def load_pair(
     `adapter`: a LoRA adapter (PEFT format) for the target, checked against it and merged at
     load (runtime/adapter.py). A FlexSpec anchor draft (runtime/anchor.py) is assembled from
     its base, which must be the target given (before any adapter) or the one it names.
+
+    `heads_from`: the checkpoint whose sidecar `--draft head` / `mtp` reads, when it is not
+    the target's own (a fine-tuned copy drafted by its base's head); by default the target
+    directory before any adapter is merged, so an adapter keeps its base's head.
     """
     if target is None and draft is None:
         from runtime.assets import default_pair
@@ -153,6 +158,7 @@ def load_pair(
 
         if is_anchor_dir(ddir):
             ddir = materialize(ddir, [Path(tdir)])
+    home = Path(heads_from) if heads_from is not None else tdir  # the sidecars' checkpoint
     if adapter is not None:
         from runtime.adapter import merged_target_dir
 
@@ -213,14 +219,14 @@ def load_pair(
         from runtime.backends.torch_eagle import HeadDraft
 
         hb = "torch" if draft_backend == "torch" or target_device != "cpu" else "onnx"
-        d = HeadDraft.load(t, tdir, backend=hb, threads=draft_threads)
+        d = HeadDraft.load(t, home, backend=hb, threads=draft_threads)
         label = "torch" if hb == "torch" else "onnx, int8 weights"
         settings.update(draft_backend=f"head (fitted feature-level head, {label})")
     elif need_draft and ddir == "mtp":
         from runtime.backends.torch_mtp import MTPDraft
 
         mb = "torch" if draft_backend == "torch" or target_device != "cpu" else "onnx"
-        d = MTPDraft.load(t, tdir, backend=mb, threads=draft_threads)
+        d = MTPDraft.load(t, home, backend=mb, threads=draft_threads)
         label = "torch" if mb == "torch" else "onnx, int8 weights"
         settings.update(draft_backend=f"mtp (target's own head, {label})")
     elif need_draft and is_model_free_spec(ddir):  # runtime/drafts/: no model loaded

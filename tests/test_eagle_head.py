@@ -356,3 +356,30 @@ def test_a_tree_commit_moves_the_recorded_rows(fitted):
     n = len(seq)
     assert cache.offset == n and cache.hidden_ids[:n] == ref.hidden_ids[:n] == seq
     assert torch.allclose(cache.hidden[:n], ref.hidden[:n], atol=ATOL)
+
+
+def test_an_adapter_and_a_fine_tuned_copy_draft_with_the_base_head(fitted, tmp_path):
+    """FlexSpec's evolved targets keep the base's head: an adapter's merged checkpoint reads the
+    base's sidecar, and a fully fine-tuned copy reads it through `heads_from`."""
+    from safetensors.torch import load_file, save_file
+    from test_evolving import make_adapter
+
+    from runtime.load import load_pair
+
+    base, _ = fitted
+    adapter = make_adapter(base, tmp_path / "lora")
+    ft = tmp_path / "full"
+    shutil.copytree(base, ft, ignore=shutil.ignore_patterns(".duet", "*.onnx"))
+    state = load_file(str(ft / "model.safetensors"))
+    state = {k: v * 1.05 if ".mlp." in k else v for k, v in state.items()}  # a changed target
+    save_file(state, str(ft / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(DuetError, match="apps.train eagle"):  # no head of its own
+        load_pair(str(ft), "head", need_draft=True, target_backend="torch")
+    for target, kw in ((str(base), {"adapter": str(adapter)}), (str(ft), {"heads_from": base})):
+        pair = load_pair(target, "head", need_draft=True, target_backend="torch",
+                         draft_backend="torch", **kw)  # fmt: skip
+        ar = run(make_steps("ar", pair.target, None, PROMPT, max_new=N_NEW, sampling=GREEDY,
+                            seed=0), max_new=N_NEW)  # fmt: skip
+        sd = run(make_steps("sd", pair.target, pair.draft, PROMPT, max_new=N_NEW,
+                            sampling=GREEDY, seed=0, gamma=3), max_new=N_NEW)  # fmt: skip
+        assert sd.tokens == ar.tokens and len(ar.tokens) == N_NEW, kw
