@@ -169,3 +169,37 @@ def test_greedy_sd_with_anchor_equals_ar_on_evolved_target(base_and_adapter, tmp
     sd = run(make_steps("sd", pair.target, pair.draft, ids, max_new=24, sampling=GREEDY, seed=0,
                         gamma=4), max_new=24)  # fmt: skip
     assert sd.tokens == ar.tokens and len(ar.tokens) == 24
+
+
+def test_the_evolving_bench_runs_on_any_base(base_and_adapter, tmp_path, capsys):
+    """`apps.bench evolving --base DIR --evolved DIR --generic DIR`: a base other than the
+    embedded one, its LoRA targets found by name, a missing full fine-tune reported with the
+    command that builds it, and every row's acceptance a fraction."""
+    import shutil
+
+    from apps.bench import evolving
+    from runtime.random_checkpoint import make_checkpoint
+
+    base, adapter = base_and_adapter
+    ev = tmp_path / "evolved"
+    shutil.copytree(adapter, ev / "lora-docstrings")  # the domain every Python has
+    train_anchor(base, ev / "anchor", steps=1)
+    generic = make_checkpoint(tmp_path / "generic", "qwen3", num_layers=1, seed=5)
+    capsys.readouterr()
+    rc = evolving.main(["--base", str(base), "--evolved", str(ev), "--generic", str(generic),
+                        "--link", "none", "--prompts", "1", "--prompt-tokens", "8",
+                        "--max-tokens", "6", "--json"])  # fmt: skip
+    out, err = capsys.readouterr()
+    rows = json.loads(out)["rows"]
+    assert rc == 0 and "full fine-tune missing" in err and "--full" in err
+    seen = {(r["draft"], r["target"], r["prompts"]) for r in rows}
+    assert seen == {(d, t, p) for d in ("generic", "anchor") for t, p in
+                    (("base", "stdlib"), ("lora-docstrings", "docstrings"),
+                     ("base", "docstrings"))}  # fmt: skip
+    assert all(0 <= r[k] <= 1 for r in rows for k in ("acceptance_greedy", "acceptance_t1"))
+    assert (
+        evolving.main(["--base", str(base), "--evolved", str(tmp_path / "none"), "--link", "none"])
+        == 2
+    )  # no generic draft: one line
+    err = capsys.readouterr().err
+    assert "no generic draft" in err and len(err.strip().splitlines()) == 1

@@ -1,13 +1,19 @@
-"""`python -m apps.bench evolving`: FlexSpec's Table II on our models, generic vs anchor draft.
+"""`python -m apps.bench evolving`: FlexSpec's Table II, generic vs anchor draft on evolved targets.
 
-Per-token acceptance (accepted / drafted, `sd`, γ = 4; greedy and T = 1) of the embedded
-generic draft and of the anchor draft (runtime/anchor.py) against the base target, each LoRA-
-evolved target in runtime/assets/evolving/lora-*/ (merged at load, runtime/adapter.py) and the
-fully fine-tuned one (out/evolving/full-stdlib-tests/, not committed: the bench names the
-command that rebuilds it when it is missing). Prompts are held-out documents of each target's
-own domain (apps/train/domains.py; the base's: the stdlib held-out files), each cut to its first
-`--prompt-tokens` tokens; as a control, the base also runs on each evolved domain's prompts
-(rows carry `prompts`, the domain the prompts come from). All targets run on the PyTorch backend, both drafts on ONNX Runtime.
+Per-token acceptance (accepted / drafted, `sd`, γ = 4; greedy and T = 1) of the generic draft
+and of the anchor draft (runtime/anchor.py) against the base target, each LoRA-evolved target
+in the evolved folder's `lora-*/` (merged at load, runtime/adapter.py) and each fully
+fine-tuned one in its `full-*/`. The base is the embedded target (its evolved folder
+runtime/assets/evolving/, the full fine-tune out/evolving/full-stdlib-tests/, not committed) or
+any checkpoint (`--base smollm2-135m-instruct`: the folder ~/.cache/duet/evolving/NAME/, built
+by the commands `--help` ends with). A missing full fine-tune is reported with the command that
+rebuilds it. `--head` adds the base's fitted feature-level head (apps.train eagle; PyTorch, so
+it reads each target's own embedding and LM head): it drafts from the target's features, so it
+has no end-to-end column (the edge has no target). Prompts are held-out documents of each
+target's own domain (apps/train/domains.py; the base's: the stdlib held-out files), each cut to
+its first `--prompt-tokens` tokens; as a control, the base also runs on each evolved domain's
+prompts (rows carry `prompts`, the domain the prompts come from). All targets run on the
+PyTorch backend, the generic and anchor drafts on ONNX Runtime.
 
 `ms_per_token` is end-to-end greedy `--method flexspec` over one named link (`--link`, default
 4g): **emulated link time (virtual clock) + measured compute**, with the LoRA-evolved targets
@@ -21,6 +27,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.decoding import Sampling, make_steps, stream
@@ -37,24 +44,76 @@ FULL = ROOT / "out/evolving/full-stdlib-tests"
 FULL_CMD = ("python -m apps.train evolve --base runtime/assets/default/target --domain "
             "stdlib-tests --full --out out/evolving/full-stdlib-tests --time-budget-min 4 "
             "--threads 1 --steps 400")  # fmt: skip
+CACHE = Path("~/.cache/duet/evolving").expanduser()
+# how the evolved folder of a real base is built (~5 min a step of 8 x 128 tokens on 2 cores:
+# about 9 s a LoRA step, 12 s a full one; docs/benchmarks.md has the run)
+REAL_RECIPE = """\
+  B={name}; E={evolved}
+  python -m apps.train evolve --base $B --domain licenses --out $E/lora-licenses --threads 2 --steps 45 --warmup 5
+  python -m apps.train evolve --base $B --domain stdlib-tests --out $E/lora-stdlib-tests --threads 2 --steps 45 --warmup 5
+  python -m apps.train evolve --base $B --domain stdlib-tests --full --out $E/full-stdlib-tests --threads 2 --steps 45 --warmup 5
+  python -m apps.train anchor --base $B --out $E/anchor --threads 2 --steps 100 --time-budget-min 8
+  python -m apps.train draft-tune --target {name} --from-target-layers 0,1,{last} --out $E/generic --threads 2 --seq-len 128 --time-budget-min 8 --no-eval"""
 
 
-def targets(controls: bool = True) -> list[dict]:
+@dataclass(frozen=True)
+class Setup:
+    """What one Table II run compares: the base, its evolved folder, the drafts."""
+
+    base: Path
+    evolved: Path
+    generic: Path
+    full_cmd: str
+
+    @property
+    def anchor(self) -> Path:
+        return self.evolved / "anchor"
+
+
+def setup(base: str | None, evolved: str | None, generic: str | None) -> Setup:
+    """The embedded base and its committed folder, or a named / local base with its own."""
+    if base is None:
+        return Setup(BASE, Path(evolved) if evolved else EVOLVING,
+                     Path(generic) if generic else GENERIC, FULL_CMD)  # fmt: skip
+    from runtime.load import resolve
+
+    bdir = resolve(base, "base")
+    name = base if not Path(base).expanduser().exists() else bdir.name
+    ev = Path(evolved).expanduser() if evolved else CACHE / name
+    full_cmd = (f"python -m apps.train evolve --base {bdir} --domain stdlib-tests --full --out "
+                f"{ev}/full-stdlib-tests --threads 2 --steps 45 --warmup 5")  # fmt: skip
+    if generic:
+        gen = Path(generic).expanduser()
+    else:
+        found = sorted(ev.glob("generic*"))
+        if not found:
+            raise DuetError(f"no generic draft in {ev} (a generic*/ folder); pass --generic DIR, "
+                            f"or build the folder: `python -m apps.bench evolving --help` ends "
+                            f"with the commands")  # fmt: skip
+        gen = found[0]
+    return Setup(bdir, ev, gen, full_cmd)
+
+
+def targets(s: Setup | None = None, controls: bool = True) -> list[dict]:
     """[{name, dir, adapter, domain}], the base first; a missing full fine-tune is reported.
 
     With `controls`, the base target also runs on each evolved domain's prompts, so that a
     drop caused by the prompts' domain is told apart from one caused by the target's change.
     """
-    out = [{"name": "base", "dir": BASE, "adapter": None, "domain": "stdlib"}]
-    for a in sorted(EVOLVING.glob("lora-*")):
-        out.append({"name": a.name, "dir": BASE, "adapter": a, "domain": a.name[len("lora-") :]})
-    if (FULL / "config.json").is_file():
-        out.append({"name": FULL.name, "dir": FULL, "adapter": None, "domain": "stdlib-tests"})
-    else:
-        print(f"full fine-tune missing ({FULL}); rebuild it with:\n  {FULL_CMD}", file=sys.stderr)
+    s = s or setup(None, None, None)
+    out = [{"name": "base", "dir": s.base, "adapter": None, "domain": "stdlib"}]
+    for a in sorted(s.evolved.glob("lora-*")):
+        out.append({"name": a.name, "dir": s.base, "adapter": a, "domain": a.name[len("lora-") :]})
+    fulls = [f for f in sorted(s.evolved.glob("full-*")) if (f / "config.json").is_file()]
+    if s.base == BASE and (FULL / "config.json").is_file():
+        fulls.append(FULL)
+    for f in fulls:  # full-<domain>
+        out.append({"name": f.name, "dir": f, "adapter": None, "domain": f.name[len("full-") :]})
+    if not fulls:
+        print(f"full fine-tune missing; rebuild it with:\n  {s.full_cmd}", file=sys.stderr)
     if controls:
         for dom in dict.fromkeys(t["domain"] for t in out[1:]):
-            out.append({"name": "base", "dir": BASE, "adapter": None, "domain": dom})
+            out.append({"name": "base", "dir": s.base, "adapter": None, "domain": dom})
     return out
 
 
@@ -94,22 +153,33 @@ def acceptance(pair, prompts, temp: float, max_new: int, gamma: int) -> float:
 
 
 def run(a: argparse.Namespace) -> dict:
-    if not (ANCHOR / "anchor.json").is_file():
-        raise DuetError(f"no anchor draft at {ANCHOR}; train it with python -m apps.train "
-                        f"anchor --base {BASE.relative_to(ROOT)} --out {ANCHOR.relative_to(ROOT)}")  # fmt: skip
+    s = setup(a.base, a.evolved, a.generic)
+    if not (s.anchor / "anchor.json").is_file():
+        raise DuetError(f"no anchor draft at {s.anchor}; train it with python -m apps.train "
+                        f"anchor --base {a.base or BASE.relative_to(ROOT)} --out {s.anchor}")  # fmt: skip
+    if not (s.generic / "config.json").is_file():
+        raise DuetError(f"--generic {s.generic}: not a checkpoint directory (no config.json)")
     from apps.bench.evolving_e2e import Verifiers
 
-    drafts = {"generic": GENERIC, "anchor": ANCHOR}
+    drafts = {"generic": s.generic, "anchor": s.anchor}
+    if a.head:
+        from runtime.backends.torch_eagle import head_sidecar
+
+        if not (head_sidecar(s.base) / "head.json").is_file():
+            raise DuetError(f"--head: {s.base} has no fitted head ({head_sidecar(s.base)}); "
+                            f"fit one with python -m apps.train eagle --help")  # fmt: skip
+        drafts["head"] = "head"
     rows, t0 = [], time.monotonic()
-    tlist = targets(not a.no_controls)
+    tlist = targets(s, not a.no_controls)
     lora = {t["adapter"].name: t["adapter"] for t in tlist if t["adapter"] is not None}
-    verifiers = Verifiers({BASE: lora}, a.threads)
+    verifiers = Verifiers({s.base: lora}, a.threads)
     try:
         for t in tlist:
-            rows.extend(target_rows(a, t, drafts, verifiers))
+            rows.extend(target_rows(a, t, drafts, verifiers, s.base))
     finally:
         verifiers.stop()
-    settings = {"method": "sd", "gamma": a.gamma, "prompts_per_target": a.prompts,
+    settings = {"base": str(s.base), "evolved": str(s.evolved), "generic": str(s.generic),
+                "method": "sd", "gamma": a.gamma, "prompts_per_target": a.prompts,
                 "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_tokens,
                 "e2e": {"method": "flexspec", "link": a.link, "link_clock": "virtual",
                         "k": a.k if a.k is not None else "adaptive K* (eq. 11)", "codec": "ids",
@@ -119,15 +189,17 @@ def run(a: argparse.Namespace) -> dict:
     return {"rows": rows, "settings": settings}
 
 
-def target_rows(a: argparse.Namespace, t: dict, drafts: dict, verifiers):
+def target_rows(a: argparse.Namespace, t: dict, drafts: dict, verifiers, base: Path):
     """The rows of one target: acceptance of each draft, then its end-to-end ms/token."""
     from apps.bench.evolving_e2e import ms_per_token
 
     prompts = None
     for dname, dpath in drafts.items():
+        head = dpath == "head"  # the base's head, PyTorch: it reads this target's own weights
         pair = load_pair(str(t["dir"]), str(dpath), need_draft=True, target_backend="torch",
                          adapter=str(t["adapter"]) if t["adapter"] else None,
-                         target_threads=a.threads)  # fmt: skip
+                         target_threads=a.threads, heads_from=base if head else None,
+                         draft_backend="torch" if head else None)  # fmt: skip
         if prompts is None:
             prompts = domain_prompts(t["domain"], pair.tokenizer, a.prompts, a.prompt_tokens)
         row = {"draft": dname, "target": t["name"], "prompts": t["domain"]}
@@ -136,6 +208,8 @@ def target_rows(a: argparse.Namespace, t: dict, drafts: dict, verifiers):
         row["ms_per_token"] = None
         if a.link == "none":
             row["ms_per_token_reason"] = "--link none: no link to measure over"
+        elif head:
+            row["ms_per_token_reason"] = "the head drafts from the target's features: no edge run"
         else:  # the verifier of t's base, the session naming t's adapter
             row.update(ms_per_token(verifiers, Path(t["dir"]), t["adapter"].name if t["adapter"]
                                     else "", pair.draft, prompts, link=a.link,
@@ -168,7 +242,28 @@ def summary(rows: list[dict]) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m apps.bench evolving", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="A real base's evolved folder (SmolLM2 shown; then run "
+                                 "with --base NAME --head):\n" + REAL_RECIPE.format(
+                                     name="smollm2-135m-instruct", last=29,
+                                     evolved="~/.cache/duet/evolving/smollm2-135m-instruct"))  # fmt: skip
+    ap.add_argument("--base", default=None,
+                    help="base target: a checkpoint or a known model's name (default: the "
+                         "embedded target)")  # fmt: skip
+    ap.add_argument("--evolved", default=None,
+                    help="folder of the evolved targets (lora-*/, full-*/) and the anchor "
+                         "(anchor/) (default: runtime/assets/evolving for the embedded base, "
+                         "~/.cache/duet/evolving/NAME otherwise)")  # fmt: skip
+    ap.add_argument(
+        "--generic",
+        default=None,
+        help="the generic draft (default: the embedded draft, or EVOLVED/generic*)",
+    )
+    ap.add_argument(
+        "--head",
+        action="store_true",
+        help="add the base's fitted feature-level head (acceptance only)",
+    )
     ap.add_argument("--prompts", type=int, default=10, help="held-out prompts per target (10)")
     ap.add_argument("--prompt-tokens", type=int, default=48, help="tokens per prompt (48)")
     ap.add_argument("--max-tokens", type=int, default=48, help="new tokens per prompt (48)")

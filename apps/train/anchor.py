@@ -29,7 +29,7 @@ from runtime.errors import DuetError
 from .corpus import BatchSampler, load_corpus, token_stream
 from .loop import LoopConfig, make_optimizer, train_loop
 from .losses import distill_loss
-from .tokenizer import load_tokenizer
+from .tokenizer import eos_id, load_tokenizer
 
 HEAD_PREFIXES = ("model.layers.1.mlp.", "model.layers.1.post_attention_layernorm.", "model.norm.")
 
@@ -83,7 +83,11 @@ def anchor_step(teacher, student: AnchorStudent, lambda_feat: float, lambda_kd: 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m apps.train anchor", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("--base", required=True, help="base target checkpoint directory")
+    ap.add_argument(
+        "--base",
+        required=True,
+        help="base target: a checkpoint directory or a known model's name (smollm2-135m-instruct)",
+    )
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--lambda-feat", type=float, default=0.01, help="λ1 of L_feat (default 0.01)")
     ap.add_argument("--lambda-kd", type=float, default=1.0, help="λ2 of L_KD (default 1)")
@@ -118,7 +122,9 @@ def save_anchor(student: AnchorStudent, out: Path, base: Path, meta: dict) -> No
 
 
 def run(a: argparse.Namespace) -> dict:
-    base, out = Path(a.base), Path(a.out)
+    from runtime.load import resolve
+
+    base, out = resolve(a.base, "base"), Path(a.out)
     if not (base / "config.json").is_file():
         raise DuetError(f"--base {base}: not a checkpoint directory (no config.json)")
     if a.steps < 1 or a.threads < 1 or a.temperature <= 0:
@@ -132,7 +138,7 @@ def run(a: argparse.Namespace) -> dict:
     student = AnchorStudent(base, a.seed)
     teacher, student = teacher.to(a.device), student.to(a.device)
     tok = load_tokenizer(base / "tokenizer.json")
-    eos = tok.token_to_id("<|endoftext|>") or 0
+    eos = eos_id(tok, base)
     corpus = load_corpus()
     texts = corpus.texts("train", a.max_corpus_chars)
     ids = token_stream(texts, lambda ts: [e.ids for e in tok.encode_batch(ts)], eos)

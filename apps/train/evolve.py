@@ -31,7 +31,7 @@ from .domains import DOMAINS, load_domain
 from .evaluate import heldout_loss
 from .loop import LoopConfig, make_optimizer, train_loop
 from .losses import next_token_loss
-from .tokenizer import load_tokenizer
+from .tokenizer import eos_id, load_tokenizer
 
 LORA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -39,7 +39,11 @@ LORA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m apps.train evolve", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("--base", required=True, help="base target checkpoint directory")
+    ap.add_argument(
+        "--base",
+        required=True,
+        help="base target: a checkpoint directory or a known model's name (smollm2-135m-instruct)",
+    )
     ap.add_argument("--domain", required=True, choices=DOMAINS, help="fine-tuning corpus")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--lora-rank", type=int, default=8, help="LoRA rank r (default 8)")
@@ -66,14 +70,16 @@ def run(a: argparse.Namespace) -> dict:
     """Fine-tune, save, evaluate held-out loss before and after; returns the report."""
     if a.lora_rank < 1 or a.steps < 1 or a.threads < 1:
         raise DuetError("--lora-rank, --steps and --threads must be positive")
-    base, out = Path(a.base), Path(a.out)
+    from runtime.load import resolve
+
+    base, out = resolve(a.base, "base"), Path(a.out)
     if not (base / "config.json").is_file():
         raise DuetError(f"--base {base}: not a checkpoint directory (no config.json)")
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     dom = load_domain(a.domain)
     tok = load_tokenizer(base / "tokenizer.json")
-    eos = tok.token_to_id("<|endoftext|>") or 0
+    eos = eos_id(tok, base)
     enc = lambda texts: [e.ids for e in tok.encode_batch(texts)]  # noqa: E731
     train_ids = token_stream(iter(dom.texts("train")), enc, eos)
     held_ids = token_stream(iter(dom.texts("heldout")), enc, eos)
