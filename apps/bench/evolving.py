@@ -51,7 +51,7 @@ REAL_RECIPE = """\
   B={name}; E={evolved}
   python -m apps.train evolve --base $B --domain licenses --out $E/lora-licenses --threads 2 --steps 45 --warmup 5
   python -m apps.train evolve --base $B --domain stdlib-tests --out $E/lora-stdlib-tests --threads 2 --steps 45 --warmup 5
-  python -m apps.train evolve --base $B --domain stdlib-tests --full --out $E/full-stdlib-tests --threads 2 --steps 45 --warmup 5
+  python -m apps.train evolve --base $B --domain stdlib-tests --full --lr 1e-4 --out $E/full-stdlib-tests --threads 2 --steps 45 --warmup 5
   python -m apps.train anchor --base $B --out $E/anchor --threads 2 --steps 100 --time-budget-min 8
   python -m apps.train draft-tune --target {name} --from-target-layers 0,1,{last} --out $E/generic --threads 2 --seq-len 128 --time-budget-min 8 --no-eval"""
 
@@ -81,7 +81,7 @@ def setup(base: str | None, evolved: str | None, generic: str | None) -> Setup:
     name = base if not Path(base).expanduser().exists() else bdir.name
     ev = Path(evolved).expanduser() if evolved else CACHE / name
     full_cmd = (f"python -m apps.train evolve --base {bdir} --domain stdlib-tests --full --out "
-                f"{ev}/full-stdlib-tests --threads 2 --steps 45 --warmup 5")  # fmt: skip
+                f"{ev}/full-stdlib-tests --lr 1e-4 --threads 2 --steps 45 --warmup 5")  # fmt: skip
     if generic:
         gen = Path(generic).expanduser()
     else:

@@ -51,7 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--full", action="store_true", help="full fine-tune instead of LoRA")
     ap.add_argument("--steps", type=int, default=2000, help="planned steps (default 2000)")
     ap.add_argument("--time-budget-min", type=float, default=None, help="wall-clock cap")
-    ap.add_argument("--lr", type=float, default=None, help="peak LR (default 5e-3 LoRA, 1e-3 full)")
+    ap.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="peak LR (default 5e-3 LoRA, 1e-3 full; a pretrained model wants about 1e-4 "
+        "for --full: 1e-3 raised SmolLM2-135M's held-out stdlib-tests loss from 2.68 to 2.89 "
+        "in 45 steps of 8 x 128)",
+    )
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--warmup", type=int, default=20)
