@@ -53,8 +53,9 @@ def assemble_state(base_state: dict, head: dict, n_layers: int) -> dict:
     import torch
 
     last = f"model.layers.{n_layers - 1}."
-    out = {"model.embed_tokens.weight": base_state["model.embed_tokens.weight"],
-           "lm_head.weight": base_state.get("lm_head.weight", base_state["model.embed_tokens.weight"])}  # fmt: skip
+    emb = base_state["model.embed_tokens.weight"]  # a tied base's LM head: a copy, not a view
+    out = {"model.embed_tokens.weight": emb,
+           "lm_head.weight": base_state.get("lm_head.weight", emb.clone())}  # fmt: skip
     for k, v in base_state.items():
         if k.startswith(last):
             out["model.layers.0." + k[len(last) :]] = v  # the anchor block B_L, bit-exact

@@ -203,3 +203,17 @@ def test_the_evolving_bench_runs_on_any_base(base_and_adapter, tmp_path, capsys)
     )  # no generic draft: one line
     err = capsys.readouterr().err
     assert "no generic draft" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_anchor_for_a_tied_base_materializes(tmp_path):
+    """A base whose LM head is its embedding (SmolLM2, Gemma 3) gets an anchor draft with a
+    separate LM head tensor equal to that embedding."""
+    from safetensors.torch import load_file
+
+    from runtime.anchor import materialize
+    from runtime.random_checkpoint import make_checkpoint
+
+    base = make_checkpoint(tmp_path / "tied", "llama", num_layers=2, tie_word_embeddings=True)
+    _, out = train_anchor(base, tmp_path / "anchor", steps=1)
+    d = load_file(str(materialize(out, [base]) / "model.safetensors"))
+    assert torch.equal(d["lm_head.weight"], d["model.embed_tokens.weight"])
