@@ -15,6 +15,10 @@ norm) and `anchor.json` (the base's fingerprint, the anchor layer, the training 
 frozen parts are the base's own tensors, so `materialize` assembles the full checkpoint from
 the base, once, under `ANCHOR/.duet/`. It refuses a base whose weights hash differs. The LM
 head is kept frozen so that the shipped head stays small (the repository's size budget).
+
+Ablation, named as such (not FlexSpec's eq. 4): `keep_first` K > 0 keeps the base's first K
+blocks too (frozen, bit-exact), before B_L and the head, for a deep base whose last block alone
+carries too little (anchor.json records K; the head's layer is then K + 1).
 This module does not train (apps/train/anchor.py does).
 """
 
@@ -36,34 +40,46 @@ def is_anchor_dir(path) -> bool:
     return Path(path).is_dir() and (Path(path) / ANCHOR_RECORD).is_file()
 
 
-def anchor_config(base_cfg: dict) -> dict:
-    """The base's config.json made into the 2-layer anchor draft's."""
+def anchor_config(base_cfg: dict, keep_first: int = 0) -> dict:
+    """The base's config.json made into the anchor draft's: 2 layers (eq. 4), or, for the
+    ablation, the base's first `keep_first` blocks before them."""
     cfg = dict(base_cfg)
-    cfg["num_hidden_layers"] = 2
+    n = keep_first + 2
+    cfg["num_hidden_layers"] = n
     if "layer_types" in cfg:
-        cfg["layer_types"] = cfg["layer_types"][-1:] * 2
-    cfg["max_window_layers"] = min(cfg.get("max_window_layers", 2), 2)
+        cfg["layer_types"] = cfg["layer_types"][:keep_first] + cfg["layer_types"][-1:] * 2
+    cfg["max_window_layers"] = min(cfg.get("max_window_layers", n), n)
     cfg["tie_word_embeddings"] = False
     cfg["dtype"] = "float32"
     return cfg
 
 
-def assemble_state(base_state: dict, head: dict, n_layers: int) -> dict:
-    """Full anchor-draft tensors from the base's and the head's (names of the 2-layer model)."""
+def head_layer(keep_first: int = 0) -> int:
+    """The index of the trained head's layer in the anchor draft (after the frozen blocks)."""
+    return keep_first + 1
+
+
+def assemble_state(base_state: dict, head: dict, n_layers: int, keep_first: int = 0) -> dict:
+    """Full anchor-draft tensors from the base's and the head's (names of the draft's layers:
+    the base's blocks 0..keep_first-1, then its last block B_L, then the head)."""
     import torch
 
     last = f"model.layers.{n_layers - 1}."
+    anchor, hl = f"model.layers.{keep_first}.", f"model.layers.{head_layer(keep_first)}."
     emb = base_state["model.embed_tokens.weight"]  # a tied base's LM head: a copy, not a view
     out = {"model.embed_tokens.weight": emb,
            "lm_head.weight": base_state.get("lm_head.weight", emb.clone())}  # fmt: skip
     for k, v in base_state.items():
         if k.startswith(last):
-            out["model.layers.0." + k[len(last) :]] = v  # the anchor block B_L, bit-exact
+            out[anchor + k[len(last) :]] = v  # the anchor block B_L, bit-exact
             if ".self_attn." in k and "norm" not in k:
-                out["model.layers.1." + k[len(last) :]] = torch.zeros_like(v)  # attention adds 0
+                out[hl + k[len(last) :]] = torch.zeros_like(v)  # attention adds 0
             elif "norm" in k:
-                out["model.layers.1." + k[len(last) :]] = v.clone()  # norms; unused over zeros
-    out.update(head)  # layer 1's MLP and post-attention norm, the final norm
+                out[hl + k[len(last) :]] = v.clone()  # norms; unused over zeros
+        for i in range(keep_first):  # the ablation's first blocks, bit-exact
+            if k.startswith(f"model.layers.{i}."):
+                out[k] = v
+    out.update(head)  # the head layer's MLP and post-attention norm, the final norm
     return {k: v.float().contiguous() for k, v in out.items()}
 
 
@@ -97,14 +113,16 @@ def materialize(anchor_dir: str | Path, candidates: list[Path] = ()) -> Path:
     base_state = {}
     for f in sorted(base.glob("*.safetensors")):
         base_state.update(load_file(str(f)))
-    state = assemble_state(base_state, load_file(str(head_file)), base_cfg["num_hidden_layers"])
+    keep = int(json.loads((a / ANCHOR_RECORD).read_text()).get("keep_first", 0))
+    state = assemble_state(base_state, load_file(str(head_file)), base_cfg["num_hidden_layers"],
+                           keep)  # fmt: skip
     tmp = out.with_name("draft.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         if (base / name).is_file():
             shutil.copy(base / name, tmp / name)
-    (tmp / "config.json").write_text(json.dumps(anchor_config(base_cfg), indent=2))
+    (tmp / "config.json").write_text(json.dumps(anchor_config(base_cfg, keep), indent=2))
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)

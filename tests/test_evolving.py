@@ -82,14 +82,14 @@ def test_adapter_for_another_base_is_refused(base_and_adapter, tmp_path, capsys)
     assert rc == 2 and len(err) == 1 and "hidden_size=64" in err[0], err
 
 
-def train_anchor(base: Path, out: Path, steps: int = 4) -> tuple:
+def train_anchor(base: Path, out: Path, steps: int = 4, keep_first: int = 0) -> tuple:
     """A few Alg. 1 steps on random tokens; returns (student, out dir)."""
     from apps.train.anchor import AnchorStudent, anchor_step, save_anchor
     from apps.train.checkpoint import load_model
     from apps.train.loop import LoopConfig, train_loop
 
     teacher = load_model(base).requires_grad_(False)
-    student = AnchorStudent(base, seed=0)
+    student = AnchorStudent(base, seed=0, keep_first=keep_first)
     rng = np.random.default_rng(0)
 
     def batches():
@@ -101,7 +101,7 @@ def train_anchor(base: Path, out: Path, steps: int = 4) -> tuple:
     out.mkdir(parents=True, exist_ok=True)
     train_loop(student, anchor_step(teacher, student, 0.01, 1.0, 1.0), batches(), cfg,
                out / "loss_log.jsonl")  # fmt: skip
-    save_anchor(student, out, base, {"anchor_layer": 2, "steps": steps})
+    save_anchor(student, out, base, {"anchor_layer": 2, "steps": steps, "keep_first": keep_first})
     return student, out
 
 
@@ -217,3 +217,41 @@ def test_an_anchor_for_a_tied_base_materializes(tmp_path):
     _, out = train_anchor(base, tmp_path / "anchor", steps=1)
     d = load_file(str(materialize(out, [base]) / "model.safetensors"))
     assert torch.equal(d["lm_head.weight"], d["model.embed_tokens.weight"])
+
+
+def test_the_ablation_anchor_keeps_the_first_blocks_and_is_lossless(base_and_adapter, tmp_path):
+    """`apps.train anchor --keep-first 1` (an ablation, not eq. 4): the base's block 0, then its
+    last block, then the head; frozen parts bit-exact, the head's the only trained tensors, and
+    greedy sd with it equals ar on an evolved target."""
+    from safetensors.torch import load_file
+
+    from runtime.anchor import materialize
+    from runtime.decoding import make_steps, run
+    from runtime.decoding.events import GREEDY
+
+    base, adapter = base_and_adapter
+    student, out = train_anchor(base, tmp_path / "ablation", steps=2, keep_first=1)
+    assert {k for k, p in student.draft.named_parameters() if p.requires_grad} == {
+        k for k in student.draft.state_dict() if k.startswith(("model.layers.2.mlp.",
+        "model.layers.2.post_attention_layernorm.", "model.norm."))}  # fmt: skip
+    assert set(load_file(str(out / "anchor_head.safetensors"))) <= {
+        k for k in student.draft.state_dict() if k.startswith(("model.layers.2.", "model.norm."))
+    }
+    b = load_file(str(base / "model.safetensors"))
+    d = materialize(out, [base])
+    s = load_file(str(d / "model.safetensors"))
+    assert json.loads((d / "config.json").read_text())["num_hidden_layers"] == 3
+    for k, v in b.items():
+        if k.startswith("model.layers.0."):
+            assert torch.equal(s[k], v.float()), k
+        if k.startswith("model.layers.2."):  # the base's last block is the draft's block 1
+            assert torch.equal(s["model.layers.1." + k[len("model.layers.2.") :]], v.float()), k
+    assert torch.count_nonzero(s["model.layers.2.self_attn.o_proj.weight"]) == 0
+    pair = load_pair(str(base), str(out), need_draft=True, target_backend="torch",
+                     adapter=str(adapter))  # fmt: skip
+    ids = [5, 17, 99, 3]
+    ar = run(make_steps("ar", pair.target, None, ids, max_new=16, sampling=GREEDY, seed=0),
+             max_new=16)  # fmt: skip
+    sd = run(make_steps("sd", pair.target, pair.draft, ids, max_new=16, sampling=GREEDY, seed=0,
+                        gamma=3), max_new=16)  # fmt: skip
+    assert sd.tokens == ar.tokens and len(ar.tokens) == 16

@@ -9,7 +9,8 @@ any checkpoint (`--base smollm2-135m-instruct`: the folder ~/.cache/duet/evolvin
 by the commands `--help` ends with). A missing full fine-tune is reported with the command that
 rebuilds it. `--head` adds the base's fitted feature-level head (apps.train eagle; PyTorch, so
 it reads each target's own embedding and LM head): it drafts from the target's features, so it
-has no end-to-end column (the edge has no target). Prompts are held-out documents of each
+has no end-to-end column (the edge has no target). Any `anchor-*/` folder beside `anchor/` adds
+its rows as an ablation (`apps.train anchor --keep-first K`: the base's first K blocks kept too). Prompts are held-out documents of each
 target's own domain (apps/train/domains.py; the base's: the stdlib held-out files), each cut to
 its first `--prompt-tokens` tokens; as a control, the base also runs on each evolved domain's
 prompts (rows carry `prompts`, the domain the prompts come from). All targets run on the
@@ -53,6 +54,7 @@ REAL_RECIPE = """\
   python -m apps.train evolve --base $B --domain stdlib-tests --out $E/lora-stdlib-tests --threads 2 --steps 45 --warmup 5
   python -m apps.train evolve --base $B --domain stdlib-tests --full --lr 1e-4 --out $E/full-stdlib-tests --threads 2 --steps 45 --warmup 5
   python -m apps.train anchor --base $B --out $E/anchor --threads 2 --steps 100 --time-budget-min 8
+  python -m apps.train anchor --base $B --keep-first 2 --out $E/anchor-first2 --threads 2 --steps 100 --time-budget-min 8   # ablation
   python -m apps.train draft-tune --target {name} --from-target-layers 0,1,{last} --out $E/generic --threads 2 --seq-len 128 --time-budget-min 8 --no-eval"""
 
 
@@ -162,6 +164,9 @@ def run(a: argparse.Namespace) -> dict:
     from apps.bench.evolving_e2e import Verifiers
 
     drafts = {"generic": s.generic, "anchor": s.anchor}
+    for abl in sorted(s.evolved.glob("anchor?*")):  # ablations (--keep-first), named by folder
+        if (abl / "anchor.json").is_file():
+            drafts[abl.name] = abl
     if a.head:
         from runtime.backends.torch_eagle import head_sidecar
 

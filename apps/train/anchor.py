@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from runtime.adapter import base_record
-from runtime.anchor import ANCHOR_RECORD, HEAD_FILE, anchor_config, assemble_state
+from runtime.anchor import ANCHOR_RECORD, HEAD_FILE, anchor_config, assemble_state, head_layer
 from runtime.errors import DuetError
 
 from .corpus import BatchSampler, load_corpus, token_stream
@@ -31,14 +31,22 @@ from .loop import LoopConfig, make_optimizer, train_loop
 from .losses import distill_loss
 from .tokenizer import eos_id, load_tokenizer
 
-HEAD_PREFIXES = ("model.layers.1.mlp.", "model.layers.1.post_attention_layernorm.", "model.norm.")
+
+def head_prefixes(keep_first: int = 0) -> tuple[str, ...]:
+    """The trained tensors' name prefixes: the head layer's MLP and pre-norm, the final norm."""
+    hl = f"model.layers.{head_layer(keep_first)}."
+    return (hl + "mlp.", hl + "post_attention_layernorm.", "model.norm.")
+
+
+HEAD_PREFIXES = head_prefixes(0)
 
 
 class AnchorStudent(torch.nn.Module):
     """The 2-layer anchor draft plus W_p (eq. 5); only the head and W_p require gradients."""
 
-    def __init__(self, base_dir: Path, seed: int):
+    def __init__(self, base_dir: Path, seed: int, keep_first: int = 0):
         super().__init__()
+        self.prefixes = head_prefixes(keep_first)
         from safetensors.torch import load_file
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -47,21 +55,23 @@ class AnchorStudent(torch.nn.Module):
         for f in sorted(base_dir.glob("*.safetensors")):
             base_state.update(load_file(str(f)))
         torch.manual_seed(seed)
-        cfg = AutoConfig.for_model(**anchor_config(base_cfg))
+        cfg = AutoConfig.for_model(**anchor_config(base_cfg, keep_first))
         self.draft = AutoModelForCausalLM.from_config(cfg).float()
         # H_small initialised randomly (Alg. 1), the final norm from the base's
-        init = {k: v for k, v in self.draft.state_dict().items() if k.startswith(HEAD_PREFIXES[:2])}
+        init = {k: v for k, v in self.draft.state_dict().items() if k.startswith(self.prefixes[:2])}
         init["model.norm.weight"] = base_state["model.norm.weight"]
-        self.draft.load_state_dict(assemble_state(base_state, init, base_cfg["num_hidden_layers"]))
+        self.draft.load_state_dict(
+            assemble_state(base_state, init, base_cfg["num_hidden_layers"], keep_first)
+        )
         for name, p in self.draft.named_parameters():
-            p.requires_grad_(name.startswith(HEAD_PREFIXES))
+            p.requires_grad_(name.startswith(self.prefixes))
         H = base_cfg["hidden_size"]
         self.w_p = torch.nn.Linear(H, H, bias=False)  # W_p of eq. (5)
         torch.nn.init.eye_(self.w_p.weight)
 
     def head_state(self) -> dict:
         return {k: v.detach().clone() for k, v in self.draft.state_dict().items()
-                if k.startswith(HEAD_PREFIXES)}  # fmt: skip
+                if k.startswith(self.prefixes)}  # fmt: skip
 
 
 def anchor_step(teacher, student: AnchorStudent, lambda_feat: float, lambda_kd: float, T: float):
@@ -102,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="train on the CPU or a CUDA GPU (default cpu)")  # fmt: skip
+    ap.add_argument("--keep-first", type=int, default=0, metavar="K",
+                    help="ABLATION, not eq. 4: also keep the base's first K blocks (frozen) "
+                         "before the anchor block (default 0: FlexSpec's anchor)")  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ckpt-every", type=int, default=100)
     ap.add_argument("--fresh", action="store_true", help="ignore a resume state in OUT")
@@ -129,13 +142,17 @@ def run(a: argparse.Namespace) -> dict:
         raise DuetError(f"--base {base}: not a checkpoint directory (no config.json)")
     if a.steps < 1 or a.threads < 1 or a.temperature <= 0:
         raise DuetError("--steps, --threads and --temperature must be positive")
+    n_base = json.loads((base / "config.json").read_text())["num_hidden_layers"]
+    if not 0 <= a.keep_first < n_base - 1:
+        raise DuetError(f"--keep-first {a.keep_first}: the base has {n_base} blocks; keep 0 to "
+                        f"{n_base - 2} of them before its last")  # fmt: skip
     if a.device == "cuda" and not torch.cuda.is_available():
         raise DuetError(f"--device cuda: PyTorch {torch.__version__} sees no CUDA GPU")
     torch.set_num_threads(a.threads)
     from .checkpoint import load_model
 
     teacher = load_model(base).requires_grad_(False)
-    student = AnchorStudent(base, a.seed)
+    student = AnchorStudent(base, a.seed, a.keep_first)
     teacher, student = teacher.to(a.device), student.to(a.device)
     tok = load_tokenizer(base / "tokenizer.json")
     eos = eos_id(tok, base)
@@ -160,7 +177,7 @@ def run(a: argparse.Namespace) -> dict:
     def save_resume(step: int) -> None:
         resume.mkdir(exist_ok=True)
         trainable = {k: v for k, v in student.state_dict().items()
-                     if k.startswith("w_p") or k[len("draft."):].startswith(HEAD_PREFIXES)}  # fmt: skip
+                     if k.startswith("w_p") or k[len("draft."):].startswith(student.prefixes)}  # fmt: skip
         torch.save({"student": trainable, "optimizer": opt.state_dict(), "step": step},
                    resume / "state.pt.tmp")  # fmt: skip
         (resume / "state.pt.tmp").replace(resume / "state.pt")
@@ -172,7 +189,8 @@ def run(a: argparse.Namespace) -> dict:
                          checkpoint=save_resume, optimizer=opt, start_step=start)  # fmt: skip
     save_resume(summary["steps"])
     L = teacher.config.num_hidden_layers
-    meta = {"anchor_layer": L - 1, "lambda_feat": a.lambda_feat, "lambda_kd": a.lambda_kd,
+    meta = {"anchor_layer": L - 1, "keep_first": a.keep_first,
+            "kind": "ablation: first blocks kept" if a.keep_first else "eq. 4", "lambda_feat": a.lambda_feat, "lambda_kd": a.lambda_kd,
             "temperature": a.temperature, "steps": summary["steps"], "train_tokens": int(len(ids)),
             "final_loss_ema": summary["final_loss_ema"], "wall_s": round(time.monotonic() - t0, 1),
             "corpus": "stdlib source, train split (apps/train/corpus.py)", "seed": a.seed,
