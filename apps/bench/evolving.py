@@ -9,12 +9,13 @@ any checkpoint (`--base smollm2-135m-instruct`: the folder ~/.cache/duet/evolvin
 by the commands `--help` ends with). A missing full fine-tune is reported with the command that
 rebuilds it. `--head` adds the base's fitted feature-level head (apps.train eagle; PyTorch, so
 it reads each target's own embedding and LM head): it drafts from the target's features, so it
-has no end-to-end column (the edge has no target). Any `anchor-*/` folder beside `anchor/` adds
-its rows as an ablation (`apps.train anchor --keep-first K`: the base's first K blocks kept too). Prompts are held-out documents of each
-target's own domain (apps/train/domains.py; the base's: the stdlib held-out files), each cut to
-its first `--prompt-tokens` tokens; as a control, the base also runs on each evolved domain's
-prompts (rows carry `prompts`, the domain the prompts come from). All targets run on the
-PyTorch backend, the generic and anchor drafts on ONNX Runtime.
+has no end-to-end column (the edge has no target). Any `anchor-*/` folder beside `anchor/`
+adds its rows as an ablation (`apps.train anchor --keep-first K`: the base's first K blocks
+kept too). Prompts are held-out documents of each target's own domain (apps/train/domains.py;
+the base's: the stdlib held-out files), each cut to its first `--prompt-tokens` tokens; as a
+control, the base also runs on each evolved domain's prompts (rows carry `prompts`, the domain
+the prompts come from). All targets run on the PyTorch backend, the generic and anchor drafts
+on ONNX Runtime.
 
 `ms_per_token` is end-to-end greedy `--method flexspec` over one named link (`--link`, default
 4g): **emulated link time (virtual clock) + measured compute**, with the LoRA-evolved targets
@@ -174,6 +175,12 @@ def run(a: argparse.Namespace) -> dict:
             raise DuetError(f"--head: {s.base} has no fitted head ({head_sidecar(s.base)}); "
                             f"fit one with python -m apps.train eagle --help")  # fmt: skip
         drafts["head"] = "head"
+    if a.drafts:
+        want = a.drafts.split(",")
+        if unknown := [d for d in want if d not in drafts]:
+            raise DuetError(f"--drafts {','.join(unknown)}: not found; this run has "
+                            f"{', '.join(drafts)}")  # fmt: skip
+        drafts = {d: drafts[d] for d in want}
     rows, t0 = [], time.monotonic()
     tlist = targets(s, not a.no_controls)
     lora = {t["adapter"].name: t["adapter"] for t in tlist if t["adapter"] is not None}
@@ -269,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="add the base's fitted feature-level head (acceptance only)",
     )
+    ap.add_argument("--drafts", default=None,
+                    help="comma-separated drafts to run, of generic, anchor, anchor-*, head "
+                         "(default: every one found)")  # fmt: skip
     ap.add_argument("--prompts", type=int, default=10, help="held-out prompts per target (10)")
     ap.add_argument("--prompt-tokens", type=int, default=48, help="tokens per prompt (48)")
     ap.add_argument("--max-tokens", type=int, default=48, help="new tokens per prompt (48)")
