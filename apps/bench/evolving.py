@@ -47,8 +47,8 @@ FULL_CMD = ("python -m apps.train evolve --base runtime/assets/default/target --
             "stdlib-tests --full --out out/evolving/full-stdlib-tests --time-budget-min 4 "
             "--threads 1 --steps 400")  # fmt: skip
 CACHE = Path("~/.cache/duet/evolving").expanduser()
-# how the evolved folder of a real base is built (~5 min a step of 8 x 128 tokens on 2 cores:
-# about 9 s a LoRA step, 12 s a full one; docs/benchmarks.md has the run)
+# how the evolved folder of a real base is built: 6-10 min a command for SmolLM2 on 2 cores (a
+# step of 8 x 128 tokens took 7-9 s LoRA, 9-16 s full, 5 s anchor; docs/benchmarks.md, Table II)
 REAL_RECIPE = """\
   B={name}; E={evolved}
   python -m apps.train evolve --base $B --domain licenses --out $E/lora-licenses --threads 2 --steps 45 --warmup 5
