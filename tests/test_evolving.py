@@ -255,3 +255,12 @@ def test_the_ablation_anchor_keeps_the_first_blocks_and_is_lossless(base_and_ada
     sd = run(make_steps("sd", pair.target, pair.draft, ids, max_new=16, sampling=GREEDY, seed=0,
                         gamma=3), max_new=16)  # fmt: skip
     assert sd.tokens == ar.tokens and len(ar.tokens) == 16
+
+
+def test_keep_first_beyond_the_base_is_one_line(base_and_adapter, tmp_path):
+    from apps.train.anchor import build_parser, run
+
+    base, _ = base_and_adapter  # 3 blocks: 0 or 1 may be kept before the last
+    with pytest.raises(DuetError, match="--keep-first 2: the base has 3 blocks; keep 0 to 1"):
+        run(build_parser().parse_args(["--base", str(base), "--out", str(tmp_path / "a"),
+                                       "--keep-first", "2"]))  # fmt: skip

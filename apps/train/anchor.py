@@ -42,7 +42,8 @@ HEAD_PREFIXES = head_prefixes(0)
 
 
 class AnchorStudent(torch.nn.Module):
-    """The 2-layer anchor draft plus W_p (eq. 5); only the head and W_p require gradients."""
+    """The anchor draft (2 layers; K + 2 for the `keep_first` ablation) plus W_p (eq. 5); only
+    the head and W_p require gradients."""
 
     def __init__(self, base_dir: Path, seed: int, keep_first: int = 0):
         super().__init__()
