@@ -69,16 +69,16 @@ def assemble_state(base_state: dict, head: dict, n_layers: int, keep_first: int 
     emb = base_state["model.embed_tokens.weight"]  # a tied base's LM head: a copy, not a view
     out = {"model.embed_tokens.weight": emb,
            "lm_head.weight": base_state.get("lm_head.weight", emb.clone())}  # fmt: skip
+    first = tuple(f"model.layers.{i}." for i in range(keep_first))  # the ablation's blocks
     for k, v in base_state.items():
+        if first and k.startswith(first):
+            out[k] = v  # bit-exact, at their own indices
         if k.startswith(last):
             out[anchor + k[len(last) :]] = v  # the anchor block B_L, bit-exact
             if ".self_attn." in k and "norm" not in k:
                 out[hl + k[len(last) :]] = torch.zeros_like(v)  # attention adds 0
             elif "norm" in k:
                 out[hl + k[len(last) :]] = v.clone()  # norms; unused over zeros
-        for i in range(keep_first):  # the ablation's first blocks, bit-exact
-            if k.startswith(f"model.layers.{i}."):
-                out[k] = v
     out.update(head)  # the head layer's MLP and post-attention norm, the final norm
     return {k: v.float().contiguous() for k, v in out.items()}
 

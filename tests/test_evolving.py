@@ -105,6 +105,21 @@ def train_anchor(base: Path, out: Path, steps: int = 4, keep_first: int = 0) -> 
     return student, out
 
 
+def assert_sd_equals_ar(base: Path, adapter: Path, anchor: Path, n: int, gamma: int) -> None:
+    """Greedy sd with the anchor draft equals ar on base + adapter, for n new tokens."""
+    from runtime.decoding import make_steps, run
+    from runtime.decoding.events import GREEDY
+
+    pair = load_pair(str(base), str(anchor), need_draft=True, target_backend="torch",
+                     adapter=str(adapter))  # fmt: skip
+    ids = [5, 17, 99, 3]
+    ar = run(make_steps("ar", pair.target, None, ids, max_new=n, sampling=GREEDY, seed=0),
+             max_new=n)  # fmt: skip
+    sd = run(make_steps("sd", pair.target, pair.draft, ids, max_new=n, sampling=GREEDY, seed=0,
+                        gamma=gamma), max_new=n)  # fmt: skip
+    assert sd.tokens == ar.tokens and len(ar.tokens) == n
+
+
 def test_anchor_frozen_parts_stay_bit_identical(base_and_adapter, tmp_path):
     from safetensors.torch import load_file
 
@@ -156,19 +171,10 @@ def test_anchor_draft_exports_to_onnx_with_parity(base_and_adapter, tmp_path, ca
 
 
 def test_greedy_sd_with_anchor_equals_ar_on_evolved_target(base_and_adapter, tmp_path):
-    from runtime.decoding import make_steps, run
-    from runtime.decoding.events import GREEDY
 
     base, adapter = base_and_adapter
     _, out = train_anchor(base, tmp_path / "anchor", steps=2)
-    pair = load_pair(str(base), str(out), need_draft=True, target_backend="torch",
-                     adapter=str(adapter))  # fmt: skip
-    ids = [5, 17, 99, 3]
-    ar = run(make_steps("ar", pair.target, None, ids, max_new=24, sampling=GREEDY, seed=0),
-             max_new=24)  # fmt: skip
-    sd = run(make_steps("sd", pair.target, pair.draft, ids, max_new=24, sampling=GREEDY, seed=0,
-                        gamma=4), max_new=24)  # fmt: skip
-    assert sd.tokens == ar.tokens and len(ar.tokens) == 24
+    assert_sd_equals_ar(base, adapter, out, n=24, gamma=4)
 
 
 def test_the_evolving_bench_runs_on_any_base(base_and_adapter, tmp_path, capsys):
@@ -226,8 +232,6 @@ def test_the_ablation_anchor_keeps_the_first_blocks_and_is_lossless(base_and_ada
     from safetensors.torch import load_file
 
     from runtime.anchor import materialize
-    from runtime.decoding import make_steps, run
-    from runtime.decoding.events import GREEDY
 
     base, adapter = base_and_adapter
     student, out = train_anchor(base, tmp_path / "ablation", steps=2, keep_first=1)
@@ -247,14 +251,7 @@ def test_the_ablation_anchor_keeps_the_first_blocks_and_is_lossless(base_and_ada
         if k.startswith("model.layers.2."):  # the base's last block is the draft's block 1
             assert torch.equal(s["model.layers.1." + k[len("model.layers.2.") :]], v.float()), k
     assert torch.count_nonzero(s["model.layers.2.self_attn.o_proj.weight"]) == 0
-    pair = load_pair(str(base), str(out), need_draft=True, target_backend="torch",
-                     adapter=str(adapter))  # fmt: skip
-    ids = [5, 17, 99, 3]
-    ar = run(make_steps("ar", pair.target, None, ids, max_new=16, sampling=GREEDY, seed=0),
-             max_new=16)  # fmt: skip
-    sd = run(make_steps("sd", pair.target, pair.draft, ids, max_new=16, sampling=GREEDY, seed=0,
-                        gamma=3), max_new=16)  # fmt: skip
-    assert sd.tokens == ar.tokens and len(ar.tokens) == 16
+    assert_sd_equals_ar(base, adapter, out, n=16, gamma=3)
 
 
 def test_keep_first_beyond_the_base_is_one_line(base_and_adapter, tmp_path):

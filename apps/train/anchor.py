@@ -38,9 +38,6 @@ def head_prefixes(keep_first: int = 0) -> tuple[str, ...]:
     return (hl + "mlp.", hl + "post_attention_layernorm.", "model.norm.")
 
 
-HEAD_PREFIXES = head_prefixes(0)
-
-
 class AnchorStudent(torch.nn.Module):
     """The anchor draft (2 layers; K + 2 for the `keep_first` ablation) plus W_p (eq. 5); only
     the head and W_p require gradients."""
