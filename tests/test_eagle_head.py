@@ -383,3 +383,82 @@ def test_an_adapter_and_a_fine_tuned_copy_draft_with_the_base_head(fitted, tmp_p
         sd = run(make_steps("sd", pair.target, pair.draft, PROMPT, max_new=N_NEW,
                             sampling=GREEDY, seed=0, gamma=3), max_new=N_NEW)  # fmt: skip
         assert sd.tokens == ar.tokens and len(ar.tokens) == N_NEW, kw
+
+
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")  # fmt: skip
+
+
+def _templated(tiny_dir, tmp_path):
+    d = tmp_path / "templated"
+    shutil.copytree(tiny_dir("llama", seed=3), d)
+    (d / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": TEMPLATE})
+    )
+    return d
+
+
+def test_self_written_prompts_are_finished_new_questions(tiny_dir, tmp_path):
+    """Magpie: the target continues its template's pre-query prefix; kept are the rows that end
+    within the budget, hold three words, and are neither seen nor held out."""
+    from apps.train import eagle_data as ed
+    from runtime.chat_template import ChatTemplate
+    from runtime.tokenizer import Tokenizer
+
+    d = _templated(tiny_dir, tmp_path)
+    tok, tmpl = Tokenizer(d), ChatTemplate.load(d)
+    prefix = ed.query_prefix(tmpl)
+    assert tok.decode(prefix) == "<user>"
+    eos, pad = 0, 1
+    texts = ["how do bees fly", "how do bees fly", "held out question here", "two words",
+             "a question that never ends", "why is the sky blue"]  # fmt: skip
+    rows = [tok.encode(t) + ([eos] if i != 4 else []) for i, t in enumerate(texts)]
+    width = max(map(len, rows))
+
+    class Fake:
+        def generate(self, input_ids, **kw):
+            assert input_ids[0].tolist() == prefix and kw["do_sample"]
+            assert kw["temperature"] == 1.0 and kw["top_p"] == 0.95
+            body = [r + [pad] * (width - len(r)) for r in rows]
+            return torch.cat([input_ids[:, :0].new_tensor([prefix] * len(rows)),
+                              torch.tensor(body)], 1)  # fmt: skip
+
+    got = ed.self_prompts(Fake(), tok, tmpl, 10, seed=0, batch=len(rows), eos={eos}, pad=pad,
+                          banned={"held out question here"})  # fmt: skip
+    assert got == ["how do bees fly", "why is the sky blue"]
+    assert ed.self_prompts(Fake(), tok, tmpl, 1, seed=0, batch=6, eos={eos}, pad=pad) == [
+        "how do bees fly"
+    ]
+
+
+def test_a_rerun_with_self_prompts_goes_on_after_the_answered_ones(tiny_dir, tmp_path,
+                                                                    monkeypatch):  # fmt: skip
+    """The plan (DATA/plan.jsonl) keeps the answered prompts first and in order; self-written
+    prompts and document tasks over the target's own cached answers are added after them and
+    answered by the rerun; a target without a chat template cannot write prompts."""
+    from apps.train import eagle_data as ed
+
+    d = _templated(tiny_dir, tmp_path)
+    assert _fit(d, 1) == 0
+    data = head_sidecar(d) / "data"
+    first = ed.read_plan(data)
+    assert [r["kind"] for r in first] == ["template"] * 6 and ed.done_prompts(data) == 6
+    from runtime.tokenizer import Tokenizer
+
+    docs = ed.answer_doc_prompts(data, Tokenizer(d), 2, seed=0, min_tokens=1)
+    assert len(docs) == 2
+    assert all(any(p.startswith(f.split("{doc}")[0]) for f in ed.DOC_FORMS) for p in docs)
+    mine = ["what is a bee", "write me a poem", "how far is the moon"]
+    monkeypatch.setattr(ed, "self_prompts", lambda *a, **k: mine[: a[3]])
+    monkeypatch.setattr(ed, "answer_doc_prompts", lambda data, tok, n, seed: ["Sum up: x y z"] * n)
+    assert _fit(d, 2, "--self-prompts", "4") == 0
+    plan = ed.read_plan(data)
+    assert plan[:6] == first and ed.done_prompts(data) == len(plan) == 10
+    assert sorted(r["prompt"] for r in plan[6:]) == sorted([*mine, "Sum up: x y z"])
+    assert {r["kind"] for r in plan[6:]} == {"self", "answer-doc"}
+    assert _fit(d, 3, "--self-prompts", "4") == 0 and ed.read_plan(data) == plan  # nothing new
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_dir("llama", seed=3), bare)
+    with pytest.raises(DuetError, match="no chat template"):
+        _fit(bare, 1, "--self-prompts", "2")
+

@@ -180,6 +180,59 @@ def save_head(head, out: Path, target_dir: Path, meta: dict) -> Path:
     return out / WEIGHTS
 
 
+def plan_prompts(a, tdir: Path, data: Path, deadline: float | None) -> list[str]:
+    """The data phase's prompts in order, kept in DATA/plan.jsonl (apps/train/eagle_data.py):
+    `--prompts` template prompts and `--self-prompts` the target writes itself, a quarter of
+    those (once answers are cached) document tasks over its own answers. New prompts are
+    shuffled in among those not yet answered, so a rerun with more of either goes on where the
+    last one stopped; a cache from before plans existed keeps its template order."""
+    import random
+
+    from tqdm import tqdm
+
+    from runtime.chat_template import ChatTemplate
+    from runtime.tokenizer import Tokenizer
+
+    from . import eagle_data as ed
+    from .eagle_prompts import build_prompts, heldout_turns
+
+    heldout_set = Path(__file__).resolve().parents[1] / "prompts" / "chat" / "chat.jsonl"
+    templ = build_prompts(a.prompts, a.seed, heldout_set, a.doc_files)
+    done, plan, block = ed.done_prompts(data), ed.read_plan(data), 8 * a.gen_batch
+    render = ed.renderer(tdir)
+    if plan is None:  # answered before plans were kept: build_prompts' order, sorted by blocks
+        plan = [
+            {"kind": "template", "prompt": p} for p in ed.by_length(templ, render, block)[:done]
+        ]
+    have = {r["prompt"] for r in plan}
+    new = [{"kind": "template", "prompt": p} for p in templ if p not in have]
+    want = a.self_prompts - sum(r["kind"] != "template" for r in plan)
+    if want > 0:
+        tmpl, tok = ChatTemplate.load(tdir), Tokenizer(tdir)
+        if tmpl is None:
+            raise DuetError(f"--self-prompts: {tdir} has no chat template to write prompts with")
+        docs = ed.answer_doc_prompts(data, tok, want // 4, a.seed + len(plan)) if done else []
+        eos, pad = ed.end_ids(tdir)
+        bar = tqdm(total=want - len(docs), desc="self-prompts", unit="prompt", mininterval=10)
+        mine = ed.self_prompts(ed._hf_model(tdir, a.threads), tok, tmpl, want - len(docs),
+                               seed=a.seed + len(plan), batch=a.gen_batch,
+                               eos=eos, pad=pad,
+                               banned=heldout_turns(heldout_set) | have, deadline=deadline,
+                               progress=bar.update)  # fmt: skip
+        bar.close()
+        new += [{"kind": "self", "prompt": p} for p in mine]
+        new += [{"kind": "answer-doc", "prompt": p} for p in docs]
+    if new or not (data / "plan.jsonl").is_file():
+        rest = plan[done:] + new
+        random.Random(a.seed + done).shuffle(rest)
+        order = {
+            p: i for i, p in enumerate(ed.by_length([r["prompt"] for r in rest], render, block))
+        }
+        plan = plan[:done] + sorted(rest, key=lambda r: order[r["prompt"]])
+        ed.write_plan(data, plan)
+    return [r["prompt"] for r in plan]
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m apps.train eagle", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -188,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts", type=int, default=3000,
                     help="training prompts to answer, as many as the data budget allows (3000; "
                     "SmolLM2-135M answers ~1,950 in 40 minutes on 2 cores)")  # fmt: skip
+    ap.add_argument("--self-prompts", type=int, default=0,
+                    help="prompts the target writes itself from its chat template's pre-query "
+                    "prefix (Magpie), a quarter of them document tasks over its cached answers: "
+                    "chat-like data the template prompts lack (default 0)")  # fmt: skip
     ap.add_argument("--time-budget-min", type=float, default=None,
                     help="wall-clock cap for data and training together")  # fmt: skip
     ap.add_argument("--data-budget-min", type=float, default=None,
@@ -229,7 +286,6 @@ def run(a: argparse.Namespace) -> dict:
     from runtime.load import resolve
 
     from .eagle_data import build_data, data_stats, load_shards
-    from .eagle_prompts import build_prompts
 
     _check(a)
     t0 = time.monotonic()
@@ -244,8 +300,7 @@ def run(a: argparse.Namespace) -> dict:
     torch.manual_seed(a.seed)
     stats = data_stats(out / "data")
     if data_s != 0:
-        heldout_set = Path(__file__).resolve().parents[1] / "prompts" / "chat" / "chat.jsonl"
-        prompts = build_prompts(a.prompts, a.seed, heldout_set, a.doc_files)
+        prompts = plan_prompts(a, tdir, out / "data", t0 + data_s if data_s else None)
         print(f"data: answering up to {len(prompts)} prompts into {out / 'data'}", flush=True)
         from tqdm import tqdm
 
