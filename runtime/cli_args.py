@@ -18,9 +18,12 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--draft",
         help="draft: HF directory, exported .onnx, Hub id, `mtp` (the target checkpoint's own "
-        "multi-token-prediction head), or a model-free draft for sd/tree: `lookup` (prompt "
+        "multi-token-prediction head), `head` (the feature-level head `python -m apps.train "
+        "eagle` fitted beside the target), a model-free draft for sd/tree: `lookup` (prompt "
         "lookup over n-grams of the prompt and answer), `suffix` (SuffixDecoding: suffix tries "
-        "over them), `suffix:FILE` (and a corpus file) (default: embedded pair)",
+        "over them), `suffix:FILE` (and a corpus file), or a head with one of them beside it "
+        "for sd: `head+suffix`, `head+lookup`, `mtp+suffix`, `mtp+lookup` (the text's chain "
+        "when it predicts well, else the head's) (default: embedded pair)",
     )
     ap.add_argument("--target-backend", choices=TARGET_BACKENDS, default="auto",
                     help="runs the target: auto = mlx on macOS (Metal), torch elsewhere; onnx = "

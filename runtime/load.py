@@ -10,6 +10,7 @@ from pathlib import Path
 from runtime.backends import backend_for_path, load_model
 from runtime.config import ModelConfig
 from runtime.drafts import is_model_free_spec, load_model_free
+from runtime.drafts.mixed import is_mixed_spec
 from runtime.errors import DuetError
 from runtime.preflight import check_checkpoint, check_pair_files
 from runtime.tokenizer import Tokenizer, check_pair
@@ -76,6 +77,14 @@ def resolve(path: str | None, role: str) -> Path | None:
 
 # drafts read from beside the target: its MTP head (checkpoint or sidecar), a fitted head
 OWN_HEADS = ("mtp", "head")
+
+
+def _no_draft_dir(spec) -> bool:
+    """Whether a --draft value names no draft checkpoint: the target's own head (`head`,
+    `mtp`), a model-free draft, or one of each (`head+suffix`, runtime/drafts/mixed.py)."""
+    return spec in OWN_HEADS or is_model_free_spec(spec) or is_mixed_spec(spec)
+
+
 TARGET_BACKENDS = ("auto", "mlx", "torch", "onnx")  # onnx: runtime/backends/onnx_target.py
 
 
@@ -139,7 +148,7 @@ def load_pair(
         from runtime.assets import default_pair
 
         tdir, ddir = default_pair()
-    elif target is None and (draft in OWN_HEADS or is_model_free_spec(draft)):
+    elif target is None and _no_draft_dir(draft):
         from runtime.assets import default_pair  # the embedded target, its own head / no model
 
         tdir, ddir = default_pair()[0], draft
@@ -147,7 +156,7 @@ def load_pair(
         raise DuetError(
             "--draft given without --target; pass both, or neither for the embedded pair"
         )
-    elif draft in OWN_HEADS or is_model_free_spec(draft):  # its own head, or no model
+    elif _no_draft_dir(draft):  # its own head, or no model, or both
         tdir, ddir = resolve(target, "target"), draft
     else:
         tdir, ddir = resolve(target, "target"), resolve(draft, "draft")
@@ -166,14 +175,14 @@ def load_pair(
         tdir = merged_target_dir(tdir, resolve(adapter, "adapter"))
     # headers and vocabularies first: a bad file costs a second, not a model load
     check_checkpoint(tdir, "target")
-    if need_draft and ddir not in OWN_HEADS and not is_model_free_spec(ddir):
+    if need_draft and not _no_draft_dir(ddir):
         check_checkpoint(ddir, "draft")
         check_pair_files(tdir, ddir)
     asked_backend, target_backend = target_backend, target_backend_for(target_backend)
     if (
         target_threads is None
         and target_backend == "onnx"
-        and (not need_draft or ddir in OWN_HEADS or is_model_free_spec(ddir))
+        and (not need_draft or _no_draft_dir(ddir))
     ):  # no draft model computes beside it: the ONNX target takes every core
         target_threads = os.cpu_count() or 1
     if target_threads is None:
@@ -215,14 +224,17 @@ def load_pair(
             "graph with its recurrent states, float32 weights (--quantize applies to Llama, "
             "Qwen2, Qwen3 and Gemma 3)"
         )
-    if need_draft and ddir == "head":  # a fitted feature-level head (apps.train eagle)
+    mixed, kind = need_draft and is_mixed_spec(ddir), ddir
+    if mixed:  # the head drafts, a model-free draft beside it (runtime/drafts/mixed.py)
+        kind = ddir.split("+")[0]
+    if need_draft and kind == "head":  # a fitted feature-level head (apps.train eagle)
         from runtime.backends.torch_eagle import HeadDraft
 
         hb = "torch" if draft_backend == "torch" or target_device != "cpu" else "onnx"
         d = HeadDraft.load(t, home, backend=hb, threads=draft_threads)
         label = "torch" if hb == "torch" else "onnx, int8 weights"
         settings.update(draft_backend=f"head (fitted feature-level head, {label})")
-    elif need_draft and ddir == "mtp":
+    elif need_draft and kind == "mtp":
         from runtime.backends.torch_mtp import MTPDraft
 
         mb = "torch" if draft_backend == "torch" or target_device != "cpu" else "onnx"
@@ -250,4 +262,11 @@ def load_pair(
             draft_provider=provider if db == "onnx" else None,
         )
     tok = Tokenizer(tdir) if (Path(tdir) / "tokenizer.json").is_file() else None
+    if mixed:
+        from runtime.drafts.mixed import MixedDraft
+
+        free = ddir.split("+")[1]
+        d = MixedDraft(d, load_model_free(free, t, tok), name=ddir)
+        settings.update(draft_backend=f"{settings['draft_backend']} + {free} (model-free): the "
+                        "text's chain when it predicts well, else the head's")  # fmt: skip
     return Pair(t, d, tok, Path(tdir), ddir, settings, model_name(target, Path(tdir)))

@@ -107,11 +107,17 @@ def test_generate_cli_finds_the_head(fitted, capsys):
     target_dir, _ = fitted
     ids = ",".join(map(str, PROMPT))
     outs = []
-    for method, extra in (("ar", []), ("sd", ["--draft", "head", "--gamma", "3"])):
+    runs = (("ar", []), ("sd", ["--draft", "head", "--gamma", "3"]),
+            ("sd", ["--draft", "head+suffix", "--gamma", "3"]))  # fmt: skip
+    for method, extra in runs:
         assert generate(["--target", str(target_dir), "--method", method, "--prompt-ids", ids,
                          "--max-tokens", "10", "--json", *extra]) == 0  # fmt: skip
         outs.append(json.loads(capsys.readouterr().out))
     assert outs[1]["tokens"] == outs[0]["tokens"] and outs[1]["stats"]["steps"] >= 1
+    assert outs[2]["tokens"] == outs[0]["tokens"]
+    assert generate(["--target", str(target_dir), "--method", "tree", "--draft", "head+lookup",
+                     "--prompt-ids", ids, "--max-tokens", "4"]) == 2  # fmt: skip
+    assert "`sd` chains only" in capsys.readouterr().err
 
 
 def test_no_head_is_one_line(tiny_dir, capsys):
@@ -462,3 +468,83 @@ def test_a_rerun_with_self_prompts_goes_on_after_the_answered_ones(tiny_dir, tmp
     with pytest.raises(DuetError, match="no chat template"):
         _fit(bare, 1, "--self-prompts", "2")
 
+
+def _mixed(draft, target, **kw):
+    from runtime.drafts.mixed import MixedDraft
+    from runtime.drafts.suffix import SuffixDraft
+
+    return MixedDraft(draft, SuffixDraft(target.config), name="head+suffix", **kw)
+
+
+def test_the_head_with_a_suffix_draft_beside_it_is_lossless(fitted):
+    """`--draft head+suffix`: on a prompt that repeats, the text drafts some steps and the head
+    the others (catching up on the tokens committed meanwhile); greedy equals `ar`, whatever
+    the bar; trees refuse it in one line."""
+    from runtime.decoding import cannot_run
+    from runtime.load import load_pair
+
+    target_dir, _ = fitted
+    pair = load_pair(str(target_dir), "head+suffix", need_draft=True, target_backend="torch",
+                     target_threads=1)  # fmt: skip
+    assert pair.draft.mixed and "suffix (model-free)" in pair.settings["draft_backend"]
+    prompt = [5, 17, 42, 99, 7, 11, 5, 17, 42, 99, 7, 11, 5, 17]
+    n = 24
+    ar = run(make_steps("ar", pair.target, None, prompt, max_new=n, sampling=GREEDY, seed=0),
+             max_new=n).tokens  # fmt: skip
+    for min_len, min_score in ((1, 0.5), (3, 2.0), (99, 99.0)):
+        draft = _mixed(pair.draft.model, pair.target, min_len=min_len, min_score=min_score)
+        sd = make_steps("sd", pair.target, draft, prompt, max_new=n, sampling=GREEDY, seed=0,
+                        gamma=4)  # fmt: skip
+        assert run(sd, max_new=n).tokens == ar, (min_len, min_score)
+        if min_len == 1:
+            assert draft.free_steps > 0 and draft.model_steps > 0  # both drafted
+        if min_len == 99:  # the bar is cleared only where γ is cut to 1 (the last window)
+            assert draft.free_steps <= 1 and draft.model_steps > 3
+    assert "`sd` chains only" in cannot_run("tree", pair.target, pair.draft)
+    assert cannot_run("sd", pair.target, pair.draft) is None
+
+
+def test_sampling_with_the_head_and_suffix_matches_the_target(gof_pair):
+    from test_sampling_gof import exact_joint, gof_pvalue, sample_pairs
+
+    target, head = gof_pair
+    draft = _mixed(head, target, min_len=1, min_score=0.5)
+    p = gof_pvalue(sample_pairs("sd", target, draft, N, seed=0), exact_joint(target))
+    assert draft.free_steps > 50 and draft.model_steps > 50  # both laws verified, many times
+    assert p > ALPHA, f"sd with head+suffix: joint law differs from the target's (p = {p:.2e})"
+
+
+def test_negative_control_the_texts_chain_verified_with_another_q_fails(gof_pair):
+    """Verifying the text's chain against a q it was not drawn from (uniform rows, not the point
+    masses) must break the law: the test has power against a mixed draft that mislabels which
+    law a window came from."""
+    from test_sampling_gof import exact_joint, gof_pvalue, sample_pairs
+
+    target, head = gof_pair
+    draft = _mixed(head, target, min_len=1, min_score=0.5)
+    real = draft.free_window
+
+    def wrong(cache, seq, gamma, sampling):
+        got = real(cache, seq, gamma, sampling)
+        return None if got is None else (got[0], np.full((len(got[0]), V), 1.0 / V, np.float32))
+
+    draft.free_window = wrong
+    p = gof_pvalue(sample_pairs("sd", target, draft, N, seed=0), exact_joint(target))
+    assert p < ALPHA, f"the negative control passed (p = {p:.2e}); the test has no power"
+
+
+def test_the_bench_runs_the_head_with_a_suffix_draft(fitted, tmp_path, capsys):
+    """`apps.bench --drafts head+suffix` adds an `sd+head+suffix` row beside the head's own
+    rows (no tree row: chains only), equal to `ar` on every prompt."""
+    from apps.bench.__main__ import main as bench
+
+    target_dir, _ = fitted
+    q = tmp_path / "q.jsonl"
+    q.write_text("".join(json.dumps({"question_id": i, "category": "c", "turns": [t]}) + "\n"
+                         for i, t in enumerate(["ab ab ab ab", "the cat the cat"])))  # fmt: skip
+    assert bench(["--target", str(target_dir), "--draft", "head", "--draft-backend", "torch",
+                  "--methods", "ar,sd,tree", "--drafts", "head+suffix", "--prompts", str(q),
+                  "--max-tokens", "8", "--temps", "0", "--no-warmup", "--json"]) == 0  # fmt: skip
+    res = json.loads(capsys.readouterr().out)
+    assert [r["method"] for r in res["rows"]] == ["ar", "sd", "tree", "sd+head+suffix"]
+    assert res["mismatches"] == [] and all(r["matches_ar"] == "2/2" for r in res["rows"])

@@ -192,6 +192,7 @@ def sweep_runners(methods: list[str], pair, a) -> list:
     from copy import copy
 
     from runtime.drafts import is_model_free_spec
+    from runtime.drafts.mixed import is_mixed_spec
 
     from .drafts import extra_runners, label
 
@@ -206,7 +207,7 @@ def sweep_runners(methods: list[str], pair, a) -> list:
         if not ms:  # nothing here takes γ (e.g. ar,tree): one pass is the whole sweep
             break
         rs = make_runners(ms, pair, ag)
-        if is_model_free_spec(a.draft):  # `sd` with --draft lookup reads as sd+lookup
+        if is_model_free_spec(a.draft) or is_mixed_spec(a.draft):  # sd+lookup, sd+head+suffix
             for r in rs:
                 if r.name not in ("ar", AUTO, *BASELINES):
                     r.name = f"{r.name}+{label(a.draft)}"

@@ -2,7 +2,9 @@
 
     python -m apps.bench --methods ar,sd --drafts mtp --gamma 4 --temps 0,1
 
-Each entry is `lookup` or `suffix` (a model-free draft, runtime/drafts/), `mtp` (the target's multi-token-prediction head: its checkpoint's `mtp.*`
+Each entry is `lookup` or `suffix` (a model-free draft, runtime/drafts/), `head+suffix`
+(`head+lookup`, `mtp+suffix`, `mtp+lookup`: a head with a model-free draft beside it,
+runtime/drafts/mixed.py), `mtp` (the target's multi-token-prediction head: its checkpoint's `mtp.*`
 weights or the sidecar `python -m apps.train mtp` writes, runtime/backends/torch_mtp.py; on a
 CPU target its ONNX step with int8 weights), `mtp-fp32` (the same head's float32 ONNX step,
 to compare) or a draft checkpoint path. Every drafting method then also runs with that draft,
@@ -37,6 +39,7 @@ def extra_pair(pair, name: str, a):
     """`pair` with its draft replaced by `name` (same target object, same tokenizer)."""
     from devices.emulated_model import EmulatedModel, emulate_draft
     from runtime.drafts import is_model_free_spec, load_model_free
+    from runtime.drafts.mixed import is_mixed_spec
     from runtime.load import load_pair, resolve
 
     emulated = isinstance(pair.draft, EmulatedModel)
@@ -46,6 +49,11 @@ def extra_pair(pair, name: str, a):
         draft = load_model_free(name, pair.target, pair.tokenizer)
         settings = pair.settings | {"draft_backend": f"{name} (model-free)"}
         return replace(pair, draft=draft, draft_path=Path(name), settings=settings)
+    if is_mixed_spec(name):  # the head or MTP head with a model-free draft beside it
+        if emulated:
+            raise DuetError(f"--drafts {name} cannot be emulated (its model-free part runs no "
+                            "model)")  # fmt: skip
+        return mixed_pair(pair, name, a)
     if name in MTP_NAMES and emulated:
         raise DuetError(f"--drafts {name} cannot be emulated (the target's MTP head is no "
                         "profile model size); drop it or --emulate")  # fmt: skip
@@ -69,6 +77,24 @@ def extra_pair(pair, name: str, a):
     return replace(pair, draft=draft, draft_path=path, settings=other.settings)
 
 
+def mixed_pair(pair, name: str, a):
+    """`pair` drafting with `name` (`head+suffix`, ...: runtime/drafts/mixed.py) beside the
+    same target object."""
+    from runtime.backends.torch_eagle import HeadDraft
+    from runtime.backends.torch_mtp import MTPDraft
+    from runtime.drafts import load_model_free
+    from runtime.drafts.mixed import MixedDraft
+
+    kind, free = name.split("+")
+    mb = "torch" if a.draft_backend == "torch" or a.target_device != "cpu" else "onnx"
+    cls = HeadDraft if kind == "head" else MTPDraft
+    model = cls.load(pair.target, pair.target_dir, backend=mb, threads=a.draft_threads)
+    draft = MixedDraft(model, load_model_free(free, pair.target, pair.tokenizer), name=name)
+    how = "torch" if mb == "torch" else "onnx, int8 weights"
+    settings = pair.settings | {"draft_backend": f"{kind} ({how}) + {free} (model-free)"}
+    return replace(pair, draft=draft, draft_path=Path(name), settings=settings)
+
+
 def extra_runners(methods: list[str], pair, a, make_runners, skip=(), pairs=None) -> list:
     """Runners `METHOD+LABEL` for every drafting method in `methods` and every `--drafts`;
     `pairs` (a dict) keeps each draft's pair for the next call (one load per draft)."""
@@ -82,7 +108,12 @@ def extra_runners(methods: list[str], pair, a, make_runners, skip=(), pairs=None
         if name not in pairs:
             pairs[name] = extra_pair(pair, name, a)
         p = pairs[name]
-        for r in make_runners(drafting, p, a):
+        ms = drafting
+        if getattr(p.draft, "mixed", False):  # chains only: it joins the sd rows
+            from runtime.decoding import cannot_run
+
+            ms = [m for m in drafting if cannot_run(m, p.target, p.draft) is None]
+        for r in make_runners(ms, p, a):
             r.name = f"{r.name}+{label(name)}"
             out.append(r)
     return out

@@ -4,7 +4,8 @@
 
 For each held-out prompt (apps/prompts/chat, first turn, the target's chat template), `ar` and
 `sd` with `--draft head` at γ `--gamma`, greedy, alternated prompt by prompt in one process
-(both on the same target: PyTorch, or `--target-backend onnx`); prints per category and
+(both on the same target: PyTorch, or `--target-backend onnx`; `--draft head+suffix`: the head
+with the suffix draft beside it, runtime/drafts/mixed.py); prints per category and
 overall: tokens per sd step (the committed tokens over the steps, A + 1 per step), the share
 of drafted tokens accepted, each method's tokens/s and sd's speedup over ar, whether sd's
 tokens equal ar's, and how well the head's confidence in a drafted token (its max q) predicts
@@ -33,6 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "one (int4, as `generate` runs a GGUF-sourced target)")  # fmt: skip
     ap.add_argument("--draft-backend", choices=("torch", "onnx"), default=None,
                     help="where the head steps (default: ONNX Runtime, int8 weights)")  # fmt: skip
+    ap.add_argument("--draft", default="head",
+                    help="head (default), or head+suffix / head+lookup: the text's chain when it "
+                    "predicts well, else the head's (runtime/drafts/mixed.py)")  # fmt: skip
+    ap.add_argument("--mix-min-len", type=int, default=None,
+                    help="a mixed draft's bar: the text's chain needs this many tokens")  # fmt: skip
+    ap.add_argument("--mix-min-score", type=float, default=None,
+                    help="... and this sum of their estimated chances")  # fmt: skip
     ap.add_argument("--json", action="store_true")
     return ap
 
@@ -80,15 +88,25 @@ def main(argv=None) -> int:
     from runtime.chat_template import ChatTemplate
     from runtime.decoding import make_steps, run
     from runtime.decoding.events import GREEDY
+    from runtime.drafts.mixed import is_mixed_spec
+    from runtime.errors import DuetError
     from runtime.load import load_pair
 
     a = build_parser().parse_args(argv)
-    pair = load_pair(a.target, "head", need_draft=True, target_backend=a.target_backend,
+    if a.draft != "head" and not is_mixed_spec(a.draft):
+        raise DuetError(f"--draft {a.draft}: give head, or a head with a model-free draft "
+                        "(head+suffix, head+lookup)")  # fmt: skip
+    pair = load_pair(a.target, a.draft, need_draft=True, target_backend=a.target_backend,
                      target_threads=a.threads, draft_backend=a.draft_backend)  # fmt: skip
+    mixed = getattr(pair.draft, "mixed", False)
+    if mixed and a.mix_min_len is not None:
+        pair.draft.min_len = a.mix_min_len
+    if mixed and a.mix_min_score is not None:
+        pair.draft.min_score = a.mix_min_score
     template = ChatTemplate.load(pair.target_dir)
     recs = load_prompts(a.prompts, per_category=a.per_category)
     eos = pair.target.config.eos_token_ids
-    conf = Confidence(pair.draft)
+    conf = Confidence(pair.draft.model if mixed else pair.draft)
     cats: dict = defaultdict(lambda: defaultdict(float))
     for rec in recs:
         ids = turn_ids(pair.tokenizer, template, rec["turns"][:1], [])
@@ -120,13 +138,20 @@ def main(argv=None) -> int:
                 "speedup": round((c["sd_tokens"] / c["sd_s"]) / (c["ar_tokens"] / c["ar_s"]), 3),
                 "greedy_equals_ar": f"{int(c['equal'])}/{int(c['prompts'])}"}
             for k, c in cats.items()}  # fmt: skip
-    out = {"target": str(pair.target_dir), "gamma": a.gamma, "max_tokens": a.max_tokens,
-           "settings": pair.settings, "rows": rows, "calibration": conf.table()}  # fmt: skip
+    out = {"target": str(pair.target_dir), "draft": a.draft, "gamma": a.gamma,
+           "max_tokens": a.max_tokens, "settings": pair.settings, "rows": rows,
+           "calibration": conf.table()}  # fmt: skip
+    if mixed:  # which draft drafted the sd steps (the text's chains carry no confidence row)
+        out["mixed"] = {"min_len": pair.draft.min_len, "min_score": pair.draft.min_score,
+                        "text_steps": pair.draft.free_steps,
+                        "head_steps": pair.draft.model_steps}  # fmt: skip
     if a.json:
         print(json.dumps(out, indent=2))
     else:
         for k, r in rows.items():
             print(f"{k:>15}: {r}")
+        if mixed:
+            print(f"mixed draft: {out['mixed']}")
         for r in out["calibration"]:
             print(f"draft confidence {r['q']}: {r['n']} drafts, mean q {r['mean_q']}, "
                   f"accepted {r['accepted']}")  # fmt: skip

@@ -19,7 +19,8 @@ from runtime.stats import RunStats
 # target_cache, draft_cache, timeline)`. Adding a method is one module and one line here.
 # A module that runs hybrid (linear-attention) models names the roles in `RUNS_HYBRID`; one
 # with refusals of its own adds `why_not(target, draft) -> str | None`; one that drafts from a
-# model-free draft (runtime/drafts/: prompt lookup, suffix tries) says so in `RUNS_MODEL_FREE`.
+# model-free draft (runtime/drafts/: prompt lookup, suffix tries) says so in `RUNS_MODEL_FREE`,
+# one that drafts from a mixed one (runtime/drafts/mixed.py) in `RUNS_MIXED`.
 METHOD_MODULES: dict[str, str] = {
     "ar": "runtime.decoding.ar",
     "sd": "runtime.decoding.sd",
@@ -60,6 +61,8 @@ def cannot_run(method: str, target, draft) -> str | None:
     if getattr(draft, "model_free", False) and not getattr(mod, "RUNS_MODEL_FREE", False):
         return (f"--method {method} needs a draft model; --draft {draft.name} runs none "
                 "(use --method sd or tree)")  # fmt: skip
+    if getattr(draft, "mixed", False) and not getattr(mod, "RUNS_MIXED", False):
+        return f"--draft {draft.name} drafts `sd` chains only: use --method sd"
     hybrid_ok = getattr(mod, "RUNS_HYBRID", ())
     for role, m in (("target", target), ("draft", draft)):
         if role not in hybrid_ok and getattr(getattr(m, "config", None), "is_hybrid", False):

@@ -28,6 +28,7 @@ from runtime.decoding.events import (
 )
 from runtime.decoding.ss_draft import is_ss_draft, ss_draft_window
 from runtime.drafts.base import chain_window, is_model_free
+from runtime.drafts.mixed import is_mixed
 from runtime.errors import DuetError
 
 
@@ -61,6 +62,15 @@ def draft_window(
         if info is not None:
             info["passes"] = 0
         return chain_window(draft, cache, seq, gamma, sampling)
+    if is_mixed(draft):  # the text's chain when it predicts well, else the model's
+        got = draft.free_window(cache, seq, gamma, sampling)
+        if got is not None:
+            if info is not None:
+                info["passes"] = 0
+            return got
+        draft.model_steps += 1
+        return draft_window(draft.model, cache.model, seq, gamma, sampling, rng, law, observe,
+                            info, gumbel)  # fmt: skip
     if is_ss_draft(draft) and observe is None:  # Mirror-SD §3.2: η ≥ 1 tokens per pass
         toks, q, passes = ss_draft_window(draft, cache, seq, gamma, sampling, rng, law, gumbel)
         if info is not None:
@@ -182,6 +192,7 @@ def _prefill_for_hidden(target, draft, tc, seq: list[int]) -> float:
 RUNS_HYBRID = ("target", "draft")  # causal windows: a HybridCache lands states on the prefix
 NEEDS_DRAFT = True
 RUNS_MODEL_FREE = True  # --draft lookup / suffix: chains read from text (runtime/drafts/)
+RUNS_MIXED = True  # --draft head+suffix: the text's chain or the head's (runtime/drafts/mixed.py)
 
 
 @dataclass

@@ -93,8 +93,8 @@ class ProposalCache:
 class ModelFreeDraft:
     """Base of the model-free drafts: a draft object with the target's vocabulary and context,
     no weights. Subclasses give `new_index()`, `feed(index, tokens, start)` (read
-    tokens[start:] into the index), `best_chain(index, seq, max_len)` and
-    `best_tree(index, seq, max_nodes, max_depth)` (what `chain` and `tree` return)."""
+    tokens[start:] into the index), `best_chain(index, seq, max_len)` (tokens, chances) and
+    `best_tree(index, seq, max_nodes, max_depth)` (what `scored_chain` and `tree` return)."""
 
     model_free = True
     supports_layer_range = False
@@ -119,8 +119,14 @@ class ModelFreeDraft:
 
     def chain(self, cache: ProposalCache, seq: list[int], max_len: int) -> list[int]:
         """Up to max_len tokens to continue seq (maybe none)."""
+        return self.scored_chain(cache, seq, max_len)[0]
+
+    def scored_chain(self, cache: ProposalCache, seq: list[int],
+                     max_len: int) -> tuple[list[int], list[float]]:  # fmt: skip
+        """`chain`'s tokens and each one's estimated chance along the path (how often the text
+        continued the match that way, multiplied): their sum is the tokens it expects accepted."""
         if max_len < 1 or len(seq) < 2:
-            return []
+            return [], []
         cache.sync(seq)
         return self.best_chain(cache.index, seq, max_len)
 

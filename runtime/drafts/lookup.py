@@ -57,9 +57,10 @@ class LookupDraft(ModelFreeDraft):
             return trie
         return None
 
-    def best_chain(self, index: dict, seq: list[int], max_len: int) -> list[int]:
+    def best_chain(self, index: dict, seq: list[int],
+                   max_len: int) -> tuple[list[int], list[float]]:  # fmt: skip
         trie = self._trie(index, seq, max_len)
-        return [] if trie is None else path_draft(trie, 0, max_len, self.min_prob)[0]
+        return ([], []) if trie is None else path_draft(trie, 0, max_len, self.min_prob)
 
     def best_tree(self, index: dict, seq: list[int], max_nodes: int,
                   max_depth: int) -> tuple[list[int], list[int], list[float]]:  # fmt: skip

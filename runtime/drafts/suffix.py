@@ -57,15 +57,16 @@ class SuffixDraft(ModelFreeDraft):
     def _cap(self, trie: SuffixTrie, node: int, limit: int) -> int:
         return min(limit, int(self.factor * trie.dep[node] + self.offset + 1e-6))
 
-    def best_chain(self, index: SuffixTrie, seq: list[int], max_len: int) -> list[int]:
-        best, score = [], 0.0
+    def best_chain(self, index: SuffixTrie, seq: list[int],
+                   max_len: int) -> tuple[list[int], list[float]]:  # fmt: skip
+        best, score = ([], []), 0.0
         for trie, node in self._matches(index, seq):
             if trie.cont[node] == 0:
                 continue
             toks, probs = path_draft(trie, node, self._cap(trie, node, max_len), self.min_prob)
             s = sum(probs)
             if toks and s >= score:
-                best, score = toks, s
+                best, score = (toks, probs), s
         return best
 
     def best_tree(self, index: SuffixTrie, seq: list[int], max_nodes: int,
