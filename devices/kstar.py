@@ -95,7 +95,8 @@ class AdaptiveK:
     """K* per round by eq. (11). `params`: a profile's α_edge, β, δ_cloud, T_base (None: fitted
     online); model: E[τ|K] ("geometric" default, or Alg. 2's "alg2"); mu: Alg. 2's EMA decay
     (model="alg2" only; the paper gives no value, 0.3 here); gamma0: Alg. 2's 0.8;
-    inv_rate_prior: the link's E[1/R] in s/bit when known, worth `prior_rounds` measured rounds.
+    inv_rate_prior: the link's E[1/R] in s/bit when known, worth `prior_rounds` measured rounds;
+    k_min: 1 as in the paper, or 0 to let eq. (11) pick rounds with no drafts (E[τ|0] = 1).
     """
 
     params: FlexSpecParams | None = None
@@ -103,6 +104,7 @@ class AdaptiveK:
     mu: float = 0.3
     gamma0: float = 0.8
     k_first: int = 4  # before anything is measured
+    k_min: int = 1  # eq. (11)'s range starts here; 0 adds rounds that draft nothing (cloud-only)
     inv_rate_prior: float | None = None
     prior_rounds: float = 8.0
     decay: float = 0.9
@@ -156,12 +158,12 @@ class AdaptiveK:
         return t_fixed, t_marg
 
     def choose(self, k_max: int) -> int:
-        """K*_n ∈ [1, k_max] by eq. (11) (k_first before the first round)."""
+        """K*_n ∈ [k_min, k_max] by eq. (11) (k_first before the first round)."""
         if self.rounds == 0:
             k = min(self.k_first, k_max)
         else:
             t_fixed, t_marg = self.terms()
-            k = k_star(t_fixed, t_marg, self.gamma_hat, k_max, self.model)  # eq. (11)
+            k = k_star(t_fixed, t_marg, self.gamma_hat, k_max, self.model, self.k_min)  # eq. (11)
         self.history.append({"k": k, "gamma_hat": self.gamma_hat})
         return k
 

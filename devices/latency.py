@@ -99,17 +99,25 @@ def expected_accepted(k: int, gamma_hat: float, model: str = "alg2") -> float:
 
 
 def k_star(
-    t_fixed: float, t_marginal: float, gamma_hat: float, k_max: int = 8, model: str = "alg2"
+    t_fixed: float,
+    t_marginal: float,
+    gamma_hat: float,
+    k_max: int = 8,
+    model: str = "alg2",
+    k_min: int = 1,
 ) -> int:
     """FlexSpec eq. (11): K*_n = argmax_{K ∈ [1, K_max]} E[τ|K] / (T_fixed + K·T_marginal(n)).
+
+    `k_min` 0 adds the round that drafts nothing (beyond the paper's range): the cloud's own
+    token, E[τ|0] = 1 at cost T_fixed, so the edge stops drafting where drafting loses.
 
     Ties go to the smaller K (less work for the same rate). K* depends only on
     T_marginal / T_fixed; as R_n grows that ratio falls (so K* is non-decreasing
     in the rate) exactly when b·(T_prop + T_base + T_down + β) ≥ O_header·(α_edge + δ_cloud),
     i.e. unless the header, paid once per round, weighs more than the token bits.
     """
-    best_k, best = 1, -math.inf
-    for k in range(1, k_max + 1):
+    best_k, best = k_min, -math.inf
+    for k in range(k_min, k_max + 1):
         etgr = expected_accepted(k, gamma_hat, model) / (t_fixed + k * t_marginal)  # eq. (11)
         if etgr > best * (1 + 1e-12):
             best_k, best = k, etgr

@@ -255,7 +255,7 @@ def _generate(a: argparse.Namespace, pair, edge: dict) -> dict:
     if edge:
         from runtime.edge.loop import edge_summary
 
-        stats.extra.update(k=a.k, k_max=a.k_max, link=a.link, link_seed=a.link_seed,
+        stats.extra.update(k=a.k, k_max=a.k_max, k_min=a.k_min, link=a.link, link_seed=a.link_seed,
                            server=a.server, edge=edge_summary(events),
                            lossy=edge.get("skip") is not None)  # fmt: skip
         if edge.get("skip") is not None:  # CU-HLM skipping: measured R (runtime/edge/skip.py)

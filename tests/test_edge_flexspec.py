@@ -144,3 +144,34 @@ def test_devices_latency_reports_the_ratio_k_star_2_needs():
         "a17-pro", "wifi-weak", bits_per_token=t["shift"]["bits_per_token_for_k_star_2"] * 1.01
     )
     assert big["k_star"] <= 2
+
+
+def test_k_star_may_choose_no_drafts_only_when_asked():
+    """eq. (11) over K ≥ 0 (`k_min` 0, beyond the paper): a round that drafts nothing yields
+    the cloud's own token at T_fixed; it wins where each draft costs much and is rarely kept."""
+    from devices.latency import k_star
+
+    dear = {"t_fixed": 0.1, "t_marginal": 1.0, "gamma_hat": 0.05, "k_max": 8, "model": "geometric"}
+    assert k_star(**dear, k_min=0) == 0 and k_star(**dear) == 1  # the paper's range: K ≥ 1
+    cheap = {**dear, "t_marginal": 0.001, "gamma_hat": 0.8}
+    assert k_star(**cheap, k_min=0) == k_star(**cheap) >= 4
+    p = FlexSpecParams(alpha_edge=0.002, beta=0.0, delta_cloud=0.0005, t_base=0.02)
+    raw = {"rate": 10e6, "rtt": 0.2, "bytes_per_token": 1 << 20, "accepted": 0}  # 8 Mbit rows
+    assert _feed(AdaptiveK(params=p, k_min=0), **raw) == 0
+    assert _feed(AdaptiveK(params=p), **raw) == 1
+
+
+def test_flexspec_that_stops_drafting_equals_ar(tiny_dir, verifier):
+    """Rounds with K* = 0 (drafting made dear: 1 s a draft token) are the cloud's own tokens,
+    and the output is still ar's."""
+    target = load_model(tiny_dir("llama"), "torch", threads=1)
+    draft = load_model(tiny_dir("llama", num_layers=1, hidden_size=32, seed=7), "onnx")
+    st = verifier(target)
+    conn = Connection(st.host, st.port)
+    ctl = AdaptiveK(params=FlexSpecParams(alpha_edge=1.0, beta=0.0, delta_cloud=0.0, t_base=0.0),
+                    k_min=0)  # fmt: skip
+    r = flexspec(conn, draft, PROMPT, N, controller=ctl)
+    conn.close()
+    assert r.tokens == ar_tokens(target, PROMPT, N)
+    ks = [h["k"] for h in ctl.history]
+    assert ks[0] == 4 and ks.count(0) >= N - 6  # the first round drafts; then none

@@ -70,6 +70,17 @@ def test_adaptive_vs_fixed_ratio_and_interval():
     assert lo < row["ratio"] < hi and hi - lo > 0.02
 
 
+def test_adaptive_k0_is_judged_against_cloud_only_too():
+    """adaptive-k0 (eq. (11) over K ≥ 0) counts cloud-only (K = 0) among the fixed K; the
+    paper's adaptive is judged against K ≥ 1 only."""
+    ms = {"cloud-only": [300.0, 320.0], "k1": [900.0, 950.0], "k3": [2000.0, 2100.0],
+          "adaptive": [950.0, 990.0], "adaptive-k0": [310.0, 330.0]}  # fmt: skip
+    rows = {r["method"]: r for r in adaptive_vs_fixed(_runs(ms), resamples=0)}
+    assert rows["adaptive"]["best_fixed"] == "k1"
+    assert rows["adaptive-k0"]["best_fixed"] == "cloud-only"
+    assert abs(rows["adaptive-k0"]["ratio"] - 640 / 620) < 1e-9
+
+
 def test_keep_share_uses_only_the_prompts_both_runs_hold():
     from apps.bench.edge_keep import keep_shares
 

@@ -4,7 +4,9 @@
         --out-json edge.json --plot edge.html
 
 For each link and prompt, in rotating order: cloud-only (K = 0: the target decodes on the
-server, one round trip per token), fixed K ∈ {1, 3, 5, 7}, and adaptive K* (eq. (11)). Each run
+server, one round trip per token), fixed K ∈ {1, 3, 5, 7}, adaptive K* (eq. (11)) and
+adaptive-k0 (eq. (11) with K = 0 in its range, beyond the paper: the edge may stop drafting where
+drafting loses; its rounds with K = 0 are the cloud's own token). Each run
 is a fresh session through a real verifier (`--server local` starts one) with the link
 emulator's waits slept for real; the link seed is the same for every method on a prompt.
 Reports per method: ms per token end to end, speedup over cloud-only, mean K, bytes up/down per
@@ -95,7 +97,8 @@ def bench(a: argparse.Namespace) -> dict:
     recs = load_prompts(a.prompts, limit=a.limit)
     prompts = [pair.tokenizer.encode(r["turns"][0]) for r in recs]
     eos = pair.target.config.eos_token_ids
-    methods = [("cloud-only", 0)] + [(f"k{k}", k) for k in FIXED_K] + [("adaptive", None)]
+    methods = [("cloud-only", 0, 1)] + [(f"k{k}", k, 1) for k in FIXED_K] + [
+        ("adaptive", None, 1), ("adaptive-k0", None, 0)]  # fmt: skip
     local = None
     if a.server == "local":
         local = LocalVerifier(pair.target_dir, target_backend=pair.settings["target_backend"])
@@ -115,7 +118,7 @@ def bench(a: argparse.Namespace) -> dict:
             for link in links:
                 for i, prompt in enumerate(prompts):
                     order = methods[i % len(methods) :] + methods[: i % len(methods)]  # rotate
-                    for name, k in order:
+                    for name, k, k_min in order:
 
                         def factory(link=link, i=i):
                             return Connection(host, port, token,
@@ -125,7 +128,7 @@ def bench(a: argparse.Namespace) -> dict:
                         toks, wall, edge = one_run(factory, pair.draft, prompt, a.max_tokens,
                                                    Sampling(temp, a.top_p), a.seed + i, k, eos,
                                                    a.codec, params, skips.get(temp),
-                                                   pair.target)  # fmt: skip
+                                                   pair.target, k_min=k_min)  # fmt: skip
                         acc = sum(edge["accepted"]) / max(1, sum(edge["k"]))
                         runs.append({"temp": temp, "top_p": a.top_p, "link": link,
                                      "prompt": i, "method": name,
@@ -135,7 +138,7 @@ def bench(a: argparse.Namespace) -> dict:
                                      "bytes_up": sum(edge["bytes_up"]),
                                      "bytes_down": sum(edge["bytes_down"]), "ids": toks,
                                      "lossy": "skip" in edge, "skip": edge.get("skip")})  # fmt: skip
-                        print(f"T={temp:g} {link:<9} prompt {i} {name:<10} {len(toks)} tok "
+                        print(f"T={temp:g} {link:<9} prompt {i} {name:<11} {len(toks)} tok "
                               f"{wall / max(1, len(toks)) * 1e3:8.1f} ms/tok  mean K "
                               f"{edge['mean_k']:.2f}", file=sys.stderr, flush=True)  # fmt: skip
     finally:
@@ -174,6 +177,7 @@ def summarize(runs: list[dict]) -> list[dict]:
 
 def adaptive_vs_fixed(runs: list[dict], resamples: int = 2000, seed: int = 0) -> list[dict]:
     """Per (temp, link): adaptive's ms/token over the best fixed K's (the issue's 5 % goal),
+    and adaptive-k0's (eq. (11) over K ≥ 0) over the best fixed K ≥ 0 (cloud-only included),
     with a 95 % percentile bootstrap interval over prompts (paired: a resample keeps every
     method's run on each drawn prompt). The best fixed K is the one best on all prompts."""
     import numpy as np
@@ -182,14 +186,17 @@ def adaptive_vs_fixed(runs: list[dict], resamples: int = 2000, seed: int = 0) ->
 
     rng = np.random.default_rng(seed)
     out = []
-    for temp, link in sorted({(r["temp"], r["link"]) for r in runs}):
+    cells = sorted({(r["temp"], r["link"]) for r in runs})
+    for (temp, link), adaptive in ((c, m) for c in cells for m in ("adaptive", "adaptive-k0")):
         rs = [r for r in runs if r["temp"] == temp and r["link"] == link]
         fixed = sorted({r["method"] for r in rs if r["method"].startswith("k")})
-        if "adaptive" not in {r["method"] for r in rs} or not fixed:
+        if adaptive == "adaptive-k0" and "cloud-only" in {r["method"] for r in rs}:
+            fixed.append("cloud-only")  # K = 0 is in its range: the best fixed K may be 0
+        if adaptive not in {r["method"] for r in rs} or not fixed:
             continue
         prompts = sorted({r["prompt"] for r in rs})
         idx = {p: j for j, p in enumerate(prompts)}
-        names = ["adaptive", *fixed]
+        names = [adaptive, *fixed]
         wall = np.zeros((len(names), len(prompts)))
         toks = np.zeros_like(wall)
         for r in rs:
@@ -199,7 +206,8 @@ def adaptive_vs_fixed(runs: list[dict], resamples: int = 2000, seed: int = 0) ->
         ms = wall.sum(1) / np.maximum(1, toks.sum(1))
         best = 1 + int(np.argmin(ms[1:]))
         ratio = float(ms[0] / ms[best])
-        row = {"temp": temp, "link": link, "best_fixed": names[best], "ratio": ratio,
+        row = {"temp": temp, "link": link, "method": adaptive, "best_fixed": names[best],
+               "ratio": ratio,
                "prompts": len(prompts), "tokens": int(toks[0].sum())}  # fmt: skip
         if resamples and len(prompts) > 1:
 
@@ -229,7 +237,7 @@ def plot_html(summary: list[dict], path: str) -> None:
     for j, (temp, link) in enumerate(series):
         c = colors[j % len(colors)]
         pts = {0 if s["method"] == "cloud-only" else int(s["method"][1:]): s["ms_per_token"]
-               for s in summary if (s["temp"], s["link"]) == (temp, link) and s["method"] != "adaptive"}  # fmt: skip
+               for s in summary if (s["temp"], s["link"]) == (temp, link) and not s["method"].startswith("adaptive")}  # fmt: skip
         line = " ".join(f"{x(k):.1f},{y(v):.1f}" for k, v in sorted(pts.items()))
         parts.append(f'<polyline points="{line}" fill="none" stroke="{c}" stroke-width="2"/>')
         ad = [s for s in summary if (s["temp"], s["link"], s["method"]) == (temp, link, "adaptive")]
@@ -271,18 +279,18 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(res, f, indent=1)
     if a.plot:
         plot_html(res["summary"], a.plot)
-    print(f"{'T':>3} {'link':<9} {'method':<10} {'ms/tok':>8} {'speedup':>8} {'mean K':>7} "
+    print(f"{'T':>3} {'link':<9} {'method':<11} {'ms/tok':>8} {'speedup':>8} {'mean K':>7} "
           f"{'up B/tok':>9} {'down B/tok':>10} {'accept':>7}")  # fmt: skip
     for s in res["summary"]:
-        print(f"{s['temp']:>3g} {s['link']:<9} {s['method']:<10} {s['ms_per_token']:>8.1f} "
+        print(f"{s['temp']:>3g} {s['link']:<9} {s['method']:<11} {s['ms_per_token']:>8.1f} "
               f"{s['speedup']:>8.2f} {s['mean_k']:>7.2f} {s['bytes_up_per_token']:>9.1f} "
               f"{s['bytes_down_per_token']:>10.1f} {s['acceptance']:>7.2f}"
               + (f"  LOSSY skip {s['skip_rate']:.2f} R {s.get('measured_risk', float('nan')):.4f}"
                  if s["lossy"] else ""))  # fmt: skip
     for r in res["adaptive_vs_fixed"]:
         ci = r.get("ci95")
-        print(f"T={r['temp']:g} {r['link']}: adaptive / best fixed ({r['best_fixed']}) = "
-              f"{r['ratio']:.3f}" + (f", 95 % CI [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+        print(f"T={r['temp']:g} {r['link']}: {r['method']} / best fixed ({r['best_fixed']}) "
+              f"= {r['ratio']:.3f}" + (f", 95 % CI [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
               + f" over {r['prompts']} prompts, {r['tokens']} tokens")  # fmt: skip
     if res["link_clock"] == "virtual":
         print("link waits on a virtual clock (--link-clock virtual): compute measured, link "

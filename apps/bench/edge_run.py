@@ -11,8 +11,9 @@ import time
 
 
 def one_run(conn_factory, draft, prompt, n, sampling, seed, k, eos, codec=None, params=None,
-            skip=None, target=None, k_max=8, bit_budget=None):  # fmt: skip
-    """(tokens, wall seconds, edge summary) of one flexspec generation; k None = adaptive.
+            skip=None, target=None, k_max=8, bit_budget=None, k_min=1):  # fmt: skip
+    """(tokens, wall seconds, edge summary) of one flexspec generation; k None = adaptive (eq.
+    (11) over [k_min, k_max]: k_min 0 lets it choose rounds that draft nothing).
     `codec` (and its `params`) is the uplink payload: --codec, or ids at T = 0 and raw above.
     `skip` (a SkipRule): CU-HLM's LOSSY skipping; the summary's `skip` then holds the skip rate
     and the rejection risk R measured against `target` (runtime/edge/skip.py). `bit_budget`:
@@ -26,7 +27,7 @@ def one_run(conn_factory, draft, prompt, n, sampling, seed, k, eos, codec=None, 
         events = []
         steps = make_steps("flexspec", None, draft, prompt, max_new=n, sampling=sampling, seed=seed,
                            conn=conn, k=k, k_max=k_max, bit_budget=bit_budget,
-                           controller=AdaptiveK() if k is None else None,
+                           controller=AdaptiveK(k_min=k_min) if k is None else None,
                            codec=codec or ("ids" if sampling.greedy else "raw"),
                            codec_params=params, skip=skip)  # fmt: skip
         t0, v0 = time.perf_counter(), getattr(conn.link, "virtual_s", 0.0)

@@ -31,6 +31,10 @@ def add_edge_args(ap: argparse.ArgumentParser) -> None:
         "--k", type=int, default=None, help="fixed draft length K (default: K* per round)"
     )
     g.add_argument("--k-max", type=int, default=8, help="bound on K* (default 8)")
+    g.add_argument("--k-min", type=int, choices=(0, 1), default=1,
+                   help="K*'s lower bound: 1 as FlexSpec's eq. (11), or 0 to let it choose rounds "
+                        "that draft nothing (the cloud's own token) where drafting loses "
+                        "(default 1)")  # fmt: skip
     g.add_argument("--codec", default=None,
                    help="uplink payload: ids (T = 0 only), raw, k-sqs, c-sqs, cu-hlm "
                         "(default ids at T = 0, raw at T > 0)")  # fmt: skip
@@ -201,7 +205,7 @@ def edge_options(a: argparse.Namespace, target_dir, target_backend: str = "auto"
         conn = Connection(host, port, token, link=emulator(a.link, a.link_seed), adapter=name)
         try:
             yield {"conn": conn, "k": a.k, "k_max": a.k_max,
-                   "controller": None if a.k is not None else AdaptiveK(),
+                   "controller": None if a.k is not None else AdaptiveK(k_min=a.k_min),
                    "bit_budget": getattr(a, "bit_budget", None),
                    "codec": a.codec, "codec_params": codec_params(a),
                    "skip": skip_rule_from(a)}  # fmt: skip
