@@ -4,8 +4,9 @@ model-free one in the same `sd` run, the model-free chain taken when the text pr
 Each step asks the model-free draft first (it only reads text: no model runs). When its chain
 is long and likely enough, at least `min_len` tokens whose estimated chances sum to at least
 `min_score` (the tokens the text expects accepted: runtime/drafts/base.py `scored_chain`; a
-window cut shorter than that, near `max_new`, asks as much as it holds), that chain is the window, drafted with no model pass. Otherwise the model draft drafts γ tokens
-as it would alone. A summary or an answer read out of a document repeats the prompt, where a
+window cut shorter than that, near `max_new`, asks as much as it holds), that chain is the
+window, drafted with no model pass. Otherwise the model draft drafts γ tokens as it would
+alone. A summary or an answer read out of a document repeats the prompt, where a
 suffix match is long and a feature head is unsure; an answer in the model's own words is the
 head's. The head skips the steps the text drafts; when it drafts again it reads the target's
 features of the tokens committed meanwhile in one pass (runtime/backends/torch_mtp.py, its
