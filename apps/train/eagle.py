@@ -15,8 +15,9 @@ taps) and its output (a cut vocabulary). The two share the unrolled "training-ti
 
 Phases, each resumable (rerun the same command to go on; `--fresh` starts training over):
 1. data (apps/train/eagle_data.py): training prompts built offline (apps/train/
-   eagle_prompts.py, disjoint from the held-out chat set), the target's own greedy answers with
-   its chat template, batched, and the teacher's features, appended shard by shard to
+   eagle_prompts.py, disjoint from the held-out chat set) and, with `--self-prompts`, prompts
+   the target writes itself (Magpie: apps/train/eagle_data.py), the target's own greedy answers
+   with its chat template, batched, and the teacher's features, appended shard by shard to
    OUT/data/ for `--data-budget-min` (default: half the time budget).
 2. vocabulary (FR-Spec): the `--vocab` ids the target says most often in its answers (and its
    end-of-turn ids); the head's LM head is initialised from the target's rows for them.
