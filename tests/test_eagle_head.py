@@ -548,3 +548,28 @@ def test_the_bench_runs_the_head_with_a_suffix_draft(fitted, tmp_path, capsys):
     res = json.loads(capsys.readouterr().out)
     assert [r["method"] for r in res["rows"]] == ["ar", "sd", "tree", "sd+head+suffix"]
     assert res["mismatches"] == [] and all(r["matches_ar"] == "2/2" for r in res["rows"])
+
+
+def test_the_head_ends_its_chain_when_unsure(fitted, gof_pair):
+    """`stop_below`: the head stops drafting once the product of its max probabilities falls
+    below it (EAGLE-2's dynamic length), so windows vary in length; greedy still equals `ar`,
+    and at T = 1 the joint law is the target's."""
+    from test_sampling_gof import exact_joint, gof_pvalue, sample_pairs
+
+    target_dir, _ = fitted
+    target = load_model(target_dir, "torch", threads=1)
+    draft = HeadDraft.load(target, target_dir)
+    ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
+             max_new=N_NEW).tokens  # fmt: skip
+    draft.stop_below = 0.5
+    events = list(make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY,
+                             seed=0, gamma=4))  # fmt: skip
+    assert [t for ev in events for t in ev.tokens][:N_NEW] == ar
+    assert any(ev.drafted < 4 for ev in events[:-1])  # some windows ended early
+    target, head = gof_pair
+    head.stop_below = 0.6  # above this head's first max q here: each window stops after one
+    try:
+        p = gof_pvalue(sample_pairs("sd", target, head, N, seed=0), exact_joint(target))
+    finally:
+        head.stop_below = 0.0
+    assert p > ALPHA, f"sd with an early-stopping head: joint law differs (p = {p:.2e})"

@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a mixed draft's bar: the text's chain needs this many tokens")  # fmt: skip
     ap.add_argument("--mix-min-score", type=float, default=None,
                     help="... and this sum of their estimated chances")  # fmt: skip
+    ap.add_argument("--stop-below", type=float, default=None,
+                    help="end the head's chain once the chance that all its drafts are accepted "
+                    "(the product of their max q) falls below this (default: the head's own)")  # fmt: skip
     ap.add_argument("--json", action="store_true")
     return ap
 
@@ -103,6 +106,9 @@ def main(argv=None) -> int:
         pair.draft.min_len = a.mix_min_len
     if mixed and a.mix_min_score is not None:
         pair.draft.min_score = a.mix_min_score
+    head = pair.draft.model if mixed else pair.draft
+    if a.stop_below is not None:
+        head.stop_below = a.stop_below
     template = ChatTemplate.load(pair.target_dir)
     recs = load_prompts(a.prompts, per_category=a.per_category)
     eos = pair.target.config.eos_token_ids
@@ -139,6 +145,7 @@ def main(argv=None) -> int:
                 "greedy_equals_ar": f"{int(c['equal'])}/{int(c['prompts'])}"}
             for k, c in cats.items()}  # fmt: skip
     out = {"target": str(pair.target_dir), "draft": a.draft, "gamma": a.gamma,
+           "stop_below": getattr(head, "stop_below", 0.0),
            "max_tokens": a.max_tokens, "settings": pair.settings, "rows": rows,
            "calibration": conf.table()}  # fmt: skip
     if mixed:  # which draft drafted the sd steps (the text's chains carry no confidence row)

@@ -55,6 +55,11 @@ def draft_window(
     one pass per token); `info["passes"]`, when a dict is given, receives the draft passes J
     the window took (γ for an ordinary draft). gumbel: each draw by Gumbel-max (events.draw;
     Mirror-SD's windows, whose branch waves draw so).
+    A draft with `stop_below` > 0 (the fitted head, whose confidence is calibrated) ends its
+    window once the product of its drafts' max probabilities, the chance that all are accepted,
+    falls below it: EAGLE-2's dynamic draft length, as a chain. The length depends on the
+    draft's own draws only, so every drafted position is still verified against the q it came
+    from (a stop leaves the next position to the target's own law): the output law is p.
 
     On return the draft cache holds seq + d1..d(γ-1) (dγ is fed next step if accepted).
     """
@@ -80,6 +85,7 @@ def draft_window(
         info["passes"] = gamma  # one pass per token
     toks, qs = [], []
     feed = pending(cache, seq)
+    stop, chance = getattr(draft, "stop_below", 0.0), 1.0
     for _ in range(gamma):
         logits = draft.forward(np.array([feed]), cache)[0, -1]
         got = draw(logits, sampling, rng, law, gumbel)
@@ -93,6 +99,11 @@ def draft_window(
         toks.append(d)
         if observe is not None:
             observe(logits, d, q)
+        if stop and len(toks) < gamma:  # a calibrated draft's chance that all are accepted
+            z = logits - logits.max()
+            chance /= float(np.exp(z).sum())  # × its max softmax probability
+            if chance < stop:  # as if γ had been len(toks): d is fed next step if accepted
+                break
         feed = [d]
     return toks, (np.stack(qs) if qs else np.zeros((0, draft.config.vocab_size), np.float32))
 
