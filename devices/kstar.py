@@ -117,6 +117,7 @@ class AdaptiveK:
     bits: list[float] = field(default_factory=lambda: [0.0, 0.0])  # Σw·body bits, Σw·K
     header_bits: float = 0.0  # O_header, from the real frames
     rounds: int = 0
+    primed: bool = False  # expect_rows gave the first round its priors
     history: list[dict] = field(default_factory=list)
 
     def __post_init__(self):
@@ -131,6 +132,16 @@ class AdaptiveK:
             self.inv_rate_prior = inv_rate
             s, w = self.inv_rate
             self.inv_rate = [s + self.prior_rounds * inv_rate, w + self.prior_rounds]
+
+    def expect_rows(self, bits_per_token: float, rtt_s: float, header_bits: float = 0.0) -> None:
+        """Priors known before any round: the codec's fixed row size (raw: V x 32 bits), the
+        link's round trip and the frame header, each worth one measured round. With them (and
+        the link's E[1/R]) the first round is chosen by eq. (11) too, not `k_first`: raw's
+        8.4 Mbit rows on a slow link make even K = 1 cost seconds before anything is learnt."""
+        self.bits = [self.bits[0] + bits_per_token, self.bits[1] + 1.0]
+        self.header_bits = header_bits
+        self.net.add(0.0, rtt_s)
+        self.primed = True
 
     @property
     def mean_inv_rate(self) -> float:
@@ -158,8 +169,9 @@ class AdaptiveK:
         return t_fixed, t_marg
 
     def choose(self, k_max: int) -> int:
-        """K*_n ∈ [k_min, k_max] by eq. (11) (k_first before the first round)."""
-        if self.rounds == 0:
+        """K*_n ∈ [k_min, k_max] by eq. (11) (k_first before the first round, unless
+        `expect_rows` gave priors)."""
+        if self.rounds == 0 and not self.primed:
             k = min(self.k_first, k_max)
         else:
             t_fixed, t_marg = self.terms()

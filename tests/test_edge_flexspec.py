@@ -175,3 +175,23 @@ def test_flexspec_that_stops_drafting_equals_ar(tiny_dir, verifier):
     assert r.tokens == ar_tokens(target, PROMPT, N)
     ks = [h["k"] for h in ctl.history]
     assert ks[0] == 4 and ks.count(0) >= N - 6  # the first round drafts; then none
+
+
+def test_the_first_round_is_chosen_from_the_priors_it_has():
+    """Primed with the codec's row size, the link's round trip and E[1/R] (`expect_rows`,
+    `expect_link`), round one is eq. (11)'s choice, not k_first: raw 8.4 Mbit rows over a
+    10 Mbit/s link draft nothing (K ≥ 0) or one token (the paper's K ≥ 1); ids over 300 Mbit/s
+    with a 0.42 s round trip draft far."""
+    slow = AdaptiveK(k_min=0)
+    slow.expect_link(1 / 10e6)
+    slow.expect_rows(262144 * 32, 0.2, 8 * 24)
+    assert slow.choose(8) == 0
+    paper = AdaptiveK()
+    paper.expect_link(1 / 10e6)
+    paper.expect_rows(262144 * 32, 0.2, 8 * 24)
+    assert paper.choose(8) == 1
+    fast = AdaptiveK(k_min=0)
+    fast.expect_link(1 / 300e6)
+    fast.expect_rows(12, 0.42, 8 * 24)
+    assert fast.choose(8) >= 6
+    assert AdaptiveK().choose(8) == 4  # nothing known: k_first
