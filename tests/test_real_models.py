@@ -1,6 +1,7 @@
 """The registry's real models (`python -m apps.models pull NAME`): greedy `ar` equals Hugging Face
 `generate` token for token, on plain and chat-templated prompts, on the PyTorch and MLX
-backends; `sd` with a draft cut from the target's first layers equals `ar`.
+backends; `sd` with a draft cut from the target's first layers equals `ar`, and so does
+`flexspec` through a loopback verifier (raw rows of the real vocabulary, ids, K* over K ≥ 0).
 
 Marked `real`: each test skips, naming the pull command, where its model is not pulled
 (`.ci/run` pulls both first), so `python -m pytest` stays offline.
@@ -115,3 +116,27 @@ def test_sd_with_a_draft_cut_from_the_target_equals_ar(real, capsys, tmp_path):
     sd = duet(capsys, name, ids, "--method", "sd", "--draft", str(draft), "--draft-backend", "torch",
               "--gamma", "4")  # fmt: skip
     assert sd == ar
+
+
+def test_flexspec_over_the_wire_equals_ar(real, verifier, tmp_path):
+    """FlexSpec on a real vocabulary through a loopback verifier: raw rows (49,152 or 262,144
+    floats a draft token), ids, and K* over K ≥ 0; greedy equals the target's own `ar`."""
+    from edge_helpers import ar_tokens, flexspec
+
+    from devices.kstar import AdaptiveK
+    from runtime.backends import load_model
+    from runtime.edge.client import Connection
+
+    name, d, tok, _ = real
+    ids = prompt_ids(tok, "plain")
+    target = load_model(d, "torch", threads=2)
+    draft = load_model(cut_draft(d, tmp_path / "draft"), "torch", threads=1)
+    ref = ar_tokens(target, ids, 24)
+    st = verifier(target)
+    conn = Connection(st.host, st.port)
+    try:
+        for opts in ({"k": 3, "codec": "raw"}, {"k": 3, "codec": "ids"},
+                     {"controller": AdaptiveK(k_min=0), "codec": "ids"}):  # fmt: skip
+            assert flexspec(conn, draft, ids, 24, **opts).tokens == ref, (name, opts)
+    finally:
+        conn.close()
