@@ -270,6 +270,8 @@ def test_negative_control_full_vocabulary_q_fails(gof_pair, monkeypatch):
 def test_bad_flags_are_one_line():
     with pytest.raises(DuetError, match="--vocab must be positive"):
         main(["--target", "x", "--vocab", "0"])
+    with pytest.raises(DuetError, match="--self-prompts must be >= 0"):
+        main(["--target", "x", "--self-prompts", "-1"])
 
 
 def test_eval_reports_tokens_per_step_on_held_out_prompts(fitted, tmp_path, capsys):

@@ -275,6 +275,8 @@ def _check(a) -> None:
                  "steps", "unroll", "batch_size", "seq_len", "threads"):  # fmt: skip
         if getattr(a, name) < 1:
             raise DuetError(f"--{name.replace('_', '-')} must be positive (got {getattr(a, name)})")
+    if a.self_prompts < 0:
+        raise DuetError(f"--self-prompts must be >= 0 (got {a.self_prompts})")
     if a.time_budget_min is not None and a.time_budget_min <= 0:
         raise DuetError("--time-budget-min must be positive")
     if a.data_budget_min is not None and a.data_budget_min < 0:
