@@ -268,5 +268,5 @@ def load_pair(
         free = ddir.split("+")[1]
         d = MixedDraft(d, load_model_free(free, t, tok), name=ddir)
         settings.update(draft_backend=f"{settings['draft_backend']} + {free} (model-free): the "
-                        "text's chain when it predicts well, else the head's")  # fmt: skip
+                        f"text's chain when it offers one, else the {kind}'s")  # fmt: skip
     return Pair(t, d, tok, Path(tdir), ddir, settings, model_name(target, Path(tdir)))

@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     template = ChatTemplate.load(pair.target_dir)
     recs = load_prompts(a.prompts, per_category=a.per_category)
     eos = pair.target.config.eos_token_ids
-    conf = Confidence(pair.draft.model if mixed else pair.draft)
+    conf = Confidence(head)
     cats: dict = defaultdict(lambda: defaultdict(float))
     for rec in recs:
         ids = turn_ids(pair.tokenizer, template, rec["turns"][:1], [])
