@@ -19,21 +19,18 @@ import time
 import numpy as np
 
 
-def pass_costs(model_dir, quantize: str = "int4", *, context: int = 200,
-               windows: tuple[int, ...] = (1, 5), repeats: int = 30,
-               threads: int = 2) -> dict:  # fmt: skip
-    """{window: median seconds} and each one's ratio to the smallest window's."""
-    from runtime.backends.onnx_target import OnnxTargetLM
-
-    lm = OnnxTargetLM(model_dir, quantize, intra_threads=threads)
+def window_seconds(lm, context, windows, repeats: int, *, seed: int = 0):
+    """({window: median wall seconds}, {window: median CPU seconds}) of lm.forward over `context`
+    (ids, (1, C)) already in a fresh cache: the windows interleaved round by round, the cache
+    trimmed back after each, two rounds of warm-up."""
     v = lm.config.vocab_size
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     cache = lm.new_cache()
-    lm.forward(rng.integers(0, v, (1, context)), cache)
+    lm.forward(np.asarray(context).reshape(1, -1), cache)
     feeds = {w: rng.integers(0, v, (1, w)) for w in windows}
     times: dict[int, list[float]] = {w: [] for w in windows}
     cpu: dict[int, list[float]] = {w: [] for w in windows}
-    for r in range(repeats + 2):  # two rounds warm up
+    for r in range(repeats + 2):
         for w in windows:
             t0, c0 = time.perf_counter(), time.process_time()
             lm.forward(feeds[w], cache)
@@ -42,8 +39,20 @@ def pass_costs(model_dir, quantize: str = "int4", *, context: int = 200,
             if r >= 2:
                 times[w].append(dt)
                 cpu[w].append(dc)
-    med = {w: statistics.median(t) for w, t in times.items()}
-    mcpu = {w: statistics.median(t) for w, t in cpu.items()}
+    return ({w: statistics.median(t) for w, t in times.items()},
+            {w: statistics.median(t) for w, t in cpu.items()})  # fmt: skip
+
+
+def pass_costs(model_dir, quantize: str = "int4", *, context: int = 200,
+               windows: tuple[int, ...] = (1, 5), repeats: int = 30,
+               threads: int = 2) -> dict:  # fmt: skip
+    """{window: median seconds} and each one's ratio to the smallest window's."""
+    from runtime.backends.onnx_target import OnnxTargetLM
+
+    lm = OnnxTargetLM(model_dir, quantize, intra_threads=threads)
+    rng = np.random.default_rng(0)
+    med, mcpu = window_seconds(lm, rng.integers(0, lm.config.vocab_size, (1, context)),
+                               windows, repeats)  # fmt: skip
     base, cbase = med[min(windows)], mcpu[min(windows)]
     return {"model": str(model_dir), "quantize": quantize, "context": context,
             "threads": threads, "repeats": repeats,
