@@ -88,6 +88,12 @@ def _no_draft_dir(spec) -> bool:
 TARGET_BACKENDS = ("auto", "mlx", "torch", "onnx")  # onnx: runtime/backends/onnx_target.py
 
 
+def head_backend(draft_backend: str | None, target_device: str = "cpu") -> str:
+    """Where a sidecar head (fitted head, MTP) steps: PyTorch when asked for or when the target
+    runs off the CPU (its features stay on the device), else ONNX Runtime with int8 weights."""
+    return "torch" if draft_backend == "torch" or target_device != "cpu" else "onnx"
+
+
 def target_backend_for(name: str) -> str:
     """`auto` is MLX on macOS (Metal) and the PyTorch backend elsewhere.
 
@@ -230,14 +236,14 @@ def load_pair(
     if need_draft and kind == "head":  # a fitted feature-level head (apps.train eagle)
         from runtime.backends.torch_eagle import HeadDraft
 
-        hb = "torch" if draft_backend == "torch" or target_device != "cpu" else "onnx"
+        hb = head_backend(draft_backend, target_device)
         d = HeadDraft.load(t, home, backend=hb, threads=draft_threads)
         label = "torch" if hb == "torch" else "onnx, int8 weights"
         settings.update(draft_backend=f"head (fitted feature-level head, {label})")
     elif need_draft and kind == "mtp":
         from runtime.backends.torch_mtp import MTPDraft
 
-        mb = "torch" if draft_backend == "torch" or target_device != "cpu" else "onnx"
+        mb = head_backend(draft_backend, target_device)
         d = MTPDraft.load(t, home, backend=mb, threads=draft_threads)
         label = "torch" if mb == "torch" else "onnx, int8 weights"
         settings.update(draft_backend=f"mtp (target's own head, {label})")

@@ -40,7 +40,7 @@ def extra_pair(pair, name: str, a):
     from devices.emulated_model import EmulatedModel, emulate_draft
     from runtime.drafts import is_model_free_spec, load_model_free
     from runtime.drafts.mixed import is_mixed_spec
-    from runtime.load import load_pair, resolve
+    from runtime.load import head_backend, load_pair, resolve
 
     emulated = isinstance(pair.draft, EmulatedModel)
     if is_model_free_spec(name):  # runtime/drafts/: prompt lookup, suffix tries; no model
@@ -60,7 +60,7 @@ def extra_pair(pair, name: str, a):
     if name in MTP_NAMES:
         from runtime.backends.torch_mtp import MTPDraft
 
-        mb = "torch" if a.draft_backend == "torch" or a.target_device != "cpu" else "onnx"
+        mb = head_backend(a.draft_backend, a.target_device)
         quant = MTP_NAMES[name]
         draft = MTPDraft.load(pair.target, pair.target_dir, backend=mb, threads=a.draft_threads,
                               quant=quant)  # fmt: skip
@@ -84,9 +84,10 @@ def mixed_pair(pair, name: str, a):
     from runtime.backends.torch_mtp import MTPDraft
     from runtime.drafts import load_model_free
     from runtime.drafts.mixed import MixedDraft
+    from runtime.load import head_backend
 
     kind, free = name.split("+")
-    mb = "torch" if a.draft_backend == "torch" or a.target_device != "cpu" else "onnx"
+    mb = head_backend(a.draft_backend, a.target_device)
     cls = HeadDraft if kind == "head" else MTPDraft
     model = cls.load(pair.target, pair.target_dir, backend=mb, threads=a.draft_threads)
     draft = MixedDraft(model, load_model_free(free, pair.target, pair.tokenizer), name=name)
