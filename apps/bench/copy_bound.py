@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections import defaultdict
 
@@ -109,8 +110,7 @@ def main(argv=None) -> int:
         cost, _ = window_seconds(tgt, ctx, tuple(range(1, caps[-1] + 1)), a.repeats)
         ar_step = (turn - pre) / max(1, len(ans) - 1)
         lens = copy_lengths(ids + ans[:1], ans[1:], caps[-1] - 1)
-        row = {"prefill_s": pre, "ar_s": turn, "tokens": len(ans),
-               "copyable": sum(n > 0 for n in lens)}  # fmt: skip
+        row = {"prefill_s": pre, "ar_s": turn, "tokens": len(ans)}
         # a step: an ar step plus what a k-token pass costs beyond a one-token one
         step = [0.0] + [ar_step + max(0.0, cost[k] - cost[1]) for k in range(1, caps[-1] + 1)]
         for w in caps:
@@ -123,13 +123,13 @@ def main(argv=None) -> int:
                 cats[key][k] += v
             cats[key]["prompts"] += 1
         print(f"{rec['category']:>15} q{rec['question_id']}: prompt {len(ids)}, {len(ans)} "
-              f"tokens, prefill {pre / turn:.0%} of ar's turn", flush=True)  # fmt: skip
+              f"tokens, prefill {pre / turn:.0%} of ar's turn", file=sys.stderr,
+              flush=True)  # fmt: skip
     rows = {}
     for k, c in cats.items():
         r = {
             "prompts": int(c["prompts"]),
             "prefill_share": round(c["prefill_s"] / c["ar_s"], 3),
-            "copyable_share": round(c["copyable"] / max(1, c["tokens"] - c["prompts"]), 3),
         }
         for w in caps:
             r[f"bound_speedup_w{w}"] = round(c["ar_s"] / c[f"bound_s_{w}"], 3)
