@@ -49,6 +49,26 @@ def test_virtual_clock_charges_each_exchange_what_a_sleeping_link_would(tiny_dir
     assert runs[False][2].virtual_s == 0.0
 
 
+def test_an_edge_run_over_a_known_link_primes_k_star_with_its_codecs_row_size(tiny_dir, verifier):
+    """ids and raw rows have one size (FIXED_ROWS), so over an emulated link the edge loop gives
+    K* that size, the round trip and E[1/R] before round one (AdaptiveK.expect_rows); the
+    compressed codecs' rows depend on q and give no such prior."""
+    from devices.kstar import AdaptiveK
+    from runtime.edge.codecs import CODEC_MODULES, codec
+
+    assert {n for n in CODEC_MODULES if getattr(codec(n), "FIXED_ROWS", False)} == {"ids", "raw"}
+    target = load_model(tiny_dir("qwen3"), "torch", threads=1)
+    draft = load_model(tiny_dir("qwen3", num_layers=1, hidden_size=32, seed=7), "onnx")
+    st = verifier(target)
+    conn = Connection(st.host, st.port, link=emulator("wifi-weak", seed=1, virtual=True))
+    ctl = AdaptiveK(k_min=0)
+    steps = make_steps("flexspec", None, draft, PROMPT, max_new=4, sampling=GREEDY, seed=0,
+                       conn=conn, controller=ctl)  # fmt: skip
+    list(stream(steps, max_new=4, eos_ids=()))
+    conn.close()
+    assert ctl.primed and ctl.history
+
+
 def _runs(ms):
     """Synthetic bench records: ms[method] = per-prompt ms/token (10 tokens each)."""
     return [{"temp": 1.0, "link": "4g", "prompt": p, "method": m, "tokens": 10,

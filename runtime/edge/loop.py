@@ -93,7 +93,7 @@ def edge_steps(
     link = getattr(conn.link, "link", None)
     if link is not None and hasattr(controller, "expect_link"):  # E[1/R] for eq. (8)'s b/R_n
         controller.expect_link(link.mean_inverse_rate())
-        if cod.NAME in ("raw", "ids"):  # rows of a fixed size: eq. (11) can pick round one too
+        if getattr(cod, "FIXED_ROWS", False):  # a known row size: eq. (11) picks round one too
             row = len(enc.encode([0], np.full((1, V), 1.0 / V, np.float32), V)) - len(
                 enc.encode([], empty, V))  # fmt: skip
             controller.expect_rows(8.0 * row, link.rtt_s, 8.0 * head)

@@ -5,7 +5,9 @@ A codec module exposes
   encode(tokens: list[int], q: np.ndarray | None, vocab: int) -> bytes,
   decode(body: bytes, vocab: int) -> Draft   (raises wire.ProtocolError on a malformed body).
 Optionally `params(vocab) -> dict`: the codec's parameters, which a companion bundle records
-beside its name (apps/companion/edge_side.py; {} without it). A codec without q can only be
+beside its name (apps/companion/edge_side.py; {} without it), and `FIXED_ROWS = True` where
+every draft token costs the same bits whatever q is (ids, raw): the edge loop then gives K*
+that row size as a prior before round one (runtime/edge/loop.py). A codec without q can only be
 verified greedily (T = 0). A compressed-q codec (k-sqs, c-sqs,
 cu-hlm) instead exposes `encoder(vocab, **params)`, a per-session object whose
 `draft_law(q) -> q_hat` the edge loop calls for every draft token (the token is then drawn from

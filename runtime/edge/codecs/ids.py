@@ -18,6 +18,7 @@ from runtime.edge.wire import E_MALFORMED, E_VOCAB, ProtocolError, Reader
 NAME = "ids"
 NUMBER = 1
 CARRIES_Q = False
+FIXED_ROWS = True  # b bits an id
 
 
 def bits_for(vocab: int) -> int:

@@ -17,6 +17,7 @@ from runtime.edge.wire import E_MALFORMED, ProtocolError, Reader
 NAME = "raw"
 NUMBER = 2
 CARRIES_Q = True
+FIXED_ROWS = True  # K x V float32 whatever q is
 
 
 def params(vocab: int) -> dict:
