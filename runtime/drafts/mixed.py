@@ -10,9 +10,9 @@ alone. By default any chain the text offers is taken (min_len 1, min_score 0): o
 held-out chat prompts that was 1.25x `ar` against 1.17-1.21x with bars of (2, 1.0), (3, 2.0)
 or (4, 3.0) (`python -m apps.train.eagle_eval --draft head+suffix --mix-min-len N
 --mix-min-score S`, docs/benchmarks.md): a text chain costs no model pass, and a two-token
-verify pass costs what a one-token one does. A summary or an answer read out of a document repeats the prompt, where a
-suffix match is long and a feature head is unsure; an answer in the model's own words is the
-head's. The head skips the steps the text drafts; when it drafts again it reads the target's
+verify pass costs what a one-token one does. A summary or an answer read out of a document
+repeats the prompt, where a suffix match is long and a feature head is unsure; an answer in
+the model's own words is the head's. The head skips the steps the text drafts; when it drafts again it reads the target's
 features of the tokens committed meanwhile in one pass (runtime/backends/torch_mtp.py, its
 catch-up of verified entries).
 
