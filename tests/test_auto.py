@@ -315,11 +315,12 @@ def test_tau_pools_every_observed_run_and_reads_a_short_window_as_censored(monke
     naive = pp.RunLengths()  # the same steps read as if A = 3 were final at γ 8: a lower tail
     naive.add([8, 5, 2, 6, 0] + [3] * 50, 8)
     assert reach(naive, 8) / reach(naive, 3) < reach(base, 8) / reach(base, 3)
-    monkeypatch.undo()
-    assert laws.HAZARD_PRIOR > 0
     wall = pp.RunLengths()
     wall.add([5] * 3 + [1] * 30, 8)  # A never above 5, on a handful of steps
-    t = wall.taus([5, 6, 8])
+    flat = wall.taus([5, 6, 8])  # still without the prior: the plain law is a wall after 5
+    assert flat[8] == pytest.approx(flat[5]) and flat[6] == pytest.approx(flat[5])
+    monkeypatch.undo()
+    t = wall.taus([5, 6, 8])  # the shipped prior
     assert t[8] > t[6] > t[5]  # shrunk toward the pooled acceptance, not flat after 5
 
 

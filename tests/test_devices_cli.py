@@ -57,7 +57,6 @@ def test_bad_input_is_one_stderr_line():
 
 
 def test_calibrate_on_a_tiny_model(tmp_path, tiny_dir, capsys):
-    pytest.importorskip("runtime.backends", reason="runtime.backends.load_model has not landed")
     out = tmp_path / "host.toml"
     rc = main(
         [

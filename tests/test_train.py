@@ -271,9 +271,6 @@ def _shipped(p) -> bool:
     )
 
 
-@pytest.mark.skipif(
-    not (DEFAULT_PAIR / "target" / "config.json").is_file(), reason="default pair not committed yet"
-)
 def test_committed_default_pair():
     size = sum(p.stat().st_size for p in DEFAULT_PAIR.rglob("*") if _shipped(p))
     assert size <= 60e6, f"runtime/assets/default is {size / 1e6:.1f} MB"
