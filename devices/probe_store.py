@@ -17,8 +17,9 @@ new file, never a stale answer:
 A model with no load spec (in memory: a test's random model, an adapter view) has no file,
 and auto measures as before; an emulated model is keyed by the model it wraps and the
 emulation's label. A file first measured more than MAX_AGE_DAYS ago is measured again (a
-machine's load and clocks drift; later runs add to a file but do not renew it), as is every one with `--reprobe`. The folder is $DUET_CACHE_DIR, else
-$XDG_CACHE_HOME/duet/auto, else ~/.cache/duet/auto. A file that cannot be read or written is
+machine's load and clocks drift; later runs add to a file but do not renew it), as is every
+one with `--reprobe`. The folder is the cache's `auto` (runtime/paths.py): $DUET_CACHE_DIR/auto,
+else $XDG_CACHE_HOME/duet/auto, else ~/.cache/duet/auto. A file that cannot be read or written is
 named in one line on stderr and auto measures as if it were absent: a cache never stops a run.
 """
 
@@ -34,6 +35,8 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from runtime import paths
+
 STORE_VERSION = 4  # raise when the stored keys or what the laws read from them change
 # (4: corrections became step-rate ratios, and the pooled mirror branch hits were added)
 MAX_AGE_DAYS = 7.0
@@ -41,11 +44,8 @@ _PACKAGES = ("numpy", "torch", "onnxruntime", "mlx", "duet")
 
 
 def cache_dir() -> Path:
-    """Where the files live: $DUET_CACHE_DIR, $XDG_CACHE_HOME/duet/auto or ~/.cache/duet/auto."""
-    if os.environ.get("DUET_CACHE_DIR"):
-        return Path(os.environ["DUET_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "duet" / "auto"
+    """Where the files live: the cache's `auto` folder (runtime/paths.py)."""
+    return paths.cache_dir("auto")
 
 
 def _cpu_model() -> str:

@@ -156,7 +156,7 @@ def add_auto_args(ap: argparse.ArgumentParser) -> None:
                     "`python -m devices calibrate`) instead of measuring the pair at hand")  # fmt: skip
     ap.add_argument("--reprobe", action="store_true",
                     help="auto: measure the pair again instead of reading what earlier runs on "
-                    "this machine measured (kept per pair and machine in $DUET_CACHE_DIR, "
+                    "this machine measured (kept per pair and machine in $DUET_CACHE_DIR/auto, "
                     "default ~/.cache/duet/auto; a week at most)")  # fmt: skip
 
 

@@ -5,18 +5,18 @@ its licence files, and the folder `python -m apps.models pull NAME` fills. It do
 nothing (apps/models does, and only when asked); `--target NAME` only reads the folder.
 
 The folder is $DUET_MODELS_DIR, else $DUET_CACHE_DIR/models, else $XDG_CACHE_HOME/duet/models,
-else ~/.cache/duet/models. A pulled model is `<folder>/<name>/`: the GGUF file, its licence
-texts, and `checkpoint/`, the Hugging Face directory dequantized from the GGUF
-(runtime/gguf_import.py).
+else ~/.cache/duet/models (runtime/paths.py decides). A pulled model is `<folder>/<name>/`: the
+GGUF file, its licence texts, and `checkpoint/`, the Hugging Face directory dequantized from the
+GGUF (runtime/gguf_import.py).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.errors import DuetError
+from runtime.paths import cache_dir
 
 
 @dataclass(frozen=True)
@@ -83,12 +83,7 @@ KNOWN: dict[str, KnownModel] = {
 
 def models_dir() -> Path:
     """Where pulled models and GGUF conversions live (see the module docstring)."""
-    if os.environ.get("DUET_MODELS_DIR"):
-        return Path(os.environ["DUET_MODELS_DIR"]).expanduser()
-    if os.environ.get("DUET_CACHE_DIR"):
-        return Path(os.environ["DUET_CACHE_DIR"]).expanduser() / "models"
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "duet" / "models"
+    return cache_dir("models")
 
 
 def model_home(name: str) -> Path:

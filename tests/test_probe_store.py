@@ -88,7 +88,7 @@ def test_a_later_process_chooses_from_the_kept_figures_without_probing(pair, mon
 def test_reprobe_and_a_changed_model_file_measure_again(pair, monkeypatch, capsys):
     t, d = pair
     assert main(_run(t, d)) == 0
-    kept = list((t.parent / "kept").iterdir())
+    kept = list((t.parent / "kept" / "auto").iterdir())  # $DUET_CACHE_DIR/auto
     assert len(kept) == 1
     with monkeypatch.context() as m:
         _no_probe(m)
@@ -108,7 +108,7 @@ def test_an_unreadable_or_old_file_is_said_once_and_measured_again(pair, monkeyp
     t, d = pair
     assert main(_run(t, d)) == 0
     capsys.readouterr()
-    (path,) = (t.parent / "kept").iterdir()
+    (path,) = (t.parent / "kept" / "auto").iterdir()
     doc = json.loads(path.read_text())
     path.write_text("{not json")
     monkeypatch.setattr(memo, "CACHE", {})

