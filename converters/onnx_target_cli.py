@@ -58,12 +58,13 @@ def _parity(model: str, out: Path, q: str) -> dict:
 
     from runtime.backends.onnx_target import OnnxTargetLM, part_path
     from runtime.backends.torch_backend import TorchCausalLM
+    from runtime.paths import sidecar
 
     ref = TorchCausalLM.load(model)
     n = min(64, ref.config.vocab_size)
     ids = np.random.default_rng(0).integers(0, ref.config.vocab_size, (1, n))
     with tempfile.TemporaryDirectory() as tmp:  # open what was written, not the live cache
-        cache = Path(tmp) / ".duet"
+        cache = sidecar(tmp)  # the layout OnnxTargetLM reads
         cache.mkdir()
         full = part_path(Path(model), q, "full").name
         shutil.copy(out / full, cache / full)

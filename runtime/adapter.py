@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 
 from runtime.errors import DuetError
+from runtime.paths import is_stale, sidecar
 
 BASE_RECORD = "duet_base.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -145,11 +146,8 @@ def merged_target_dir(base_dir: str | Path, adapter_dir: str | Path) -> Path:
     base, a = Path(base_dir), Path(adapter_dir)
     if not a.is_dir():
         raise DuetError(f"--adapter {a}: no such directory")
-    out = a / ".duet" / f"merged-{base_fingerprint(base)[:16]}"
-    stamp = out / "merged_from.json"
-    adapter_mtime = (a / "adapter_model.safetensors").stat().st_mtime if (
-        a / "adapter_model.safetensors").is_file() else 0  # fmt: skip
-    if stamp.is_file() and stamp.stat().st_mtime >= adapter_mtime:
+    out = sidecar(a, f"merged-{base_fingerprint(base)[:16]}")
+    if not is_stale(out / "merged_from.json", [a / "adapter_model.safetensors"]):
         return out
     state = merged_state(base, a)
     tmp = out.with_name(out.name + ".tmp")

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from runtime.adapter import base_fingerprint
 from runtime.errors import DuetError
+from runtime.paths import is_stale, sidecar
 
 ANCHOR_RECORD = "anchor.json"
 HEAD_FILE = "anchor_head.safetensors"
@@ -103,11 +104,9 @@ def materialize(anchor_dir: str | Path, candidates: list[Path] = ()) -> Path:
 
     a = Path(anchor_dir)
     base = find_base(a, list(candidates))
-    out = a / ".duet" / "draft"
+    out = sidecar(a, "draft")
     head_file = a / HEAD_FILE
-    if (out / "model.safetensors").is_file() and (
-        out / "model.safetensors"
-    ).stat().st_mtime >= head_file.stat().st_mtime:
+    if not is_stale(out / "model.safetensors", [head_file]):
         return out
     base_cfg = json.loads((base / "config.json").read_text())
     base_state = {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from runtime.errors import DuetError
+from runtime.paths import is_stale, sidecar
 
 BACKENDS = ("mlx", "torch", "onnx", "coreml")
 
@@ -118,9 +119,8 @@ def _is_ss_onnx(p: Path) -> bool:
 
 def ss_onnx_for_dir(d: Path) -> Path:
     """An SS draft's ONNX export, cached under `d/.duet/` (made once, redone when older)."""
-    out = d / ".duet" / "model_ss.onnx"
-    newest = max(f.stat().st_mtime for f in d.glob("*.safetensors"))
-    if not out.is_file() or out.stat().st_mtime < newest:
+    out = sidecar(d, "model_ss.onnx")
+    if is_stale(out, d.glob("*.safetensors")):
         from runtime.backends.exporters import export
 
         try:
@@ -145,13 +145,8 @@ def onnx_for_dir(d: Path) -> Path:
     from runtime.config import ModelConfig
 
     ModelConfig.from_dir(d)  # fail on a bad checkpoint before exporting
-    out = d / ".duet" / "model.onnx"
-    newest = (
-        max(f.stat().st_mtime for f in d.glob("*.safetensors"))
-        if any(d.glob("*.safetensors"))
-        else 0
-    )
-    if not out.is_file() or out.stat().st_mtime < newest:
+    out = sidecar(d, "model.onnx")
+    if is_stale(out, d.glob("*.safetensors")):
         from runtime.backends.exporters import export  # converters/, registered from above
 
         try:

@@ -11,14 +11,14 @@ from pathlib import Path
 
 from runtime.config import weight_files
 from runtime.errors import DuetError
+from runtime.paths import sidecar
 
-SIDECAR = Path(".duet") / "mtp"  # relative to the target directory
 WEIGHTS = "model.safetensors"
 
 
 def mtp_sidecar(target_dir) -> Path:
     """The directory `apps.train mtp` writes to by default and `--draft mtp` reads."""
-    return Path(target_dir) / SIDECAR
+    return sidecar(target_dir, "mtp")
 
 
 def find_mtp_weights(path) -> tuple[dict, Path]:

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.backends.onnx_mtp import QUANTS, OnnxMTPStep, _stale
+from runtime.backends.onnx_mtp import QUANTS, OnnxMTPStep
 from runtime.errors import DuetError
+from runtime.paths import is_stale
 
 KINDS = ("taps", "chain")  # the target's taps in, or the head's own previous output
 
@@ -46,8 +47,7 @@ class OnnxEagleStep(OnnxMTPStep):
             raise DuetError(f"head step weights {quant!r}: choose from {', '.join(QUANTS)}")
         folder = Path(weights).parent
         want = step_files(folder, quant)
-        newest = Path(weights).stat().st_mtime
-        if any(_stale(p, newest) for p in want.values()):
+        if any(is_stale(p, [weights]) for p in want.values()):
             try:
                 export("onnx-eagle", target.module, head, folder, quant, source=folder)
             except OSError as e:

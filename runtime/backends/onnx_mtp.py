@@ -20,6 +20,7 @@ import numpy as np
 
 from runtime.errors import DuetError
 from runtime.model import causal_mask
+from runtime.paths import is_stale
 
 STEP_FILES = {"fp32": "step.onnx", "int8": "step.int8.onnx"}
 QUANTS = tuple(STEP_FILES)
@@ -56,13 +57,12 @@ class OnnxMTPStep:
 
         _, src = find_mtp_weights(path)
         srcs = list(Path(src).glob("*.safetensors")) if Path(src).is_dir() else [Path(src)]
-        newest = max(f.stat().st_mtime for f in srcs)
         fp32 = mtp_sidecar(path) / STEP_FILES["fp32"]
         out = mtp_sidecar(path) / STEP_FILES[quant]
         try:
-            if _stale(fp32, newest):
+            if is_stale(fp32, srcs):
                 export("onnx-mtp", target.module, head, fp32, source=path)
-            if quant == "int8" and _stale(out, fp32.stat().st_mtime):
+            if quant == "int8" and is_stale(out, [fp32]):
                 export("onnx-mtp-int8", fp32, out, target.config, source=path)
         except OSError as e:
             raise DuetError(
@@ -97,7 +97,3 @@ class OnnxMTPStep:
         """Entries j.. for tokens `ids` reading `hidden` (n, H): (outs, logits rows, (k, v))."""
         logits, out, k, v = self.session.run(None, self.feed(ids, hidden, j, past))
         return list(out[0]), list(logits[0]), (k, v)
-
-
-def _stale(f: Path, newer_than: float) -> bool:
-    return not f.is_file() or f.stat().st_mtime < newer_than

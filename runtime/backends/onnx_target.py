@@ -36,6 +36,7 @@ from runtime.cache import ConcatKVCache
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens, default_positions
+from runtime.paths import is_stale, sidecar
 from runtime.sliding_cache import SlidingKVCache
 
 QUANTIZE = ("int4", "int8", "none")
@@ -144,7 +145,7 @@ def recipe_tag(quantize: str) -> str:
 def part_path(d: Path, quantize: str, name: str) -> Path:
     """Where a part is cached: keyed by the quantization and a hash of its recipe, so a changed
     recipe (block size, accuracy level) exports afresh instead of reusing a stale file."""
-    return Path(d) / ".duet" / f"target-{quantize}-{recipe_tag(quantize)}-{name}.onnx"
+    return sidecar(d, f"target-{quantize}-{recipe_tag(quantize)}-{name}.onnx")
 
 
 def ensure_part(d: Path, quantize: str, start: int, stop: int, head: bool, n: int,
@@ -154,9 +155,7 @@ def ensure_part(d: Path, quantize: str, start: int, stop: int, head: bool, n: in
     from runtime.backends.exporters import export  # converters/ registers the exporter
 
     out = part_path(d, quantize, part_name(start, stop, n, head, taps))
-    weights = list(Path(d).glob("*.safetensors"))
-    newest = max((f.stat().st_mtime for f in weights), default=0)
-    if not out.is_file() or out.stat().st_mtime < newest:
+    if is_stale(out, Path(d).glob("*.safetensors")):
         try:
             export("onnx-target", d, out, start, stop, head, quantize, tuple(taps), source=d)
         except OSError as e:

@@ -41,14 +41,14 @@ from runtime.backends.torch_mtp import MTPDraft, TorchMTPStep, TorchTwin
 from runtime.backends.torch_ref import DecoderLayer, RMSNorm, rope_inv_freq
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
+from runtime.paths import sidecar
 
-SIDECAR = Path(".duet") / "eagle"
 WEIGHTS, META = "model.safetensors", "head.json"
 
 
 def head_sidecar(target_dir) -> Path:
     """Where `apps.train eagle` writes a target's head and `--draft head` reads it."""
-    return Path(target_dir) / SIDECAR
+    return sidecar(target_dir, "eagle")
 
 
 def tap_layers(num_layers: int) -> tuple[int, ...]:

@@ -16,13 +16,14 @@ from pathlib import Path
 import numpy as np
 
 from runtime.errors import DuetError
+from runtime.paths import sidecar
 
 MODES = ("raw", "tuned")
 
 
 def exit_head_path(target_dir, layer: int) -> Path:
     """Where the tuned exit head for layer ℓe of this checkpoint lives."""
-    return Path(target_dir) / ".duet" / f"exit_head_L{layer}.safetensors"
+    return sidecar(target_dir, f"exit_head_L{layer}.safetensors")
 
 
 class ExitHead:
