@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import os
-import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.backends import backend_for_path, load_model
+from runtime.backends import load_model
 from runtime.config import ModelConfig
 from runtime.drafts import is_model_free_spec, load_model_free
 from runtime.drafts.mixed import is_mixed_spec
 from runtime.errors import DuetError
+from runtime.placement import choose_backend, draft_backends_for
 from runtime.preflight import check_checkpoint, check_pair_files
 from runtime.tokenizer import Tokenizer, check_pair
 
@@ -94,28 +95,6 @@ def head_backend(draft_backend: str | None, target_device: str = "cpu") -> str:
     return "torch" if draft_backend == "torch" or target_device != "cpu" else "onnx"
 
 
-def target_backend_for(name: str) -> str:
-    """`auto` is MLX on macOS (Metal) and the PyTorch backend elsewhere.
-
-    Off Apple silicon MLX runs on its CPU backend, whose verification of a γ+1 window
-    costs ~γ+1 single-token passes (compute-bound), which erases speculative decoding's
-    gain; PyTorch's CPU matmuls keep a short window close to one pass, as a GPU does.
-    """
-    if name == "auto":
-        return "mlx" if sys.platform == "darwin" else "torch"
-    return name
-
-
-def backend_reason(asked: str, picked: str) -> str | None:
-    """Why `auto` put the target where it did (None when the user named the backend)."""
-    if asked != "auto":
-        return None
-    if picked == "mlx":
-        return "auto on macOS: MLX on the Metal GPU"
-    return ("auto off macOS: PyTorch, since MLX runs on the CPU here and measured slower "
-            "(`python -m apps.bench footprint --backends torch,mlx` compares them)")  # fmt: skip
-
-
 def load_pair(
     target: str | None,
     draft: str | None,
@@ -131,6 +110,7 @@ def load_pair(
     hybrid_rollback: str = "replay",
     quantize: str = "int4",
     heads_from: str | Path | None = None,
+    profile_roles: Mapping[str, str] | None = None,
 ) -> Pair:
     """Load target (and draft when `need_draft`); the embedded pair when neither is given.
 
@@ -149,6 +129,9 @@ def load_pair(
     `heads_from`: the checkpoint whose sidecar `--draft head` / `mtp` reads, when it is not
     the target's own (a fine-tuned copy drafted by its base's head); by default the target
     directory before any adapter is merged, so an adapter keeps its base's head.
+
+    `profile_roles`: a device profile's {role: backend} (runtime/placement.py), which places
+    the target and a draft model where the user named no backend.
     """
     if target is None and draft is None:
         from runtime.assets import default_pair
@@ -184,7 +167,9 @@ def load_pair(
     if need_draft and not _no_draft_dir(ddir):
         check_checkpoint(ddir, "draft")
         check_pair_files(tdir, ddir)
-    asked_backend, target_backend = target_backend, target_backend_for(target_backend)
+    target_backend, target_why = choose_backend(
+        "target", target_backend, profile_roles, choices=TARGET_BACKENDS[1:]
+    )
     if (
         target_threads is None
         and target_backend == "onnx"
@@ -221,7 +206,7 @@ def load_pair(
     settings = {"target_backend": target_backend,
                 "target_threads": target_threads if target_backend in ("torch", "onnx") else None,
                 "target_device": target_device,
-                "target_backend_why": backend_reason(asked_backend, target_backend)}  # fmt: skip
+                "target_backend_why": target_why}  # fmt: skip
     if target_backend == "onnx":
         settings["target_quantize"] = quantize
     if hybrid_onnx:  # say why --quantize did not apply
@@ -252,9 +237,8 @@ def load_pair(
         d = load_model_free(ddir, t, tok)
         settings.update(draft_backend=f"{ddir} (model-free)")
     elif need_draft:
-        db = draft_backend or (
-            "onnx" if backend_for_path(ddir) in ("mlx", "onnx") else backend_for_path(ddir)
-        )
+        can = draft_backends_for(ddir)
+        db, _ = choose_backend("draft", draft_backend, profile_roles, default=can[0], choices=can)
         kw = {"intra_threads": draft_threads, "provider": provider} if db == "onnx" else {}
         if db == "torch":
             kw = {"threads": draft_threads, "hybrid_rollback": hybrid_rollback}

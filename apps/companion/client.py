@@ -5,7 +5,6 @@ on macOS when asked), as the phone app would before sending drafts to a verifier
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,12 +13,13 @@ import numpy as np
 
 from apps.companion.verify import verify_bundle
 from runtime.errors import DuetError
+from runtime.placement import choose_backend
 
 
-def load_draft(bundle: Path, engine: str, threads: int = 1):
-    """The bundle's draft as a CausalLM: "onnx", "coreml" (macOS) or "auto"."""
-    if engine == "auto":
-        engine = "coreml" if sys.platform == "darwin" else "onnx"
+def load_draft(bundle: Path, engine: str, threads: int = 1, roles: dict | None = None):
+    """The bundle's draft as a CausalLM: "onnx", "coreml" (macOS) or "auto" (the device
+    profile's draft backend when `roles` gives one, else runtime/placement.py's default)."""
+    engine, _ = choose_backend("draft", engine, roles, choices=("coreml", "onnx"))
     if engine == "coreml":
         from runtime.backends.coreml_backend import CoreMLCausalLM
 
