@@ -141,7 +141,7 @@ def calibrate(
     from devices.calibrate import run_calibration, to_profile
     from devices.profile import dumps_toml, read_profile_file
     from runtime.backends import load_model
-    from runtime.random_checkpoint import make_checkpoint
+    from runtime.testing.random_checkpoint import make_checkpoint
 
     out_path = Path(out)
     if out_path.suffix not in (".toml", ".json"):

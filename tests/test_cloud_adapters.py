@@ -124,7 +124,7 @@ def test_a_view_adds_only_the_adapted_weights_and_leaves_the_base_alone(evolving
 
 def test_serve_refuses_an_adapter_for_another_base_in_one_line(evolving, tmp_path, capsys):
     from apps.cloud.__main__ import main
-    from runtime.random_checkpoint import make_checkpoint
+    from runtime.testing.random_checkpoint import make_checkpoint
 
     other = make_checkpoint(tmp_path / "other", "qwen3", num_layers=3, seed=5)
     ad = evolving[1]["code"]

@@ -44,7 +44,7 @@ def peft_logits(base: Path, adapter: Path, ids: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def base_and_adapter(tmp_path_factory):
-    from runtime.random_checkpoint import make_checkpoint
+    from runtime.testing.random_checkpoint import make_checkpoint
 
     d = tmp_path_factory.mktemp("evolving")
     base = make_checkpoint(d / "base", "qwen3", num_layers=3, initializer_range=0.1)
@@ -68,7 +68,7 @@ def test_adapter_merged_at_load_equals_peft(base_and_adapter, backend):
 
 def test_adapter_for_another_base_is_refused(base_and_adapter, tmp_path, capsys):
     from runtime.generate import main
-    from runtime.random_checkpoint import make_checkpoint
+    from runtime.testing.random_checkpoint import make_checkpoint
 
     _, adapter = base_and_adapter
     other = make_checkpoint(tmp_path / "other", "qwen3", num_layers=3, seed=1)
@@ -144,7 +144,7 @@ def test_anchor_frozen_parts_stay_bit_identical(base_and_adapter, tmp_path):
 
 def test_anchor_refuses_another_base(base_and_adapter, tmp_path):
     from runtime.anchor import materialize
-    from runtime.random_checkpoint import make_checkpoint
+    from runtime.testing.random_checkpoint import make_checkpoint
 
     base, _ = base_and_adapter
     _, out = train_anchor(base, tmp_path / "anchor", steps=1)
@@ -184,7 +184,7 @@ def test_the_evolving_bench_runs_on_any_base(base_and_adapter, tmp_path, capsys)
     import shutil
 
     from apps.bench import evolving
-    from runtime.random_checkpoint import make_checkpoint
+    from runtime.testing.random_checkpoint import make_checkpoint
 
     base, adapter = base_and_adapter
     ev = tmp_path / "evolved"
@@ -217,7 +217,7 @@ def test_an_anchor_for_a_tied_base_materializes(tmp_path):
     from safetensors.torch import load_file
 
     from runtime.anchor import materialize
-    from runtime.random_checkpoint import make_checkpoint
+    from runtime.testing.random_checkpoint import make_checkpoint
 
     base = make_checkpoint(tmp_path / "tied", "llama", num_layers=2, tie_word_embeddings=True)
     _, out = train_anchor(base, tmp_path / "anchor", steps=1)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.random_tokenizer import byte_tokenizer
+from runtime.testing.random_tokenizer import byte_tokenizer
 
 ARCHS = ("llama", "qwen2", "qwen3")  # attention-only families; HYBRID_ARCHS below
 HYBRID_ARCHS = ("qwen3_5_text", "qwen3_5")  # Gated DeltaNet + gated attention (text, multimodal)
@@ -44,7 +44,7 @@ def make_checkpoint(
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
     if model_type in HYBRID_ARCHS:
-        from runtime.random_hybrid import make_hybrid_checkpoint
+        from runtime.testing.random_hybrid import make_hybrid_checkpoint
 
         return make_hybrid_checkpoint(path, model_type, vocab_size=vocab_size,
             hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
@@ -53,7 +53,7 @@ def make_checkpoint(
             tie_word_embeddings=tie_word_embeddings, initializer_range=initializer_range,
             seed=seed, tokenizer=tokenizer, mtp=mtp)  # fmt: skip
     if model_type in GEMMA_ARCHS:  # sliding_window and softcap are Gemma's alone
-        from runtime.random_gemma import make_gemma_checkpoint
+        from runtime.testing.random_gemma import make_gemma_checkpoint
 
         return make_gemma_checkpoint(path, model_type, vocab_size=vocab_size,
             hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,

@@ -61,7 +61,7 @@ def make_gemma_checkpoint(path, model_type: str = "gemma3_text", *, seed: int = 
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    from runtime.random_tokenizer import byte_tokenizer
+    from runtime.testing.random_tokenizer import byte_tokenizer
 
     cfg = gemma_config(**kw)
     torch.manual_seed(seed)

@@ -54,7 +54,7 @@ def make_hybrid_checkpoint(path, model_type: str = "qwen3_5_text", *, seed: int 
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    from runtime.random_tokenizer import byte_tokenizer
+    from runtime.testing.random_tokenizer import byte_tokenizer
 
     cfg = hybrid_config(**kw)
     torch.manual_seed(seed)
