@@ -2,9 +2,10 @@
 verifier, apply its verdict (A, c), keep the draft cache in step with the committed sequence.
 
 K comes from a controller (devices.kstar.AdaptiveK: eq. (11) from the measured link, the
-link condition's E[1/R] as a prior, and the per-token acceptance's estimate) or is fixed. The bytes counted are the real frame lengths; the link emulator's
-waits are real sleeps inside `Connection.request`, so wall-clock time includes them. This module
-opens no sockets itself (the caller passes a connected `Connection`).
+link condition's E[1/R] as a prior, and the per-token acceptance's estimate) or is fixed. The
+bytes counted are the real frame lengths; the link emulator's waits are real sleeps inside
+`Connection.request`, so wall-clock time includes them. This module opens no sockets itself (the
+caller passes a connected `Connection`); a round's stages are in runtime/edge/rounds.py.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import numpy as np
 
 from runtime.decoding.events import Sampling, StepEvent, rewind
 from runtime.decoding.sd import draft_window
-from runtime.edge import wire
 from runtime.edge.client import CloudError, Connection
 from runtime.edge.codecs import codec as get_codec
 from runtime.edge.codecs import new_encoder
 from runtime.edge.codecs.lossy import MAX_ROWS
+from runtime.edge.rounds import EdgeLink, unsent_round
 from runtime.edge.skip import Skipper
 from runtime.errors import DuetError
 
@@ -58,6 +59,68 @@ def edge_steps(
         raise DuetError(f"--k must be >= 0 (got {k})")
     if k_max < 1:
         raise DuetError(f"--k-max must be >= 1 (got {k_max})")
+    lk = open_link(draft, conn, sampling, seed, codec=codec, codec_params=codec_params,
+                   skip=skip, bit_budget=bit_budget, controller=controller)  # fmt: skip
+    edge_seed, cloud_seed = np.random.SeedSequence(seed).spawn(2)  # independent streams: the
+    rng = np.random.default_rng(edge_seed)  # draft's draws must not reuse the server's uniforms
+    seq = list(seq)
+    dc = draft_cache if draft_cache is not None else draft.new_cache()
+    ctx = min(conn.welcome.max_context, draft.config.max_context)
+    # a static-shape draft (runtime/backends/onnx_static_host.py) holds `context` slots; past
+    # them the rounds send K = 0 and the cloud decodes alone
+    draft_ctx = getattr(draft, "context", ctx)
+    lk.prime()
+    conn.open(seq, sampling.temp, sampling.top_p, sampling.top_k,
+              int(cloud_seed.generate_state(1, np.uint64)[0]))  # fmt: skip
+    produced = 0
+    held: list[int] = []  # skipped drafts committed here, not yet sent (they lead the next body)
+    try:
+        while produced < max_new:
+            g = max(0, min(lk.want(k, k_max), max_new - produced - 1, ctx - len(seq) - 1,
+                           draft_ctx - len(seq), MAX_ROWS - len(held)))  # fmt: skip
+            flags: list[tuple[float, bool, float]] = []  # per draft: u, skipped, x_d = q̂(d)
+            t0 = time.perf_counter()
+            drafts, q = draft_window(draft, dc, seq, g, sampling, rng, law=lk.enc.draft_law,
+                                     observe=lk.observer(flags))  # fmt: skip
+            g = len(drafts)  # SQS §4: the budget may end the window early
+            if lk.skipper and g and all(f[1] for f in flags):  # nothing to verify: no round trip
+                base = len(seq)
+                seq += drafts
+                held += drafts
+                produced += g
+                t1 = time.perf_counter()
+                yield StepEvent(tokens=drafts, accepted=g, drafted=g, draft_s=t1 - t0,
+                                extra={"edge": unsent_round(flags, base, t1 - t0)})  # fmt: skip
+                continue
+            committed, a, round_, draft_s, wall_s = lk.verify(seq, held, drafts, q, flags, t0)
+            held = []
+            seq += committed
+            produced += len(committed)
+            rewind(dc, len(seq) - 1)  # FlexSpec §IV-C: the edge rolls back with the cloud
+            yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=draft_s,
+                            verify_s=wall_s, extra={"edge": round_})  # fmt: skip
+    finally:
+        rewind(dc, len(seq))
+        try:
+            conn.close_session()
+        except CloudError:
+            pass
+
+
+def open_link(
+    draft,
+    conn: Connection,
+    sampling: Sampling,
+    seed: int,
+    *,
+    codec: str | None,
+    codec_params: dict | None,
+    skip,
+    bit_budget: int | None,
+    controller,
+) -> EdgeLink:
+    """Check the pair, the codec, --skip and --bit-budget against each other and the verifier;
+    returns the session's EdgeLink (a bit budget drops the controller: it sets L^t itself)."""
     V = draft.config.vocab_size
     if conn.welcome.vocab_size != V:
         raise DuetError(f"the cloud target's vocabulary ({conn.welcome.vocab_size}) differs "
@@ -78,108 +141,7 @@ def edge_steps(
         skipper = Skipper(skip, np.random.default_rng(np.random.SeedSequence(seed).spawn(3)[2]))
     if cod.NAME not in conn.welcome.codecs:
         raise DuetError(f"the cloud verifier does not speak codec {cod.NAME}")
-    edge_seed, cloud_seed = np.random.SeedSequence(seed).spawn(2)  # independent streams: the
-    rng = np.random.default_rng(edge_seed)  # draft's draws must not reuse the server's uniforms
-    empty = np.zeros((0, V), np.float32)
-    seq = list(seq)
-    dc = draft_cache if draft_cache is not None else draft.new_cache()
-    ctx = min(conn.welcome.max_context, draft.config.max_context)
-    # a static-shape draft (runtime/backends/onnx_static_host.py) holds `context` slots; past them the
-    # rounds send K = 0 and the cloud decodes alone
-    draft_ctx = getattr(draft, "context", ctx)
-    head = len(wire.pack(wire.VERIFY, 0, 0, wire.verify(cod.NUMBER, 0, b""))) + (
-        enc.kernel.header_bytes() if hasattr(enc, "kernel") else len(enc.encode([], empty, V))
-    )
-    link = getattr(conn.link, "link", None)
-    if link is not None and hasattr(controller, "expect_link"):  # E[1/R] for eq. (8)'s b/R_n
-        controller.expect_link(link.mean_inverse_rate())
-        if getattr(cod, "FIXED_ROWS", False):  # a known row size: eq. (11) picks round one too
-            row = len(enc.encode([0], np.full((1, V), 1.0 / V, np.float32), V)) - len(
-                enc.encode([], empty, V))  # fmt: skip
-            controller.expect_rows(8.0 * row, link.rtt_s, 8.0 * head)
-    conn.open(seq, sampling.temp, sampling.top_p, sampling.top_k,
-              int(cloud_seed.generate_state(1, np.uint64)[0]))  # fmt: skip
-    produced = 0
-    held: list[int] = []  # skipped drafts committed here, not yet sent (they lead the next body)
-    try:
-        while produced < max_new:
-            if k is not None:
-                want = k
-            elif controller is not None:
-                want = controller.choose(k_max)
-            else:  # a budget ends the round itself (SQS §4), up to k_max; else a fixed 4
-                want = k_max if bit_budget is not None else 4
-            g = max(0, min(want, max_new - produced - 1, ctx - len(seq) - 1, draft_ctx - len(seq),
-                           MAX_ROWS - len(held)))  # fmt: skip
-            flags: list[tuple[float, bool, float]] = []  # per draft: u, skipped, x_d = q̂(d)
-
-            def observe(logits, d, q_row, flags=flags):
-                u = skipper.uncertainty(logits, d)  # eq. (8)-(9)
-                s = skipper.decide(u)  # eq. (10)
-                if s:
-                    enc.skip_last()  # its row on the wire is the id alone
-                flags.append((u, s, float(q_row[d])))
-
-            t0 = time.perf_counter()
-            drafts, q = draft_window(draft, dc, seq, g, sampling, rng, law=enc.draft_law,
-                                     observe=observe if skipper else None)  # fmt: skip
-            g = len(drafts)  # SQS §4: the budget may end the window early
-            if skipper and g and all(f[1] for f in flags):  # nothing to verify: no round trip
-                base = len(seq)
-                seq += drafts
-                held += drafts
-                produced += g
-                t1 = time.perf_counter()
-                yield StepEvent(tokens=drafts, accepted=g, drafted=g, draft_s=t1 - t0, extra={
-                    "edge": {"k": g, "accepted": g, "bytes_up": 0, "bytes_down": 0,
-                             "rate_bps": float("inf"), "draft_s": t1 - t0, "uplink_s": 0.0,
-                             "cloud_s": 0.0, "downlink_s": 0.0, "model_bits": 0, "sent": False,
-                             "u": [f[0] for f in flags], "skip_flags": [f[1] for f in flags],
-                             "skipped": [(base + i, f[2]) for i, f in enumerate(flags)]}})  # fmt: skip
-                continue
-            body = enc.encode(held + drafts, q, V)
-            t1 = time.perf_counter()
-            base, h = len(seq) - len(held), len(held)
-            v, x = conn.verify(cod.NUMBER, base, body)
-            a, c = v.accepted - h, v.token  # the held rows are committed by the verifier as is
-            if not 0 <= a <= g or not 0 <= c < V or v.committed != len(seq) + a + 1:
-                raise CloudError(f"the cloud verifier at {conn.where} sent an impossible verdict")
-            held = []
-            enc.verdict(a, g)  # C-SQS: Alg. 1's backtrack of beta to the kept tokens
-            committed = drafts[:a] + [c]
-            skipped = [(len(seq) + i, f[2]) for i, f in enumerate(flags[:a]) if f[1]]
-            seq += committed
-            produced += len(committed)
-            rewind(dc, len(seq) - 1)  # FlexSpec §IV-C: the edge rolls back with the cloud
-            round_ = {
-                "k": g,
-                "accepted": a,
-                "bytes_up": x.bytes_up,
-                "bytes_down": x.bytes_down,
-                "rate_bps": x.rate_bps,
-                "draft_s": t1 - t0,
-                "uplink_s": x.uplink_s,
-                "cloud_s": float(v.server_s),
-                "downlink_s": max(0.0, x.downlink_s - v.server_s),
-            }
-            if controller is not None:
-                controller.update(**round_, header_bytes=head)
-            round_["model_bits"] = enc.last_bits  # header + eq. (1) body bits (compressed q)
-            if bit_budget is not None:
-                round_["body_bits"] = enc.last_bits - 8 * enc.kernel.header_bytes()  # <= B
-            if hasattr(enc, "stats"):
-                round_["codec_stats"] = enc.stats()
-            if skipper:
-                round_.update(sent=True, u=[f[0] for f in flags],
-                              skip_flags=[f[1] for f in flags], skipped=skipped)  # fmt: skip
-            yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=t1 - t0,
-                            verify_s=x.wall_s, extra={"edge": round_})  # fmt: skip
-    finally:
-        rewind(dc, len(seq))
-        try:
-            conn.close_session()
-        except CloudError:
-            pass
+    return EdgeLink(conn, cod, enc, V, skipper, controller, bit_budget)
 
 
 def check_bit_budget(budget: int, codec: str) -> None:
