@@ -26,6 +26,23 @@ def parse_ids(text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m apps.companion", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
+    add_package_parser(sub)
+    add_run_parser(sub)
+    args = ap.parse_args(argv)
+    if args.cmd == "package":
+        return run_package(args)
+    if args.max_tokens < 1:
+        raise DuetError(f"--max-tokens must be at least 1, not {args.max_tokens}")
+    ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    if args.server is not None:
+        return run_cloud(args, ids)
+    if args.token_file or args.link != "none":
+        raise DuetError("--token-file and --link need --server HOST:PORT")
+    return run_local(args, ids)
+
+
+def add_package_parser(sub) -> None:
+    """`package`'s flags."""
     pk = sub.add_parser("package", help="build a bundle from a draft checkpoint")
     src = pk.add_mutually_exclusive_group(required=True)
     src.add_argument(
@@ -34,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument(
         "--anchor",
         help="a FlexSpec anchor draft (python -m apps.train anchor): assembled from its base "
-        "(--target, or the base it names) and recorded in the manifest with the base it anchors to",
+        "(--target, or the base it names) and recorded in the manifest with the base it "
+        "anchors to",
     )
     pk.add_argument("--out", required=True, help="bundle directory to create")
     pk.add_argument(
@@ -57,15 +75,16 @@ def main(argv: list[str] | None = None) -> int:
         default="qnn",
         choices=["qnn", "cpu", "cuda"],
         help="execution provider the ONNX draft is quantized for (default qnn: the phone's "
-        "Hexagon NPU; cpu for ONNX Runtime's CPU provider; see `python -m converters export --help`)",
+        "Hexagon NPU; cpu for ONNX Runtime's CPU provider; see "
+        "`python -m converters export --help`)",
     )
     pk.add_argument(
         "--coreml-quantize", default="none", choices=["none", "int8", "int4", "palettize4"]
     )
     pk.add_argument(
         "--profile",
-        help="device profile: a shipped name (python -m devices list) or a calibrated .toml/.json; "
-        "its FlexSpec latency parameters drive K*",
+        help="device profile: a shipped name (python -m devices list) or a calibrated "
+        ".toml/.json; its FlexSpec latency parameters drive K*",
     )
     pk.add_argument(
         "--codec",
@@ -77,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         "--no-coreml", action="store_true", help="ONNX only (Android): skip the Core ML package"
     )
     pk.add_argument("--json", action="store_true", help="print the manifest")
+
+
+def add_run_parser(sub) -> None:
+    """`run`'s flags."""
     rn = sub.add_parser("run", help="verify a bundle and draft greedily with it")
     rn.add_argument("bundle")
     g = rn.add_mutually_exclusive_group(required=True)
@@ -102,48 +125,46 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--temp", type=float, default=0.0, help="0: greedy (default)")
     e.add_argument("--seed", type=int, default=0)
     rn.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
 
-    if args.cmd == "package":
-        from runtime.preflight import check_checkpoint, check_pair_files
 
-        anchor = None
-        if args.anchor is not None:  # FlexSpec §IV-A: the phone keeps this draft as targets evolve
-            from runtime.anchor import ANCHOR_RECORD, is_anchor_dir, materialize
+def run_package(args: argparse.Namespace) -> int:
+    """`package`: check the checkpoints, build the bundle, print its summary (or manifest)."""
+    from runtime.preflight import check_checkpoint, check_pair_files
 
-            if not is_anchor_dir(args.anchor):
-                raise DuetError(f"--anchor {args.anchor}: no {ANCHOR_RECORD} (not an anchor draft)")
-            anchor = json.loads((Path(args.anchor) / ANCHOR_RECORD).read_text())
-            args.draft = str(materialize(args.anchor, [Path(args.target)] if args.target else []))
-        check_checkpoint(args.draft, "draft")  # before the converters import torch
-        if args.target:
-            check_checkpoint(args.target, "target")
-            check_pair_files(args.target, args.draft)
-        from apps.companion.package import package_bundle, summary
+    anchor = None
+    if args.anchor is not None:  # FlexSpec §IV-A: the phone keeps this draft as targets evolve
+        from runtime.anchor import ANCHOR_RECORD, is_anchor_dir, materialize
 
-        m = package_bundle(
-            args.draft,
-            args.out,
-            anchor=anchor,
-            target=args.target,
-            max_context=args.max_context,
-            prefill_len=args.prefill_len,
-            onnx_quantize=args.onnx_quantize,
-            onnx_provider=args.onnx_provider,
-            coreml_quantize=args.coreml_quantize,
-            profile=args.profile,
-            codec=args.codec,
-            coreml=not args.no_coreml,
-        )
-        print(json.dumps(m, indent=2) if args.json else "\n".join(summary(m, Path(args.out))))
-        return 0
-    if args.max_tokens < 1:
-        raise DuetError(f"--max-tokens must be at least 1, not {args.max_tokens}")
-    ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
-    if args.server is not None:
-        return run_cloud(args, ids)
-    if args.token_file or args.link != "none":
-        raise DuetError("--token-file and --link need --server HOST:PORT")
+        if not is_anchor_dir(args.anchor):
+            raise DuetError(f"--anchor {args.anchor}: no {ANCHOR_RECORD} (not an anchor draft)")
+        anchor = json.loads((Path(args.anchor) / ANCHOR_RECORD).read_text())
+        args.draft = str(materialize(args.anchor, [Path(args.target)] if args.target else []))
+    check_checkpoint(args.draft, "draft")  # before the converters import torch
+    if args.target:
+        check_checkpoint(args.target, "target")
+        check_pair_files(args.target, args.draft)
+    from apps.companion.package import package_bundle, summary
+
+    m = package_bundle(
+        args.draft,
+        args.out,
+        anchor=anchor,
+        target=args.target,
+        max_context=args.max_context,
+        prefill_len=args.prefill_len,
+        onnx_quantize=args.onnx_quantize,
+        onnx_provider=args.onnx_provider,
+        coreml_quantize=args.coreml_quantize,
+        profile=args.profile,
+        codec=args.codec,
+        coreml=not args.no_coreml,
+    )
+    print(json.dumps(m, indent=2) if args.json else "\n".join(summary(m, Path(args.out))))
+    return 0
+
+
+def run_local(args: argparse.Namespace, ids: list[int] | None) -> int:
+    """`run` without --server: draft with the bundle alone."""
     from apps.companion.client import run_bundle
 
     r = run_bundle(
