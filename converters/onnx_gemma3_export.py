@@ -2,7 +2,7 @@
 
 The optimum-style I/O of onnx_export.py, plus the positions of the columns the local
 (sliding-window) layers hold, since those layers keep only their window and a slack
-(runtime/sliding_cache.py) and apply the window on positions:
+(runtime/caches/sliding.py) and apply the window on positions:
   inputs  input_ids (B, T), attention_mask (B, past + T) over every column a global layer
           holds, position_ids (B, T), past_positions (B, held) int64: the positions of the
           columns every local layer holds, past_key_values.{i}.key / .value: (B, KV, past, D)

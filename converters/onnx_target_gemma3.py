@@ -3,7 +3,7 @@ converters/onnx_target_graph.py, whose fused ops and I/O it shares).
 
 What Gemma adds, against runtime/backends/torch_gemma3.py (the reference):
 - local sliding-window layers beside global ones, each kind with its own RoPE tables. A local
-  layer holds only its window and a slack (runtime/sliding_cache.py), so its past is shorter
+  layer holds only its window and a slack (runtime/caches/sliding.py), so its past is shorter
   than a global layer's; its row inputs (local_kv_index, ...: converters/onnx_target_rows.py)
   come from the host's local mask: the last held + T columns of the mask and keys within
   (p - window, p] of a query at p (key positions are columns' positions, not columns: tree

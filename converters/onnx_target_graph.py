@@ -191,7 +191,7 @@ def attention(g: Graph, a: dict, q, k, v, past_k, past_v, heads, kv, d, scale):
         return row_attention(g, a, q, k, v, past_k, past_v, heads, kv, d, scale)
     bias, seqlens, total = a["window"]
     # the presents under their public names (no Identity copy): the host binds each to its
-    # past's buffer, and the kernel appends in place (runtime/buffer_cache.py)
+    # past's buffer, and the kernel appends in place (runtime/caches/buffer.py)
     presents = [p.replace("past.", "present.", 1) for p in (past_k, past_v)]
     return g.op("GroupQueryAttention", [q, k, v, past_k, past_v, seqlens, total, "", "", "",
                 bias], 3, domain=MS, out=[f"att_{g.n}", *presents], num_heads=heads,

@@ -118,9 +118,9 @@ def load_pair(
     threads and a PyTorch target the remaining cores (`target_threads`), so the two
     workers of Mirror-SD do not fight over the same cores. A hybrid (Qwen3.5) target runs on
     the PyTorch or MLX backend with `hybrid_rollback` ("replay" or "redecode",
-    runtime/hybrid_cache.py, runtime/backends/mlx_hybrid_cache.py); a hybrid draft, like any
+    runtime/caches/hybrid.py, runtime/caches/mlx_hybrid.py); a hybrid draft, like any
     draft, defaults to ONNX (a one-token graph whose rollback picks the states kept per
-    position, runtime/step_state_cache.py).
+    position, runtime/caches/step_state.py).
 
     `adapter`: a LoRA adapter (PEFT format) for the target, checked against it and merged at
     load (runtime/adapter.py). A FlexSpec anchor draft (runtime/anchor.py) is assembled from

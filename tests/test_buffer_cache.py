@@ -1,13 +1,13 @@
-"""runtime/buffer_cache.py: the preallocated cache the ONNX target writes in place behaves as
-runtime/cache.py's ConcatKVCache under every operation the decoding methods use (a random
+"""runtime/caches/buffer.py: the preallocated cache the ONNX target writes in place behaves as
+runtime/caches/concat.py's ConcatKVCache under every operation the decoding methods use (a random
 program of puts, in-place appends, trims, forks, selects and column keeps, compared after each
 step), and an ONNX target pass through it gives the logits and keys a concatenating cache gets."""
 
 import numpy as np
 
 from runtime.backends.onnx_target import OnnxTargetLM
-from runtime.buffer_cache import STEP, BufferKVCache
-from runtime.cache import ConcatKVCache
+from runtime.caches.buffer import STEP, BufferKVCache
+from runtime.caches.concat import ConcatKVCache
 
 KV, D, LAYERS = 2, 3, 3
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.cache import ConcatKVCache
+from runtime.caches.concat import ConcatKVCache
 
 LAYERS, B, KV, S, D = 3, 2, 2, 12, 4
 PATTERNS = [

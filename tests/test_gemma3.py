@@ -8,7 +8,7 @@ import pytest
 import torch
 from edge_helpers import flexspec
 
-import runtime.sliding_cache as sliding_cache
+import runtime.caches.sliding as sliding_cache
 from runtime.backends import load_model
 from runtime.config import ModelConfig
 from runtime.decoding import Sampling, make_steps, run

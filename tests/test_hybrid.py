@@ -137,8 +137,8 @@ def test_sd_with_kept_states_equals_sd_by_replay(models, monkeypatch):
     """sd (γ = 4, a near draft: rejections at every depth) lands its target and draft caches on
     the same tensors with and without kept states, after every step; with them, no landing
     replays a single recurrence step."""
-    import runtime.hybrid_cache as hc
-    import runtime.hybrid_linear as hl
+    import runtime.caches.hybrid as hc
+    import runtime.caches.linear_state as hl
 
     target, draft = models["target"], models["near_draft"]
     replayed, inner = [], hc.replay

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from test_onnx_target import TOL
 
-import runtime.sliding_cache as sliding_cache
+import runtime.caches.sliding as sliding_cache
 from runtime.backends import load_model
 from runtime.backends.onnx_target import OnnxTargetLM
 from runtime.decoding import Sampling, make_steps, run

@@ -2,13 +2,13 @@
 
 On a hybrid (Qwen3.5) checkpoint, for each accepted length A of a γ+1 window it times
   - the verify pass itself (the window through the whole model),
-  - rollback by replay (runtime/hybrid_cache.py: pick the state the verify pass kept, and
+  - rollback by replay (runtime/caches/hybrid.py: pick the state the verify pass kept, and
     slice the conv state) as a share of that pass, and the same landing with no state kept
     (`replay_log_ms`: only the recurrence replayed, A+1 steps per linear layer, from the base),
   - rollback by redecode (llama.cpp: restore the checkpoint, re-run the A+1 kept tokens
     through the whole model as a pass of their own), timed as the redecode cache's `trim`
     (inside `sd` that re-run is the next window, [last, d1..dA, c], which also yields a token,
-    as in llama.cpp's loop: runtime/hybrid_cache.py).
+    as in llama.cpp's loop: runtime/caches/hybrid.py).
 Median of --reps runs each, on --backend torch (--threads threads) or mlx (mlx-lm's classes,
 runtime/backends/mlx_qwen3_5.py; MLX's own CPU threads).
 

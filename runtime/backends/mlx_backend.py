@@ -16,7 +16,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from runtime.backends.mlx_cache import MLXKVCache
+from runtime.caches.mlx_kv import MLXKVCache
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens

@@ -4,7 +4,7 @@ mlx-lm 0.32's own `mlx_lm.models.gemma3_text` classes.
 mlx-lm builds the modules and loads the weights (its loader, `sanitize`, quantized MLX
 directories); we walk its layers ourselves, as mlx_backend.py does for the other families,
 so that a target can run a range of layers (Mirror-SD's early exit), take explicit positions
-and masks (trees, branch rows), and keep its KV in a SlidingKVCache (runtime/sliding_cache.py:
+and masks (trees, branch rows), and keep its KV in a SlidingKVCache (runtime/caches/sliding.py:
 a local layer keeps its window and a slack, with its columns' positions, and the window is
 applied on positions). What we take from the config rather than from mlx-lm, to stay equal
 to transformers (the reference, runtime/backends/torch_gemma3.py):
@@ -30,7 +30,7 @@ import numpy as np
 from runtime.backends.mlx_backend import MLXCausalLM, _rope, mlx_lm_load
 from runtime.config import ModelConfig, weight_files
 from runtime.model import causal_mask, check_tokens, default_positions
-from runtime.sliding_cache import SlidingKVCache
+from runtime.caches.sliding import SlidingKVCache
 
 
 class MLXGemma3LM(MLXCausalLM):

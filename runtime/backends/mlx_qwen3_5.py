@@ -5,7 +5,7 @@ mlx-lm builds the modules and loads the weights; we walk its layers ourselves, a
 mlx_backend.py does for the attention families, so that a target can run a *range* of layers
 (the Mirror-SD early exit, eq. 6), attention layers take explicit positions and causal
 masks, and every linear-attention layer hands its per-position inputs of the delta rule to
-an MLXHybridCache (runtime/backends/mlx_hybrid_cache.py), which lands the states on any
+an MLXHybridCache (runtime/caches/mlx_hybrid.py), which lands the states on any
 accepted prefix by replaying only the recurrence. mlx-lm's own forward keeps those inside
 `GatedDeltaNet.__call__` and its ArraysCache cannot be trimmed (why mlx-lm refuses to
 speculate on these models).
@@ -34,7 +34,7 @@ import mlx.nn as nn
 import numpy as np
 
 from runtime.backends.mlx_backend import MLXCausalLM, _rope, mlx_lm_load
-from runtime.backends.mlx_hybrid_cache import MLXHybridCache
+from runtime.caches.mlx_hybrid import MLXHybridCache
 from runtime.config import ModelConfig, weight_files
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens

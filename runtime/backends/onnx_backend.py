@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.cache import ConcatKVCache
+from runtime.caches.concat import ConcatKVCache
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens, default_positions

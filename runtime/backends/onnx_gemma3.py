@@ -1,5 +1,5 @@
 """Gemma 3 on ONNX Runtime: the graph of converters/onnx_gemma3_export.py over a
-SlidingKVCache (runtime/sliding_cache.py) of numpy arrays.
+SlidingKVCache (runtime/caches/sliding.py) of numpy arrays.
 
 Beside the optimum-style feed it passes `past_positions`, the positions of the columns the
 local layers hold (every local layer holds the same ones: they see the same forwards), and
@@ -13,7 +13,7 @@ import numpy as np
 
 from runtime.backends.onnx_backend import OnnxCausalLM, key_mask
 from runtime.model import check_tokens, default_positions
-from runtime.sliding_cache import SlidingKVCache
+from runtime.caches.sliding import SlidingKVCache
 
 
 class OnnxGemma3LM(OnnxCausalLM):

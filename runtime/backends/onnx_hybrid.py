@@ -4,7 +4,7 @@ converters/onnx_hybrid_export.py, run once per token, with a StepStateCache.
 A forward of T tokens is T session calls of the one-token graph, after each of which the
 cache keeps the linear layers' states, so rolling the draft back to any accepted length picks
 the states kept for it
-(runtime/step_state_cache.py: exact, nothing re-run, γ + 1 states per linear layer and row
+(runtime/caches/step_state.py: exact, nothing re-run, γ + 1 states per linear layer and row
 held per window). Masks: causal, or the key holes of branch rows forked with `fork_at` (each
 row's attention skips exactly the columns its linear states did not take); a tree mask is
 refused. A prompt (an unmasked forward of more than DEFAULT_PREFILL tokens) runs in chunks
@@ -22,7 +22,7 @@ import numpy as np
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.model import check_tokens, default_positions
-from runtime.step_state_cache import LINEAR, StepStateCache
+from runtime.caches.step_state import LINEAR, StepStateCache
 
 DEFAULT_PREFILL = 16  # tokens per call of the prefill graph
 

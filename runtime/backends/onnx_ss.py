@@ -15,7 +15,7 @@ import numpy as np
 
 from kernels.stream_mask import multi_stream_mask, stream_positions
 from runtime.backends.onnx_backend import PROVIDERS
-from runtime.cache import ConcatKVCache
+from runtime.caches.concat import ConcatKVCache
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens, default_positions

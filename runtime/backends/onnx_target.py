@@ -10,12 +10,12 @@ causal windows, tree masks and branch rows all run (under the recipe's attention
 pass goes to the graph as rows, one a token: runtime/backends/onnx_target_rows.py, so that at
 int8 activations it equals one-token passes bit for bit); rollback moves the host cache's offset,
 as on the other backends. Under "window" that cache is preallocated buffers
-(runtime/buffer_cache.py) bound as both each layer's past and its present, so the attention
-kernel appends a pass's keys in place and no step copies the past (runtime/cache.py's
+(runtime/caches/buffer.py) bound as both each layer's past and its present, so the attention
+kernel appends a pass's keys in place and no step copies the past (runtime/caches/concat.py's
 concatenating cache under "rows"; Gemma 3's sliding cache for its local layers). Layer ranges (Mirror-SD's early exit) run the
 `layers.0.E` part, `head` on its hidden state, then `layers.E.N` and `head`: hidden states
 stay NumPy between parts. Gemma 3's local layers hold only their window and a slack
-(runtime/sliding_cache.py): their attention reads a local mask, which the host builds from the
+(runtime/caches/sliding.py): their attention reads a local mask, which the host builds from the
 mask and the held columns' positions, and the host keeps those positions for the cache.
 
 Threads: `intra_threads` ONNX Runtime intra-op threads for every part (runtime/load.py gives
@@ -31,13 +31,13 @@ import numpy as np
 
 from runtime.backends.onnx_residual import Residual, _carried, _pad_one, forward_recording
 from runtime.backends.onnx_target_rows import chunk_rows, row_feed
-from runtime.buffer_cache import BufferKVCache
-from runtime.cache import ConcatKVCache
+from runtime.caches.buffer import BufferKVCache
+from runtime.caches.concat import ConcatKVCache
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens, default_positions
 from runtime.paths import is_stale, sidecar
-from runtime.sliding_cache import SlidingKVCache
+from runtime.caches.sliding import SlidingKVCache
 
 QUANTIZE = ("int4", "int8", "none")
 BLOCK_SIZE = 32
@@ -222,13 +222,13 @@ class OnnxTargetLM:
     def new_cache(self, batch: int = 1):
         c = self.config
         empty = lambda b: np.zeros((b, c.num_kv_heads, 0, c.head_dim), np.float32)  # noqa: E731
-        if ATTENTION == "window":  # written in place by the kernel (runtime/buffer_cache.py)
+        if ATTENTION == "window":  # written in place by the kernel (runtime/caches/buffer.py)
             # Gemma 3's local layers too: every column kept (columns are positions), their
             # window a mask over them. A local layer that held only its window would start its
             # keys at a column that depends on when it last evicted, which differs between ar
             # and sd; at int8 activations where a key sits in GQA's sums changes the logits
             return BufferKVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, c.max_context)
-        if any(self.sliding):  # Gemma 3: local layers keep their window (runtime/sliding_cache.py)
+        if any(self.sliding):  # Gemma 3: local layers keep their window (runtime/caches/sliding.py)
             return SlidingKVCache(self.sliding, c.sliding_window, batch, empty,
                                   lambda b: np.zeros((b, 0), np.int64))  # fmt: skip
         return ConcatKVCache(c.num_layers, batch, empty)
@@ -385,7 +385,7 @@ class OnnxTargetLM:
                       rows_, keep, taps=()):  # fmt: skip
         """One graph run of the whole pass with each layer's buffer bound as both its past and
         its present: the kernel appends the pass's keys and values at `off` in place
-        (runtime/buffer_cache.py); logits and hidden are written into arrays made here. The
+        (runtime/caches/buffer.py); logits and hidden are written into arrays made here. The
         offsets advance by `keep` (a padded one-token pass's second column is left stale)."""
         B, T = x.shape[:2]
         for i in range(start, stop):

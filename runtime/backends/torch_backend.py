@@ -3,7 +3,7 @@ protocol.
 
 On the CPU (default) or a CUDA GPU (`device="cuda"`, `--target-device cuda`): weights,
 cache and every intermediate stay on that device; only logits come back, as numpy.
-A hybrid model gets a HybridCache (runtime/hybrid_cache.py) and runs only causal windows,
+A hybrid model gets a HybridCache (runtime/caches/hybrid.py) and runs only causal windows,
 or branch rows forked at their branch points: its linear-attention layers have no mask, so
 tree masks are refused.
 """
@@ -15,7 +15,7 @@ import torch
 
 from runtime.backends.torch_load import load_torch_lm
 from runtime.backends.torch_ref import TorchLM
-from runtime.cache import ConcatKVCache
+from runtime.caches.concat import ConcatKVCache
 from runtime.model import causal_mask, check_tokens, default_positions
 
 DEVICES = ("cpu", "cuda")
@@ -69,7 +69,7 @@ class TorchCausalLM:
         c = self.config
         dtype = next(self.module.parameters()).dtype
         if c.is_hybrid:
-            from runtime.hybrid_cache import HybridCache
+            from runtime.caches.hybrid import HybridCache
 
             layers = self.module.model.layers
             return HybridCache(
@@ -87,8 +87,8 @@ class TorchCausalLM:
         empty = lambda b: torch.zeros(  # noqa: E731
             b, c.num_kv_heads, 0, c.head_dim, dtype=dtype, device=self.device
         )
-        if any(c.sliding):  # Gemma 3: local layers keep their window (runtime/sliding_cache.py)
-            from runtime.sliding_cache import SlidingKVCache
+        if any(c.sliding):  # Gemma 3: local layers keep their window (runtime/caches/sliding.py)
+            from runtime.caches.sliding import SlidingKVCache
 
             return SlidingKVCache(c.sliding, c.sliding_window, batch, empty,
                                   lambda b: torch.zeros(b, 0, dtype=torch.int64,

@@ -4,7 +4,7 @@ What sets it apart from torch_ref.py's Llama/Qwen family:
 - local sliding-window layers beside global ones (config `sliding`), each kind with its own
   RoPE base (`rope_local_theta` for local, `rope_theta` and its scaling for global). A local
   layer's query at position p sees keys at positions (p - window, p]: its past carries its
-  columns' positions (B, S) (runtime/sliding_cache.py keeps only the window and a slack), and
+  columns' positions (B, S) (runtime/caches/sliding.py keeps only the window and a slack), and
   the window is applied on positions, so tree masks and branch rows with holes stay right;
 - q/k RMSNorm, and RMSNorms before and after both attention and the MLP, each Gemma's
   `(1 + weight)` form computed in float32;
@@ -142,7 +142,7 @@ class Gemma3Backbone(nn.Module):
 
 class Gemma3LM(nn.Module):
     """Gemma 3 causal LM with explicit KV tensors: past/presents are lists of (k, v) for global
-    layers and (k, v, key positions) for local ones (runtime/sliding_cache.py's get/put)."""
+    layers and (k, v, key positions) for local ones (runtime/caches/sliding.py's get/put)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -32,7 +32,7 @@ from torch import nn
 from runtime.backends.mtp_weights import WEIGHTS, find_mtp_weights, mtp_sidecar  # noqa: F401
 from runtime.backends.torch_qwen3_5 import FULL, HybridLayer, OffsetRMSNorm
 from runtime.backends.torch_ref import DecoderLayer, RMSNorm
-from runtime.cache import ConcatKVCache
+from runtime.caches.concat import ConcatKVCache
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens

@@ -6,7 +6,7 @@ not copied). A linear-attention layer takes its conv state (B, C, K-1) (the last
 pre-conv inputs) and its recurrent state (B, Hv, Dk, Dv) in and returns the new ones, like
 a KV cache; it also returns the per-position quantities of the window (pre-conv inputs, k,
 v, decay g, β) and the recurrent states after the window positions the cache asks for, which
-is what runtime/hybrid_cache.py keeps to land the state on any accepted prefix: by picking a
+is what runtime/caches/hybrid.py keeps to land the state on any accepted prefix: by picking a
 kept state, or by replaying only the recurrence (`delta_step` is the one function both the
 forward and the replay call, so a replayed state is bit-identical to the forward's).
 

@@ -1,6 +1,6 @@
 """The KV cache of a model with local sliding-window layers (Gemma 3) beside global ones.
 
-A global layer keeps every column, as ConcatKVCache (runtime/cache.py) does. A local layer,
+A global layer keeps every column, as ConcatKVCache (runtime/caches/concat.py) does. A local layer,
 whose query at position p attends only to keys at positions (p - window, p], keeps its window
 and `slack` positions more: after each forward it drops its leading columns whose positions
 (in every row) are at most `highest position that forward fed - slack - window`.

@@ -1,4 +1,4 @@
-"""The MLX twin of runtime/hybrid_cache.py: preallocated KV buffers for the full-attention
+"""The MLX twin of runtime/caches/hybrid.py: preallocated KV buffers for the full-attention
 layers, conv and recurrent states for the Gated DeltaNet layers, and the same exact rollback.
 
 The bookkeeping (the base each linear layer's log starts from, when the log restarts, where
@@ -7,7 +7,7 @@ own through the model's `forward_layers`, emptying the cache when asked to land 
 log) is HybridCache's, inherited unchanged; this class supplies the MLX arrays:
 
 - full-attention layers keep `[keys, values, n]` with (B, KV, capacity, D) buffers that grow
-  by mlx_cache.STEP positions (MLXLayerCache's growth); trimming moves n;
+  by mlx_kv.STEP positions (MLXLayerCache's growth); trimming moves n;
 - linear layers keep conv (B, K-1, Cc) and recurrent (B, Hv, Dv, Dk) states (mlx-lm's
   layouts) and, under `replay`, the per-position log of each forward: pre-conv inputs (Cc),
   normalised k before the grouped-head repeat (Hk·Dk), v (Hv·Dv) and the decay and β
@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
-from runtime.backends.mlx_cache import MLXLayerCache
-from runtime.hybrid_cache import HybridCache, _Linear
+from runtime.caches.mlx_kv import MLXLayerCache
+from runtime.caches.hybrid import HybridCache, _Linear
 
 
 class MLXHybridCache(HybridCache):

@@ -3,7 +3,7 @@ exact rollback of those states to any accepted prefix without running the model 
 
 A Gated DeltaNet layer's cache is a conv state (B, C, K-1) and a recurrent state
 (B, Hv, Dk, Dv); unlike keys and values they cannot be sliced back (one layer's states, log
-and kept states: runtime/hybrid_linear.py; the policy is here). Two rollbacks:
+and kept states: runtime/caches/linear_state.py; the policy is here). Two rollbacks:
 
 - `replay` (default): no second pass. The recurrent form computes the state after every
   position of a window anyway; the cache keeps, per linear layer, the forward's own recurrent
@@ -65,8 +65,8 @@ import torch
 
 from runtime.backends.torch_qwen3_5 import LINEAR, conv_state_after, replay
 from runtime.errors import DuetError
-from runtime.hybrid_linear import LinearLayerState as _Linear
-from runtime.step_state_cache import branch_keys_ok
+from runtime.caches.linear_state import LinearLayerState as _Linear
+from runtime.caches.step_state import branch_keys_ok
 
 ROLLBACKS = ("replay", "redecode")
 KEEP = 8  # replay: recurrent states kept for the last KEEP positions (γ ≤ 7 lands by a pick)

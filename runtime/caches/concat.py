@@ -4,7 +4,7 @@ One object holds every layer's keys and values as (B, KV, S, D) arrays of the
 backend's type (torch.Tensor or np.ndarray). Rollback is moving an offset: the
 arrays are sliced lazily on read, so `trim` is O(1). Rows are branches:
 `select` keeps, reorders or repeats rows. The MLX backend has its own
-preallocated cache (runtime/backends/mlx_cache.py) with the same interface.
+preallocated cache (runtime/caches/mlx_kv.py) with the same interface.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One linear-attention layer's state inside a HybridCache (runtime/hybrid_cache.py): the live
+"""One linear-attention layer's state inside a HybridCache (runtime/caches/hybrid.py): the live
 conv and recurrent states, the base they stood at when the log last restarted, the log of
 what each forward consumed since (replay) or the checkpoint before it (redecode), and the
 recurrent states the forwards kept at some lengths (`marks`).

@@ -8,7 +8,7 @@ picking one (exact: they are the very arrays the graph returned, references, not
 model runs again). Cost per speculation window of γ tokens: nothing to compute; memory of γ + 1
 states per linear layer and row, C·(K-1) + Hv·Dk·Dv floats each (conv + recurrent: about 1 MiB
 per layer for Qwen3.5-0.8B's Hv=16, Dk=Dv=128), against the replay log of
-runtime/hybrid_cache.py, which is smaller but needs the recurrence re-run and per-position
+runtime/caches/hybrid.py, which is smaller but needs the recurrence re-run and per-position
 inputs a one-token graph does not output. Rolling back past the window (speculative decoding
 never does) empties the cache, so the next forward re-runs the prefix: slower, never wrong.
 
