@@ -8,68 +8,81 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from runtime.errors import DuetError, cli_main
 
+from .args import REQUIRED, add_loop_args, number
 from .configs import ARCHS, DRAFT, TARGET, parse_shape
 from .corpus import DEFAULT_EXCLUDE_DIRS, DEFAULT_INCLUDE
 from .pipeline import TrainArgs, train_pair
 
 # `python -m apps.train NAME ...`: one module per subcommand, each with its own main(argv)
-SUBCOMMANDS = (
-    "evolve",
-    "anchor",
-    "bins",
-    "exit-head",
-    "mtp",
-    "eagle",
-    "ss-draft",
-    "draft-tune",
-    "gather-corpus",
+SUBCOMMANDS = {
+    "evolve": ("evolve", "evolve the target (FlexSpec): LoRA or full fine-tuning on a domain"),
+    "anchor": ("anchor", "train FlexSpec's anchor draft against the base target"),
+    "bins": ("bins", "fit HeteroSpec's entropy bins for a target/draft pair"),
+    "exit-head": ("exit_head", "fit the tuned exit head of a target for Mirror-SD"),
+    "mtp": ("mtp", "fit a multi-token-prediction head to a target"),
+    "eagle": ("eagle", "fit a feature-level draft head (EAGLE-3 + FR-Spec) to a target"),
+    "ss-draft": ("ss_draft", "distil a speculative-streaming draft from a target"),
+    "draft-tune": ("draft_tune", "fine-tune a draft against its target (KL + TV)"),
+    "gather-corpus": ("gather_corpus", "gather a larger corpus (V = 16384)"),
+}
+
+DESCRIPTION = """\
+Train a target/draft pair for speculative decoding from scratch on a corpus of code:
+a byte-level BPE tokenizer, a Qwen3 target (next-token loss), then a Qwen3 draft
+distilled from the saved target (KL to its logits). Whole files are held out for
+evaluation; the end reports held-out loss of both and the draft's greedy acceptance.
+Writes OUT/target, OUT/draft (Hugging Face dirs, bf16), split.json, loss_log.jsonl,
+training_report.json."""
+
+EPILOG = """\
+the embedded default pair was made with:
+  nice -n 10 python -m apps.train --out runtime/assets/default --time-budget-min 85 --threads 1
+(its training_report.json records the step counts that reproduce it without timing)
+evaluate an existing pair: python -m apps.train.evaluate OUT
+write the prompt set:      python -m apps.train.prompts
+subcommands (python -m apps.train NAME --help):
+"""
+
+ARCH_HELP = (
+    "qwen3 (default; the embedded pair) or qwen3_5: hybrid Gated DeltaNet / gated attention "
+    "layers 3 : 1 (qwen3_5_text), on the embedded pair's tokenizer; e.g. nice -n 10 python -m "
+    "apps.train --arch qwen3_5 --out out/hybrid --time-budget-min 35 --threads 1"
 )
+
+# where a loop flag means more here than in LOOP_FLAGS (apps/train/args.py)
+HELPS = {
+    "out": "output directory (created; target/ and draft/ are replaced)",
+    "corpus": "directory of text/code files (default: this Python's standard library source)",
+    "time_budget_min": "wall-clock budget for the whole run: step counts not given are planned "
+    "from measured step times, and each stage's schedule is cut to fit",
+    "seed": "seed for python, numpy and torch (default {default})",
+    "threads": "torch intra-op threads (default {default}; on a machine busy with other work 1 "
+    "is faster, as no thread waits for a descheduled sibling)",
+    "device": "train on the CPU or a CUDA GPU (default {default}); the evaluation runs on the CPU",
+}
 
 
 def _shape_str(s) -> str:
-    return f"{s.hidden_size},{s.num_layers},{s.intermediate_size},{s.num_heads},{s.num_kv_heads},{s.head_dim}"
+    return ",".join(
+        str(v)
+        for v in (
+            s.hidden_size,
+            s.num_layers,
+            s.intermediate_size,
+            s.num_heads,
+            s.num_kv_heads,
+            s.head_dim,
+        )
+    )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.train",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
-            "Train a target/draft pair for speculative decoding from scratch on a corpus of code:\n"
-            "a byte-level BPE tokenizer, a Qwen3 target (next-token loss), then a Qwen3 draft\n"
-            "distilled from the saved target (KL to its logits). Whole files are held out for\n"
-            "evaluation; the end reports held-out loss of both and the draft's greedy acceptance.\n"
-            "Writes OUT/target, OUT/draft (Hugging Face dirs, bf16), split.json, loss_log.jsonl,\n"
-            "training_report.json."
-        ),
-        epilog=(
-            "the embedded default pair was made with:\n"
-            "  nice -n 10 python -m apps.train --out runtime/assets/default --time-budget-min 85 --threads 1\n"
-            "(its training_report.json records the step counts that reproduce it without timing)\n"
-            "evaluate an existing pair: python -m apps.train.evaluate OUT\n"
-            "tuned exit head for Mirror-SD: python -m apps.train exit-head --target DIR --layer L\n"
-            "HeteroSpec entropy bins:   python -m apps.train bins --help\n"
-            "write the prompt set:      python -m apps.train.prompts\n"
-            "evolve the target (FlexSpec): python -m apps.train evolve --help\n"
-            "train an anchor draft:        python -m apps.train anchor --help\n"
-            "fine-tune a draft (KL + TV):  python -m apps.train draft-tune --help\n"
-            "fit a draft head (EAGLE-3):   python -m apps.train eagle --help\n"
-            "a larger corpus (V = 16384):  python -m apps.train gather-corpus --help"
-        ),
-    )
-    g = ap.add_argument_group("data")
-    g.add_argument(
-        "--out", required=True, help="output directory (created; target/ and draft/ are replaced)"
-    )
-    g.add_argument(
-        "--corpus",
-        default=None,
-        help="directory of text/code files (default: this Python's standard library source)",
-    )
+def _data_args(g) -> None:
+    add_loop_args(g, out=REQUIRED, corpus=None, helps=HELPS)
     g.add_argument(
         "--include",
         nargs="+",
@@ -84,110 +97,63 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help=f"directory names to skip (default: {' '.join(DEFAULT_EXCLUDE_DIRS)})",
     )
-    g.add_argument(
-        "--heldout-frac", type=float, default=0.05, help="fraction of files held out (default 0.05)"
-    )
-    g.add_argument(
-        "--vocab-size", type=int, default=4096, help="BPE vocabulary size (default 4096)"
-    )
-    g.add_argument(
-        "--seq-len", type=int, default=512, help="training sequence length (default 512)"
-    )
-    g.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
-    m = ap.add_argument_group("models")
-    m.add_argument(
-        "--arch",
-        choices=ARCHS,
-        default="qwen3",
-        help="qwen3 (default; the embedded pair) or qwen3_5: hybrid Gated DeltaNet / gated "
-        "attention layers 3 : 1 (qwen3_5_text), on the embedded pair's tokenizer; e.g. "
-        "nice -n 10 python -m apps.train --arch qwen3_5 --out out/hybrid --time-budget-min 35 "
-        "--threads 1",
-    )
-    m.add_argument(
-        "--target-shape",
-        default=_shape_str(TARGET),
-        metavar="D,L,FFN,H,KV,HD",
-        help=f"target hidden,layers,ffn,heads,kv_heads,head_dim (default {_shape_str(TARGET)}, untied)",
-    )
-    m.add_argument(
-        "--draft-shape",
-        default=_shape_str(DRAFT),
-        metavar="D,L,FFN,H,KV,HD",
-        help=f"draft shape, tied embeddings (default {_shape_str(DRAFT)})",
-    )
+    for flag, kind, default, what in (
+        ("--heldout-frac", float, 0.05, "fraction of files held out"),
+        ("--vocab-size", int, 4096, "BPE vocabulary size"),
+    ):
+        g.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
+    add_loop_args(g, seq_len=512, batch_size=8)
+
+
+def _model_args(m) -> None:
+    m.add_argument("--arch", choices=ARCHS, default="qwen3", help=ARCH_HELP)
+    for role, shape, what in (
+        ("target", TARGET, "target hidden,layers,ffn,heads,kv_heads,head_dim (default {}, untied)"),
+        ("draft", DRAFT, "draft shape, tied embeddings (default {})"),
+    ):
+        m.add_argument(
+            f"--{role}-shape",
+            default=_shape_str(shape),
+            metavar="D,L,FFN,H,KV,HD",
+            help=what.format(_shape_str(shape)),
+        )
     m.add_argument(
         "--allow-draft-over-budget",
         action="store_true",
         help="allow a draft costing more than 1/8 of the target per token",
     )
-    s = ap.add_argument_group("schedule")
+
+
+def _schedule_args(s) -> None:
     s.add_argument("--target-steps", type=int, default=None, help="target optimisation steps")
     s.add_argument("--draft-steps", type=int, default=None, help="draft distillation steps")
-    s.add_argument(
-        "--time-budget-min",
-        type=float,
-        default=None,
-        help="wall-clock budget for the whole run: step counts not given are planned from "
-        "measured step times, and each stage's schedule is cut to fit",
-    )
-    s.add_argument(
-        "--target-lr",
-        type=float,
-        default=2e-3,
-        help="peak learning rate of the target (default 2e-3)",
-    )
-    s.add_argument(
-        "--draft-lr",
-        type=float,
-        default=3e-3,
-        help="peak learning rate of the draft (default 3e-3)",
-    )
-    s.add_argument("--warmup", type=int, default=50, help="warm-up steps (default 50)")
+    add_loop_args(s, time_budget_min=None, helps=HELPS)
+    for role, lr in (("target", 2e-3), ("draft", 3e-3)):
+        s.add_argument(
+            f"--{role}-lr",
+            type=float,
+            default=lr,
+            help=f"peak learning rate of the {role} (default {number(lr)})",
+        )
+    add_loop_args(s, warmup=50)
     s.add_argument(
         "--draft-ce-weight",
         type=float,
         default=0.0,
         help="weight of the data loss added to the draft's KL (default 0: pure distillation)",
     )
-    r = ap.add_argument_group("run")
-    r.add_argument(
-        "--seed", type=int, default=0, help="seed for python, numpy and torch (default 0)"
-    )
-    r.add_argument(
-        "--threads",
-        type=int,
-        default=2,
-        help="torch intra-op threads (default 2; on a machine busy with other work 1 is "
-        "faster, as no thread waits for a descheduled sibling)",
-    )
-    r.add_argument(
-        "--log-every", type=int, default=25, help="steps between loss lines (default 25)"
-    )
-    r.add_argument(
-        "--ckpt-every",
-        type=int,
-        default=200,
-        help="steps between checkpoints saved into OUT/target or OUT/draft (default 200; 0: end only)",
-    )
+
+
+def _run_args(r) -> None:
+    add_loop_args(r, seed=0, threads=2, log_every=25, ckpt_every=200, helps=HELPS)
     r.add_argument(
         "--skip-target",
         action="store_true",
         help="reuse OUT/target (and its tokenizer) and only distil the draft",
     )
-    r.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue a stopped run from OUT/.resume (same arguments); a finished stage is "
-        "kept, an unfinished one goes on from its last checkpoint",
-    )
+    add_loop_args(r, resume=False)
     r.add_argument("--no-eval", action="store_true", help="skip the final evaluation")
-    r.add_argument(
-        "--device",
-        choices=["cpu", "cuda"],
-        default="cpu",
-        help="train on the CPU or a CUDA GPU (default cpu); the evaluation runs on the CPU",
-    )
+    add_loop_args(r, device="cpu", helps=HELPS)
     r.add_argument(
         "--eval-prompts",
         type=int,
@@ -197,6 +163,21 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--eval-max-new-tokens", type=int, default=64, help="target tokens per prompt (default 64)"
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    width = max(map(len, SUBCOMMANDS)) + 2
+    subs = "".join(f"  {n:{width}s}{h}\n" for n, (_, h) in SUBCOMMANDS.items())
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.train",
+        description=DESCRIPTION,
+        epilog=EPILOG + subs.rstrip("\n"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _data_args(ap.add_argument_group("data"))
+    _model_args(ap.add_argument_group("models"))
+    _schedule_args(ap.add_argument_group("schedule"))
+    _run_args(ap.add_argument_group("run"))
     return ap
 
 
@@ -226,37 +207,19 @@ def args_from(ns: argparse.Namespace, argv: list[str]) -> TrainArgs:
         raise DuetError(
             f"--vocab-size must be between 259 (bytes + specials) and 65536; got {ns.vocab_size}"
         )
+    same = {f.name: getattr(ns, f.name) for f in fields(TrainArgs) if hasattr(ns, f.name)}
     return TrainArgs(
-        out=Path(ns.out),
-        corpus=Path(ns.corpus) if ns.corpus else None,
-        include=tuple(ns.include),
-        exclude_dirs=tuple(ns.exclude_dirs),
-        heldout_frac=ns.heldout_frac,
-        vocab_size=ns.vocab_size,
-        seq_len=ns.seq_len,
-        batch_size=ns.batch_size,
-        target_shape=parse_shape(ns.target_shape, tie=False),
-        draft_shape=parse_shape(ns.draft_shape, tie=True),
-        target_steps=ns.target_steps,
-        draft_steps=ns.draft_steps,
-        time_budget_min=ns.time_budget_min,
-        target_lr=ns.target_lr,
-        draft_lr=ns.draft_lr,
-        warmup=ns.warmup,
-        draft_ce_weight=ns.draft_ce_weight,
-        seed=ns.seed,
-        threads=ns.threads,
-        log_every=ns.log_every,
-        ckpt_every=ns.ckpt_every,
-        eval_max_new_tokens=ns.eval_max_new_tokens,
-        eval_prompts=ns.eval_prompts,
-        evaluate=not ns.no_eval,
-        skip_target=ns.skip_target,
-        allow_draft_over_budget=ns.allow_draft_over_budget,
-        arch=ns.arch,
-        resume=ns.resume,
-        device=ns.device,
-        argv=argv,
+        **{
+            **same,
+            "out": Path(ns.out),
+            "corpus": Path(ns.corpus) if ns.corpus else None,
+            "include": tuple(ns.include),
+            "exclude_dirs": tuple(ns.exclude_dirs),
+            "target_shape": parse_shape(ns.target_shape, tie=False),
+            "draft_shape": parse_shape(ns.draft_shape, tie=True),
+            "evaluate": not ns.no_eval,
+            "argv": argv,
+        }
     )
 
 
@@ -266,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         import importlib
 
-        module = argv[0].replace("-", "_")
+        module = SUBCOMMANDS[argv[0]][0]
         return importlib.import_module(f".{module}", __package__).main(argv[1:])
     args = args_from(build_parser().parse_args(argv), argv)
     report = train_pair(args)

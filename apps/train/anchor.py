@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -26,9 +25,11 @@ from runtime.adapter import base_record
 from runtime.anchor import ANCHOR_RECORD, HEAD_FILE, anchor_config, assemble_state, head_layer
 from runtime.errors import DuetError
 
+from .args import REQUIRED, add_loop_args, check_device
 from .corpus import BatchSampler, load_corpus, token_stream
 from .loop import LoopConfig, make_optimizer, train_loop
 from .losses import distill_loss
+from .resume import RESUME_DIR, resume_from, save_state
 from .tokenizer import eos_id, load_tokenizer
 
 
@@ -91,31 +92,25 @@ def anchor_step(teacher, student: AnchorStudent, lambda_feat: float, lambda_kd: 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m apps.train anchor", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument(
-        "--base",
-        required=True,
-        help="base target: a checkpoint directory or a known model's name (smollm2-135m-instruct)",
-    )
-    ap.add_argument("--out", required=True, help="output directory")
+    add_loop_args(ap, base=REQUIRED, out=REQUIRED)
     ap.add_argument("--lambda-feat", type=float, default=0.01, help="λ1 of L_feat (default 0.01)")
     ap.add_argument("--lambda-kd", type=float, default=1.0, help="λ2 of L_KD (default 1)")
     ap.add_argument("--temperature", type=float, default=1.0, help="T of eq. 6 (default 1)")
-    ap.add_argument("--steps", type=int, default=2000, help="planned steps (default 2000)")
-    ap.add_argument("--time-budget-min", type=float, default=None, help="wall-clock cap")
-    ap.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--max-corpus-chars", type=int, default=4_000_000,
-                    help="train on the first N characters of the corpus's train files")  # fmt: skip
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                    help="train on the CPU or a CUDA GPU (default cpu)")  # fmt: skip
+    add_loop_args(
+        ap,
+        steps=2000,
+        time_budget_min=None,
+        lr=3e-3,
+        batch_size=8,
+        seq_len=128,
+        max_corpus_chars=4_000_000,
+        threads=1,
+        device="cpu",
+    )
     ap.add_argument("--keep-first", type=int, default=0, metavar="K",
                     help="ABLATION, not eq. 4: also keep the base's first K blocks (frozen) "
                          "before the anchor block (default 0: FlexSpec's anchor)")  # fmt: skip
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ckpt-every", type=int, default=100)
-    ap.add_argument("--fresh", action="store_true", help="ignore a resume state in OUT")
+    add_loop_args(ap, seed=0, ckpt_every=100, fresh=False)
     return ap
 
 
@@ -144,8 +139,7 @@ def run(a: argparse.Namespace) -> dict:
     if not 0 <= a.keep_first < n_base - 1:
         raise DuetError(f"--keep-first {a.keep_first}: the base has {n_base} blocks; keep 0 to "
                         f"{n_base - 2} of them before its last")  # fmt: skip
-    if a.device == "cuda" and not torch.cuda.is_available():
-        raise DuetError(f"--device cuda: PyTorch {torch.__version__} sees no CUDA GPU")
+    check_device(a.device)
     torch.set_num_threads(a.threads)
     from .checkpoint import load_model
 
@@ -162,23 +156,19 @@ def run(a: argparse.Namespace) -> dict:
                      time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
                      ckpt_every=a.ckpt_every, bf16=False, device=a.device)  # fmt: skip
     opt = make_optimizer(student, cfg)
-    resume, start = out / ".resume", 0
-    if a.fresh:
-        shutil.rmtree(resume, ignore_errors=True)
-    if (resume / "state.pt").is_file():
-        st = torch.load(resume / "state.pt", weights_only=False, map_location=a.device)
-        student.load_state_dict(st["student"], strict=False)
-        opt.load_state_dict(st["optimizer"])
-        start = st["step"]
-        print(f"resuming {out} at step {start}", flush=True)
+    start = resume_from(
+        out,
+        a.fresh,
+        opt,
+        lambda st: student.load_state_dict(st["student"], strict=False),
+        map_location=a.device,
+    )
 
     def save_resume(step: int) -> None:
-        resume.mkdir(exist_ok=True)
         trainable = {k: v for k, v in student.state_dict().items()
                      if k.startswith("w_p") or k[len("draft."):].startswith(student.prefixes)}  # fmt: skip
-        torch.save({"student": trainable, "optimizer": opt.state_dict(), "step": step},
-                   resume / "state.pt.tmp")  # fmt: skip
-        (resume / "state.pt.tmp").replace(resume / "state.pt")
+        state = {"student": trainable, "optimizer": opt.state_dict(), "step": step}
+        save_state(out / RESUME_DIR, state)
 
     step_fn = anchor_step(teacher, student, a.lambda_feat, a.lambda_kd, a.temperature)
     t0 = time.monotonic()

@@ -52,10 +52,9 @@ def parse_shape(text: str, tie: bool) -> Shape:
     return Shape(d, n, f, h, kv, hd, tie)
 
 
-def qwen3_config(shape: Shape, vocab_size: int, eos_token_id: int):
-    from transformers import Qwen3Config
-
-    return Qwen3Config(
+def _dims(shape: Shape, vocab_size: int) -> dict:
+    """The config keywords every family takes from a shape: sizes and attention heads."""
+    return dict(
         vocab_size=vocab_size,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
@@ -63,6 +62,12 @@ def qwen3_config(shape: Shape, vocab_size: int, eos_token_id: int):
         num_attention_heads=shape.num_heads,
         num_key_value_heads=shape.num_kv_heads,
         head_dim=shape.head_dim,
+    )
+
+
+def _tail(shape: Shape, eos_token_id: int) -> dict:
+    """The config keywords every family shares after its own: positions, tying, specials."""
+    return dict(
         max_position_embeddings=MAX_POSITIONS,
         tie_word_embeddings=shape.tie_word_embeddings,
         eos_token_id=eos_token_id,
@@ -70,6 +75,12 @@ def qwen3_config(shape: Shape, vocab_size: int, eos_token_id: int):
         pad_token_id=eos_token_id,
         rms_norm_eps=1e-6,
     )
+
+
+def qwen3_config(shape: Shape, vocab_size: int, eos_token_id: int):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**_dims(shape, vocab_size), **_tail(shape, eos_token_id))
 
 
 ARCHS = ("qwen3", "qwen3_5")
@@ -94,25 +105,14 @@ def qwen3_5_config(shape: Shape, vocab_size: int, eos_token_id: int):
     from transformers import Qwen3_5TextConfig
 
     return Qwen3_5TextConfig(
-        vocab_size=vocab_size,
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_layers,
-        num_attention_heads=shape.num_heads,
-        num_key_value_heads=shape.num_kv_heads,
-        head_dim=shape.head_dim,
+        **_dims(shape, vocab_size),
         linear_num_key_heads=shape.num_heads,
         linear_num_value_heads=shape.num_heads,
         linear_key_head_dim=shape.head_dim,
         linear_value_head_dim=shape.head_dim,
         linear_conv_kernel_dim=4,
         layer_types=layer_types(shape.num_layers),
-        max_position_embeddings=MAX_POSITIONS,
-        tie_word_embeddings=shape.tie_word_embeddings,
-        eos_token_id=eos_token_id,
-        bos_token_id=None,
-        pad_token_id=eos_token_id,
-        rms_norm_eps=1e-6,
+        **_tail(shape, eos_token_id),
     )
 
 

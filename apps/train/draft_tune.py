@@ -53,11 +53,24 @@ import torch
 from runtime.errors import DuetError, cli_main
 
 from . import plan as planning
+from .args import add_loop_args, check_device
 from .checkpoint import check_reload, load_model, save_model
 from .corpus import BatchSampler, corpus_from_split, eval_windows, load_corpus, token_stream
 from .loop import LoopConfig, make_optimizer, train_loop
 from .pipeline import _distill_step
 from .tokenizer import eos_id, load_tokenizer, save_tokenizer
+
+# where a loop flag means more here than in LOOP_FLAGS (apps/train/args.py)
+HELPS = {
+    "out": "output directory for the tuned draft (required unless --eval-only; replaced; never "
+    "defaults to the embedded pair)",
+    "corpus": "corpus root (default: the one in the split, else the stdlib)",
+    "time_budget_min": "wall-clock budget of the training (the evaluation comes after it)",
+    "seq_len": "training window length (default: the split's, else 512; with a split, the "
+    "held-out windows keep its length)",
+    "device": "train on the CPU or a CUDA GPU (bf16 autocast is on there) (default cpu); "
+    "the evaluation runs on the CPU",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,22 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--draft", default=None, help="draft checkpoint to start from (default: the embedded one)"
     )
-    ap.add_argument(
-        "--out",
-        default=None,
-        help="output directory for the tuned draft (required "
-        "unless --eval-only; replaced; never defaults to the embedded pair)",
-    )
+    add_loop_args(ap, out=None, helps=HELPS)
     ap.add_argument(
         "--split",
         default=None,
         help="split.json of the pair (default: DRAFT/../split.json when present)",
     )
-    ap.add_argument(
-        "--corpus",
-        default=None,
-        help="corpus root (default: the one in the split, else the stdlib)",
-    )
+    add_loop_args(ap, corpus=None, helps=HELPS)
     ap.add_argument(
         "--tv-weight",
         type=float,
@@ -98,27 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="temperature of both laws in the loss (default 1.0)",
     )
-    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
-    ap.add_argument("--warmup", type=int, default=50, help="warm-up steps (default 50)")
-    ap.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        help="optimisation steps (default: as many as --time-budget-min allows)",
-    )
-    ap.add_argument(
-        "--time-budget-min",
-        type=float,
-        default=None,
-        help="wall-clock budget of the training (the evaluation comes after it)",
-    )
-    ap.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
-    ap.add_argument(
-        "--seq-len",
-        type=int,
-        default=None,
-        help="training window length (default: the split's, else 512; with a split, the "
-        "held-out windows keep its length)",
+    add_loop_args(
+        ap,
+        lr=1e-3,
+        warmup=50,
+        steps=None,
+        time_budget_min=None,
+        batch_size=8,
+        seq_len=None,
+        helps=HELPS,
     )
     ap.add_argument(
         "--from-target-layers",
@@ -129,28 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(drafts scaled for Mirror-SD's overlap: `0` is about 0.22x the embedded target's "
         "per-token compute, `0,1,7` about 0.44x)",
     )
-    ap.add_argument(
-        "--device",
-        choices=["cpu", "cuda"],
-        default="cpu",
-        help="train on the CPU or a CUDA GPU (bf16 autocast is on there) (default cpu); "
-        "the evaluation runs on the CPU",
-    )
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    add_loop_args(ap, device="cpu", threads=1, helps=HELPS)
     ap.add_argument(
         "--bf16",
         action="store_true",
         help="bf16 autocast, as pipeline.py trained the pair (default float32: on a "
         "CPU without native bf16 a step ran 6x slower under autocast)",
     )
-    ap.add_argument("--seed", type=int, default=0, help="seed of the batch order (default 0)")
-    ap.add_argument("--log-every", type=int, default=25, help="steps between progress lines")
-    ap.add_argument(
-        "--ckpt-every",
-        type=int,
-        default=200,
-        help="steps between saves into OUT (default 200; 0: end only)",
-    )
+    add_loop_args(ap, seed=0, log_every=25, ckpt_every=200)
     e = ap.add_argument_group("evaluation (apps/train/draft_eval.py)")
     e.add_argument(
         "--eval-only",
@@ -264,8 +242,7 @@ def check_args(a: argparse.Namespace) -> None:
         raise DuetError("--compare goes with --eval-only")
     if a.from_target_layers is not None and (a.eval_only or a.draft):
         raise DuetError("--from-target-layers starts a new draft: not with --draft or --eval-only")
-    if a.device == "cuda" and not torch.cuda.is_available():
-        raise DuetError(f"--device cuda: PyTorch {torch.__version__} sees no CUDA GPU")
+    check_device(a.device)
     if not a.eval_only:
         if a.out is None:
             raise DuetError("--out DIR is required to train (or pass --eval-only)")

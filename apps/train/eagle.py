@@ -44,8 +44,10 @@ import torch
 
 from runtime.errors import DuetError
 
+from .args import add_loop_args, positive
 from .loop import LoopConfig, make_optimizer, train_loop
 from .mtp import chain_outputs
+from .resume import RESUME_DIR, load_state, save_state
 
 
 def kept_vocab(data: dict, k: int, vocab_size: int, eos: tuple[int, ...]) -> torch.Tensor:
@@ -67,7 +69,7 @@ def init_head(target, taps: tuple[int, ...], vocab_ids: torch.Tensor):
     """An EagleHead whose layer copies the target's last one (outputs zeroed: it starts as the
     identity), norm the target's final norm, LM head the target's rows for the kept ids, fuse
     picking the high tap, fc = [N(0, 0.02) | I]."""
-    from runtime.backends.torch_eagle import EagleHead
+    from runtime.drafts.head.torch import EagleHead
 
     m, cfg = target.module, target.config
     head = EagleHead(cfg, len(taps), len(vocab_ids)).float()
@@ -167,7 +169,7 @@ def save_head(head, out: Path, target_dir: Path, meta: dict) -> Path:
     from safetensors.torch import save_file
 
     from runtime.adapter import base_record
-    from runtime.backends.torch_eagle import META, WEIGHTS
+    from runtime.drafts.head.torch import META, WEIGHTS
 
     state = {"eagle." + k: (v.to(torch.bfloat16) if v.is_floating_point() else v)
              .detach().contiguous() for k, v in head.state_dict().items()}  # fmt: skip
@@ -234,11 +236,19 @@ def plan_prompts(a, tdir: Path, data: Path, deadline: float | None) -> list[str]
     return [r["prompt"] for r in plan]
 
 
+# where a loop flag means more here than in LOOP_FLAGS (apps/train/args.py)
+HELPS = {
+    "out": "default TARGET/.duet/eagle (--draft head)",
+    "time_budget_min": "wall-clock cap for data and training together",
+    "fresh": "start training over (data is kept)",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m apps.train eagle", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--target", required=True, help="target checkpoint (path or short name)")
-    ap.add_argument("--out", default=None, help="default TARGET/.duet/eagle (--draft head)")
+    add_loop_args(ap, out=None, helps=HELPS)
     ap.add_argument("--prompts", type=int, default=3000,
                     help="training prompts to answer, as many as the data budget allows (3000; "
                     "SmolLM2-135M answers ~1,950 in 40 minutes on 2 cores)")  # fmt: skip
@@ -246,8 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="prompts the target writes itself from its chat template's pre-query "
                     "prefix (Magpie), a quarter of them document tasks over its cached answers: "
                     "chat-like data the template prompts lack (default 0)")  # fmt: skip
-    ap.add_argument("--time-budget-min", type=float, default=None,
-                    help="wall-clock cap for data and training together")  # fmt: skip
+    add_loop_args(ap, time_budget_min=None, helps=HELPS)
     ap.add_argument("--data-budget-min", type=float, default=None,
                     help="cap for the data phase (default: half the time budget)")  # fmt: skip
     ap.add_argument("--doc-files", type=int, default=120,
@@ -258,23 +267,25 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-new", type=int, default=128, help="answer tokens per prompt at most")
     ap.add_argument("--topk", type=int, default=8, help="teacher probabilities kept per position")
     ap.add_argument("--vocab", type=int, default=4096, help="kept vocabulary (FR-Spec, 4096)")
-    ap.add_argument("--steps", type=int, default=2000, help="planned steps (default 2000)")
+    add_loop_args(ap, steps=2000)
     ap.add_argument("--unroll", type=int, default=3, help="chained steps in the loss (3)")
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ckpt-every", type=int, default=50)
-    ap.add_argument("--fresh", action="store_true", help="start training over (data is kept)")
+    add_loop_args(
+        ap,
+        batch_size=8,
+        seq_len=256,
+        lr=1e-3,
+        threads=2,
+        seed=0,
+        ckpt_every=50,
+        fresh=False,
+        helps=HELPS,
+    )
     return ap
 
 
 def _check(a) -> None:
-    for name in ("prompts", "doc_files", "max_prompt", "gen_batch", "max_new", "topk", "vocab",
-                 "steps", "unroll", "batch_size", "seq_len", "threads"):  # fmt: skip
-        if getattr(a, name) < 1:
-            raise DuetError(f"--{name.replace('_', '-')} must be positive (got {getattr(a, name)})")
+    positive(a, "prompts", "doc_files", "max_prompt", "gen_batch", "max_new", "topk", "vocab",
+             "steps", "unroll", "batch_size", "seq_len", "threads")  # fmt: skip
     if a.self_prompts < 0:
         raise DuetError(f"--self-prompts must be >= 0 (got {a.self_prompts})")
     if a.time_budget_min is not None and a.time_budget_min <= 0:
@@ -283,12 +294,47 @@ def _check(a) -> None:
         raise DuetError("--data-budget-min must be >= 0 (0: train on the cached data only)")
 
 
+def _data_phase(a, tdir: Path, data: Path, deadline: float | None, skip: bool) -> dict:
+    """Answer the planned prompts into DATA (phase 1) unless `skip`; the data's stats."""
+    from .eagle_data import build_data, data_stats
+
+    if skip:
+        return data_stats(data)
+    prompts = plan_prompts(a, tdir, data, deadline)
+    print(f"data: answering up to {len(prompts)} prompts into {data}", flush=True)
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(prompts), desc="data", unit="prompt", mininterval=10)
+    stats = build_data(tdir, prompts, data, batch=a.gen_batch, max_new=a.max_new,
+                       topk=a.topk, threads=a.threads, max_prompt=a.max_prompt,
+                       deadline=deadline, progress=lambda n, _tk: bar.update(n))  # fmt: skip
+    bar.close()
+    return stats
+
+
+def _resume(st: dict | None, head, opt, vocab: torch.Tensor, out: Path) -> int:
+    """The step to start at, the head (and, with the same kept vocabulary, the optimizer)
+    restored from the resume state `st`."""
+    if not st:
+        return 0
+    print(f"resuming {out} at step {st['step']}", flush=True)
+    if torch.equal(st["vocab_ids"], vocab):
+        head.load_state_dict(st["head"])
+        opt.load_state_dict(st["optimizer"])
+    else:  # more data, another kept vocabulary: trained rows kept, new ids from the target
+        fresh = len(set(vocab.tolist()) - set(st["vocab_ids"].tolist()))
+        print(f"vocabulary refreshed: {fresh} new ids (their rows from the target; the "
+              "optimizer restarts)", flush=True)  # fmt: skip
+        head.load_state_dict(refit_rows(st["head"], st["vocab_ids"], head), strict=True)
+    return st["step"]
+
+
 def run(a: argparse.Namespace) -> dict:
     from runtime.backends import load_model
-    from runtime.backends.torch_eagle import head_sidecar
+    from runtime.drafts.head.torch import head_sidecar
     from runtime.load import resolve
 
-    from .eagle_data import build_data, data_stats, load_shards
+    from .eagle_data import load_shards
 
     _check(a)
     t0 = time.monotonic()
@@ -301,18 +347,7 @@ def run(a: argparse.Namespace) -> dict:
     data_s = a.data_budget_min * 60 if a.data_budget_min is not None else (
         budget / 2 if budget else None)  # fmt: skip
     torch.manual_seed(a.seed)
-    stats = data_stats(out / "data")
-    if data_s != 0:
-        prompts = plan_prompts(a, tdir, out / "data", t0 + data_s if data_s else None)
-        print(f"data: answering up to {len(prompts)} prompts into {out / 'data'}", flush=True)
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(prompts), desc="data", unit="prompt", mininterval=10)
-        stats = build_data(tdir, prompts, out / "data", batch=a.gen_batch, max_new=a.max_new,
-                           topk=a.topk, threads=a.threads, max_prompt=a.max_prompt,
-                           deadline=t0 + data_s if data_s else None,
-                           progress=lambda n, _tk: bar.update(n))  # fmt: skip
-        bar.close()
+    stats = _data_phase(a, tdir, out / "data", t0 + data_s if data_s else None, data_s == 0)
     data_wall = time.monotonic() - t0
     torch.set_num_threads(a.threads)
     target = load_model(tdir, "torch", threads=a.threads)
@@ -321,11 +356,10 @@ def run(a: argparse.Namespace) -> dict:
     n_seq = len(data["prompt_lens"])
     n_held = max(1, n_seq // 20) if n_seq > 1 else 0
     train_seqs, held_seqs = list(range(n_seq - n_held)), list(range(n_seq - n_held, n_seq))
-    cfg_v, resume = target.config.vocab_size, out / ".resume"
+    cfg_v, resume = target.config.vocab_size, out / RESUME_DIR
     if a.fresh:
         shutil.rmtree(resume, ignore_errors=True)
-    st = torch.load(resume / "state.pt", weights_only=False) if (resume / "state.pt").is_file() \
-        else None  # fmt: skip
+    st = load_state(resume)
     vocab = kept_vocab(data, a.vocab, cfg_v, target.config.eos_token_ids)
     head = init_head(target, data["layers"], vocab)
     remap = torch.full((cfg_v,), -1, dtype=torch.long)
@@ -337,24 +371,11 @@ def run(a: argparse.Namespace) -> dict:
                     weight_decay=0.0, ckpt_every=a.ckpt_every, bf16=False,
                     time_limit_s=left - 20 if left else None)  # fmt: skip
     opt = make_optimizer(head, lc)
-    start = 0
-    if st:
-        start = st["step"]
-        print(f"resuming {out} at step {start}", flush=True)
-        if torch.equal(st["vocab_ids"], vocab):
-            head.load_state_dict(st["head"])
-            opt.load_state_dict(st["optimizer"])
-        else:  # more data, another kept vocabulary: trained rows kept, new ids from the target
-            fresh = len(set(vocab.tolist()) - set(st["vocab_ids"].tolist()))
-            print(f"vocabulary refreshed: {fresh} new ids (their rows from the target; the "
-                  "optimizer restarts)", flush=True)  # fmt: skip
-            head.load_state_dict(refit_rows(st["head"], st["vocab_ids"], head), strict=True)
+    start = _resume(st, head, opt, vocab, out)
 
     def save_resume(step: int) -> None:
-        resume.mkdir(exist_ok=True)
-        torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                    "vocab_ids": vocab}, resume / "state.pt.tmp")  # fmt: skip
-        (resume / "state.pt.tmp").replace(resume / "state.pt")
+        state = {"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step}
+        save_state(resume, {**state, "vocab_ids": vocab})
 
     summary = train_loop(head, head_step(target, head, data, remap, a.unroll),
                          windows(data, train_seqs, a.batch_size, a.seq_len, a.seed + start),

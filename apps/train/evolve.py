@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -25,52 +24,79 @@ import torch
 from runtime.adapter import write_base_record
 from runtime.errors import DuetError
 
+from .args import REQUIRED, add_loop_args
 from .checkpoint import load_model, save_model
 from .corpus import BatchSampler, eval_windows, token_stream
 from .domains import DOMAINS, load_domain
 from .evaluate import heldout_loss
 from .loop import LoopConfig, make_optimizer, train_loop
 from .losses import next_token_loss
+from .resume import RESUME_DIR, resume_from, save_state
 from .tokenizer import eos_id, load_tokenizer
 
 LORA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# where a loop flag means more here than in LOOP_FLAGS (apps/train/args.py)
+HELPS = {
+    "lr": "peak LR (default 5e-3 LoRA, 1e-3 full; a pretrained model wants about 1e-4 for "
+    "--full: 1e-3 raised SmolLM2-135M's held-out stdlib-tests loss from 2.68 to 2.89 in 45 "
+    "steps of 8 x 128)"
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m apps.train evolve", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument(
-        "--base",
-        required=True,
-        help="base target: a checkpoint directory or a known model's name (smollm2-135m-instruct)",
-    )
+    add_loop_args(ap, base=REQUIRED)
     ap.add_argument("--domain", required=True, choices=DOMAINS, help="fine-tuning corpus")
-    ap.add_argument("--out", required=True, help="output directory")
+    add_loop_args(ap, out=REQUIRED)
     ap.add_argument("--lora-rank", type=int, default=8, help="LoRA rank r (default 8)")
     ap.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha (default 2r)")
     ap.add_argument("--full", action="store_true", help="full fine-tune instead of LoRA")
-    ap.add_argument("--steps", type=int, default=2000, help="planned steps (default 2000)")
-    ap.add_argument("--time-budget-min", type=float, default=None, help="wall-clock cap")
-    ap.add_argument(
-        "--lr",
-        type=float,
-        default=None,
-        help="peak LR (default 5e-3 LoRA, 1e-3 full; a pretrained model wants about 1e-4 "
-        "for --full: 1e-3 raised SmolLM2-135M's held-out stdlib-tests loss from 2.68 to 2.89 "
-        "in 45 steps of 8 x 128)",
+    add_loop_args(
+        ap,
+        steps=2000,
+        time_budget_min=None,
+        lr=None,
+        batch_size=8,
+        seq_len=128,
+        warmup=20,
+        threads=1,
+        seed=0,
+        ckpt_every=100,
+        fresh=False,
+        helps=HELPS,
     )
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ckpt-every", type=int, default=100, help="steps between resume states")
-    ap.add_argument("--fresh", action="store_true", help="ignore a resume state in OUT")
     return ap
 
 
 def _trainable(model) -> dict:
     return {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
+
+
+def _to_train(model, a: argparse.Namespace):
+    """The model with what is trained switched on: all of it (--full), or LoRA adapters."""
+    if a.full:
+        return model.requires_grad_(True)
+    from peft import LoraConfig, get_peft_model
+
+    r, L = a.lora_rank, model.config.num_hidden_layers
+    lcfg = LoraConfig(r=r, lora_alpha=a.lora_alpha or 2 * r, lora_dropout=0.0,
+                      target_modules=LORA_MODULES, layers_to_transform=list(range(L - 1)),
+                      layers_pattern="layers", task_type="CAUSAL_LM")  # fmt: skip
+    return get_peft_model(model, lcfg)  # backbone frozen; layer L-1 and lm_head untouched
+
+
+def _save(model, out: Path, base: Path, eos: int, full: bool) -> None:
+    """OUT as a checkpoint (--full) or a peft adapter, with the base's record."""
+    if full:
+        save_model(model, out / "tmp_full", base, eos)
+        for f in (out / "tmp_full").iterdir():
+            f.replace(out / f.name)
+        (out / "tmp_full").rmdir()
+    else:
+        model.save_pretrained(str(out))
+        (out / "README.md").unlink(missing_ok=True)  # peft's empty model card
+    write_base_record(out, base)
 
 
 def run(a: argparse.Namespace) -> dict:
@@ -92,44 +118,23 @@ def run(a: argparse.Namespace) -> dict:
     held_ids = token_stream(iter(dom.texts("heldout")), enc, eos)
     windows = eval_windows(held_ids, a.seq_len, 32 * a.seq_len)
     model = load_model(base)
-    L = model.config.num_hidden_layers
     with torch.no_grad():  # float32: CPUs without bf16 units emulate it ~15x slower
         loss_before = heldout_loss(model, windows)
-    if a.full:
-        model.requires_grad_(True)
-    else:
-        from peft import LoraConfig, get_peft_model
-
-        r = a.lora_rank
-        lcfg = LoraConfig(r=r, lora_alpha=a.lora_alpha or 2 * r, lora_dropout=0.0,
-                          target_modules=LORA_MODULES, layers_to_transform=list(range(L - 1)),
-                          layers_pattern="layers", task_type="CAUSAL_LM")  # fmt: skip
-        model = get_peft_model(model, lcfg)  # backbone frozen; layer L-1 and lm_head untouched
+    model = _to_train(model, a)
     out.mkdir(parents=True, exist_ok=True)
-    resume = out / ".resume"
     cfg = LoopConfig(stage=f"evolve-{'full' if a.full else 'lora'}-{a.domain}", steps=a.steps,
                      lr=a.lr or (1e-3 if a.full else 5e-3), warmup=a.warmup,
                      weight_decay=0.0 if not a.full else 0.1,
                      time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
                      ckpt_every=a.ckpt_every, bf16=False)  # fmt: skip
     opt = make_optimizer(model, cfg)
-    start = 0
-    if a.fresh:
-        shutil.rmtree(resume, ignore_errors=True)
-    if (resume / "state.pt").is_file():
-        st = torch.load(resume / "state.pt", weights_only=False)
-        model.load_state_dict(st["trainable"], strict=False)
-        opt.load_state_dict(st["optimizer"])
-        start = st["step"]
-        print(f"resuming {out} at step {start}", flush=True)
+    start = resume_from(
+        out, a.fresh, opt, lambda st: model.load_state_dict(st["trainable"], strict=False)
+    )
 
     def save_resume(step: int) -> None:
-        resume.mkdir(exist_ok=True)
-        tmp = resume / "state.pt.tmp"
-        torch.save(
-            {"trainable": _trainable(model), "optimizer": opt.state_dict(), "step": step}, tmp
-        )
-        tmp.replace(resume / "state.pt")
+        state = {"trainable": _trainable(model), "optimizer": opt.state_dict(), "step": step}
+        save_state(out / RESUME_DIR, state)
 
     sampler = BatchSampler(train_ids, a.batch_size, a.seq_len, a.seed + start)
     t0 = time.monotonic()
@@ -146,15 +151,7 @@ def run(a: argparse.Namespace) -> dict:
     save_resume(summary["steps"])
     with torch.no_grad():
         loss_after = heldout_loss(model, windows)
-    if a.full:
-        save_model(model, out / "tmp_full", base, eos)
-        for f in (out / "tmp_full").iterdir():
-            f.replace(out / f.name)
-        (out / "tmp_full").rmdir()
-    else:
-        model.save_pretrained(str(out))
-        (out / "README.md").unlink(missing_ok=True)  # peft's empty model card
-    write_base_record(out, base)
+    _save(model, out, base, eos, a.full)
     report = {"domain": a.domain, "mode": "full" if a.full else f"lora-r{a.lora_rank}",
               "train_docs": len(dom.train), "heldout_docs": len(dom.heldout),
               "train_tokens": int(len(train_ids)), "heldout_loss_base": round(loss_before, 4),

@@ -22,6 +22,7 @@ import torch
 
 from runtime.errors import DuetError
 
+from .args import add_loop_args
 from .corpus import load_corpus
 
 
@@ -95,24 +96,33 @@ def fit(target, tok, corpus, layer: int, *, steps: int, batch: int, lr: float, m
               "fit_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
     return {"weight": w.numpy(), "bias": b.detach().numpy(), "report": report}
 
+# where a loop flag means more here than in LOOP_FLAGS (apps/train/args.py): a plain Adam
+HELPS = {
+    "steps": "Adam steps (default {default})",
+    "lr": "Adam learning rate (default {default})",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m apps.train exit-head", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--target", required=True, help="target checkpoint directory")
+    ap.add_argument("--layer", type=int, required=True, help="exit layer ℓe (1..N-1)")
+    add_loop_args(ap, corpus=None, steps=300, helps=HELPS)
+    ap.add_argument("--batch", type=int, default=512, help="positions per step (default 512)")
+    add_loop_args(ap, lr=1e-3, helps=HELPS)
+    ap.add_argument("--max-tokens", type=int, default=16384,
+                    help="training positions at most (default 16384)")  # fmt: skip
+    add_loop_args(ap, threads=1)
+    return ap
+
 
 def main(argv: list[str]) -> int:
     from runtime.backends import load_model
     from runtime.mirror.exit_head import ExitHead, exit_head_path
     from runtime.tokenizer import Tokenizer
 
-    ap = argparse.ArgumentParser(prog="python -m apps.train exit-head", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("--target", required=True, help="target checkpoint directory")
-    ap.add_argument("--layer", type=int, required=True, help="exit layer ℓe (1..N-1)")
-    ap.add_argument("--corpus", default=None, help="directory of code (default: the stdlib)")
-    ap.add_argument("--steps", type=int, default=300, help="Adam steps (default 300)")
-    ap.add_argument("--batch", type=int, default=512, help="positions per step (default 512)")
-    ap.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
-    ap.add_argument("--max-tokens", type=int, default=16384,
-                    help="training positions at most (default 16384)")  # fmt: skip
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    a = ap.parse_args(argv)
+    a = build_parser().parse_args(argv)
     torch.set_num_threads(max(1, a.threads))
     target = load_model(a.target, "torch")
     n = target.config.num_layers

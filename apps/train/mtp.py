@@ -3,7 +3,7 @@
     nice -n 10 python -m apps.train mtp --target runtime/assets/default/target \\
         --time-budget-min 30 --threads 1
 
-The head (runtime/backends/torch_mtp.py: fc over the normed next-token embedding and the
+The head (runtime/drafts/mtp/torch.py: fc over the normed next-token embedding and the
 target's normed last hidden state, one decoder layer of the target's own family, a norm; the
 target's LM head shared) is distilled from the frozen target on the corpus (apps/train/
 corpus.py, the stdlib's source by default): at grid entry j (token x_{j+1}, RoPE position j)
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -35,9 +34,11 @@ import torch
 
 from runtime.errors import DuetError
 
+from .args import add_loop_args, positive
 from .corpus import BatchSampler, eval_windows, load_corpus, token_stream
 from .loop import LoopConfig, make_optimizer, train_loop
 from .losses import distill_loss
+from .resume import RESUME_DIR, resume_from, save_state
 from .tokenizer import eos_id, load_tokenizer
 
 
@@ -46,7 +47,7 @@ def init_head(target):
     with its two output projections zeroed (the layer starts as the identity), its output norm
     from the target's final norm, fc = [N(0, 0.02) | I]: it starts by repeating the target's
     own law at position i, a better start than the copied layer on a stream it never saw."""
-    from runtime.backends.torch_mtp import MTPHead
+    from runtime.drafts.mtp.torch import MTPHead
 
     m = target.module
     head = MTPHead(target.config).float()
@@ -148,7 +149,7 @@ def save_head(head, out: Path, target_dir: Path, meta: dict) -> Path:
     from safetensors.torch import save_file
 
     from runtime.adapter import base_record
-    from runtime.backends.torch_mtp import WEIGHTS
+    from runtime.drafts.mtp.torch import WEIGHTS
 
     state = {"mtp." + k: v.detach().to(torch.bfloat16).contiguous()
              for k, v in head.state_dict().items()}  # fmt: skip
@@ -159,45 +160,45 @@ def save_head(head, out: Path, target_dir: Path, meta: dict) -> Path:
     (out / "mtp.json").write_text(json.dumps(rec, indent=2) + "\n")
     return out / WEIGHTS
 
+# where a loop flag means more here than in LOOP_FLAGS (apps/train/args.py)
+HELPS = {
+    "out": "output directory (default TARGET/.duet/mtp, where --draft mtp looks)",
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m apps.train mtp", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--target", required=True, help="target checkpoint directory (frozen)")
-    ap.add_argument("--out", default=None,
-                    help="output directory (default TARGET/.duet/mtp, where --draft mtp looks)")  # fmt: skip
-    ap.add_argument("--corpus", default=None, help="directory of code (default: the stdlib)")
-    ap.add_argument("--steps", type=int, default=3000, help="planned steps (default 3000)")
-    ap.add_argument("--time-budget-min", type=float, default=None, help="wall-clock cap")
-    ap.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    add_loop_args(
+        ap,
+        out=None,
+        corpus=None,
+        steps=3000,
+        time_budget_min=None,
+        lr=2e-3,
+        helps=HELPS,
+    )
     ap.add_argument("--unroll", type=int, default=3, help="chained steps in the loss (default 3)")
     ap.add_argument("--tv-weight", type=float, default=0.0,
                     help="add this x TV(p_target, q_head) to the KL loss: 1 - TV is the chance "
                     "a token sampled at T = 1 is accepted (default 0)")  # fmt: skip
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--max-corpus-chars", type=int, default=4_000_000,
-                    help="train on the first N characters of the corpus's train files")  # fmt: skip
+    add_loop_args(ap, batch_size=8, seq_len=128, max_corpus_chars=4_000_000)
     ap.add_argument("--eval-tokens", type=int, default=4096, help="held-out tokens (default 4096)")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ckpt-every", type=int, default=50)
-    ap.add_argument("--fresh", action="store_true", help="ignore a resume state in OUT")
+    add_loop_args(ap, threads=1, seed=0, ckpt_every=50, fresh=False)
     return ap
 
 
 def run(a: argparse.Namespace) -> dict:
     from runtime.backends import load_model
-    from runtime.backends.torch_mtp import mtp_sidecar
+    from runtime.drafts.mtp.torch import mtp_sidecar
 
     tdir = Path(a.target)
     if not (tdir / "config.json").is_file():
         raise DuetError(f"--target {tdir}: not a checkpoint directory (no config.json)")
     if not (tdir / "tokenizer.json").is_file():
         raise DuetError(f"--target {tdir}: no tokenizer.json to read the corpus with")
-    for name in ("steps", "threads", "unroll", "batch_size", "seq_len"):
-        if getattr(a, name) < 1:
-            raise DuetError(f"--{name.replace('_', '-')} must be positive (got {getattr(a, name)})")
+    positive(a, "steps", "threads", "unroll", "batch_size", "seq_len")
     if a.tv_weight < 0:
         raise DuetError(f"--tv-weight must be >= 0 (got {a.tv_weight})")
     if a.time_budget_min is not None and a.time_budget_min <= 0:
@@ -221,21 +222,11 @@ def run(a: argparse.Namespace) -> dict:
                      weight_decay=0.0, ckpt_every=a.ckpt_every, bf16=False,
                      time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None)  # fmt: skip
     opt = make_optimizer(head, cfg)
-    resume, start = out / ".resume", 0
-    if a.fresh:
-        shutil.rmtree(resume, ignore_errors=True)
-    if (resume / "state.pt").is_file():
-        st = torch.load(resume / "state.pt", weights_only=False)
-        head.load_state_dict(st["head"])
-        opt.load_state_dict(st["optimizer"])
-        start = st["step"]
-        print(f"resuming {out} at step {start}", flush=True)
+    start = resume_from(out, a.fresh, opt, lambda st: head.load_state_dict(st["head"]))
 
     def save_resume(step: int) -> None:
-        resume.mkdir(exist_ok=True)
-        torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step},
-                   resume / "state.pt.tmp")  # fmt: skip
-        (resume / "state.pt.tmp").replace(resume / "state.pt")
+        state = {"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step}
+        save_state(out / RESUME_DIR, state)
 
     t0 = time.monotonic()
     sampler = BatchSampler(ids, a.batch_size, a.seq_len, a.seed + start)

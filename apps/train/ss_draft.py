@@ -6,7 +6,7 @@
         --max-corpus-chars 40000000 --time-budget-min 3.5 --out runs/ss-draft   # a CUDA GPU
 
 Mirror-SD §3.2 (Bhendawade et al. 2024): the draft (default: the embedded draft, whose
-weights it starts from) gains n lookahead streams (runtime/backends/torch_ss.py). On random
+weights it starts from) gains n lookahead streams (runtime/drafts/ss/torch.py). On random
 windows of the corpus' training files, one multi-stream pass gives, at every position t,
 the main stream's next-token distribution and stream j's distribution of x_{t+1+j}; the
 loss is KL(p_target(. | x<=t) || main_t) + sum_j KL(p_target(. | x<=t+j) || stream_{t,j}),
@@ -17,7 +17,7 @@ stream embeddings, so the main stream stays the initial draft exactly. The repor
 each stream's top-1 agreement with the target's argmax (what an SS pass can confirm).
 
 Resumable: state in OUT/.resume/ (every --ckpt-every steps); OUT is an SS checkpoint
-(runtime/ss_checkpoint.py) rewritten at each checkpoint. It does not measure speed
+(runtime/drafts/ss/checkpoint.py) rewritten at each checkpoint. It does not measure speed
 (apps.bench does).
 """
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -35,14 +34,22 @@ import torch.nn.functional as F
 
 from runtime.errors import DuetError
 
+from .args import REQUIRED, add_loop_args, check_device
 from .corpus import BatchSampler, eval_windows, load_corpus, token_stream
 from .loop import LoopConfig, make_optimizer, train_loop
+from .resume import RESUME_DIR, resume_from, save_state
 from .tokenizer import load_tokenizer
 
 KEEP = (".resume", "loss_log.jsonl")  # carried over each time OUT is rewritten
 DEFAULT_STREAMS = (
     3  # Mirror-SD App. D.2 Fig. 6b: "an autoregressive draft with 3 lookahead streams"
 )
+
+# where a loop flag means more here than in LOOP_FLAGS (apps/train/args.py)
+HELPS = {
+    "out": "output SS checkpoint directory",
+    "device": "train on the CPU or a CUDA GPU (teacher and student both there)",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,25 +61,23 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--target", default=str(tdir), help="teacher target (default: embedded)")
     ap.add_argument("--draft", default=str(ddir),
                     help="draft to start from (default: the embedded draft)")  # fmt: skip
-    ap.add_argument("--out", required=True, help="output SS checkpoint directory")
+    add_loop_args(ap, out=REQUIRED, helps=HELPS)
     ap.add_argument("--streams", type=int, default=DEFAULT_STREAMS, help="lookahead streams n")
-    ap.add_argument("--steps", type=int, default=3000, help="planned steps (default 3000)")
-    ap.add_argument("--time-budget-min", type=float, default=None, help="wall-clock cap")
-    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--seq-len", type=int, default=128)
+    add_loop_args(ap, steps=3000, time_budget_min=None, lr=1e-3, batch_size=8, seq_len=128)
     ap.add_argument("--stream-stride", type=int, default=4,
                     help="streams on every k-th position of a window, from a random offset "
                     "(default 4: a quarter of the stream tokens, the same positions in time)")  # fmt: skip
-    ap.add_argument("--max-corpus-chars", type=int, default=4_000_000,
-                    help="train on the first N characters of the corpus's train files")  # fmt: skip
-    ap.add_argument("--corpus", default=None, help="directory of code (default: the stdlib)")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                    help="train on the CPU or a CUDA GPU (teacher and student both there)")  # fmt: skip
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ckpt-every", type=int, default=100)
-    ap.add_argument("--fresh", action="store_true", help="ignore a resume state in OUT")
+    add_loop_args(
+        ap,
+        max_corpus_chars=4_000_000,
+        corpus=None,
+        threads=1,
+        device="cpu",
+        seed=0,
+        ckpt_every=100,
+        fresh=False,
+        helps=HELPS,
+    )
     ap.add_argument("--freeze-main", action="store_true",
                     help="train the stream embeddings only: the main stream stays the initial "
                     "draft exactly (its tokens and acceptance unchanged; only J changes)")  # fmt: skip
@@ -147,16 +152,7 @@ def heldout_agreement(student, teacher, windows: list[np.ndarray]) -> dict:
     return {k: round(v / max(1, len(windows)), 4) for k, v in sums.items()}
 
 
-def run(a: argparse.Namespace) -> dict:
-    from runtime.backends.torch_load import load_torch_lm
-    from runtime.backends.torch_ss import SSTorchLM, load_ss_module
-    from runtime.config import ModelConfig
-    from runtime.ss_checkpoint import save_ss_checkpoint
-    from runtime.tokenizer import check_pair
-
-    from .checkpoint import load_model
-
-    target, draft, out = Path(a.target), Path(a.draft), Path(a.out)
+def _check(a: argparse.Namespace, target: Path, draft: Path) -> None:
     for name, p in (("--target", target), ("--draft", draft)):
         if not (p / "config.json").is_file():
             raise DuetError(f"{name} {p}: not a checkpoint directory (no config.json)")
@@ -167,22 +163,42 @@ def run(a: argparse.Namespace) -> dict:
         )
     if a.time_budget_min is not None and a.time_budget_min <= 0:
         raise DuetError(f"--time-budget-min must be positive; got {a.time_budget_min}")
-    tcfg, dcfg = ModelConfig.from_dir(target), ModelConfig.from_dir(draft)
-    check_pair(target, draft, tcfg, dcfg)
-    dev = a.device
-    if dev == "cuda" and not torch.cuda.is_available():
-        raise DuetError(f"--device cuda: PyTorch {torch.__version__} sees no CUDA GPU")
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(a.seed)
-    teacher = load_model(target).requires_grad_(False).to(dev)
+
+
+def _student(dcfg, draft: Path, a: argparse.Namespace):
+    """The SS student on --device: the draft's weights, fresh stream embeddings E_1..E_n."""
+    from runtime.backends.torch_load import load_torch_lm
+    from runtime.drafts.ss.torch import SSTorchLM
+
     student = SSTorchLM(dcfg, a.streams)
     student.load_state_dict(load_torch_lm(draft).state_dict(), strict=False)
-    student.to(dev)
+    student.to(a.device)
     with torch.no_grad():
         student.ss_stream_embeddings.normal_(0.0, 0.02)
     if a.freeze_main:  # only E_1..E_n learn; the main-stream term is then a constant
         student.requires_grad_(False)
         student.ss_stream_embeddings.requires_grad_(True)
+    return student
+
+
+def run(a: argparse.Namespace) -> dict:
+    from runtime.config import ModelConfig
+    from runtime.drafts.ss.checkpoint import save_ss_checkpoint
+    from runtime.drafts.ss.torch import load_ss_module
+    from runtime.tokenizer import check_pair
+
+    from .checkpoint import load_model
+
+    target, draft, out = Path(a.target), Path(a.draft), Path(a.out)
+    _check(a, target, draft)
+    tcfg, dcfg = ModelConfig.from_dir(target), ModelConfig.from_dir(draft)
+    check_pair(target, draft, tcfg, dcfg)
+    dev = a.device
+    check_device(dev)
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    teacher = load_model(target).requires_grad_(False).to(dev)
+    student = _student(dcfg, draft, a)
     tok = load_tokenizer(target / "tokenizer.json")
     eos = tcfg.eos_token_ids[0] if tcfg.eos_token_ids else 0
     corpus = load_corpus(a.corpus)
@@ -194,17 +210,14 @@ def run(a: argparse.Namespace) -> dict:
                      time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
                      ckpt_every=a.ckpt_every, bf16=False, device=dev)  # fmt: skip
     opt = make_optimizer(student, cfg)
-    resume, start = out / ".resume", 0
-    if a.fresh:
-        shutil.rmtree(resume, ignore_errors=True)
-    if (resume / "state.pt").is_file():
-        st = torch.load(resume / "state.pt", weights_only=False, map_location=dev)
+    resume = out / RESUME_DIR
+
+    def load(st: dict) -> None:
         if st.get("streams") != a.streams:
             raise DuetError(f"{resume}: a run with {st.get('streams')} streams; pass --fresh")
         student.load_state_dict(st["student"])
-        opt.load_state_dict(st["optimizer"])
-        start = st["step"]
-        print(f"resuming {out} at step {start}", flush=True)
+
+    start = resume_from(out, a.fresh, opt, load, map_location=dev)
     before = None if start else heldout_agreement(student.eval(), teacher, held)
     meta = {"init_draft": str(draft), "target": str(target), "corpus": "train split "
             "(apps/train/corpus.py)", "seed": a.seed, "seq_len": a.seq_len,
@@ -212,10 +225,8 @@ def run(a: argparse.Namespace) -> dict:
             "freeze_main": a.freeze_main, "device": dev}  # fmt: skip
 
     def save(step: int) -> None:
-        resume.mkdir(exist_ok=True)
-        torch.save({"student": student.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                    "streams": a.streams}, resume / "state.pt.tmp")  # fmt: skip
-        (resume / "state.pt.tmp").replace(resume / "state.pt")
+        state = {"student": student.state_dict(), "optimizer": opt.state_dict(), "step": step}
+        save_state(resume, {**state, "streams": a.streams})
         save_ss_checkpoint(student, out, draft, extra={**meta, "steps": step}, keep=KEEP)
 
     pick = np.random.default_rng([a.seed, start])
