@@ -1,4 +1,4 @@
-"""Export a fitted feature-level head (runtime/backends/torch_eagle.py) as ONNX step graphs.
+"""Export a fitted feature-level head (runtime/drafts/head/torch.py) as ONNX step graphs.
 
 The head is stepped on two kinds of input: the target's taps (n_taps x H wide, fused by the
 head) for entries the target has verified, and its own previous output (H wide) when it
@@ -6,7 +6,7 @@ chains. A traced graph fixes that branch, so there are two graphs with one I/O (
 converters/onnx_mtp.py: token ids, hidden, RoPE positions, a bool mask, the head's past keys
 and values in; logits, post-norm outputs, present keys and values out): `step.taps` and
 `step.chain`. Their logits are the head's own LM head over its kept ids (FR-Spec), not the
-target's vocabulary; runtime/backends/onnx_eagle.py scatters them. Each is exported float32,
+target's vocabulary; runtime/drafts/head/onnx.py scatters them. Each is exported float32,
 parity-checked against the PyTorch head, then written with int8 weights (onnx_mtp's
 quantize_mtp_onnx: ONNX Runtime's MatMulNBits quantizer), checked against the float graph.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from torch import nn
 
 from converters.onnx_mtp import export_mtp_onnx, quantize_mtp_onnx
-from runtime.backends.onnx_eagle import KINDS, step_files
+from runtime.drafts.head.onnx import KINDS, step_files
 
 
 class EagleStepGraph(nn.Module):

@@ -1,4 +1,4 @@
-"""Export a target's MTP head (runtime/backends/torch_mtp.py) as one ONNX step graph.
+"""Export a target's MTP head (runtime/drafts/mtp/torch.py) as one ONNX step graph.
 
 The graph is one head step over n entries: token ids (1, n) and the hidden states they read
 (1, n, H), RoPE positions (1, n), a bool mask (1, 1, n, S + n) and the head's past keys and

@@ -59,7 +59,7 @@ class EmulatedModel:
             self.process_spec = (*spec, respawn)
 
     def forward_streams(self, tokens, cache, *, first=None, positions=None, mask=None):
-        """A speculative-streaming draft's multi-stream pass (runtime/backends/torch_ss.py):
+        """A speculative-streaming draft's multi-stream pass (runtime/drafts/ss/torch.py):
         its main tokens plus n stream tokens on each main position from `first` on."""
         B, T = np.asarray(tokens).reshape(-1, np.shape(tokens)[-1]).shape
         owners = T - (T - 1 if first is None else first)

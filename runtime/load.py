@@ -219,14 +219,14 @@ def load_pair(
     if mixed:  # the head drafts, a model-free draft beside it (runtime/drafts/mixed.py)
         kind = ddir.split("+")[0]
     if need_draft and kind == "head":  # a fitted feature-level head (apps.train eagle)
-        from runtime.backends.torch_eagle import HeadDraft
+        from runtime.drafts.head.torch import HeadDraft
 
         hb = head_backend(draft_backend, target_device)
         d = HeadDraft.load(t, home, backend=hb, threads=draft_threads)
         label = "torch" if hb == "torch" else "onnx, int8 weights"
         settings.update(draft_backend=f"head (fitted feature-level head, {label})")
     elif need_draft and kind == "mtp":
-        from runtime.backends.torch_mtp import MTPDraft
+        from runtime.drafts.mtp.torch import MTPDraft
 
         mb = head_backend(draft_backend, target_device)
         d = MTPDraft.load(t, home, backend=mb, threads=draft_threads)

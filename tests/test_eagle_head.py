@@ -15,8 +15,8 @@ import torch
 from apps.train.eagle import chain_outputs, init_head, main, save_head
 from apps.train.eagle_data import _generate, _hf_model
 from runtime.backends import load_model
-from runtime.backends.onnx_eagle import KINDS
-from runtime.backends.torch_eagle import HeadDraft, head_sidecar, tap_layers
+from runtime.drafts.head.onnx import KINDS
+from runtime.drafts.head.torch import HeadDraft, head_sidecar, tap_layers
 from runtime.decoding import make_steps, run
 from runtime.decoding import sd as sd_module
 from runtime.decoding.events import GREEDY

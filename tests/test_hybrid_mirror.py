@@ -124,7 +124,7 @@ def test_branch_cut_short_is_resumed_from_its_forked_states(hybrid_draft):
 
 
 def test_drafts_that_cannot_fork_their_states_are_refused(models, tiny_dir):
-    from runtime.backends.torch_mtp import MTPDraft
+    from runtime.drafts.mtp.torch import MTPDraft
 
     target = models["target"]
     redecode = TorchCausalLM(models["torch_near"].module, hybrid_rollback="redecode")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from runtime.backends import load_model
-from runtime.backends.torch_mtp import MTPDraft
+from runtime.drafts.mtp.torch import MTPDraft
 from runtime.decoding import make_steps, run
 from runtime.decoding.events import GREEDY
 from runtime.errors import DuetError

@@ -7,12 +7,12 @@ import pytest
 
 from kernels.stream_mask import multi_stream_mask, stream_positions
 from runtime.backends import load_model
-from runtime.backends.torch_ss import make_ss_checkpoint, reference_stream_logits
+from runtime.drafts.ss.torch import make_ss_checkpoint, reference_stream_logits
 from runtime.decoding import Sampling, make_steps, run
 from runtime.decoding.sd import draft_window
 from runtime.errors import DuetError
 from runtime.model import causal_mask
-from runtime.ss_checkpoint import is_ss_dir
+from runtime.drafts.ss.checkpoint import is_ss_dir
 
 STREAMS = 3
 PROMPT = [11, 42, 7, 99, 5, 250]

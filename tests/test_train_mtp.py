@@ -12,7 +12,7 @@ import torch
 from apps.train.mtp import chain_outputs, init_head, main, mtp_step, save_head, target_pass
 from converters.onnx_mtp import MTP_INT8_RTOL
 from runtime.backends import load_model
-from runtime.backends.torch_mtp import MTPDraft, mtp_sidecar
+from runtime.drafts.mtp.torch import MTPDraft, mtp_sidecar
 from runtime.decoding import make_steps, run
 from runtime.decoding import sd as sd_module
 from runtime.decoding.events import GREEDY

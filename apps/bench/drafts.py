@@ -5,7 +5,7 @@
 Each entry is `lookup` or `suffix` (a model-free draft, runtime/drafts/), `head+suffix`
 (`head+lookup`, `mtp+suffix`, `mtp+lookup`: a head with a model-free draft beside it,
 runtime/drafts/mixed.py), `mtp` (the target's multi-token-prediction head: its checkpoint's `mtp.*`
-weights or the sidecar `python -m apps.train mtp` writes, runtime/backends/torch_mtp.py; on a
+weights or the sidecar `python -m apps.train mtp` writes, runtime/drafts/mtp/torch.py; on a
 CPU target its ONNX step with int8 weights), `mtp-fp32` (the same head's float32 ONNX step,
 to compare) or a draft checkpoint path. Every drafting method then also runs with that draft,
 as a runner named `METHOD+LABEL` (`sd+mtp`), in the same round-robin as the others
@@ -58,7 +58,7 @@ def extra_pair(pair, name: str, a):
         raise DuetError(f"--drafts {name} cannot be emulated (the target's MTP head is no "
                         "profile model size); drop it or --emulate")  # fmt: skip
     if name in MTP_NAMES:
-        from runtime.backends.torch_mtp import MTPDraft
+        from runtime.drafts.mtp.torch import MTPDraft
 
         mb = head_backend(a.draft_backend, a.target_device)
         quant = MTP_NAMES[name]
@@ -80,8 +80,8 @@ def extra_pair(pair, name: str, a):
 def mixed_pair(pair, name: str, a):
     """`pair` drafting with `name` (`head+suffix`, ...: runtime/drafts/mixed.py) beside the
     same target object."""
-    from runtime.backends.torch_eagle import HeadDraft
-    from runtime.backends.torch_mtp import MTPDraft
+    from runtime.drafts.head.torch import HeadDraft
+    from runtime.drafts.mtp.torch import MTPDraft
     from runtime.drafts import load_model_free
     from runtime.drafts.mixed import MixedDraft
     from runtime.load import head_backend

@@ -177,7 +177,7 @@ def run(a: argparse.Namespace) -> dict:
         if (abl / "anchor.json").is_file():
             drafts[abl.name] = abl
     if a.head:
-        from runtime.backends.torch_eagle import head_sidecar
+        from runtime.drafts.head.torch import head_sidecar
 
         if not (head_sidecar(s.base) / "head.json").is_file():
             raise DuetError(f"--head: {s.base} has no fitted head ({head_sidecar(s.base)}); "

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.backends.torch_eagle import tap_layers
+from runtime.drafts.head.torch import tap_layers
 
 SHARD = "shard_{:05d}.pt"
 

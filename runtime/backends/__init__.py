@@ -51,15 +51,15 @@ def _load_model(path, backend: str | None = None, **kw):
     backend = backend or backend_for_path(p)
     if backend not in BACKENDS:
         raise DuetError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
-    from runtime.ss_checkpoint import is_ss_dir
+    from runtime.drafts.ss.checkpoint import is_ss_dir
 
     if p.is_dir() and is_ss_dir(p):  # a speculative-streaming draft: torch or ONNX Runtime
         if backend == "torch":
-            from runtime.backends.torch_ss import SSCausalLM
+            from runtime.drafts.ss.torch import SSCausalLM
 
             return SSCausalLM.load(p, **kw)
         if backend == "onnx":
-            from runtime.backends.onnx_ss import OnnxSSCausalLM
+            from runtime.drafts.ss.onnx import OnnxSSCausalLM
 
             return OnnxSSCausalLM.load(ss_onnx_for_dir(p), **kw)
         raise DuetError(
@@ -67,7 +67,7 @@ def _load_model(path, backend: str | None = None, **kw):
             f"(got {backend}); pass --draft-backend torch or onnx"
         )
     if backend == "onnx" and p.suffix == ".onnx" and _is_ss_onnx(p):
-        from runtime.backends.onnx_ss import OnnxSSCausalLM
+        from runtime.drafts.ss.onnx import OnnxSSCausalLM
 
         return OnnxSSCausalLM.load(p, **kw)
     if backend == "mlx":

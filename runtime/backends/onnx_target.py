@@ -463,7 +463,7 @@ class OnnxTargetLM:
             got.append(session.run(outs, feed))
         return got[0] if len(got) == 1 else [np.concatenate(p) for p in zip(*got, strict=True)]
 
-    # set by a fitted head's draft (--draft head, runtime/backends/torch_eagle.py): the outputs
+    # set by a fitted head's draft (--draft head, runtime/drafts/head/torch.py): the outputs
     # of these layers, concatenated, are kept on the cache (record_rows) for it to read
     record_hidden = False
     record_layers: tuple[int, ...] | None = None

@@ -135,7 +135,7 @@ class TorchCausalLM:
 
     record_hidden = False  # set by an MTP draft: caches keep the post-norm hidden states
     last_cache = None  # the cache of the last forward (where an MTP draft reads them)
-    # set by a feature-level head (--draft head, runtime/backends/torch_eagle.py): record the
+    # set by a feature-level head (--draft head, runtime/drafts/head/torch.py): record the
     # outputs of these layers (concatenated) instead of the post-norm last hidden state
     record_layers: tuple[int, ...] | None = None
 

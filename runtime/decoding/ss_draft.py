@@ -22,7 +22,7 @@ from runtime.decoding.events import Sampling, draw, pending, rewind
 
 
 def is_ss_draft(draft) -> bool:
-    """True when `draft` can run lookahead streams (runtime/backends/torch_ss.py)."""
+    """True when `draft` can run lookahead streams (runtime/drafts/ss/torch.py)."""
     return getattr(draft, "ss_streams", 0) > 0
 
 

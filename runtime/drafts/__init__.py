@@ -1,6 +1,10 @@
 """Drafts that load no model: `--draft lookup` (prompt lookup) and `--draft suffix`
 (SuffixDecoding). Each is a `ModelFreeDraft` (runtime/drafts/base.py) that `sd` drafts chains
 with and `tree` drafts trees with; `--draft suffix:FILE` adds a corpus file's text.
+
+The drafts that run a model fitted to the target live in sub-packages, one per kind, with a
+file per backend: head/ (`--draft head`, EAGLE-3), mtp/ (`--draft mtp`, the target's `mtp.*`
+head) and ss/ (speculative-streaming drafts).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def hybrid_config(*, vocab_size, hidden_size, num_layers, num_heads, num_kv_head
 def make_hybrid_checkpoint(path, model_type: str = "qwen3_5_text", *, seed: int = 0,
                            tokenizer: bool = True, mtp: bool = False, **kw) -> Path:  # fmt: skip
     """Write a random hybrid checkpoint to `path` (see the module docstring) and return it;
-    `mtp` adds a random multi-token-prediction head (`mtp.*`, runtime/backends/torch_mtp.py)."""
+    `mtp` adds a random multi-token-prediction head (`mtp.*`, runtime/drafts/mtp/torch.py)."""
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
@@ -99,7 +99,7 @@ def _add_mtp(p: Path, std: float, seed: int) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from runtime.backends.torch_mtp import MTPHead
+    from runtime.drafts.mtp.torch import MTPHead
     from runtime.config import ModelConfig, weight_files
 
     torch.manual_seed(seed + 1)

@@ -8,7 +8,7 @@ which transformers loads as is (it ignores the extra key with a warning).
 
 It reads the format and writes it (`save_ss_checkpoint`); building the model from a
 directory (`load_ss_module`) and making an SS checkpoint from an ordinary one
-(`make_ss_checkpoint`) are runtime/backends/torch_ss.py's. It does not train or decode.
+(`make_ss_checkpoint`) are runtime/drafts/ss/torch.py's. It does not train or decode.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from runtime.errors import DuetError
 if TYPE_CHECKING:  # torch is imported where a model is built, not to read a config
     import torch
 
-    from runtime.backends.torch_ss import SSTorchLM
+    from runtime.drafts.ss.torch import SSTorchLM
 
 SS_KEY = "duet_speculative_streaming"  # config.json: {"streams": n, ...} marks an SS draft
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")

@@ -2,7 +2,7 @@
 
 The checkpoint's own `mtp.*` tensors (as Qwen3.5 / Qwen3.6 releases ship them), else the
 sidecar TARGET/.duet/mtp/model.safetensors that `python -m apps.train mtp` writes in the same
-layout. Both MTP backends read it (runtime/backends/torch_mtp.py, onnx_mtp.py).
+layout. Both MTP backends read it (runtime/drafts/mtp/torch.py, onnx.py).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ decoding method can use an SS draft as an ordinary draft.
 Two paths compute the stream logits: `forward_streams`, one masked pass over the cache
 (the fast one), and `reference_stream_logits`, each stream run as its own explicit causal
 sequence without a cache (the slow, obviously-correct one); tests check they agree.
-`load_ss_module` builds the model from an SS checkpoint (runtime/ss_checkpoint.py: the
+`load_ss_module` builds the model from an SS checkpoint (runtime/drafts/ss/checkpoint.py: the
 format), `make_ss_checkpoint` makes one from an ordinary checkpoint (random stream
 embeddings: the start of `python -m apps.train ss-draft` and the tests' tiny SS drafts).
 This module does not decide which tokens to keep: runtime/decoding/ss_draft.py does.
@@ -32,7 +32,7 @@ from runtime.backends.torch_ref import TorchLM
 from runtime.config import ModelConfig, weight_files
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens, default_positions
-from runtime.ss_checkpoint import SS_KEY, save_ss_checkpoint, ss_streams
+from runtime.drafts.ss.checkpoint import SS_KEY, save_ss_checkpoint, ss_streams
 
 
 class SSTorchLM(TorchLM):
@@ -170,7 +170,7 @@ class SSCausalLM(TorchCausalLM):
 
     @classmethod
     def load(cls, path, threads: int | None = None, device: str = "cpu", hybrid_rollback=None):
-        """Load an SS checkpoint directory (runtime/ss_checkpoint.py wrote it)."""
+        """Load an SS checkpoint directory (runtime/drafts/ss/checkpoint.py wrote it)."""
         return cls(load_ss_module(path), threads, device)
 
     @torch.inference_mode()

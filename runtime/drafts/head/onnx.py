@@ -4,10 +4,10 @@ A head step in PyTorch is ~30 small ops (fuse, norms, fc, one decoder layer, the
 the kept ids): on this 2-core CPU their dispatch costs more than their arithmetic. The same
 step as ONNX graphs (converters/onnx_eagle.py: `step.taps` reads the target's taps,
 `step.chain` the head's own output) runs in one call, int8 weights by default, as the MTP
-head's does (runtime/backends/onnx_mtp.py). Exported once into the head's sidecar folder and
+head's does (runtime/drafts/mtp/onnx.py). Exported once into the head's sidecar folder and
 again when its weights are newer. The graphs' logits cover the kept ids; they are scattered
 into full-vocabulary rows, -inf elsewhere, as TorchEagleStep returns them (so the draft's q is
-exactly the softmax over the kept ids). Same interface as torch_mtp.TorchMTPStep, numpy.
+exactly the softmax over the kept ids). Same interface as mtp.torch.TorchMTPStep, numpy.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.backends.onnx_mtp import QUANTS, OnnxMTPStep
+from runtime.drafts.mtp.onnx import QUANTS, OnnxMTPStep
 from runtime.errors import DuetError
 from runtime.paths import is_stale
 

@@ -18,14 +18,14 @@ ids a head keeps come back as full-vocabulary ids; nothing else in the engine ch
 
 Stored as a sidecar TARGET/.duet/eagle/ (model.safetensors with `eagle.*` tensors and the kept
 ids, head.json with the taps and training record) by `python -m apps.train eagle`. It rides on
-the MTP draft's machinery (runtime/backends/torch_mtp.py: the head's cache, the redo of
+the MTP draft's machinery (runtime/drafts/mtp/torch.py: the head's cache, the redo of
 chained entries once the target has verified them) and so runs where it does: one row, so
 `sd` chains and `tree` / `heterospec` trees that expand one node per level. The head steps
 in PyTorch, or beside a CPU target in ONNX Runtime (its step as two graphs with int8 weights,
-runtime/backends/onnx_eagle.py: a PyTorch step is ~30 ops whose dispatch outweighs their
+runtime/drafts/head/onnx.py: a PyTorch step is ~30 ops whose dispatch outweighs their
 arithmetic); the target is the PyTorch one or the ONNX one (runtime/backends/onnx_target.py
 records the taps as its whole graph's third output, and the head step reads the token
-embedding from the checkpoint's PyTorch twin: torch_mtp.TorchTwin).
+embedding from the checkpoint's PyTorch twin: runtime/drafts/mtp/torch.py's TorchTwin).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from runtime.backends.torch_mtp import MTPDraft, TorchMTPStep, TorchTwin
+from runtime.drafts.mtp.torch import MTPDraft, TorchMTPStep, TorchTwin
 from runtime.backends.torch_ref import DecoderLayer, RMSNorm, rope_inv_freq
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
@@ -175,7 +175,7 @@ class HeadDraft(MTPDraft):
     def load(cls, target, path, backend: str = "torch", threads: int = 1,
              quant: str = "int8") -> HeadDraft:  # fmt: skip
         """The sidecar head of checkpoint `path` beside `target`; `backend` onnx steps it in
-        ONNX Runtime (runtime/backends/onnx_eagle.py, int8 weights unless `quant` is fp32)."""
+        ONNX Runtime (runtime/drafts/head/onnx.py, int8 weights unless `quant` is fp32)."""
         _check_target_records(target)
         twin = TorchTwin.of(target)
         dtype = next(twin.module.parameters()).dtype
@@ -183,7 +183,7 @@ class HeadDraft(MTPDraft):
         if backend != "onnx":
             draft = cls(target, head, twin)
         else:
-            from runtime.backends.onnx_eagle import OnnxEagleStep
+            from runtime.drafts.head.onnx import OnnxEagleStep
 
             step = OnnxEagleStep.for_target(twin, head, head_sidecar(path) / WEIGHTS, threads,
                                             quant)  # fmt: skip

@@ -1,6 +1,6 @@
 """A speculative-streaming (SS) draft on ONNX Runtime (the graph of converters/onnx_ss_export.py).
 
-Same contract as runtime/backends/torch_ss.py's SSCausalLM: `forward` is the main stream
+Same contract as runtime/drafts/ss/torch.py's SSCausalLM: `forward` is the main stream
 alone (the same graph with no stream owners), `forward_streams` one multi-stream pass whose
 stream columns are trimmed from the cache. Masks and positions are built here with
 kernels/stream_mask.py and sent whole, so any main mask (branch rows with holes) works.
@@ -19,7 +19,7 @@ from runtime.caches.concat import ConcatKVCache
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens, default_positions
-from runtime.ss_checkpoint import ss_streams
+from runtime.drafts.ss.checkpoint import ss_streams
 
 
 class OnnxSSCausalLM:

@@ -9,7 +9,7 @@ the concatenation, RoPE position i) follow vLLM's Qwen3-Next MTP; they are not c
 against a released checkpoint. On a hybrid (qwen3_5) target the layer is its gated attention
 layer and the norms are (1 + w); on Llama / Qwen2 / Qwen3 the layer is a plain decoder layer.
 
-Where the weights are found (runtime/backends/mtp_weights.py): the checkpoint's own `mtp.*`
+Where the weights are found (runtime/drafts/mtp/weights.py): the checkpoint's own `mtp.*`
 tensors (as Qwen3.5 / Qwen3.6 releases ship them), else the sidecar
 TARGET/.duet/mtp/model.safetensors that `python -m apps.train mtp` writes in the same layout
 (`mtp.` prefix), so any of our targets gets one without copying the target.
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from runtime.backends.mtp_weights import WEIGHTS, find_mtp_weights, mtp_sidecar  # noqa: F401
+from runtime.drafts.mtp.weights import WEIGHTS, find_mtp_weights, mtp_sidecar  # noqa: F401
 from runtime.backends.torch_qwen3_5 import FULL, HybridLayer, OffsetRMSNorm
 from runtime.backends.torch_ref import DecoderLayer, RMSNorm
 from runtime.caches.concat import ConcatKVCache
@@ -158,7 +158,7 @@ class TorchTwin:
 
 class TorchMTPStep:
     """One head step in PyTorch on the target's device: the reference twin of the ONNX step
-    (runtime/backends/onnx_mtp.py)."""
+    (runtime/drafts/mtp/onnx.py)."""
 
     def __init__(self, target, head: MTPHead):
         self.m, self.cfg = target.module, target.config
@@ -208,7 +208,7 @@ class MTPDraft:
              quant: str = "int8") -> MTPDraft:  # fmt: skip
         """The head of checkpoint `path` (or its sidecar) beside `target`; `backend` onnx runs
         its steps in ONNX Runtime (exported once into the sidecar folder), with int8 weights
-        unless `quant` is fp32 (runtime/backends/onnx_mtp.py)."""
+        unless `quant` is fp32 (runtime/drafts/mtp/onnx.py)."""
         _check_target(target)
         twin = TorchTwin.of(target)  # an ONNX target's embedding and LM head, in PyTorch
         dtype = next(twin.module.parameters()).dtype
@@ -216,7 +216,7 @@ class MTPDraft:
         if twin is not target:  # the ONNX target norms its last hidden state as PyTorch does
             target.hidden_norm = twin.module.model.norm
         if backend == "onnx":
-            from runtime.backends.onnx_mtp import OnnxMTPStep
+            from runtime.drafts.mtp.onnx import OnnxMTPStep
 
             return cls(target, head, OnnxMTPStep.for_target(twin, head, path, threads, quant))
         return cls(target, head, TorchMTPStep(twin, head) if twin is not target else None)

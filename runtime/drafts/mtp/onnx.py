@@ -9,7 +9,7 @@ when the head's weights are newer. By default the step runs its int8-weight twin
 way): a one-token step is memory-bound matrix-vector work, and the head (a 2H -> H fc, one
 layer of the target's width, the target's LM head) reads about twice the embedded draft's
 bytes in fp32. `quant="fp32"` runs the float graph, the parity twin of TorchMTPStep. Same
-interface as torch_mtp.TorchMTPStep, numpy arrays.
+interface as mtp.torch.TorchMTPStep, numpy arrays.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class OnnxMTPStep:
     def for_target(cls, target, head, path, threads: int = 1, quant: str = "int8") -> OnnxMTPStep:
         """The step graph of `head` for checkpoint `path` (`quant`: fp32, or int8 weights),
         exported on first use and again when the head's weights are newer."""
-        from runtime.backends.mtp_weights import find_mtp_weights, mtp_sidecar
+        from runtime.drafts.mtp.weights import find_mtp_weights, mtp_sidecar
 
         if getattr(target, "device", None) is not None and target.device.type != "cpu":
             raise DuetError(
