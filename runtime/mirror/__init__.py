@@ -3,9 +3,11 @@
   messages.py     the three messages that cross the token channel
   timeline.py     one clock for both threads; Chrome-trace export
   branches.py     branch-complete rollout planning and the §3.1 reuse rule
+  board.py        the board of completed branches: the interface, and the in-process one
   draft_worker.py the draft's thread: rollouts, reuse or fallback
   draft_process.py the same worker in its own process (--draft-process)
   shm_channel.py  the messages as shared-memory slots + a pipe, between processes
+  shm_board.py    the board of completed branches in shared memory, between processes
   exit_head.py    the tuned exit head applied before the early-exit LM head
   summary.py      per-run figures: overlap, T_rv, reuse, FF, Ω_κ, eq. (10)
 

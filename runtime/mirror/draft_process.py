@@ -13,9 +13,10 @@ sentinel) and raised as one clear RuntimeError, the process reaped; closing the 
 early or Ctrl-C (the child ignores SIGINT; the target's `finally` stops it) ends the
 generation, and a child that does not answer the stop within 1 s is killed.
 
-The board of completed branches (DraftWorker.take) is shared too (shm_channel.Board, under
-a multiprocessing Lock): on reuse the target takes its next window at once, as with the
-thread worker. An emulated draft (devices.emulated_model) goes as its `process_spec`, whose
+The board of completed branches (board.Board) is shared too: both sides hold a
+shm_board.SharedBoard (under a multiprocessing Lock), which the child injects into the
+unchanged DraftWorker; on reuse the target takes its next window at once, as with the thread
+worker. An emulated draft (devices.emulated_model) goes as its `process_spec`, whose
 fourth item the child calls on the loaded draft to pad its stages to the same profile; a
 draft with `export_records` sends its stage records home at the end of each generation, to
 the parent's `import_records` (the emulator's summary then counts the draft's stages too).
@@ -36,7 +37,8 @@ from runtime.errors import DuetError
 from runtime.mirror import shm_channel as wire
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH, DraftWorker
 from runtime.mirror.messages import STOP, EarlyExit, FinalVerify, Window, WorkerFailed
-from runtime.mirror.shm_channel import Board, Layout, Slots
+from runtime.mirror.shm_board import SharedBoard
+from runtime.mirror.shm_channel import Layout, Slots
 from runtime.mirror.timeline import Timeline, now_ns
 
 LOAD_TIMEOUT_S = 300.0  # spawning + importing + loading (an on-the-fly ONNX export included)
@@ -44,7 +46,6 @@ STOP_TIMEOUT_S = 1.0  # a child that does not acknowledge a stop by then is kill
 # a child asked to quit exits its interpreter (torch and ONNX Runtime torn down): on a loaded
 # 2-core machine that took over 1 s (a fresh-clone test run at load 8 saw it killed)
 QUIT_TIMEOUT_S = 10.0
-LOCK_TIMEOUT_S = 1.0  # the board's lock is held for microseconds; longer means a dead holder
 POLL_S = 0.05
 
 
@@ -62,7 +63,7 @@ class DraftHost:
     def __init__(self, spec: tuple):
         ctx = get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.lock = ctx.Lock()  # guards the completed-branch board (shm_channel.Board)
+        self.lock = ctx.Lock()  # guards the completed-branch board (shm_board.SharedBoard)
         self.proc = ctx.Process(target=child_main, args=(child, spec, self.lock),
                                 name="duet-draft-process", daemon=True)  # fmt: skip
         self.proc.start()
@@ -178,7 +179,7 @@ class ProcessDraftWorker:
         # the board holds every branch key: κ early-exit and m draft candidates per position
         layout = Layout(gamma, kappa + draft_branches, vocab, not sampling.greedy)
         self.slots = Slots(layout)
-        self.board = Board(layout, host.lock)
+        self.board = SharedBoard(layout, host.lock)
         self.args = dict(sampling=sampling, seed=seed, gamma=gamma, max_new=max_new, ctx=ctx,
                          branch_batch=branch_batch, draft_branches=draft_branches)  # fmt: skip
 
@@ -212,12 +213,7 @@ class ProcessDraftWorker:
     def take(self, step: int, accepted: int, token: int) -> Window | None:
         """The target's side of reuse: the completed branch (A, c) of `step` from the shared
         board, if the draft published it; the draft then does not send that window again."""
-        if not self.host.lock.acquire(timeout=LOCK_TIMEOUT_S):  # a child killed holding it
-            return None  # receive() then reports the death
-        try:
-            return self.board.take(step, (accepted, token))
-        finally:
-            self.host.lock.release()
+        return self.board.take(step, (accepted, token))
 
     def finish(self, seq: list[int], draft_cache=None) -> None:
         """Stop this generation; the child keeps the committed prefix of `seq` cached.
@@ -242,7 +238,7 @@ class ProcessDraftWorker:
             pass
         finally:
             self.slots.close()
-            self.board.close()
+            self.board.release()
 
     def _add_intervals(self, ivs) -> None:
         for lane, name, s, e, args in ivs:
@@ -301,73 +297,6 @@ class _PipeOutbox:
         info = dict(msg.info, intervals=self.intervals())
         self.slots.put_window(Window(msg.step, msg.tokens, msg.q, msg.sent_ns, msg.source, info))
         self.conn.send_bytes(wire.WIN)
-
-
-class _TimedLock:
-    """The board's multiprocessing Lock for DraftWorker's `with self._lock:`, bounded: a target
-    that died holding it must not leave this process blocked forever."""
-
-    def __init__(self, lock):
-        self.lock = lock
-
-    def __enter__(self):
-        if not self.lock.acquire(timeout=10 * LOCK_TIMEOUT_S):
-            raise RuntimeError("the completed-branch board's lock was never released")
-        return self
-
-    def __exit__(self, *exc):
-        self.lock.release()
-        return False
-
-
-class _BoardView:
-    """DraftWorker._ready in the child: `update` publishes into the shared board."""
-
-    def __init__(self, board: Board):
-        self.board = board
-
-    def update(self, wins: dict) -> None:
-        for key, w in wins.items():
-            self.board.publish(key, w)
-
-
-class _ProcessWorker(DraftWorker):
-    """DraftWorker whose board of completed branches (_ready, _ready_step, _claimed) is the
-    shared-memory Board, so the target in the other process can take a branch at once."""
-
-    _stacked = False  # Board.publish copies each q row into shared memory
-
-    def __init__(self, draft, board: Board, **kw):
-        self.board = board  # before DraftWorker.__init__, which sets the properties below
-        super().__init__(draft, **kw)
-        self._lock = _TimedLock(board.lock)
-
-    @property
-    def _ready(self):
-        return _BoardView(self.board)
-
-    @_ready.setter
-    def _ready(self, value) -> None:  # `= {}`: the step's open/close below clears the board
-        pass
-
-    @property
-    def _ready_step(self) -> int:
-        return self.board.step()
-
-    @_ready_step.setter
-    def _ready_step(self, step: int) -> None:
-        if step < 0:
-            self.board.close_step()
-        else:
-            self.board.open(step)
-
-    @property
-    def _claimed(self) -> bool:
-        return bool(self.board.head[2])
-
-    @_claimed.setter
-    def _claimed(self, value: bool) -> None:
-        self.board.head[2] = int(value)
 
 
 def child_main(conn, spec: tuple, lock) -> None:
@@ -434,16 +363,15 @@ def _serve(conn, draft, cache, args: dict, lock):
     """One generation: DraftWorker's loop over the slots; returns the cache to keep."""
     rewind(cache, args["keep"])
     slots = Slots(args["layout"], args["names"])
-    board = Board(args["layout"], lock, args["board"])
+    board = SharedBoard(args["layout"], lock, args["board"])
     tl = Timeline()
-    w = _ProcessWorker(draft, board, sampling=args["sampling"], seed=args["seed"], gamma=args["gamma"],
+    w = DraftWorker(draft, sampling=args["sampling"], seed=args["seed"], gamma=args["gamma"],
                     max_new=args["max_new"], ctx=args["ctx"], timeline=tl, cache=cache,
-                    branch_batch=args["branch_batch"],
-                    draft_branches=args["draft_branches"])  # fmt: skip
-    w.inbox, w.outbox = _PipeInbox(conn, slots), _PipeOutbox(conn, slots, tl)
-    w.seq = list(args["seq"])
+                    branch_batch=args["branch_batch"], draft_branches=args["draft_branches"],
+                    board=board, inbox=_PipeInbox(conn, slots),
+                    outbox=_PipeOutbox(conn, slots, tl))  # fmt: skip
     try:
-        w._main()  # noqa: SLF001 (the worker's loop, run in this process's main thread)
+        w.run(args["seq"])  # the worker's loop, in this process's main thread
         while w.inbox.stop_tag is None:  # it failed: wait for the target's stop
             if w.inbox.get() is STOP and w.inbox.stop_tag is None:
                 raise EOFError
@@ -456,4 +384,4 @@ def _serve(conn, draft, cache, args: dict, lock):
         return draft.new_cache() if w.outbox.failed else w.cache
     finally:
         slots.close()
-        board.close()
+        board.release()

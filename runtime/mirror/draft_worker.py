@@ -40,6 +40,7 @@ from runtime.decoding.events import Sampling, rewind, step_noise, window_rng
 from runtime.decoding.sd import draft_window
 from runtime.decoding.ss_draft import is_ss_draft
 from runtime.errors import DuetError
+from runtime.mirror.board import Board, LocalBoard
 from runtime.mirror.branches import Branch, rank_branches, rank_own_branches, reuse_key
 from runtime.mirror.coupled import rank_coupled, rank_own_coupled
 from runtime.mirror.messages import STOP, EarlyExit, FinalVerify, Window, WorkerFailed
@@ -62,27 +63,30 @@ def own_branches(draft, asked: int) -> int:
 
 
 class DraftWorker:
-    """Owns the draft model and its cache; talks to the target only through two queues."""
+    """Owns the draft model and its cache; talks to the target only through two queues and the
+    board of completed branches (board.Board).
+
+    board: where completed branches are published (None: a LocalBoard, for a worker thread);
+    inbox, outbox: the target's messages in, the windows out (None: queue.Queue; anything with
+    get(timeout) / get_nowait() / put(), as draft_process.py's pipe ends)."""
 
     def __init__(self, draft, *, sampling: Sampling, seed: int, gamma: int, max_new: int, ctx: int,
                  timeline: Timeline, cache=None, branch_batch: int = DEFAULT_BRANCH_BATCH,
-                 draft_branches: int = 0):  # fmt: skip
+                 draft_branches: int = 0, board: Board | None = None, inbox=None,
+                 outbox=None):  # fmt: skip
         self.draft, self.sampling, self.seed = draft, sampling, seed
         self.gamma, self.max_new, self.ctx = gamma, max_new, ctx
         self.branch_batch = branch_batch
         self.draft_branches = own_branches(draft, draft_branches)
         self.tl = timeline
         self.cache = cache if cache is not None else draft.new_cache()
-        self.inbox: queue.Queue = queue.Queue()
-        self.outbox: queue.Queue = queue.Queue()
+        self.inbox = inbox if inbox is not None else queue.Queue()
+        self.outbox = outbox if outbox is not None else queue.Queue()
         self._stop = threading.Event()
         self._stash: FinalVerify | None = None
         # Completed branches, published as each wave pass finishes, so that on reuse the
         # target takes its next window at once instead of waiting out an in-flight pass.
-        self._lock = threading.Lock()
-        self._ready: dict[tuple[int, int], Window] = {}
-        self._ready_step = -1  # the step whose branches _ready holds (-1: closed)
-        self._claimed = False  # the target took its window from _ready
+        self.board: Board = board if board is not None else LocalBoard()
         self._noise_step, self._noise_uv = -1, None  # the step whose noise _noise drew, and it
         # this step's own runner-up branches (depth, token), ranked or not yet rolled out: a
         # window says whether its step's (A, c) was one ("own"), which auto's Ω̂_own pools
@@ -93,14 +97,19 @@ class DraftWorker:
 
     # ---- the target's side of the channel -------------------------------------------------
     def start(self, seq: list[int]) -> None:
+        """Run the worker's loop in its thread, from the committed tokens `seq`."""
         self.seq = list(seq)
         self.thread.start()
 
+    def run(self, seq: list[int]) -> None:
+        """Run the worker's loop in the calling thread (a draft process's main thread) until
+        the target stops it; a failure goes to the outbox, as from the thread."""
+        self.seq = list(seq)
+        self._main()
+
     def send(self, msg) -> None:
         self.inbox.put(msg)
-        time.sleep(
-            0
-        )  # hand the GIL over now, so the waiting worker wakes in µs, not a switch interval
+        time.sleep(0)  # hand the GIL over now: the waiting worker wakes in µs, not a switch
 
     def receive(self, step: int, poll_s: float = 0.05) -> Window:
         """The window for `step`; raises promptly if the worker failed or died."""
@@ -122,11 +131,7 @@ class DraftWorker:
     def take(self, step: int, accepted: int, token: int) -> Window | None:
         """The target's side of reuse: the completed branch (A, c) of `step`, if published.
         Once taken, the worker commits that branch without sending the window again."""
-        with self._lock:
-            win = self._ready.get((accepted, token)) if self._ready_step == step else None
-            if win is not None:  # a miss must not undo a claim the worker has yet to read:
-                self._claimed = True  # the target may be a whole step ahead of it
-        return win
+        return self.board.take(step, (accepted, token))
 
     def stop(self, timeout: float = 1.0) -> None:
         self._stop.set()
@@ -208,70 +213,76 @@ class DraftWorker:
         self.tl.add("draft", "initial rollout", t0, now_ns(), step=step, tokens=g)
         self.outbox.put(Window(step, window, q, now_ns(), "initial", {"draft_passes": j["passes"]}))
         while True:
-            with self._lock:  # open this step's board of completed branches
-                self._ready, self._ready_step, self._claimed = {}, step, False
-            self._ee_recv = 0  # not yet: branches published before it carry 0
-            self._own_keys, self._early = set(), None
-            own = self._extend(step, self.seq + window)
-            early = self._own_rollouts(step, own, window, produced, q) if own is not None else []
-            ee_recv, ranked = self._early or self._read_early(step, window, q)
-            started = {key for w in early for key in w.index}
-            ranked = [b for b in ranked if (b.depth, b.token) not in started]
-            waves = early + self._waves(step, ranked, produced)
+            self.board.open(step)  # this step's board of completed branches
+            ee_recv, waves = self._rollouts(step, window, q, produced)
             fv = self._get()
             assert isinstance(fv, FinalVerify) and fv.step == step
             fv_recv = now_ns()
             self.tl.add(
                 "channel", "final-verify", fv.sent_ns, fv_recv, step=step, accepted=fv.accepted
             )
-            with self._lock:  # close this step's board; did the target take a branch from it?
-                claimed, self._ready_step, self._ready = self._claimed, -1, {}
+            claimed = self.board.close()  # did the target take a branch from it?
             a, c = fv.accepted, fv.token
             base = len(self.seq)  # |committed| before this step
             self.seq += window[:a] + [c]
             produced += a + 1
             step += 1
-            g = self._window_size(produced, len(self.seq))
             key = reuse_key(a, c)
             info = {"ee_recv_ns": ee_recv, "fv_recv_ns": fv_recv, "waves": len(waves),
                     "branches_done": sum(w.completed() for w in waves),
                     "own": key in self._own_keys}  # fmt: skip
-            found = next(((w, w.index[key]) for w in waves if key in w.index), None)
-            f0 = now_ns()
-            if found is not None and found[0].k > 0:
-                wave, row = found
-                window, q = wave.commit(row, base + a, g)
-                self.cache = wave.cache
-                done = len(window)
-                if done == g:
-                    info.update(source="reuse", ready_ns=wave.row_ready_ns(row), fallback_ns=0,
-                                draft_passes=wave.row_passes(row))  # fmt: skip
-                else:  # its wave was cut short: continue this row where it stopped
-                    j = {}
-                    more, q2 = draft_window(self.draft, self.cache, self.seq + window, g - done,
-                                            self.sampling, wave.rngs[row], info=j,
-                                            gumbel=True)  # fmt: skip
-                    window, q = window + more, np.concatenate([q, q2])
-                    f1 = now_ns()
-                    self.tl.add("draft", "resume rollout", f0, f1, step=step, tokens=g - done)
-                    info.update(source="resume", ready_ns=f1, fallback_ns=f1 - f0,
-                                draft_passes=wave.row_passes(row) + j["passes"])  # fmt: skip
-            else:
-                rewind(self.cache, len(self.seq) - 1)
-                j = {}
-                window, q = draft_window(self.draft, self.cache, self.seq, g, self.sampling,
-                                         self._rng(step, a, c), info=j, gumbel=True)  # fmt: skip
-                f1 = now_ns()
-                self.tl.add("draft", "fallback rollout", f0, f1, step=step, tokens=g)
-                info.update(source="fallback", ready_ns=f1, fallback_ns=f1 - f0,
-                            draft_passes=j["passes"])  # fmt: skip
+            g = self._window_size(produced, len(self.seq))
+            window, q = self._next_window(step, waves, key, base + a, g, info)
             if not claimed:
                 self.outbox.put(Window(step, window, q, now_ns(), info["source"], info))
                 time.sleep(0)  # let the waiting target thread take the GIL at once
 
-    # published windows hold their q as one array; the process worker's board copies each
-    # row into shared memory itself (a list of the wave's rows: one copy of γ x V, not two)
-    _stacked = True
+    def _rollouts(self, step: int, window, q, produced: int) -> tuple[int, list[Wave]]:
+        """The step's branch rollouts until (A, c) comes: the draft's own branches while the
+        target runs its prefix, then the early exit's. Returns (when the early exit came, the
+        waves)."""
+        self._ee_recv = 0  # not yet: branches published before it carry 0
+        self._own_keys, self._early = set(), None
+        own = self._extend(step, self.seq + window)
+        early = self._own_rollouts(step, own, window, produced, q) if own is not None else []
+        ee_recv, ranked = self._early or self._read_early(step, window, q)
+        started = {key for w in early for key in w.index}
+        ranked = [b for b in ranked if (b.depth, b.token) not in started]
+        return ee_recv, early + self._waves(step, ranked, produced)
+
+    def _next_window(self, step: int, waves: list[Wave], key, accepted_end: int, g: int,
+                     info: dict) -> tuple[list[int], np.ndarray]:  # fmt: skip
+        """The window of `step`, which follows (A, c) = `key`: the completed branch (reuse),
+        a branch cut short continued (resume), or a fresh rollout (fallback). `info` gets its
+        source and timings; `accepted_end`: |committed| before (A, c) plus A."""
+        found = next(((w, w.index[key]) for w in waves if key in w.index), None)
+        f0 = now_ns()
+        if found is None or found[0].k == 0:
+            rewind(self.cache, len(self.seq) - 1)
+            j = {}
+            window, q = draft_window(self.draft, self.cache, self.seq, g, self.sampling,
+                                     self._rng(step, *key), info=j, gumbel=True)  # fmt: skip
+            f1 = now_ns()
+            self.tl.add("draft", "fallback rollout", f0, f1, step=step, tokens=g)
+            info.update(source="fallback", ready_ns=f1, fallback_ns=f1 - f0,
+                        draft_passes=j["passes"])  # fmt: skip
+            return window, q
+        wave, row = found
+        window, q = wave.commit(row, accepted_end, g)
+        self.cache = wave.cache
+        done = len(window)
+        if done == g:
+            info.update(source="reuse", ready_ns=wave.row_ready_ns(row), fallback_ns=0,
+                        draft_passes=wave.row_passes(row))  # fmt: skip
+            return window, q
+        j = {}  # its wave was cut short: continue this row where it stopped
+        more, q2 = draft_window(self.draft, self.cache, self.seq + window, g - done,
+                                self.sampling, wave.rngs[row], info=j, gumbel=True)  # fmt: skip
+        f1 = now_ns()
+        self.tl.add("draft", "resume rollout", f0, f1, step=step, tokens=g - done)
+        info.update(source="resume", ready_ns=f1, fallback_ns=f1 - f0,
+                    draft_passes=wave.row_passes(row) + j["passes"])  # fmt: skip
+        return window + more, np.concatenate([q, q2])
 
     def _publish(self, step: int, wave: Wave) -> None:
         """Post the rows this pass completed as ready windows for step + 1."""
@@ -281,13 +292,12 @@ class DraftWorker:
         info = {"ee_recv_ns": self._ee_recv, "ready_ns": wave.ready_ns[wave.k - 1],
                 "source": "reuse", "fallback_ns": 0, "shared": True}  # fmt: skip
         done = set(rows.tolist())
-        wins = {key: Window(step + 1, *wave.window(r, stack=self._stacked), now_ns(), "reuse",
+        stack = self.board.stacked  # a shared board copies the wave's rows itself
+        wins = {key: Window(step + 1, *wave.window(r, stack=stack), now_ns(), "reuse",
                             {**info, "draft_passes": wave.row_passes(r),
                              "own": key in self._own_keys}, wave.logits)
                 for key, r in wave.index.items() if r in done}  # fmt: skip
-        with self._lock:
-            if self._ready_step == step:
-                self._ready.update(wins)
+        self.board.publish(step, wins)
 
     def _extend(self, step: int, full: list[int]) -> np.ndarray | None:
         """Feed what the cache lacks of committed + window (d_γ), while the target runs its

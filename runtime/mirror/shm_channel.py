@@ -8,7 +8,7 @@ named shared memory: no copy through a pipe or pickle for the window's γ×V flo
 one-byte tag sent over a `multiprocessing` Pipe says which slot was just written.
 
 Why these slots suffice: the target sends a message of step s+1 only once it holds
-Window(s+1). The draft publishes a row of its own runner-ups on the board (Board below)
+Window(s+1). The draft publishes a row of its own runner-ups on the board (shm_board.py)
 before it has read EarlyExit(s) (own-branch rows start in the target's prefix, and the wave
 runs to its end), so a target that takes Window(s+1) from the board can send EarlyExit(s+1)
 and FinalVerify(s+1) before the draft has read EarlyExit(s) and FinalVerify(s). Never a
@@ -17,7 +17,8 @@ each message type has two slots, by step parity, and the pipe's tag names the sl
 one EarlyExit slot, a fast target overwrote EarlyExit(s) before the draft read it: seen on
 an H100 target with the draft on the CPU, T = 1.)
 
-Not here: the worker's rollouts (draft_worker.py) and the process's life (draft_process.py).
+Not here: the board of completed branches (shm_board.py), the worker's rollouts
+(draft_worker.py) and the process's life (draft_process.py).
 """
 
 from __future__ import annotations
@@ -33,9 +34,6 @@ from runtime.mirror.messages import EarlyExit, FinalVerify, Window
 EE, FV, WIN, STOP_TAG, FAIL, IDLE, BEGIN, QUIT, READY, BUSY = (
     b"E", b"F", b"W", b"S", b"X", b"I", b"B", b"Q", b"R", b"L"
 )  # fmt: skip
-# a board entry's fields before its tokens: a, c, n, sent, ee_recv, ready, whether its q rows
-# are logits (Window.logits), and whether (a, c) was one of the draft's own branches ("own")
-_META = 8
 INFO_CAP = 1 << 20  # bytes for a window's pickled info (timings, the draft lane's intervals)
 
 
@@ -156,91 +154,3 @@ class Slots:
                     shm.unlink()
                 except FileNotFoundError:
                     pass
-
-
-class Board:
-    """The completed-branch board in shared memory (DraftWorker._ready across processes).
-
-    The draft publishes each branch (A, c) the moment its rollout completes; the target,
-    holding the verdict, takes the branch at once (reuse without a rendezvous) and marks the
-    board claimed, so the draft does not send that window again. Both sides hold `lock`
-    (a multiprocessing Lock) around every access. Header: step (-1: closed), entries, claimed.
-    """
-
-    def __init__(self, layout: Layout, lock, name: str | None = None):
-        L = self.layout = layout
-        self.cap = (L.gamma + 1) * L.kappa
-        self.lock = lock
-        qb = 4 * L.q_rows * L.vocab
-        row = 8 * (_META + L.gamma) + qb + (-qb) % 8  # _META's fields; toks; q
-        size = 8 * 3 + self.cap * row
-        self.owner = name is None
-        self.shm = shared_memory.SharedMemory(create=True, size=size) if name is None else \
-            shared_memory.SharedMemory(name=name)  # fmt: skip
-        buf = self.shm.buf
-        self.head = np.ndarray((3,), np.int64, buf, 0)
-        self.meta = np.ndarray((self.cap, _META + L.gamma), np.int64, buf, 24,
-                               (row, 8))  # fmt: skip
-        self.q = np.ndarray((self.cap, L.q_rows, L.vocab), np.float32, buf,
-                            24 + 8 * (_META + L.gamma), (row, 4 * L.vocab, 4))  # fmt: skip
-        if self.owner:
-            self.head[:] = (-1, 0, 0)
-
-    @property
-    def name(self) -> str:
-        return self.shm.name
-
-    # ---- the draft's side (call with the lock held) ------------------------------------------
-    def open(self, step: int) -> None:
-        self.head[:] = (step, 0, 0)
-
-    def close_step(self) -> bool:
-        """Close the board; True if the target claimed a branch from it."""
-        claimed = bool(self.head[2])
-        self.head[:] = (-1, 0, 0)
-        return claimed
-
-    def step(self) -> int:
-        return int(self.head[0])
-
-    def publish(self, key: tuple[int, int], w: Window) -> None:
-        n = int(self.head[1])
-        if n >= self.cap or any(tuple(self.meta[i, :2]) == key for i in range(n)):
-            return
-        g = len(w.tokens)
-        self.meta[n, :_META] = (key[0], key[1], g, w.sent_ns, w.info["ee_recv_ns"],
-                                w.info["ready_ns"], int(w.logits),
-                                int(w.info.get("own", False)))  # fmt: skip
-        self.meta[n, _META : _META + g] = w.tokens
-        if self.layout.q_rows and g:
-            for i, row in enumerate(w.q):  # an array, or a wave's rows (DraftWorker._stacked)
-                self.q[n, i] = row
-        self.head[1] = n + 1
-
-    # ---- the target's side (call with the lock held) -----------------------------------------
-    def take(self, step: int, key: tuple[int, int]) -> Window | None:
-        if int(self.head[0]) != step:
-            return None
-        for i in range(int(self.head[1])):
-            a, c, g, sent, ee_recv, ready, logits, own = (int(x) for x in self.meta[i, :_META])
-            if (a, c) == key:
-                self.head[2] = 1
-                q = self.q[i, :g].copy() if self.layout.q_rows else \
-                    np.zeros((0, self.layout.vocab), np.float32)  # fmt: skip
-                info = {"ee_recv_ns": ee_recv, "ready_ns": ready, "source": "reuse",
-                        "fallback_ns": 0, "shared": True, "own": bool(own)}  # fmt: skip
-                toks = self.meta[i, _META : _META + g].tolist()
-                return Window(step + 1, toks, q, sent, "reuse", info, bool(logits))
-        return None
-
-    def close(self) -> None:
-        self.head = self.meta = self.q = None
-        try:
-            self.shm.close()
-        except BufferError:
-            pass
-        if self.owner:
-            try:
-                self.shm.unlink()
-            except FileNotFoundError:
-                pass
