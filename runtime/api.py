@@ -12,23 +12,27 @@ rendered with the checkpoint's chat template; without one, the contents joined b
 `stream_generate` yields one `GenerationResponse` per decoding step: the step's new text and
 tokens, the step's event (accepted length, timings) and the run's statistics so far.
 
-This is the one generation path: `runtime.generate` and `runtime.chat` call it too. It is
-the top of the runtime, beside the commands: `method="auto"` builds the latency model's
-chooser through the command layer (runtime/cli_args.py) unless the caller passes one.
+The run itself is runtime/session.py's GenerationSession, which every command drives too.
+This file is the top of the runtime, beside the commands: `method="auto"` builds the latency
+model's chooser through the command layer (runtime/cli_args_auto.py) unless the caller
+passes one.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime.decoding import Sampling, make_steps, stream
-from runtime.decoding.events import StepEvent
+from runtime.decoding import Sampling
 from runtime.errors import DuetError
-from runtime.stats import RunStats
-from runtime.tokenizer import Detokenizer
+from runtime.session import (  # noqa: F401 (part of the API: runtime/__init__.py)
+    AUTO,
+    GenerationResponse,
+    GenerationSession,
+    context_of,
+    default_method,
+)
 
 DEFAULT_CHAT_TEMP, DEFAULT_CHAT_TOP_P = 0.7, 0.9  # when generation_config.json says nothing
 
@@ -48,19 +52,6 @@ def load(target: str | None = None, draft: str | None = None, **options):
 
     need = options.pop("need_draft", target is None or draft is not None)
     return load_pair(target, draft, need_draft=need, **options)
-
-
-@dataclass
-class GenerationResponse:
-    """One decoding step of `stream_generate`."""
-
-    text: str  # the text this step adds (an incomplete UTF-8 character waits for the next)
-    tokens: list[int]  # the token ids this step committed (an EOS included, as generated)
-    step: StepEvent  # the step's own figures: accepted, drafted, draft_s, verify_s, extra
-    stats: RunStats  # the run so far; `stats.as_dict()` is `runtime.generate --json`'s stats
-    finish: str | None = None  # on the last step: "eos", "length" or "context"
-    prompt_tokens: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def eos_ids(pair) -> tuple[int, ...]:
@@ -131,11 +122,6 @@ def _tokenizer(pair):
     return pair.tokenizer
 
 
-def default_method(pair) -> str:
-    """sd when the pair has a draft, else the target alone (ar)."""
-    return "sd" if pair.draft is not None else "ar"
-
-
 def stream_generate(
     pair,
     prompt,
@@ -150,6 +136,8 @@ def stream_generate(
     chooser=None,
     timeline=None,
     eos: tuple[int, ...] | None = None,
+    target_cache=None,
+    draft_cache=None,
     **options,
 ) -> Iterator[GenerationResponse]:
     """Yield a GenerationResponse per decoding step of `method` on `pair` after `prompt`.
@@ -159,82 +147,26 @@ def stream_generate(
     sampling the target's law. `gamma`: draft tokens per step (None: 4; auto picks it).
     `max_tokens` past the context is cut to what fits (`finish` is then "context").
     `options` are the methods' flags (kappa, exit_layer, branches, tree_k, ... as on the
-    command line, in snake case), and `target_cache` / `draft_cache` to continue from caches
-    holding a prefix of the prompt (a chat's history). `chooser` (method auto): the function
-    runtime.cli_args.auto_chooser builds; built here when not given. `timeline` (mirror): a
-    runtime.mirror.timeline.Timeline that records the run. `eos`: the ids that end it (default
-    eos_ids(pair)). Closing the generator early leaves the caches holding committed tokens.
+    command line, in snake case); `target_cache` / `draft_cache` continue from caches holding
+    a prefix of the prompt (a chat's history). `chooser` (method auto): the function
+    runtime.cli_args_auto.auto_chooser builds; built here when not given. `timeline` (mirror):
+    a runtime.mirror.timeline.Timeline that records the run. `eos`: the ids that end it
+    (default eos_ids(pair)). Closing the generator early leaves the caches holding committed
+    tokens. The run is runtime/session.py's GenerationSession.
     """
     ids = prompt_ids(pair, prompt)
     method = method or default_method(pair)
-    if max_tokens < 1:
-        raise DuetError(f"max_tokens must be at least 1 (got {max_tokens})")
-    max_new = min(max_tokens, context_of(pair) - len(ids))
-    sampling = Sampling(temp, top_p, top_k)
-    auto = None
-    held = getattr(options.get("target_cache"), "offset", 0)  # a prefix the caches hold
-    if method == "auto":
-        if chooser is None:
-            chooser = _auto_chooser(pair, gamma, options)
-        probe_caches = {}
-        if options.get("target_cache") is None:  # the probe's passes are the prefill: keep them
-            options["target_cache"] = pair.target.new_cache()
-            options["draft_cache"] = pair.draft.new_cache() if pair.draft is not None else None
-            probe_caches = {k: options[k] for k in ("target_cache", "draft_cache")}
-        method, auto = chooser(ids, sampling, **probe_caches)
-        gamma = auto.get("gamma", gamma)  # without a given γ, auto picks γ too
-    draft = pair.draft if method != "ar" else None  # ar is the target alone, whatever is attached
-    steps = make_steps(method, pair.target, draft, ids, max_new=max_new, sampling=sampling,
-                       seed=seed, gamma=gamma, timeline=timeline if method == "mirror" else None,
-                       **options)  # fmt: skip
-    stats = RunStats(prefill_tokens=len(ids) - held)
-    stats.extra.update(method=method, gamma=gamma if method != "ar" else None, temp=temp)
-    if auto is not None:
-        stats.extra["auto"] = auto
-    eos = tuple(eos) if eos is not None else eos_ids(pair)
-    detok = Detokenizer(pair.tokenizer) if pair.tokenizer is not None else None
-    out: list[int] = []
-    sent = 0  # characters of text yielded so far
+    if method == AUTO and chooser is None:
+        from runtime.cli_args_auto import auto_chooser
 
-    def observe() -> None:  # the run's rate, accepted lengths and branch hits teach auto
-        if auto is not None and getattr(chooser, "observe", None) is not None:
-            chooser.observe(auto, sampling, len(out), stats.wall_s, list(stats.accept_lengths),
-                            branch_hits=stats.per_step.get("branch_hit"))  # fmt: skip
-
-    try:
-        for toks, ev in stream(steps, max_new=max_new, eos_ids=eos, stats=stats):
-            out += toks
-            text = detok.add([t for t in toks if t not in eos]) if detok is not None else ""
-            finish = None
-            if out and out[-1] in eos:
-                finish = "eos"
-            elif len(out) >= max_new:
-                finish = "length" if len(out) >= max_tokens else "context"
-            if finish is not None:
-                stats.extra["finish"] = finish
-                if detok is not None:  # the last step flushes a character held back
-                    text = _rest(pair.tokenizer, out, eos, sent)
-            sent += len(text)
-            yield GenerationResponse(text, list(toks), ev, stats, finish, len(ids))
-    except GeneratorExit:  # the caller stopped early: what ran still counts
-        if out and stats.wall_s > 0:
-            observe()
-        raise
-    stats.extra.setdefault("finish", "length" if len(out) >= max_tokens else "context")
-    observe()
-
-
-def _rest(tokenizer, out: list[int], eos: tuple[int, ...], sent: int) -> str:
-    """All of the answer's text past its first `sent` characters."""
-    return tokenizer.decode([t for t in out if t not in eos])[sent:]
-
-
-def context_of(pair) -> int:
-    """The tokens the pair can hold: the smaller of the target's and the draft's contexts."""
-    ctxs = [pair.target.config.max_context]
-    if pair.draft is not None:
-        ctxs.append(pair.draft.config.max_context)
-    return min(ctxs)
+        chooser = auto_chooser(_auto_options(gamma, options), pair)
+    eos = eos if eos is not None else eos_ids(pair)
+    session = GenerationSession(
+        pair, method=method, options={"gamma": gamma, **options}, chooser=chooser, eos=eos
+    )
+    yield from session.stream(ids, max_tokens, sampling=Sampling(temp, top_p, top_k), seed=seed,
+                              target_cache=target_cache, draft_cache=draft_cache,
+                              timeline=timeline)
 
 
 def generate(pair, prompt, max_tokens: int = 128, **kwargs) -> str:
@@ -242,16 +174,11 @@ def generate(pair, prompt, max_tokens: int = 128, **kwargs) -> str:
     return "".join(r.text for r in stream_generate(pair, prompt, max_tokens, **kwargs))
 
 
-def _auto_chooser(pair, gamma: int | None, options: dict):
-    """runtime.cli_args.auto_chooser for a Python caller: the same flags as the CLIs'."""
-    from types import SimpleNamespace
+def _auto_options(gamma: int | None, options: dict):
+    """AutoOptions for a Python caller: γ free when not given, the mirror flags it passed."""
+    from runtime.cli_args_auto import AutoOptions
+    from runtime.cli_args_methods import DEFAULT_GAMMA
 
-    from runtime.cli_args import auto_chooser
-
-    a = SimpleNamespace(gamma=gamma, gamma_free=gamma is None, device_profile=None,
-                        reprobe=False, kappa=options.get("kappa"),
-                        exit_layer=options.get("exit_layer"), branches=options.get("branches"),
-                        draft_branches=options.get("draft_branches"),
-                        draft_process=options.get("draft_process"),
-                        exit_head=options.get("exit_head"))  # fmt: skip
-    return auto_chooser(a, pair)
+    keep = ("kappa", "exit_layer", "branches", "draft_branches", "draft_process", "exit_head")
+    return AutoOptions(gamma=gamma if gamma is not None else DEFAULT_GAMMA,
+                       gamma_free=gamma is None, **{k: options.get(k) for k in keep})

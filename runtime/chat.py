@@ -29,16 +29,18 @@ from runtime.chat_template import ChatTemplate
 from runtime.cli_args import (
     AUTO,
     add_auto_args,
-    add_gamma_arg,
+    add_method_args,
     add_pair_args,
-    add_wave_args,
     auto_announcement,
     auto_chooser,
+    auto_options,
     check_decoding_args,
+    check_method_args,
     load_pair_from_args,
+    method_kwargs,
 )
 from runtime.decoding import METHODS, Sampling
-from runtime.edge.cli_args import add_edge_args, check_edge_args, edge_options
+from runtime.edge.cli_args import add_edge_args, check_edge_method, edge_session
 from runtime.errors import DuetError, cli_main
 from runtime.tokenizer import Detokenizer
 
@@ -57,19 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_pair_args(ap)
-    add_edge_args(ap)
     ap.add_argument("--method", choices=(*METHODS, AUTO), default=AUTO,
                     help="decoding method; auto (the default): the one the latency model "
                     "predicts fastest here, chosen per answer; the pair is measured on this "
                     "machine during the first chat's first answer and kept for later chats "
                     "(see --reprobe)")  # fmt: skip
     add_auto_args(ap)
-    add_gamma_arg(ap)
-    ap.add_argument("--kappa", type=int, default=None, help="channel width (methods that take it)")
-    ap.add_argument(
-        "--exit-layer", type=int, default=None, help="early-exit layer (methods that take it)"
-    )
-    add_wave_args(ap)
     ap.add_argument("--temp", type=float, default=None,
                     help="temperature; 0 = greedy (default: the checkpoint's generation_config.json "
                     f"when it sets temperature and top_p, else {DEFAULT_CHAT_TEMP}; the answer "
@@ -82,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
     ap.add_argument("--system", default=None, help="system message (chat templates only)")
+    add_method_args(ap)
+    add_edge_args(ap)
     return ap
 
 
@@ -92,8 +89,8 @@ def check_args(a: argparse.Namespace) -> None:
     a.temp = DEFAULT_CHAT_TEMP if a.temp is None else a.temp
     a.top_p = DEFAULT_CHAT_TOP_P if a.top_p is None else a.top_p
     check_decoding_args(a)
-    if a.method == "flexspec":
-        check_edge_args(a)
+    check_method_args(a)
+    check_edge_method(a)
     a.temp, a.top_p = given
 
 
@@ -102,8 +99,7 @@ def resolve_sampling(a: argparse.Namespace, model_dir) -> None:
     temp, top_p = sampling_defaults(model_dir)
     a.temp = temp if a.temp is None else a.temp
     a.top_p = top_p if a.top_p is None else a.top_p
-    if a.method == "flexspec":  # its codec's default follows the temperature
-        check_edge_args(a)
+    check_edge_method(a)  # flexspec: its codec's default follows the temperature
 
 
 def make_session(a: argparse.Namespace, notify) -> ChatSession:
@@ -112,13 +108,9 @@ def make_session(a: argparse.Namespace, notify) -> ChatSession:
     if pair.tokenizer is None:
         raise DuetError(f"{pair.target_dir}: no tokenizer.json; the chat needs a tokenizer")
     resolve_sampling(a, pair.target_dir)
-    edge = {}
-    if a.method == "flexspec":  # the verifier connection lives as long as the chat
-        stack = contextlib.ExitStack()
-        edge = stack.enter_context(
-            edge_options(a, pair.target_dir, pair.settings["target_backend"])
-        )
-        atexit.register(stack.close)
+    stack = contextlib.ExitStack()  # flexspec: the verifier connection lives as long as the chat
+    edge, _ = stack.enter_context(edge_session(a, pair))
+    atexit.register(stack.close)
     return ChatSession(
         pair.target,
         pair.draft,
@@ -132,13 +124,9 @@ def make_session(a: argparse.Namespace, notify) -> ChatSession:
         system=a.system,
         notify=notify,
         eos=eos_ids(pair),
-        kappa=a.kappa,
-        exit_layer=a.exit_layer,
-        branches=a.branches,
-        draft_branches=a.draft_branches,
+        **{k: v for k, v in method_kwargs(a).items() if k != "gamma"},
         **edge,
-        draft_process=a.draft_process,
-        chooser=auto_chooser(a, pair) if a.method == AUTO else None,
+        chooser=auto_chooser(auto_options(a), pair) if a.method == AUTO else None,
     )
 
 

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from runtime.chat_template import ChatTemplate  # noqa: F401 (where the session's template lives)
 from runtime.decoding import Sampling, option_names
 from runtime.decoding.events import GREEDY, rewind
+from runtime.session import GenerationSession, context_of
 from runtime.stats import RunStats
 
 
@@ -69,15 +70,17 @@ class ChatSession:
         self.template, self.system, self.notify = template, system, notify
         self.extra = strategy_kwargs(**strategy_extra)
         # method "auto": chooser(prompt ids, sampling) -> (method, record), built by the command
-        # layer (runtime.cli_args.auto_chooser); asked once per answer
+        # layer (runtime.cli_args_auto.auto_chooser); asked once per answer
         self.chooser = chooser
-        ctxs = [target.config.max_context] + ([draft.config.max_context] if draft else [])
-        self.context = min(ctxs)
-        # the ids that end an answer: config.json's, and generation_config.json's (runtime.api)
-        self.eos = tuple(eos) if eos is not None else tuple(target.config.eos_token_ids)
         self.pair = SimpleNamespace(
             target=target, draft=draft, tokenizer=tokenizer, target_dir=None
-        )  # what runtime.api reads of a pair
+        )  # what a GenerationSession reads of a pair
+        self.context = context_of(self.pair)
+        # the ids that end an answer: config.json's, and generation_config.json's (runtime.api)
+        self.eos = tuple(eos) if eos is not None else tuple(target.config.eos_token_ids)
+        self.session = GenerationSession(self.pair, method=method,
+                                         options={"gamma": gamma, **self.extra},
+                                         chooser=chooser, eos=self.eos)
         self.last_stats: RunStats | None = None
         self.reset()
 
@@ -141,32 +144,27 @@ class ChatSession:
         Closing the generator early (Ctrl-C) keeps what was committed so far as
         the answer and leaves the caches holding only committed tokens.
         """
-        from runtime.api import stream_generate
-
         seq, user_ids = self._fit(user)
         keep = common_prefix(self.tokens, seq)  # the caches' valid prefix for this prompt
         for c in (self.tcache, self.dcache):
             rewind(c, keep)
         max_new = max(1, min(self.max_tokens, self.context - len(seq)))
-        s = self.sampling
-        responses = stream_generate(self.pair, seq, max_new, method=self.method, temp=s.temp,
-                                    top_p=s.top_p, top_k=s.top_k, seed=self.seed + self.n_answers,
-                                    gamma=self.gamma, chooser=self.chooser, eos=self.eos,
-                                    target_cache=self.tcache, draft_cache=self.dcache,
-                                    **self.extra)  # fmt: skip
+        responses = self.session.stream(
+            seq, max_new, sampling=self.sampling, seed=self.seed + self.n_answers,
+            target_cache=self.tcache, draft_cache=self.dcache,
+        )
         out: list[int] = []
-        events = [] if self.extra.get("skip") is not None else None  # --skip's audit reads them
         stats = RunStats(prefill_tokens=len(seq) - self.tcache.offset)  # until a step reports
         self.n_answers += 1
         try:
             for r in responses:
                 out += r.tokens
                 stats = r.stats
-                if events is not None:
-                    events.append(r.step)
                 yield r.tokens
         finally:
-            responses.close()  # the strategy rewinds its caches; auto learns from what ran
+            # the method rewinds its caches; its summary joins the stats (flexspec's --skip:
+            # the audited risk); auto learns from what ran
+            responses.close()
             self.tokens = seq + out
             for c in (self.tcache, self.dcache):  # the strategy may have seen tokens cut at EOS
                 rewind(c, len(self.tokens))
@@ -176,17 +174,7 @@ class ChatSession:
             stats.extra["finish"] = (
                 "eos" if out and out[-1] in self.eos else ("length" if out else "stopped")
             )
-            if events is not None:  # CU-HLM skipping (--skip): LOSSY, audited
-                stats.extra.update(lossy=True, skip=self._skip_stats(events, seq, out))
             self.last_stats = stats
-
-    def _skip_stats(self, events, seq: list[int], out: list[int]) -> dict:
-        """stats.skip of one answer: R measured against the target (runtime/edge/skip.py)."""
-        from runtime.edge.skip import audit, skip_summary, skipped_positions
-
-        pos, xs = skipped_positions(events, len(seq), len(out))
-        betas = audit(self.target, seq + out, pos, xs, self.sampling)
-        return skip_summary(events, self.extra["skip"], len(out), betas)
 
 
 def stats_line(method: str, stats: RunStats) -> str:

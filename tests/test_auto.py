@@ -416,17 +416,16 @@ def test_the_bench_feeds_each_auto_run_back_to_its_chooser(tiny_dir):
 
 
 def test_an_observed_sd_or_mirror_run_joins_the_pairs_tau_estimate(monkeypatch):
-    import argparse
     from types import SimpleNamespace
 
     import devices.pair_laws as laws
     import devices.probe_memo as memo
-    from runtime.cli_args import auto_chooser
+    from runtime.cli_args import AutoOptions, auto_chooser
     from runtime.decoding import Sampling
 
     monkeypatch.setattr(memo, "CACHE", {})
     pair = SimpleNamespace(target=object(), draft=object())
-    choose = auto_chooser(argparse.Namespace(device_profile=None), pair)
+    choose = auto_chooser(AutoOptions(), pair)
     law = Sampling(0.0)
     choose.observe({"choice": "sd", "gamma": 4}, law, 12, 0.1, accept_lengths=[5, 5, 2, 1])
     runs = laws.run_lengths(pair.target, pair.draft, law)
@@ -440,18 +439,17 @@ def test_a_mirror_runs_branch_hits_join_the_pairs_omega(monkeypatch):
     """A mirror run's per-step branch_hit pools into the pair's Ω̂ and Ω̂_own (for its κ and
     own rows), which then weigh with the prompt's hits: steps and positions alike, shrunk
     toward the priors with PRIOR_WEIGHT."""
-    import argparse
     from types import SimpleNamespace
 
     import devices.pair_laws as laws
     import devices.pair_probe as pp
     import devices.probe_memo as memo
-    from runtime.cli_args import auto_chooser
+    from runtime.cli_args import AutoOptions, auto_chooser
     from runtime.decoding import Sampling
 
     monkeypatch.setattr(memo, "CACHE", {})
     pair = SimpleNamespace(target=object(), draft=object())
-    choose = auto_chooser(argparse.Namespace(device_profile=None), pair)
+    choose = auto_chooser(AutoOptions(), pair)
     law, shape = Sampling(1.0), {"kappa": 8, "own_rows": 2}
     hits = ["own", "exit", "miss", "own", None]
     choose.observe({"choice": "mirror", "gamma": 6, "branch_shape": shape}, law, 12, 0.1,
@@ -487,11 +485,10 @@ def test_window_passes_over_gamma_are_read_as_a_line():
 def test_the_probes_trial_runs_correct_the_first_choice(monkeypatch):
     """The laws said mirror (an H100 target: the probe saw no slowdown beside the draft
     process); its trial run measured half of that, so the chooser picks sd from the start."""
-    import argparse
     from types import SimpleNamespace
 
     import devices.pair_probe as pp
-    from runtime.cli_args import auto_chooser
+    from runtime.cli_args import AutoOptions, auto_chooser
     from runtime.decoding import Sampling
 
     by_gamma = {4: {"sd": {"tokens_per_s": 230.0}, "mirror": {"tokens_per_s": 250.0}},
@@ -504,8 +501,7 @@ def test_the_probes_trial_runs_correct_the_first_choice(monkeypatch):
                 "why": "laws", "trials": trials}  # fmt: skip
 
     monkeypatch.setattr(pp, "choose_for", fake_choose_for)
-    ns = argparse.Namespace(device_profile=None, gamma=4, gamma_free=True, kappa=None,
-                            exit_layer=None, branches=None)  # fmt: skip
+    ns = AutoOptions(gamma=4, gamma_free=True)
     choose = auto_chooser(ns, SimpleNamespace(target=object(), draft=object()))
     method, rec = choose([1, 2, 3], Sampling(0.0))
     assert (method, rec["gamma"]) == ("sd", 5) and "mirror x0.50" in rec["why"]
@@ -704,11 +700,10 @@ def test_a_short_chosen_run_corrects_nothing(monkeypatch):
     """A 16-token generate's rate is mostly its prefill: it measured sd at 0.50x its law, and
     that factor, kept on disk, then had auto run ar where sd is 1.6x ar. Only runs of
     CORRECTION_MIN_TOKENS or more correct the laws; their accepted runs count either way."""
-    import argparse
     from types import SimpleNamespace
 
     import devices.pair_probe as pp
-    from runtime.cli_args import CORRECTION_MIN_TOKENS, auto_chooser
+    from runtime.cli_args import CORRECTION_MIN_TOKENS, AutoOptions, auto_chooser
     from runtime.decoding import Sampling
 
     by_gamma = {4: {"ar": {"tokens_per_s": 80.0}, "sd": {"tokens_per_s": 120.0}}}
@@ -717,8 +712,7 @@ def test_a_short_chosen_run_corrects_nothing(monkeypatch):
     monkeypatch.setattr(pp, "choose_for", lambda *a, **k: dict(rec))
     seen = []
     monkeypatch.setattr(pp, "observe_run", lambda *a: seen.append(a[3]))
-    ns = argparse.Namespace(device_profile=None, gamma=4, gamma_free=True, kappa=None,
-                            exit_layer=None, branches=None)  # fmt: skip
+    ns = AutoOptions(gamma=4, gamma_free=True)
     choose = auto_chooser(ns, SimpleNamespace(target=object(), draft=object()))
     for _ in range(3):  # the first sd run is its warm-up; then two short ones at half the law
         choose.observe(rec, Sampling(0.0), 16, 16 / 60.0, [2] * 8)

@@ -227,10 +227,9 @@ def test_auto_alone_keeps_the_targets_costs_for_the_next_process(tiny_dir, monke
     """The target's step cost and cost per verified token are measured once per target and
     machine and kept (as a pair's probe is): a later chooser reads them and measures nothing;
     --reprobe measures again."""
-    import argparse
 
     import devices.model_free_choice as mfc
-    from runtime.cli_args import alone_chooser
+    from runtime.cli_args import AutoOptions, alone_chooser
 
     monkeypatch.setenv("DUET_CACHE_DIR", str(tmp_path))
     calls = []
@@ -248,7 +247,7 @@ def test_auto_alone_keeps_the_targets_costs_for_the_next_process(tiny_dir, monke
     def chooser(reprobe=False):
         pair = Pair()
         pair.target, pair.draft = target, load_model_free("lookup", target)
-        return alone_chooser(pair, argparse.Namespace(reprobe=reprobe, gamma_free=True))
+        return alone_chooser(pair, AutoOptions(reprobe=reprobe, gamma_free=True))
 
     first = chooser()([5, 6, 7, 5, 6], None)[1]
     again = chooser()([5, 6, 7, 5, 6], None)[1]

@@ -22,13 +22,16 @@ import json
 import os
 import sys
 
+from runtime.arg_rules import check_gamma, check_max_tokens
 from runtime.cli_args import (
     AUTO,
     add_auto_args,
+    add_method_args,
     add_pair_args,
-    add_wave_args,
     auto_chooser,
+    auto_options,
     load_pair_from_args,
+    method_kwargs,
     resolve_gamma,
 )
 from runtime.decoding import METHODS
@@ -82,10 +85,6 @@ def build_parser() -> argparse.ArgumentParser:
         "drafting method also runs with each, as METHOD+NAME, alternated (apps/bench/drafts.py)",
     )
     ap.add_argument(
-        "--gamma", type=int, default=None,
-        help="draft tokens per step, every method (default 4; `auto` picks its own unless given)",
-    )  # fmt: skip
-    ap.add_argument(
         "--gammas",
         default=None,
         metavar="G1,G2,...",
@@ -93,34 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(ar, tree and heterospec once), alternated in one run (Mirror-SD Fig. 3: latency "
         "against draft size x γ)",
     )
-    ap.add_argument("--kappa", type=int, default=None, help="passed to methods that take it")
-    ap.add_argument("--exit-layer", type=int, default=None, help="passed to methods that take it")
-    add_wave_args(ap)
-    ap.add_argument(
-        "--exit-head",
-        choices=("raw", "tuned"),
-        default=None,
-        help="mirror: the early-exit head (default: tuned when the target has one stored)",
-    )
-    ap.add_argument("--tree-k", type=int, default=None, help="tree, heterospec: top-K (default 2)")
-    ap.add_argument(
-        "--expand",
-        type=int,
-        default=None,
-        help="tree, heterospec: nodes expanded per level (default 1)",
-    )
-    ap.add_argument(
-        "--top-n", type=int, default=None, help="tree, heterospec: nodes verified (default 12)"
-    )
-    ap.add_argument(
-        "--depth", type=int, default=None, help="tree, heterospec: (base) depth (default 6)"
-    )
-    ap.add_argument(
-        "--bins",
-        default=None,
-        help="heterospec: bins JSON (default: a fitted head's own "
-        "TARGET/.duet/eagle/bins.json, else the embedded pair's)",
-    )
+    add_method_args(ap)  # --gamma and the methods' own flags (--kappa, --tree-k, ...)
     ap.add_argument("--temps", default="0,1", help="comma-separated temperatures (default 0,1)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0 = off)")
     ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per turn (default 128)")
@@ -254,25 +226,9 @@ def make_runners(methods: list[str], pair, a) -> list:
 
             runners.append(HfAssistedRunner(pair, gamma=a.gamma, alone=m == "hf"))
         else:
-            runners.append(
-                DuetRunner(
-                    m,
-                    pair,
-                    gamma=a.gamma,
-                    kappa=a.kappa,
-                    exit_layer=a.exit_layer,
-                    branches=a.branches,
-                    exit_head=a.exit_head,
-                    draft_branches=a.draft_branches,
-                    tree_k=a.tree_k,
-                    expand=a.expand,
-                    top_n=a.top_n,
-                    depth=a.depth,
-                    bins=a.bins,
-                    draft_process=a.draft_process,
-                    chooser=auto_chooser(a, pair) if m == AUTO else None,
-                )
-            )
+            options = {k: v for k, v in method_kwargs(a).items() if k != "gamma"}
+            chooser = auto_chooser(auto_options(a), pair) if m == AUTO else None
+            runners.append(DuetRunner(m, pair, gamma=a.gamma, chooser=chooser, **options))
     return runners
 
 
@@ -318,11 +274,9 @@ def bench(a: argparse.Namespace) -> dict:
     if alone and (need := [m for m in methods if m not in NEEDS_NO_DRAFT]):
         raise DuetError(f"--methods {','.join(need)} needs a draft: pass --draft (a target alone "
                         f"runs {', '.join(NEEDS_NO_DRAFT)})")  # fmt: skip
-    if a.max_tokens < 1:
-        raise DuetError(f"--max-tokens must be at least 1 (got {a.max_tokens})")
+    check_max_tokens(a.max_tokens)
     resolve_gamma(a)  # no --gamma: 4 for every method, and a free γ for auto
-    if a.gamma < 1:
-        raise DuetError(f"--gamma must be at least 1 (got {a.gamma})")
+    check_gamma(a.gamma)
     gammas = parse_gammas(a.gammas, a.gamma)  # a bad --gammas fails before any model loads
     if a.limit is not None and a.limit < 1:
         raise DuetError(f"--limit must be at least 1 (got {a.limit})")

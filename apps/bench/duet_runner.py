@@ -6,14 +6,16 @@ from __future__ import annotations
 import time
 
 from runtime.chat_session import strategy_kwargs
-from runtime.decoding import METHODS, Sampling, make_steps, method_module, stream
+from runtime.decoding import METHODS, Sampling, method_module
+from runtime.session import GenerationSession
 from runtime.stats import RunStats
 
 from .runner import TurnResult
 
 
 class DuetRunner:
-    """`ar`, `sd`, ... through make_steps + stream, exactly as runtime.generate runs them."""
+    """`ar`, `sd`, ... through a GenerationSession (runtime/session.py), as runtime.generate
+    runs them."""
 
     def __init__(self, method: str, pair, *, gamma: int, chooser=None, **extra):
         self.name = method
@@ -22,6 +24,11 @@ class DuetRunner:
         self.picked: dict[str, int] = {}  # auto: how often each method was chosen
         self.extra = strategy_kwargs(**extra)  # --kappa / --exit-layer when the method takes them
         self.eos = tuple(pair.target.config.eos_token_ids)
+        # summarize=False: a turn's time is its steps' (and auto's observe), as before the
+        # session; the bench reads no method summary
+        self.session = GenerationSession(pair, method=method, chooser=chooser, eos=self.eos,
+                                         options={**self.extra, "gamma": gamma},
+                                         summarize=False)
 
     def settings(self) -> dict:
         s = self.pair.settings
@@ -48,43 +55,20 @@ class DuetRunner:
         return out | {k: v for k, v in self.extra.items()}
 
     def generate(self, ids, max_new, temp, top_p, seed) -> TurnResult:
-        stats = RunStats(prefill_tokens=len(ids))
-        out: list[int] = []
         t0 = time.perf_counter()
-        method, note, caches, gamma = self.method, None, {}, self.gamma
-        if self.chooser is not None:  # its probe prefills the caches the chosen method then uses
-            caches = {"target_cache": self.pair.target.new_cache(),
-                      "draft_cache": self.pair.draft.new_cache()}  # fmt: skip
-            method, rec = self.chooser(ids, Sampling(temp, top_p), **caches)
-            gamma = rec.get("gamma", gamma)  # a free auto picks γ too
+        out: list[int] = []
+        stats = RunStats(prefill_tokens=len(ids))
+        for r in self.session.stream(list(ids), max_new, sampling=Sampling(temp, top_p),
+                                     seed=seed):
+            out += r.tokens
+            stats = r.stats
+        note = None
+        rec = stats.extra.get("auto")
+        if rec is not None:  # auto: its probe prefilled the caches the chosen method then used
+            method, gamma = rec["choice"], stats.extra.get("gamma")
             pick = method if "by_gamma" not in rec else f"{method}@g{gamma}"
             self.picked[pick] = self.picked.get(pick, 0) + 1
             note = f"auto picked {pick}: {rec['why']}"
-        draft = self.pair.draft if method != "ar" else None
-        if hasattr(self.pair.target, "record_hidden"):  # only an MTP draft reads them
-            self.pair.target.record_hidden = getattr(draft, "reads_target_hidden", False)
-        if hasattr(self.pair.target, "record_layers"):  # a fitted head reads several layers
-            head = getattr(draft, "head_module", None)
-            self.pair.target.record_layers = getattr(head, "layers_tapped", None)
-        steps = make_steps(
-            method,
-            self.pair.target,
-            draft,
-            list(ids),
-            max_new=max_new,
-            sampling=Sampling(temp, top_p),
-            seed=seed,
-            gamma=gamma,
-            **caches,
-            **self.extra,
-        )
-        t_run = time.perf_counter()
-        for toks, _ in stream(steps, max_new=max_new, eos_ids=self.eos, stats=stats):
-            out += toks
-        if self.chooser is not None and hasattr(self.chooser, "observe"):
-            self.chooser.observe(rec, Sampling(temp, top_p), len(out), time.perf_counter() - t_run,
-                                 accept_lengths=list(stats.accept_lengths),
-                                 branch_hits=stats.per_step.get("branch_hit"))  # fmt: skip
         return TurnResult(out, time.perf_counter() - t0, list(stats.accept_lengths), note=note,
                           stage_s={"draft": stats.draft_s, "verify": stats.verify_s},
                           verified_tokens=sum(stats.drafted) + len(stats.drafted),

@@ -17,14 +17,16 @@ import json
 import sys
 from pathlib import Path
 
-from runtime.cli_args import add_pair_args, add_wave_args, load_pair_from_args
-from runtime.decoding import Sampling
-from runtime.decoding.mirror import (
-    DEFAULT_KAPPA,
-    check_mirror_args,
-    draft_in_process,
+from runtime.arg_rules import at_least, check_max_tokens, check_sampling
+from runtime.cli_args import (
+    add_method_args,
+    add_pair_args,
+    check_method_args,
+    load_pair_from_args,
 )
-from runtime.errors import DuetError, cli_main
+from runtime.decoding import Sampling
+from runtime.decoding.mirror import check_mirror_args, draft_in_process
+from runtime.errors import cli_main
 from runtime.mirror.draft_process import close_draft_hosts
 from runtime.preflight import writable_dir
 
@@ -41,12 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--limit", type=int, default=None,
                     help=f"first N prompts (default {LIMIT}; {SWEEP_LIMIT} with --sweep)")  # fmt: skip
     ap.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt (default 64)")
-    ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default 4)")
-    ap.add_argument(
-        "--kappa", type=int, default=DEFAULT_KAPPA, help=f"top-κ width (default {DEFAULT_KAPPA})"
-    )
-    ap.add_argument("--exit-layer", type=int, default=None, help="exit layer ℓe (default N/2)")
-    add_wave_args(ap)
     ap.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
     ap.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i")
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run")
@@ -56,8 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--kappas", default="1,2,4,8,16", help="--sweep: κ values (default %(default)s)"
     )
-    ap.add_argument("--exit-head", choices=("raw", "tuned"), default=None,
-                    help="the early exit's head (default: tuned when one is stored)")  # fmt: skip
     ap.add_argument("--emulate", metavar="PROFILE[:MODEL][,real-vocab]",
                     help="pad every stage to a device profile's prediction; output labelled emulated; "
                     "append ',real-vocab' to pad the logits to its target's vocabulary too")  # fmt: skip
@@ -65,16 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--json", action="store_true", help="print the summary (or sweep table) as JSON"
     )
+    add_method_args(ap)  # --gamma, --kappa, --exit-layer, ...: mirror's are the ones it reads
     return ap
 
 
 def check_args(a: argparse.Namespace) -> None:
-    for flag, v, lo in (("--max-tokens", a.max_tokens, 1), ("--gamma", a.gamma, 1),
-                        ("--draft-threads", a.draft_threads, 1), ("--limit", a.limit or 1, 1)):  # fmt: skip
-        if v < lo:
-            raise DuetError(f"{flag} must be at least {lo} (got {v})")
-    if a.temp < 0:
-        raise DuetError(f"--temp must be >= 0 (got {a.temp})")
+    check_max_tokens(a.max_tokens)
+    check_method_args(a, "mirror")  # --gamma, --kappa, --branches, ... as mirror checks them
+    at_least("--draft-threads", a.draft_threads)
+    at_least("--limit", a.limit)
+    check_sampling(a.temp)
 
 
 def make_setup(a: argparse.Namespace):

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from runtime.decoding import Sampling, make_steps, stream
+from runtime.decoding import Sampling
 from runtime.decoding.events import StepEvent
 from runtime.decoding.mirror import wave_shape
 from runtime.errors import DuetError
 from runtime.mirror.summary import mirror_summary
 from runtime.mirror.timeline import Timeline
+from runtime.session import GenerationSession
 
 TRACE_LABEL = "Duet Mirror-SD profile"
 
@@ -82,20 +83,21 @@ def run_mirror(setup: Setup, *, kappa: int, exit_layer: int, desc: str = "profil
     pair, run = setup.pair, Run()
     prompts = setup.prompts if prompts is None else prompts
     max_new = setup.max_new if max_new is None else max_new
-    eos = pair.target.config.eos_token_ids
     bar = tqdm(prompts, desc=desc, unit="prompt", file=sys.stderr, disable=None, leave=leave)
+    # summarize=False: the profile summarizes every prompt's steps at once (summarize below)
+    session = GenerationSession(pair, method="mirror", eos=pair.target.config.eos_token_ids,
+                                summarize=False, options={"gamma": setup.gamma, "kappa": kappa,
+                                         "exit_layer": exit_layer, "branches": setup.branches,
+                                         "draft_process": setup.draft_process,
+                                         "exit_head": setup.exit_head,
+                                         "draft_branches": setup.draft_branches})
     for i, (qid, ids) in enumerate(bar):
         n = max(1, min(max_new, pair.target.config.max_context - len(ids) - 1))
-        steps = make_steps("mirror", pair.target, pair.draft, ids, max_new=n,
-                           sampling=setup.sampling, seed=setup.seed + i, gamma=setup.gamma,
-                           kappa=kappa, exit_layer=exit_layer, timeline=run.timeline,
-                           branches=setup.branches, draft_process=setup.draft_process,
-                           exit_head=setup.exit_head,
-                           draft_branches=setup.draft_branches)  # fmt: skip
         toks, evs, t0 = [], [], time.perf_counter()
-        for t, ev in stream(steps, max_new=n, eos_ids=eos):
-            toks += t
-            evs.append(ev)
+        for r in session.stream(ids, n, sampling=setup.sampling, seed=setup.seed + i,
+                                timeline=run.timeline):
+            toks += r.tokens
+            evs.append(r.step)
         wall = time.perf_counter() - t0
         run.events += evs
         run.per_prompt.append({"question_id": qid, "prompt_tokens": len(ids), "new_tokens": len(toks),

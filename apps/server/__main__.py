@@ -26,18 +26,19 @@ from runtime.errors import DuetError, cli_main
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from runtime.cli_args import add_pair_args, add_wave_args
+    from runtime.cli_args import AUTO, add_auto_args, add_method_args, add_pair_args
     from runtime.decoding import METHODS
 
     ap = argparse.ArgumentParser(prog="python -m apps.server", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add_pair_args(ap)
-    ap.add_argument("--method", choices=server_methods(METHODS), default=None,
-                    help="decoding method (default sd; ar for a --target without --draft)")  # fmt: skip
-    ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default 4)")
-    ap.add_argument("--kappa", type=int, default=None, help="mirror: channel width")
-    ap.add_argument("--exit-layer", type=int, default=None, help="mirror: early-exit layer")
-    add_wave_args(ap)
+    ap.add_argument("--method", choices=(*server_methods(METHODS), AUTO), default=None,
+                    help="decoding method (default sd; ar for a --target without --draft); "
+                    "auto: the one the latency model predicts fastest for this pair on this "
+                    "machine, chosen per request (the pair is measured at start-up, or read "
+                    "from what earlier runs kept: see --reprobe)")
+    add_auto_args(ap)
+    add_method_args(ap)
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=8080, help="port; 0 = any free one (default 8080)")
     ap.add_argument("--api-key", default=None,
@@ -66,8 +67,9 @@ def check_args(a: argparse.Namespace) -> None:
         raise DuetError(f"--port must be in [0, 65535] (got {a.port})")
     if a.queue < 0:
         raise DuetError(f"--queue must be >= 0 (got {a.queue})")
-    if a.method != "ar" and a.gamma < 1:
-        raise DuetError(f"--gamma must be at least 1 for --method {a.method} (got {a.gamma})")
+    from runtime.cli_args import check_method_args
+
+    check_method_args(a)
     if a.api_key is not None and not a.api_key.strip():
         raise DuetError("--api-key is empty")
     from apps.cloud.server import is_loopback
@@ -104,13 +106,22 @@ def main(argv: list[str] | None = None) -> int:
 
     from apps.server.app import Server
     from apps.server.engine import Engine
-    from runtime.cli_args import load_pair_from_args
+    from runtime.cli_args import (
+        AUTO,
+        auto_announcement,
+        auto_chooser,
+        auto_options,
+        load_pair_from_args,
+        method_kwargs,
+    )
 
-    pair = load_pair_from_args(a, need_draft=a.method != "ar")
+    alone = a.method == AUTO and a.target is not None and a.draft is None  # auto: ar, or sd
+    pair = load_pair_from_args(a, need_draft=a.method != "ar" and not alone)  # with a suffix
     name = a.model_id or getattr(pair, "name", None) or pair.target_dir.name
-    engine = Engine(pair, method=a.method, model_id=name, gamma=a.gamma, kappa=a.kappa,
-                    exit_layer=a.exit_layer, branches=a.branches,
-                    draft_branches=a.draft_branches)  # fmt: skip
+    chooser = auto_chooser(auto_options(a), pair) if a.method == AUTO else None
+    if chooser is not None:  # its probe runs in the warm-up: before the server listens
+        print(auto_announcement(chooser, "now"), file=sys.stderr, flush=True)
+    engine = Engine(pair, method=a.method, model_id=name, chooser=chooser, **method_kwargs(a))
     engine.warmup()
     server = Server(engine, api_key=a.api_key, queue=a.queue)
     host, port = sock.getsockname()[:2]

@@ -19,17 +19,20 @@ from collections.abc import Iterator
 from apps.server.requests import APIError, GenRequest
 from runtime.chat_session import common_prefix, strategy_kwargs
 from runtime.chat_template import ChatTemplate
-from runtime.decoding import Sampling, make_steps, stream
+from runtime.decoding import Sampling
 from runtime.decoding.events import rewind
 from runtime.load import Pair
+from runtime.session import GenerationSession, context_of
 from runtime.stats import RunStats
-from runtime.tokenizer import Detokenizer
 
 
 class Engine:
     """A target (and draft) with one decoding method and the caches it keeps across requests."""
 
-    def __init__(self, pair: Pair, *, method: str, model_id: str, gamma: int = 4, **options):
+    def __init__(self, pair: Pair, *, method: str, model_id: str, gamma: int = 4, chooser=None,
+                 **options):
+        """`method` auto takes the `chooser` the command layer built (runtime/cli_args_auto.py);
+        `options`: the methods' options (kappa, exit_layer, ...), as a GenerationSession's."""
         if pair.tokenizer is None:
             from runtime.errors import DuetError
 
@@ -38,12 +41,12 @@ class Engine:
         self.options = strategy_kwargs(**options)
         self.tok = pair.tokenizer
         self.template = ChatTemplate.load(pair.target_dir)
-        ctxs = [pair.target.config.max_context]
-        if pair.draft is not None:
-            ctxs.append(pair.draft.config.max_context)
-        self.context = min(ctxs)
+        self.context = context_of(pair)
         self.vocab = pair.target.config.vocab_size
         self.eos = tuple(pair.target.config.eos_token_ids)
+        self.session = GenerationSession(pair, method=method,
+                                         options={**self.options, "gamma": gamma},
+                                         chooser=chooser, eos=self.eos)
         self.tcache = pair.target.new_cache()
         self.dcache = pair.draft.new_cache() if pair.draft is not None else None
         self.tokens: list[int] = []  # the sequence the caches hold a prefix of
@@ -124,18 +127,17 @@ class Job:
             self.cached -= 1
         for c in (e.tcache, e.dcache):
             rewind(c, self.cached)
-        steps = make_steps(e.method, e.pair.target, e.pair.draft, seq, max_new=self.max_new,
-                           sampling=Sampling(req.temperature, req.top_p), seed=self.seed,
-                           gamma=e.gamma, target_cache=e.tcache, draft_cache=e.dcache,
-                           **e.options)  # fmt: skip
-        detok = Detokenizer(e.tok)
+        responses = e.session.stream(seq, self.max_new, seed=self.seed,
+                                     sampling=Sampling(req.temperature, req.top_p),
+                                     target_cache=e.tcache, draft_cache=e.dcache)
         hold = max((len(s) for s in req.stop), default=1) - 1  # a stop string may be split
         eos = set(e.eos)
         try:
-            for toks, _ in stream(steps, max_new=self.max_new, eos_ids=e.eos, stats=self.stats):
+            for r in responses:
+                toks = r.tokens
                 self.out += toks
-                detok.add([t for t in toks if t not in eos])
-                self.text = detok.emitted
+                self.stats = r.stats
+                self.text += r.text  # the session holds back an incomplete UTF-8 character
                 if self._cut_at_stop() or (toks and toks[-1] in eos):
                     self.finish = "stop"
                     break
@@ -147,7 +149,7 @@ class Job:
         finally:
             if self.finish is None:  # closed early: the client went away
                 self.finish = "cancelled"
-            steps.close()  # the strategy rewinds its caches
+            responses.close()  # the method rewinds its caches; auto learns from what ran
             e.tokens = seq + self.out
             for c in (e.tcache, e.dcache):  # a step may have seen tokens past a cut
                 rewind(c, len(e.tokens))
@@ -182,7 +184,7 @@ class Job:
             "total_tokens": len(self.ids) + n,
             "prompt_tokens_details": {"cached_tokens": self.cached},
             "speculative": {
-                "method": self.e.method,
+                "method": self.stats.extra.get("method", self.e.method),
                 "steps": s["steps"],
                 "mean_accepted": s["mean_accepted"],
                 "acceptance_rate": s["acceptance_rate"],

@@ -14,9 +14,12 @@ from dataclasses import dataclass, fields
 from runtime.decoding.events import Sampling, StepEvent
 from runtime.stats import RunStats
 
-# One module per method (STYLE 12); each exposes `Options` (a dataclass of its own flags),
-# `NEEDS_DRAFT` and `steps(target, draft, seq, *, max_new, sampling, seed, options,
-# target_cache, draft_cache, timeline)`. Adding a method is one module and one line here.
+# One module per method (STYLE 12); each exposes `Options` (a dataclass of its own options;
+# the fields made with runtime/decoding/flags.py's `flag` are its command-line flags),
+# `check(options)` (its argument checks, one line each), `summarize(events, timeline, **run)`
+# (what it adds to a run's stats), `NEEDS_DRAFT` and `steps(target, draft, seq, *, max_new,
+# sampling, seed, options, target_cache, draft_cache, timeline)`; one whose steps fill a
+# Timeline says so in `RECORDS_TIMELINE`. Adding a method is one module and one line here.
 # A module that runs hybrid (linear-attention) models names the roles in `RUNS_HYBRID`; one
 # with refusals of its own adds `why_not(target, draft) -> str | None`; one that drafts from a
 # model-free draft (runtime/drafts/: prompt lookup, suffix tries) says so in `RUNS_MODEL_FREE`,
@@ -51,6 +54,14 @@ def method_module(method: str):
 def option_names() -> set[str]:
     """Every option some method takes (what CLIs may pass through to make_steps)."""
     return {f.name for m in METHODS for f in fields(method_module(m).Options)}
+
+
+def method_options(method: str, **options):
+    """`method`'s Options from keyword options: those it names and that are not None (None
+    means the method's default); the rest are ignored, so one caller can pass them all."""
+    mod = method_module(method)
+    known = {f.name for f in fields(mod.Options)}
+    return mod.Options(**{k: v for k, v in options.items() if k in known and v is not None})
 
 
 def cannot_run(method: str, target, draft) -> str | None:
@@ -101,8 +112,7 @@ def make_steps(
     why = cannot_run(method, target, draft)
     if why:
         raise DuetError(why)
-    known = {f.name for f in fields(mod.Options)}
-    opts = mod.Options(**{k: v for k, v in options.items() if k in known and v is not None})
+    opts = method_options(method, **options)
     return mod.steps(target, draft, list(seq), max_new=max_new, sampling=sampling, seed=seed,
                      options=opts, target_cache=target_cache, draft_cache=draft_cache,
                      timeline=timeline)  # fmt: skip

@@ -52,6 +52,15 @@ class Options:
     """`ar` takes no options of its own."""
 
 
+def check(options: Options) -> None:
+    """Nothing to check: `ar` has no options."""
+
+
+def summarize(events, timeline, **run) -> dict:
+    """`ar` adds nothing to the run's stats."""
+    return {}
+
+
 def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
           draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""

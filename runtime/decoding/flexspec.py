@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from runtime.arg_rules import at_least
 from runtime.decoding.events import StepEvent
 from runtime.errors import DuetError
 
@@ -31,6 +32,36 @@ class Options:
     codec_params: dict | None = None  # a compressed-q codec's parameters (its DEFAULTS otherwise)
     skip: object = None  # runtime.edge.skip.SkipRule: CU-HLM's LOSSY skipping (--skip); None: off
     bit_budget: int | None = None  # SQS §4's per-batch uplink bits B (k-sqs, c-sqs); None: off
+
+
+def check(options: Options) -> None:
+    """K's bounds (the edge flags' other checks: runtime/edge/cli_args.py check_edge_args)."""
+    at_least("--k", options.k, 0)
+    at_least("--k-max", options.k_max)
+
+
+def summarize(events, timeline, *, options=None, pair=None, prompt=(), out=(), sampling=None,
+              **run) -> dict:
+    """stats.edge (per-round figures), `lossy`, and with CU-HLM skipping (options.skip) the
+    skip rate and the rejection risk R audited against the target when it is loaded here
+    (runtime/edge/skip.py says how)."""
+    from runtime.edge.loop import edge_summary
+
+    rule = getattr(options, "skip", None)
+    s = {"edge": edge_summary(events), "lossy": rule is not None}
+    if rule is None:
+        return s
+    from runtime.edge.skip import audit, skip_summary, skipped_positions
+
+    prompt, out = list(prompt), list(out)
+    if (getattr(pair, "settings", None) or {}).get("target_backend") == "remote":
+        why = "no target loaded here (remote verifier without --target)"
+        s["skip"] = skip_summary(events, rule, len(out), None, why)
+        return s
+    pos, xs = skipped_positions(events, len(prompt), len(out))
+    betas = audit(pair.target, prompt + out, pos, xs, sampling)
+    s["skip"] = skip_summary(events, rule, len(out), betas)
+    return s
 
 
 def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +30,8 @@ from kernels.entropy import bin_of, meta_path_entropy
 from kernels.tree_mask import path_to
 from runtime.assets import DEFAULT_DIR
 from runtime.decoding.events import StepEvent
+from runtime.decoding.flags import flag
+from runtime.decoding.tree import Options as TreeOptions
 from runtime.decoding.tree import check_tree_args, tree_steps
 from runtime.decoding.tree_draft import TreeDrafter
 from runtime.errors import DuetError
@@ -97,13 +99,31 @@ def make_shape(bins: dict, top_k: int):
 NEEDS_DRAFT = True
 
 
+def tree_flag(name: str):
+    """tree's flag `name`, for heterospec's Options: one flag, one default, one help."""
+    f = {f.name: f for f in fields(TreeOptions)}[name]
+    return flag(f.default, f.metadata["help"], type=f.metadata["type"])
+
+
 @dataclass
 class Options:
-    tree_k: int = 2  # top-K of the tree (--tree-k: --top-k is sampling's)
-    top_n: int = 12
-    depth: int = 6  # d_base
-    expand: int = 1  # nodes expanded per level (runtime/decoding/tree.py's Options)
-    bins: str | None = None  # bins JSON (default: pair_bins(draft), else the embedded pair's)
+    # tree's four flags, the same defaults and help (--tree-k: --top-k is sampling's)
+    tree_k: int = tree_flag("tree_k")
+    top_n: int = tree_flag("top_n")
+    depth: int = tree_flag("depth")  # d_base
+    expand: int = tree_flag("expand")
+    bins: str | None = flag(None, "entropy bins from `python -m apps.train bins` (default: a "
+                            "fitted head's own TARGET/.duet/eagle/bins.json, else the embedded "
+                            "pair's)", type=str)
+
+
+def check(options: Options) -> None:
+    check_tree_args(options.tree_k, options.top_n, options.depth, options.expand)
+
+
+def summarize(events, timeline, **run) -> dict:
+    """`heterospec` adds nothing to the run's stats beyond the shared figures."""
+    return {}
 
 
 def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,

@@ -21,15 +21,17 @@ import numpy as np
 
 from kernels.topk_channel import encode, topk_message
 from kernels.verify import verify_greedy, verify_sampling
+from runtime.arg_rules import at_least, check_gamma
 from runtime.decoding.events import GREEDY, Sampling, StepEvent, pending, rewind, step_noise
+from runtime.decoding.flags import flag
 from runtime.decoding.ss_draft import is_ss_draft
 from runtime.errors import DuetError
-from runtime.mirror.branches import in_tree
 from runtime.mirror.coupled import coupled_message
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH, DraftWorker
 from runtime.mirror.exit_head import resolve_exit_head
 from runtime.mirror.messages import EarlyExit, FinalVerify
 from runtime.mirror.timeline import Timeline, now_ns
+from runtime.mirror.verdict import Verdict, step_figures
 
 DEFAULT_KAPPA = 8
 # the draft's own runner-ups per position rolled out while the target runs its prefix: on
@@ -52,10 +54,8 @@ SWITCH_INTERVAL_S = 5e-5  # App. E.5: κ = 8 with a mid-depth exit is the paper'
 def check_mirror_args(target, gamma: int, kappa: int, exit_layer: int | None) -> int:
     """Validate (γ, κ, ℓe) for `target`; returns ℓe (default N/2)."""
     n = target.config.num_layers
-    if gamma < 1:
-        raise DuetError(f"--gamma must be at least 1 for --method mirror (got {gamma})")
-    if kappa < 1:
-        raise DuetError(f"--kappa must be at least 1 (got {kappa})")
+    check_gamma(gamma, "mirror")
+    at_least("--kappa", kappa)
     le = n // 2 if exit_layer is None else exit_layer
     if not 1 <= le <= n - 1:
         raise DuetError(f"--exit-layer must be in 1..{n - 1} for a {n}-layer target (got {le})")
@@ -76,10 +76,18 @@ def wave_shape(draft, branches: int | None = None, draft_branches: int | None = 
     return b, m
 
 
+def check_draft_branches(draft_branches: int | None) -> None:
+    """--draft-branches in 0..MAX_DRAFT_BRANCHES (None: the draft kind's default)."""
+    if draft_branches is not None and not 0 <= draft_branches <= MAX_DRAFT_BRANCHES:
+        raise DuetError(
+            f"--draft-branches must be in 0..{MAX_DRAFT_BRANCHES} (got {draft_branches}): each "
+            "adds γ + 1 branches a step, and their slots on the shared board"
+        )
+
+
 def check_branch_draft(draft, branch_batch: int) -> None:
     """Branch rollouts run as masked batches: the draft must take a batch and a key mask."""
-    if branch_batch < 1:
-        raise DuetError(f"--branches must be at least 1 (got {branch_batch})")
+    at_least("--branches", branch_batch)
     if str(getattr(draft, "backend", "")).startswith("coreml"):
         raise DuetError(
             "--method mirror batches branch rollouts; a Core ML draft is batch 1 "
@@ -109,127 +117,159 @@ def mirror_steps(
     """Yield one StepEvent per Mirror-SD step; `extra` carries the step's timings and reuse.
 
     draft_process: run the draft worker in its own process (runtime/mirror/draft_process.py)
-    instead of a thread of this one; None: `draft_in_process` decides. exit_head: "raw", "tuned" (runtime/mirror/exit_head.py),
-    or None for the tuned head when one is stored beside the target. draft_branches: the
-    draft's own runner-up tokens per window position rolled out as branches before the early
-    exit (runtime/mirror/draft_worker.py); 0: only the early-exit top-κ branches.
-    branch_batch, draft_branches: None for the draft kind's defaults (wave_shape)."""
+    instead of a thread of this one; None: `draft_in_process` decides. exit_head: "raw",
+    "tuned" (runtime/mirror/exit_head.py), or None for the tuned head when one is stored beside
+    the target. draft_branches: the draft's own runner-up tokens per window position rolled out
+    as branches before the early exit (runtime/mirror/draft_worker.py); 0: only the early-exit
+    top-κ branches. branch_batch, draft_branches: None for the draft kind's defaults
+    (wave_shape)."""
     branch_batch, draft_branches = wave_shape(draft, branch_batch, draft_branches)
-    if not 0 <= draft_branches <= MAX_DRAFT_BRANCHES:
-        raise DuetError(
-            f"--draft-branches must be in 0..{MAX_DRAFT_BRANCHES} (got {draft_branches}): each "
-            "adds γ + 1 branches a step, and their slots on the shared board"
-        )
+    check_draft_branches(draft_branches)
     le = check_mirror_args(target, gamma, kappa, exit_layer)
     check_branch_draft(draft, branch_batch)
-    tuned = resolve_exit_head(target, le, exit_head)
-    n = target.config.num_layers
-    tl = timeline if timeline is not None else Timeline()
+    run = _Run(target, le, target.config.num_layers, resolve_exit_head(target, le, exit_head),
+               kappa, sampling, seed, timeline if timeline is not None else Timeline(),
+               draft_in_process(target, draft, draft_process))
     seq = list(seq)
     tc = target_cache if target_cache is not None else target.new_cache()
-    ctx = min(target.config.max_context, draft.config.max_context)
-    if draft_in_process(target, draft, draft_process):  # over the shared-memory channel
-        from runtime.mirror.draft_process import ProcessDraftWorker, draft_host
-
-        worker = ProcessDraftWorker(draft_host(draft), sampling=sampling, seed=seed, gamma=gamma,
-                                    kappa=kappa, vocab=draft.config.vocab_size, max_new=max_new,
-                                    ctx=ctx, timeline=tl, branch_batch=branch_batch,
-                                    draft_branches=draft_branches)  # fmt: skip
-    else:
-        worker = DraftWorker(draft, sampling=sampling, seed=seed, gamma=gamma, max_new=max_new,
-                             ctx=ctx, timeline=tl, cache=draft_cache, branch_batch=branch_batch,
-                             draft_branches=draft_branches)  # fmt: skip
+    worker = _worker(run, draft, gamma=gamma, max_new=max_new, draft_cache=draft_cache,
+                     branch_batch=branch_batch, draft_branches=draft_branches)
     switch = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     worker.start(seq)
-    produced, step = 0, 0
     try:
         head = pending(tc, seq)[:-1]  # prefill while the draft rolls out its first window
         if head:
-            with tl.span("target", "prefill", tokens=len(head)):
+            with run.tl.span("target", "prefill", tokens=len(head)):
                 target.forward(np.array([head]), tc)
-        win = worker.receive(step)
-        while produced < max_new:
-            t0 = now_ns()
-            g = len(win.tokens)
-            window = pending(tc, seq) + win.tokens
-            h = target.forward_layers(np.array([window]), tc, 0, le)
-            h_exit = h if tuned is None else tuned.apply(h)  # only the proposal: the suffix uses h
-            exit_logits = target.head(h_exit)[0, -(g + 1) :]
-            if sampling.greedy:
-                ids, logp = topk_message(exit_logits, kappa)  # eq. 7, bf16
-            else:  # eq. 7's channel, its top-κ coupled to this step's noise (mirror/coupled.py)
-                u, noise = step_noise(seed, step, g, exit_logits.shape[-1])
-                ids, logp = coupled_message(sampling.log_probs(exit_logits), win.tokens,
-                                                noise, kappa)  # fmt: skip
-            payload = encode(ids, logp)
-            t1 = now_ns()
-            worker.send(EarlyExit(step, payload, t1))
-            h = target.forward_layers(h, tc, le, n)
-            logits = target.head(h)[0, -(g + 1) :]  # (γ+1, V)
-            d = np.array(win.tokens, dtype=np.int64)
-            if sampling.greedy:
-                a, c = verify_greedy(logits, d)
-            else:  # the correction by Gumbel-max with the noise the early exit was coupled to
-                p = sampling.probs(logits)
-                a, c = verify_sampling(p, win.laws(sampling), d, u, noise)
-            t2 = now_ns()
-            more = produced + a + 1 < max_new
-            # reuse: a completed branch (A, c) is taken from the worker's board at once, before
-            # the verdict is even sent; otherwise the worker answers (resume, fallback, or a
-            # branch that finished late)
-            ready = worker.take(step, a, c) if more else None
-            t3 = now_ns()
-            worker.send(FinalVerify(step, a, c, t2))
-            tl.add("target", "prefix 1..ℓe + early exit", t0, t1, step=step, window=g + 1)
-            tl.add("target", "suffix ℓe+1..N + verify", t1, t2, step=step, accepted=a)
-            committed = win.tokens[:a] + [c]
-            seq += committed
-            produced += len(committed)
-            rewind(tc, len(seq) - 1)
-            q_final = p[a] if not sampling.greedy else _softmax(logits[a])  # verified row
-            extra = {
-                "prefix_s": (t1 - t0) / 1e9,
-                "suffix_s": (t2 - t1) / 1e9,
-                "ee_sent_ns": t1,
-                "fv_sent_ns": t2,
-                "in_tree": in_tree(a, c, ids),  # App. E: F_t = 1 - in_tree
-                "omega_kappa": float(q_final[ids[a]].sum()),  # eq. 9 at the correction position
-                "payload_bytes": len(payload),
-                "window_source": win.source,
-                "exit_layer": le,
-                "exit_head": "raw" if tuned is None else "tuned",
-                # J: draft passes that made this window (an SS draft's η ≥ 1 per pass, §3.2)
-                "per_step": {"draft_passes": win.info.get("draft_passes")},
-            }
-            step += 1
-            if more:
-                taken = ready is not None
-                if taken:
-                    win = ready
-                    tl.add("channel", "window (taken)", t2, t3, step=step, source=win.source)
-                    rv_fv = t3 - t2
-                else:
-                    win = worker.receive(step)
-                    t3 = now_ns()
-                    rv_fv = win.info["fv_recv_ns"] - t2 + t3 - win.sent_ns
-                extra.update(step_s=(t3 - t0) / 1e9, draft=win.info, rv_fv_ns=rv_fv, taken=taken,
-                             reuse=win.source == "reuse", resume=win.source == "resume",
-                             fallback=win.source == "fallback")  # fmt: skip
-                # whose branch (A, c) was: the draft's own runner-ups, else the early exit's
-                # top-κ, else neither (auto pools these into Ω̂_own and Ω̂: pair_probe)
-                extra["per_step"]["branch_hit"] = ("own" if win.info.get("own") else
-                                                   "exit" if extra["in_tree"] else "miss")  # fmt: skip
-            else:
-                extra.update(step_s=(t2 - t0) / 1e9, draft=None, reuse=None, resume=None,
-                             fallback=None)  # fmt: skip
-                extra["per_step"]["branch_hit"] = None  # no next window: unknown
-            yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=0.0, verify_s=(t2 - t0) / 1e9,
-                            extra=extra)  # fmt: skip
+        yield from _steps(run, worker, tc, seq, max_new)
     finally:
         sys.setswitchinterval(switch)
         worker.finish(seq, draft_cache)
         rewind(tc, len(seq))
+
+
+@dataclass
+class _Run:
+    """What every step of one Mirror-SD run reads: the target and its split, the channel."""
+
+    target: object
+    le: int  # the exit layer ℓe
+    n: int  # the target's layers
+    tuned: object  # the tuned exit head (runtime/mirror/exit_head.py), or None: the raw one
+    kappa: int  # the early exit's width κ
+    sampling: Sampling
+    seed: int
+    tl: Timeline
+    in_process: bool  # the draft worker runs in its own process
+
+
+def _worker(run: _Run, draft, *, gamma, max_new, draft_cache, branch_batch, draft_branches):
+    """The draft worker: in its own process over the shared-memory channel, or a thread."""
+    ctx = min(run.target.config.max_context, draft.config.max_context)
+    if run.in_process:  # over the shared-memory channel
+        from runtime.mirror.draft_process import ProcessDraftWorker, draft_host
+
+        return ProcessDraftWorker(draft_host(draft), sampling=run.sampling, seed=run.seed,
+                                  gamma=gamma, kappa=run.kappa, vocab=draft.config.vocab_size,
+                                  max_new=max_new, ctx=ctx, timeline=run.tl,
+                                  branch_batch=branch_batch,
+                                  draft_branches=draft_branches)
+    return DraftWorker(draft, sampling=run.sampling, seed=run.seed, gamma=gamma, max_new=max_new,
+                       ctx=ctx, timeline=run.tl, cache=draft_cache, branch_batch=branch_batch,
+                       draft_branches=draft_branches)
+
+
+def _steps(run: _Run, worker, tc, seq: list[int], max_new: int) -> Iterator[StepEvent]:
+    """The steps: verify the window, send (A, c), commit, take or receive the next window.
+    `seq` (the committed tokens) grows in place."""
+    labels = {
+        "exit_layer": run.le,
+        "exit_head": "raw" if run.tuned is None else "tuned",
+        "kappa": run.kappa,
+        "draft_worker": "process" if run.in_process else "thread",
+    }
+    produced, step = 0, 0
+    win = worker.receive(step)
+    while produced < max_new:
+        v = _verify(run, worker, tc, seq, win, step)
+        a, c, g = v.a, v.c, len(win.tokens)
+        more = produced + a + 1 < max_new
+        # reuse: a completed branch (A, c) is taken from the worker's board at once, before
+        # the verdict is even sent; otherwise the worker answers (resume, fallback, or a
+        # branch that finished late)
+        ready = worker.take(step, a, c) if more else None
+        t3 = now_ns()
+        worker.send(FinalVerify(step, a, c, v.t2))
+        run.tl.add("target", "prefix 1..ℓe + early exit", v.t0, v.t1, step=step, window=g + 1)
+        run.tl.add("target", "suffix ℓe+1..N + verify", v.t1, v.t2, step=step, accepted=a)
+        committed = win.tokens[:a] + [c]
+        seq.extend(committed)
+        produced += len(committed)
+        rewind(tc, len(seq) - 1)
+        extra = step_figures(v, win, labels)
+        step += 1
+        if more:
+            win = _next_window(run, worker, step, ready, v, t3, extra)
+        else:
+            extra.update(step_s=(v.t2 - v.t0) / 1e9, draft=None, reuse=None, resume=None,
+                         fallback=None)
+            extra["per_step"]["branch_hit"] = None  # no next window: unknown
+        yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=0.0,
+                        verify_s=(v.t2 - v.t0) / 1e9, extra=extra)
+
+
+def _verify(run: _Run, worker, tc, seq: list[int], win, step: int) -> Verdict:
+    """The target's pass over `win`: layers 1..ℓe, the early exit sent to the worker, then
+    layers ℓe+1..N and the verdict (A, c)."""
+    target, sampling = run.target, run.sampling
+    t0 = now_ns()
+    g = len(win.tokens)
+    window = pending(tc, seq) + win.tokens
+    h = target.forward_layers(np.array([window]), tc, 0, run.le)
+    h_exit = h if run.tuned is None else run.tuned.apply(h)  # only the proposal: the suffix uses h
+    exit_logits = target.head(h_exit)[0, -(g + 1) :]
+    if sampling.greedy:
+        ids, logp = topk_message(exit_logits, run.kappa)  # eq. 7, bf16
+    else:  # eq. 7's channel, its top-κ coupled to this step's noise (mirror/coupled.py)
+        u, noise = step_noise(run.seed, step, g, exit_logits.shape[-1])
+        ids, logp = coupled_message(sampling.log_probs(exit_logits), win.tokens, noise,
+                                    run.kappa)
+    payload = encode(ids, logp)
+    t1 = now_ns()
+    worker.send(EarlyExit(step, payload, t1))
+    h = target.forward_layers(h, tc, run.le, run.n)
+    logits = target.head(h)[0, -(g + 1) :]  # (γ+1, V)
+    d = np.array(win.tokens, dtype=np.int64)
+    p = None
+    if sampling.greedy:
+        a, c = verify_greedy(logits, d)
+    else:  # the correction by Gumbel-max with the noise the early exit was coupled to
+        p = sampling.probs(logits)
+        a, c = verify_sampling(p, win.laws(sampling), d, u, noise)
+    return Verdict(ids, payload, logits, p, a, c, t0, t1, now_ns())
+
+
+def _next_window(run: _Run, worker, step: int, ready, v: Verdict, t3: int, extra: dict):
+    """The window of `step`: the branch taken from the board (`ready`), else the worker's
+    answer to (A, c); `extra` gets the step's time, T_rv(fv) and the window's source."""
+    taken = ready is not None
+    if taken:
+        win = ready
+        run.tl.add("channel", "window (taken)", v.t2, t3, step=step, source=win.source)
+        rv_fv = t3 - v.t2
+    else:
+        win = worker.receive(step)
+        t3 = now_ns()
+        rv_fv = win.info["fv_recv_ns"] - v.t2 + t3 - win.sent_ns
+    extra.update(step_s=(t3 - v.t0) / 1e9, draft=win.info, rv_fv_ns=rv_fv, taken=taken,
+                 reuse=win.source == "reuse", resume=win.source == "resume",
+                 fallback=win.source == "fallback")
+    # whose branch (A, c) was: the draft's own runner-ups, else the early exit's top-κ, else
+    # neither (auto pools these into Ω̂_own and Ω̂: pair_probe)
+    extra["per_step"]["branch_hit"] = ("own" if win.info.get("own") else
+                                       "exit" if extra["in_tree"] else "miss")
+    return win
 
 
 def draft_in_process(target, draft, asked: bool | None) -> bool:
@@ -251,11 +291,6 @@ def draft_in_process(target, draft, asked: bool | None) -> bool:
     emulated = str(getattr(target, "backend", "")).endswith("+emulated")
     sendable = getattr(draft, "process_spec", None) or getattr(draft, "load_spec", None)
     return bool((on_gpu or emulated) and sendable)
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    z = np.exp(x - x.max())
-    return z / z.sum()
 
 
 # the target runs causal windows split at the exit layer (a HybridCache keeps per-layer
@@ -282,13 +317,50 @@ NEEDS_DRAFT = True
 
 @dataclass
 class Options:
-    gamma: int = 4  # window length γ
-    kappa: int = DEFAULT_KAPPA  # channel width κ
-    exit_layer: int | None = None  # ℓe (default N/2)
-    branches: int | None = None  # rows per batched branch-rollout pass (None: wave_shape)
-    draft_process: bool | None = None  # the draft worker's process (None: draft_in_process)
-    exit_head: str | None = None  # raw | tuned (default: tuned when one is stored)
-    draft_branches: int | None = None  # own runner-ups rolled out before the early exit
+    gamma: int = 4  # window length γ (--gamma: every command's, runtime/cli_args.py)
+    kappa: int = flag(DEFAULT_KAPPA, "top-κ width of the early-exit message (default "
+                      f"{DEFAULT_KAPPA})")
+    exit_layer: int | None = flag(None, "target layer ℓe whose hidden state gives the early "
+                                  "exit (default N/2)")
+    # rows per batched branch-rollout pass (None: wave_shape)
+    branches: int | None = flag(None, "branches rolled out per batched draft pass, most likely "
+                                f"first (default {DEFAULT_BRANCH_BATCH}; {SS_BRANCH_BATCH} for a "
+                                "speculative-streaming draft)")
+    # the draft worker's process (None: draft_in_process); --draft-process / --draft-thread
+    # are placement flags of runtime/cli_args.py's add_pair_args
+    draft_process: bool | None = None
+    exit_head: str | None = flag(None, "the early exit's head: raw, or tuned (python -m "
+                                 "apps.train exit-head); default tuned when one is stored "
+                                 "beside the target", type=str,
+                                 choices=("raw", "tuned"))
+    # own runner-ups rolled out before the early exit
+    draft_branches: int | None = flag(None, "the draft's own runner-up tokens per window "
+                                      "position whose branches it rolls out before the early "
+                                      "exit, while the target runs its prefix (default "
+                                      f"{DEFAULT_DRAFT_BRANCHES}; {SS_DRAFT_BRANCHES} for a "
+                                      "speculative-streaming draft; 0: off)")
+
+
+RECORDS_TIMELINE = True  # steps() fills a runtime.mirror.timeline.Timeline (--trace)
+
+
+def check(options: Options) -> None:
+    """What can be checked before a target loads (the exit layer's range needs the target)."""
+    check_gamma(options.gamma, "mirror")
+    at_least("--kappa", options.kappa)
+    at_least("--branches", options.branches)
+    check_draft_branches(options.draft_branches)
+
+
+def summarize(events, timeline, **run) -> dict:
+    """Mirror's stats: where its draft worker ran, κ, the exit head and layer, and
+    runtime/mirror/summary.py's figures of the steps (reuse, FF, eq. 10's step time)."""
+    from runtime.mirror.summary import mirror_summary
+
+    first = events[0].extra if events else {}
+    return {"draft_worker": first.get("draft_worker"), "kappa": first.get("kappa"),
+            "exit_head": first.get("exit_head"), "exit_layer": first.get("exit_layer"),
+            "mirror": mirror_summary(events, timeline)}
 
 
 def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,

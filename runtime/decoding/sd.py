@@ -29,7 +29,7 @@ from runtime.decoding.events import (
 from runtime.decoding.ss_draft import is_ss_draft, ss_draft_window
 from runtime.drafts.base import chain_window, is_model_free
 from runtime.drafts.mixed import is_mixed
-from runtime.errors import DuetError
+from runtime.arg_rules import check_gamma
 
 
 def draft_window(
@@ -129,8 +129,7 @@ def sd_steps(
     them from (events.window_rng, events.step_noise), so that sd and mirror commit the same
     tokens for a seed; None: one stream, `rng`.
     """
-    if gamma < 1:
-        raise DuetError(f"--gamma must be at least 1 for speculative decoding (got {gamma})")
+    check_gamma(gamma, "sd")
     rng = rng or np.random.default_rng(0)
     seq = list(seq)
     tc = target_cache if target_cache is not None else target.new_cache()
@@ -208,7 +207,16 @@ RUNS_MIXED = True  # --draft head+suffix: the text's chain or the head's (runtim
 
 @dataclass
 class Options:
-    gamma: int = 4  # draft tokens per step
+    gamma: int = 4  # draft tokens per step (--gamma: every command's, runtime/cli_args.py)
+
+
+def check(options: Options) -> None:
+    check_gamma(options.gamma, "sd")
+
+
+def summarize(events, timeline, **run) -> dict:
+    """`sd` adds nothing to the run's stats beyond the shared figures."""
+    return {}
 
 
 def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,

@@ -73,10 +73,9 @@ def check_edge_args(a: argparse.Namespace) -> None:
     """One clear line for a bad --k, --k-max, --link or --server."""
     from devices.links import LINK_NAMES
 
-    if a.k is not None and a.k < 0:
-        raise DuetError(f"--k must be >= 0 (got {a.k})")
-    if a.k_max < 1:
-        raise DuetError(f"--k-max must be at least 1 (got {a.k_max})")
+    from runtime.decoding.flexspec import Options, check
+
+    check(Options(k=a.k, k_max=a.k_max))
     if a.link not in LINK_NAMES:
         raise DuetError(f"unknown --link {a.link!r}; choose from {', '.join(LINK_NAMES)}")
     if a.server != "local":
@@ -214,6 +213,25 @@ def edge_options(a: argparse.Namespace, target_dir, target_backend: str = "auto"
     finally:
         if local is not None:
             local.stop()
+
+
+def check_edge_method(a: argparse.Namespace) -> None:
+    """check_edge_args when the command runs --method flexspec; nothing otherwise."""
+    if getattr(a, "method", None) == "flexspec":
+        check_edge_args(a)
+
+
+@contextlib.contextmanager
+def edge_session(a: argparse.Namespace, pair):
+    """Yield (the session options, the stats settings) of --method flexspec: a connected
+    verifier (edge_options, closed on exit) and the edge flags the run's stats report; two
+    empty dicts for any other method."""
+    if getattr(a, "method", None) != "flexspec":
+        yield {}, {}
+        return
+    with edge_options(a, pair.target_dir, pair.settings["target_backend"]) as edge:
+        yield edge, {"k": a.k, "k_max": a.k_max, "k_min": a.k_min, "link": a.link,
+                     "link_seed": a.link_seed, "server": a.server}
 
 
 def needs_local_target(a: argparse.Namespace) -> bool:
