@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from apps.companion.client import prompt_tokens
 from apps.companion.edge_side import read_edge
@@ -59,11 +60,11 @@ def run_through_cloud(
 
     from devices.kstar import AdaptiveK
     from devices.links import LINK_NAMES, emulator
-    from runtime.backends.onnx_static_host import StaticOnnxLM
-    from runtime.decoding import make_steps, stream
+    from runtime.backends.onnx.static_host import StaticOnnxLM
     from runtime.decoding.events import Sampling
     from runtime.edge.client import Connection
     from runtime.edge.loop import edge_summary
+    from runtime.session import GenerationSession
 
     host, port = host_port(server)
     if link not in LINK_NAMES:
@@ -84,13 +85,15 @@ def run_through_cloud(
     events, out = [], []
     t1 = time.perf_counter()
     try:
-        steps = make_steps("flexspec", None, draft, ids, max_new=max_tokens,
-                           sampling=Sampling(temp), seed=seed, conn=conn, k=k, k_max=k_max,
-                           controller=controller, codec=edge.codec,
-                           codec_params=edge.codec_params or None)  # fmt: skip
-        for toks, ev in stream(steps, max_new=max_tokens, eos_ids=draft.config.eos_token_ids):
-            out += toks
-            events.append(ev)
+        # the draft stands in for the target (the verifier holds it): its config and EOS
+        pair = SimpleNamespace(target=draft, draft=draft, tokenizer=None)
+        options = {"conn": conn, "k": k, "k_max": k_max, "controller": controller,
+                   "codec": edge.codec, "codec_params": edge.codec_params or None}
+        session = GenerationSession(pair, method="flexspec", options=options, summarize=False,
+                                    eos=draft.config.eos_token_ids)
+        for r in session.stream(ids, max_tokens, sampling=Sampling(temp), seed=seed):
+            out += r.tokens
+            events.append(r.step)
     finally:
         conn.close()
     wall = time.perf_counter() - t1
