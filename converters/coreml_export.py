@@ -8,7 +8,7 @@ Two cache flavours:
   fallback for OS versions or compute units where state fails.
 
 This module converts and compresses; the model maths is `coreml_model.py`, the
-structure check runtime/backends/coreml_inspect.py (the backend reads it as well), the
+structure check runtime/backends/coreml/spec.py (the backend reads it as well), the
 numerics check `coreml_parity.py`.
 """
 

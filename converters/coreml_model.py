@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from runtime.backends.torch_ref import rope_inv_freq
+from runtime.backends.torch.llama import rope_inv_freq
 from runtime.config import ModelConfig, weight_files
 from runtime.errors import DuetError
 

@@ -81,7 +81,7 @@ def _check_hybrid(src: Path, cfg: ModelConfig) -> None:
     """mlx_lm.convert builds a hybrid Qwen3.5 only from the multimodal `qwen3_5` layout (it
     has no `qwen3_5_text` module), with full attention every `full_attention_interval`-th
     layer: refuse in one line what it would build wrongly or not at all."""
-    from runtime.backends.mlx_qwen3_5 import attention_interval
+    from runtime.backends.mlx.qwen3_5 import attention_interval
 
     if not cfg.raw.get("multimodal"):
         raise DuetError(

@@ -26,7 +26,7 @@ class EagleStepGraph(nn.Module):
 
     def __init__(self, target_module, head):
         super().__init__()
-        from runtime.backends.torch_ref import rope_inv_freq
+        from runtime.backends.torch.llama import rope_inv_freq
 
         self.embed, self.head = target_module.model.embed_tokens, head
         self.register_buffer("inv_freq", rope_inv_freq(target_module.cfg).clone(),

@@ -1,5 +1,5 @@
 """8-bit weights (the LM head, --quantize int8) as two 4-bit MatMulNBits: exact, and safe on
-every x86-64 and arm64 CPU; or, on a CPU with VNNI (runtime/backends/onnx_target.int8_dot), as
+every x86-64 and arm64 CPU; or, on a CPU with VNNI (runtime/backends/onnx/target.int8_dot), as
 one 8-bit MatMulNBits (`one_matmul8`), whose int8 products VPDPBUSD sums in int32.
 
 MatMulNBits' fast path (accuracy level 4) multiplies int8 activations by the weights' integers.

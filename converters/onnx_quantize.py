@@ -10,12 +10,12 @@ The recipe depends on the execution provider the artefact is for (`PROVIDERS`):
 - `cpu` (default): the same with `reduce_range` (7-bit weights), so that ONNX Runtime's
   U8S8 kernel on x86-64 without VNNI (VPMADDUBSW, a saturating 16-bit pair sum) cannot
   clip: 255*63*2 < 32767. It holds on every x86-64 (AVX2 or AVX-512, VNNI or not) and arm64
-  (runtime/backends/cpu_int8.py). Measured on the embedded draft (AMD EPYC, AVX2 only):
+  (runtime/backends/onnx/cpu_int8.py). Measured on the embedded draft (AMD EPYC, AVX2 only):
   full range fused top-1 0.941, max |Δlogit| 1.15; reduce-range 0.949, 0.66;
 - `cuda`: full-range QInt8 x QInt8 (symmetric int8 tensor-core kernels).
 int16 (A16W8) runs as dequantize + float on the CPU provider, so it is the same for all.
 The recipe is recorded in the graphs' metadata (`duet.quantization`) and the companion
-manifest; the loader (runtime/backends/onnx_static_host.py) reads it back.
+manifest; the loader (runtime/backends/onnx/static_host.py) reads it back.
 
 What is quantized: MatMul and Gather (every linear layer, the attention
 products and the embedding). The attention mask is left in float: the
@@ -75,7 +75,7 @@ class RecordedFeeds:
 
 def record_feeds(model_dir: str | Path, decode_path: Path) -> dict[str, list[dict]]:
     """Run the calibration texts through the fp32 export; return feeds per graph."""
-    from runtime.backends.onnx_static_host import StaticOnnxLM
+    from runtime.backends.onnx.static_host import StaticOnnxLM
 
     lm = StaticOnnxLM.load(decode_path)
     lm.recorder = []

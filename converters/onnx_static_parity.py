@@ -41,9 +41,9 @@ def static_parity(
     """Measure, judge and record parity of the export at `decode_path` (both graphs)."""
     import onnxruntime as ort
 
-    from runtime.backends.cpu_int8 import int8_path
-    from runtime.backends.onnx_static_host import StaticOnnxLM
-    from runtime.backends.torch_backend import TorchCausalLM
+    from runtime.backends.onnx.cpu_int8 import int8_path
+    from runtime.backends.onnx.static_host import StaticOnnxLM
+    from runtime.backends.torch.causal_lm import TorchCausalLM
 
     want = ORT_PROVIDERS[provider]
     measured_on = want if want in ort.get_available_providers() else "CPUExecutionProvider"

@@ -86,7 +86,7 @@ def top1_agreement(model_dir, quantize: str, texts: list[str], *, positions: int
     stopping once `positions` positions are compared; with `genai_dir`, of that
     onnxruntime-genai build instead (the peer in apps.bench; the same text and reference)."""
     from runtime.backends import load_model
-    from runtime.backends.onnx_target import OnnxTargetLM
+    from runtime.backends.onnx.target import OnnxTargetLM
     from runtime.tokenizer import Tokenizer
 
     t0 = time.perf_counter()

@@ -47,7 +47,7 @@ def pass_costs(model_dir, quantize: str = "int4", *, context: int = 200,
                windows: tuple[int, ...] = (1, 5), repeats: int = 30,
                threads: int = 2) -> dict:  # fmt: skip
     """{window: median seconds} and each one's ratio to the smallest window's."""
-    from runtime.backends.onnx_target import OnnxTargetLM
+    from runtime.backends.onnx.target import OnnxTargetLM
 
     lm = OnnxTargetLM(model_dir, quantize, intra_threads=threads)
     rng = np.random.default_rng(0)

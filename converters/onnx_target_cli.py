@@ -56,8 +56,8 @@ def _parity(model: str, out: Path, q: str) -> dict:
     import shutil
     import tempfile
 
-    from runtime.backends.onnx_target import OnnxTargetLM, part_path
-    from runtime.backends.torch_backend import TorchCausalLM
+    from runtime.backends.onnx.target import OnnxTargetLM, part_path
+    from runtime.backends.torch.causal_lm import TorchCausalLM
     from runtime.paths import sidecar
 
     ref = TorchCausalLM.load(model)

@@ -1,7 +1,7 @@
 """Export a target checkpoint to ONNX graphs for the ONNX Runtime target, optionally with
 block-wise int4 / int8 weights (MatMulNBits).
 
-A target is exported as *parts*, each its own graph (runtime/backends/onnx_target.py runs
+A target is exported as *parts*, each its own graph (runtime/backends/onnx/target.py runs
 them), built op by op by converters/onnx_target_graph.py (Llama, Qwen2, Qwen3) and
 converters/onnx_target_gemma3.py (Gemma 3, whose local layers also read `local_mask`):
   full        layers 0..N-1 + final norm + LM head: ids -> logits, hidden (pre-norm, last layer)
@@ -30,7 +30,7 @@ head cost 11 points of top-1 agreement, 64 % against 75 %) as ONNX Runtime's Mat
 (onnxruntime.quantization's MatMulNBitsQuantizer for 4 bits; 8 bits as one 8-bit MatMulNBits
 on a VNNI CPU, else two 4-bit halves, converters/onnx_head_split.py): symmetric blocks of
 BLOCK_SIZE along the input dimension, requantized from the checkpoint's float32 weights, at
-the accuracy level of runtime/backends/onnx_target.py (4: int8 activations; why there).
+the accuracy level of runtime/backends/onnx/target.py (4: int8 activations; why there).
 Under int4, a weight that already lies on a 4-bit block grid (a checkpoint dequantized from a
 Q4_0/Q4_1 GGUF) keeps its own blocks exactly instead (converters/onnx_grid_q4.py). The
 embedding stays float32 (a Gather reads one row a token). The recipe is stored in the graph's
@@ -45,13 +45,13 @@ from pathlib import Path
 
 import torch
 
-from runtime.backends.onnx_target import (  # noqa: F401
+from runtime.backends.onnx.target import (  # noqa: F401
     HEAD_ACCURACY_LEVEL,
     QUANTIZE,
     part_name,
     recipe,
 )
-from runtime.backends.torch_load import load_torch_lm
+from runtime.backends.torch import load_torch_lm
 from runtime.errors import DuetError
 
 
@@ -175,8 +175,8 @@ def export_target(
 ) -> list:
     """Ahead-of-time build (`converters export --role target`): the full graph, and with
     `exit_layer` the early-exit parts (layers.0.E, layers.E.N, head), into `out_dir` under the
-    names runtime/backends/onnx_target.py caches them by."""
-    from runtime.backends.onnx_target import part_path
+    names runtime/backends/onnx/target.py caches them by."""
+    from runtime.backends.onnx.target import part_path
 
     lm = load_torch_lm(model_dir, torch.float32)
     n = lm.cfg.num_layers

@@ -9,7 +9,7 @@ layer's activations amplifies (SmolLM2-135M: 0.84 logits apart after 30 layers; 
 leaves ar's tokens). As rows, every token of every pass goes through the same one-token path
 over exactly the keys it may see, so a verify window equals the one-token passes that ar makes.
 
-The host (runtime/backends/onnx_target_rows.py) feeds, per attention kind (`tag`: "" for the
+The host (runtime/backends/onnx/target_rows.py) feeds, per attention kind (`tag`: "" for the
 global layers, "local_" for Gemma 3's sliding ones), for R = B T rows of one token:
   {tag}kv_index  (R, KV, L) int64   row r's past, as indices into this layer's present (the past
                                     and the window's keys, (B, KV, S, D) flattened to (B KV S, D)):
@@ -20,7 +20,7 @@ global layers, "local_" for Gemma 3's sliding ones), for R = B T rows of one tok
                                     in the gather, so a row sums its keys where a one-token
                                     pass over the same keys has them
 Under the recipe's attention "rows" every pass runs so, a prefill too (the host,
-runtime/backends/onnx_target_rows.py, says why and what it costs; the default, "window", is
+runtime/backends/onnx/target_rows.py, says why and what it costs; the default, "window", is
 GroupQueryAttention over the whole pass: converters/onnx_target_graph.py). The layer's present
 (the host's cache) is Concat(past, window keys) in column order.
 """

@@ -7,8 +7,8 @@ architecture (Qwen3 here), so every backend and export that runs a draft runs it
 - layer 1: the head's two-layer MLP: its SwiGLU MLP and pre-norm (trained), with the
   attention's q/k/v/o weights all zero, so the attention adds exactly 0 to the residual;
 - norm + lm_head: the vocabulary projection (norm trained, lm_head the base's, frozen).
-The alternative, a new module in torch_ref.py, would need its own MLX, ONNX and Core ML paths;
-this costs one attention pass over zeros per token instead.
+The alternative, a new module in runtime/backends/torch/llama.py, would need its own MLX, ONNX
+and Core ML paths; this costs one attention pass over zeros per token instead.
 
 What ships is only the head (`anchor_head.safetensors`, layer 1's MLP and norms + the final
 norm) and `anchor.json` (the base's fingerprint, the anchor layer, the training settings): the

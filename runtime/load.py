@@ -86,7 +86,7 @@ def _no_draft_dir(spec) -> bool:
     return spec in OWN_HEADS or is_model_free_spec(spec) or is_mixed_spec(spec)
 
 
-TARGET_BACKENDS = ("auto", "mlx", "torch", "onnx")  # onnx: runtime/backends/onnx_target.py
+TARGET_BACKENDS = ("auto", "mlx", "torch", "onnx")  # onnx: runtime/backends/onnx/target.py
 
 
 def head_backend(draft_backend: str | None, target_device: str = "cpu") -> str:
@@ -197,7 +197,7 @@ def load_pair(
         t = load_model(tdir, "onnx", intra_threads=target_threads)
         quantize = "none"
     elif target_backend == "onnx":  # exported once, cached beside the checkpoint per quantization
-        from runtime.backends.onnx_target import OnnxTargetLM
+        from runtime.backends.onnx.target import OnnxTargetLM
 
         t = OnnxTargetLM(tdir, quantize, intra_threads=target_threads)
     else:

@@ -5,7 +5,7 @@ step), and an ONNX target pass through it gives the logits and keys a concatenat
 
 import numpy as np
 
-from runtime.backends.onnx_target import OnnxTargetLM
+from runtime.backends.onnx.target import OnnxTargetLM
 from runtime.caches.buffer import STEP, BufferKVCache
 from runtime.caches.concat import ConcatKVCache
 

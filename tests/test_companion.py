@@ -51,7 +51,7 @@ def test_manifest_contents(bundle):
 
 
 def test_run_matches_reference_greedy(bundle, tiny_dir, capsys):
-    from runtime.backends.torch_backend import TorchCausalLM
+    from runtime.backends.torch.causal_lm import TorchCausalLM
 
     prompt = [5, 17, 99, 3, 250, 11]
     assert (

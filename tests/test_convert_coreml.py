@@ -10,7 +10,7 @@ import pytest
 from converters.coreml_export import compress, convert_function, export_coreml
 from converters.coreml_model import load_decoder, padded_context
 from converters.coreml_parity import TOL_FP16, TOL_FP32, reference_logits, torch_parity
-from runtime.backends.coreml_inspect import check_structure, describe
+from runtime.backends.coreml.spec import check_structure, describe
 from runtime.errors import DuetError
 
 pytestmark = pytest.mark.filterwarnings("ignore")

@@ -11,8 +11,8 @@ from converters.onnx_quantize import recipe
 from converters.onnx_static import graph_paths
 from converters.onnx_static_build import build_static_onnx
 from converters.onnx_static_parity import TOLERANCES
-from runtime.backends.cpu_int8 import int8_path
-from runtime.backends.onnx_static_host import StaticOnnxLM, _session
+from runtime.backends.onnx.cpu_int8 import int8_path
+from runtime.backends.onnx.static_host import StaticOnnxLM, _session
 from runtime.errors import DuetError
 
 
@@ -129,7 +129,7 @@ def test_cpu_recipe_fused_kernels_equal_qdq_semantics(quantized):
 
 
 def test_full_range_artefact_runs_unfused_where_the_kernel_clips(quantized, monkeypatch):
-    from runtime.backends import cpu_int8
+    from runtime.backends.onnx import cpu_int8
 
     out, _ = quantized("int8", "qnn")
     for flags, unfused in ((set(), True), ({"avx512_vnni"}, False)):
@@ -146,7 +146,7 @@ def test_full_range_artefact_runs_unfused_where_the_kernel_clips(quantized, monk
 
 
 def test_int8_path_classification():
-    from runtime.backends.cpu_int8 import int8_path_from_flags
+    from runtime.backends.onnx.cpu_int8 import int8_path_from_flags
 
     assert int8_path_from_flags("x86_64", {"avx2", "fma"}).saturates_u8s8
     assert int8_path_from_flags("x86_64", {"avx2", "fma"}).name == "x86-64 avx2 (no VNNI)"

@@ -136,7 +136,7 @@ def test_the_head_beside_the_onnx_target_is_lossless(fitted, quantize):
     """The ONNX target records the taps off its whole graph (`full.taps.*`): float32, they are the
     PyTorch target's (within the graph's tolerance); int4 (accuracy level 4), greedy sd with the
     head equals that target's own ar token for token."""
-    from runtime.backends.onnx_target import OnnxTargetLM
+    from runtime.backends.onnx.target import OnnxTargetLM
 
     target_dir, _ = fitted
     target = OnnxTargetLM(target_dir, quantize, intra_threads=1)
@@ -313,7 +313,7 @@ def test_the_head_drafts_trees(fitted, backend):
     level, runner-up siblings as leaves): greedy equals `ar` over the PyTorch and the int4 ONNX
     target, and the hidden rows the target recorded follow the accepted nodes (commit), so the
     head reads the target's own features at every committed position."""
-    from runtime.backends.onnx_target import OnnxTargetLM
+    from runtime.backends.onnx.target import OnnxTargetLM
     from runtime.decoding.heterospec import pair_bins
 
     target_dir, _ = fitted

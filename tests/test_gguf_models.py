@@ -161,7 +161,7 @@ def test_models_list_names_every_known_model(models_dir, capsys):
 
 
 def test_loading_keeps_no_parameter_on_the_meta_device(tiny_dir):
-    from runtime.backends.torch_load import load_torch_lm
+    from runtime.backends.torch import load_torch_lm
 
     lm = load_torch_lm(tiny_dir("qwen3"))
     assert not any(t.is_meta for t in (*lm.parameters(), *lm.buffers()))

@@ -1,4 +1,4 @@
-"""runtime/backends/gqa_buckets.py: the cuts measured on this machine are the only places where
+"""runtime/backends/onnx/gqa_buckets.py: the cuts measured on this machine are the only places where
 GroupQueryAttention's multi-query path sums a row differently. A row computed in a padded
 one-token pass (2 rows) equals the same row inside any window that spans no cut, and a window
 that does span one differs (where the machine has cuts at all); the probe's extrapolation
@@ -7,8 +7,8 @@ continues its spacing."""
 import numpy as np
 import pytest
 
-from runtime.backends import gqa_buckets
-from runtime.backends.gqa_buckets import _gqa_session, key_cuts
+from runtime.backends.onnx import gqa_buckets
+from runtime.backends.onnx.gqa_buckets import _gqa_session, key_cuts
 
 
 def _rows(heads, kv, d, n=400, seed=1):

@@ -13,8 +13,8 @@ import runtime.decoding.mirror as mirror_mod
 from converters.onnx_hybrid_export import export_hybrid_onnx
 from kernels.topk_channel import encode
 from runtime.backends import load_model
-from runtime.backends.onnx_load import load_onnx_lm
-from runtime.backends.torch_backend import TorchCausalLM
+from runtime.backends.onnx import load_onnx_lm
+from runtime.backends.torch.causal_lm import TorchCausalLM
 from runtime.decoding import cannot_run, make_steps, run
 from runtime.decoding.events import GREEDY
 from runtime.mirror.draft_worker import DraftWorker

@@ -11,8 +11,8 @@ from converters.__main__ import main as convert
 from converters.onnx_export import export_onnx
 from converters.onnx_hybrid_export import export_hybrid_onnx
 from runtime.backends import load_model
-from runtime.backends.onnx_hybrid import OnnxHybridLM, hybrid_io_names
-from runtime.backends.onnx_load import load_onnx_lm
+from runtime.backends.onnx.qwen3_5 import OnnxHybridLM, hybrid_io_names
+from runtime.backends.onnx import load_onnx_lm
 from runtime.decoding import make_steps, run
 from runtime.decoding.events import GREEDY
 from runtime.errors import DuetError

@@ -106,7 +106,7 @@ def embedded_copy(tmp_path_factory):
 def test_the_mtp_head_beside_the_onnx_target_is_lossless(embedded_copy, step):
     """The int4 ONNX target keeps its normed last hidden state for the head (through the
     checkpoint's final norm): greedy sd with the head equals that target's own ar."""
-    from runtime.backends.onnx_target import OnnxTargetLM
+    from runtime.backends.onnx.target import OnnxTargetLM
 
     target = OnnxTargetLM(embedded_copy, "int4", intra_threads=1)
     ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),

@@ -1,4 +1,4 @@
-"""The target on ONNX Runtime (runtime/backends/onnx_target.py): float32 graphs equal the PyTorch
+"""The target on ONNX Runtime (runtime/backends/onnx/target.py): float32 graphs equal the PyTorch
 reference within TOL per family, with causal, tree and branch-row masks and over layer ranges;
 an int4 target's greedy sd, tree and mirror equal its own ar; rollback after a rejection equals a
 fresh prefill; the export is cached beside the checkpoint, keyed by quantization, and reused;
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from runtime.backends import load_model
-from runtime.backends.onnx_target import OnnxTargetLM, part_path
+from runtime.backends.onnx.target import OnnxTargetLM, part_path
 from runtime.decoding import Sampling, make_steps, run
 from runtime.errors import DuetError
 
@@ -144,7 +144,7 @@ def test_int8_weights_as_one_8bit_matmul_equal_their_int8_product(level):
     from onnx import numpy_helper as onh
 
     from converters.onnx_head_split import one_matmul8
-    from runtime.backends.onnx_target import int8_dot
+    from runtime.backends.onnx.target import int8_dot
 
     if level == 4 and not int8_dot():
         pytest.skip("this CPU has no VNNI: the recipe writes 8-bit weights as two 4-bit halves")
@@ -181,7 +181,7 @@ def _gen(method, target, draft, n=16, **kw):
 
 @pytest.mark.parametrize("attention", ["window", "rows"])
 def test_int4_target_sd_tree_and_mirror_equal_its_own_ar(tiny_dir, attention, monkeypatch):
-    monkeypatch.setattr("runtime.backends.onnx_target.ATTENTION", attention)
+    monkeypatch.setattr("runtime.backends.onnx.target.ATTENTION", attention)
     d = tiny_dir("llama", tie_word_embeddings=True)
     target = OnnxTargetLM(d, "int4", intra_threads=1)
     q = target.quantization
@@ -203,7 +203,7 @@ def test_int4_windows_and_tree_rows_equal_one_token_passes_bit_for_bit(
     window path); with one-token passes padded to two ("window") or every token a row ("rows"),
     a verify window, a prefill with drafts and a tree's path give exactly ar's one-token logits
     and KV."""
-    monkeypatch.setattr("runtime.backends.onnx_target.ATTENTION", attention)
+    monkeypatch.setattr("runtime.backends.onnx.target.ATTENTION", attention)
     lm = OnnxTargetLM(tiny_dir(arch, tie_word_embeddings=arch == "llama"), "int4", 1)
     assert lm.quantization["accuracy_level"] == 4
     P, win = len(PROMPT), np.array([[5, 9, 13, 21, 30]])
@@ -215,7 +215,7 @@ def test_int4_windows_and_tree_rows_equal_one_token_passes_bit_for_bit(
     for i in range(lm.config.num_layers):
         assert all(np.array_equal(a, b) for a, b in zip(ca.get(i), cb.get(i), strict=True))
     # sd's first pass: the prompt and the first drafts in one window; a long pass in chunks
-    monkeypatch.setattr("runtime.backends.onnx_target_rows.ROW_KEYS", 40)  # 3 rows a run
+    monkeypatch.setattr("runtime.backends.onnx.target_rows.ROW_KEYS", 40)  # 3 rows a run
     both = lm.forward(np.array([PROMPT + win[0].tolist()]), lm.new_cache())
     assert np.array_equal(both[:, P:], one)
     # a tree over the same past: 0 -> {1, 2}, 1 -> 3; the path 0, 1, 3 is what ar would run

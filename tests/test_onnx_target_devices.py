@@ -17,7 +17,7 @@ from devices.profile import (
     parse_profile,
     read_profile_file,
 )
-from runtime.backends.onnx_target import OnnxTargetLM
+from runtime.backends.onnx.target import OnnxTargetLM
 
 
 def test_profiles_say_the_targets_backend_and_quantization():

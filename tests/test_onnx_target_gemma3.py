@@ -1,4 +1,4 @@
-"""Gemma 3 on the ONNX target (runtime/backends/onnx_target.py, converters/onnx_target_gemma3.py):
+"""Gemma 3 on the ONNX target (runtime/backends/onnx/target.py, converters/onnx_target_gemma3.py):
 the float32 graph equals the PyTorch reference within TOL past the sliding window (tied, and
 untied with a logit soft-cap), over layer ranges, with a tree mask committed by compact and with
 branch rows; local layers drop keys as the reference's cache does; rollback equals a fresh
@@ -10,7 +10,7 @@ from test_onnx_target import TOL
 
 import runtime.caches.sliding as sliding_cache
 from runtime.backends import load_model
-from runtime.backends.onnx_target import OnnxTargetLM
+from runtime.backends.onnx.target import OnnxTargetLM
 from runtime.decoding import Sampling, make_steps, run
 
 WINDOW, SLACK = 8, 12  # the tiny checkpoints' window; the slack lowered so short runs drop keys
@@ -100,7 +100,7 @@ def _gen(method, target, draft, n=24, **kw):
 
 @pytest.mark.parametrize("attention", ["window", "rows"])
 def test_int4_target_sd_tree_and_mirror_equal_its_own_ar(tiny_dir, attention, monkeypatch):
-    monkeypatch.setattr("runtime.backends.onnx_target.ATTENTION", attention)
+    monkeypatch.setattr("runtime.backends.onnx.target.ATTENTION", attention)
     target, _ = _pair(tiny_dir, quantize="int4")
     assert target.quantization["scheme"] == "int4"
     draft = load_model(tiny_dir("gemma3_text", num_layers=1, hidden_size=32, seed=7), "torch")
@@ -114,7 +114,7 @@ def test_int4_window_equals_one_token_passes_bit_for_bit(tiny_dir, monkeypatch):
     """Past the window (local layers hold fewer keys than global ones), a 5-token int4 pass at
     int8 activations gives exactly the logits of five one-token passes (rows: the local layers'
     rows gather only the keys within the window, however many the cache holds)."""
-    monkeypatch.setattr("runtime.backends.onnx_target.ATTENTION", "rows")  # level 4
+    monkeypatch.setattr("runtime.backends.onnx.target.ATTENTION", "rows")  # level 4
     target, _ = _pair(tiny_dir, quantize="int4")
     assert target.quantization["accuracy_level"] == 4
     win = np.array([[5, 9, 13, 21, 30]])
@@ -144,9 +144,9 @@ def test_int4_windows_past_the_window_equal_one_token_passes_bit_for_bit(tiny_di
 
 @pytest.mark.parametrize("cut", [True, False])
 def test_256_wide_heads_cut_passes_at_the_key_buckets(tiny_dir, cut, monkeypatch):
-    """Gemma 3's 256-wide heads (KEY_BUCKETS in runtime/backends/onnx_target.py): a prefill, a
+    """Gemma 3's 256-wide heads (KEY_BUCKETS in runtime/backends/onnx/target.py): a prefill, a
     window across 63 and one-token passes give every row the same logits to the bit once passes
-    are cut where runtime/backends/gqa_buckets.py measured GQA's sums to change (here before
+    are cut where runtime/backends/onnx/gqa_buckets.py measured GQA's sums to change (here before
     63 + 128 k); without the cuts (the negative control) they differ, on CPUs whose attention
     kernel buckets its key counts at all."""
     if not cut:

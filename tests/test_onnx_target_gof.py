@@ -10,7 +10,7 @@ from test_sampling_gof import ALPHA, SAMPLING, V, exact_joint, gof_pvalue, sampl
 
 from kernels.sampling import probs_from_logits
 from runtime.backends import load_model
-from runtime.backends.onnx_target import OnnxTargetLM
+from runtime.backends.onnx.target import OnnxTargetLM
 from runtime.decoding import sd as sd_module
 
 N = 600  # as test_sampling_gof: its negative controls fail at p < 2e-12 with this many

@@ -15,7 +15,7 @@ def _every_cache_folder() -> dict[str, Path]:
     from apps.bench import evolving, genai_runner, llamacpp
     from devices import probe_store
     from runtime import registry
-    from runtime.backends import gqa_buckets
+    from runtime.backends.onnx import gqa_buckets
 
     return {
         "models": registry.models_dir(),

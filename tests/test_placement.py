@@ -65,7 +65,7 @@ def test_load_pair_reads_the_profile_roles_and_keeps_its_default(tiny_dir):
 
 
 def test_the_companion_client_asks_the_same_rule(monkeypatch, tmp_path):
-    import runtime.backends.onnx_static_host as host
+    import runtime.backends.onnx.static_host as host
     from apps.companion import client
 
     monkeypatch.setattr(host.StaticOnnxLM, "load", staticmethod(lambda p, threads=1: ("onnx", p)))

@@ -10,7 +10,7 @@ On a hybrid (Qwen3.5) checkpoint, for each accepted length A of a γ+1 window it
     (inside `sd` that re-run is the next window, [last, d1..dA, c], which also yields a token,
     as in llama.cpp's loop: runtime/caches/hybrid.py).
 Median of --reps runs each, on --backend torch (--threads threads) or mlx (mlx-lm's classes,
-runtime/backends/mlx_qwen3_5.py; MLX's own CPU threads).
+runtime/backends/mlx/qwen3_5.py; MLX's own CPU threads).
 
 With --draft it also runs greedy `sd` end to end (--max-new tokens after the prompt, γ),
 replay and redecode alternating --e2e-reps times each, and reports per rollback the target
@@ -159,7 +159,7 @@ def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int,
     """Tokens/s of ar, sd (replay) and sd (redecode), alternated per prompt. The draft runs on
     `draft_backend`: onnx (what `runtime.generate` loads for a hybrid draft, its rollback picking
     the states kept per position) or torch (its rollback then follows the target's mode)."""
-    from runtime.backends.torch_backend import TorchCausalLM
+    from runtime.backends.torch.causal_lm import TorchCausalLM
     from runtime.chat_session import ChatTemplate
     from runtime.decoding import make_steps, run
     from runtime.decoding.events import Sampling

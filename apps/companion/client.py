@@ -21,10 +21,10 @@ def load_draft(bundle: Path, engine: str, threads: int = 1, roles: dict | None =
     profile's draft backend when `roles` gives one, else runtime/placement.py's default)."""
     engine, _ = choose_backend("draft", engine, roles, choices=("coreml", "onnx"))
     if engine == "coreml":
-        from runtime.backends.coreml_backend import CoreMLCausalLM
+        from runtime.backends.coreml.causal_lm import CoreMLCausalLM
 
         return CoreMLCausalLM.load(bundle / "draft.mlpackage")
-    from runtime.backends.onnx_static_host import StaticOnnxLM
+    from runtime.backends.onnx.static_host import StaticOnnxLM
 
     return StaticOnnxLM.load(bundle / "draft.onnx", threads=threads)
 

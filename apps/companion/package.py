@@ -160,7 +160,7 @@ def convert(
     conversion records and the Core ML package's description (None for ONNX only)."""
     from converters.coreml_export import export_coreml
     from converters.onnx_static_build import build_static_onnx
-    from runtime.backends.coreml_inspect import describe
+    from runtime.backends.coreml.spec import describe
 
     bar.set_postfix_str("onnx (static)")
     onnx_r = build_static_onnx(

@@ -71,28 +71,28 @@ def _load_model(path, backend: str | None = None, **kw):
 
         return OnnxSSCausalLM.load(p, **kw)
     if backend == "mlx":
-        from runtime.backends.mlx_load import load_mlx_lm
+        from runtime.backends.mlx import load_mlx_lm
 
         _need_dir(p, backend)
         return load_mlx_lm(p, **kw)
     if backend == "torch":
-        from runtime.backends.torch_backend import TorchCausalLM
+        from runtime.backends.torch.causal_lm import TorchCausalLM
 
         _need_dir(p, backend)
         return TorchCausalLM.load(p, **kw)
     if backend == "onnx":
-        from runtime.backends.onnx_load import load_onnx_lm
+        from runtime.backends.onnx import load_onnx_lm
 
         if p.is_dir():
             return load_onnx_lm(onnx_for_dir(p), config_dir=p, **kw)
         if _is_static_onnx(p):  # fixed-shape export for NPUs (converters --static-shapes)
-            from runtime.backends.onnx_backend import PROVIDERS
-            from runtime.backends.onnx_static_host import StaticOnnxLM
+            from runtime.backends.onnx.llama import PROVIDERS
+            from runtime.backends.onnx.static_host import StaticOnnxLM
 
             ep = PROVIDERS.get(kw.get("provider", "cpu"), kw.get("provider"))
             return StaticOnnxLM.load(p, provider=ep, threads=kw.get("intra_threads", 1))
         return load_onnx_lm(p, **kw)
-    from runtime.backends.coreml_backend import CoreMLCausalLM  # noqa: PLC0415 (macOS-only deps)
+    from runtime.backends.coreml.causal_lm import CoreMLCausalLM  # noqa: PLC0415 (macOS-only deps)
 
     return CoreMLCausalLM.load(p, **kw)
 

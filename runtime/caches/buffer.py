@@ -1,6 +1,6 @@
 """A NumPy KV cache of preallocated per-layer buffers, written in place by the ONNX target.
 
-The ONNX Runtime target (runtime/backends/onnx_target.py) binds each layer's buffer
+The ONNX Runtime target (runtime/backends/onnx/target.py) binds each layer's buffer
 (B, KV, capacity, D) as both the graph's `past.{i}.*` input and its `present.{i}.*` output:
 GroupQueryAttention then appends a pass's keys and values at the layer's offset in place (its
 past/present shared-buffer mode, as onnxruntime-genai's `past_present_share_buffer` runs it),
@@ -38,7 +38,7 @@ class BufferKVCache:
         self._kv = [self._alloc(batch, 0) for _ in range(num_layers)]
         self._offsets = [0] * num_layers
         # changes whenever any buffer is replaced (grown, rows selected): a binding of the
-        # buffers (runtime/backends/onnx_target.py) made under the same token is still valid
+        # buffers (runtime/backends/onnx/target.py) made under the same token is still valid
         self.layout = next(_LAYOUTS)
 
     def _alloc(self, batch: int, cap: int) -> tuple[np.ndarray, np.ndarray]:

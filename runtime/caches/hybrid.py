@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from runtime.backends.torch_qwen3_5 import LINEAR, conv_state_after, replay
+from runtime.backends.torch.qwen3_5 import LINEAR, conv_state_after, replay
 from runtime.errors import DuetError
 from runtime.caches.linear_state import LinearLayerState as _Linear
 from runtime.caches.step_state import branch_keys_ok

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from runtime.backends.torch_qwen3_5 import replay
+from runtime.backends.torch.qwen3_5 import replay
 
 
 class LinearLayerState:

@@ -15,7 +15,7 @@ holds every key that such a step may evict until its verdict is in, so `trim`, `
 `select`, `keep_columns` and `compact` land on the accepted prefix exactly, with the same keys
 a fresh prefill of it would hold. Columns are not positions (a tree's nodes, the holes of
 branch rows), so each local layer keeps its columns' positions per row, (B, S), which the
-model reads to apply the window (runtime/backends/torch_gemma3.py), and drops columns by
+model reads to apply the window (runtime/backends/torch/gemma3_text.py), and drops columns by
 position, never by count.
 
 The cache checks that invariant instead of trusting it: a forward whose queries needed a

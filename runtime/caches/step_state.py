@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-LINEAR = "linear_attention"  # a layer_types entry (as torch_qwen3_5.LINEAR; no torch import here)
+LINEAR = "linear_attention"  # a layer_types entry (torch/qwen3_5.LINEAR's; no torch import here)
 
 
 def branch_keys_ok(fork: tuple[int, np.ndarray] | None, keys: np.ndarray) -> bool:

@@ -35,7 +35,7 @@ def commit(cache, seq_len: int, path: list[int]) -> None:
     cols = [seq_len + i for i in path]
     cache.compact(seq_len, cols)
     if getattr(cache, "hidden_ids", None) is not None:  # torch is loaded: it recorded them
-        from runtime.backends.torch_backend import compact_rows
+        from runtime.backends.torch.causal_lm import compact_rows
 
         compact_rows(cache, seq_len, cols)
 

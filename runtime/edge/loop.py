@@ -66,7 +66,7 @@ def edge_steps(
     seq = list(seq)
     dc = draft_cache if draft_cache is not None else draft.new_cache()
     ctx = min(conn.welcome.max_context, draft.config.max_context)
-    # a static-shape draft (runtime/backends/onnx_static_host.py) holds `context` slots; past
+    # a static-shape draft (runtime/backends/onnx/static_host.py) holds `context` slots; past
     # them the rounds send K = 0 and the cloud decodes alone
     draft_ctx = getattr(draft, "context", ctx)
     lk.prime()

@@ -23,7 +23,7 @@ chained entries once the target has verified them) and so runs where it does: on
 `sd` chains and `tree` / `heterospec` trees that expand one node per level. The head steps
 in PyTorch, or beside a CPU target in ONNX Runtime (its step as two graphs with int8 weights,
 runtime/drafts/head/onnx.py: a PyTorch step is ~30 ops whose dispatch outweighs their
-arithmetic); the target is the PyTorch one or the ONNX one (runtime/backends/onnx_target.py
+arithmetic); the target is the PyTorch one or the ONNX one (runtime/backends/onnx/target.py
 records the taps as its whole graph's third output, and the head step reads the token
 embedding from the checkpoint's PyTorch twin: runtime/drafts/mtp/torch.py's TorchTwin).
 """
@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from runtime.drafts.mtp.torch import MTPDraft, TorchMTPStep, TorchTwin
-from runtime.backends.torch_ref import DecoderLayer, RMSNorm, rope_inv_freq
+from runtime.backends.torch.llama import DecoderLayer, RMSNorm, rope_inv_freq
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.paths import sidecar

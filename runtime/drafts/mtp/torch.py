@@ -30,8 +30,8 @@ import torch
 from torch import nn
 
 from runtime.drafts.mtp.weights import WEIGHTS, find_mtp_weights, mtp_sidecar  # noqa: F401
-from runtime.backends.torch_qwen3_5 import FULL, HybridLayer, OffsetRMSNorm
-from runtime.backends.torch_ref import DecoderLayer, RMSNorm
+from runtime.backends.torch.qwen3_5 import FULL, HybridLayer, OffsetRMSNorm
+from runtime.backends.torch.llama import DecoderLayer, RMSNorm
 from runtime.caches.concat import ConcatKVCache
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
@@ -147,7 +147,7 @@ class TorchTwin:
     device = torch.device("cpu")
 
     def __init__(self, target):
-        from runtime.backends.torch_load import load_torch_lm
+        from runtime.backends.torch import load_torch_lm
 
         self.config, self.module = target.config, load_torch_lm(target.dir, torch.float32).eval()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from kernels.stream_mask import multi_stream_mask, stream_positions
-from runtime.backends.onnx_backend import PROVIDERS
+from runtime.backends.onnx.llama import PROVIDERS
 from runtime.caches.concat import ConcatKVCache
 from runtime.config import ModelConfig
 from runtime.errors import DuetError

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from kernels.stream_mask import multi_stream_mask, stream_positions
-from runtime.backends.torch_backend import TorchCausalLM
-from runtime.backends.torch_ref import TorchLM
+from runtime.backends.torch.causal_lm import TorchCausalLM
+from runtime.backends.torch.llama import TorchLM
 from runtime.config import ModelConfig, weight_files
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens, default_positions
@@ -138,7 +138,7 @@ def make_ss_checkpoint(
 ) -> Path:
     """An SS checkpoint in `out` from the ordinary checkpoint `src_dir`: its weights, and
     stream embeddings drawn N(0, scale^2) (seeded). dtype: that of the source by default."""
-    from runtime.backends.torch_load import load_torch_lm
+    from runtime.backends.torch import load_torch_lm
 
     if streams < 1:
         raise DuetError(f"--streams must be at least 1 (got {streams})")

@@ -1,5 +1,5 @@
 """The host side of the ONNX target's row attention (converters/onnx_target_rows.py; the recipe's
-attention "rows", runtime/backends/onnx_target.py): from a pass's boolean mask, the indices,
+attention "rows", runtime/backends/onnx/target.py): from a pass's boolean mask, the indices,
 key counts and mask GroupQueryAttention reads.
 
 Every pass runs as rows (one batch row a token, each over the keys its mask allows, gathered in

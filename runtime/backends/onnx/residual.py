@@ -1,5 +1,5 @@
 """The ONNX target's hidden state between its parts (`Residual`), the one-token pass padding
-(PAD_ONE_TOKEN in runtime/backends/onnx_target.py), and the forward that records the hidden
+(PAD_ONE_TOKEN in runtime/backends/onnx/target.py), and the forward that records the hidden
 states a draft reads (`forward_recording`)."""
 
 from __future__ import annotations
@@ -73,13 +73,13 @@ def _pad_one(x, pos, m):
 
 def forward_recording(lm, ids, cache, positions, mask, last) -> np.ndarray:
     """A forward that keeps on the cache what a draft reading the target's hidden states needs
-    (runtime/backends/torch_backend.record_rows): a fitted head's taps (`record_layers`: read
+    (runtime/backends/torch/causal_lm.record_rows): a fitted head's taps (`record_layers`: read
     off the whole graph's own residual sums, one run, the graph `full.taps.*`) or an
     MTP head's post-norm last hidden state (the whole graph's hidden output through the
     checkpoint's final norm, `lm.hidden_norm`, set by the MTP draft)."""
     import torch
 
-    from runtime.backends.torch_backend import record_rows
+    from runtime.backends.torch.causal_lm import record_rows
 
     if ids.shape[0] != 1:
         raise DuetError("a draft that reads the target's hidden states drafts one row only")

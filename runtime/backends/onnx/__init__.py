@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.backends.onnx_backend import OnnxCausalLM, onnx_config, open_session
+from runtime.backends.onnx.llama import OnnxCausalLM, onnx_config, open_session
 from runtime.errors import DuetError
 
 
@@ -21,7 +21,7 @@ def load_onnx_lm(onnx_path, config_dir=None, **kw):
         raise DuetError(f"ONNX draft not found: {p}")
     config = onnx_config(p, config_dir)
     if config.is_hybrid:
-        from runtime.backends.onnx_hybrid import OnnxHybridLM, prefill_path
+        from runtime.backends.onnx.qwen3_5 import OnnxHybridLM, prefill_path
 
         prov, intra, inter = (kw.get("provider", "cpu"), kw.get("intra_threads", 1),
                               kw.get("inter_threads", 1))  # fmt: skip
@@ -30,7 +30,7 @@ def load_onnx_lm(onnx_path, config_dir=None, **kw):
         return OnnxHybridLM(open_session(p, prov, intra, inter), config, p, prov,
                             (intra, inter), pre)  # fmt: skip
     if config.model_type == "gemma3_text":
-        from runtime.backends.onnx_gemma3 import OnnxGemma3LM
+        from runtime.backends.onnx.gemma3_text import OnnxGemma3LM
 
         return OnnxGemma3LM(p, config, **kw)
     return OnnxCausalLM(p, config, **kw)

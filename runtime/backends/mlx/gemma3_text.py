@@ -2,12 +2,12 @@
 mlx-lm 0.32's own `mlx_lm.models.gemma3_text` classes.
 
 mlx-lm builds the modules and loads the weights (its loader, `sanitize`, quantized MLX
-directories); we walk its layers ourselves, as mlx_backend.py does for the other families,
+directories); we walk its layers ourselves, as llama.py does for the other families,
 so that a target can run a range of layers (Mirror-SD's early exit), take explicit positions
 and masks (trees, branch rows), and keep its KV in a SlidingKVCache (runtime/caches/sliding.py:
 a local layer keeps its window and a slack, with its columns' positions, and the window is
 applied on positions). What we take from the config rather than from mlx-lm, to stay equal
-to transformers (the reference, runtime/backends/torch_gemma3.py):
+to transformers (the reference, runtime/backends/torch/gemma3_text.py):
 - each layer's kind from `layer_types` (mlx-lm derives it from `sliding_window_pattern`),
   and the RoPE per kind: local layers `rope_local_theta`, global ones `rope_theta` and its
   scaling;
@@ -27,7 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from runtime.backends.mlx_backend import MLXCausalLM, _rope, mlx_lm_load
+from runtime.backends.mlx.llama import MLXCausalLM, _rope, mlx_lm_load
 from runtime.config import ModelConfig, weight_files
 from runtime.model import causal_mask, check_tokens, default_positions
 from runtime.caches.sliding import SlidingKVCache

@@ -1,6 +1,6 @@
 """Where ONNX Runtime's GroupQueryAttention changes how it sums a row, measured on this machine.
 
-The ONNX target (runtime/backends/onnx_target.py) keeps every pass bit-equal to one-token
+The ONNX target (runtime/backends/onnx/target.py) keeps every pass bit-equal to one-token
 passes at int8 activations, which needs GQA's multi-query path to give a row the same result
 whatever pass computes it. It does while the pass's key count stays in one "bucket": on this
 repository's x86 (AVX-512) build, with 256-wide heads (Gemma 3) a row's sums change when the key

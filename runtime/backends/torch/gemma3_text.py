@@ -1,6 +1,6 @@
 """Gemma 3 (`gemma3_text`, and the text tower of `gemma3`) in plain PyTorch, the reference.
 
-What sets it apart from torch_ref.py's Llama/Qwen family:
+What sets it apart from llama.py's Llama/Qwen family:
 - local sliding-window layers beside global ones (config `sliding`), each kind with its own
   RoPE base (`rope_local_theta` for local, `rope_theta` and its scaling for global). A local
   layer's query at position p sees keys at positions (p - window, p]: its past carries its
@@ -29,7 +29,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from runtime.backends.torch_ref import apply_rope, attend, rope_inv_freq
+from runtime.backends.torch.llama import apply_rope, attend, rope_inv_freq
 from runtime.config import ModelConfig
 
 

@@ -85,7 +85,8 @@ class MLXCausalLM:
     @classmethod
     def load(cls, path, dtype: str | None = None) -> MLXCausalLM:
         """Load a Llama / Qwen2 / Qwen3 Hugging Face or mlx-community directory with mlx-lm
-        (runtime/backends/mlx_load.py picks the family's class; hybrids and Gemma 3 have theirs).
+        (runtime/backends/mlx/__init__.py picks the family's class; hybrids and Gemma 3 have
+        theirs).
 
         dtype: None keeps the checkpoint's on a GPU and uses float32 on the CPU
         (bf16 matmuls are emulated there, and slower).

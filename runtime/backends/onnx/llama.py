@@ -4,7 +4,7 @@ The execution provider and thread counts are arguments (the device profile
 chooses them). Only the full forward is available: an exported graph has no
 layer range, so this backend is for drafts, not for an early-exit target. The target on ONNX
 Runtime (`--target-backend onnx`: parts per layer range, explicit masks, int4 weights) is
-runtime/backends/onnx_target.py.
+runtime/backends/onnx/target.py.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class OnnxCausalLM:
 
     @classmethod
     def load(cls, onnx_path, config_dir=None, **kw) -> OnnxCausalLM:
-        """Load a Llama / Qwen2 / Qwen3 export at `onnx_path` (runtime/backends/onnx_load.py
+        """Load a Llama / Qwen2 / Qwen3 export at `onnx_path` (runtime/backends/onnx/__init__.py
         picks the family's class). The config comes from `config_dir`, else the `duet.config`
         metadata our exporter embeds, else a config.json beside the file."""
         p = Path(onnx_path)

@@ -6,7 +6,7 @@ mlx_backend.py never imports them back (no circle).
 
 from __future__ import annotations
 
-from runtime.backends.mlx_backend import MLXCausalLM
+from runtime.backends.mlx.llama import MLXCausalLM
 from runtime.config import ModelConfig
 
 
@@ -15,11 +15,11 @@ def load_mlx_lm(path, dtype: str | None = None, hybrid_rollback: str = "replay")
     float32 on the CPU; `hybrid_rollback` applies to a hybrid Qwen3.5 checkpoint."""
     config = ModelConfig.from_dir(path)
     if config.is_hybrid:
-        from runtime.backends.mlx_qwen3_5 import MLXQwen3_5LM
+        from runtime.backends.mlx.qwen3_5 import MLXQwen3_5LM
 
         return MLXQwen3_5LM.load(path, dtype, hybrid_rollback)
     if config.model_type == "gemma3_text":  # local + global layers, a sliding-window cache
-        from runtime.backends.mlx_gemma3 import MLXGemma3LM
+        from runtime.backends.mlx.gemma3_text import MLXGemma3LM
 
         return MLXGemma3LM.load(path, dtype)
     return MLXCausalLM.load(path, dtype)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runtime.backends.torch_load import load_torch_lm
-from runtime.backends.torch_ref import TorchLM
+from runtime.backends.torch import load_torch_lm
+from runtime.backends.torch.llama import TorchLM
 from runtime.caches.concat import ConcatKVCache
 from runtime.model import causal_mask, check_tokens, default_positions
 
@@ -173,7 +173,7 @@ def record_rows(cache, rows: torch.Tensor, tokens) -> None:
     (rows past len(cache.hidden_ids) are spare capacity), and cache.hidden_ids the token ids they
     were computed for (-1 where never recorded). Written in place into a buffer that doubles
     when full: a verify step copies its window, not the whole history. The PyTorch and the ONNX
-    target (runtime/backends/onnx_target.py) both keep them so."""
+    target (runtime/backends/onnx/target.py) both keep them so."""
     end = cache.offset
     start = end - rows.shape[0]
     buf, ids = getattr(cache, "hidden", None), getattr(cache, "hidden_ids", [])

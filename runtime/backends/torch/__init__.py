@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.backends.torch_ref import TorchLM
+from runtime.backends.torch.llama import TorchLM
 from runtime.config import ModelConfig
 
 
@@ -34,11 +34,11 @@ def load_torch_lm(path, dtype: torch.dtype = torch.float32) -> nn.Module:
     state = {k: v for k, v in state.items() if "rotary_emb" not in k}
     with init_empty_weights(include_buffers=False):
         if cfg.is_hybrid:
-            from runtime.backends.torch_qwen3_5 import Qwen3_5LM, text_tower_state
+            from runtime.backends.torch.qwen3_5 import Qwen3_5LM, text_tower_state
 
             model, state = Qwen3_5LM(cfg), text_tower_state(state, path)
         elif cfg.model_type == "gemma3_text":  # sliding-window + global layers (own file)
-            from runtime.backends.torch_gemma3 import Gemma3LM, gemma_text_state
+            from runtime.backends.torch.gemma3_text import Gemma3LM, gemma_text_state
 
             model, state = Gemma3LM(cfg), gemma_text_state(state, path)
         else:

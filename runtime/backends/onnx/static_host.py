@@ -89,7 +89,7 @@ class StaticOnnxLM:
         float ops, the graph's exact semantics, instead of the clipping int8 kernel.
         `qdq_path` says which path runs.
         """
-        from runtime.backends.cpu_int8 import int8_path
+        from runtime.backends.onnx.cpu_int8 import int8_path
 
         paths = graph_paths(decode_path)
         for p in paths.values():

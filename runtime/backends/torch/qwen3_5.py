@@ -1,7 +1,7 @@
 """A plain PyTorch Qwen3.5 / Qwen3.6 text model (`qwen3_5_text`): Gated DeltaNet linear
 attention beside gated full attention, with every state an explicit tensor.
 
-The hybrid twin of torch_ref.py (its RMSNorm, RoPE, softmax attention and MLP are imported,
+The hybrid twin of llama.py (its RMSNorm, RoPE, softmax attention and MLP are imported,
 not copied). A linear-attention layer takes its conv state (B, C, K-1) (the last K-1
 pre-conv inputs) and its recurrent state (B, Hv, Dk, Dv) in and returns the new ones, like
 a KV cache; it also returns the per-position quantities of the window (pre-conv inputs, k,
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.backends.torch_ref import MLP, RMSNorm, apply_rope, attend, rope_inv_freq
+from runtime.backends.torch.llama import MLP, RMSNorm, apply_rope, attend, rope_inv_freq
 from runtime.config import ModelConfig
 
 LINEAR, FULL = "linear_attention", "full_attention"

@@ -86,7 +86,7 @@ class CoreMLCausalLM:
     @classmethod
     def load(cls, path, compute_units: str = "all") -> CoreMLCausalLM:
         """Load a package written by `python -m converters export --format coreml`."""
-        from runtime.backends.coreml_inspect import check_structure, describe
+        from runtime.backends.coreml.spec import check_structure, describe
 
         p = Path(path)
         if compute_units not in COMPUTE_UNITS:
@@ -191,6 +191,6 @@ class CoreMLCausalLM:
 
 def load_report(path) -> dict:
     """The conversion report stored in a package's metadata (any OS)."""
-    from runtime.backends.coreml_inspect import describe
+    from runtime.backends.coreml.spec import describe
 
     return describe(path)["report"] or {}

@@ -2,7 +2,7 @@
 `qwen3_5`) on the MLX backend, built by mlx-lm 0.32's own `mlx_lm.models.qwen3_5` classes.
 
 mlx-lm builds the modules and loads the weights; we walk its layers ourselves, as
-mlx_backend.py does for the attention families, so that a target can run a *range* of layers
+llama.py does for the attention families, so that a target can run a *range* of layers
 (the Mirror-SD early exit, eq. 6), attention layers take explicit positions and causal
 masks, and every linear-attention layer hands its per-position inputs of the delta rule to
 an MLXHybridCache (runtime/caches/mlx_hybrid.py), which lands the states on any
@@ -33,7 +33,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from runtime.backends.mlx_backend import MLXCausalLM, _rope, mlx_lm_load
+from runtime.backends.mlx.llama import MLXCausalLM, _rope, mlx_lm_load
 from runtime.caches.mlx_hybrid import MLXHybridCache
 from runtime.config import ModelConfig, weight_files
 from runtime.errors import DuetError

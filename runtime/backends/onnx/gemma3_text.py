@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.backends.onnx_backend import OnnxCausalLM, key_mask
+from runtime.backends.onnx.llama import OnnxCausalLM, key_mask
 from runtime.model import check_tokens, default_positions
 from runtime.caches.sliding import SlidingKVCache
 

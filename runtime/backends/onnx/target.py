@@ -7,7 +7,7 @@ keyed by the quantization, its recipe's hash and the layer range
 (`target-int4-1a2b3c4d-full.onnx`); a later run opens
 the cached file. Positions and a boolean mask (B, T, past + T) are what every pass takes, so
 causal windows, tree masks and branch rows all run (under the recipe's attention "rows" every
-pass goes to the graph as rows, one a token: runtime/backends/onnx_target_rows.py, so that at
+pass goes to the graph as rows, one a token: runtime/backends/onnx/target_rows.py, so that at
 int8 activations it equals one-token passes bit for bit); rollback moves the host cache's offset,
 as on the other backends. Under "window" that cache is preallocated buffers
 (runtime/caches/buffer.py) bound as both each layer's past and its present, so the attention
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.backends.onnx_residual import Residual, _carried, _pad_one, forward_recording
-from runtime.backends.onnx_target_rows import chunk_rows, row_feed
+from runtime.backends.onnx.residual import Residual, _carried, _pad_one, forward_recording
+from runtime.backends.onnx.target_rows import chunk_rows, row_feed
 from runtime.caches.buffer import BufferKVCache
 from runtime.caches.concat import ConcatKVCache
 from runtime.config import ModelConfig
@@ -69,7 +69,7 @@ BLOCK_SIZE = 32
 #   machine: on GQA alone, 15 of 15 failures across 1,300 (position, window) pairs sat on those
 #   boundaries, and 0 of 5,447 pairs within a bucket differed; 64- and 128-wide heads showed
 #   none. The boundaries are measured per head shape on the machine that runs the target
-#   (runtime/backends/gqa_buckets.py; it finds exactly these here), and a pass is cut before
+#   (runtime/backends/onnx/gqa_buckets.py; it finds exactly these here), and a pass is cut before
 #   each position they name: at most one more run per 128 tokens.
 ATTENTION = "window"
 LEVELS = {"window": 4, "rows": 4}
@@ -78,10 +78,10 @@ HEAD_ACCURACY_LEVEL = 4
 
 def int8_dot() -> bool:
     """Whether this CPU sums int8 products without an int16 step (x86 AVX-512 VNNI or AVX-VNNI,
-    runtime/backends/cpu_int8.py): there one 8-bit MatMulNBits runs 8-bit weights
+    runtime/backends/onnx/cpu_int8.py): there one 8-bit MatMulNBits runs 8-bit weights
     (converters/onnx_head_split.py), at about 0.7x the time of two 4-bit ones; elsewhere the
     two halves, which no kernel can clip (arm64 too: its 8-bit kernels are unmeasured here)."""
-    from runtime.backends.cpu_int8 import int8_path
+    from runtime.backends.onnx.cpu_int8 import int8_path
 
     p = int8_path()
     return p.arch == "x86-64" and p.vnni
@@ -199,7 +199,7 @@ class OnnxTargetLM:
     def _part(self, start: int, stop: int, head: bool, taps: tuple = ()):
         key = (start, stop, head, tuple(taps))
         if key not in self._sessions:
-            from runtime.backends.onnx_backend import open_session
+            from runtime.backends.onnx.llama import open_session
 
             n = self.config.num_layers
             p = ensure_part(self.dir, self.quantize, start, stop, head, n, tuple(taps))
@@ -235,7 +235,7 @@ class OnnxTargetLM:
 
     def _key_cuts(self) -> tuple[int, ...]:
         """Positions a pass is cut before (KEY_BUCKETS), measured once per head shape."""
-        from runtime.backends.gqa_buckets import key_cuts
+        from runtime.backends.onnx.gqa_buckets import key_cuts
 
         c = self.config
         return key_cuts(c.num_heads, c.num_kv_heads, c.head_dim, c.max_context + 2)
