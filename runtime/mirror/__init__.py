@@ -9,6 +9,7 @@
   shm_channel.py  the messages as shared-memory slots + a pipe, between processes
   shm_board.py    the board of completed branches in shared memory, between processes
   exit_head.py    the tuned exit head applied before the early-exit LM head
+  verdict.py      one step's verdict on the target's side, and the figures the step reports
   summary.py      per-run figures: overlap, T_rv, reuse, FF, Ω_κ, eq. (10)
 
 The target side is the generator in runtime/decoding/mirror.py.
