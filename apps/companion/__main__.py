@@ -31,8 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "package":
         return run_package(args)
-    if args.max_tokens < 1:
-        raise DuetError(f"--max-tokens must be at least 1, not {args.max_tokens}")
+    from runtime.arg_rules import check_max_tokens
+
+    check_max_tokens(args.max_tokens)
     ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     if args.server is not None:
         return run_cloud(args, ids)
@@ -194,10 +195,9 @@ def run_cloud(args: argparse.Namespace, ids: list[int] | None) -> int:
 
     if args.engine == "coreml":
         raise DuetError("run --server drafts with the bundle's ONNX graphs; drop --engine coreml")
-    if args.k is not None and args.k < 0:
-        raise DuetError(f"--k must be >= 0 (got {args.k})")
-    if args.k_max < 1:
-        raise DuetError(f"--k-max must be at least 1 (got {args.k_max})")
+    from runtime.decoding.flexspec import Options, check
+
+    check(Options(k=args.k, k_max=args.k_max))  # K's bounds, as --method flexspec checks them
     r = run_through_cloud(args.bundle, server=args.server, token_file=args.token_file,
                           prompt=args.prompt, prompt_ids=ids, max_tokens=args.max_tokens,
                           link=args.link, link_seed=args.link_seed, k=args.k, k_max=args.k_max,

@@ -64,13 +64,13 @@ def run_through_cloud(
     from runtime.decoding.events import Sampling
     from runtime.edge.client import Connection
     from runtime.edge.loop import edge_summary
+    from runtime.arg_rules import check_sampling
     from runtime.session import GenerationSession
 
     host, port = host_port(server)
     if link not in LINK_NAMES:
         raise DuetError(f"unknown --link {link!r}; choose from {', '.join(LINK_NAMES)}")
-    if temp < 0:
-        raise DuetError(f"--temp must be >= 0 (got {temp})")
+    check_sampling(temp)
     token = read_token(token_file)
     b = Path(bundle)
     t0 = time.perf_counter()
