@@ -25,7 +25,7 @@ from runtime.adapter import base_record
 from runtime.anchor import ANCHOR_RECORD, HEAD_FILE, anchor_config, assemble_state, head_layer
 from runtime.errors import DuetError
 
-from .args import REQUIRED, add_loop_args, check_device
+from .args import REQUIRED, add_loop_args, check_device, command_parser
 from .corpus import BatchSampler, load_corpus, token_stream
 from .loop import LoopConfig, make_optimizer, train_loop
 from .losses import distill_loss
@@ -90,23 +90,13 @@ def anchor_step(teacher, student: AnchorStudent, lambda_feat: float, lambda_kd: 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m apps.train anchor", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = command_parser("anchor", __doc__)
     add_loop_args(ap, base=REQUIRED, out=REQUIRED)
     ap.add_argument("--lambda-feat", type=float, default=0.01, help="λ1 of L_feat (default 0.01)")
     ap.add_argument("--lambda-kd", type=float, default=1.0, help="λ2 of L_KD (default 1)")
     ap.add_argument("--temperature", type=float, default=1.0, help="T of eq. 6 (default 1)")
-    add_loop_args(
-        ap,
-        steps=2000,
-        time_budget_min=None,
-        lr=3e-3,
-        batch_size=8,
-        seq_len=128,
-        max_corpus_chars=4_000_000,
-        threads=1,
-        device="cpu",
-    )
+    add_loop_args(ap, steps=2000, time_budget_min=None, lr=3e-3, batch_size=8, seq_len=128)
+    add_loop_args(ap, max_corpus_chars=4_000_000, threads=1, device="cpu")
     ap.add_argument("--keep-first", type=int, default=0, metavar="K",
                     help="ABLATION, not eq. 4: also keep the base's first K blocks (frozen) "
                          "before the anchor block (default 0: FlexSpec's anchor)")  # fmt: skip

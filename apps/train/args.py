@@ -56,6 +56,16 @@ LOOP_FLAGS = {
 }  # fmt: skip
 
 
+def command_parser(name: str, description: str, **kw) -> argparse.ArgumentParser:
+    """The parser of `python -m apps.train NAME`, its description printed as written."""
+    return argparse.ArgumentParser(
+        prog=f"python -m apps.train {name}",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **kw,
+    )
+
+
 def number(v) -> str:
     """A default as the help writes it: 1e-3, not 0.001."""
     if isinstance(v, float) and v and abs(v) < 0.01:

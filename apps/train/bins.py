@@ -36,6 +36,8 @@ from runtime.decoding.heterospec import path_entropy
 from runtime.decoding.tree import tree_steps
 from runtime.errors import DuetError, cli_main
 
+from .args import command_parser
+
 
 def collect(pair, prompts: list[list[int]], *, max_new: int, top_k: int, top_n: int,
             depth: int, temp: float, expand: int = 1) -> tuple[np.ndarray, np.ndarray, list[int]]:  # fmt: skip
@@ -111,12 +113,8 @@ def after_each_category(recs: list[dict], k: int) -> list[dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.train bins",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n")[-1],  # the recipe for a fitted head
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    paragraphs = __doc__.split("\n\n")  # the last: the recipe for a fitted head
+    ap = command_parser("bins", paragraphs[0], epilog=paragraphs[-1])
     add_pair_args(ap)
     ap.add_argument("--out", required=True, help="bins JSON to write")
     ap.add_argument("--prompts", default=None, help="prompt .jsonl (default apps/prompts/)")

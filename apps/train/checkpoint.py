@@ -55,6 +55,21 @@ def load_model(path: str | Path, dtype=torch.float32):
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
 
 
+def _compare(ref: torch.Tensor, got: torch.Tensor, rtol: float, what: str, digits: int) -> dict:
+    """{"max_abs_diff", "logit_scale", "argmax_agree"} of two logit tensors; AssertionError
+    (`what` by DIFF, shown to `digits` places) above `rtol` times the logit scale (at least 1).
+    The difference is recorded to one place more."""
+    diff = (ref - got).abs().max().item()
+    scale = ref.abs().max().item()
+    agree = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
+    assert diff <= rtol * max(scale, 1.0), f"{what} {diff:.{digits}f} (scale {scale:.2f})"
+    return {
+        "max_abs_diff": round(diff, digits + 1),
+        "logit_scale": round(scale, 3),
+        "argmax_agree": agree,
+    }
+
+
 @torch.no_grad()
 def check_reload(model, path: str | Path, probe: torch.Tensor) -> dict:
     """Reload `path` and compare logits with `model` on probe (1, T) int64.
@@ -65,13 +80,7 @@ def check_reload(model, path: str | Path, probe: torch.Tensor) -> dict:
     model.eval()
     ref = model(input_ids=probe).logits.float()
     got = load_model(path)(input_ids=probe).logits.float()
-    diff = (ref - got).abs().max().item()
-    scale = ref.abs().max().item()
-    agree = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
-    assert diff <= BF16_LOGIT_RTOL * max(scale, 1.0), (
-        f"{path}: reloaded logits differ by {diff:.4f} (scale {scale:.2f})"
-    )
-    return {"max_abs_diff": round(diff, 5), "logit_scale": round(scale, 3), "argmax_agree": agree}
+    return _compare(ref, got, BF16_LOGIT_RTOL, f"{path}: reloaded logits differ by", 4)
 
 
 # Our PyTorch reference runs the delta rule token by token, transformers in chunks: the same
@@ -81,7 +90,7 @@ REFERENCE_ATOL = 1e-3
 
 @torch.no_grad()
 def check_reference(path: str | Path, probe: torch.Tensor) -> dict:
-    """Logits of Duet's own PyTorch backend (runtime/backends, e.g. torch_qwen3_5.py for a
+    """Logits of Duet's own PyTorch backend (runtime/backends, e.g. torch/qwen3_5.py for a
     hybrid) against transformers' on the saved checkpoint `path`, probe (1, T) int64.
 
     Returns {"max_abs_diff", "logit_scale", "argmax_agree"}; raises AssertionError above
@@ -91,10 +100,5 @@ def check_reference(path: str | Path, probe: torch.Tensor) -> dict:
     ours = load_runtime(path, "torch", threads=torch.get_num_threads())
     got = torch.from_numpy(ours.forward(probe.numpy(), ours.new_cache())).float()
     ref = load_model(path)(input_ids=probe).logits.float()
-    diff = (ref - got).abs().max().item()
-    scale = ref.abs().max().item()
-    agree = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
-    assert diff <= REFERENCE_ATOL * max(scale, 1.0), (
-        f"{path}: Duet's reference differs from transformers by {diff:.5f} (scale {scale:.2f})"
-    )
-    return {"max_abs_diff": round(diff, 6), "logit_scale": round(scale, 3), "argmax_agree": agree}
+    what = f"{path}: Duet's reference differs from transformers by"
+    return _compare(ref, got, REFERENCE_ATOL, what, 5)

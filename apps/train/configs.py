@@ -196,3 +196,16 @@ def check_draft_budget(summary: dict, allow_over: bool = False) -> None:
             f"the draft costs {r:.3f} of the target per token, over the 1/8 budget; "
             f"shrink --draft-shape or grow --target-shape"
         )
+
+
+def pair_configs(a, vocab: int, eos: int):
+    """(compute summary, target config, draft config) of a run's `a.arch`, `a.target_shape`
+    and `a.draft_shape` (apps/train/pipeline.py TrainArgs); the draft's budget checked."""
+    summary = compute_summary(a.target_shape, a.draft_shape, vocab, a.seq_len)
+    t_cfg = model_config(a.arch, a.target_shape, vocab, eos)
+    d_cfg = model_config(a.arch, a.draft_shape, vocab, eos)
+    if a.arch != "qwen3":
+        summary = counted_summary(summary, t_cfg, d_cfg)
+    summary["arch"] = a.arch
+    check_draft_budget(summary, a.allow_draft_over_budget)
+    return summary, t_cfg, d_cfg

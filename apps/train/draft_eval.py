@@ -21,10 +21,14 @@ same positions; `contexts_sha` records which. This module measures; it trains no
 from __future__ import annotations
 
 import hashlib
+import time
+from pathlib import Path
 
 import numpy as np
 
 from kernels.sampling import probs_from_logits
+
+from .corpus import eval_windows
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -132,3 +136,59 @@ def window_metrics(target, draft, windows: list[np.ndarray]) -> dict:
         "heldout_tv": round(m.get("tv", float("nan")), 4),
         "heldout_top1": round(m.get("greedy", float("nan")), 4),
     }
+
+
+def evaluate_draft(tdir: Path, ddir: Path, held: np.ndarray, seq_len: int, a, compare=None) -> dict:
+    """The metrics above of the saved draft `ddir` against `tdir` (runtime PyTorch backend),
+    with draft-tune's evaluation flags `a`; with `compare` (another draft dir), its metrics
+    too and the paired differences."""
+    from apps.bench.prompts import load_prompts, turn_ids
+    from runtime.backends import load_model as load_runtime
+    from runtime.chat_session import ChatTemplate
+    from runtime.tokenizer import Tokenizer
+
+    t0 = time.monotonic()
+    target = load_runtime(tdir, "torch", threads=a.threads)
+    tok, tmpl = Tokenizer(tdir), ChatTemplate.load(tdir)
+    recs = load_prompts(a.prompts, limit=a.eval_prompts)
+    ids = [turn_ids(tok, tmpl, r["turns"][:1], []) for r in recs]
+    ctx = sampled_contexts(target, ids, a.eval_tokens, a.eval_top_p)
+    greedy = sampled_contexts(target, ids, a.eval_tokens, 1.0, temp=0.0)
+    windows = eval_windows(held, seq_len, a.eval_heldout_tokens)
+    common = {
+        "target": str(tdir),
+        "prompts": len(ids),
+        "tokens_per_prompt": a.eval_tokens,
+        "top_p": a.eval_top_p,
+        "contexts_sha": contexts_sha(ctx),
+        "greedy_contexts_sha": contexts_sha(greedy),
+    }
+
+    def measure(d: Path):
+        draft = load_runtime(d, "torch", threads=a.threads)
+        pp = per_prompt(target, draft, ctx, a.eval_top_p)
+        pg = per_prompt(target, draft, greedy, 1.0)
+        rep = {
+            "draft": str(d),
+            **summarise(pp, a.eval_top_p),
+            "greedy_top1_T0_contexts": summarise(pg, 1.0)["greedy_top1"],
+            "greedy_ctx_positions": int(pg["n"].sum()),
+            **window_metrics(target, draft, windows),
+        }
+        return rep, pp, pg
+
+    rep, pp, pg = measure(ddir)
+    rep = {**common, **rep}
+    if compare is not None:
+        crep, cpp, cpg = measure(compare)
+        acc = f"accept_T1_topp{a.eval_top_p:g}"
+        rep["compare"] = crep
+        rep["draft_minus_compare"] = {
+            acc: paired_diff(pp, cpp, "accept"),
+            "greedy_top1": paired_diff(pp, cpp, "greedy"),
+            "tv_T1": paired_diff(pp, cpp, "tv"),
+            "kl_T1": paired_diff(pp, cpp, "kl"),
+            "greedy_top1_T0_contexts": paired_diff(pg, cpg, "greedy"),
+        }
+    rep["eval_wall_s"] = round(time.monotonic() - t0, 1)
+    return rep

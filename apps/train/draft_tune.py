@@ -44,7 +44,6 @@ import json
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -53,11 +52,13 @@ import torch
 from runtime.errors import DuetError, cli_main
 
 from . import plan as planning
-from .args import add_loop_args, check_device
+from .args import add_loop_args, check_device, command_parser, positive
 from .checkpoint import check_reload, load_model, save_model
-from .corpus import BatchSampler, corpus_from_split, eval_windows, load_corpus, token_stream
+from .corpus import BatchSampler, corpus_from_split, load_corpus, token_stream
+from .draft_eval import evaluate_draft as evaluate
+from .layer_draft import parse_layers, target_layer_draft
 from .loop import LoopConfig, make_optimizer, train_loop
-from .pipeline import _distill_step
+from .steps import distill_step
 from .tokenizer import eos_id, load_tokenizer, save_tokenizer
 
 # where a loop flag means more here than in LOOP_FLAGS (apps/train/args.py)
@@ -74,11 +75,7 @@ HELPS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.train draft-tune",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = command_parser("draft-tune", __doc__)
     ap.add_argument("--target", default=None, help="target checkpoint (default: the embedded one)")
     ap.add_argument(
         "--draft", default=None, help="draft checkpoint to start from (default: the embedded one)"
@@ -102,16 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="temperature of both laws in the loss (default 1.0)",
     )
-    add_loop_args(
-        ap,
-        lr=1e-3,
-        warmup=50,
-        steps=None,
-        time_budget_min=None,
-        batch_size=8,
-        seq_len=None,
-        helps=HELPS,
-    )
+    add_loop_args(ap, lr=1e-3, warmup=50, steps=None, time_budget_min=None, helps=HELPS)
+    add_loop_args(ap, batch_size=8, seq_len=None, helps=HELPS)
     ap.add_argument(
         "--from-target-layers",
         default=None,
@@ -180,54 +169,10 @@ def _checkpoint_dir(path: str | None, which: str) -> Path:
     return d
 
 
-def parse_layers(text: str, n_layers: int) -> list[int]:
-    """`--from-target-layers` as a list of distinct layer indices of a target with `n_layers`."""
-    try:
-        layers = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise DuetError(f"--from-target-layers {text!r}: give layer numbers like 0,1,7") from None
-    bad = [i for i in layers if not 0 <= i < n_layers]
-    if not layers or bad or len(set(layers)) != len(layers):
-        raise DuetError(f"--from-target-layers {text!r}: give distinct layers in 0..{n_layers - 1}")
-    return layers
-
-
-def target_layer_draft(teacher, layers: list[int]):
-    """A new draft copied from the target: its embedding, decoder layers `layers` in that order,
-    final norm and LM head (a truncated self-draft; distillation then fits it to the whole
-    target). Layer indices are renumbered so the copy is an ordinary checkpoint."""
-    cfg = teacher.config
-    kinds = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
-    other = [f"{i} ({kinds[i]})" for i in layers if kinds[i] != "full_attention"]
-    if other:
-        raise DuetError(
-            f"--from-target-layers: only full-attention layers can be copied, not {', '.join(other)}"
-        )
-    d = copy.deepcopy(teacher)
-    d.model.layers = torch.nn.ModuleList([d.model.layers[i] for i in layers])
-    for j, layer in enumerate(d.model.layers):
-        layer.self_attn.layer_idx = j
-    d.config.num_hidden_layers = len(layers)
-    if getattr(d.config, "layer_types", None):
-        d.config.layer_types = [cfg.layer_types[i] for i in layers]
-    return d.requires_grad_(True)
-
-
 def check_args(a: argparse.Namespace) -> None:
     """Raise DuetError for values no run could use."""
-    for name in (
-        "batch_size",
-        "threads",
-        "log_every",
-        "eval_prompts",
-        "eval_tokens",
-        "eval_heldout_tokens",
-        "steps",
-        "seq_len",
-    ):
-        v = getattr(a, name)
-        if v is not None and v < 1:
-            raise DuetError(f"--{name.replace('_', '-')} must be positive (got {v})")
+    positive(a, "batch_size", "threads", "log_every", "eval_prompts", "eval_tokens",
+             "eval_heldout_tokens", "steps", "seq_len")  # fmt: skip
     for name in ("lr", "temperature", "time_budget_min"):
         v = getattr(a, name)
         if v is not None and not v > 0:
@@ -272,66 +217,8 @@ def _corpus(a, ddir: Path):
     return load_corpus(a.corpus), a.seq_len or 512, None
 
 
-def evaluate(tdir: Path, ddir: Path, held: np.ndarray, seq_len: int, a, compare=None) -> dict:
-    """draft_eval's metrics of the saved draft `ddir` against `tdir` (runtime PyTorch backend);
-    with `compare` (another draft dir), its metrics too and the paired differences."""
-    from apps.bench.prompts import load_prompts, turn_ids
-    from runtime.backends import load_model as load_runtime
-    from runtime.chat_session import ChatTemplate
-    from runtime.tokenizer import Tokenizer
-
-    from . import draft_eval as de
-
-    t0 = time.monotonic()
-    target = load_runtime(tdir, "torch", threads=a.threads)
-    tok, tmpl = Tokenizer(tdir), ChatTemplate.load(tdir)
-    recs = load_prompts(a.prompts, limit=a.eval_prompts)
-    ids = [turn_ids(tok, tmpl, r["turns"][:1], []) for r in recs]
-    ctx = de.sampled_contexts(target, ids, a.eval_tokens, a.eval_top_p)
-    greedy = de.sampled_contexts(target, ids, a.eval_tokens, 1.0, temp=0.0)
-    windows = eval_windows(held, seq_len, a.eval_heldout_tokens)
-    common = {
-        "target": str(tdir),
-        "prompts": len(ids),
-        "tokens_per_prompt": a.eval_tokens,
-        "top_p": a.eval_top_p,
-        "contexts_sha": de.contexts_sha(ctx),
-        "greedy_contexts_sha": de.contexts_sha(greedy),
-    }
-
-    def measure(d: Path):
-        draft = load_runtime(d, "torch", threads=a.threads)
-        pp = de.per_prompt(target, draft, ctx, a.eval_top_p)
-        pg = de.per_prompt(target, draft, greedy, 1.0)
-        rep = {
-            "draft": str(d),
-            **de.summarise(pp, a.eval_top_p),
-            "greedy_top1_T0_contexts": de.summarise(pg, 1.0)["greedy_top1"],
-            "greedy_ctx_positions": int(pg["n"].sum()),
-            **de.window_metrics(target, draft, windows),
-        }
-        return rep, pp, pg
-
-    rep, pp, pg = measure(ddir)
-    rep = {**common, **rep}
-    if compare is not None:
-        crep, cpp, cpg = measure(compare)
-        acc = f"accept_T1_topp{a.eval_top_p:g}"
-        rep["compare"] = crep
-        rep["draft_minus_compare"] = {
-            acc: de.paired_diff(pp, cpp, "accept"),
-            "greedy_top1": de.paired_diff(pp, cpp, "greedy"),
-            "tv_T1": de.paired_diff(pp, cpp, "tv"),
-            "kl_T1": de.paired_diff(pp, cpp, "kl"),
-            "greedy_top1_T0_contexts": de.paired_diff(pg, cpg, "greedy"),
-        }
-    rep["eval_wall_s"] = round(time.monotonic() - t0, 1)
-    return rep
-
-
-def run(a: argparse.Namespace) -> dict:
-    """Train (unless --eval-only) and evaluate; returns the report."""
-    check_args(a)
+def _pair(a: argparse.Namespace):
+    """(target dir, draft dir, layers of --from-target-layers or None, tokenizer)."""
     tdir = _checkpoint_dir(a.target, "target")
     layers = None  # --from-target-layers, checked before the corpus is read
     if a.from_target_layers is not None:
@@ -344,6 +231,75 @@ def run(a: argparse.Namespace) -> dict:
     tok = load_tokenizer(tdir)
     if load_tokenizer(ddir).get_vocab() != tok.get_vocab():
         raise DuetError(f"--draft {ddir} and --target {tdir} have different tokenizers")
+    return tdir, ddir, layers, tok
+
+
+def _planned_steps(a, draft, teacher, train: np.ndarray, seq_len: int, bf16: bool) -> int:
+    """--steps, or as many as the budget allows, timed on a copy so the draft is untouched."""
+    if a.steps is not None:
+        return a.steps
+    probe = BatchSampler(train, a.batch_size, seq_len, a.seed + 99)
+    dm = copy.deepcopy(draft)
+    step_s = planning.time_steps(
+        dm,
+        distill_step(dm, teacher, 0.0, a.tv_weight, a.temperature),
+        probe,
+        bf16=bf16,
+        device=a.device,
+    )
+    steps = max(1, int(a.time_budget_min * 60 / step_s))
+    del dm
+    print(f"{step_s:.2f} s/step: planning {steps} steps", file=sys.stderr, flush=True)
+    return steps
+
+
+def _tokenizer_files(ddir: Path, tok_dir: Path) -> None:
+    """The draft's tokenizer files into `tok_dir`, safe from a save over DRAFT."""
+    tok_dir.mkdir()
+    if (ddir / "tokenizer_config.json").is_file():
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(ddir / name, tok_dir / name)
+    else:
+        save_tokenizer(load_tokenizer(ddir), tok_dir)
+
+
+def _train(a, draft, teacher, train, seq_len: int, bf16: bool, ddir: Path, out: Path, eos):
+    """Distil `draft` from `teacher` and save it to OUT; (the loop's summary, its config)."""
+    step_fn = distill_step(draft, teacher, 0.0, a.tv_weight, a.temperature)
+    steps = _planned_steps(a, draft, teacher, train, seq_len, bf16)
+    cfg = LoopConfig(
+        "draft-tune",
+        steps,
+        a.lr,
+        min(a.warmup, steps),
+        weight_decay=0.0,
+        time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
+        log_every=a.log_every,
+        ckpt_every=a.ckpt_every,
+        bf16=bf16,
+        device=a.device,
+    )
+    logdir = Path(tempfile.mkdtemp(prefix="duet-draft-tune-"))
+    log_path = logdir / "loss_log.jsonl"
+    tok_dir = logdir / "tokenizer"
+    _tokenizer_files(ddir, tok_dir)
+
+    def save(step: int | None = None) -> None:
+        save_model(draft, out, tok_dir, eos)
+        shutil.copy(log_path, out / "loss_log.jsonl")
+
+    sampler = BatchSampler(train, a.batch_size, seq_len, a.seed + 5)
+    opt = make_optimizer(draft, cfg)
+    summary = train_loop(draft, step_fn, sampler, cfg, log_path, checkpoint=save, optimizer=opt)
+    save()
+    shutil.rmtree(logdir, ignore_errors=True)
+    return summary, cfg
+
+
+def run(a: argparse.Namespace) -> dict:
+    """Train (unless --eval-only) and evaluate; returns the report."""
+    check_args(a)
+    tdir, ddir, layers, tok = _pair(a)
     out = Path(a.out) if a.out else None
     if out is not None and not a.eval_only:
         _check_out(out, tdir)
@@ -377,66 +333,14 @@ def run(a: argparse.Namespace) -> dict:
     teacher, draft = teacher.to(dev), draft.to(dev)
     # hybrids: fp32 (pipeline.py); a GPU has native bf16, so it autocasts there
     bf16 = (a.bf16 or dev.type == "cuda") and "qwen3_5" not in draft.config.model_type
-    step_fn = _distill_step(draft, teacher, 0.0, a.tv_weight, a.temperature)
-    steps = a.steps
-    if steps is None:  # as many as the budget allows, timed on a copy so the draft is untouched
-        probe = BatchSampler(train, a.batch_size, seq_len, a.seed + 99)
-        dm = copy.deepcopy(draft)
-        step_s = planning.time_steps(
-            dm,
-            _distill_step(dm, teacher, 0.0, a.tv_weight, a.temperature),
-            probe,
-            bf16=bf16,
-            device=a.device,
-        )
-        steps = max(1, int(a.time_budget_min * 60 / step_s))
-        del dm
-        print(f"{step_s:.2f} s/step: planning {steps} steps", file=sys.stderr, flush=True)
-    cfg = LoopConfig(
-        "draft-tune",
-        steps,
-        a.lr,
-        min(a.warmup, steps),
-        weight_decay=0.0,
-        time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
-        log_every=a.log_every,
-        ckpt_every=a.ckpt_every,
-        bf16=bf16,
-        device=a.device,
-    )
-    logdir = Path(tempfile.mkdtemp(prefix="duet-draft-tune-"))
-    log_path = logdir / "loss_log.jsonl"
-    tok_dir = logdir / "tokenizer"  # the draft's tokenizer files, safe from a save over DRAFT
-    tok_dir.mkdir()
-    if (ddir / "tokenizer_config.json").is_file():
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(ddir / name, tok_dir / name)
-    else:
-        save_tokenizer(load_tokenizer(ddir), tok_dir)
-
-    def save(step: int | None = None) -> None:
-        save_model(draft, out, tok_dir, eos)
-        shutil.copy(log_path, out / "loss_log.jsonl")
-
-    summary = train_loop(
-        draft,
-        step_fn,
-        BatchSampler(train, a.batch_size, seq_len, a.seed + 5),
-        cfg,
-        log_path,
-        checkpoint=save,
-        optimizer=make_optimizer(draft, cfg),
-    )
-    save()
-    shutil.rmtree(logdir, ignore_errors=True)
+    summary, cfg = _train(a, draft, teacher, train, seq_len, bf16, ddir, out, eos)
     draft = draft.cpu()  # the reload check compares on the CPU
     probe_ids = torch.from_numpy(held[: min(128, len(held))].astype(np.int64))[None]
+    start = f"target layers {a.from_target_layers}" if layers is not None else str(ddir)
     report = {
         "command": "python -m apps.train draft-tune " + " ".join(a.argv),
         "target": str(tdir),
-        "start_draft": (
-            f"target layers {a.from_target_layers}" if layers is not None else str(ddir)
-        ),
+        "start_draft": start,
         "device": a.device,
         "out": str(out),
         "split": split,

@@ -44,7 +44,7 @@ import torch
 
 from runtime.errors import DuetError
 
-from .args import add_loop_args, positive
+from .args import add_loop_args, command_parser, positive
 from .loop import LoopConfig, make_optimizer, train_loop
 from .mtp import chain_outputs
 from .resume import RESUME_DIR, load_state, save_state
@@ -245,8 +245,7 @@ HELPS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m apps.train eagle", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = command_parser("eagle", __doc__)
     ap.add_argument("--target", required=True, help="target checkpoint (path or short name)")
     add_loop_args(ap, out=None, helps=HELPS)
     ap.add_argument("--prompts", type=int, default=3000,
@@ -269,17 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--vocab", type=int, default=4096, help="kept vocabulary (FR-Spec, 4096)")
     add_loop_args(ap, steps=2000)
     ap.add_argument("--unroll", type=int, default=3, help="chained steps in the loss (3)")
-    add_loop_args(
-        ap,
-        batch_size=8,
-        seq_len=256,
-        lr=1e-3,
-        threads=2,
-        seed=0,
-        ckpt_every=50,
-        fresh=False,
-        helps=HELPS,
-    )
+    add_loop_args(ap, batch_size=8, seq_len=256, lr=1e-3, threads=2, seed=0)
+    add_loop_args(ap, ckpt_every=50, fresh=False, helps=HELPS)
     return ap
 
 

@@ -24,7 +24,7 @@ import torch
 from runtime.adapter import write_base_record
 from runtime.errors import DuetError
 
-from .args import REQUIRED, add_loop_args
+from .args import REQUIRED, add_loop_args, command_parser
 from .checkpoint import load_model, save_model
 from .corpus import BatchSampler, eval_windows, token_stream
 from .domains import DOMAINS, load_domain
@@ -44,28 +44,16 @@ HELPS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m apps.train evolve", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = command_parser("evolve", __doc__)
     add_loop_args(ap, base=REQUIRED)
     ap.add_argument("--domain", required=True, choices=DOMAINS, help="fine-tuning corpus")
     add_loop_args(ap, out=REQUIRED)
     ap.add_argument("--lora-rank", type=int, default=8, help="LoRA rank r (default 8)")
     ap.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha (default 2r)")
     ap.add_argument("--full", action="store_true", help="full fine-tune instead of LoRA")
-    add_loop_args(
-        ap,
-        steps=2000,
-        time_budget_min=None,
-        lr=None,
-        batch_size=8,
-        seq_len=128,
-        warmup=20,
-        threads=1,
-        seed=0,
-        ckpt_every=100,
-        fresh=False,
-        helps=HELPS,
-    )
+    add_loop_args(ap, steps=2000, time_budget_min=None, lr=None, helps=HELPS)
+    add_loop_args(ap, batch_size=8, seq_len=128)
+    add_loop_args(ap, warmup=20, threads=1, seed=0, ckpt_every=100, fresh=False)
     return ap
 
 

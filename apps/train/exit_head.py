@@ -22,7 +22,7 @@ import torch
 
 from runtime.errors import DuetError
 
-from .args import add_loop_args
+from .args import add_loop_args, command_parser
 from .corpus import load_corpus
 
 
@@ -104,8 +104,7 @@ HELPS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m apps.train exit-head", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = command_parser("exit-head", __doc__)
     ap.add_argument("--target", required=True, help="target checkpoint directory")
     ap.add_argument("--layer", type=int, required=True, help="exit layer ℓe (1..N-1)")
     add_loop_args(ap, corpus=None, steps=300, helps=HELPS)

@@ -14,13 +14,13 @@ then trains on it. It does not download anything: a package that is not installe
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import shutil
 from pathlib import Path
 
 from runtime.errors import DuetError, cli_main
 
+from .args import command_parser
 from .corpus import DEFAULT_EXCLUDE_DIRS, list_files, stdlib_dir
 
 DEFAULT_PACKAGES = "transformers,torch,sklearn,scipy,numpy,peft,onnxruntime,pandas,sympy"
@@ -58,11 +58,7 @@ def gather(out: Path, roots: list[Path], cap_bytes: float) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.train gather-corpus",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = command_parser("gather-corpus", __doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder to write (must not exist or be empty)")
     ap.add_argument("--packages", default=DEFAULT_PACKAGES,
                     help=f"installed packages whose source to add to the stdlib's "

@@ -56,6 +56,70 @@ def make_optimizer(model: torch.nn.Module, cfg: LoopConfig) -> torch.optim.Optim
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
+def _progress(step: int, start_step: int, elapsed: float, cfg: LoopConfig) -> float | None:
+    """The schedule's progress in [0, 1]; with a time limit, the larger of steps and time
+    (None once the limit is spent)."""
+    progress = step / cfg.steps
+    if cfg.time_limit_s:
+        if elapsed >= cfg.time_limit_s:
+            return None
+        left = (cfg.steps - start_step) or 1
+        progress = max(progress, (start_step + left * elapsed / cfg.time_limit_s) / cfg.steps)
+    return progress
+
+
+def _record(
+    cfg: LoopConfig,
+    step: int,
+    loss_v: float,
+    ema: float,
+    lr: float,
+    gnorm: float,
+    tokens: int,
+    el: float,
+    metrics: dict,
+) -> dict:
+    """The loss line of `step`, also written to stderr."""
+    tqdm.write(
+        f"[{cfg.stage}] step {step}/{cfg.steps} loss {loss_v:.4f} (ema {ema:.4f}) "
+        f"lr {lr:.2e} {tokens / el:.0f} tok/s {el / 60:.1f} min",
+        file=sys.stderr,
+    )
+    return {
+        "stage": cfg.stage,
+        "step": step,
+        "loss": loss_v,
+        "loss_ema": ema,
+        "lr": lr,
+        "grad_norm": gnorm,
+        "tokens": tokens,
+        "elapsed_s": round(el, 1),
+        "tokens_per_s": round(tokens / el, 1),
+        **metrics,
+    }
+
+
+def _evaluate(model, evaluate: Callable[[], dict], cfg: LoopConfig, step: int, rec) -> dict:
+    """`rec` with the checkpoint's evaluation, the model back in training mode."""
+    model.eval()
+    ev = evaluate()
+    model.train()
+    tqdm.write(f"[{cfg.stage}] step {step} eval {ev}", file=sys.stderr)
+    return {**(rec or {"stage": cfg.stage, "step": step}), **ev}
+
+
+def _step(model, step_fn: StepFn, opt, x, y, cfg: LoopConfig):
+    """One optimisation step on (x, y); (loss, metrics, grad norm)."""
+    x, y = x.to(cfg.device, non_blocking=True), y.to(cfg.device, non_blocking=True)
+    with torch.autocast(torch.device(cfg.device).type, dtype=torch.bfloat16, enabled=cfg.bf16):
+        loss, metrics = step_fn(x, y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
+    opt.step()
+    return loss, metrics, gnorm
+
+
 def train_loop(
     model: torch.nn.Module,
     step_fn: StepFn,
@@ -83,28 +147,15 @@ def train_loop(
                file=sys.stderr)  # fmt: skip
     with log_path.open("a") as log:
         while step < cfg.steps:
-            elapsed = time.monotonic() - t0
-            progress = step / cfg.steps
-            if cfg.time_limit_s:
-                if elapsed >= cfg.time_limit_s:
-                    time_capped = True
-                    break
-                left = (cfg.steps - start_step) or 1
-                progress = max(
-                    progress, (start_step + left * elapsed / cfg.time_limit_s) / cfg.steps
-                )
+            progress = _progress(step, start_step, time.monotonic() - t0, cfg)
+            if progress is None:
+                time_capped = True
+                break
             lr = lr_at(progress, step, cfg)
             for g in opt.param_groups:
                 g["lr"] = lr
             x, y = next(batches)
-            x, y = x.to(cfg.device, non_blocking=True), y.to(cfg.device, non_blocking=True)
-            with torch.autocast(torch.device(cfg.device).type, dtype=torch.bfloat16,
-                                enabled=cfg.bf16):  # fmt: skip
-                loss, metrics = step_fn(x, y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
-            opt.step()
+            loss, metrics, gnorm = _step(model, step_fn, opt, x, y, cfg)
             step += 1
             tokens += x.numel()
             loss_v = loss.item()
@@ -114,32 +165,12 @@ def train_loop(
             rec = None
             if step % cfg.log_every == 0 or step == 1 or step == cfg.steps:
                 el = time.monotonic() - t0
-                rec = {
-                    "stage": cfg.stage,
-                    "step": step,
-                    "loss": loss_v,
-                    "loss_ema": ema,
-                    "lr": lr,
-                    "grad_norm": gnorm,
-                    "tokens": tokens,
-                    "elapsed_s": round(el, 1),
-                    "tokens_per_s": round(tokens / el, 1),
-                    **metrics,
-                }
-                tqdm.write(
-                    f"[{cfg.stage}] step {step}/{cfg.steps} loss {loss_v:.4f} (ema {ema:.4f}) "
-                    f"lr {lr:.2e} {tokens / el:.0f} tok/s {el / 60:.1f} min",
-                    file=sys.stderr,
-                )
+                rec = _record(cfg, step, loss_v, ema, lr, gnorm, tokens, el, metrics)
             if cfg.ckpt_every and step % cfg.ckpt_every == 0 and step < cfg.steps:
                 if checkpoint:
                     checkpoint(step)
                 if evaluate:
-                    model.eval()
-                    ev = evaluate()
-                    model.train()
-                    rec = {**(rec or {"stage": cfg.stage, "step": step}), **ev}
-                    tqdm.write(f"[{cfg.stage}] step {step} eval {ev}", file=sys.stderr)
+                    rec = _evaluate(model, evaluate, cfg, step, rec)
             if rec:
                 log.write(json.dumps(rec) + "\n")
                 log.flush()

@@ -34,7 +34,7 @@ import torch
 
 from runtime.errors import DuetError
 
-from .args import add_loop_args, positive
+from .args import add_loop_args, command_parser, positive
 from .corpus import BatchSampler, eval_windows, load_corpus, token_stream
 from .loop import LoopConfig, make_optimizer, train_loop
 from .losses import distill_loss
@@ -167,18 +167,9 @@ HELPS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m apps.train mtp", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = command_parser("mtp", __doc__)
     ap.add_argument("--target", required=True, help="target checkpoint directory (frozen)")
-    add_loop_args(
-        ap,
-        out=None,
-        corpus=None,
-        steps=3000,
-        time_budget_min=None,
-        lr=2e-3,
-        helps=HELPS,
-    )
+    add_loop_args(ap, out=None, corpus=None, steps=3000, time_budget_min=None, lr=2e-3, helps=HELPS)
     ap.add_argument("--unroll", type=int, default=3, help="chained steps in the loss (default 3)")
     ap.add_argument("--tv-weight", type=float, default=0.0,
                     help="add this x TV(p_target, q_head) to the KL loss: 1 - TV is the chance "

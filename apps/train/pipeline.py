@@ -33,17 +33,9 @@ import torch
 from runtime.errors import DuetError
 
 from . import plan as planning
+from .args import check_device
 from .checkpoint import check_reference, check_reload, load_model, save_model
-from .configs import (
-    DRAFT,
-    TARGET,
-    Shape,
-    causal_lm,
-    check_draft_budget,
-    compute_summary,
-    counted_summary,
-    model_config,
-)
+from .configs import DRAFT, TARGET, Shape, causal_lm, pair_configs
 from .corpus import (
     DEFAULT_EXCLUDE_DIRS,
     DEFAULT_INCLUDE,
@@ -52,9 +44,10 @@ from .corpus import (
     load_corpus,
     token_stream,
 )
-from .evaluate import evaluate_pair, heldout_loss
+from .evaluate import evaluate_pair
 from .loop import LoopConfig, make_optimizer, train_loop
-from .losses import distill_loss, next_token_loss
+from .resume import RESUME_DIR, load_state, save_state
+from .steps import ce_step, distill_step, quick_eval
 from .tokenizer import eos_id, load_tokenizer, save_tokenizer, train_tokenizer
 
 
@@ -102,49 +95,49 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _ce_step(model):
-    def step(x, y):
-        loss = next_token_loss(model(input_ids=x).logits, y)
-        return loss, {}
+@dataclass
+class Run:
+    """What the stages share: the arguments, where things go, the token streams."""
 
-    return step
+    a: TrainArgs
+    out: Path
+    resume_dir: Path
+    bf16: bool
+    tok_dir: Path | None = None  # the tokenizer files every saved model carries
+    eos: int = 0
+    vocab: int = 0
+    train_stream: np.ndarray | None = None
+    held_stream: np.ndarray | None = None
+    quick_windows: list | None = None
+    n_bytes: int = 0  # of the train files, for bytes per token
+    probe_ids: torch.Tensor | None = None  # (1, <=128) held-out ids for the reload checks
 
+    @property
+    def log_path(self) -> Path:
+        return self.out / "loss_log.jsonl"
 
-def _distill_step(
-    draft, teacher, ce_weight: float, tv_weight: float = 0.0, temperature: float = 1.0
-):
-    def step(x, y):
-        with torch.no_grad():
-            t_logits = teacher(input_ids=x).logits
-        return distill_loss(draft(input_ids=x).logits, t_logits, y, ce_weight=ce_weight,
-                            temperature=temperature, tv_weight=tv_weight)  # fmt: skip
-
-    return step
-
-
-def _quick_eval(model, windows, bf16: bool = True):
-    def ev():
-        dev = next(model.parameters()).device
-        with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
-            return {"heldout_loss_quick": round(heldout_loss(model, windows), 4)}
-
-    return ev
+    def loop_config(self, stage: str, steps: int, lr: float, limit: float | None) -> LoopConfig:
+        a = self.a
+        return LoopConfig(
+            stage,
+            steps,
+            lr,
+            a.warmup,
+            time_limit_s=limit,
+            log_every=a.log_every,
+            ckpt_every=a.ckpt_every,
+            bf16=self.bf16,
+            device=a.device,
+        )
 
 
 def _save_state(resume_dir: Path, stage: str, model, opt, step: int, steps: int) -> None:
     """Write OUT/.resume/STAGE.pt: weights, optimizer, step and planned steps; with no model,
     mark the stage done (its saved Hugging Face directory is the result)."""
-    resume_dir.mkdir(parents=True, exist_ok=True)
     st = {"step": step, "steps": steps, "done": model is None}
     if model is not None:
         st.update(model=model.state_dict(), optimizer=opt.state_dict())
-    torch.save(st, resume_dir / f"{stage}.pt.tmp")
-    (resume_dir / f"{stage}.pt.tmp").replace(resume_dir / f"{stage}.pt")
-
-
-def _load_state(resume_dir: Path, stage: str) -> dict | None:
-    f = resume_dir / f"{stage}.pt"
-    return torch.load(f, weights_only=False) if f.is_file() else None
+    save_state(resume_dir, st, name=stage)
 
 
 def _restore(model, cfg: LoopConfig, state: dict | None):
@@ -158,49 +151,33 @@ def _restore(model, cfg: LoopConfig, state: dict | None):
     return opt, state["step"]
 
 
-def train_pair(a: TrainArgs) -> dict:
-    """Run the whole pipeline; returns the report also written to training_report.json."""
-    t_start = time.monotonic()
-    dev = a.device
-    if dev == "cuda" and not torch.cuda.is_available():
-        raise DuetError(f"--device cuda: PyTorch {torch.__version__} sees no CUDA GPU")
-    deadline = t_start + a.time_budget_min * 60 if a.time_budget_min else None
-    reserve = planning.EVAL_RESERVE_S if a.evaluate else planning.SAVE_RESERVE_S
-    torch.set_num_threads(a.threads)
-    seed_everything(a.seed)
-    bf16 = a.arch != "qwen3_5"  # see the module docstring
-    resume_dir = Path(a.out) / ".resume"
-    if not a.resume:
-        shutil.rmtree(resume_dir, ignore_errors=True)
-    target_state = _load_state(resume_dir, "target")
-    skip_target = a.skip_target or bool(target_state and target_state["done"])
-
+def _split(a: TrainArgs, out: Path):
+    """The corpus, its held-out files written to OUT/split.json."""
     corpus = load_corpus(
         a.corpus, include=a.include, exclude_dirs=a.exclude_dirs, heldout_frac=a.heldout_frac
     )
-    out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "split.json").write_text(
-        json.dumps(
-            {
-                "corpus_root": str(corpus.root),
-                "corpus_is_stdlib": a.corpus is None,
-                "include": list(a.include),
-                "exclude_dirs": list(a.exclude_dirs),
-                "rule": "held out iff sha256('duet-heldout-v1:' + relative_path) / 2**256 < heldout_frac",
-                "heldout_frac": a.heldout_frac,
-                "seq_len": a.seq_len,
-                "train_files": len(corpus.train),
-                "heldout": list(corpus.heldout),
-            },
-            indent=1,
-        )
-        + "\n"
-    )
+    split = {
+        "corpus_root": str(corpus.root),
+        "corpus_is_stdlib": a.corpus is None,
+        "include": list(a.include),
+        "exclude_dirs": list(a.exclude_dirs),
+        "rule": "held out iff sha256('duet-heldout-v1:' + relative_path) / 2**256 < heldout_frac",
+        "heldout_frac": a.heldout_frac,
+        "seq_len": a.seq_len,
+        "train_files": len(corpus.train),
+        "heldout": list(corpus.heldout),
+    }
+    (out / "split.json").write_text(json.dumps(split, indent=1) + "\n")
     _say(f"corpus {corpus.root}: {len(corpus.train)} train files, {len(corpus.heldout)} held out")
+    return corpus
 
-    # Tokenizer: trained on train files only; reused as-is when the target is reused.
-    tok_dir = Path(tempfile.mkdtemp(prefix="duet-tok-"))
+
+def _tokenize(run: Run, corpus, skip_target: bool) -> None:
+    """The tokenizer (trained on train files only; reused as-is when the target is reused)
+    saved to a temporary dir, and the token streams, into `run`."""
+    a, out = run.a, run.out
+    run.tok_dir = Path(tempfile.mkdtemp(prefix="duet-tok-"))
     if skip_target:
         if not (out / "target" / "config.json").is_file():
             raise DuetError(f"--skip-target: no trained target in {out / 'target'}")
@@ -211,157 +188,104 @@ def train_pair(a: TrainArgs) -> dict:
         tok = load_tokenizer(default_pair()[0])  # the embedded pair's vocabulary
     else:
         tok = train_tokenizer(corpus.texts("train"), a.vocab_size)
-    save_tokenizer(tok, tok_dir)
-    eos, vocab = eos_id(tok), tok.get_vocab_size()
+    save_tokenizer(tok, run.tok_dir)
+    run.eos, run.vocab = eos_id(tok), tok.get_vocab_size()
     enc = lambda texts: [e.ids for e in tok.encode_batch(texts)]  # noqa: E731
-    train_stream = token_stream(corpus.texts("train"), enc, eos)
-    held_stream = token_stream(corpus.texts("heldout"), enc, eos)
-    quick_windows = eval_windows(held_stream, a.seq_len, 8 * a.seq_len)
-    n_bytes = sum((corpus.root / f).stat().st_size for f in corpus.train)
+    run.train_stream = train = token_stream(corpus.texts("train"), enc, run.eos)
+    run.held_stream = held = token_stream(corpus.texts("heldout"), enc, run.eos)
+    run.quick_windows = eval_windows(held, a.seq_len, 8 * a.seq_len)
+    run.n_bytes = sum((corpus.root / f).stat().st_size for f in corpus.train)
+    run.probe_ids = torch.from_numpy(held[: min(128, len(held))].astype(np.int64))[None]
     _say(
-        f"tokenizer: vocab {vocab}; train {len(train_stream)} tokens ({n_bytes / len(train_stream):.2f} bytes/token), "
-        f"held-out {len(held_stream)} tokens"
+        f"tokenizer: vocab {run.vocab}; train {len(train)} tokens "
+        f"({run.n_bytes / len(train):.2f} bytes/token), held-out {len(held)} tokens"
     )
 
-    summary = compute_summary(a.target_shape, a.draft_shape, vocab, a.seq_len)
-    t_cfg = model_config(a.arch, a.target_shape, vocab, eos)
-    d_cfg = model_config(a.arch, a.draft_shape, vocab, eos)
-    if a.arch != "qwen3":
-        summary = counted_summary(summary, t_cfg, d_cfg)
-    summary["arch"] = a.arch
-    check_draft_budget(summary, a.allow_draft_over_budget)
-    _say(
-        f"target {summary['target_params'] / 1e6:.2f} M params, draft {summary['draft_params'] / 1e6:.2f} M params, "
-        f"draft/target compute per token {summary['draft_target_flop_ratio']:.4f}"
+
+def _plan(run: Run, t_cfg, d_cfg, deadline: float, reserve: float, skip_target: bool):
+    """Step counts that fit before `deadline`, from step times measured on throwaway models."""
+    a, dev, bf16 = run.a, run.a.device, run.bf16
+    probe = BatchSampler(run.train_stream, a.batch_size, a.seq_len, seed=a.seed + 99)
+    tm = causal_lm(t_cfg).to(dev)
+    t_step = planning.time_steps(tm, ce_step(tm), probe, bf16=bf16, device=dev)
+    dm = causal_lm(d_cfg).to(dev)
+    d_step = planning.time_steps(
+        dm, distill_step(dm, tm.eval(), a.draft_ce_weight), probe, bf16=bf16, device=dev
     )
-    tokens_per_step = a.batch_size * a.seq_len
+    del tm, dm
+    remaining = deadline - time.monotonic()
+    plan = planning.plan_steps(remaining, t_step, d_step, reserve_s=reserve)
+    if skip_target:
+        plan = planning.plan_steps(remaining, t_step, d_step, target_frac=0.0, reserve_s=reserve)
+    _say(plan.describe(a.batch_size * a.seq_len))
+    return plan
 
-    plan = None
-    if a.time_budget_min:
-        probe = BatchSampler(train_stream, a.batch_size, a.seq_len, seed=a.seed + 99)
-        tm = causal_lm(t_cfg).to(dev)
-        t_step = planning.time_steps(tm, _ce_step(tm), probe, bf16=bf16, device=dev)
-        dm = causal_lm(d_cfg).to(dev)
-        d_step = planning.time_steps(
-            dm, _distill_step(dm, tm.eval(), a.draft_ce_weight), probe, bf16=bf16, device=dev
-        )
-        del tm, dm
-        remaining = deadline - time.monotonic()
-        plan = planning.plan_steps(remaining, t_step, d_step, reserve_s=reserve)
-        if skip_target:
-            plan = planning.plan_steps(remaining, t_step, d_step, target_frac=0.0,
-                                       reserve_s=reserve)  # fmt: skip
-        _say(plan.describe(tokens_per_step))
-    target_steps = a.target_steps or (plan.target_steps if plan else None)
-    draft_steps = a.draft_steps or (plan.draft_steps if plan else None)
-    if target_state and not target_state["done"]:
-        target_steps = target_state["steps"]  # a resumed stage keeps its schedule
-    assert target_steps and draft_steps, "the CLI requires steps or a time budget"
 
-    log_path = out / "loss_log.jsonl"
-    probe_ids = torch.from_numpy(held_stream[: min(128, len(held_stream))].astype(np.int64))[None]
-    stages = {}
+def _train_stage(run: Run, stage: str, model, step_fn, cfg: LoopConfig, state, seed: int):
+    """Train `model` as STAGE (resumed from `state`), saved to OUT/STAGE; the loop's summary
+    with the reload check of the saved weights."""
+    opt, start = _restore(model, cfg, state)
 
-    # Stage 1: the target, next-token loss on the train stream.
-    if not skip_target:
-        if not target_state:
-            log_path.write_text("")
-        seed_everything(a.seed)
-        target = causal_lm(t_cfg).to(dev)
-        limit = plan.target_time_s if plan else None
-        cfg = LoopConfig(
-            "target",
-            target_steps,
-            a.target_lr,
-            a.warmup,
-            time_limit_s=limit,
-            log_every=a.log_every,
-            ckpt_every=a.ckpt_every,
-            bf16=bf16,
-            device=dev,
-        )
-        opt, start = _restore(target, cfg, target_state)
+    def ckpt(step):
+        save_model(model, run.out / stage, run.tok_dir, run.eos)
+        _save_state(run.resume_dir, stage, model, opt, step, cfg.steps)
 
-        def ckpt(step):
-            save_model(target, out / "target", tok_dir, eos)
-            _save_state(resume_dir, "target", target, opt, step, target_steps)
+    a = run.a
+    summary = train_loop(
+        model,
+        step_fn,
+        BatchSampler(run.train_stream, a.batch_size, a.seq_len, seed + start),
+        cfg,
+        run.log_path,
+        ckpt,
+        quick_eval(model, run.quick_windows, run.bf16),
+        optimizer=opt,
+        start_step=start,
+    )
+    save_model(model, run.out / stage, run.tok_dir, run.eos)
+    _save_state(run.resume_dir, stage, None, None, summary["steps"], cfg.steps)
+    summary["reload_check"] = check_reload(model.cpu(), run.out / stage, run.probe_ids)
+    return summary
 
-        stages["target"] = train_loop(
-            target,
-            _ce_step(target),
-            BatchSampler(train_stream, a.batch_size, a.seq_len, a.seed + 1 + start),
-            cfg,
-            log_path,
-            ckpt,
-            _quick_eval(target, quick_windows, bf16),
-            optimizer=opt,
-            start_step=start,
-        )
-        save_model(target, out / "target", tok_dir, eos)
-        _save_state(resume_dir, "target", None, None, stages["target"]["steps"], target_steps)
-        stages["target"]["reload_check"] = check_reload(target.cpu(), out / "target", probe_ids)
-        del target
-    teacher = load_model(out / "target").to(dev)  # distil from the target as saved (bf16 weights)
+
+def _train_target(run: Run, t_cfg, steps: int, limit: float | None, state) -> dict:
+    """Stage 1: the target, next-token loss on the train stream."""
+    a = run.a
+    if not state:
+        run.log_path.write_text("")
+    seed_everything(a.seed)
+    target = causal_lm(t_cfg).to(a.device)
+    cfg = run.loop_config("target", steps, a.target_lr, limit)
+    return _train_stage(run, "target", target, ce_step(target), cfg, state, a.seed + 1)
+
+
+def _train_draft(run: Run, d_cfg, steps: int, deadline, reserve: float, plan) -> tuple:
+    """Stage 2: the draft, distilled from the saved target; (summary, steps planned)."""
+    a = run.a
+    teacher = load_model(run.out / "target").to(a.device)  # as saved (bf16 weights)
     for p in teacher.parameters():
         p.requires_grad_(False)
-
-    # Stage 2: the draft, distilled from the saved target.
     seed_everything(a.seed + 2)
-    draft = causal_lm(d_cfg).to(dev)
-    draft_state = _load_state(resume_dir, "draft")
-    if draft_state:
-        draft_steps = draft_state["steps"]
+    draft = causal_lm(d_cfg).to(a.device)
+    state = load_state(run.resume_dir, "draft")
+    if state:
+        steps = state["steps"]
     limit = None
     if deadline is not None:
         limit = max(deadline - time.monotonic() - reserve, 30.0)
-        if plan:
-            draft_steps = (
-                min(draft_steps, max(1, int(limit * 0.9 / plan.draft_step_s)))
-                if not (a.draft_steps or draft_state)
-                else draft_steps
-            )
-    cfg = LoopConfig(
-        "draft",
-        draft_steps,
-        a.draft_lr,
-        a.warmup,
-        time_limit_s=limit,
-        log_every=a.log_every,
-        ckpt_every=a.ckpt_every,
-        bf16=bf16,
-        device=dev,
-    )
-    if draft_state and draft_state["done"]:  # --resume after a finished draft: evaluate only
-        stages["draft"] = {"steps": draft_state["step"], "resumed_done": True}
-    else:
-        opt, start = _restore(draft, cfg, draft_state)
+        if plan and not (a.draft_steps or state):
+            steps = min(steps, max(1, int(limit * 0.9 / plan.draft_step_s)))
+    cfg = run.loop_config("draft", steps, a.draft_lr, limit)
+    if state and state["done"]:  # --resume after a finished draft: evaluate only
+        return {"steps": state["step"], "resumed_done": True}, steps
+    step_fn = distill_step(draft, teacher, a.draft_ce_weight)
+    return _train_stage(run, "draft", draft, step_fn, cfg, state, a.seed + 3), steps
 
-        def ckpt(step):
-            save_model(draft, out / "draft", tok_dir, eos)
-            _save_state(resume_dir, "draft", draft, opt, step, draft_steps)
 
-        stages["draft"] = train_loop(
-            draft,
-            _distill_step(draft, teacher, a.draft_ce_weight),
-            BatchSampler(train_stream, a.batch_size, a.seq_len, a.seed + 3 + start),
-            cfg,
-            log_path,
-            ckpt,
-            _quick_eval(draft, quick_windows, bf16),
-            optimizer=opt,
-            start_step=start,
-        )
-        save_model(draft, out / "draft", tok_dir, eos)
-        _save_state(resume_dir, "draft", None, None, stages["draft"]["steps"], draft_steps)
-        stages["draft"]["reload_check"] = check_reload(draft.cpu(), out / "draft", probe_ids)
-
-    shutil.rmtree(tok_dir, ignore_errors=True)
-    if a.arch != "qwen3":  # our runtime's reference must read the checkpoint as transformers does
-        for name in ("target", "draft"):
-            if name in stages:
-                stages[name]["reference_parity"] = check_reference(out / name, probe_ids)
-
-    report = {
+def _report(run: Run, corpus, plan, steps: dict, summary: dict, stages: dict) -> dict:
+    a = run.a
+    train_stream = run.train_stream
+    return {
         "command": "python -m apps.train " + " ".join(a.argv),
         "args": {
             k: (str(v) if isinstance(v, Path) else asdict(v) if isinstance(v, Shape) else v)
@@ -375,31 +299,80 @@ def train_pair(a: TrainArgs) -> dict:
             "train_files": len(corpus.train),
             "heldout_files": len(corpus.heldout),
             "train_tokens": int(len(train_stream)),
-            "heldout_tokens": int(len(held_stream)),
-            "train_bytes_per_token": n_bytes / len(train_stream),
+            "heldout_tokens": int(len(run.held_stream)),
+            "train_bytes_per_token": run.n_bytes / len(train_stream),
         },
         "plan": asdict(plan) if plan else None,
-        "steps": {"target": target_steps, "draft": draft_steps},
-        "tokens_per_step": tokens_per_step,
+        "steps": steps,
+        "tokens_per_step": a.batch_size * a.seq_len,
         **summary,
         "stages": stages,
-        "train_wall_s": round(time.monotonic() - t_start, 1),
     }
+
+
+def _evaluate(a: TrainArgs, out: Path, corpus) -> dict:
+    _say("evaluating the saved pair ...")
+    ev = evaluate_pair(
+        out / "target",
+        out / "draft",
+        corpus,
+        seq_len=a.seq_len,
+        max_new=a.eval_max_new_tokens,
+        max_prompts=a.eval_prompts,
+    )
+    _say(
+        f"held-out loss: target {ev['target_heldout_loss']:.4f}, draft "
+        f"{ev['draft_heldout_loss']:.4f}; greedy acceptance {ev['greedy_acceptance']:.3f} "
+        f"over {ev['positions']} positions"
+    )
+    return ev
+
+
+def train_pair(a: TrainArgs) -> dict:
+    """Run the whole pipeline; returns the report also written to training_report.json."""
+    t_start = time.monotonic()
+    check_device(a.device)
+    deadline = t_start + a.time_budget_min * 60 if a.time_budget_min else None
+    reserve = planning.EVAL_RESERVE_S if a.evaluate else planning.SAVE_RESERVE_S
+    torch.set_num_threads(a.threads)
+    seed_everything(a.seed)
+    out = Path(a.out)
+    run = Run(a, out, out / RESUME_DIR, bf16=a.arch != "qwen3_5")  # see the module docstring
+    if not a.resume:
+        shutil.rmtree(run.resume_dir, ignore_errors=True)
+    target_state = load_state(run.resume_dir, "target")
+    skip_target = a.skip_target or bool(target_state and target_state["done"])
+    corpus = _split(a, out)
+    _tokenize(run, corpus, skip_target)
+    summary, t_cfg, d_cfg = pair_configs(a, run.vocab, run.eos)
+    _say(
+        f"target {summary['target_params'] / 1e6:.2f} M params, draft "
+        f"{summary['draft_params'] / 1e6:.2f} M params, draft/target compute per token "
+        f"{summary['draft_target_flop_ratio']:.4f}"
+    )
+    plan = None
+    if a.time_budget_min:
+        plan = _plan(run, t_cfg, d_cfg, deadline, reserve, skip_target)
+    target_steps = a.target_steps or (plan.target_steps if plan else None)
+    draft_steps = a.draft_steps or (plan.draft_steps if plan else None)
+    if target_state and not target_state["done"]:
+        target_steps = target_state["steps"]  # a resumed stage keeps its schedule
+    assert target_steps and draft_steps, "the CLI requires steps or a time budget"
+    stages = {}
+    if not skip_target:
+        limit = plan.target_time_s if plan else None
+        stages["target"] = _train_target(run, t_cfg, target_steps, limit, target_state)
+    stages["draft"], draft_steps = _train_draft(run, d_cfg, draft_steps, deadline, reserve, plan)
+    shutil.rmtree(run.tok_dir, ignore_errors=True)
+    if a.arch != "qwen3":  # our runtime's reference must read the checkpoint as transformers does
+        for name in ("target", "draft"):
+            if name in stages:
+                stages[name]["reference_parity"] = check_reference(out / name, run.probe_ids)
+    steps = {"target": target_steps, "draft": draft_steps}
+    report = _report(run, corpus, plan, steps, summary, stages)
+    report["train_wall_s"] = round(time.monotonic() - t_start, 1)
     if a.evaluate:
-        _say("evaluating the saved pair ...")
-        report["evaluation"] = evaluate_pair(
-            out / "target",
-            out / "draft",
-            corpus,
-            seq_len=a.seq_len,
-            max_new=a.eval_max_new_tokens,
-            max_prompts=a.eval_prompts,
-        )
-        ev = report["evaluation"]
-        _say(
-            f"held-out loss: target {ev['target_heldout_loss']:.4f}, draft {ev['draft_heldout_loss']:.4f}; "
-            f"greedy acceptance {ev['greedy_acceptance']:.3f} over {ev['positions']} positions"
-        )
+        report["evaluation"] = _evaluate(a, out, corpus)
     report["total_wall_s"] = round(time.monotonic() - t_start, 1)
     (out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from runtime.errors import DuetError
 
-from .args import REQUIRED, add_loop_args, check_device
+from .args import REQUIRED, add_loop_args, check_device, command_parser
 from .corpus import BatchSampler, eval_windows, load_corpus, token_stream
 from .loop import LoopConfig, make_optimizer, train_loop
 from .resume import RESUME_DIR, resume_from, save_state
@@ -56,8 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     from runtime.assets import default_pair
 
     tdir, ddir = default_pair()
-    ap = argparse.ArgumentParser(prog="python -m apps.train ss-draft", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = command_parser("ss-draft", __doc__)
     ap.add_argument("--target", default=str(tdir), help="teacher target (default: embedded)")
     ap.add_argument("--draft", default=str(ddir),
                     help="draft to start from (default: the embedded draft)")  # fmt: skip
@@ -67,17 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--stream-stride", type=int, default=4,
                     help="streams on every k-th position of a window, from a random offset "
                     "(default 4: a quarter of the stream tokens, the same positions in time)")  # fmt: skip
-    add_loop_args(
-        ap,
-        max_corpus_chars=4_000_000,
-        corpus=None,
-        threads=1,
-        device="cpu",
-        seed=0,
-        ckpt_every=100,
-        fresh=False,
-        helps=HELPS,
-    )
+    add_loop_args(ap, max_corpus_chars=4_000_000, corpus=None, threads=1, device="cpu", helps=HELPS)
+    add_loop_args(ap, seed=0, ckpt_every=100, fresh=False)
     ap.add_argument("--freeze-main", action="store_true",
                     help="train the stream embeddings only: the main stream stays the initial "
                     "draft exactly (its tokens and acceptance unchanged; only J changes)")  # fmt: skip
@@ -167,7 +157,7 @@ def _check(a: argparse.Namespace, target: Path, draft: Path) -> None:
 
 def _student(dcfg, draft: Path, a: argparse.Namespace):
     """The SS student on --device: the draft's weights, fresh stream embeddings E_1..E_n."""
-    from runtime.backends.torch_load import load_torch_lm
+    from runtime.backends.torch import load_torch_lm
     from runtime.drafts.ss.torch import SSTorchLM
 
     student = SSTorchLM(dcfg, a.streams)
