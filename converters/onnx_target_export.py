@@ -51,7 +51,7 @@ from runtime.backends.onnx.target import (  # noqa: F401
     part_name,
     recipe,
 )
-from runtime.backends.torch import load_torch_lm
+from runtime.backends.torch import load_torch_lm, torch_family
 from runtime.errors import DuetError
 
 
@@ -77,8 +77,8 @@ def export_target_part(model_dir, out, start: int, stop: int, head: bool, quanti
     rec = recipe(quantize)
     lm = lm if lm is not None else load_torch_lm(model_dir, torch.float32)
     cfg = lm.cfg
-    family = type(lm).__name__
-    if cfg.is_hybrid or family not in ("TorchLM", "Gemma3LM"):
+    family = torch_family(cfg)  # the file of runtime/backends/torch/ that built `lm`
+    if family not in ("llama", "gemma3_text"):
         raise DuetError(
             f"{model_dir}: the ONNX target runs Llama, Qwen2, Qwen3 and Gemma 3 checkpoints "
             f"(got {cfg.model_type}); use --target-backend torch"
@@ -88,7 +88,7 @@ def export_target_part(model_dir, out, start: int, stop: int, head: bool, quanti
     state = lm.state_dict()
     rows = rec.get("attention", "window").startswith("rows")
     inv_freq = lm.inv_freq.detach().float().numpy()
-    if family == "Gemma3LM":
+    if family == "gemma3_text":
         from converters.onnx_target_gemma3 import build_gemma_part
 
         ropes = {"global": inv_freq, "local": lm.inv_freq_local.detach().float().numpy()}

@@ -1,25 +1,32 @@
-"""Load a checkpoint directory on MLX as its family's CausalLM: `MLXQwen3_5LM` for a hybrid
-(mlx_qwen3_5.py), `MLXGemma3LM` for Gemma 3 (mlx_gemma3.py), else `MLXCausalLM`
-(mlx_backend.py). The dispatcher sits above the family files, which subclass MLXCausalLM, so
-mlx_backend.py never imports them back (no circle).
+"""The MLX backend (the target's home on a Mac), a file per model family named after its
+`model_type`, each built by mlx-lm's own model classes with a forward loop of ours.
+
+llama        MLXCausalLM: Llama, Qwen2, Qwen3 (and the base the other families subclass)
+gemma3_text  MLXGemma3LM: local sliding-window layers beside global ones
+qwen3_5      MLXQwen3_5LM: Gated DeltaNet linear attention beside gated full attention
+
+`FAMILIES` maps a model type to its file, each of which exports `load(path, dtype,
+hybrid_rollback)`; `load_mlx_lm` calls it. The table sits here, above the family files, which
+subclass MLXCausalLM, so llama.py never imports them back (no circle).
 """
 
 from __future__ import annotations
 
-from runtime.backends.mlx.llama import MLXCausalLM
 from runtime.config import ModelConfig
 
+FAMILIES = {  # model_type -> the file of this folder that runs it
+    "llama": "llama",
+    "qwen2": "llama",
+    "qwen3": "llama",
+    "gemma3_text": "gemma3_text",
+    "qwen3_5_text": "qwen3_5",
+}
 
-def load_mlx_lm(path, dtype: str | None = None, hybrid_rollback: str = "replay") -> MLXCausalLM:
+
+def load_mlx_lm(path, dtype: str | None = None, hybrid_rollback: str = "replay"):
     """The MLX model of `path`'s family. dtype: None keeps the checkpoint's on a GPU and uses
     float32 on the CPU; `hybrid_rollback` applies to a hybrid Qwen3.5 checkpoint."""
+    from runtime.backends.families import family_module
+
     config = ModelConfig.from_dir(path)
-    if config.is_hybrid:
-        from runtime.backends.mlx.qwen3_5 import MLXQwen3_5LM
-
-        return MLXQwen3_5LM.load(path, dtype, hybrid_rollback)
-    if config.model_type == "gemma3_text":  # local + global layers, a sliding-window cache
-        from runtime.backends.mlx.gemma3_text import MLXGemma3LM
-
-        return MLXGemma3LM.load(path, dtype)
-    return MLXCausalLM.load(path, dtype)
+    return family_module(__name__, FAMILIES, config).load(path, dtype, hybrid_rollback)

@@ -179,3 +179,9 @@ def _say_vision_ignored(path) -> None:
             n += sum("vision_tower." in k or "multi_modal_projector." in k for k in st.keys())
     if n:
         print(f"{path}: Gemma 3 text tower only; ignoring {n} vision weights", file=sys.stderr)
+
+
+def load(path, dtype: str | None = None, hybrid_rollback: str = "replay") -> MLXGemma3LM:
+    """This family's entry in runtime/backends/mlx/__init__.py's FAMILIES (hybrid_rollback: a
+    hybrid's only)."""
+    return MLXGemma3LM.load(path, dtype)

@@ -148,3 +148,9 @@ def is_mlx_dir(path) -> bool:
     """True for an MLX-format directory (mlx-community style quantized weights)."""
     cfg = Path(path) / "config.json"
     return cfg.is_file() and "quantization" in json.loads(cfg.read_text())
+
+
+def load(path, dtype: str | None = None, hybrid_rollback: str = "replay") -> MLXCausalLM:
+    """This family's entry in runtime/backends/mlx/__init__.py's FAMILIES (hybrid_rollback: a
+    hybrid's only)."""
+    return MLXCausalLM.load(path, dtype)

@@ -215,3 +215,8 @@ def _causal_only(mask: np.ndarray, offset: int, length: int) -> None:
             "a hybrid (linear-attention) model runs causal windows only: tree and branch masks "
             "need a state per branch, which its cache does not keep"
         )
+
+
+def load(path, dtype: str | None = None, hybrid_rollback: str = "replay") -> MLXQwen3_5LM:
+    """This family's entry in runtime/backends/mlx/__init__.py's FAMILIES."""
+    return MLXQwen3_5LM.load(path, dtype, hybrid_rollback)

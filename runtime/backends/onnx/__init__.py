@@ -1,36 +1,50 @@
-"""Open an ONNX export as its family's CausalLM: `OnnxHybridLM` for a hybrid Qwen3.5
-(onnx_hybrid.py: a one-token graph with the linear states as I/O, and a prefill graph when one
-was exported), `OnnxGemma3LM` for Gemma 3 (onnx_gemma3.py: the local layers' positions as
-graph I/O), else `OnnxCausalLM` (onnx_backend.py). The dispatcher sits above the family files,
-which build on onnx_backend.py, so that file never imports them back (no circle).
+"""The ONNX Runtime backend (the draft's home off Apple, and the target's on CPUs), a file per
+model family named after its `model_type`, over the graphs `converters` exports.
+
+llama        OnnxCausalLM: Llama, Qwen2, Qwen3, KV cache as graph I/O (and the sessions and
+             providers every ONNX model opens)
+gemma3_text  OnnxGemma3LM: the local layers' positions as graph I/O, a sliding cache
+qwen3_5      OnnxHybridLM: a one-token graph with the linear states as I/O (and a prefill graph)
+target       OnnxTargetLM: the target as int4/int8 graph parts (with residual, target_rows,
+             gqa_buckets, cpu_int8: its hidden state, row attention, GQA's summation buckets
+             and the CPU's int8 path)
+static_host  StaticOnnxLM: a fixed-shape export for NPUs
+
+`FAMILIES` maps a model type to its file, each of which exports `load(path, config, **kw)`;
+`load_onnx_lm` calls it. The table sits here, above the family files, which build on llama.py,
+so that file never imports them back (no circle).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.backends.onnx.llama import OnnxCausalLM, onnx_config, open_session
 from runtime.errors import DuetError
+
+FAMILIES = {  # model_type -> the file of this folder that runs it
+    "llama": "llama",
+    "qwen2": "llama",
+    "qwen3": "llama",
+    "gemma3_text": "gemma3_text",
+    "qwen3_5_text": "qwen3_5",
+}
+
+
+def onnx_family(config) -> str:
+    """The family file (a FAMILIES value) that runs `config` on this backend."""
+    from runtime.backends.families import family
+
+    return family(FAMILIES, config, "onnx")
 
 
 def load_onnx_lm(onnx_path, config_dir=None, **kw):
     """The CausalLM of the export at `onnx_path`. The config comes from `config_dir`, else the
     `duet.config` metadata our exporter embeds, else a config.json beside the file."""
+    from runtime.backends.families import family_module
+    from runtime.backends.onnx.llama import onnx_config
+
     p = Path(onnx_path)
     if not p.is_file():
         raise DuetError(f"ONNX draft not found: {p}")
     config = onnx_config(p, config_dir)
-    if config.is_hybrid:
-        from runtime.backends.onnx.qwen3_5 import OnnxHybridLM, prefill_path
-
-        prov, intra, inter = (kw.get("provider", "cpu"), kw.get("intra_threads", 1),
-                              kw.get("inter_threads", 1))  # fmt: skip
-        pre = prefill_path(p)
-        pre = open_session(pre, prov, intra, inter) if pre.is_file() else None
-        return OnnxHybridLM(open_session(p, prov, intra, inter), config, p, prov,
-                            (intra, inter), pre)  # fmt: skip
-    if config.model_type == "gemma3_text":
-        from runtime.backends.onnx.gemma3_text import OnnxGemma3LM
-
-        return OnnxGemma3LM(p, config, **kw)
-    return OnnxCausalLM(p, config, **kw)
+    return family_module(__name__, FAMILIES, config).load(p, config, **kw)

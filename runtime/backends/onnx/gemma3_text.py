@@ -59,3 +59,8 @@ class OnnxGemma3LM(OnnxCausalLM):
             kv = (res[1 + 2 * i], res[2 + 2 * i])
             cache.put(i, *kv, key_pos) if local else cache.put(i, *kv)
         return res[0].astype(np.float32, copy=False)
+
+
+def load(path, config, **kw) -> OnnxGemma3LM:
+    """This family's entry in runtime/backends/onnx/__init__.py's FAMILIES."""
+    return OnnxGemma3LM(path, config, **kw)

@@ -175,3 +175,8 @@ def _file_config(p: Path) -> ModelConfig:
     if "duet.config" in meta:
         return ModelConfig.from_dict(json.loads(meta["duet.config"]), where=f"{p} metadata")
     return ModelConfig.from_dir(p.parent)
+
+
+def load(path, config: ModelConfig, **kw) -> OnnxCausalLM:
+    """This family's entry in runtime/backends/onnx/__init__.py's FAMILIES."""
+    return OnnxCausalLM(path, config, **kw)

@@ -131,3 +131,16 @@ class OnnxHybridLM:
 
     def head(self, hidden):
         raise DuetError("the ONNX backend runs whole models only; it has no separate LM head")
+
+
+def load(path, config: ModelConfig, **kw) -> OnnxHybridLM:
+    """This family's entry in runtime/backends/onnx/__init__.py's FAMILIES: the one-token graph
+    at `path`, and its prefill graph when one was exported beside it."""
+    from runtime.backends.onnx.llama import open_session
+
+    prov, intra, inter = (kw.get("provider", "cpu"), kw.get("intra_threads", 1),
+                          kw.get("inter_threads", 1))  # fmt: skip
+    pre = prefill_path(path)
+    pre = open_session(pre, prov, intra, inter) if pre.is_file() else None
+    return OnnxHybridLM(open_session(path, prov, intra, inter), config, path, prov,
+                        (intra, inter), pre)  # fmt: skip

@@ -1,7 +1,14 @@
-"""Load a Hugging Face checkpoint directory into the PyTorch reference model of its family:
-`TorchLM` (torch_ref.py: Llama, Qwen2, Qwen3), `Qwen3_5LM` (torch_qwen3_5.py, hybrids) or
-`Gemma3LM` (torch_gemma3.py). The dispatcher lives here, above the family files, so that they
-import torch_ref's shared pieces without torch_ref importing them back (no circle).
+"""The PyTorch reference backend, a file per model family named after its `model_type`.
+
+llama        TorchLM: Llama, Qwen2, Qwen3 (and the pieces the other families import)
+gemma3_text  Gemma3LM: local sliding-window layers beside global ones
+qwen3_5      Qwen3_5LM: Gated DeltaNet linear attention beside gated full attention
+causal_lm    TorchCausalLM: any of them behind the CausalLM protocol
+
+`FAMILIES` maps a model type to its file, each of which exports `Model` (the nn.Module) and
+`sanitize(state, path)` (the checkpoint's tensors under the module's names); `load_torch_lm`
+builds one. The table sits here, above the family files, which import llama.py's shared
+pieces without llama.py importing them back (no circle).
 """
 
 from __future__ import annotations
@@ -9,13 +16,27 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.backends.torch.llama import TorchLM
 from runtime.config import ModelConfig
+
+FAMILIES = {  # model_type -> the file of this folder that runs it
+    "llama": "llama",
+    "qwen2": "llama",
+    "qwen3": "llama",
+    "gemma3_text": "gemma3_text",
+    "qwen3_5_text": "qwen3_5",
+}
+
+
+def torch_family(config: ModelConfig) -> str:
+    """The family file (a FAMILIES value) that runs `config` on this backend."""
+    from runtime.backends.families import family
+
+    return family(FAMILIES, config, "torch")
 
 
 def load_torch_lm(path, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """Build a TorchLM (or, for a hybrid checkpoint, a Qwen3_5LM) from a Hugging Face
-    checkpoint directory, keeping one copy of the weights resident.
+    """Build the model of `path`'s family (FAMILIES) from a Hugging Face checkpoint directory,
+    keeping one copy of the weights resident.
 
     The model is built with its parameters on the meta device (accelerate's
     `init_empty_weights`, buffers such as RoPE's inverse frequencies stay real) and the
@@ -24,25 +45,18 @@ def load_torch_lm(path, dtype: torch.dtype = torch.float32) -> nn.Module:
     from accelerate import init_empty_weights
     from safetensors.torch import load_file
 
+    from runtime.backends.families import family_module
     from runtime.config import weight_files
     from runtime.errors import DuetError
 
     cfg = ModelConfig.from_dir(path)
+    fam = family_module(__name__, FAMILIES, cfg)
     state = {}
     for f in weight_files(path):
         state.update(load_file(str(f)))
     state = {k: v for k, v in state.items() if "rotary_emb" not in k}
     with init_empty_weights(include_buffers=False):
-        if cfg.is_hybrid:
-            from runtime.backends.torch.qwen3_5 import Qwen3_5LM, text_tower_state
-
-            model, state = Qwen3_5LM(cfg), text_tower_state(state, path)
-        elif cfg.model_type == "gemma3_text":  # sliding-window + global layers (own file)
-            from runtime.backends.torch.gemma3_text import Gemma3LM, gemma_text_state
-
-            model, state = Gemma3LM(cfg), gemma_text_state(state, path)
-        else:
-            model = TorchLM(cfg)
+        model, state = fam.Model(cfg), fam.sanitize(state, path)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)

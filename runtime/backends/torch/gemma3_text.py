@@ -184,7 +184,7 @@ class Gemma3LM(nn.Module):
         return self.head(h), presents
 
 
-def gemma_text_state(state: dict, path) -> dict:
+def sanitize(state: dict, path) -> dict:
     """A multimodal gemma3 checkpoint's language model under our names
     (`model.language_model.*` or `language_model.model.*` -> `model.*`); the vision tower and
     projector are set aside with one line on stderr."""
@@ -203,3 +203,6 @@ def gemma_text_state(state: dict, path) -> dict:
             k = k[len("language_model.") :]
         out[k] = v
     return out
+
+
+Model = Gemma3LM  # this family's entry in runtime/backends/torch/__init__.py's FAMILIES

@@ -187,3 +187,11 @@ class TorchLM(nn.Module):
     def forward(self, input_ids, positions, mask, past):
         h, presents = self.run_layers(input_ids, 0, self.cfg.num_layers, positions, mask, past)
         return self.head(h), presents
+
+
+Model = TorchLM  # this family's entry in runtime/backends/torch/__init__.py's FAMILIES
+
+
+def sanitize(state: dict, path) -> dict:
+    """A Llama / Qwen2 / Qwen3 checkpoint's tensors already carry TorchLM's names."""
+    return state

@@ -244,7 +244,7 @@ class Qwen3_5LM(nn.Module):
         return h @ w.T
 
 
-def text_tower_state(state: dict, path) -> dict:
+def sanitize(state: dict, path) -> dict:
     """The language model's weights under our names: a multimodal checkpoint's
     `model.language_model.*` becomes `model.*`; vision weights and the `mtp.*` head are set
     aside (the vision tower with one line on stderr)."""
@@ -258,3 +258,6 @@ def text_tower_state(state: dict, path) -> dict:
             continue
         out["model." + k[len(prefix) :] if k.startswith(prefix) else k] = v
     return out
+
+
+Model = Qwen3_5LM  # this family's entry in runtime/backends/torch/__init__.py's FAMILIES
