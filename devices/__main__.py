@@ -2,9 +2,10 @@
 
 list [--json]                         the shipped profiles, each with its figures' sources
 show NAME|FILE [--json]               one profile, as written (TOML) or parsed (JSON)
-calibrate --out FILE [--model DIR | --target DIR --draft DIR] [--target-backend B [--quantize Q]]
-          [--draft-backend B] [--k-max K] [--repeats R] [--name NAME]
-                                      measure this machine, fit the latency parameters, write a profile
+calibrate --out FILE [--model DIR | --target DIR --draft DIR] [--target-backend B
+          [--quantize Q]] [--draft-backend B] [--k-max K] [--repeats R] [--name NAME]
+                                      measure this machine, fit the latency parameters,
+                                      write a profile
 latency --profile NAME --link 5g|4g|wifi-weak [--gamma-hat G] [--k-max K]
         [--acceptance geometric|alg2] [--bits-per-token B] [--json]
                                       FlexSpec step time for each K and K* (eq. (7)-(11))
@@ -30,7 +31,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def list_profiles() -> list[dict]:
-    """Every shipped profile as {name, description, kind, draft, target, bandwidth_gb_s, sources}."""
+    """Every shipped profile as {name, description, kind, draft, target, bandwidth_gb_s,
+    sources}."""
     from devices.profile import load_all
 
     return [
@@ -139,7 +141,8 @@ def calibrate(
     """Measure this machine on a target/draft pair, write the fitted profile to `out`, return it."""
     import converters  # noqa: F401 (a draft directory on ONNX is exported on the fly)
     from devices.calibrate import run_calibration, to_profile
-    from devices.profile import dumps_toml, read_profile_file
+    from devices.profile import read_profile_file
+    from devices.profile_toml import dumps_toml
     from runtime.backends import load_model
     from runtime.testing.random_checkpoint import make_checkpoint
 
@@ -173,7 +176,7 @@ def calibrate(
                 **tiny,
             )
         if target_backend == "onnx":  # the ONNX Runtime target, its weights `quantize`d
-            from runtime.backends.onnx_target import OnnxTargetLM
+            from runtime.backends.onnx.target import OnnxTargetLM
 
             tgt = OnnxTargetLM(target_dir, quantize)
         else:
@@ -222,22 +225,26 @@ def _describe(d: Path, m) -> str:
 def _print_latency(t: dict) -> None:
     link = t["link"]
     print(
-        f"{t['profile']} over {link['name']} ({link['description']}): rate {link['rate_bps'] / 1e6:g} Mbit/s, "
-        f"RTT {link['rtt_s'] * 1e3:.1f} ms, {link['fading']} fading, mean SNR {link['mean_snr_db']:g} dB"
+        f"{t['profile']} over {link['name']} ({link['description']}): "
+        f"rate {link['rate_bps'] / 1e6:g} Mbit/s, RTT {link['rtt_s'] * 1e3:.1f} ms, "
+        f"{link['fading']} fading, mean SNR {link['mean_snr_db']:g} dB"
     )
     p = t["params"]
     print(
         f"alpha_edge {p['alpha_edge'] * 1e3:.3f} ms, beta {p['beta'] * 1e3:.3f} ms, "
         f"delta_cloud {p['delta_cloud'] * 1e3:.4f} ms, t_base {p['t_base'] * 1e3:.3f} ms; "
-        f"T_fixed {t['t_fixed_s'] * 1e3:.2f} ms, T_marginal {t['t_marginal_s'] * 1e3:.4f} ms  (eq. 10)"
+        f"T_fixed {t['t_fixed_s'] * 1e3:.2f} ms, "
+        f"T_marginal {t['t_marginal_s'] * 1e3:.4f} ms  (eq. 10)"
     )
     print(
-        f"{'K':>3} {'step ms':>10} {'E[tau]':>7} {'tok/s':>8}   ({t['acceptance']}, gamma_hat {t['gamma_hat']})"
+        f"{'K':>3} {'step ms':>10} {'E[tau]':>7} {'tok/s':>8}   "
+        f"({t['acceptance']}, gamma_hat {t['gamma_hat']})"
     )
     for s in t["steps"]:
         mark = "  <- k_star" if s["k"] == t["k_star"] else ""
         print(
-            f"{s['k']:>3} {s['step_time_s'] * 1e3:>10.2f} {s['expected_accepted']:>7.2f} {s['tokens_per_s']:>8.2f}{mark}"
+            f"{s['k']:>3} {s['step_time_s'] * 1e3:>10.2f} {s['expected_accepted']:>7.2f} "
+            f"{s['tokens_per_s']:>8.2f}{mark}"
         )
     print(f"k_star = {t['k_star']}")
     sh = t["shift"]
@@ -251,6 +258,44 @@ def _print_latency(t: dict) -> None:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    if a.cmd == "list":
+        rows = list_profiles()
+        if a.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            for r in rows:
+                print(
+                    f"{r['name']:<20} {r['kind']:<6} {r['bandwidth_gb_s']:>8.1f} GB/s  "
+                    f"draft {r['draft']:<18} target {r['target']}"
+                )
+    elif a.cmd == "show":
+        from devices.profile import load_profile
+
+        p = load_profile(a.name)
+        print(
+            json.dumps(p.raw, indent=2) if a.json else p.path.read_text(),
+            end="\n" if a.json else "",
+        )
+    elif a.cmd == "calibrate":
+        _run_calibrate(a)
+    else:
+        t = latency_table(
+            a.profile,
+            a.link,
+            gamma_hat=a.gamma_hat,
+            k_max=a.k_max,
+            acceptance=a.acceptance,
+            bits_per_token=a.bits_per_token,
+        )
+        if a.json:
+            print(json.dumps(t, indent=2))
+        else:
+            _print_latency(t)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     from devices.links import LINKS
 
     ap = _Parser(
@@ -286,81 +331,48 @@ def main(argv: list[str] | None = None) -> int:
         "--gamma-hat", type=float, default=0.8, help="EMA acceptance (Alg. 2 starts at 0.8)"
     )
     s.add_argument("--k-max", type=int, default=8)
-    s.add_argument("--acceptance", default="geometric", choices=("alg2", "geometric"),
-                   help="E[tau|K]: geometric (bounded, default) or alg2 (1 + gamma_hat K)")  # fmt: skip
+    s.add_argument(
+        "--acceptance",
+        default="geometric",
+        choices=("alg2", "geometric"),
+        help="E[tau|K]: geometric (bounded, default) or alg2 (1 + gamma_hat K)",
+    )
     s.add_argument("--json", action="store_true")
-    a = ap.parse_args(argv)
+    return ap
 
-    if a.cmd == "list":
-        rows = list_profiles()
-        if a.json:
-            print(json.dumps(rows, indent=2))
-        else:
-            for r in rows:
-                print(
-                    f"{r['name']:<20} {r['kind']:<6} {r['bandwidth_gb_s']:>8.1f} GB/s  "
-                    f"draft {r['draft']:<18} target {r['target']}"
-                )
-    elif a.cmd == "show":
-        from devices.profile import load_profile
 
-        p = load_profile(a.name)
-        print(
-            json.dumps(p.raw, indent=2) if a.json else p.path.read_text(),
-            end="\n" if a.json else "",
-        )
-    elif a.cmd == "calibrate":
-        from runtime.preflight import writable_file
+def _run_calibrate(a: argparse.Namespace) -> None:
+    """`calibrate`: measure, write the profile, print its fitted parameters (or the JSON)."""
+    from runtime.preflight import writable_file
 
-        writable_file(a.out, "--out")
-        res = calibrate(
-            a.out,
-            model=a.model,
-            target=a.target,
-            draft=a.draft,
-            target_backend=a.target_backend,
-            draft_backend=a.draft_backend,
-            quantize=a.quantize,
-            k_max=a.k_max,
-            repeats=a.repeats,
-            name=a.name,
-            progress=not a.no_progress,
-        )
-        prof = res["profile"]
-        if a.json:
-            print(json.dumps(prof, indent=2))
-        else:
-            lat = prof["latency"]
-            print(f"wrote {a.out}: {prof['description']}")
-            for k in (
-                "alpha_edge",
-                "beta",
-                "t_base",
-                "delta_cloud",
-                "c_layer",
-                "c_layer_per_token",
-                "t_rv",
-            ):
-                r2 = f"  R² {lat[k]['r2']:.3f}" if "r2" in lat[k] else ""
-                print(f"  {k:<18} {lat[k]['value'] * 1e3:>10.4f} ms{r2}")
-            print(
-                f"  bandwidth {prof['memory']['bandwidth']['value']:.1f} GB/s, "
-                f"peak {prof['accelerators']['cpu']['peak']['value'] * 1e3:.1f} GFLOP/s"
-            )
-    else:
-        t = latency_table(
-            a.profile,
-            a.link,
-            gamma_hat=a.gamma_hat,
-            k_max=a.k_max,
-            acceptance=a.acceptance,
-            bits_per_token=a.bits_per_token,
-        )
-        if a.json:
-            print(json.dumps(t, indent=2))
-        else:
-            _print_latency(t)
-    return 0
+    writable_file(a.out, "--out")
+    res = calibrate(
+        a.out,
+        model=a.model,
+        target=a.target,
+        draft=a.draft,
+        target_backend=a.target_backend,
+        draft_backend=a.draft_backend,
+        quantize=a.quantize,
+        k_max=a.k_max,
+        repeats=a.repeats,
+        name=a.name,
+        progress=not a.no_progress,
+    )
+    prof = res["profile"]
+    if a.json:
+        print(json.dumps(prof, indent=2))
+        return
+    lat = prof["latency"]
+    print(f"wrote {a.out}: {prof['description']}")
+    for k in ("alpha_edge", "beta", "t_base", "delta_cloud", "c_layer", "c_layer_per_token",
+              "t_rv"):  # fmt: skip
+        r2 = f"  R² {lat[k]['r2']:.3f}" if "r2" in lat[k] else ""
+        print(f"  {k:<18} {lat[k]['value'] * 1e3:>10.4f} ms{r2}")
+    print(
+        f"  bandwidth {prof['memory']['bandwidth']['value']:.1f} GB/s, "
+        f"peak {prof['accelerators']['cpu']['peak']['value'] * 1e3:.1f} GFLOP/s"
+    )
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 What is measured (medians over `repeats`), and what is fitted by least squares:
 
   draft step time against K     K greedy single-token draft forwards   T_edge(K) = α_edge·K + β
-  target verification against K one forward over K + 1 positions + head T_cloud(K) = T_base + K·δ_cloud
-  target per-layer time c_ℓ     each layer alone over a window of T    c_ℓ(T) ≈ c_layer + T·c_layer_per_token
+  target verification against K one forward over K + 1 positions + head
+                                                                      T_cloud(K) = T_base + K·δ_cloud
+  target per-layer time c_ℓ     each layer alone over a window of T    c_ℓ(T) ≈ c_layer
+                                                                              + T·c_layer_per_token
   rendezvous                    a queue.Queue round trip between two    T_rv = T_rv(ee) + T_rv(fv)
                                 threads carrying a top-κ payload
   contention                    the target's γ+1 window pass while a    target_slowdown (x)
@@ -57,44 +59,59 @@ def _prompt(vocab_size: int, n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, vocab_size, size=(1, n), dtype=np.int64)
 
 
+def _prefilled(model, prompt_len: int):
+    """A fresh cache holding a random prompt of `prompt_len` tokens."""
+    cache = model.new_cache(1)
+    model.forward(_prompt(model.config.vocab_size, prompt_len), cache)
+    return cache
+
+
+def _median_per_k(k_values: Iterable[int], make, repeats: int) -> dict[int, float]:
+    """{K: median seconds of make(K)()}, each after one warm-up call (graph compilation,
+    allocator)."""
+    out = {}
+    for k in k_values:
+        fn = make(k)
+        fn()
+        out[k] = _median_time(fn, repeats)
+    return out
+
+
 def time_draft_steps(
     model, k_values: Iterable[int], *, prompt_len: int = 16, repeats: int = 3
 ) -> dict[int, float]:
     """Median seconds to draft K tokens greedily, one forward per token, after a prefill."""
-    cache = model.new_cache(1)
-    model.forward(_prompt(model.config.vocab_size, prompt_len), cache)
-    out = {}
-    for k in k_values:
+    cache = _prefilled(model, prompt_len)
 
-        def draft(k=k):
+    def drafter(k: int):
+        def draft():
             tok = np.zeros((1, 1), dtype=np.int64)
             for _ in range(k):
                 logits = model.forward(tok, cache)  # (1, 1, V)
                 tok = logits[:, -1:].argmax(-1).astype(np.int64)
             cache.trim(k)
 
-        draft()  # warm-up (graph compilation, allocator)
-        out[k] = _median_time(draft, repeats)
-    return out
+        return draft
+
+    return _median_per_k(k_values, drafter, repeats)
 
 
 def time_verify(
     model, k_values: Iterable[int], *, prompt_len: int = 16, repeats: int = 3
 ) -> dict[int, float]:
     """Median seconds for one target forward + head over a window of K + 1 positions."""
-    cache = model.new_cache(1)
-    model.forward(_prompt(model.config.vocab_size, prompt_len), cache)
-    out = {}
-    for k in k_values:
+    cache = _prefilled(model, prompt_len)
+
+    def verifier(k: int):
         window = _prompt(model.config.vocab_size, k + 1, seed=k)
 
-        def verify(window=window):
+        def verify():
             model.forward(window, cache)
             cache.trim(window.shape[1])
 
-        verify()
-        out[k] = _median_time(verify, repeats)
-    return out
+        return verify
+
+    return _median_per_k(k_values, verifier, repeats)
 
 
 def time_layers(
@@ -105,8 +122,7 @@ def time_layers(
     A model without layer ranges (an ONNX graph) is timed whole and split evenly.
     """
     n = model.config.num_layers
-    cache = model.new_cache(1)
-    model.forward(_prompt(model.config.vocab_size, prompt_len), cache)
+    cache = _prefilled(model, prompt_len)
     out = {}
     for t in windows:
         tokens = _prompt(model.config.vocab_size, t, seed=t)
@@ -185,7 +201,8 @@ def run_calibration(
     repeats: int = 3,
     progress: bool = True,
 ) -> Calibration:
-    """Measure `target` and `draft` (loaded CausalLMs) and this host; return the fitted Calibration."""
+    """Measure `target` and `draft` (loaded CausalLMs) and this host; return the fitted
+    Calibration."""
     from tqdm import tqdm
 
     steps = [
@@ -223,7 +240,10 @@ def host_description() -> str:
                 break
     except OSError:
         pass
-    return f"{platform.node() or 'host'} ({platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cores)"
+    return (
+        f"{platform.node() or 'host'} ({platform.system()} {platform.machine()}, {cpu}, "
+        f"{os.cpu_count()} cores)"
+    )
 
 
 def memory_capacity_bytes() -> float:
@@ -259,7 +279,8 @@ def to_profile(
     ks = f"K = {min(cal.draft)}..{max(cal.draft)}"
     return {
         "name": name,
-        "description": f"this machine, {host}; target {target_desc} on {target_backend}/{target_provider}"
+        "description": f"this machine, {host}; "
+        f"target {target_desc} on {target_backend}/{target_provider}"
         f"{' ' + target_quantize if target_quantize != 'none' else ''}, "
         f"draft {draft_desc} on {draft_backend}/{draft_provider} (default backend threads)",
         "kind": "host",

@@ -31,7 +31,8 @@ class EmulateInProcess:
 
 
 class EmulatedModel:
-    """Delegates to `model`; each forward, layer range or head runs inside `emu.stage(role, ...)`."""
+    """Delegates to `model`; each forward, layer range or head runs inside
+    `emu.stage(role, ...)`."""
 
     def __init__(self, model, emu, role: str, respawn: EmulateInProcess | None = None):
         self.model, self.emu, self.role = model, emu, role
@@ -65,8 +66,9 @@ class EmulatedModel:
         owners = T - (T - 1 if first is None else first)
         n = T + owners * self.ss_streams
         with self.emu.stage(self.role, n_tokens=n, context=cache.offset, batch=B):
-            return self._pad(self.model.forward_streams(self._fold(tokens), cache, first=first,
-                                                        positions=positions, mask=mask))  # fmt: skip
+            out = self.model.forward_streams(self._fold(tokens), cache, first=first,
+                                             positions=positions, mask=mask)  # fmt: skip
+            return self._pad(out)
 
     def _fold(self, tokens):
         """Token ids past the real vocabulary (only a probe's random windows draw them: the

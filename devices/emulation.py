@@ -75,6 +75,16 @@ class StageRecord:
     started: float = 0.0  # time.perf_counter() at entry
 
 
+def _role_size(name: str, cfg, reference, role: str, profile) -> ModelSize:
+    """A role's emulated size: the preset `name` when the spec gives one, else the real
+    model's config, else the profile's reference model."""
+    if name:
+        return model_size(name)
+    if cfg is not None:
+        return ModelSize.from_config(cfg)
+    return _size_from_reference(reference, role, profile)
+
+
 def _size_from_reference(ref: str, role: str, profile: Profile) -> ModelSize:
     try:
         return model_size(ref.split()[0])
@@ -133,18 +143,8 @@ class Emulator:
         prof_name, models, opts = split_spec(spec)
         profile = load_profile(prof_name)
         t_name, _, d_name = models.partition("+")
-        if t_name:
-            target = model_size(t_name)
-        elif target_cfg is not None:
-            target = ModelSize.from_config(target_cfg)
-        else:
-            target = _size_from_reference(profile.reference_target, "target", profile)
-        if d_name:
-            draft = model_size(d_name)
-        elif draft_cfg is not None:
-            draft = ModelSize.from_config(draft_cfg)
-        else:
-            draft = _size_from_reference(profile.reference_draft, "draft", profile)
+        target = _role_size(t_name, target_cfg, profile.reference_target, "target", profile)
+        draft = _role_size(d_name, draft_cfg, profile.reference_draft, "draft", profile)
         emu = cls(
             profile,
             target,
@@ -199,20 +199,13 @@ class Emulator:
 
     @contextmanager
     def stage(
-        self,
-        role: str,
-        n_tokens: int = 1,
-        *,
-        layers: tuple[int, int] | None = None,
-        head: bool | None = None,
-        context: int = 0,
-        batch: int = 1,
+        self, role: str, n_tokens: int = 1, *, layers: tuple[int, int] | None = None, **shape
     ) -> Iterator[StageRecord]:
-        """Run the block, then sleep until it has lasted what the profile predicts."""
+        """Run the block, then sleep until it has lasted what the profile predicts
+        (`predict(role, n_tokens, layers=layers, **shape)`: `shape` is its head, context and
+        batch)."""
         rec = StageRecord(role, n_tokens, layers)
-        rec.predicted_s = self.predict(
-            role, n_tokens, layers=layers, head=head, context=context, batch=batch
-        )
+        rec.predicted_s = self.predict(role, n_tokens, layers=layers, **shape)
         rec.started = t0 = self.clock()
         try:
             yield rec

@@ -1,6 +1,7 @@
 """Latency models of the papers, as pure functions of numbers (seconds, bits, bytes, FLOPs).
 
-  FlexSpec (flexspec.txt §IV-B, Alg. 2)  edge-cloud step time eq. (7)-(10), K* eq. (11), EMA acceptance
+  FlexSpec (flexspec.txt §IV-B, Alg. 2)  edge-cloud step time eq. (7)-(10), K* eq. (11),
+                                          EMA acceptance
   Mirror-SD (mirror-sd.txt §3.4, App. C) overlapped step time eq. (10)/(14), vanilla SD, speedup S
   CU-HLM (cu-hlm.txt §II-B/C)             Shannon uplink time eq. (5), token throughput eq. (6)
   roofline                                a forward's time = max(bytes / bandwidth, FLOPs / peak)
@@ -158,7 +159,8 @@ def mirror_step_time(
 
 
 def sd_step_time(t_target: float, t_draft: float) -> float:
-    """Mirror-SD App. C, vanilla SD runs draft and target serially: T_SD = T_target + T_draft^gen(γ)."""
+    """Mirror-SD App. C, vanilla SD runs draft and target serially:
+    T_SD = T_target + T_draft^gen(γ)."""
     return t_target + t_draft  # App. C, T_SD
 
 
@@ -245,7 +247,8 @@ def per_token_time(m: ModelSize, bandwidth: float, peak: float | None, context: 
 def roofline_layer_params(
     m: ModelSize, bandwidth: float, peak: float | None
 ) -> tuple[float, float]:
-    """(c_layer, c_layer_per_token): the affine per-layer time c(T) ≈ c0 + c1·T the roofline implies.
+    """(c_layer, c_layer_per_token): the affine per-layer time c(T) ≈ c0 + c1·T the roofline
+    implies.
 
     c0 = one layer's weight bytes / bandwidth (the memory-bound floor);
     c1 = one layer's FLOPs per token / peak (the compute slope once compute-bound).

@@ -71,7 +71,8 @@ class Link:
     def mean_inverse_rate(self, n: int = 400) -> float:
         """E[1/R] in s/bit over the block-fading law (floored as in `sample_rate`), by
         deterministic quadrature on n (Rayleigh) or n² (Rician) quantile points. A round's
-        expected serialization time is bits · E[1/R] (FlexSpec eq. (8) averaged over the fading)."""
+        expected serialization time is bits · E[1/R] (FlexSpec eq. (8) averaged over the
+        fading)."""
         if math.isinf(self.rate_bps):
             return 0.0
         u = (np.arange(n) + 0.5) / n  # mid-quantiles
@@ -125,51 +126,41 @@ _RTT_SOURCE = (
     "decode step 8.43 ms (roofline, devices/profiles/a800.toml t_base)"
 )
 
+_CU_HLM_SNR = "CU-HLM §V (Fig. 1, Table II): average SNR 10 dB"
+
+
+def _flexspec_link(name: str, label: str, mbps: float, table_i: str, cloud_only_ms: float,
+                   snr_db: float, snr_source: str, fading: str, fading_source: str,
+                   rician_k_db: float | None = None) -> Link:  # fmt: skip
+    """One of FlexSpec §V's links: Table I's rate (`table_i` names its row), the RTT derived
+    from Table III's Cloud-Only latency, and the SNR and fading with their sources."""
+    return Link(
+        name=name,
+        description=f"{label}, FlexSpec §V",
+        rate_bps=mbps * 1e6,
+        rtt_s=_rtt(cloud_only_ms),
+        mean_snr_db=snr_db,
+        fading=fading,
+        rician_k_db=rician_k_db,
+        sources={
+            "rate_bps": f"FlexSpec Table I: {table_i} {mbps:g} Mbps",
+            "rtt_s": _RTT_SOURCE.format(co=cloud_only_ms),
+            "mean_snr_db": snr_source,
+            "fading": fading_source,
+        },
+    )
+
+
 LINKS: dict[str, Link] = {
-    "5g": Link(
-        name="5g",
-        description="5G (Strong), FlexSpec §V",
-        rate_bps=300e6,
-        rtt_s=_rtt(432.0),
-        mean_snr_db=10.0,
-        fading="rician",
-        rician_k_db=10.0,
-        sources={
-            "rate_bps": "FlexSpec Table I: 5G Mid-Band 300 Mbps",
-            "rtt_s": _RTT_SOURCE.format(co=432.0),
-            "mean_snr_db": "CU-HLM §V (Fig. 1, Table II): average SNR 10 dB",
-            "fading": "CU-HLM §V Fig. 10b: Rician fading, K = 10 dB (line of sight: the strong case)",
-        },
-    ),
-    "4g": Link(
-        name="4g",
-        description="4G (Avg), FlexSpec §V",
-        rate_bps=50e6,
-        rtt_s=_rtt(595.0),
-        mean_snr_db=10.0,
-        fading="rayleigh",
-        sources={
-            "rate_bps": "FlexSpec Table I: 4G LTE 50 Mbps",
-            "rtt_s": _RTT_SOURCE.format(co=595.0),
-            "mean_snr_db": "CU-HLM §V (Fig. 1, Table II): average SNR 10 dB",
-            "fading": "CU-HLM §V Fig. 10a / Table II: Rayleigh fading",
-        },
-    ),
-    "wifi-weak": Link(
-        name="wifi-weak",
-        description="WiFi (Weak), FlexSpec §V",
-        rate_bps=10e6,
-        rtt_s=_rtt(1220.0),
-        mean_snr_db=5.0,
-        fading="rayleigh",
-        sources={
-            "rate_bps": "FlexSpec Table I: Public WiFi 10 Mbps",
-            "rtt_s": _RTT_SOURCE.format(co=1220.0),
-            "mean_snr_db": "FlexSpec §III-D: weak-signal scenarios, SNR < 5 dB",
-            "fading": "CU-HLM §V Fig. 10a: Rayleigh fading (no line of sight)",
-        },
-    ),
-}
+    "5g": _flexspec_link("5g", "5G (Strong)", 300, "5G Mid-Band", 432.0, 10.0, _CU_HLM_SNR,
+                         "rician", "CU-HLM §V Fig. 10b: Rician fading, K = 10 dB (line of sight: "
+                         "the strong case)", rician_k_db=10.0),
+    "4g": _flexspec_link("4g", "4G (Avg)", 50, "4G LTE", 595.0, 10.0, _CU_HLM_SNR,
+                         "rayleigh", "CU-HLM §V Fig. 10a / Table II: Rayleigh fading"),
+    "wifi-weak": _flexspec_link("wifi-weak", "WiFi (Weak)", 10, "Public WiFi", 1220.0, 5.0,
+                                "FlexSpec §III-D: weak-signal scenarios, SNR < 5 dB", "rayleigh",
+                                "CU-HLM §V Fig. 10a: Rayleigh fading (no line of sight)"),
+}  # fmt: skip
 
 
 NONE = Link(

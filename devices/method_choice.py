@@ -1,9 +1,11 @@
-"""`--method auto`: predict each method's tokens per second from measured stage times, pick the fastest.
+"""`--method auto`: predict each method's tokens per second from measured stage times, pick
+the fastest.
 
 Pure maths over a `StageTimes` (seconds and rates; devices/pair_probe.py measures them on
 the pair at hand, or a calibrated profile supplies them). The laws:
 
-  expected tokens per step   E[τ] = (1 − α^(γ+1)) / (1 − α)   (Leviathan et al., i.i.d. acceptance α)
+  expected tokens per step   E[τ] = (1 − α^(γ+1)) / (1 − α)   (Leviathan et al., i.i.d.
+                                                                acceptance α)
   ar      T = T_target(1)
   sd      T = T_target(γ+1) + T_draft(γ)                       (Mirror-SD App. C, T_SD)
               T_draft(γ): γ draft passes timed as sd runs them (else γ·t_draft)
@@ -17,10 +19,10 @@ the pair at hand, or a calibrated profile supplies them). The laws:
   wave of b-second passes per branch_batch rows, γ deep); the early exit's first branches
   join the own wave in flight when it comes (its passes then carry both: linear in rows
   between T_draft(1) and b), the rest follow in waves, until the verdict. The correction is
-  an own branch with probability Ω̂_own, an early-exit one with Ω̂ − Ω̂_own (App. E: a branch exists iff
-  (A, c) is in the tree, FF ≤ 1 − Ω_κ; devices/pair_probe.prompt_hits), else a miss: a branch
-  not complete at the verdict is resumed serially, a miss rolled out afresh (γ draft tokens)
-  after the pass in flight.
+  an own branch with probability Ω̂_own, an early-exit one with Ω̂ − Ω̂_own (App. E: a
+  branch exists iff (A, c) is in the tree, FF ≤ 1 − Ω_κ; devices/pair_probe.prompt_hits),
+  else a miss: a branch not complete at the verdict is resumed serially, a miss rolled out
+  afresh (γ draft tokens) after the pass in flight.
 
 sd and mirror commit the same tokens per step (same draft, same window: App. B), so the
 choice between them rests on the step times alone; ar against them on α. `choose_joint`
@@ -149,10 +151,10 @@ def mirror_bound(t: StageTimes, gamma: int) -> float:
 def mirror_cannot_win(by_gamma: dict[int, StageTimes], runnable: list[str],
                       factors: dict[str, float] | None = None) -> str | None:  # fmt: skip
     """Why measuring Ω̂ on this prompt cannot change the pick, or None when it can: mirror
-    cannot run the pair, or its bound at every γ, scaled by its correction factor, is below the best other method's
-    prediction (scaled by its own). Ω̂ is then left unmeasured, which saves the probe's
-    early-exit head and, at T > 0, its simulated steps (_sampled_hits: 20-30 ms a prompt on
-    a 2-core CPU, about 3 % of a 128-token answer)."""
+    cannot run the pair, or its bound at every γ, scaled by its correction factor, is below
+    the best other method's prediction (scaled by its own). Ω̂ is then left unmeasured, which
+    saves the probe's early-exit head and, at T > 0, its simulated steps (_sampled_hits:
+    20-30 ms a prompt on a 2-core CPU, about 3 % of a 128-token answer)."""
     if "mirror" not in runnable:
         return "Ω̂ not measured: mirror cannot run this pair"
     f = factors or {}

@@ -51,8 +51,8 @@ def target_costs(target) -> dict:
 
     win = measure_windows(target, (0, WINDOW // 2, WINDOW), mirror=False)
     t1 = win[0]["target_window"]
-    return {"target_step_s": t1,
-            "verify_token_share": max(0.0, (win[WINDOW]["target_window"] - t1) / (WINDOW * t1))}  # fmt: skip
+    share = max(0.0, (win[WINDOW]["target_window"] - t1) / (WINDOW * t1))
+    return {"target_step_s": t1, "verify_token_share": share}
 
 
 def choose_alone(target, draft, ids: list[int], *, gamma: int | None = None,
@@ -77,6 +77,7 @@ def choose_alone(target, draft, ids: list[int], *, gamma: int | None = None,
     if hasattr(draft, "min_prob"):
         draft.min_prob = max(draft.min_prob, c)
     why = (f"a target alone: sd with the {draft.name} draft (no model) drafts a token only where "
-           f"its chance beats its cost ({c:.2f} of a step); the draft costs {share:.1%} of a step")  # fmt: skip
+           f"its chance beats its cost ({c:.2f} of a step); the draft costs {share:.1%} "
+           "of a step")  # fmt: skip
     return rec | {"choice": "sd", "gamma": g, "min_prob": getattr(draft, "min_prob", None),
                   "why": why}  # fmt: skip

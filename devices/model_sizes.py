@@ -102,86 +102,33 @@ class ModelSize:
         return self.num_layers * self.layer_weight_bytes() + self.head_weight_bytes()
 
 
-# Public configs (config.json of each checkpoint on the Hugging Face Hub; param totals from the model cards).
-_PRESETS = {
-    "qwen3-0.6b": dict(
-        num_layers=28,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_heads=16,
-        num_kv_heads=8,
-        head_dim=128,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-        source="https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json (card: 0.6B params)",
-    ),
-    "qwen3-1.7b": dict(
-        num_layers=28,
-        hidden_size=2048,
-        intermediate_size=6144,
-        num_heads=16,
-        num_kv_heads=8,
-        head_dim=128,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-        source="https://huggingface.co/Qwen/Qwen3-1.7B/blob/main/config.json (card: 1.7B params)",
-    ),
-    "qwen3-8b": dict(
-        num_layers=36,
-        hidden_size=4096,
-        intermediate_size=12288,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        vocab_size=151936,
-        tie_word_embeddings=False,
-        source="https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json (card: 8.2B params)",
-    ),
-    "llama-3.2-1b": dict(
-        num_layers=16,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=64,
-        vocab_size=128256,
-        tie_word_embeddings=True,
-        source="https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json (card: 1.23B params)",
-    ),
-    "llama-3.1-8b": dict(
-        num_layers=32,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        vocab_size=128256,
-        tie_word_embeddings=False,
-        source="https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json (card: 8.03B params)",
-    ),
-    "llama-2-7b": dict(
-        num_layers=32,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_heads=32,
-        num_kv_heads=32,
-        head_dim=128,
-        vocab_size=32000,
-        tie_word_embeddings=False,
-        source="https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json (FlexSpec's Std. SD draft)",
-    ),
-    "llama-2-70b": dict(
-        num_layers=80,
-        hidden_size=8192,
-        intermediate_size=28672,
-        num_heads=64,
-        num_kv_heads=8,
-        head_dim=128,
-        vocab_size=32000,
-        tie_word_embeddings=False,
-        source="https://huggingface.co/meta-llama/Llama-2-70b-hf/blob/main/config.json (FlexSpec's target)",
-    ),
-}
+# Public configs (config.json of each checkpoint on the Hugging Face Hub; param totals from the
+# model cards). name: layers, hidden, intermediate, heads, kv heads, head dim, vocab, tied head;
+# then the checkpoint whose config.json gives them (https://huggingface.co/<repo>/blob/main/
+# config.json) and a note
+_PRESET_ROWS = {
+    "qwen3-0.6b":   (    28,   1024,   3072,     16,      8,    128, 151936,  True,
+                     "Qwen/Qwen3-0.6B", "card: 0.6B params"),
+    "qwen3-1.7b":   (    28,   2048,   6144,     16,      8,    128, 151936,  True,
+                     "Qwen/Qwen3-1.7B", "card: 1.7B params"),
+    "qwen3-8b":     (    36,   4096,  12288,     32,      8,    128, 151936, False,
+                     "Qwen/Qwen3-8B", "card: 8.2B params"),
+    "llama-3.2-1b": (    16,   2048,   8192,     32,      8,     64, 128256,  True,
+                     "meta-llama/Llama-3.2-1B", "card: 1.23B params"),
+    "llama-3.1-8b": (    32,   4096,  14336,     32,      8,    128, 128256, False,
+                     "meta-llama/Llama-3.1-8B", "card: 8.03B params"),
+    "llama-2-7b":   (    32,   4096,  11008,     32,     32,    128,  32000, False,
+                     "meta-llama/Llama-2-7b-hf", "FlexSpec's Std. SD draft"),
+    "llama-2-70b":  (    80,   8192,  28672,     64,      8,    128,  32000, False,
+                     "meta-llama/Llama-2-70b-hf", "FlexSpec's target"),
+}  # fmt: skip
+_COLUMNS = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads",
+            "head_dim", "vocab_size", "tie_word_embeddings")  # fmt: skip
+_PRESETS: dict[str, dict] = {
+    name: dict(zip(_COLUMNS, row[:-2], strict=True),
+               source=f"https://huggingface.co/{row[-2]}/blob/main/config.json ({row[-1]})")
+    for name, row in _PRESET_ROWS.items()
+}  # fmt: skip
 
 # The totals the model cards state, to check the arithmetic above (tests/test_devices_models.py).
 CARD_PARAMS = {

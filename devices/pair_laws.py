@@ -186,7 +186,8 @@ def prompt_hits(target, draft, ids: list[int], *, sampling, kappa: int, exit_lay
     elif exit_logits is not None:
         n = len(exit_logits)
         hits, own_hits = _sampled_hits(sampling.probs(tl[-n:]), sampling.probs(dl[-n:]),
-                                       sampling.probs(exit_logits), kappa, draft_branches)  # fmt: skip
+                                       sampling.probs(exit_logits), kappa,
+                                       draft_branches)  # fmt: skip
     return hits, own_hits
 
 

@@ -123,7 +123,8 @@ def measure_stages(target, draft, *, gamma: int, branches: int, repeats: int = 1
         out["source"] = "measured on this machine on the pair at hand"
     else:  # mirror's own figures, unmeasured: neutral values it is never judged by
         out.update(draft_batch=out["draft_token"], target_slowdown=1.0, t_rv=0.0,
-                   source="measured on this machine on the pair at hand (ar and sd only)")  # fmt: skip
+                   source="measured on this machine on the pair at hand "
+                   "(ar and sd only)")  # fmt: skip
     memo.CACHE[key] = out
     return out
 
@@ -208,7 +209,8 @@ def sd_drafts(draft, prompt, gamma: int, sampling=None):
 
 def measure_windows(target, gammas, *, kappa: int = 8, exit_layer: int | None = None,
                     exit_head: str | None = None, greedy: bool = True, draft=None,
-                    sampling=None, repeats: int = 9, mirror: bool = True) -> dict[int, dict]:  # fmt: skip
+                    sampling=None, repeats: int = 9,
+                    mirror: bool = True) -> dict[int, dict]:  # fmt: skip
     """{γ: {"target_window", "mirror_window", "draft_window"}}: the (γ+1)-token passes alone
     and, with a draft, sd's γ drafts (sd_drafts), per γ (what `choose_joint` needs beyond one
     γ's stage times). All γ are timed round-robin in one `_medians`, so a machine's drifting

@@ -4,8 +4,8 @@ A profile says what a device has (accelerators, memory, bandwidth, peak
 throughput), where the draft and the target run on it (backend + provider or
 compute units), and the latency parameters of the papers' models, every figure
 with the source of its number. Shipped profiles live in devices/profiles/;
-`python -m devices calibrate` writes new ones. This module parses and checks;
-it predicts nothing (see devices.latency, devices.emulation).
+`python -m devices calibrate` writes new ones (as TOML: devices/profile_toml.py). This
+module parses and checks; it predicts nothing (see devices.latency, devices.emulation).
 
 Schema (units are fixed per field; a figure is `{ value, unit, source }`, plus
 an optional `r2` for fitted values):
@@ -62,13 +62,13 @@ PROVIDERS = {
         "tensorrt",
         "coreml",
         "qnn",
-    ),  # runtime/backends/onnx_backend.py PROVIDERS
+    ),  # runtime/backends/onnx/llama.py PROVIDERS
     "coreml": ("all", "cpu_only", "cpu_and_gpu", "cpu_and_ne"),  # coremltools ComputeUnit
     "mlx": ("gpu", "cpu"),
     "torch": ("cpu", "cuda", "mps"),
     "remote": (),  # provider = a cloud profile's name
 }
-QUANTIZE = ("none", "int8", "int4")  # runtime/backends/onnx_target.py's --quantize
+QUANTIZE = ("none", "int8", "int4")  # runtime/backends/onnx/target.py's --quantize
 LATENCY_FIELDS = (
     "alpha_edge",
     "beta",
@@ -379,45 +379,3 @@ def load_all() -> list[Profile]:
                 f"shipped cloud profile ({', '.join(sorted(clouds))})",
             )
     return profiles
-
-
-# ---------------------------------------------------------------------------
-# Writing (tomllib reads only): enough TOML for the schema above.
-# ---------------------------------------------------------------------------
-
-
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v) if isinstance(v, int) or math.isfinite(v) else "nan"
-    if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)  # a JSON string is a valid TOML basic string
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-def _is_inline(v) -> bool:
-    return isinstance(v, dict) and ("value" in v or "source" in v)
-
-
-def dumps_toml(data: dict, header: str = "") -> str:
-    """Serialize a profile dict: scalars and figures inline, sub-dicts as [tables]."""
-    lines = [f"# {line}" for line in header.splitlines()] if header else []
-
-    def emit(d: dict, prefix: str) -> None:
-        for k, v in d.items():
-            if not isinstance(v, dict) or _is_inline(v):
-                lines.append(f"{k} = {_toml_value(v)}")
-        for k, v in d.items():
-            if isinstance(v, dict) and not _is_inline(v):
-                name = f"{prefix}{k}"
-                if any(not isinstance(x, dict) or _is_inline(x) for x in v.values()):
-                    lines.extend(["", f"[{name}]"])
-                emit(v, name + ".")
-
-    emit(data, "")
-    return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
-"""python -m devices: list --json shape, latency output, calibrate on a tiny model, one-line errors."""
+"""python -m devices: list --json shape, latency output, calibrate on a tiny model, one-line
+errors."""
 
 import json
 import subprocess

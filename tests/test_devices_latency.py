@@ -107,7 +107,8 @@ def test_cu_hlm_throughput():
     up = L.hlm_uplink_time(32000 * (8 + 15), 10e6, 10.0)  # 10 dB, no fade: 21 ms
     assert up == pytest.approx(32000 * 23 / (10e6 * math.log2(11)))
     assert L.hlm_throughput(0.0256, up, 0.1046) == pytest.approx(1 / (0.0256 + up + 0.1046))
-    # a Rayleigh fade to a tenth of the mean SNR is what drops it below CU-HLM's "fewer than 5 tokens/s"
+    # a Rayleigh fade to a tenth of the mean SNR is what drops it below CU-HLM's "fewer than
+    # 5 tokens/s"
     assert L.hlm_throughput(0.0256, L.hlm_uplink_time(32000 * 23, 10e6, 1.0), 0.1046) < 5
 
 

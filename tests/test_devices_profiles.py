@@ -11,12 +11,12 @@ from devices.model_sizes import model_size
 from devices.profile import (
     LATENCY_FIELDS,
     ProfileError,
-    dumps_toml,
     load_all,
     load_profile,
     profile_names,
     read_profile_file,
 )
+from devices.profile_toml import dumps_toml
 
 REQUIRED = {
     "m1",
