@@ -21,7 +21,9 @@ PROMPT = [5, 17, 42, 99, 7]
 N_NEW = 16
 ATOL = 1e-4  # float32: the batched training chain vs the one-token-at-a-time draft
 BF16_ATOL = 1e-2
-ONNX_ATOL = 1e-3  # ONNX Runtime's kernels vs PyTorch's (converters/onnx_mtp.py MTP_ONNX_ATOL)  # saved weights are bf16: |w - bf16(w)| <= 2^-8 |w|
+# ONNX Runtime's kernels vs PyTorch's (converters/onnx_mtp.py MTP_ONNX_ATOL)
+# saved weights are bf16: |w - bf16(w)| <= 2^-8 |w|
+ONNX_ATOL = 1e-3
 
 
 @pytest.fixture(scope="module")

@@ -155,8 +155,11 @@ def run(a: argparse.Namespace) -> dict:
     )
 
     def save_resume(step: int) -> None:
-        trainable = {k: v for k, v in student.state_dict().items()
-                     if k.startswith("w_p") or k[len("draft."):].startswith(student.prefixes)}  # fmt: skip
+        trainable = {
+            k: v
+            for k, v in student.state_dict().items()
+            if k.startswith("w_p") or k[len("draft.") :].startswith(student.prefixes)
+        }
         state = {"student": trainable, "optimizer": opt.state_dict(), "step": step}
         save_state(out / RESUME_DIR, state)
 
@@ -168,11 +171,14 @@ def run(a: argparse.Namespace) -> dict:
     save_resume(summary["steps"])
     L = teacher.config.num_hidden_layers
     meta = {"anchor_layer": L - 1, "keep_first": a.keep_first,
-            "kind": "ablation: first blocks kept" if a.keep_first else "eq. 4", "lambda_feat": a.lambda_feat, "lambda_kd": a.lambda_kd,
+            "kind": "ablation: first blocks kept" if a.keep_first else "eq. 4",
+            "lambda_feat": a.lambda_feat, "lambda_kd": a.lambda_kd,
             "temperature": a.temperature, "steps": summary["steps"], "train_tokens": int(len(ids)),
-            "final_loss_ema": summary["final_loss_ema"], "wall_s": round(time.monotonic() - t0, 1),
+            "final_loss_ema": summary["final_loss_ema"],
+            "wall_s": round(time.monotonic() - t0, 1),
             "corpus": "stdlib source, train split (apps/train/corpus.py)", "seed": a.seed,
-            "device": a.device, "batch_size": a.batch_size, "seq_len": a.seq_len, "lr": a.lr}  # fmt: skip
+            "device": a.device, "batch_size": a.batch_size, "seq_len": a.seq_len,
+            "lr": a.lr}  # fmt: skip
     save_anchor(student, out, base, meta)
     return meta
 

@@ -39,8 +39,17 @@ from runtime.errors import DuetError, cli_main
 from .args import command_parser
 
 
-def collect(pair, prompts: list[list[int]], *, max_new: int, top_k: int, top_n: int,
-            depth: int, temp: float, expand: int = 1) -> tuple[np.ndarray, np.ndarray, list[int]]:  # fmt: skip
+def collect(
+    pair,
+    prompts: list[list[int]],
+    *,
+    max_new: int,
+    top_k: int,
+    top_n: int,
+    depth: int,
+    temp: float,
+    expand: int = 1,
+) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """(Φ, TCR, accepted length) of every step that accepted a path, and every step's
     accepted length."""
     phis, ranks, lengths, accepted = [], [], [], []
@@ -79,8 +88,9 @@ def fit_bins(phi: np.ndarray, tcr: np.ndarray, lengths: np.ndarray, max_depth: i
     if len(phi) < 2**max_depth:
         raise DuetError(f"only {len(phi)} accepted paths: too few to fit {2**max_depth} bins; "
                         "use more prompts or --max-tokens")  # fmt: skip
-    cart = DecisionTreeRegressor(max_depth=max_depth, min_samples_leaf=max(1, int(min_leaf * len(phi))),
-                                 random_state=0)  # eq. (2): variance-minimizing splits  # fmt: skip
+    cart = DecisionTreeRegressor(
+        max_depth=max_depth, min_samples_leaf=max(1, int(min_leaf * len(phi))), random_state=0
+    )  # eq. (2): variance-minimizing splits
     cart.fit(phi.reshape(-1, 1), tcr)
     t = cart.tree_
     thresholds = sorted(float(x) for x, f in zip(t.threshold, t.feature, strict=True) if f >= 0)
@@ -118,8 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_pair_args(ap)
     ap.add_argument("--out", required=True, help="bins JSON to write")
     ap.add_argument("--prompts", default=None, help="prompt .jsonl (default apps/prompts/)")
-    ap.add_argument("--skip", type=int, default=None,
-                    help="prompts skipped first (default 10, or 0 with --skip-per-category)")  # fmt: skip
+    ap.add_argument(
+        "--skip",
+        type=int,
+        default=None,
+        help="prompts skipped first (default 10, or 0 with --skip-per-category)",
+    )
     ap.add_argument("--skip-per-category", type=int, default=0, metavar="K",
                     help="skip the first K prompts of each category: what `apps.bench "
                     "--per-category-limit K` measures (e.g. --prompts chat)")  # fmt: skip
@@ -187,10 +201,21 @@ def main(argv: list[str] | None = None) -> int:
     bins = fit_bins(phi, tcr, lengths, min_leaf=a.min_leaf)
     # HeteroSpec §3.2's heterogeneity: how concentrated the accepted paths' ranks are
     bins["tcr_top_quartile_share"] = round(float((tcr <= max(1, a.top_n / 4)).mean()), 3)
-    bins.update(top_k=a.tree_k, expand=a.expand, top_n=a.top_n, depth=a.depth, temp=a.temp,
-                prompts=n_prompts, skip=a.skip, max_tokens=a.max_tokens,
-                steps=len(accepted), mean_accepted=round(float(np.mean(accepted)), 3),
-                target=target, min_leaf=a.min_leaf, fit_s=round(time.perf_counter() - t0, 1))  # fmt: skip
+    bins.update(
+        top_k=a.tree_k,
+        expand=a.expand,
+        top_n=a.top_n,
+        depth=a.depth,
+        temp=a.temp,
+        prompts=n_prompts,
+        skip=a.skip,
+        max_tokens=a.max_tokens,
+        steps=len(accepted),
+        mean_accepted=round(float(np.mean(accepted)), 3),
+        target=target,
+        min_leaf=a.min_leaf,
+        fit_s=round(time.perf_counter() - t0, 1),
+    )
     Path(a.out).write_text(json.dumps(bins, indent=1) + "\n")
     if a.plot:
         from .bins_plot import fidelity_svg

@@ -20,11 +20,17 @@ def _bars(
         h = (H - 2 * PAD) * v / top
         x = x0 + PAD + i * bw
         color = "#d62728" if i < highlight else "#1f77b4"
-        out.append(f'<rect x="{x + 1:.1f}" y="{H - PAD - h:.1f}" width="{bw - 2:.1f}" height="{h:.1f}" fill="{color}"/>')  # fmt: skip
+        out.append(
+            f'<rect x="{x + 1:.1f}" y="{H - PAD - h:.1f}" width="{bw - 2:.1f}" '
+            f'height="{h:.1f}" fill="{color}"/>'
+        )
         out.append(
             f'<text x="{x + bw / 2:.1f}" y="{H - PAD + 14}" text-anchor="middle">{lab}</text>'
         )
-        out.append(f'<text x="{x + bw / 2:.1f}" y="{H - PAD - h - 3:.1f}" text-anchor="middle">{v:.2g}</text>')  # fmt: skip
+        out.append(
+            f'<text x="{x + bw / 2:.1f}" y="{H - PAD - h - 3:.1f}" '
+            f'text-anchor="middle">{v:.2g}</text>'
+        )
     return out
 
 
@@ -36,7 +42,10 @@ def fidelity_svg(tcr: np.ndarray, accepted: np.ndarray, phi: np.ndarray, bins: d
     b = np.searchsorted(np.array(bins["thresholds"]), phi, side="right")
     nb = len(bins["thresholds"]) + 1
     mean_len = [float(accepted[b == i].mean()) if (b == i).any() else 0.0 for i in range(nb)]
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W}" height="{H}" font-family="sans-serif" font-size="10">']  # fmt: skip
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W}" height="{H}" '
+        'font-family="sans-serif" font-size="10">'
+    ]
     parts += _bars(
         share, [str(r) for r in range(1, n + 1)], "accepted paths by TCR", 0, max(1, n // 4)
     )

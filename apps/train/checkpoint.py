@@ -22,7 +22,8 @@ BF16_LOGIT_RTOL = 0.05
 
 
 def save_model(model, out_dir: str | Path, tokenizer_dir: str | Path, eos_token_id: int) -> Path:
-    """Write config.json, model.safetensors (bf16), generation_config.json and the tokenizer files."""
+    """Write config.json, model.safetensors (bf16), generation_config.json and the tokenizer
+    files."""
     from transformers import GenerationConfig
 
     out = Path(out_dir)

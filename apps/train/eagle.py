@@ -258,8 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_loop_args(ap, time_budget_min=None, helps=HELPS)
     ap.add_argument("--data-budget-min", type=float, default=None,
                     help="cap for the data phase (default: half the time budget)")  # fmt: skip
-    ap.add_argument("--doc-files", type=int, default=120,
-                    help="stdlib files the document prompts are cut from (default 120)")  # fmt: skip
+    ap.add_argument(
+        "--doc-files",
+        type=int,
+        default=120,
+        help="stdlib files the document prompts are cut from (default 120)",
+    )
     ap.add_argument("--max-prompt", type=int, default=768,
                     help="skip training prompts longer than this many tokens (768)")  # fmt: skip
     ap.add_argument("--gen-batch", type=int, default=24, help="prompts answered per batch")

@@ -37,13 +37,21 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft", default="head",
                     help="head (default), or head+suffix / head+lookup: the text's chain when it "
                     "predicts well, else the head's (runtime/drafts/mixed.py)")  # fmt: skip
-    ap.add_argument("--mix-min-len", type=int, default=None,
-                    help="a mixed draft's bar: the text's chain needs this many tokens")  # fmt: skip
+    ap.add_argument(
+        "--mix-min-len",
+        type=int,
+        default=None,
+        help="a mixed draft's bar: the text's chain needs this many tokens",
+    )
     ap.add_argument("--mix-min-score", type=float, default=None,
                     help="... and this sum of their estimated chances")  # fmt: skip
-    ap.add_argument("--stop-below", type=float, default=None,
-                    help="end the head's chain once the chance that all its drafts are accepted "
-                    "(the product of their max q) falls below this (default: the head's own)")  # fmt: skip
+    ap.add_argument(
+        "--stop-below",
+        type=float,
+        default=None,
+        help="end the head's chain once the chance that all its drafts are accepted "
+        "(the product of their max q) falls below this (default: the head's own)",
+    )
     ap.add_argument("--json", action="store_true")
     return ap
 

@@ -143,7 +143,8 @@ def run(a: argparse.Namespace) -> dict:
     report = {"domain": a.domain, "mode": "full" if a.full else f"lora-r{a.lora_rank}",
               "train_docs": len(dom.train), "heldout_docs": len(dom.heldout),
               "train_tokens": int(len(train_ids)), "heldout_loss_base": round(loss_before, 4),
-              "heldout_loss_evolved": round(loss_after, 4), "wall_s": round(time.monotonic() - t0, 1),
+              "heldout_loss_evolved": round(loss_after, 4),
+              "wall_s": round(time.monotonic() - t0, 1),
               **{k: summary[k] for k in ("steps", "steps_planned", "time_capped")},
               "trainable_params": int(sum(v.numel() for v in _trainable(model).values())),
               "heldout_token_windows": len(windows), "seed": a.seed}  # fmt: skip

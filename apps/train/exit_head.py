@@ -96,6 +96,7 @@ def fit(target, tok, corpus, layer: int, *, steps: int, batch: int, lr: float, m
               "fit_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
     return {"weight": w.numpy(), "bias": b.detach().numpy(), "report": report}
 
+
 # where a loop flag means more here than in LOOP_FLAGS (apps/train/args.py): a plain Adam
 HELPS = {
     "steps": "Adam steps (default {default})",

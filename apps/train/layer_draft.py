@@ -35,7 +35,8 @@ def target_layer_draft(teacher, layers: list[int]):
     other = [f"{i} ({kinds[i]})" for i in layers if kinds[i] != "full_attention"]
     if other:
         raise DuetError(
-            f"--from-target-layers: only full-attention layers can be copied, not {', '.join(other)}"
+            "--from-target-layers: only full-attention layers can be copied, not "
+            + ", ".join(other)
         )
     d = copy.deepcopy(teacher)
     d.model.layers = torch.nn.ModuleList([d.model.layers[i] for i in layers])

@@ -160,6 +160,7 @@ def save_head(head, out: Path, target_dir: Path, meta: dict) -> Path:
     (out / "mtp.json").write_text(json.dumps(rec, indent=2) + "\n")
     return out / WEIGHTS
 
+
 # where a loop flag means more here than in LOOP_FLAGS (apps/train/args.py)
 HELPS = {
     "out": "output directory (default TARGET/.duet/mtp, where --draft mtp looks)",
@@ -209,9 +210,10 @@ def run(a: argparse.Namespace) -> dict:
     held = token_stream(corpus.texts("heldout", 4 * a.eval_tokens), encode, eos_id(tok, tdir))
     out = Path(a.out) if a.out else mtp_sidecar(tdir)
     out.mkdir(parents=True, exist_ok=True)
+    limit = a.time_budget_min * 60 if a.time_budget_min else None
     cfg = LoopConfig(stage="mtp", steps=a.steps, lr=a.lr, warmup=min(20, a.steps),
                      weight_decay=0.0, ckpt_every=a.ckpt_every, bf16=False,
-                     time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None)  # fmt: skip
+                     time_limit_s=limit)  # fmt: skip
     opt = make_optimizer(head, cfg)
     start = resume_from(out, a.fresh, opt, lambda st: head.load_state_dict(st["head"]))
 
@@ -226,12 +228,21 @@ def run(a: argparse.Namespace) -> dict:
                          start_step=start)  # fmt: skip
     save_resume(summary["steps"])
     windows = eval_windows(held, a.seq_len, a.eval_tokens)
-    meta = {"steps": summary["steps"], "unroll": a.unroll, "tv_weight": a.tv_weight, "batch_size": a.batch_size,
-            "seq_len": a.seq_len, "lr": a.lr, "train_tokens": int(len(ids)),
-            "final_loss_ema": summary["final_loss_ema"], "time_capped": summary["time_capped"],
-            "wall_s": round(time.monotonic() - t0, 1), "seed": a.seed,
-            "corpus": str(a.corpus or "stdlib source, train split (apps/train/corpus.py)"),
-            **heldout_agreement(target, head, windows, a.unroll)}  # fmt: skip
+    meta = {
+        "steps": summary["steps"],
+        "unroll": a.unroll,
+        "tv_weight": a.tv_weight,
+        "batch_size": a.batch_size,
+        "seq_len": a.seq_len,
+        "lr": a.lr,
+        "train_tokens": int(len(ids)),
+        "final_loss_ema": summary["final_loss_ema"],
+        "time_capped": summary["time_capped"],
+        "wall_s": round(time.monotonic() - t0, 1),
+        "seed": a.seed,
+        "corpus": str(a.corpus or "stdlib source, train split (apps/train/corpus.py)"),
+        **heldout_agreement(target, head, windows, a.unroll),
+    }
     save_head(head, out, tdir, meta)
     return {"wrote": str(out), **meta}
 

@@ -29,16 +29,19 @@ class Plan:
     def describe(self, tokens_per_step: int) -> str:
         return (
             f"plan: target {self.target_steps} steps ({self.target_step_s:.2f} s/step, "
-            f"{tokens_per_step / self.target_step_s:.0f} tok/s, ~{self.target_time_s / 60:.1f} min), "
-            f"draft {self.draft_steps} steps ({self.draft_step_s:.2f} s/step, ~{self.draft_time_s / 60:.1f} min); "
-            f"to reproduce without timing: --target-steps {self.target_steps} --draft-steps {self.draft_steps}"
+            f"{tokens_per_step / self.target_step_s:.0f} tok/s, "
+            f"~{self.target_time_s / 60:.1f} min), draft {self.draft_steps} steps "
+            f"({self.draft_step_s:.2f} s/step, ~{self.draft_time_s / 60:.1f} min); "
+            f"to reproduce without timing: --target-steps {self.target_steps} "
+            f"--draft-steps {self.draft_steps}"
         )
 
 
 def time_steps(
     model: torch.nn.Module, step_fn, batches, n: int = 3, bf16: bool = True, device: str = "cpu"
 ) -> float:
-    """Seconds per optimisation step of `step_fn` on `model` (on `device`), after one warm-up step."""
+    """Seconds per optimisation step of `step_fn` on `model` (on `device`), after one warm-up
+    step."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     dev = torch.device(device)
     times = []

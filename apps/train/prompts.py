@@ -179,7 +179,8 @@ def read_prompts(path: str | Path = DEFAULT_OUT) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m apps.train.prompts",
-        description="Write the held-out prompt set (Spec-Bench question JSONL) from a corpus's held-out files.",
+        description="Write the held-out prompt set (Spec-Bench question JSONL) from a corpus's "
+        "held-out files.",
     )
     ap.add_argument(
         "--corpus", default=None, help="corpus directory (default: this Python's standard library)"

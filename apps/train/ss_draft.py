@@ -13,8 +13,9 @@ loss is KL(p_target(. | x<=t) || main_t) + sum_j KL(p_target(. | x<=t+j) || stre
 the target's own next-(j+1)-token distributions under teacher forcing (the streams'
 "future n-gram" objective, distilled as the embedded draft was). The whole draft is trained
 (the main-stream term keeps it a good ordinary draft), or with --freeze-main only the
-stream embeddings, so the main stream stays the initial draft exactly. The report gives, on held-out files,
-each stream's top-1 agreement with the target's argmax (what an SS pass can confirm).
+stream embeddings, so the main stream stays the initial draft exactly. The report gives, on
+held-out files, each stream's top-1 agreement with the target's argmax (what an SS pass can
+confirm).
 
 Resumable: state in OUT/.resume/ (every --ckpt-every steps); OUT is an SS checkpoint
 (runtime/drafts/ss/checkpoint.py) rewritten at each checkpoint. It does not measure speed
@@ -63,14 +64,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_loop_args(ap, out=REQUIRED, helps=HELPS)
     ap.add_argument("--streams", type=int, default=DEFAULT_STREAMS, help="lookahead streams n")
     add_loop_args(ap, steps=3000, time_budget_min=None, lr=1e-3, batch_size=8, seq_len=128)
-    ap.add_argument("--stream-stride", type=int, default=4,
-                    help="streams on every k-th position of a window, from a random offset "
-                    "(default 4: a quarter of the stream tokens, the same positions in time)")  # fmt: skip
+    ap.add_argument(
+        "--stream-stride",
+        type=int,
+        default=4,
+        help="streams on every k-th position of a window, from a random offset "
+        "(default 4: a quarter of the stream tokens, the same positions in time)",
+    )
     add_loop_args(ap, max_corpus_chars=4_000_000, corpus=None, threads=1, device="cpu", helps=HELPS)
     add_loop_args(ap, seed=0, ckpt_every=100, fresh=False)
-    ap.add_argument("--freeze-main", action="store_true",
-                    help="train the stream embeddings only: the main stream stays the initial "
-                    "draft exactly (its tokens and acceptance unchanged; only J changes)")  # fmt: skip
+    ap.add_argument(
+        "--freeze-main",
+        action="store_true",
+        help="train the stream embeddings only: the main stream stays the initial "
+        "draft exactly (its tokens and acceptance unchanged; only J changes)",
+    )
     return ap
 
 
