@@ -21,16 +21,16 @@ The norms are mlx-lm's (`1 + weight` RMSNorm), the projections its Linear (or qu
 from __future__ import annotations
 
 import math
-import sys
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
 from runtime.backends.mlx.llama import MLXCausalLM, _rope, mlx_lm_load
-from runtime.config import ModelConfig, weight_files
+from runtime.config import ModelConfig
 from runtime.model import causal_mask, check_tokens, default_positions
 from runtime.caches.sliding import SlidingKVCache
+from runtime.text_tower import say_vision_ignored, text_tower
 
 
 class MLXGemma3LM(MLXCausalLM):
@@ -52,7 +52,7 @@ class MLXGemma3LM(MLXCausalLM):
     @classmethod
     def load(cls, path, dtype: str | None = None, **_) -> MLXGemma3LM:
         config = ModelConfig.from_dir(path)
-        _say_vision_ignored(path)
+        say_vision_ignored(path)
         model = mlx_lm_load(path, config.raw, {}, dtype, get_model_classes=_classes(config.raw))
         return cls(model, config)
 
@@ -156,29 +156,9 @@ def _classes(raw: dict):
 
     class TextTower(gemma3_text.Model):
         def sanitize(self, weights):
-            out = {}
-            for k, v in weights.items():
-                if "vision_tower." in k or "multi_modal_projector." in k:
-                    continue
-                for prefix in ("model.language_model.", "language_model.model."):
-                    if k.startswith(prefix):
-                        k = "model." + k[len(prefix) :]
-                out[k.removeprefix("language_model.")] = v
-            return super().sanitize(out)
+            return super().sanitize(text_tower(weights, keep_mtp=True))
 
     return lambda config: (TextTower, Args)
-
-
-def _say_vision_ignored(path) -> None:
-    """One stderr line when a multimodal checkpoint carries vision weights."""
-    from safetensors import safe_open
-
-    n = 0
-    for f in weight_files(path):
-        with safe_open(str(f), framework="numpy") as st:
-            n += sum("vision_tower." in k or "multi_modal_projector." in k for k in st.keys())
-    if n:
-        print(f"{path}: Gemma 3 text tower only; ignoring {n} vision weights", file=sys.stderr)
 
 
 def load(path, dtype: str | None = None, hybrid_rollback: str = "replay") -> MLXGemma3LM:

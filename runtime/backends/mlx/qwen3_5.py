@@ -25,7 +25,6 @@ is refused in one line). It does not run the `mtp.*` head, the vision tower, MoE
 from __future__ import annotations
 
 import json
-import sys
 import threading
 from pathlib import Path
 
@@ -35,9 +34,10 @@ import numpy as np
 
 from runtime.backends.mlx.llama import MLXCausalLM, _rope, mlx_lm_load
 from runtime.caches.mlx_hybrid import MLXHybridCache
-from runtime.config import ModelConfig, weight_files
+from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens
+from runtime.text_tower import say_vision_ignored
 
 
 def _gated_attention(attn, x, mask, cache: MLXHybridCache, i: int, positions, offset: int):
@@ -123,7 +123,7 @@ class MLXQwen3_5LM(MLXCausalLM):
             overrides = {"text_config": {**raw["text_config"], "full_attention_interval": every}}
         else:
             overrides = {"full_attention_interval": every}
-        _say_vision_ignored(path)
+        say_vision_ignored(path)
         model = mlx_lm_load(path, raw, overrides, dtype, get_model_classes=_classes)
         return cls(model, config, hybrid_rollback)
 
@@ -192,19 +192,6 @@ def attention_interval(kinds) -> int | None:
     n = full[0] + 1
     ok = all((k == "full_attention") == ((i + 1) % n == 0) for i, k in enumerate(kinds))
     return n if ok else None
-
-
-def _say_vision_ignored(path) -> None:
-    """One stderr line when a multimodal checkpoint carries vision weights (mlx-lm's sanitize
-    drops them)."""
-    from safetensors import safe_open
-
-    n = 0
-    for f in weight_files(path):
-        with safe_open(str(f), framework="numpy") as st:
-            n += sum(k.startswith(("model.visual.", "visual.", "vision_tower")) for k in st.keys())
-    if n:
-        print(f"{path}: text tower only; ignoring {n} vision weights", file=sys.stderr)
 
 
 def _causal_only(mask: np.ndarray, offset: int, length: int) -> None:

@@ -23,7 +23,6 @@ Attribute names are the Hugging Face weight names.
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import replace
 
 import torch
@@ -31,6 +30,7 @@ from torch import nn
 
 from runtime.backends.torch.llama import apply_rope, attend, rope_inv_freq
 from runtime.config import ModelConfig
+from runtime.text_tower import text_tower
 
 
 class GemmaRMSNorm(nn.Module):
@@ -185,24 +185,9 @@ class Gemma3LM(nn.Module):
 
 
 def sanitize(state: dict, path) -> dict:
-    """A multimodal gemma3 checkpoint's language model under our names
-    (`model.language_model.*` or `language_model.model.*` -> `model.*`); the vision tower and
-    projector are set aside with one line on stderr."""
-    vision = [k for k in state if "vision_tower." in k or "multi_modal_projector." in k]
-    if vision:
-        print(f"{path}: Gemma 3 text tower only; ignoring {len(vision)} vision weights",
-              file=sys.stderr)  # fmt: skip
-    out = {}
-    for k, v in state.items():
-        if k in vision:
-            continue
-        for prefix in ("model.language_model.", "language_model.model."):
-            if k.startswith(prefix):
-                k = "model." + k[len(prefix) :]
-        if k.startswith("language_model.lm_head."):
-            k = k[len("language_model.") :]
-        out[k] = v
-    return out
+    """A multimodal gemma3 checkpoint's language model under our names, its vision tower and
+    projector set aside with one line on stderr (runtime/text_tower.py)."""
+    return text_tower(state, path)
 
 
 Model = Gemma3LM  # this family's entry in runtime/backends/torch/__init__.py's FAMILIES

@@ -20,7 +20,6 @@ It does not run the `mtp.*` head (that is not built yet) nor the vision tower.
 
 from __future__ import annotations
 
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +27,7 @@ from torch import nn
 
 from runtime.backends.torch.llama import MLP, RMSNorm, apply_rope, attend, rope_inv_freq
 from runtime.config import ModelConfig
+from runtime.text_tower import text_tower
 
 LINEAR, FULL = "linear_attention", "full_attention"
 
@@ -245,19 +245,10 @@ class Qwen3_5LM(nn.Module):
 
 
 def sanitize(state: dict, path) -> dict:
-    """The language model's weights under our names: a multimodal checkpoint's
-    `model.language_model.*` becomes `model.*`; vision weights and the `mtp.*` head are set
-    aside (the vision tower with one line on stderr)."""
-    prefix = "model.language_model."
-    vision = [k for k in state if k.startswith(("model.visual.", "visual."))]
-    if vision:
-        print(f"{path}: text tower only; ignoring {len(vision)} vision weights", file=sys.stderr)
-    out = {}
-    for k, v in state.items():
-        if k in vision or k.startswith("mtp."):
-            continue
-        out["model." + k[len(prefix) :] if k.startswith(prefix) else k] = v
-    return out
+    """The language model's weights under our names: a multimodal checkpoint's text tower, its
+    vision weights (with one line on stderr) and the `mtp.*` head set aside
+    (runtime/text_tower.py)."""
+    return text_tower(state, path)
 
 
 Model = Qwen3_5LM  # this family's entry in runtime/backends/torch/__init__.py's FAMILIES
