@@ -7,7 +7,7 @@
         --batch-size 32 --out out/draft_l1     # a new draft cut from the target (not committed)
 
 The loss is the pipeline's distillation loss (apps/train/losses.py `distill_loss`, the step of
-apps/train/pipeline.py): KL(p_target ‖ q_draft) plus `--tv-weight` x TV(p, q). 1 - TV is
+apps/train/steps.py): KL(p_target ‖ q_draft) plus `--tv-weight` x TV(p, q). 1 - TV is
 exactly the chance that rejection sampling accepts a draft token at that temperature
 (Leviathan et al. 2023, §3.2), so the TV term aims at acceptance when sampling, the KL term
 keeps the draft covering the target (and its argmax, which greedy acceptance needs).
