@@ -61,35 +61,12 @@ def auto_chooser(a: AutoOptions, pair: Pair):
     if pair.draft is None or getattr(pair.draft, "model_free", False):
         return alone_chooser(pair, a)
     from devices.method_choice import AUTO_GAMMAS, Corrections
-    from devices.pair_probe import (
-        choose_for,
-        export_state,
-        observe_branches,
-        observe_run,
-        restore_state,
-    )
-    from devices.probe_store import ProbeStore
+    from devices.pair_probe import choose_for, observe_branches, observe_run
     from devices.profile import load_profile
 
-    name = a.device_profile
-    profile = load_profile(name) if name else None
+    profile = load_profile(a.device_profile) if a.device_profile else None
     corrections = Corrections()  # what this process's earlier auto runs measured
-    # what earlier processes measured on this pair and machine (devices/probe_store.py)
-    store = ProbeStore.for_pair(pair.target, pair.draft, refresh=a.reprobe)
-    if store is not None:
-
-        def restore(saved: dict) -> None:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(store.measured))
-            restore_state(pair.target, pair.draft, saved.get("probe", []),
-                          note=f"{store.path} (measured {when})")  # fmt: skip
-            corrections.load_state(saved.get("corrections", []))
-
-        store.restore(restore)
-
-    def keep() -> None:
-        if store is not None:
-            store.save({"probe": export_state(pair.target, pair.draft),
-                        "corrections": corrections.state()})  # fmt: skip
+    store, keep = _kept_figures(pair, corrections, a.reprobe)
 
     def choose(ids: list[int], sampling, target_cache=None, draft_cache=None) -> tuple[str, dict]:
         """Given empty caches, a probe of the prompt prefills them with all of `ids`, or leaves
@@ -138,6 +115,32 @@ def auto_chooser(a: AutoOptions, pair: Pair):
 
     choose.observe, choose.store = observe, store
     return choose
+
+
+def _kept_figures(pair: Pair, corrections, refresh: bool):
+    """(the pair's ProbeStore or None, keep()): what earlier processes measured on this pair and
+    machine (devices/probe_store.py) restored into the probe's memo and `corrections`; keep()
+    saves them back."""
+    from devices.pair_probe import export_state, restore_state
+    from devices.probe_store import ProbeStore
+
+    store = ProbeStore.for_pair(pair.target, pair.draft, refresh=refresh)
+    if store is not None:
+
+        def restore(saved: dict) -> None:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(store.measured))
+            note = f"{store.path} (measured {when})"
+            restore_state(pair.target, pair.draft, saved.get("probe", []), note=note)
+            corrections.load_state(saved.get("corrections", []))
+
+        store.restore(restore)
+
+    def keep() -> None:
+        if store is not None:
+            state = export_state(pair.target, pair.draft)
+            store.save({"probe": state, "corrections": corrections.state()})
+
+    return store, keep
 
 
 ALONE_DRAFT = "suffix"  # the model-free draft auto runs sd with for a target alone
