@@ -14,7 +14,7 @@ verify pass costs what a one-token one does. A summary or an answer read out of 
 repeats the prompt, where a suffix match is long and a feature head is unsure; an answer in
 the model's own words is the head's. The head skips the steps the text drafts; when it drafts
 again it reads the target's features of the tokens committed meanwhile in one pass
-(runtime/backends/torch_mtp.py, its catch-up of verified entries).
+(runtime/drafts/mtp/torch.py, its catch-up of verified entries).
 
 Lossless at every temperature: which draft drafts is a function of the committed sequence
 alone, never of a draw, so each step's window comes from one law, the point masses of the
