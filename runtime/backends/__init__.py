@@ -4,6 +4,10 @@ mlx    mlx-lm model classes, our forward loop (the target's home)
 torch  the plain PyTorch reference
 onnx   ONNX Runtime over an exported .onnx (the draft's home off Apple)
 coreml Core ML .mlpackage (the draft on the Neural Engine; predicts on macOS only)
+
+Each is a folder here with a file per model family named after its `model_type` (llama,
+gemma3_text, qwen3_5) and one table, `FAMILIES` in its __init__.py, that picks the file
+(families.py: the rule they share).
 """
 
 from __future__ import annotations
