@@ -123,7 +123,7 @@ def test_emulate_labels_output_and_skips_unpaddable_baselines(tiny_dir, tmp_path
 
 
 def test_contention_check_reports_both_loops():
-    from apps.bench.contention import measure
+    from apps.bench.studies.contention import measure
 
     r = measure(50, 1, None, None, 4, pair=False)
     assert r["matmul_ms_alone"] > 0 and len(r["matmul_ms_two_at_once"]) == 2

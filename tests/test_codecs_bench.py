@@ -1,9 +1,9 @@
-"""`python -m apps.bench.codecs` runs end to end on the embedded pair (a tiny slice) and its
-wire bits match the codecs' bit model up to the byte padding of each payload."""
+"""`python -m apps.bench.studies.uplink_codecs` runs end to end on the embedded pair (a tiny
+slice) and its wire bits match the codecs' bit model up to the byte padding of each payload."""
 
 import json
 
-from apps.bench import codecs as bench
+from apps.bench.studies import uplink_codecs as bench
 
 
 def test_codecs_bench_smoke(capsys):

@@ -1,5 +1,5 @@
-"""apps.bench.copy_bound: the longest copies and the cheapest schedule match brute force, and
-the command bounds a tiny ONNX target's turns."""
+"""apps.bench.studies.copy_bound: the longest copies and the cheapest schedule match brute force,
+and the command bounds a tiny ONNX target's turns."""
 
 import itertools
 import json
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from apps.bench.copy_bound import copy_lengths, fastest_steps, main
+from apps.bench.studies.copy_bound import copy_lengths, fastest_steps, main
 from runtime.errors import DuetError
 
 

@@ -215,13 +215,14 @@ def test_bench_rows_show_the_baselines_refusals(pair_root):
     assert "refused: transformers: assisted generation is not supported" in text
 
 
-@pytest.mark.parametrize("module", ["apps.bench", "apps.bench.hybrid_rollback"])
+@pytest.mark.parametrize("module", ["apps.bench", "apps.bench.studies.hybrid_rollback"])
 def test_a_missing_pair_names_the_command(module, tmp_path):
     argv = [sys.executable, "-m", module, "--hybrid", str(tmp_path)]
     if module != "apps.bench":  # the default pair is out/hybrid; point it at an empty folder
         argv = [sys.executable, "-c", "import apps.bench.hybrid_pair as h, pathlib, sys; "
                 f"h.DEFAULT_DIR = pathlib.Path({str(tmp_path)!r}); "
-                "from apps.bench.hybrid_rollback import main; sys.exit(main(['--sd']))"]  # fmt: skip
+                "from apps.bench.studies.hybrid_rollback import main; "
+                "sys.exit(main(['--sd']))"]  # fmt: skip
     r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "python -m apps.train --arch qwen3_5 --out" in r.stderr
@@ -229,7 +230,7 @@ def test_a_missing_pair_names_the_command(module, tmp_path):
 
 @pytest.mark.parametrize("draft_backend", ["onnx", "torch"])
 def test_rollback_bench_end_to_end_replay_and_redecode_equal_ar(pair_root, draft_backend):
-    from apps.bench.hybrid_rollback import end_to_end
+    from apps.bench.studies.hybrid_rollback import end_to_end
 
     res = end_to_end(pair_root / "target", pair_root / "draft", gamma=3, prompts=2, max_new=8,
                      threads=1, draft_backend=draft_backend)  # fmt: skip

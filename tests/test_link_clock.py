@@ -102,7 +102,7 @@ def test_adaptive_k0_is_judged_against_cloud_only_too():
 
 
 def test_keep_share_uses_only_the_prompts_both_runs_hold():
-    from apps.bench.edge_keep import keep_shares
+    from apps.bench.studies.edge_keep import keep_shares
 
     def runs(ms_cloud, ms_adapt):  # {link: {method: {prompt: (wall_s, tokens)}}}, 10 tokens
         return {"4g": {"cloud-only": {p: (v / 100, 10) for p, v in enumerate(ms_cloud)},

@@ -2,7 +2,7 @@
 
 A resample draws prompt indices with replacement; the statistic is computed from that one draw
 for every quantity it compares (adaptive and fixed K, T = 1 and T = 0, two drafts), so the
-interval is paired. Used by apps/bench/edge.py, apps/bench/edge_keep.py and
+interval is paired. Used by apps/bench/edge.py, apps/bench/studies/edge_keep.py and
 apps/train/draft_eval.py. It resamples; it does not decide what a statistic is.
 """
 

@@ -11,7 +11,7 @@ draft's law, not the target's: the output is no longer the target's (stats say `
 
 u_th is Theorem 1's risk-prone threshold (Delta - b) / a (eq. 12), with a, b of eq. (7) and
 Delta = P(y_d < x_d) fitted on the embedded pair (FIT below; `--u-th` overrides it for other
-pairs, whose fit `python -m apps.bench.codecs` prints).
+pairs, whose fit `python -m apps.bench.studies.uplink_codecs` prints).
 
 The rejection risk R is MEASURED after the run by an audit, when the target is at hand (the
 command layer's `--server local`, and every benchmark): one teacher-forced target pass over
@@ -37,7 +37,8 @@ from kernels import cuhlm
 from runtime.errors import DuetError
 
 # eq. (7) fit and Delta on the embedded pair, per temperature: (a, b, Delta), from
-# `python -m apps.bench.codecs --limit 6 --temps 0.2,0.5,0.8,1.0 --json` (876 teacher-forced
+# `python -m apps.bench.studies.uplink_codecs --limit 6 --temps 0.2,0.5,0.8,1.0 --json` (876
+# teacher-forced
 # positions, M = 16, theta_max = 1). The fit is weak here (r = 0.39, 0.36, 0.36, 0.29; the
 # paper: 0.71), and eq. (12) gives u_th = 0.89 at T = 0.2 and > 1 above, i.e. skip every draft.
 FIT = {

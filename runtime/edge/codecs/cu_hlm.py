@@ -20,7 +20,7 @@ CARRIES_Q = True
 # log levels, k = 256: on the embedded pair at T = 1 (876 positions, raw acceptance 0.736) linear
 # levels cap expected acceptance at 0.652 (k = 128; most top-k p are below 1/255), log levels
 # reach 0.705 (0.958x raw) at k = 256 in 20 bits per id (3.9 % of raw's 32 V bits)
-# (`python -m apps.bench.codecs --limit 6 --temps 1.0 --cu-k K [--cu-levels linear]`)
+# (`python -m apps.bench.studies.uplink_codecs --limit 6 --temps 1.0 --cu-k K [--cu-levels linear]`)
 DEFAULTS = {"k": 256, "levels": "log"}
 
 

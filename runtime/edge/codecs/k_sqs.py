@@ -14,7 +14,7 @@ from runtime.edge.codecs.lossy import Encoder, decode_payload
 NAME = "k-sqs"
 NUMBER = 3
 CARRIES_Q = True
-DEFAULTS = {"k": 512, "ell": 4000}  # apps.bench.codecs: <= 5 % of raw at T = 1
+DEFAULTS = {"k": 512, "ell": 4000}  # apps.bench.studies.uplink_codecs: <= 5 % of raw at T = 1
 
 
 def encoder(vocab: int, **params) -> Encoder:

@@ -1,4 +1,4 @@
-"""`python -m apps.bench.contention`: do this machine's cores compute in parallel?
+"""`python -m apps.bench.studies.contention`: do this machine's cores compute in parallel?
 
 Mirror-SD runs the draft and the target at once; it can only gain where the two
 really run side by side. This measures, in separate processes (so Python's GIL
@@ -117,8 +117,11 @@ def measure(iters: int, pair_iters: int, target, draft, gamma: int, pair: bool) 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m apps.bench.contention", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.bench.studies.contention",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--target", default=None, help="target (default: embedded pair)")
     ap.add_argument("--draft", default=None, help="draft (default: embedded pair)")
     ap.add_argument("--gamma", type=int, default=4, help="window is γ+1 tokens (default 4)")

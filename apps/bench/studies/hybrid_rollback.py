@@ -1,4 +1,4 @@
-"""`python -m apps.bench.hybrid_rollback`: what landing a hybrid model's states costs.
+"""`python -m apps.bench.studies.hybrid_rollback`: what landing a hybrid model's states costs.
 
 On a hybrid (Qwen3.5) checkpoint, for each accepted length A of a γ+1 window it times
   - the verify pass itself (the window through the whole model),
@@ -37,7 +37,7 @@ import numpy as np
 
 from runtime.errors import DuetError, cli_main
 
-from .hybrid_pair import hybrid_pair_dirs
+from ..hybrid_pair import hybrid_pair_dirs
 
 
 def measure(path, *, gamma: int = 4, prompt_len: int = 64, reps: int = 20, threads: int = 1,
@@ -165,7 +165,7 @@ def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int,
     from runtime.decoding.events import Sampling
     from runtime.tokenizer import Tokenizer
 
-    from .prompts import load_prompts, turn_ids
+    from ..prompts import load_prompts, turn_ids
 
     target = TorchCausalLM.load(target_dir, threads=threads)
     if draft_backend == "onnx":  # as runtime.load.load_pair loads a draft directory
@@ -225,8 +225,11 @@ def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int,
 
 @cli_main
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m apps.bench.hybrid_rollback", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.bench.studies.hybrid_rollback",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--target", default=None,
                     help="a hybrid (qwen3_5_text) checkpoint directory (default out/hybrid/target)")  # fmt: skip
     ap.add_argument("--gamma", type=int, default=4)

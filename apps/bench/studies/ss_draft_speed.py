@@ -1,7 +1,8 @@
-"""`python -m apps.bench.ss_draft`: draft-only speedup of a speculative-streaming draft
-(Mirror-SD App. D.2, Fig. 6b shape): time and internal passes J to draft a γ-token window.
+"""`python -m apps.bench.studies.ss_draft_speed`: draft-only speedup of a speculative-streaming
+draft (Mirror-SD App. D.2, Fig. 6b shape): time and internal passes J to draft a γ-token window.
 
-    nice -n 10 python -m apps.bench.ss_draft --draft runs/ss-draft --gammas 2,4,6,8 --limit 5
+    nice -n 10 python -m apps.bench.studies.ss_draft_speed --draft runs/ss-draft --gammas 2,4,6,8 \\
+        --limit 5
 
 Contexts are real: each prompt of the benchmark set (apps/prompts/) followed by the
 target's own greedy continuation; windows are drafted from `--windows` positions along it.
@@ -101,8 +102,11 @@ def measure(ss, ar_extra, ctxs, gammas: list[int], windows: int) -> dict:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m apps.bench.ss_draft", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.bench.studies.ss_draft_speed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--draft", required=True, help="SS draft checkpoint (apps.train ss-draft)")
     ap.add_argument("--target", default=None, help="target (default: the embedded one)")
     ap.add_argument("--ar-draft", default=None, help="an ordinary draft to time beside it")

@@ -1,4 +1,5 @@
-"""`python -m apps.bench.server_overhead`: what serving over HTTP costs against runtime.generate.
+"""`python -m apps.bench.studies.server_overhead`: what serving over HTTP costs against
+runtime.generate.
 
 Starts `python -m apps.server` (same pair, method and flags) on a free port, loads
 the same pair in this process, and alternates, round by round, the same greedy
@@ -134,8 +135,11 @@ def measure(a: argparse.Namespace) -> dict:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m apps.bench.server_overhead", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.bench.studies.server_overhead",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_pair_args(ap)
     ap.add_argument("--method", choices=METHODS, default="sd")
     ap.add_argument("--gamma", type=int, default=4)

@@ -1,4 +1,5 @@
-"""`python -m apps.bench.edge_keep T1.json T0.json`: how much of the T = 0 speedup T = 1 keeps.
+"""`python -m apps.bench.studies.edge_keep T1.json T0.json`: how much of the T = 0 speedup
+T = 1 keeps.
 
 Issue 10's goal "at T = 1 keep >= 85 % of the T = 0 speedup" compares two runs of
 `python -m apps.bench --edge ... --out-json F`. Their prompt sets may differ (--limit), and a
@@ -71,8 +72,11 @@ def keep_shares(t1: dict, t0: dict, method: str = "adaptive", resamples: int = 2
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m apps.bench.edge_keep", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.bench.studies.edge_keep",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("t1", help="--out-json of the T = 1 run")
     ap.add_argument("t0", help="--out-json of the T = 0 run")
     ap.add_argument("--method", default="adaptive", help="the row compared (default adaptive)")

@@ -1,7 +1,7 @@
-"""`python -m apps.bench.copy_bound`: the fastest any model-free draft could make a target's
+"""`python -m apps.bench.studies.copy_bound`: the fastest any model-free draft could make a target's
 turns, from its own greedy answers and its own measured pass costs.
 
-    python -m apps.bench.copy_bound --target smollm2-135m-instruct --per-category 2
+    python -m apps.bench.studies.copy_bound --target smollm2-135m-instruct --per-category 2
 
 Prompt lookup and suffix drafts propose copies of the text so far (the prompt and the answer
 committed before the step). So a step at answer position i can have at most L_i drafts
@@ -59,8 +59,11 @@ def fastest_steps(lengths: list[int], step_s) -> tuple[float, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m apps.bench.copy_bound", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.bench.studies.copy_bound",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--target", required=True, help="a known model's name or a checkpoint dir")
     ap.add_argument("--prompts", default="chat", help="a named set or a .jsonl (default chat)")
     ap.add_argument("--per-category", type=int, default=2, help="prompts per category (2)")

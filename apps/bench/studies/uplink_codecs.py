@@ -1,6 +1,7 @@
-"""`python -m apps.bench.codecs`: what the compressed uplinks cost and keep, on a real pair.
+"""`python -m apps.bench.studies.uplink_codecs`: what the compressed uplinks cost and keep, on a
+real pair.
 
-    python -m apps.bench.codecs --limit 8 --temps 0.2,0.5,0.8,1.0 --json
+    python -m apps.bench.studies.uplink_codecs --limit 8 --temps 0.2,0.5,0.8,1.0 --json
 
 Over teacher-forced contexts (each held-out prompt followed by its reference
 text, one forward pass of target and draft), at each temperature it reports per
@@ -150,8 +151,11 @@ def cuhlm_stats(lt, ld, temp, m, theta_max, theta, rng):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m apps.bench.codecs", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.bench.studies.uplink_codecs",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_pair_args(ap)
     ap.add_argument("--prompts", default=None, help="prompt set (default apps/prompts/)")
     ap.add_argument("--limit", type=int, default=8, help="prompts to use (default 8)")
@@ -246,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         plot_crossover([{"temp": float(t), "link": x, "codec": c, **row[c]["modeled"][x]}
                         for t, row in report["temps"].items() for c in ("k-sqs", "c-sqs")
                         for x in links], args.plot,
-                       "MODELED from measured acceptance and wire bits (apps.bench.codecs), ")  # fmt: skip
+                       "MODELED from measured acceptance and wire bits "
+                       "(apps.bench.studies.uplink_codecs), ")  # fmt: skip
     if args.json:
         print(json.dumps(report))
     else:

@@ -1,6 +1,7 @@
-"""`python -m apps.bench.enumerative`: ms per row of SQS's integer coding, fast vs plain path.
+"""`python -m apps.bench.studies.enumerative_speed`: ms per row of SQS's integer coding, fast
+vs plain path.
 
-    python -m apps.bench.enumerative --vocab 4096,152064 --k 512 --ell 4000 --rows 5
+    python -m apps.bench.studies.enumerative_speed --vocab 4096,152064 --k 512 --ell 4000 --rows 5
 
 One row is what a K-SQS row costs the coder: rank + unrank of a random K-subset of V (eq. 5)
 and of a random lattice point of K counts summing to ell (eq. 2), through kernels/enumerative.py,
@@ -61,8 +62,11 @@ def measure(v: int, k: int, ell: int, rows: int, plain: bool, seed: int = 0) -> 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m apps.bench.enumerative", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.bench.studies.enumerative_speed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument(
         "--vocab", default="4096,152064", help="comma-separated V (default 4096,152064)"
     )

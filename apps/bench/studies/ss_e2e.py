@@ -1,7 +1,8 @@
-"""`python -m apps.bench.ss_e2e`: sd and mirror with an ordinary (AR) draft and with a
+"""`python -m apps.bench.studies.ss_e2e`: sd and mirror with an ordinary (AR) draft and with a
 speculative-streaming (SS) draft, end to end, alternating in one process.
 
-    nice -n 10 python -m apps.bench.ss_e2e --ss-draft runs/ss-draft --limit 5 --max-tokens 64
+    nice -n 10 python -m apps.bench.studies.ss_e2e --ss-draft runs/ss-draft --limit 5 \\
+        --max-tokens 64
 
 On a shared machine the load moves between runs, so the two drafts are compared prompt by
 prompt: for each prompt and temperature, `ar`, then each method with the AR draft and with
@@ -52,8 +53,11 @@ def summarize(runs: dict) -> list[dict]:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m apps.bench.ss_e2e", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.bench.studies.ss_e2e",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--ss-draft", required=True, help="SS draft (apps.train ss-draft)")
     ap.add_argument("--ar-draft", default=None, help="ordinary draft (default: the embedded one)")
     ap.add_argument("--target", default=None, help="target (default: the embedded one)")
