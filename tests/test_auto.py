@@ -397,7 +397,7 @@ def test_a_near_tie_that_few_runs_decided_is_explored_until_measured():
 
 
 def test_the_bench_feeds_each_auto_run_back_to_its_chooser(tiny_dir):
-    from apps.bench.duet_runner import DuetRunner
+    from apps.bench.runners.duet import DuetRunner
     from runtime.backends import load_model
 
     target = load_model(tiny_dir("llama"), "torch")

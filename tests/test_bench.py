@@ -204,7 +204,7 @@ def test_each_round_rotates_the_runner_order():
             self.name = name
 
         def generate(self, ids, n, temp, top_p, seed):
-            from apps.bench.runner import TurnResult
+            from apps.bench.runners.turn import TurnResult
 
             calls.append(self.name)
             return TurnResult([1], 0.01, [1])

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from apps.bench.categories import by_category, category_table
-from apps.bench.llamacpp_runner import even_lengths, ngram_modes, spec_types, turn_from_response
-from apps.bench.peers import parse_peers, peer_runners
+from apps.bench.runners.llamacpp import even_lengths, ngram_modes, spec_types, turn_from_response
+from apps.bench.runners.peers import parse_peers, peer_runners
 from apps.bench.prompts import load_prompts
 from apps.bench.report import mismatches, summarize
-from apps.bench.runner import TurnResult
+from apps.bench.runners.turn import TurnResult
 from apps.bench.schedule import run_bench
 from runtime.errors import DuetError
 
@@ -123,7 +123,7 @@ def test_skip_messages(tmp_path, monkeypatch, tiny_dir):
     monkeypatch.setitem(sys.modules, "mlx_lm", None)
     runners, skipped = peer_runners(["llama.cpp", "ort-genai", "mlx-lm"], pair, args(), 2)
     assert runners == []
-    assert "python -m apps.bench.llamacpp build" in skipped["llama.cpp:ar"]
+    assert "python -m apps.bench.runners.llamacpp_server build" in skipped["llama.cpp:ar"]
     assert "pip install onnxruntime-genai" in skipped["ort-genai:ar"]
     assert "mlx-lm is not importable" in skipped["mlx-lm:ar"]
     with pytest.raises(DuetError, match="unknown nope"):
@@ -173,7 +173,7 @@ def test_cli_rows_categories_and_skips(tiny_dir, tmp_path, monkeypatch, capsys):
     assert list(rows) == ["ar", "hf:ar", "hf:lookup"]
     assert rows["hf:lookup"]["matches_ar"] == "2/2"  # against hf:ar, one prompt per category
     assert list(res["categories"]) == ["summarization", "rag", "overall"]
-    assert "apps.bench.llamacpp build" in res["settings"]["skipped"]["llama.cpp:ar"]
+    assert "apps.bench.runners.llamacpp_server build" in res["settings"]["skipped"]["llama.cpp:ar"]
     text = capsys.readouterr().out
     assert "skipped llama.cpp:ar: llama-server is not built here" in text
 

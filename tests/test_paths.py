@@ -12,7 +12,8 @@ from runtime import paths
 
 def _every_cache_folder() -> dict[str, Path]:
     """What each user of the cache decides, asked through its own function."""
-    from apps.bench import evolving, genai_runner, llamacpp
+    from apps.bench import evolving
+    from apps.bench.runners import llamacpp_server, ort_genai
     from devices import probe_store
     from runtime import registry
     from runtime.backends.onnx import gqa_buckets
@@ -21,8 +22,8 @@ def _every_cache_folder() -> dict[str, Path]:
         "models": registry.models_dir(),
         "gqa_buckets.json": gqa_buckets._store(),
         "auto": probe_store.cache_dir(),
-        "llamacpp": llamacpp.cache_dir(),
-        "ort-genai": genai_runner.cache_root(),
+        "llamacpp": llamacpp_server.cache_dir(),
+        "ort-genai": ort_genai.cache_root(),
         "evolving": evolving.evolving_dir(),
     }
 

@@ -38,7 +38,7 @@ from runtime.decoding import METHODS
 from runtime.errors import DuetError, cli_main
 
 from .categories import add_category_args
-from .peers import add_peer_args
+from .runners.peers import add_peer_args
 
 BASELINES = ("mlx-lm", "hf-assisted", "hf")
 NEEDS_NO_DRAFT = ("ar", AUTO, "mlx-lm", "hf")  # with a target alone: mlx-lm and auto run it alone
@@ -213,16 +213,16 @@ def takes_gamma(method: str) -> bool:
 
 
 def make_runners(methods: list[str], pair, a) -> list:
-    from .duet_runner import DuetRunner
+    from .runners.duet import DuetRunner
 
     runners = []
     for m in methods:
         if m == "mlx-lm":
-            from .mlx_lm_runner import MlxLmRunner
+            from .runners.mlx_lm import MlxLmRunner
 
             runners.append(MlxLmRunner(pair, gamma=a.gamma))
         elif m in ("hf-assisted", "hf"):
-            from .hf_runner import HfAssistedRunner
+            from .runners.hf import HfAssistedRunner
 
             runners.append(HfAssistedRunner(pair, gamma=a.gamma, alone=m == "hf"))
         else:
@@ -257,7 +257,7 @@ def bench(a: argparse.Namespace) -> dict:
     from runtime.chat_session import ChatTemplate
 
     from .categories import by_category
-    from .peers import (
+    from .runners.peers import (
         bench_threads,
         close_runners,
         parse_peers,

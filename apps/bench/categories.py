@@ -3,7 +3,7 @@ category with its speedup over its own `ar`, then its mean tokens per step and t
 speedup (and here also the overall tok/s and its greedy equality with its own `ar`).
 
 The figures are report.summarize's, over each category's records alone; `own_ar` maps a runner
-to the `ar` it is measured against (a peer's own, apps/bench/peers.py).
+to the `ar` it is measured against (a peer's own, apps/bench/runners/peers.py).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 def summarize(records: list[dict], methods: list[str], temps: list[float],
               own_ar: dict | None = None) -> list[dict]:  # fmt: skip
     """Rows per (method, temperature); a method's speedup is over `own_ar[method]` (a peer's own
-    ar, apps/bench/peers.py), else over `ar`."""
+    ar, apps/bench/runners/peers.py), else over `ar`."""
     rows = []
     for t in temps:
         tps_of: dict[str, float] = {}

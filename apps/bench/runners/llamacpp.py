@@ -1,9 +1,10 @@
 """llama.cpp's `llama-server` as bench runners: `llama.cpp:ar` and its n-gram speculative types.
 
 One server per mode (`-t`/`-tb` the bench's thread count, bound to 127.0.0.1, started once
-for the whole run and stopped at its end; start-up is bounded by apps/bench/llamacpp.py's
-LlamaServer, each request by REQUEST_TIMEOUT_S). A turn sends the prompt as token ids (the
-GGUF's vocabulary is the checkpoint's), so llama.cpp answers the very prompt Duet answers,
+for the whole run and stopped at its end; start-up is bounded by
+apps/bench/runners/llamacpp_server.py's LlamaServer, each request by REQUEST_TIMEOUT_S). A turn
+sends the prompt as token ids (the GGUF's vocabulary is the checkpoint's), so llama.cpp answers
+the very prompt Duet answers,
 and reads back the generated ids (`return_tokens`). Wall time is the HTTP round trip, prefill
 included, as for every other runner; the server's own decode rate is kept in `settings()`.
 
@@ -27,7 +28,7 @@ from functools import lru_cache
 
 from runtime.errors import DuetError
 
-from .runner import TurnResult
+from .turn import TurnResult
 
 REQUEST_TIMEOUT_S = 300  # one turn; a wedged server fails the run instead of hanging it
 # n-gram modes and their settings: n 3 / m 8 is what issue 42 measured ngram-simple with;
@@ -71,7 +72,7 @@ class LlamaCppRunner:
     def __init__(self, gguf: str, *, threads: int, mode: str | None, eos: tuple[int, ...],
                  ctx: int = 4096, server_cls=None, draft_gguf: str | None = None,
                  gamma: int = 4):  # fmt: skip
-        from .llamacpp import LlamaServer
+        from .llamacpp_server import LlamaServer
 
         self.mode = mode
         self.name = f"{self.group}:{mode or 'ar'}"

