@@ -52,7 +52,8 @@ def perturbation_temperatures(rng: np.random.Generator, m: int, theta_max: float
 
 
 def uncertainty(logits: np.ndarray, draft_token: int, thetas: np.ndarray, u: np.ndarray) -> float:
-    """u(t) = (1/M) sum_m 1(d^(m) != d), d^(m) ~ softmax(z / theta^(m)) by inverse CDF at u[m] (eq. 8-9)."""
+    """u(t) = (1/M) sum_m 1(d^(m) != d), d^(m) ~ softmax(z / theta^(m)) by inverse CDF at u[m]
+    (eq. 8-9)."""
     z = np.asarray(logits, np.float64)
     th = np.asarray(thetas, np.float64)
     hot = th > 0
@@ -114,7 +115,8 @@ def fit_linear(u: np.ndarray, beta: np.ndarray) -> LinearFit:
 
 
 def fit_linear_reference(u, beta) -> tuple[float, float]:
-    """Plain twin: the closed-form simple regression a = cov(u, beta) / var(u), b = mean - a mean."""
+    """Plain twin: the closed-form simple regression a = cov(u, beta) / var(u),
+    b = mean - a mean."""
     n = len(u)
     mu, mb = sum(u) / n, sum(beta) / n
     a = sum((x - mu) * (y - mb) for x, y in zip(u, beta, strict=True)) / sum(
@@ -351,7 +353,8 @@ def softplus(z: float, eta: float) -> float:
 def k_online(
     x: np.ndarray, x_d: float, u: float, a: float, b: float, theta: float, eta: float = 10.0
 ) -> int:
-    """k(t)* = min{k : N(k) / [(1 - x_d) l(-1) + x_d l(-beta_d)] <= theta}, beta_d = a u + b (eq. 23-24).
+    """k(t)* = min{k : N(k) / [(1 - x_d) l(-1) + x_d l(-beta_d)] <= theta},
+    beta_d = a u + b (eq. 23-24).
 
     Everything is on the device: x, the draft token's x_d and its uncertainty u.
     Returns V-1 if no k qualifies.

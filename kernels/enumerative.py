@@ -222,7 +222,8 @@ def _count(v: int, k: int) -> int:
 
 
 def rank_subset_reference(ids: Sequence[int], v: int) -> int:
-    """Plain twin: the index in the colex-sorted list of all subsets (of the complement if K > V/2)."""
+    """Plain twin: the index in the colex-sorted list of all subsets (of the complement if
+    K > V/2)."""
     s = sorted(ids)
     if 2 * len(s) > v:
         s = [i for i in range(v) if i not in set(s)]

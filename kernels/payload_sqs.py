@@ -58,7 +58,8 @@ _CSQS = struct.Struct(">H")  # ell
 
 @dataclass(frozen=True)
 class SqsRow:
-    """One quantized draft distribution: support ids (ascending) and lattice counts summing to ell."""
+    """One quantized draft distribution: support ids (ascending) and lattice counts summing to
+    ell."""
 
     ids: np.ndarray
     counts: np.ndarray
@@ -86,7 +87,8 @@ def header_bytes(variable_k: bool) -> int:
 
 
 def qhat_rows(rows: list[SqsRow], ell: int, v: int) -> np.ndarray:
-    """(L, V) float32: each row's q^ = counts / ell on its support (the draft samples from these)."""
+    """(L, V) float32: each row's q^ = counts / ell on its support (the draft samples from
+    these)."""
     return (
         np.stack([dense_qhat(r.ids, r.counts, ell, v) for r in rows])
         if rows

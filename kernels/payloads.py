@@ -1,4 +1,5 @@
-"""The compressed-uplink codecs behind one table: name -> codec, and decode by the payload's first byte.
+"""The compressed-uplink codecs behind one table: name -> codec, and decode by the payload's
+first byte.
 
 Every codec has the same shape, so wiring one into a wire format is one entry:
 
@@ -18,6 +19,7 @@ What it is not: the frame, the session or the link; those wrap these bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -25,19 +27,23 @@ from kernels import cuhlm, payload_cuhlm, payload_sqs, sqs
 from kernels.bitio import MalformedPayload
 
 
-@dataclass
-class KSqs:
-    """K-SQS: top-K support (SQS §2), lattice resolution ell (App. A.1)."""
+class _Sqs:
+    """What K-SQS and C-SQS share: each row's probabilities on the lattice of resolution
+    `ell` (App. A.1) over its support; a codec names the support (`support(row)`) and whether
+    its rows' sizes vary (VARIABLE_K: the payload then carries each row's K)."""
 
-    k: int = 8
-    ell: int = 100
-    name: str = "k-sqs"
+    VARIABLE_K: ClassVar[bool] = False
+    ell: int
+
+    def support(self, row: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
 
     def quantize(self, q: np.ndarray) -> list[payload_sqs.SqsRow]:
-        """One row per draft distribution: top-K ids and their Alg. 2 counts."""
+        """One row per draft distribution, in drafting order: its support's ids and their
+        Alg. 2 counts."""
         out = []
         for row in np.atleast_2d(q):
-            ids = sqs.topk_support(row, min(self.k, row.size))
+            ids = self.support(row)
             out.append(payload_sqs.SqsRow(ids, sqs.quantize_on_support(row, ids, self.ell)))
         return out
 
@@ -47,21 +53,35 @@ class KSqs:
 
     def encode(self, rows, tokens, v: int) -> bytes:
         """The payload bytes (kernels/payload_sqs.py) of rows and the tokens drawn from their q^."""
-        return payload_sqs.encode(rows, tokens, v, self.ell, variable_k=False)
+        return payload_sqs.encode(rows, tokens, v, self.ell, variable_k=self.VARIABLE_K)
 
     def body_bits(self, rows, v: int) -> int:
         """The bit model: sum over rows of eq. (1) + the token's id and count (before padding)."""
-        return payload_sqs.body_bits(rows, v, self.ell, variable_k=False)
+        return payload_sqs.body_bits(rows, v, self.ell, variable_k=self.VARIABLE_K)
 
     def header_bytes(self) -> int:
         """Bytes before the body."""
-        return payload_sqs.header_bytes(variable_k=False)
+        return payload_sqs.header_bytes(variable_k=self.VARIABLE_K)
 
 
 @dataclass
-class CSqs:
-    """C-SQS: support {q >= beta} (eq. 6) with beta moved online (eq. 8, Alg. 1)."""
+class KSqs(_Sqs):
+    """K-SQS: top-K support (SQS §2), lattice resolution ell (App. A.1)."""
 
+    k: int = 8
+    ell: int = 100
+    name: str = "k-sqs"
+
+    def support(self, row: np.ndarray) -> np.ndarray:
+        return sqs.topk_support(row, min(self.k, row.size))
+
+
+@dataclass
+class CSqs(_Sqs):
+    """C-SQS: support {q >= beta} (eq. 6) with beta moved online (eq. 8, Alg. 1); each row
+    moves beta, so rows are quantized in drafting order."""
+
+    VARIABLE_K: ClassVar[bool] = True
     ell: int = 100
     alpha: float = 5e-4  # SQS §4's values
     eta: float = 1e-3
@@ -72,26 +92,8 @@ class CSqs:
     def __post_init__(self) -> None:
         self.threshold = sqs.ConformalThreshold(self.alpha, self.eta, self.beta)
 
-    def quantize(self, q: np.ndarray) -> list[payload_sqs.SqsRow]:
-        """One row per draft distribution, in drafting order (each moves beta)."""
-        out = []
-        for row in np.atleast_2d(q):
-            ids = self.threshold.support(row)
-            out.append(payload_sqs.SqsRow(ids, sqs.quantize_on_support(row, ids, self.ell)))
-        return out
-
-    def qhat(self, rows, v: int) -> np.ndarray:
-        """(L, V) float32 q^ of the rows: what the draft samples from and the verifier uses."""
-        return payload_sqs.qhat_rows(rows, self.ell, v)
-
-    def encode(self, rows, tokens, v: int) -> bytes:
-        return payload_sqs.encode(rows, tokens, v, self.ell, variable_k=True)
-
-    def body_bits(self, rows, v: int) -> int:
-        return payload_sqs.body_bits(rows, v, self.ell, variable_k=True)
-
-    def header_bytes(self) -> int:
-        return payload_sqs.header_bytes(variable_k=True)
+    def support(self, row: np.ndarray) -> np.ndarray:
+        return self.threshold.support(row)
 
 
 @dataclass
@@ -99,7 +101,8 @@ class CuHlm:
     """CU-HLM's compressed transmission: top-k with 8-bit probabilities, eq. (15) at the receiver.
 
     `levels` is what the 8 bits mean (kernels/cuhlm.py): "log" (default; 2^(-16 v / 255), payload
-    version 3) or "linear" (v / 255, version 1, what older clients send). k is fixed (the offline k*, eq. 21) unless `ks` is given per call (the online k(t)*, eq. 24).
+    version 3) or "linear" (v / 255, version 1, what older clients send). k is fixed (the
+    offline k*, eq. 21) unless `ks` is given per call (the online k(t)*, eq. 24).
     The online rule needs a draft token and its uncertainty before x^ exists: use a
     provisional d0 ~ x for them, then draw the sent token afresh from `qhat` (not with
     d0's uniform), so the token's law given x^ is x^ and verification stays exact.

@@ -40,7 +40,8 @@ def topk_support_reference(q: Sequence[float], k: int) -> list[int]:
 
 
 def threshold_support(q: np.ndarray, beta: float) -> np.ndarray:
-    """C-SQS support {x : q(x) >= beta} (eq. 6), ascending; the argmax alone if that set is empty."""
+    """C-SQS support {x : q(x) >= beta} (eq. 6), ascending; the argmax alone if that set is
+    empty."""
     q = np.asarray(q)
     ids = np.flatnonzero(q >= beta)  # eq. (6)
     return ids if ids.size else np.array([int(np.argmax(q))])
@@ -74,7 +75,8 @@ def dense_qhat(ids: np.ndarray, counts: np.ndarray, ell: int, v: int) -> np.ndar
 
 
 def ksqs_bits(v: int, k: int, ell: int) -> int:
-    """b(K, ell) for K-SQS: ceil(log2 C(V, K)) (eq. 5) + ceil(log2 C(ell+K-1, K-1)) (eq. 2), eq. (1)."""
+    """b(K, ell) for K-SQS: ceil(log2 C(V, K)) (eq. 5) + ceil(log2 C(ell+K-1, K-1)) (eq. 2),
+    eq. (1)."""
     return subset_bits(v, k) + composition_bits(ell, k)  # eq. (1)
 
 
@@ -145,7 +147,8 @@ class ConformalThreshold:
         self.beta = self._batch.pop()[0]
 
     def verdict(self, accepted: int, q_bonus: np.ndarray | None = None) -> None:
-        """Backtrack after the cloud accepted `accepted` of this batch's drafts (Alg. 1 lines 11-13)."""
+        """Backtrack after the cloud accepted `accepted` of this batch's drafts (Alg. 1 lines
+        11-13)."""
         n = len(self._batch)
         if not 0 <= accepted <= n:
             raise ValueError(f"accepted = {accepted} outside [0, {n}]")

@@ -3,8 +3,9 @@
 Mirror-SD §3.2 / Bhendawade et al. 2024: one forward pass holds T main-stream tokens and,
 for each of P of them (the "owners", increasing indices), n lookahead streams. Stream j at
 main position p predicts the token j steps beyond p's next token. The new columns are laid
-out main first, then streams owner-major: column T + k * n + (j - 1) for the k-th owner. Putting every main
-column first means dropping the stream columns after the pass is a plain trim of the cache.
+out main first, then streams owner-major: column T + k * n + (j - 1) for the k-th owner.
+Putting every main column first means dropping the stream columns after the pass is a plain
+trim of the cache.
 
 Stream (p, j) stands at position pos[p] + j (the place of the token before the one it
 predicts) and attends to what main p attends to (the verified prefix and p itself) and to
