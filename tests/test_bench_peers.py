@@ -12,7 +12,7 @@ import pytest
 from apps.bench.categories import by_category, category_table
 from apps.bench.runners.llamacpp import even_lengths, ngram_modes, spec_types, turn_from_response
 from apps.bench.runners.peers import parse_peers, peer_runners
-from apps.bench.prompts import load_prompts
+from apps.bench.prompt_set import load_prompts
 from apps.bench.report import mismatches, summarize
 from apps.bench.runners.turn import TurnResult
 from apps.bench.schedule import run_bench

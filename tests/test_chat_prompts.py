@@ -4,7 +4,7 @@ words; the default prompt set does not pick it up."""
 
 from collections import Counter
 
-from apps.bench.prompts import load_prompts
+from apps.bench.prompt_set import load_prompts
 
 CATEGORIES = {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"}
 

@@ -70,7 +70,7 @@ def test_heterospec_shape_extends_and_sizes_n_prime(tiny_dir):
 
 
 def test_skip_per_category_holds_out_what_the_bench_measures():
-    from apps.bench.prompts import load_prompts
+    from apps.bench.prompt_set import load_prompts
     from apps.train.bins import after_each_category
 
     recs = load_prompts("chat")

@@ -264,7 +264,7 @@ def bench(a: argparse.Namespace) -> dict:
         peer_runners,
         second_backend_runners,
     )
-    from .prompts import load_prompts
+    from .prompt_set import load_prompts
     from .report import mismatches, summarize
     from .schedule import run_bench
 

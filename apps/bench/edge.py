@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def bench(a: argparse.Namespace) -> dict:
-    from apps.bench.prompts import load_prompts
+    from apps.bench.prompt_set import load_prompts
     from devices.links import LINK_NAMES, emulator
     from runtime.decoding import Sampling
     from runtime.edge.client import Connection

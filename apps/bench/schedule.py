@@ -13,7 +13,7 @@ import sys
 
 from tqdm import tqdm
 
-from .prompts import turn_ids
+from .prompt_set import turn_ids
 
 
 def _fit(ids: list[int], max_new: int, context: int) -> tuple[list[int], int]:

@@ -72,7 +72,7 @@ def check_args(a: argparse.Namespace) -> None:
 
 
 def make_setup(a: argparse.Namespace):
-    from apps.bench.prompts import load_prompts
+    from apps.bench.prompt_set import load_prompts
 
     from .run import Setup, prompt_ids
 

@@ -59,7 +59,7 @@ def exit_layer_default(num_layers: int) -> int:
 
 def prompt_ids(pair, records: list[dict], max_new: int) -> list[tuple[object, list[int]]]:
     """Each record's first turn as ids (chat template when the checkpoint has one), cut to fit."""
-    from apps.bench.prompts import turn_ids
+    from apps.bench.prompt_set import turn_ids
     from runtime.chat_session import ChatTemplate
 
     if pair.tokenizer is None:

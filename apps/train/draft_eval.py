@@ -142,7 +142,7 @@ def evaluate_draft(tdir: Path, ddir: Path, held: np.ndarray, seq_len: int, a, co
     """The metrics above of the saved draft `ddir` against `tdir` (runtime PyTorch backend),
     with draft-tune's evaluation flags `a`; with `compare` (another draft dir), its metrics
     too and the paired differences."""
-    from apps.bench.prompts import load_prompts, turn_ids
+    from apps.bench.prompt_set import load_prompts, turn_ids
     from runtime.backends import load_model as load_runtime
     from runtime.chat_session import ChatTemplate
     from runtime.tokenizer import Tokenizer

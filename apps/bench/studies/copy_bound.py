@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from apps.bench.prompts import load_prompts, turn_ids
+    from apps.bench.prompt_set import load_prompts, turn_ids
     from converters.onnx_target_bench import window_seconds
     from runtime.chat_template import ChatTemplate
     from runtime.decoding import make_steps, run

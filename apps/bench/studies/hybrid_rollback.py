@@ -165,7 +165,7 @@ def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int,
     from runtime.decoding.events import Sampling
     from runtime.tokenizer import Tokenizer
 
-    from ..prompts import load_prompts, turn_ids
+    from ..prompt_set import load_prompts, turn_ids
 
     target = TorchCausalLM.load(target_dir, threads=threads)
     if draft_backend == "onnx":  # as runtime.load.load_pair loads a draft directory

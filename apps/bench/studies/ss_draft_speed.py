@@ -42,7 +42,7 @@ class MainStreamOnly:
 
 def contexts(target, tok, limit: int, cont: int, prompts=None) -> list[list[int]]:
     """Each prompt's ids followed by `cont` greedy target tokens."""
-    from apps.bench.prompts import load_prompts, turn_ids
+    from apps.bench.prompt_set import load_prompts, turn_ids
     from runtime.decoding import Sampling, make_steps, run
 
     out = []

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         raise DuetError(f"--temps: comma-separated numbers, got {a.temps!r}") from None
     if a.limit < 1 or a.max_tokens < 1 or a.gamma < 1:
         raise DuetError("--limit, --max-tokens and --gamma must be >= 1")
-    from apps.bench.prompts import load_prompts, turn_ids
+    from apps.bench.prompt_set import load_prompts, turn_ids
     from runtime.assets import default_pair
     from runtime.decoding import Sampling
     from runtime.load import load_pair

@@ -56,7 +56,7 @@ from runtime.errors import DuetError, cli_main
 
 def contexts(pair, prompts_path: str | None, limit: int, max_len: int):
     """Target and draft logits (n, V) over held-out prompts + references, teacher-forced."""
-    from apps.bench.prompts import load_prompts
+    from apps.bench.prompt_set import load_prompts
 
     lt, ld = [], []
     for item in load_prompts(prompts_path)[:limit]:
