@@ -29,6 +29,16 @@ class Int8Path:
     saturates_u8s8: bool  # full-range U8S8 can clip in a 16-bit intermediate
 
     @property
+    def one_row_kernel(self) -> bool:
+        """Whether MatMulNBits at int8 activations (accuracy level 4) sums a one-row product in
+        another order than a product of several rows: ORT's AVX2 int8 path has a kernel of its
+        own for M = 1 with symmetric weights (MLAS sqnbitgemm_m1_sym_kernel_avx2_int8_*), ~1e-6
+        from the multi-row kernel's sums, while every M >= 2 gives a row the same bits at any
+        position and thread count (measured on an AMD EPYC with AVX2 only, ORT 1.32). VNNI
+        machines (the earlier CI's) and arm64 keep their path: nothing pads for them."""
+        return self.arch == "x86-64" and not self.vnni
+
+    @property
     def name(self) -> str:
         """A label for reports, e.g. 'x86-64 avx2 (no VNNI)'."""
         if self.arch != "x86-64":

@@ -1,6 +1,6 @@
-"""The ONNX target's hidden state between its parts (`Residual`), the one-token pass padding
-(PAD_ONE_TOKEN in runtime/backends/onnx/target.py), and the forward that records the hidden
-states a draft reads (`forward_recording`)."""
+"""The ONNX target's hidden state between its parts (`Residual`), the padding of one-row
+products (PAD_ONE_TOKEN and ONE_ROW in runtime/backends/onnx/target.py), and the forward that
+records the hidden states a draft reads (`forward_recording`)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,25 @@ def _pad_one(x, pos, m):
     m2[:, :, :S] = m[:, :1]
     m2[:, 1, S] = True
     return _cat([x, x]), np.concatenate([pos, pos], axis=1), m2
+
+
+def one_row_apart() -> bool:
+    """Whether this CPU's MatMulNBits gives a one-row product other bits than the same row in a
+    product of several (ONE_ROW in runtime/backends/onnx/target.py; cpu_int8.one_row_kernel)."""
+    from runtime.backends.onnx.cpu_int8 import int8_path
+
+    return int8_path().one_row_kernel
+
+
+def head_span(lo: int, hi: int, T: int) -> tuple[int, int]:
+    """The rows [lo, hi) of a T-row pass (T >= 2) the head runs on: one row widened to two where
+    one_row_apart (ONE_ROW), the row before it or else the one after (a padded one-token pass's
+    second row); the caller keeps only [lo, hi) of the logits."""
+    if hi - lo != 1 or not one_row_apart():
+        return lo, hi
+    if T < 2:
+        raise DuetError("ONNX target: a one-row head on a one-row pass (it must be padded)")
+    return (lo - 1, hi) if lo > 0 else (lo, hi + 1)
 
 
 def forward_recording(lm, ids, cache, positions, mask, last) -> np.ndarray:

@@ -29,7 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.backends.onnx.residual import Residual, _carried, _pad_one, forward_recording
+from runtime.backends.onnx.residual import (
+    Residual,
+    _carried,
+    _pad_one,
+    forward_recording,
+    head_span,
+    one_row_apart,
+)
 from runtime.backends.onnx.target_rows import chunk_rows, row_feed
 from runtime.caches.buffer import BufferKVCache
 from runtime.caches.concat import ConcatKVCache
@@ -120,10 +127,10 @@ def _first(outs: list[str]) -> int:
     return next((j for j, o in enumerate(outs) if o.startswith("present.")), len(outs))
 
 
-def _kept(res: list, head: bool, keep: int) -> list:
-    """A pass's outputs without a padded one-token pass's second row (the logits, cut to the
-    rows asked for, never have it)."""
-    return [a if head and j == 0 else a[:, :keep] for j, a in enumerate(res)]
+def _kept(res: list, head: bool, keep: int, cut: slice) -> list:
+    """A pass's outputs without a padded one-token pass's second row, the logits cut to the rows
+    asked for (`cut` of the head's rows, which ONE_ROW may have widened)."""
+    return [a[:, cut] if head and j == 0 else a[:, :keep] for j, a in enumerate(res)]
 
 
 def part_name(start: int, stop: int, num_layers: int, head: bool, taps: tuple = ()) -> str:
@@ -284,13 +291,17 @@ class OnnxTargetLM:
                                      taps))  # fmt: skip
             return [np.concatenate(parts, axis=1) for parts in zip(*got, strict=True)]
         keep = T
-        if T == 1 and not rows:  # GQA's one-query path: never taken (PAD_ONE_TOKEN)
+        # GQA's one-query path never taken (PAD_ONE_TOKEN); under "rows", MatMulNBits' one-row
+        # kernel where it sums apart (ONE_ROW)
+        if T == 1 and (not rows or one_row_apart()):
             x, pos, m = _pad_one(x, pos, m)
             T = 2
         lo, hi = (keep - min(last, keep), keep) if head and last is not None else (0, keep)
+        a, b = head_span(lo, hi, T)  # ONE_ROW: a one-row head on two rows, `cut` kept
+        lo, hi, cut = a, b, slice(lo - a, hi - a)
         if isinstance(cache, BufferKVCache) and not rows:
             return self._run_in_place(session, outs, names, x, pos, m, cache, start, stop, head,
-                                      off, (lo, hi), keep, taps)  # fmt: skip
+                                      off, (lo, hi), keep, cut, taps)  # fmt: skip
         past = [cache.get(i)[:2] for i in range(start, stop)]
         lm, key_pos = self._local_mask(cache, start, stop, pos, m) if self.sliding else (None,) * 2
         if rows:
@@ -318,7 +329,7 @@ class OnnxTargetLM:
                 cache.put(i, *kv, key_pos[:, : key_pos.shape[1] - drop])
             else:
                 cache.put(i, *kv)
-        return _kept(res[:first], head, keep)
+        return _kept(res[:first], head, keep, cut)
 
     def _tree_as_chains(self, x, cache, start, stop, head, pos, m, off, last, taps=()):
         """A pass whose mask has holes in its window (a draft tree's nodes see their ancestors,
@@ -382,7 +393,7 @@ class OnnxTargetLM:
         return [lg[:, -last:] if last else lg, *rest]
 
     def _run_in_place(self, session, outs, names, x, pos, m, cache, start, stop, head, off,
-                      rows_, keep, taps=()):  # fmt: skip
+                      rows_, keep, cut, taps=()):  # fmt: skip
         """One graph run of the whole pass with each layer's buffer bound as both its past and
         its present: the kernel appends the pass's keys and values at `off` in place
         (runtime/caches/buffer.py); logits and hidden are written into arrays made here. The
@@ -419,7 +430,7 @@ class OnnxTargetLM:
             session.run_with_iobinding(io)
         for i in range(start, stop):
             cache.advance(i, keep)
-        return _kept(got, head, keep)
+        return _kept(got, head, keep, cut)
 
     def _kv_binding(self, session, cache, start: int, stop: int, r: slice):
         """An IOBinding with layers [start, stop)'s buffers (row r) bound as their past and
@@ -494,4 +505,8 @@ class OnnxTargetLM:
         """Logits of a hidden state from forward_layers (a Residual: the head adds and normalises
         it as the whole graph does) or of a plain one."""
         session, outs, _ = self._part(self.config.num_layers, self.config.num_layers, True)
-        return session.run(outs, Residual.of(hidden).feed())[0]
+        h = Residual.of(hidden)
+        if h.shape[0] * h.shape[1] == 1 and one_row_apart():  # ONE_ROW: the row twice
+            twice = Residual(np.concatenate([h.h, h.h], 1), np.concatenate([h.resid] * 2, 1))
+            return session.run(outs, twice.feed())[0][:, :1]
+        return session.run(outs, h.feed())[0]
