@@ -50,14 +50,14 @@ def export_onnx_checked(model: str, out: str, tol: float) -> dict:
     from converters.onnx_export import export_onnx
     from converters.onnx_static import set_metadata
     from converters.parity import decode_parity
-    from runtime.backends.onnx_load import load_onnx_lm
-    from runtime.backends.torch_backend import TorchCausalLM
-    from runtime.ss_checkpoint import is_ss_dir
+    from runtime.backends.onnx import load_onnx_lm
+    from runtime.backends.torch.causal_lm import TorchCausalLM
+    from runtime.drafts.ss.checkpoint import is_ss_dir
 
     if is_ss_dir(model):  # a speculative-streaming draft: its own graph (main + streams)
         from converters.onnx_ss_export import export_ss_onnx
-        from runtime.backends.onnx_ss import OnnxSSCausalLM
-        from runtime.backends.torch_ss import SSCausalLM
+        from runtime.drafts.ss.onnx import OnnxSSCausalLM
+        from runtime.drafts.ss.torch import SSCausalLM
 
         ref = SSCausalLM.load(model)
         info = export_ss_onnx(model, out)
@@ -79,7 +79,8 @@ def run_export(args) -> dict:
     q = args.quantize or ("4" if args.format == "mlx" else "none")
     if q not in QUANTIZE[args.format]:
         raise DuetError(
-            f"--quantize {q} does not apply to --format {args.format}; choose from {', '.join(QUANTIZE[args.format])}"
+            f"--quantize {q} does not apply to --format {args.format}; "
+            f"choose from {', '.join(QUANTIZE[args.format])}"
         )
     if args.format == "onnx" and not args.static_shapes:
         if q != "none" or args.max_context:
@@ -99,8 +100,9 @@ def run_export(args) -> dict:
         p = info["parity"]
         info["summary"] = [
             f"wrote {info['path']} ({info['bytes'] / 1e6:.2f} MB) in {info['seconds']:.1f} s",
-            f"parity vs PyTorch reference: max |Δlogit| prefill {p['prefill_max_abs']:.2e}, decode "
-            f"{p['decode_max_abs']:.2e} (tolerance {tol:.0e}); top-1 agreement {p['top1_agree']:.3f}",
+            f"parity vs PyTorch reference: max |Δlogit| prefill {p['prefill_max_abs']:.2e}, "
+            f"decode {p['decode_max_abs']:.2e} (tolerance {tol:.0e}); "
+            f"top-1 agreement {p['top1_agree']:.3f}",
         ]
         if folder is not None:
             info["summary"].append(f"wrote {info['genai_config']} and {', '.join(info['copied'])}")
@@ -119,8 +121,9 @@ def run_export(args) -> dict:
         p = r["parity"]
         r["ok"] = p["ok"]
         r["summary"] = [
-            f"wrote {r['paths']['decode']} + {r['paths']['prefill']} (static: context {r['context']}, "
-            f"prefill {r['prefill_len']}; {q}) {r['size_bytes'] / 1e6:.2f} MB in {r['convert_s']:.1f} s",
+            f"wrote {r['paths']['decode']} + {r['paths']['prefill']} "
+            f"(static: context {r['context']}, prefill {r['prefill_len']}; {q}) "
+            f"{r['size_bytes'] / 1e6:.2f} MB in {r['convert_s']:.1f} s",
             f"parity vs PyTorch reference: max |Δlogit| {p['max_abs']:.2e}, top-1 agreement "
             f"{p['top1_agree']:.3f} (tolerance {p['tolerance']}) -> {'ok' if p['ok'] else 'FAIL'}",
             f"measured on {p['measured_on']} ({p['kernels']})"
@@ -143,7 +146,8 @@ def run_export(args) -> dict:
         p = r["parity"]
         r["ok"] = p["fp32"]["ok"] and p["fp16"]["ok"]
         r["summary"] = [
-            f"wrote {args.out} ({r['flavour']} KV cache, context {r['context']}, prefill {r['prefill_len']}, "
+            f"wrote {args.out} ({r['flavour']} KV cache, context {r['context']}, "
+            f"prefill {r['prefill_len']}, "
             f"weights {q}) {r['size_bytes'] / 1e6:.2f} MB in {r['convert_s']:.1f} s",
             "parity of the traced ANE module vs transformers: "
             + ", ".join(
@@ -162,8 +166,9 @@ def run_export(args) -> dict:
     r["summary"] = [
         f"wrote {args.out} ({q}-bit, group {r['group_size']}) {r['size_bytes'] / 1e6:.2f} MB "
         f"(from {r['source_size_bytes'] / 1e6:.2f} MB) in {r['convert_s']:.1f} s",
-        f"parity vs full precision on {p['prompts']} held-out prompts ({p['positions']} positions): "
-        f"top-1 agreement {p['top1_agree']:.3f}, mean KL {p['mean_kl']:.2e} (tolerance {p['tolerance']})",
+        f"parity vs full precision on {p['prompts']} held-out prompts "
+        f"({p['positions']} positions): top-1 agreement {p['top1_agree']:.3f}, "
+        f"mean KL {p['mean_kl']:.2e} (tolerance {p['tolerance']})",
     ]
     return r
 
@@ -187,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument(
         "--out",
         required=True,
-        help="output path (draft.onnx; a directory for an onnx GenAI folder or mlx; draft.mlpackage)",
+        help="output path (draft.onnx; a directory for an onnx GenAI folder or mlx; "
+        "draft.mlpackage)",
     )
     ex.add_argument(
         "--quantize", help="onnx: int8|int16 (static only); coreml: int8|int4|palettize4; mlx: 4|8"
@@ -219,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--role", choices=["draft", "target"], default="draft",
                     help="onnx: target = the ONNX Runtime target's graphs (--out DIR; --quantize "
                     "int4|int8|none, default int4; --exit-layer E adds Mirror-SD's split parts); "
-                    "--out CHECKPOINT/.duet is where --target-backend onnx looks (default draft)")  # fmt: skip
+                    "--out CHECKPOINT/.duet is where --target-backend onnx looks "
+                    "(default draft)")  # fmt: skip
     ex.add_argument("--exit-layer", type=int, default=None,
                     help="--role target: also export the parts split at this layer")  # fmt: skip
     ex.add_argument("--json", action="store_true", help="print the result as JSON")

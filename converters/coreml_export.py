@@ -108,7 +108,8 @@ def convert_function(decoder, length: int, flavour: str):
 
 
 def compress(mlmodel, scheme: str):
-    """Weight compression applied to a converted model: int8 linear, 4-bit palettes, int4 per-channel."""
+    """Weight compression applied to a converted model: int8 linear, 4-bit palettes, int4
+    per-channel."""
     if scheme not in COMPRESSIONS:
         raise DuetError(
             f"unknown Core ML compression {scheme!r}; choose from {', '.join(COMPRESSIONS)}"
@@ -134,7 +135,8 @@ def compress(mlmodel, scheme: str):
             mode="linear_symmetric", dtype=scheme, granularity=granularity, weight_threshold=0
         )
         compressor = linear_quantize_weights
-    # the RoPE tables stay fp16: sin at position 0 is a zero row (scale 0 -> NaN), and they are small
+    # the RoPE tables stay fp16: sin at position 0 is a zero row (scale 0 -> NaN), and they
+    # are small
     keep = {name: None for name in _rope_const_names(mlmodel)}
     return compressor(mlmodel, OptimizationConfig(global_config=op, op_name_configs=keep))
 

@@ -39,7 +39,8 @@ class RMSNormANE(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # ml-ane-transformers: normalise over dim=1 (channels) of the (B, C, 1, S) layout, no transpose
+        # ml-ane-transformers: normalise over dim=1 (channels) of the (B, C, 1, S) layout,
+        # no transpose
         var = x.pow(2).mean(dim=1, keepdim=True)
         return x * torch.rsqrt(var + self.eps) * self.weight.view(1, -1, 1, 1)
 
@@ -80,7 +81,8 @@ class AttentionANE(nn.Module):
         """x (1, C, 1, T) -> (1, C, 1, T); `store(k_rows, v_rows)` files this call's
         keys/values, each (n_kv, T, D), and returns the whole cache (n_kv, S, D) x 2."""
         d = self.head_dim
-        # ml-ane-transformers: split heads with .split on the channel axis instead of reshape + transpose
+        # ml-ane-transformers: split heads with .split on the channel axis instead of
+        # reshape + transpose
         qs = self.q_proj(x).split(d, dim=1)  # n_heads x (1, D, 1, T)
         ks = self.k_proj(x).split(d, dim=1)  # n_kv x (1, D, 1, T)
         vs = self.v_proj(x).split(d, dim=1)
@@ -94,7 +96,8 @@ class AttentionANE(nn.Module):
         outs = []
         for i, q in enumerate(qs):
             k, v = kc[i // group], vc[i // group]  # (S, D): grouped-query heads share a kv head
-            # ml-ane-transformers: attention as einsum over the (B, C, 1, S) layout, one head at a time
+            # ml-ane-transformers: attention as einsum over the (B, C, 1, S) layout, one head
+            # at a time
             scores = torch.einsum("bdhq,kd->bkhq", q, k) * self.scale  # (1, S, 1, T)
             probs = torch.softmax(scores + mask, dim=1)
             outs.append(torch.einsum("bkhq,kd->bdhq", probs, v))  # (1, D, 1, T)

@@ -1,10 +1,12 @@
-"""Weights already on a 4-bit block grid (a GGUF's Q4_0 / Q4_1 blocks) kept exactly, not requantized.
+"""Weights already on a 4-bit block grid (a GGUF's Q4_0 / Q4_1 blocks) kept exactly, not
+requantized.
 
 A checkpoint dequantized from a Q4_1 GGUF holds, in every block of 32 input channels of every
 column, w = d q + m with q in [0, 15] (Q4_0 and Q4_K's sub-blocks too; a Q4_K block's levels
-need not reach 0 and 15, so its step d is read from the gaps between its values). Requantizing those values to symmetric int4 rounds them a
-second time (SmolLM2-135M: 75 % top-1 agreement with float32). Here each block's own (d, m, q) is
-recovered from its min and max and written as
+need not reach 0 and 15, so its step d is read from the gaps between its values).
+Requantizing those values to symmetric int4 rounds them a second time (SmolLM2-135M: 75 %
+top-1 agreement with float32). Here each block's own (d, m, q) is recovered from its min and
+max and written as
     y = MatMulNBits(x; q, scale d) + blocksum(x) @ M
 where MatMulNBits has no zero-point input (its implicit zero point is 8: it computes d (q - 8)),
 blocksum(x) sums x over each block of 32 input channels (B, T, K/32) and M (K/32, N) holds the

@@ -1,7 +1,7 @@
 """Export a hybrid Qwen3.5 (`qwen3_5_text`) draft to ONNX: the decode step (and a prefill
 chunk), every state as explicit graph inputs and outputs.
 
-The graph is the PyTorch reference (runtime/backends/torch_qwen3_5.py) traced with the
+The graph is the PyTorch reference (runtime/backends/torch/qwen3_5.py) traced with the
 TorchScript exporter, in the optimum calling convention of onnx_export.py, T tokens per call
 (T = 1, or the prefill chunk):
   inputs  input_ids (B, T) int64, attention_mask (B, past + T) int64, position_ids (B, T)
@@ -15,22 +15,21 @@ rule token by token and a trace unrolls that loop for the length it saw. So an e
 graphs: `out` takes one token (decode and draft windows: the host keeps the states after every
 token, which is what makes rollback exact and free) and `<stem>.prefill.onnx` takes
 DEFAULT_PREFILL tokens at once, returning only the states after the last (prompts are run
-through it chunk by chunk, the rest token by token; runtime/backends/onnx_hybrid.py). A chunked
+through it chunk by chunk, the rest token by token; runtime/backends/onnx/qwen3_5.py). A chunked
 (parallel) form of the delta rule is not built. Static shapes and int8/int16 quantization
 (onnx_static*.py) refuse hybrid checkpoints: they were not fitted in time.
 """
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from converters.onnx_io import padded_causal_mask
-from runtime.backends.onnx_hybrid import DEFAULT_PREFILL, hybrid_io_names, prefill_path
-from runtime.backends.torch_qwen3_5 import LINEAR
+from runtime.backends.onnx.qwen3_5 import DEFAULT_PREFILL, hybrid_io_names, prefill_path
+from runtime.backends.torch.qwen3_5 import LINEAR
 
 
 class HybridStepGraph(nn.Module):
@@ -73,7 +72,7 @@ def export_hybrid_onnx(lm, out: Path, dtype: torch.dtype = torch.float32,
 
 
 def _trace(lm, out: Path, length: int, dtype: torch.dtype) -> None:
-    from converters.onnx_io import OPSET
+    from converters.onnx_io import trace_onnx
 
     B, P = 2, 3  # dummy sizes; batch and past are declared dynamic, the length is not
     ids = torch.zeros(B, length, dtype=torch.int64)
@@ -86,8 +85,6 @@ def _trace(lm, out: Path, length: int, dtype: torch.dtype) -> None:
         dyn[n] = {0: "batch", 2: "past" if n.startswith("past_key") else "total"}
         if "conv" in n or "recurrent" in n:
             dyn[n] = {0: "batch"}
-    with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # TracerWarnings: the token loop is meant to unroll
-        torch.onnx.export(HybridStepGraph(lm), (ids, am, pos, *dummy_past(lm, B, P, dtype)),
-                          str(out), input_names=ins, output_names=outs, dynamic_axes=dyn,
-                          opset_version=OPSET, dynamo=False)  # fmt: skip
+    args = (ids, am, pos, *dummy_past(lm, B, P, dtype))
+    # quiet: TracerWarnings too, the token loop is meant to unroll
+    trace_onnx(HybridStepGraph(lm), args, out, ins, outs, dyn, quiet=(Warning,))

@@ -45,22 +45,27 @@ def recipe(scheme: str, provider: str = "cpu") -> dict:
         raise DuetError(f"unknown ONNX quantization {scheme!r}; choose from {', '.join(SCHEMES)}")
     if provider not in PROVIDERS:
         raise DuetError(
-            f"unknown execution provider {provider!r} to quantize for; choose from {', '.join(PROVIDERS)}"
+            f"unknown execution provider {provider!r} to quantize for; "
+            f"choose from {', '.join(PROVIDERS)}"
         )
     if scheme == "int16":  # A16W8: 16-bit activations, 8-bit weights
         return {"scheme": scheme, "provider": provider, "activation": "QUInt16",
                 "weight": "QInt8", "reduce_range": False,
-                "why": "A16W8; no 8-bit integer kernel path, so no provider-specific range"}  # fmt: skip
+                "why": "A16W8; no 8-bit integer kernel path, so no provider-specific "
+                       "range"}  # fmt: skip
     if provider == "qnn":
         return {"scheme": scheme, "provider": provider, "activation": "QUInt8", "weight": "QInt8",
-                "reduce_range": False, "why": "full-range U8S8, the pairing QNN's HTP runs"}  # fmt: skip
+                "reduce_range": False,
+                "why": "full-range U8S8, the pairing QNN's HTP runs"}  # fmt: skip
     if provider == "cuda":
         return {"scheme": scheme, "provider": provider, "activation": "QInt8", "weight": "QInt8",
-                "reduce_range": False, "why": "full-range S8S8 for int8 tensor-core kernels"}  # fmt: skip
+                "reduce_range": False,
+                "why": "full-range S8S8 for int8 tensor-core kernels"}  # fmt: skip
     return {"scheme": scheme, "provider": provider, "activation": "QUInt8", "weight": "QInt8",
             "reduce_range": True,
             "why": "7-bit weights: ORT's U8S8 kernel on x86-64 without VNNI sums u8*s8 pairs "
-                   "in a saturating int16 (VPMADDUBSW); reduce-range cannot clip there"}  # fmt: skip
+                   "in a saturating int16 (VPMADDUBSW); reduce-range cannot clip "
+                   "there"}  # fmt: skip
 
 
 class RecordedFeeds:

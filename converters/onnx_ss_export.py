@@ -8,31 +8,28 @@ the full mask instead:
           past_key_values.{i}.key / .value (B, KV, past, D)
   outputs logits (B, T, V) (main stream), stream_logits (B, P, n, V),
           present.{i}.key / .value (B, KV, past + T + P*n, D) (stream columns last)
-kernels/stream_mask.py builds the mask and positions; runtime/backends/onnx_ss.py runs it.
-The graph is runtime/backends/torch_ss.py's `stream_pass`, traced; every axis is dynamic.
+kernels/stream_mask.py builds the mask and positions; runtime/drafts/ss/onnx.py runs it.
+The graph is runtime/drafts/ss/torch.py's `stream_pass`, traced; every axis is dynamic.
 """
 
 from __future__ import annotations
 
-import json
 import time
-import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
-OPSET = 17
+from converters.onnx_io import embed_config, io_names, kv_axes, trace_onnx
 
 
 def ss_io_names(num_layers: int) -> tuple[list[str], list[str]]:
     """(input names, output names) in graph order."""
-    ins = ["input_ids", "owners", "position_ids", "attention_mask"]
-    outs = ["logits", "stream_logits"]
-    for i in range(num_layers):
-        ins += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
-        outs += [f"present.{i}.key", f"present.{i}.value"]
-    return ins, outs
+    return io_names(
+        num_layers,
+        ("input_ids", "owners", "position_ids", "attention_mask"),
+        ("logits", "stream_logits"),
+    )
 
 
 class SSOnnxGraph(nn.Module):
@@ -52,9 +49,7 @@ class SSOnnxGraph(nn.Module):
 
 def export_ss_onnx(model_dir: str | Path, out: str | Path) -> dict:
     """Export the SS draft `model_dir` to the ONNX file `out` (float32); {path, seconds, bytes}."""
-    import onnx
-
-    from runtime.backends.torch_ss import load_ss_module
+    from runtime.drafts.ss.torch import load_ss_module
 
     t0 = time.perf_counter()
     lm = load_ss_module(model_dir)
@@ -73,20 +68,11 @@ def export_ss_onnx(model_dir: str | Path, out: str | Path) -> dict:
         "attention_mask": {0: "batch", 1: "rows", 2: "total"},
         "logits": {0: "batch", 1: "seq"},
         "stream_logits": {0: "batch", 1: "owners"},
+        **kv_axes(cfg.num_layers),
     }
-    for name in ins[4:]:
-        dyn[name] = {0: "batch", 2: "past"}
-    for name in outs[2:]:
-        dyn[name] = {0: "batch", 2: "total"}
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the TorchScript exporter keeps our I/O names
-        torch.onnx.export(SSOnnxGraph(lm), (ids, owners, pos, mask, *past), str(out),
-                          input_names=ins, output_names=outs, dynamic_axes=dyn,
-                          opset_version=OPSET, dynamo=False)  # fmt: skip
-    m = onnx.load(str(out))
-    entry = m.metadata_props.add()
-    entry.key, entry.value = "duet.config", json.dumps(cfg.raw)
-    onnx.save(m, str(out))
+    trace_onnx(
+        SSOnnxGraph(lm), (ids, owners, pos, mask, *past), out, ins, outs, dyn, quiet=(Warning,)
+    )
+    embed_config(out, cfg)
     return {"path": str(out), "seconds": time.perf_counter() - t0, "bytes": out.stat().st_size}

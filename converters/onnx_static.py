@@ -1,7 +1,7 @@
 """Static-shape ONNX export: a fixed query length and a fixed cache, as NPU providers
 (QNN on Hexagon) require.
 
-The graph is the PyTorch reference (`runtime/backends/torch_ref.py`) in the
+The graph is the PyTorch reference (`runtime/backends/torch/llama.py`) in the
 optimum calling convention of `onnx_export.py`, with every shape fixed:
   inputs  input_ids (1, T) int64, position_ids (1, T) int64,
           attention_mask (1, C + T) int64 over [C cache slots ; T new tokens],
@@ -9,22 +9,21 @@ optimum calling convention of `onnx_export.py`, with every shape fixed:
   outputs logits (1, T, V), present.{i}.key / .value (1, KV, T, D): only the new
           tokens' rows, which the host writes into cache slots [offset, offset + T)
 Two graphs per export: `decode` (T = 1) and `prefill` (T = P, the last chunk
-padded). The host side is runtime/backends/onnx_static_host.py; quantization `onnx_quantize.py`.
+padded). The host side is runtime/backends/onnx/static_host.py; quantization `onnx_quantize.py`.
 """
 
 from __future__ import annotations
 
 import time
-import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from converters.onnx_export import OnnxGraph
-from converters.onnx_io import OPSET, io_names
-from runtime.backends.onnx_static_host import graph_paths
-from runtime.backends.torch_load import load_torch_lm
+from converters.onnx_io import io_names, trace_onnx
+from runtime.backends.onnx.static_host import graph_paths
+from runtime.backends.torch import load_torch_lm
 from runtime.errors import DuetError
 
 DEFAULT_PREFILL = 16
@@ -51,18 +50,15 @@ def export_static_graph(lm, out: Path, context: int, query_len: int) -> None:
         torch.zeros(1, cfg.num_kv_heads, context, cfg.head_dim) for _ in range(2 * cfg.num_layers)
     ]
     ins, outs = io_names(cfg.num_layers)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # as onnx_export.export_onnx
-        torch.onnx.export(
-            StaticGraph(OnnxGraph(lm), query_len),
-            (ids, am, pos, *past),
-            str(out),
-            input_names=ins,
-            output_names=outs,
-            opset_version=OPSET,
-            dynamo=False,  # no dynamic_axes: every dimension is fixed
-        )
+    # no dynamic_axes: every dimension is fixed
+    trace_onnx(
+        StaticGraph(OnnxGraph(lm), query_len),
+        (ids, am, pos, *past),
+        out,
+        ins,
+        outs,
+        quiet=(torch.jit.TracerWarning,),
+    )
 
 
 def export_onnx_static(

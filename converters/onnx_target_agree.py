@@ -74,8 +74,8 @@ class _GenaiLM:
             f[self.io["past_key_names"] % i], f[self.io["past_value_names"] % i] = k, v
         names = [o.name for o in self.s.get_outputs()]
         r = dict(zip(names, self.s.run(names, f), strict=True))
-        cache["past"] = [(r[self.out["present_key_names"] % i], r[self.out["present_value_names"] % i])
-                         for i in range(self.n)]  # fmt: skip
+        keys, values = self.out["present_key_names"], self.out["present_value_names"]
+        cache["past"] = [(r[keys % i], r[values % i]) for i in range(self.n)]
         return r[self.out["logits"]]
 
 
@@ -113,6 +113,7 @@ def top1_agreement(model_dir, quantize: str, texts: list[str], *, positions: int
             break
     if not seen:
         raise DuetError("no text of two tokens or more to compare on")
-    return {"model": str(model_dir), "quantize": f"ort-genai {genai_dir}" if genai_dir else quantize,
+    return {"model": str(model_dir),
+            "quantize": f"ort-genai {genai_dir}" if genai_dir else quantize,
             "agreement": same / seen,
             "positions": seen, "texts": used, "seconds": time.perf_counter() - t0}  # fmt: skip

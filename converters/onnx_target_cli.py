@@ -46,7 +46,8 @@ def export_target_cli(args) -> int:
         for d in done:
             print(f"wrote {d['path']} ({d['bytes'] / 1e6:.1f} MB, {d['seconds']:.1f} s)")
         print(f"parity vs PyTorch float32: max |Δlogit| {parity['max_abs_logit_diff']:.2e}, "
-              f"top-1 agreement {parity['top1']:.3f} over {parity['positions']} positions")  # fmt: skip
+              f"top-1 agreement {parity['top1']:.3f} over "
+              f"{parity['positions']} positions")  # fmt: skip
     if not ok:
         raise DuetError(f"float32 parity {parity['max_abs_logit_diff']:.2e} exceeds {tol}")
     return 0
@@ -79,8 +80,10 @@ def _parity(model: str, out: Path, q: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m converters.onnx_target_cli",
-                                 description="Measurements of the ONNX Runtime target.")  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m converters.onnx_target_cli",
+        description="Measurements of the ONNX Runtime target.",
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     ag = sub.add_parser("agree", help="top-1 agreement with float32 on held-out text")
     ag.add_argument("--model", required=True, help="checkpoint dir or a known model's name")

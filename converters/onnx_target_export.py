@@ -155,7 +155,8 @@ def _quantize(model, rec: dict, gguf: bool = False):
                                             accuracy_level=level, bits=4)  # fmt: skip
         q = MatMulNBitsQuantizer(model, bits=4, block_size=block, is_symmetric=rec["symmetric"],
                                  accuracy_level=level, algo_config=algo,
-                                 nodes_to_exclude=keep + finer + ([HEAD_NODE] if head8 else []))  # fmt: skip
+                                 nodes_to_exclude=keep + finer
+                                 + ([HEAD_NODE] if head8 else []))  # fmt: skip
         q.process()
         model = q.model.model
         eight = finer + ([HEAD_NODE] if head8 else [])

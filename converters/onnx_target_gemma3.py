@@ -1,7 +1,7 @@
 """The ONNX target graph of a Gemma 3 checkpoint, op by op (the Llama family's is
 converters/onnx_target_graph.py, whose fused ops and I/O it shares).
 
-What Gemma adds, against runtime/backends/torch_gemma3.py (the reference):
+What Gemma adds, against runtime/backends/torch/gemma3_text.py (the reference):
 - local sliding-window layers beside global ones, each kind with its own RoPE tables. A local
   layer holds only its window and a slack (runtime/caches/sliding.py), so its past is shorter
   than a global layer's; its row inputs (local_kv_index, ...: converters/onnx_target_rows.py)
@@ -26,18 +26,17 @@ from onnx import TensorProto as TP
 from onnx import helper as oh
 
 from converters.onnx_target_graph import (
-    HEAD_NODE,
     MS,
     Graph,
     attention,
     attention_inputs,
-    finish,
+    close_part,
     head_norm,
-    head_rows,
+    lm_head,
+    norm_pending,
     qkv_projection,
     residual_inputs,
     rope_tables,
-    tap_output,
     weight,
 )
 
@@ -79,12 +78,7 @@ def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head:
     for i, local in zip(range(start, stop), sliding, strict=True):
         p = f"model.layers.{i}."
         w_in = norm_w(f"ln_in.{i}", p + "input_layernorm.weight")
-        if resid is None:
-            xn = g.op("SimplifiedLayerNormalization", [h, w_in], axis=-1, epsilon=eps)
-        else:
-            xn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [resid, h, w_in], 4,
-                               domain=MS, epsilon=eps)  # fmt: skip
-            sums[i - 1] = h
+        xn, h = norm_pending(g, h, resid, w_in, eps, sums, i - 1)
         a = p + "self_attn."
         q, k, v = qkv_projection(g, state, cfg, a, i, xn)
         q = head_norm(g, q, H, D, norm_w(f"qn.{i}", a + "q_norm.weight"), eps)
@@ -102,9 +96,9 @@ def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head:
         on = g.op("SimplifiedLayerNormalization",
                   [o, norm_w(f"ln_post.{i}", p + "post_attention_layernorm.weight")],
                   axis=-1, epsilon=eps)  # fmt: skip
-        xn, _, _, h = g.op("SkipSimplifiedLayerNormalization",
-                           [on, h, norm_w(f"ln_pre_ff.{i}", p + "pre_feedforward_layernorm.weight")],
-                           4, domain=MS, epsilon=eps)  # fmt: skip
+        w_pre = norm_w(f"ln_pre_ff.{i}", p + "pre_feedforward_layernorm.weight")
+        xn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [on, h, w_pre], 4, domain=MS,
+                           epsilon=eps)  # fmt: skip
         m = p + "mlp."
         wgu = np.concatenate([weight(state, m + "gate_proj.weight"),
                               weight(state, m + "up_proj.weight")])  # fmt: skip
@@ -116,25 +110,13 @@ def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head:
         resid = g.op("SimplifiedLayerNormalization",
                      [down, norm_w(f"ln_post_ff.{i}", p + "post_feedforward_layernorm.weight")],
                      axis=-1, epsilon=eps)  # fmt: skip
+    logits = None
     if head:
-        wn = norm_w("norm", "model.norm.weight")
-        if resid is None:
-            hn = g.op("SimplifiedLayerNormalization", [h, wn], axis=-1, epsilon=eps)
-        else:
-            hn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [resid, h, wn], 4, domain=MS,
-                               epsilon=eps)  # fmt: skip
-            sums[stop - 1] = h
-        key = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-        hn = head_rows(g, ins, hn) if start < stop else hn
-        logits = g.op("MatMul", [hn, g.init("lm_head", weight(state, key).T)], node=HEAD_NODE)
+        logits, h = lm_head(
+            g, cfg, state, ins, h, resid, norm_w("norm", "model.norm.weight"), sums, (start, stop)
+        )
         cap = float(cfg.final_logit_softcapping or 0.0)
         if cap:  # cap * tanh(x / cap)
             c = g.init("softcap", np.array(cap, np.float32))
             logits = g.op("Mul", [g.op("Tanh", [g.op("Div", [logits, c])]), c])
-        outs.insert(0, (logits, "logits"))
-        if start < stop:
-            outs.insert(1, (h, "hidden"))
-        tap_output(g, outs, sums, taps, (start, stop))
-    else:
-        outs[:0] = [(h, "hidden"), (resid, "resid")]  # added by the next part (residual_inputs)
-    return finish(g, ins, outs)
+    return close_part(g, ins, outs, h, resid, logits, sums, taps, (start, stop))

@@ -8,7 +8,7 @@ builder uses (ONNX Runtime's com.microsoft domain, CPU kernels in every build):
   SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization  RMSNorm (+ the residual add)
   MatMul over packed q|k|v and gate|up weights  (MatMulNBits once quantized)
   RotaryEmbedding  rotate-half RoPE from position_ids and cos/sin tables (any rope scaling:
-                   the tables come from runtime/backends/torch_ref.rope_inv_freq)
+                   the tables come from runtime/backends/torch/llama.rope_inv_freq)
   GroupQueryAttention  KV concat + grouped-query attention, with the explicit mask as an
                    additive attention_bias (0 / float32 min) over its built-in causal rule;
                    every mask Duet passes (causal, tree, branch rows with key holes) is causal
@@ -17,7 +17,7 @@ builder uses (ONNX Runtime's com.microsoft domain, CPU kernels in every build):
                    see: converters/onnx_target_rows.py)
   QuickGelu(alpha=1) SiLU
 One limit of the CPU kernel: a window of several tokens over a past runs one row at a time
-(batch 1); runtime/backends/onnx_target.py splits such a batch into rows.
+(batch 1); runtime/backends/onnx/target.py splits such a batch into rows.
 
 I/O of a part [start, stop) (+ head): see converters/onnx_target_export.py.
 """
@@ -89,12 +89,7 @@ def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, he
     for i in range(start, stop):
         p = f"model.layers.{i}."
         w_in = g.init(f"ln_in.{i}", weight(state, p + "input_layernorm.weight"))
-        if resid is None:
-            xn = g.op("SimplifiedLayerNormalization", [h, w_in], axis=-1, epsilon=eps)
-        else:
-            xn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [h, resid, w_in], 4,
-                               domain=MS, epsilon=eps)  # fmt: skip
-            sums[i - 1] = h
+        xn, h = norm_pending(g, h, resid, w_in, eps, sums, i - 1, resid_first=False)
         a = p + "self_attn."
         q, k, v = qkv_projection(g, state, cfg, a, i, xn)
         if cfg.qk_norm:  # Qwen3: RMSNorm over each head's D channels, before RoPE
@@ -118,21 +113,78 @@ def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, he
         gate, up = g.op("Split", [gu, gu_split], 2, axis=-1)
         act = g.op("Mul", [g.op("QuickGelu", [gate], domain=MS, alpha=1.0), up])
         resid = g.op("MatMul", [act, g.init(f"down.{i}", weight(state, m + "down_proj.weight").T)])
+    logits = None
     if head:
         wn = g.init("norm", weight(state, "model.norm.weight"))
-        if resid is None:
-            hn = g.op("SimplifiedLayerNormalization", [h, wn], axis=-1, epsilon=eps)
-        else:
-            hn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [resid, h, wn], 4, domain=MS,
-                               epsilon=eps)  # fmt: skip
-            sums[stop - 1] = h
-        key = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-        hn = head_rows(g, ins, hn) if start < stop else hn
-        logits = g.op("MatMul", [hn, g.init("lm_head", weight(state, key).T)], node=HEAD_NODE)
+        logits, h = lm_head(g, cfg, state, ins, h, resid, wn, sums, (start, stop))
+    return close_part(g, ins, outs, h, resid, logits, sums, taps, (start, stop))
+
+
+def norm_pending(
+    g: Graph,
+    h: str,
+    resid: str | None,
+    w: str,
+    eps: float,
+    sums: dict[int, str],
+    at: int,
+    resid_first: bool = True,
+) -> tuple[str, str]:
+    """RMSNorm (weight `w`) of the residual stream `h`, with the block output still pending on
+    it (`resid`) added first in the same fused op when there is one, the sum then recorded as
+    sums[at]; returns (the normed stream, h). `resid_first`: the order of the two addends on
+    the op (their sum is the same either way; each graph keeps the order it was built with)."""
+    if resid is None:
+        return g.op("SimplifiedLayerNormalization", [h, w], axis=-1, epsilon=eps), h
+    addends = [resid, h] if resid_first else [h, resid]
+    normed, _, _, h = g.op("SkipSimplifiedLayerNormalization", [*addends, w], 4, domain=MS,
+                           epsilon=eps)  # fmt: skip
+    sums[at] = h
+    return normed, h
+
+
+def lm_head(
+    g: Graph,
+    cfg,
+    state: dict,
+    ins: list,
+    h: str,
+    resid: str | None,
+    wn: str,
+    sums: dict[int, str],
+    span: tuple[int, int],
+) -> tuple[str, str]:
+    """The final norm (weight `wn`; with the pending residual `resid` added first, the sum
+    recorded in `sums`) and the LM head over it (over the rows the `head_rows` input picks
+    when the part has layers); returns (logits, the residual stream h)."""
+    start, stop = span
+    eps = float(cfg.rms_norm_eps)
+    hn, h = norm_pending(g, h, resid, wn, eps, sums, stop - 1)
+    key = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+    hn = head_rows(g, ins, hn) if start < stop else hn
+    logits = g.op("MatMul", [hn, g.init("lm_head", weight(state, key).T)], node=HEAD_NODE)
+    return logits, h
+
+
+def close_part(
+    g: Graph,
+    ins: list,
+    outs: list,
+    h: str,
+    resid: str | None,
+    logits: str | None,
+    sums: dict[int, str],
+    taps: tuple[int, ...],
+    span: tuple[int, int],
+):
+    """The part's ModelProto. With a head (`logits`): logits first, then the residual stream
+    (a part with layers) and the taps; without: the residual stream and the pending `resid`,
+    which the next part adds (residual_inputs)."""
+    if logits is not None:
         outs.insert(0, (logits, "logits"))
-        if start < stop:
+        if span[0] < span[1]:
             outs.insert(1, (h, "hidden"))
-        tap_output(g, outs, sums, taps, (start, stop))
+        tap_output(g, outs, sums, taps, span)
     else:
         outs[:0] = [(h, "hidden"), (resid, "resid")]  # added by the next part (residual_inputs)
     return finish(g, ins, outs)
@@ -140,7 +192,7 @@ def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, he
 
 def tap_output(g: Graph, outs: list, sums: dict, taps: tuple[int, ...], part) -> None:
     """The whole graph's third output `taps` (B, T, len(taps) * C): the residual stream after
-    each tapped layer, concatenated, as a fitted head reads it (runtime/backends/torch_eagle.py).
+    each tapped layer, concatenated, as a fitted head reads it (runtime/drafts/head/torch.py).
     Each is the sum the next norm's SkipSimplifiedLayerNormalization makes anyway, so a verify
     pass records the head's input in the whole graph's one run; cutting the graph into parts
     after each tapped layer did the same in 22 ms against 15 (SmolLM2-135M int4, 5 tokens)."""
@@ -202,7 +254,7 @@ def head_rows(g: Graph, ins: list, hn: str) -> str:
     """The head's input cut to rows [from, to) of the pass (`head_rows` (2,) int64): the host
     feeds (0, T) for every row's logits, (T - 1, T) for a prefill's last (whose head then costs
     one row, not T x V: a 150-token prompt's 49,152-column head was a quarter of SmolLM2's
-    prefill) and (0, 1) for a one-token pass padded to two (runtime/backends/onnx_target.py)."""
+    prefill) and (0, 1) for a one-token pass padded to two (runtime/backends/onnx/target.py)."""
     ins.append(oh.make_tensor_value_info("head_rows", TP.INT64, [2]))
     a, b = g.op("Split", ["head_rows"], 2, axis=0)
     return g.op("Slice", [hn, a, b, g.init(f"rows_axis_{g.n}", np.array([1], np.int64))])
