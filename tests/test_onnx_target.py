@@ -469,3 +469,40 @@ def test_the_whole_graph_gives_a_heads_taps_as_the_parts_do(tiny_dir, arch):
             h = lm.forward_layers(h, c_parts, a, a + 1)
             want[a] = h.sum()
         assert np.array_equal(got, np.concatenate([want[i] for i in taps], axis=-1))
+
+
+def test_the_one_row_kernel_is_told_per_cpu(monkeypatch):
+    """ONE_ROW (runtime/backends/onnx/target.py): x86-64 without VNNI sums a one-row MatMulNBits
+    apart, so a one-row head widens to two rows there (the row before, or a padded pass's
+    second); VNNI and arm64 keep their path."""
+    from runtime.backends.onnx.cpu_int8 import int8_path_from_flags
+    from runtime.backends.onnx.residual import head_span
+
+    assert int8_path_from_flags("x86_64", {"avx2"}).one_row_kernel
+    assert not int8_path_from_flags("x86_64", {"avx2", "avx512_vnni"}).one_row_kernel
+    assert not int8_path_from_flags("aarch64", set()).one_row_kernel
+    for apart in (False, True):
+        monkeypatch.setattr("runtime.backends.onnx.residual.one_row_apart", lambda a=apart: a)
+        assert head_span(0, 1, 2) == ((0, 2) if apart else (0, 1))
+        assert head_span(4, 5, 5) == ((3, 5) if apart else (4, 5))
+        assert head_span(0, 5, 5) == (0, 5) and head_span(3, 3, 5) == (3, 3)
+
+
+@pytest.mark.parametrize("attention", ["window", "rows"])
+def test_one_row_passes_padded_give_a_windows_rows_bit_for_bit(tiny_dir, attention, monkeypatch):
+    """ONE_ROW's padding forced on, whatever this CPU (it is the path of x86-64 without VNNI): a
+    one-token pass, a prefill's last row (last=1) and a lone Residual's head (Mirror-SD's parts)
+    each give exactly that row of a whole prefill's logits, and the cache keeps one column."""
+    monkeypatch.setattr("runtime.backends.onnx.target.ATTENTION", attention)
+    for mod in ("residual", "target"):
+        monkeypatch.setattr(f"runtime.backends.onnx.{mod}.one_row_apart", lambda: True)
+    lm = OnnxTargetLM(tiny_dir("qwen3"), "int4", intra_threads=1)
+    ids, n = np.array([PROMPT]), lm.config.num_layers
+    want = lm.forward(ids, lm.new_cache())[:, -1:]
+    c = lm.new_cache()
+    lm.forward(ids[:, :-1], c)
+    assert np.array_equal(lm.forward(ids[:, -1:], c), want) and c.offset == len(PROMPT)
+    assert np.array_equal(lm.forward(ids, lm.new_cache(), last=1), want)
+    c = lm.new_cache()
+    lm.forward_layers(ids[:, :-1], c, 0, n)
+    assert np.array_equal(lm.head(lm.forward_layers(ids[:, -1:], c, 0, n)), want)

@@ -12,11 +12,12 @@ int8 activations it equals one-token passes bit for bit); rollback moves the hos
 as on the other backends. Under "window" that cache is preallocated buffers
 (runtime/caches/buffer.py) bound as both each layer's past and its present, so the attention
 kernel appends a pass's keys in place and no step copies the past (runtime/caches/concat.py's
-concatenating cache under "rows"; Gemma 3's sliding cache for its local layers). Layer ranges (Mirror-SD's early exit) run the
-`layers.0.E` part, `head` on its hidden state, then `layers.E.N` and `head`: hidden states
-stay NumPy between parts. Gemma 3's local layers hold only their window and a slack
-(runtime/caches/sliding.py): their attention reads a local mask, which the host builds from the
-mask and the held columns' positions, and the host keeps those positions for the cache.
+concatenating cache under "rows"; Gemma 3's sliding cache for its local layers). Layer ranges
+(Mirror-SD's early exit) run the `layers.0.E` part, `head` on its hidden state, then
+`layers.E.N` and `head`: hidden states stay NumPy between parts. Gemma 3's local layers hold
+only their window and a slack (runtime/caches/sliding.py): their attention reads a local mask,
+which the host builds from the mask and the held columns' positions, and the host keeps those
+positions for the cache.
 
 Threads: `intra_threads` ONNX Runtime intra-op threads for every part (runtime/load.py gives
 the target all the cores a draft leaves, both of two for the draft-free methods).
@@ -58,7 +59,7 @@ BLOCK_SIZE = 32
 #   0.6 logits away after 30 layers once int8 rounding amplifies it, and greedy sd then left
 #   ar. PAD_ONE_TOKEN: a one-token pass runs as two (_pad_one), so that path is never taken,
 #   and sd, tree and mirror equal ar token for token. The second row costs a little (a 2-row
-#   int8 matmul is ~1.3x a 1-row one; the head runs on the first row only).
+#   int8 matmul is ~1.3x a 1-row one; the head runs on the first row only, but for ONE_ROW).
 # "rows": every token its own row (converters/onnx_target_rows.py), the layers at 4: the
 #   one-query path for every token, through a gather of the keys each row sees (quadratic in
 #   a prefill's length: a 200-token prefill 2.2 s against 1.1 s). Kept as a check on "window".
@@ -69,6 +70,15 @@ BLOCK_SIZE = 32
 # The LM head runs at 4 under both: its 4-bit halves (converters/onnx_head_split.py) sum
 # pairs to at most 2 * 15 * 128, which no kernel (AVX2 without VNNI sums pairs in a saturating
 # int16, VPMADDUBSW) can clip.
+# ONE_ROW: on x86-64 without VNNI, MatMulNBits at 4 sums a one-row product in a kernel of its own
+#   (ORT's AVX2 M = 1 GEMV), ~1e-6 from the same row in any product of M >= 2 rows (which all
+#   agree, at any position and thread count); int8 rounding grew that to unequal logits. There
+#   the head runs on two rows where it would run on one (residual.head_span: the row before, or
+#   a padded pass's second; a lone Residual's row twice) and "rows" pads one-token passes too.
+#   Measured (1 intra-op thread, a 200-token past, CPU ms, a loaded 2-core EPYC): a one-token
+#   pass SmolLM2-135M 30.8 -> 32.9 (+7 %), Gemma 3 270M (a 262k-row head) 60.4 -> 70.5
+#   (+17 %); a window's head already ran on its rows, so 2- to 9-token passes are unchanged.
+#   VNNI CPUs (the earlier CI's, equal without it) and arm64 keep their path.
 # KEY_BUCKETS: GQA's multi-query path gives a row the same sums in any pass only while the
 #   pass's key count stays in the row's bucket. With Gemma 3's 256-wide heads a row's output
 #   changes (~3e-7, which int8 rounding grew to 3-5 logits and a two-turn chat prompt's sd
