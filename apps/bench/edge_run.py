@@ -18,23 +18,29 @@ def one_run(conn_factory, draft, prompt, n, sampling, seed, k, eos, codec=None, 
     `skip` (a SkipRule): CU-HLM's LOSSY skipping; the summary's `skip` then holds the skip rate
     and the rejection risk R measured against `target` (runtime/edge/skip.py). `bit_budget`:
     SQS §4's per-round budget (k-sqs, c-sqs), which sets each round's length up to k or k_max."""
+    from types import SimpleNamespace
+
     from devices.kstar import AdaptiveK
-    from runtime.decoding import make_steps, stream
     from runtime.edge.loop import edge_summary
+    from runtime.session import GenerationSession
 
     conn = conn_factory()  # (the codec is checked against every temperature before any run)
     try:
         events = []
-        steps = make_steps("flexspec", None, draft, prompt, max_new=n, sampling=sampling, seed=seed,
-                           conn=conn, k=k, k_max=k_max, bit_budget=bit_budget,
-                           controller=AdaptiveK(k_min=k_min) if k is None else None,
-                           codec=codec or ("ids" if sampling.greedy else "raw"),
-                           codec_params=params, skip=skip)  # fmt: skip
+        options = {"conn": conn, "k": k, "k_max": k_max, "bit_budget": bit_budget,
+                   "controller": AdaptiveK(k_min=k_min) if k is None else None,
+                   "codec": codec or ("ids" if sampling.greedy else "raw"),
+                   "codec_params": params, "skip": skip}
+        # the verifier holds the target: the draft stands in for its config; the skip audit
+        # below runs after the timed run (summarize=False)
+        pair = SimpleNamespace(target=draft, draft=draft, tokenizer=None)
+        session = GenerationSession(pair, method="flexspec", options=options, eos=eos,
+                                    summarize=False)
         t0, v0 = time.perf_counter(), getattr(conn.link, "virtual_s", 0.0)
         toks = []
-        for t, ev in stream(steps, max_new=n, eos_ids=eos):
-            toks += t
-            events.append(ev)
+        for r in session.stream(prompt, n, sampling=sampling, seed=seed):
+            toks += r.tokens
+            events.append(r.step)
         # measured compute and socket time + the link's waits (slept, or on its virtual clock)
         wall = time.perf_counter() - t0 + getattr(conn.link, "virtual_s", 0.0) - v0
     finally:
