@@ -129,9 +129,18 @@ _RTT_SOURCE = (
 _CU_HLM_SNR = "CU-HLM §V (Fig. 1, Table II): average SNR 10 dB"
 
 
-def _flexspec_link(name: str, label: str, mbps: float, table_i: str, cloud_only_ms: float,
-                   snr_db: float, snr_source: str, fading: str, fading_source: str,
-                   rician_k_db: float | None = None) -> Link:  # fmt: skip
+def _flexspec_link(
+    name: str,
+    label: str,
+    mbps: float,
+    table_i: str,
+    cloud_only_ms: float,
+    snr_db: float,
+    snr_source: str,
+    fading: str,
+    fading_source: str,
+    rician_k_db: float | None = None,
+) -> Link:
     """One of FlexSpec §V's links: Table I's rate (`table_i` names its row), the RTT derived
     from Table III's Cloud-Only latency, and the SNR and fading with their sources."""
     return Link(

@@ -122,13 +122,23 @@ _PRESET_ROWS = {
     "llama-2-70b":  (    80,   8192,  28672,     64,      8,    128,  32000, False,
                      "meta-llama/Llama-2-70b-hf", "FlexSpec's target"),
 }  # fmt: skip
-_COLUMNS = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads",
-            "head_dim", "vocab_size", "tie_word_embeddings")  # fmt: skip
+_COLUMNS = (
+    "num_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "vocab_size",
+    "tie_word_embeddings",
+)
 _PRESETS: dict[str, dict] = {
-    name: dict(zip(_COLUMNS, row[:-2], strict=True),
-               source=f"https://huggingface.co/{row[-2]}/blob/main/config.json ({row[-1]})")
+    name: dict(
+        zip(_COLUMNS, row[:-2], strict=True),
+        source=f"https://huggingface.co/{row[-2]}/blob/main/config.json ({row[-1]})",
+    )
     for name, row in _PRESET_ROWS.items()
-}  # fmt: skip
+}
 
 # The totals the model cards state, to check the arithmetic above (tests/test_devices_models.py).
 CARD_PARAMS = {

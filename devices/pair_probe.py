@@ -11,6 +11,7 @@ process measured to devices/probe_store.py and back.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from devices import probe_memo as memo
 from devices.method_choice import StageTimes
@@ -151,7 +152,7 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
     the chooser's corrections. factors: the chooser's measured/predicted factors per method
     (method_choice.Corrections), with which Ω̂ is measured on the prompt only when it can
     change the pick (method_choice.mirror_cannot_win); else the caches given stay empty."""
-    from devices.method_choice import choose, mirror_cannot_win
+    from devices.method_choice import choose, choose_joint, mirror_cannot_win
     from runtime.decoding.mirror import draft_in_process, wave_shape
     from runtime.mirror.draft_worker import own_branches
 
@@ -176,23 +177,13 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
     taus = pair_taus(target, draft, ids, gammas=sorted({*gammas, gamma}),
                      sampling=sampling) if joint else None  # fmt: skip
     t = stage_times(target, draft, ids, gamma=gamma, branches=branches, kappa=kappa,
-                    exit_layer=le, sampling=sampling,
-                    profile=profile, process=process, draft_branches=own,
-                    exit_head=exit_head, mirror=mirror,
+                    exit_layer=le, sampling=sampling, profile=profile, process=process,
+                    draft_branches=own, exit_head=exit_head, mirror=mirror,
                     acceptance=alpha_for(taus[gamma], gamma) if joint else None)  # fmt: skip
-    from dataclasses import replace
-
-    from devices.method_choice import choose_joint
-
     by_gamma = {gamma: t}
     if joint:
-        wins = measure_windows(target, sorted(set(gammas)), kappa=kappa, exit_layer=le,
-                               exit_head=exit_head, greedy=sampling is None or sampling.greedy,
-                               draft=draft, sampling=sampling, mirror=mirror)  # fmt: skip
-        by_gamma = {g: replace(t, target_window=w["target_window"],
-                               mirror_window=w.get("mirror_window"),
-                               draft_window=w.get("draft_window"),
-                               acceptance=alpha_for(taus[g], g)) for g, w in wins.items()}  # fmt: skip
+        shape = dict(kappa=kappa, exit_layer=le, exit_head=exit_head, mirror=mirror)
+        by_gamma = times_by_gamma(t, target, draft, gammas, taus, sampling=sampling, **shape)
     skipped = mirror_cannot_win(by_gamma, runnable, factors)
     pool = branch_pool(target, draft, sampling, kappa, own)
     pooled = pool[0] >= POOL_STEPS  # the runs pin Ω̂: the prompt is not probed
@@ -220,23 +211,60 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
         rec["omega_from"] = f"{pool[0]} mirror steps pooled on this pair (the prompt not probed)"
     if not joint:
         return rec
+    opts = dict(kappa=kappa, exit_layer=le, branches=branches, draft_process=draft_process,
+                draft_branches=own, exit_head=exit_head)  # fmt: skip
+    rescored = None if skipped else lambda: with_omega(by_gamma)
+    return with_trials(rec, target, draft, ids, runnable, sampling, opts, rescored)
+
+
+def times_by_gamma(
+    t: StageTimes,
+    target,
+    draft,
+    gammas,
+    taus: dict,
+    *,
+    kappa: int,
+    exit_layer: int,
+    exit_head: str | None,
+    sampling,
+    mirror: bool,
+) -> dict:
+    """`t` at each γ of `gammas`: the measured window passes (measure_windows) and α from the
+    pooled τ (alpha_for); the other stage times are `t`'s."""
+    wins = measure_windows(target, sorted(set(gammas)), kappa=kappa, exit_layer=exit_layer,
+                           exit_head=exit_head, greedy=sampling is None or sampling.greedy,
+                           draft=draft, sampling=sampling, mirror=mirror)  # fmt: skip
+    return {g: replace(t, target_window=w["target_window"], mirror_window=w.get("mirror_window"),
+                       draft_window=w.get("draft_window"), acceptance=alpha_for(taus[g], g))
+            for g, w in wins.items()}  # fmt: skip
+
+
+def with_trials(
+    rec: dict, target, draft, ids, runnable: list[str], sampling, opts: dict, rescored
+) -> dict:
+    """choose_for's joint record with, once per pair and regime, sd's and mirror's trial runs
+    at their predicted best γ (rec["trials"]); when mirror's trial ran and `rescored` is given
+    (a function returning the γ table with Ω̂ as it stands now), the choice is made again."""
+    from devices.method_choice import choose_joint
+
     once = ("trials", id(target), id(draft), sampling.temp, sampling.top_p, sampling.top_k)
-    if len(runnable) > 2 and once not in memo.CACHE:  # sd and mirror: once per pair
-        memo.CACHE[once] = True  # (the chosen runs correct it afterwards: a trial per new γ cost
-        # a 64-token run inside a later prompt's turn as the pooled τ moved the best γ)
-        opts = dict(kappa=kappa, exit_layer=le, branches=branches, draft_process=draft_process,
-                    draft_branches=own, exit_head=exit_head)  # fmt: skip
-        rec["trials"] = {}
-        for m in (x for x in runnable if x != "ar"):
-            g = max(rec["by_gamma"], key=lambda h: rec["by_gamma"][h][m]["tokens_per_s"])
-            rate = trial_rate(m, target, draft, ids, gamma=g, sampling=sampling, **opts)
-            if rate:
-                rec["trials"][m] = {"gamma": g, "tokens_per_s": round(rate, 2),
-                                    "tokens_per_step": trial_tokens_per_step(m, target, draft, g, sampling)}  # fmt: skip
-        if "mirror" in rec["trials"] and not skipped:  # its trial's hits now join Ω̂: choose
-            # again (the trials' rates then correct this record: method_choice.Corrections)
-            rec = {**choose_joint(with_omega(by_gamma), runnable), "trials": rec["trials"],
-                   "branch_shape": rec["branch_shape"]}  # fmt: skip
+    if len(runnable) <= 2 or once in memo.CACHE:  # sd and mirror: once per pair
+        return rec
+    memo.CACHE[once] = True  # (the chosen runs correct it afterwards: a trial per new γ cost
+    # a 64-token run inside a later prompt's turn as the pooled τ moved the best γ)
+    rec["trials"] = {}
+    for m in (x for x in runnable if x != "ar"):
+        g = max(rec["by_gamma"], key=lambda h: rec["by_gamma"][h][m]["tokens_per_s"])
+        rate = trial_rate(m, target, draft, ids, gamma=g, sampling=sampling, **opts)
+        if rate:
+            rec["trials"][m] = {"gamma": g, "tokens_per_s": round(rate, 2),
+                                "tokens_per_step": trial_tokens_per_step(m, target, draft, g,
+                                                                         sampling)}  # fmt: skip
+    if "mirror" in rec["trials"] and rescored is not None:  # its trial's hits now join Ω̂:
+        # choose again (the trials' rates then correct this record: method_choice.Corrections)
+        rec = {**choose_joint(rescored(), runnable), "trials": rec["trials"],
+               "branch_shape": rec["branch_shape"]}  # fmt: skip
     return rec
 
 

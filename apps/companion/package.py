@@ -71,8 +71,11 @@ def package_bundle(
     if out.exists() and any(out.iterdir()):
         raise DuetError(f"{out}: exists and is not empty; remove it or choose another --out")
     ctx = int(max_context or min(cfg.max_context, 2048))
-    recipe = {"onnx_quantize": onnx_quantize, "onnx_provider": onnx_provider,
-              "coreml_quantize": coreml_quantize}  # fmt: skip
+    recipe = {
+        "onnx_quantize": onnx_quantize,
+        "onnx_provider": onnx_provider,
+        "coreml_quantize": coreml_quantize,
+    }
     t0 = time.perf_counter()
     with staged(out) as staging, tqdm(total=3, desc="packaging", unit="step", leave=False) as bar:
         onnx_r, coreml_r, cm = convert(src, staging, bar, ctx, prefill_len, recipe, coreml)

@@ -34,7 +34,8 @@ def verify_bundle(bundle: str | Path) -> dict:
         raise DuetError(f"{mpath}: not a Duet companion bundle manifest")
     if m.get("format_version") != FORMAT_VERSION:
         raise DuetError(
-            f"{mpath}: bundle format version {m.get('format_version')!r}; this client reads {FORMAT_VERSION}"
+            f"{mpath}: bundle format version {m.get('format_version')!r}; "
+            f"this client reads {FORMAT_VERSION}"
         )
     files = m.get("files")
     if not isinstance(files, dict):
@@ -51,7 +52,8 @@ def verify_bundle(bundle: str | Path) -> dict:
         size = p.stat().st_size
         if size != entry.get("size"):
             raise DuetError(
-                f"{b}: {rel} is {size} bytes, manifest says {entry.get('size')} (truncated or replaced)"
+                f"{b}: {rel} is {size} bytes, manifest says {entry.get('size')} "
+                "(truncated or replaced)"
             )
         if sha256_file(p) != entry.get("sha256"):
             raise DuetError(
