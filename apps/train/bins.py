@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    from apps.bench.prompts import load_prompts, turn_ids
+    from apps.bench.prompt_set import load_prompts, turn_ids
 
     a = build_parser().parse_args(argv)
     if a.skip is None:

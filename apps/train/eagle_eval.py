@@ -95,7 +95,7 @@ class Confidence:
 
 
 def main(argv=None) -> int:
-    from apps.bench.prompts import load_prompts, turn_ids
+    from apps.bench.prompt_set import load_prompts, turn_ids
     from runtime.chat_template import ChatTemplate
     from runtime.decoding import make_steps, run
     from runtime.decoding.events import GREEDY
