@@ -41,11 +41,11 @@ from runtime.backends.onnx.residual import (
 from runtime.backends.onnx.target_rows import chunk_rows, row_feed
 from runtime.caches.buffer import BufferKVCache
 from runtime.caches.concat import ConcatKVCache
+from runtime.caches.sliding import SlidingKVCache
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens, default_positions
 from runtime.paths import is_stale, sidecar
-from runtime.caches.sliding import SlidingKVCache
 
 QUANTIZE = ("int4", "int8", "none")
 BLOCK_SIZE = 32
