@@ -5,7 +5,9 @@ The coding itself lives in kernels/ (payload_sqs.py, payload_cuhlm.py); this mod
 keeps the rows quantized while drafting (`draft_law`), turns them into the VERIFY body, passes
 the verdict back (C-SQS's Alg. 1 backtrack) and maps MalformedPayload to an E_MALFORMED
 ProtocolError. The body of these codecs is the kernel payload, unchanged (its own header names
-the codec, V, L and the exact body bit length).
+the codec, V, L and the exact body bit length). The edge draws each draft token from the decoded
+q̂ (`draft_law`) and the server verifies with that same q̂, so the target's law is kept exactly
+(SQS §2). `lossy_codec` gives each codec module its `encoder` and `decode`.
 """
 
 from __future__ import annotations
@@ -114,3 +116,18 @@ def decode_payload(body: bytes, vocab: int, codec_byte: int, name: str) -> Draft
         raise ProtocolError(E_MALFORMED, f"{name} payload: {e}") from None
     forced = [r is None for r in rows]
     return Draft([int(t) for t in tokens], q_hat, forced if any(forced) else None)
+
+
+def lossy_codec(name: str, codec_byte: int, defaults: dict):
+    """The `encoder` and `decode` of the codec module `name` whose payloads start with
+    `codec_byte` (kernels/payloads.py), its parameters defaulting to `defaults`."""
+
+    def encoder(vocab: int, **params) -> Encoder:
+        """A session's coder with these parameters (DEFAULTS for the rest)."""
+        return Encoder(name, vocab, **{**defaults, **params})
+
+    def decode(body: bytes, vocab: int) -> Draft:
+        """Tokens and q̂; ProtocolError(E_MALFORMED) on anything the kernel decoder refuses."""
+        return decode_payload(body, vocab, codec_byte, name)
+
+    return encoder, decode
