@@ -51,8 +51,12 @@ def cache_dir() -> Path:
 def _cpu_model() -> str:
     try:
         if sys.platform == "darwin":
-            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
-                                 capture_output=True, text=True, timeout=2)  # fmt: skip
+            out = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"],
+                capture_output=True,
+                text=True,
+                timeout=2,
+            )
             return out.stdout.strip()
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -63,8 +67,13 @@ def _cpu_model() -> str:
 
 
 def machine_key() -> dict:
-    return {"host": platform.node(), "os": platform.system(), "arch": platform.machine(),
-            "cpu": _cpu_model(), "cores": os.cpu_count()}  # fmt: skip
+    return {
+        "host": platform.node(),
+        "os": platform.system(),
+        "arch": platform.machine(),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+    }
 
 
 def _versions() -> dict:
@@ -80,8 +89,9 @@ def _versions() -> dict:
 def model_key(model) -> dict | None:
     """What identifies `model`'s figures: None for a model that was not loaded from a path."""
     # an emulated draft keeps no load spec of its own: its wrapped model's, with the label
-    spec = getattr(model, "load_spec", None) or getattr(getattr(model, "model", None),
-                                                        "load_spec", None)  # fmt: skip
+    spec = getattr(model, "load_spec", None) or getattr(
+        getattr(model, "model", None), "load_spec", None
+    )
     if spec is None:
         return None
     path, backend, kw = spec[0], spec[1], spec[2]
@@ -92,10 +102,15 @@ def model_key(model) -> dict | None:
     except OSError:
         return None
     emu = getattr(model, "emu", None)
-    return {"class": type(model).__name__, "backend": str(getattr(model, "backend", backend)),
-            "emulated": getattr(emu, "label", None), "path": str(p.resolve()),
-            "spec_backend": backend, "options": repr(sorted(dict(kw).items())),
-            "files": files}  # fmt: skip
+    return {
+        "class": type(model).__name__,
+        "backend": str(getattr(model, "backend", backend)),
+        "emulated": getattr(emu, "label", None),
+        "path": str(p.resolve()),
+        "spec_backend": backend,
+        "options": repr(sorted(dict(kw).items())),
+        "files": files,
+    }
 
 
 class ProbeStore:
@@ -143,8 +158,11 @@ class ProbeStore:
             if not isinstance(state, dict):
                 raise ValueError("its state is not an object")
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            print(f"[auto: ignoring the unreadable measurement cache {self.path}: {e}; measuring "
-                  "again]", file=sys.stderr)  # fmt: skip
+            print(
+                f"[auto: ignoring the unreadable measurement cache {self.path}: {e}; measuring "
+                "again]",
+                file=sys.stderr,
+            )
             return None
         self.restored, self.measured = True, measured
         return state
@@ -159,8 +177,11 @@ class ProbeStore:
             apply(state)
         except (KeyError, TypeError, ValueError, IndexError) as e:
             self.restored = False
-            print(f"[auto: ignoring the measurement cache {self.path}: {type(e).__name__}: {e}; "
-                  "measuring again]", file=sys.stderr)  # fmt: skip
+            print(
+                f"[auto: ignoring the measurement cache {self.path}: {type(e).__name__}: {e}; "
+                "measuring again]",
+                file=sys.stderr,
+            )
             return False
         return True
 
@@ -183,6 +204,7 @@ class ProbeStore:
         except OSError as e:
             if not getattr(self, "_warned", False):
                 self._warned = True
-                print(f"[auto: could not keep the measurements in {self.path}: {e}]",
-                      file=sys.stderr)  # fmt: skip
+                print(
+                    f"[auto: could not keep the measurements in {self.path}: {e}]", file=sys.stderr
+                )
             tmp.unlink(missing_ok=True)

@@ -76,9 +76,11 @@ def choose_backend(
     if roles and roles.get(role):
         picked = roles[role]
         if choices is not None and picked not in choices:
-            raise DuetError(f"the device profile runs the {role} on {picked!r}, which this "
-                            f"command cannot ({', '.join(choices)}); name the {role}'s backend "
-                            f"instead")  # fmt: skip
+            raise DuetError(
+                f"the device profile runs the {role} on {picked!r}, which this "
+                f"command cannot ({', '.join(choices)}); name the {role}'s backend "
+                f"instead"
+            )
         return picked, f"the device profile's {role} backend"
     if default is not None:
         return default, None

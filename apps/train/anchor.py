@@ -69,8 +69,11 @@ class AnchorStudent(torch.nn.Module):
         torch.nn.init.eye_(self.w_p.weight)
 
     def head_state(self) -> dict:
-        return {k: v.detach().clone() for k, v in self.draft.state_dict().items()
-                if k.startswith(self.prefixes)}  # fmt: skip
+        return {
+            k: v.detach().clone()
+            for k, v in self.draft.state_dict().items()
+            if k.startswith(self.prefixes)
+        }
 
 
 def anchor_step(teacher, student: AnchorStudent, lambda_feat: float, lambda_kd: float, T: float):
@@ -97,9 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--temperature", type=float, default=1.0, help="T of eq. 6 (default 1)")
     add_loop_args(ap, steps=2000, time_budget_min=None, lr=3e-3, batch_size=8, seq_len=128)
     add_loop_args(ap, max_corpus_chars=4_000_000, threads=1, device="cpu")
-    ap.add_argument("--keep-first", type=int, default=0, metavar="K",
-                    help="ABLATION, not eq. 4: also keep the base's first K blocks (frozen) "
-                         "before the anchor block (default 0: FlexSpec's anchor)")  # fmt: skip
+    ap.add_argument(
+        "--keep-first",
+        type=int,
+        default=0,
+        metavar="K",
+        help="ABLATION, not eq. 4: also keep the base's first K blocks (frozen) "
+        "before the anchor block (default 0: FlexSpec's anchor)",
+    )
     add_loop_args(ap, seed=0, ckpt_every=100, fresh=False)
     return ap
 
@@ -127,8 +135,10 @@ def run(a: argparse.Namespace) -> dict:
         raise DuetError("--steps, --threads and --temperature must be positive")
     n_base = json.loads((base / "config.json").read_text())["num_hidden_layers"]
     if not 0 <= a.keep_first < n_base - 1:
-        raise DuetError(f"--keep-first {a.keep_first}: the base has {n_base} blocks; keep 0 to "
-                        f"{n_base - 2} of them before its last")  # fmt: skip
+        raise DuetError(
+            f"--keep-first {a.keep_first}: the base has {n_base} blocks; keep 0 to "
+            f"{n_base - 2} of them before its last"
+        )
     check_device(a.device)
     torch.set_num_threads(a.threads)
     from .checkpoint import load_model
@@ -142,9 +152,17 @@ def run(a: argparse.Namespace) -> dict:
     texts = corpus.texts("train", a.max_corpus_chars)
     ids = token_stream(texts, lambda ts: [e.ids for e in tok.encode_batch(ts)], eos)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = LoopConfig(stage="anchor", steps=a.steps, lr=a.lr, warmup=20, weight_decay=0.0,
-                     time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
-                     ckpt_every=a.ckpt_every, bf16=False, device=a.device)  # fmt: skip
+    cfg = LoopConfig(
+        stage="anchor",
+        steps=a.steps,
+        lr=a.lr,
+        warmup=20,
+        weight_decay=0.0,
+        time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
+        ckpt_every=a.ckpt_every,
+        bf16=False,
+        device=a.device,
+    )
     opt = make_optimizer(student, cfg)
     start = resume_from(
         out,
@@ -166,8 +184,16 @@ def run(a: argparse.Namespace) -> dict:
     step_fn = anchor_step(teacher, student, a.lambda_feat, a.lambda_kd, a.temperature)
     t0 = time.monotonic()
     sampler = BatchSampler(ids, a.batch_size, a.seq_len, a.seed + start)
-    summary = train_loop(student, step_fn, sampler, cfg, out / "loss_log.jsonl",
-                         checkpoint=save_resume, optimizer=opt, start_step=start)  # fmt: skip
+    summary = train_loop(
+        student,
+        step_fn,
+        sampler,
+        cfg,
+        out / "loss_log.jsonl",
+        checkpoint=save_resume,
+        optimizer=opt,
+        start_step=start,
+    )
     save_resume(summary["steps"])
     L = teacher.config.num_hidden_layers
     meta = {"anchor_layer": L - 1, "keep_first": a.keep_first,

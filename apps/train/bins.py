@@ -60,9 +60,19 @@ def collect(
     from tqdm import tqdm
 
     for i, ids in enumerate(tqdm(prompts, desc="bins", unit="prompt", file=sys.stderr)):
-        steps = tree_steps(pair.target, pair.draft, ids, max_new=max_new, top_k=top_k,
-                           top_n=top_n, depth=depth, expand=expand, sampling=Sampling(temp),
-                           rng=np.random.default_rng(i), shape=record)  # fmt: skip
+        steps = tree_steps(
+            pair.target,
+            pair.draft,
+            ids,
+            max_new=max_new,
+            top_k=top_k,
+            top_n=top_n,
+            depth=depth,
+            expand=expand,
+            sampling=Sampling(temp),
+            rng=np.random.default_rng(i),
+            shape=record,
+        )
         produced = 0
         for ev in steps:
             s = ev.extra["per_step"]
@@ -78,16 +88,23 @@ def collect(
     return np.array(phis), np.array(ranks, dtype=np.float64), np.array(lengths), accepted
 
 
-def fit_bins(phi: np.ndarray, tcr: np.ndarray, lengths: np.ndarray, max_depth: int = 3,
-             min_leaf: float = 0.05) -> dict:  # fmt: skip
+def fit_bins(
+    phi: np.ndarray,
+    tcr: np.ndarray,
+    lengths: np.ndarray,
+    max_depth: int = 3,
+    min_leaf: float = 0.05,
+) -> dict:
     """CART over Φ (eq. 2): sorted split points, and per bin the mean TCR, the mean accepted
     length and the count. A leaf holds at least `min_leaf` of the paths, so that no bin is a
     single outlier (the paper fits on a corpus large enough not to need this)."""
     from sklearn.tree import DecisionTreeRegressor
 
     if len(phi) < 2**max_depth:
-        raise DuetError(f"only {len(phi)} accepted paths: too few to fit {2**max_depth} bins; "
-                        "use more prompts or --max-tokens")  # fmt: skip
+        raise DuetError(
+            f"only {len(phi)} accepted paths: too few to fit {2**max_depth} bins; "
+            "use more prompts or --max-tokens"
+        )
     cart = DecisionTreeRegressor(
         max_depth=max_depth, min_samples_leaf=max(1, int(min_leaf * len(phi))), random_state=0
     )  # eq. (2): variance-minimizing splits
@@ -100,11 +117,11 @@ def fit_bins(phi: np.ndarray, tcr: np.ndarray, lengths: np.ndarray, max_depth: i
         "bin_mean_tcr": [
             round(float(tcr[b == i].mean()), 3) if (b == i).any() else None
             for i in range(len(thresholds) + 1)
-        ],  # fmt: skip
+        ],
         "bin_mean_accepted": [
             round(float(lengths[b == i].mean()), 3) if (b == i).any() else None
             for i in range(len(thresholds) + 1)
-        ],  # fmt: skip
+        ],
         "bin_count": [int((b == i).sum()) for i in range(len(thresholds) + 1)],
         "paths": int(len(phi)),
     }
@@ -134,9 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="prompts skipped first (default 10, or 0 with --skip-per-category)",
     )
-    ap.add_argument("--skip-per-category", type=int, default=0, metavar="K",
-                    help="skip the first K prompts of each category: what `apps.bench "
-                    "--per-category-limit K` measures (e.g. --prompts chat)")  # fmt: skip
+    ap.add_argument(
+        "--skip-per-category",
+        type=int,
+        default=0,
+        metavar="K",
+        help="skip the first K prompts of each category: what `apps.bench "
+        "--per-category-limit K` measures (e.g. --prompts chat)",
+    )
     ap.add_argument("--limit", type=int, default=30, help="prompts used (default 30)")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per prompt (default 128)")
     # defaults: the tree method's (runtime/decoding/tree.py Options), which the bins serve
@@ -152,8 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--from-paths", default=None, help="refit from rows saved by --save-paths; runs no model"
     )
     ap.add_argument("--plot", default=None, help="also write the fidelity chart (SVG) here")
-    ap.add_argument("--min-leaf", type=float, default=0.05,
-                    help="smallest bin, as a fraction of the paths (default 0.05)")  # fmt: skip
+    ap.add_argument(
+        "--min-leaf",
+        type=float,
+        default=0.05,
+        help="smallest bin, as a fraction of the paths (default 0.05)",
+    )
     return ap
 
 
@@ -165,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.skip is None:
         a.skip = 0 if a.skip_per_category else 10
     if a.skip < 0 or a.skip_per_category < 0 or a.limit < 1 or a.max_tokens < 1:
-        raise DuetError("--skip and --skip-per-category must be >= 0, --limit and "
-                        "--max-tokens >= 1")  # fmt: skip
+        raise DuetError(
+            "--skip and --skip-per-category must be >= 0, --limit and --max-tokens >= 1"
+        )
     t0 = time.perf_counter()
     if a.from_paths:
         try:
@@ -190,14 +217,30 @@ def main(argv: list[str] | None = None) -> int:
         if not recs:
             raise DuetError(f"no prompts left after --skip {a.skip}")
         ids = [turn_ids(pair.tokenizer, None, r["turns"], []) for r in recs]
-        phi, tcr, lengths, accepted = collect(pair, ids, max_new=a.max_tokens, top_k=a.tree_k,
-                                              top_n=a.top_n, depth=a.depth, temp=a.temp,
-                                              expand=a.expand)  # fmt: skip
+        phi, tcr, lengths, accepted = collect(
+            pair,
+            ids,
+            max_new=a.max_tokens,
+            top_k=a.tree_k,
+            top_n=a.top_n,
+            depth=a.depth,
+            temp=a.temp,
+            expand=a.expand,
+        )
         target, n_prompts = os.path.relpath(pair.target_dir), len(ids)
         if a.save_paths:
-            Path(a.save_paths).write_text(json.dumps({
-                "phi": phi.tolist(), "tcr": tcr.tolist(), "accepted": lengths.tolist(),
-                "steps_accepted": accepted, "target": target, "prompts": n_prompts}))  # fmt: skip
+            Path(a.save_paths).write_text(
+                json.dumps(
+                    {
+                        "phi": phi.tolist(),
+                        "tcr": tcr.tolist(),
+                        "accepted": lengths.tolist(),
+                        "steps_accepted": accepted,
+                        "target": target,
+                        "prompts": n_prompts,
+                    }
+                )
+            )
     bins = fit_bins(phi, tcr, lengths, min_leaf=a.min_leaf)
     # HeteroSpec §3.2's heterogeneity: how concentrated the accepted paths' ranks are
     bins["tcr_top_quartile_share"] = round(float((tcr <= max(1, a.top_n / 4)).mean()), 3)

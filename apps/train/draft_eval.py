@@ -60,8 +60,9 @@ def sampled_contexts(
 
     out = []
     for i, ids in enumerate(prompt_ids):
-        steps = make_steps("ar", target, None, ids, max_new=n_tokens,
-                           sampling=Sampling(temp, top_p), seed=i)  # fmt: skip
+        steps = make_steps(
+            "ar", target, None, ids, max_new=n_tokens, sampling=Sampling(temp, top_p), seed=i
+        )
         g = run(steps, max_new=n_tokens, eos_ids=target.config.eos_token_ids, prompt_len=len(ids))
         out.append((ids, ids + list(g.tokens)))
     return out
@@ -116,8 +117,9 @@ def paired_diff(a: dict, b: dict, key: str, n_boot: int = 2000, seed: int = 0) -
 
     assert np.array_equal(a["n"], b["n"]), "paired only on the same contexts"
     n, d = a["n"], a[key] - b[key]
-    lo, hi = prompt_ci(lambda p: d[p].sum() / max(n[p].sum(), 1), len(n), n_boot,
-                       np.random.default_rng(seed))  # fmt: skip
+    lo, hi = prompt_ci(
+        lambda p: d[p].sum() / max(n[p].sum(), 1), len(n), n_boot, np.random.default_rng(seed)
+    )
     return {"diff": round(d.sum() / max(n.sum(), 1), 4), "ci95": [round(lo, 4), round(hi, 4)]}
 
 

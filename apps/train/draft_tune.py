@@ -171,8 +171,17 @@ def _checkpoint_dir(path: str | None, which: str) -> Path:
 
 def check_args(a: argparse.Namespace) -> None:
     """Raise DuetError for values no run could use."""
-    positive(a, "batch_size", "threads", "log_every", "eval_prompts", "eval_tokens",
-             "eval_heldout_tokens", "steps", "seq_len")  # fmt: skip
+    positive(
+        a,
+        "batch_size",
+        "threads",
+        "log_every",
+        "eval_prompts",
+        "eval_tokens",
+        "eval_heldout_tokens",
+        "steps",
+        "seq_len",
+    )
     for name in ("lr", "temperature", "time_budget_min"):
         v = getattr(a, name)
         if v is not None and not v > 0:

@@ -117,8 +117,11 @@ def windows(data: dict, seqs: list[int], batch: int, seq_len: int, seed: int):
             a, e = int(starts[seqs[i]]), int(starts[seqs[i] + 1])
             if e - a > seq_len:
                 late = torch.rand((), generator=g).item() < 0.5
-                a = e - seq_len if late else a + int(torch.randint(e - a - seq_len + 1, (),
-                                                                   generator=g))  # fmt: skip
+                a = (
+                    e - seq_len
+                    if late
+                    else a + int(torch.randint(e - a - seq_len + 1, (), generator=g))
+                )
             n = min(seq_len, e - a)
             pos[b, :n] = torch.arange(a, a + n)
         yield pos, pos >= 0
@@ -172,8 +175,10 @@ def save_head(head, out: Path, target_dir: Path, meta: dict) -> Path:
     from runtime.adapter import base_record
     from runtime.drafts.head.torch import META, WEIGHTS
 
-    state = {"eagle." + k: (v.to(torch.bfloat16) if v.is_floating_point() else v)
-             .detach().contiguous() for k, v in head.state_dict().items()}  # fmt: skip
+    state = {
+        "eagle." + k: (v.to(torch.bfloat16) if v.is_floating_point() else v).detach().contiguous()
+        for k, v in head.state_dict().items()
+    }
     tmp = out / (WEIGHTS + ".tmp")
     save_file(state, str(tmp), metadata={"format": "pt"})
     tmp.replace(out / WEIGHTS)
@@ -196,24 +201,40 @@ def build_parser() -> argparse.ArgumentParser:
     ap = command_parser("eagle", __doc__)
     ap.add_argument("--target", required=True, help="target checkpoint (path or short name)")
     add_loop_args(ap, out=None, helps=HELPS)
-    ap.add_argument("--prompts", type=int, default=3000,
-                    help="training prompts to answer, as many as the data budget allows (3000; "
-                    "SmolLM2-135M answers ~1,950 in 40 minutes on 2 cores)")  # fmt: skip
-    ap.add_argument("--self-prompts", type=int, default=0,
-                    help="prompts the target writes itself from its chat template's pre-query "
-                    "prefix (Magpie), a quarter of them document tasks over its cached answers: "
-                    "chat-like data the template prompts lack (default 0)")  # fmt: skip
+    ap.add_argument(
+        "--prompts",
+        type=int,
+        default=3000,
+        help="training prompts to answer, as many as the data budget allows (3000; "
+        "SmolLM2-135M answers ~1,950 in 40 minutes on 2 cores)",
+    )
+    ap.add_argument(
+        "--self-prompts",
+        type=int,
+        default=0,
+        help="prompts the target writes itself from its chat template's pre-query "
+        "prefix (Magpie), a quarter of them document tasks over its cached answers: "
+        "chat-like data the template prompts lack (default 0)",
+    )
     add_loop_args(ap, time_budget_min=None, helps=HELPS)
-    ap.add_argument("--data-budget-min", type=float, default=None,
-                    help="cap for the data phase (default: half the time budget)")  # fmt: skip
+    ap.add_argument(
+        "--data-budget-min",
+        type=float,
+        default=None,
+        help="cap for the data phase (default: half the time budget)",
+    )
     ap.add_argument(
         "--doc-files",
         type=int,
         default=120,
         help="stdlib files the document prompts are cut from (default 120)",
     )
-    ap.add_argument("--max-prompt", type=int, default=768,
-                    help="skip training prompts longer than this many tokens (768)")  # fmt: skip
+    ap.add_argument(
+        "--max-prompt",
+        type=int,
+        default=768,
+        help="skip training prompts longer than this many tokens (768)",
+    )
     ap.add_argument("--gen-batch", type=int, default=24, help="prompts answered per batch")
     ap.add_argument("--max-new", type=int, default=128, help="answer tokens per prompt at most")
     ap.add_argument("--topk", type=int, default=8, help="teacher probabilities kept per position")
@@ -226,8 +247,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check(a) -> None:
-    positive(a, "prompts", "doc_files", "max_prompt", "gen_batch", "max_new", "topk", "vocab",
-             "steps", "unroll", "batch_size", "seq_len", "threads")  # fmt: skip
+    positive(
+        a,
+        "prompts",
+        "doc_files",
+        "max_prompt",
+        "gen_batch",
+        "max_new",
+        "topk",
+        "vocab",
+        "steps",
+        "unroll",
+        "batch_size",
+        "seq_len",
+        "threads",
+    )
     if a.self_prompts < 0:
         raise DuetError(f"--self-prompts must be >= 0 (got {a.self_prompts})")
     if a.time_budget_min is not None and a.time_budget_min <= 0:
@@ -247,8 +281,11 @@ def _resume(st: dict | None, head, opt, vocab: torch.Tensor, out: Path) -> int:
         opt.load_state_dict(st["optimizer"])
     else:  # more data, another kept vocabulary: trained rows kept, new ids from the target
         fresh = len(set(vocab.tolist()) - set(st["vocab_ids"].tolist()))
-        print(f"vocabulary refreshed: {fresh} new ids (their rows from the target; the "
-              "optimizer restarts)", flush=True)  # fmt: skip
+        print(
+            f"vocabulary refreshed: {fresh} new ids (their rows from the target; the "
+            "optimizer restarts)",
+            flush=True,
+        )
         head.load_state_dict(refit_rows(st["head"], st["vocab_ids"], head), strict=True)
     return st["step"]
 
@@ -268,8 +305,11 @@ def run(a: argparse.Namespace) -> dict:
     out = Path(a.out) if a.out else head_sidecar(tdir)
     out.mkdir(parents=True, exist_ok=True)
     budget = a.time_budget_min * 60 if a.time_budget_min else None
-    data_s = a.data_budget_min * 60 if a.data_budget_min is not None else (
-        budget / 2 if budget else None)  # fmt: skip
+    data_s = (
+        a.data_budget_min * 60
+        if a.data_budget_min is not None
+        else (budget / 2 if budget else None)
+    )
     torch.manual_seed(a.seed)
     stats = data_phase(a, tdir, out / "data", t0 + data_s if data_s else None, data_s == 0)
     data_wall = time.monotonic() - t0
@@ -291,9 +331,16 @@ def run(a: argparse.Namespace) -> dict:
     left = (budget - (time.monotonic() - t0)) if budget else None
     if left is not None and left < 30:
         raise DuetError("the time budget is spent before training: raise --time-budget-min")
-    lc = LoopConfig(stage="eagle", steps=a.steps, lr=a.lr, warmup=min(20, a.steps),
-                    weight_decay=0.0, ckpt_every=a.ckpt_every, bf16=False,
-                    time_limit_s=left - 20 if left else None)  # fmt: skip
+    lc = LoopConfig(
+        stage="eagle",
+        steps=a.steps,
+        lr=a.lr,
+        warmup=min(20, a.steps),
+        weight_decay=0.0,
+        ckpt_every=a.ckpt_every,
+        bf16=False,
+        time_limit_s=left - 20 if left else None,
+    )
     opt = make_optimizer(head, lc)
     start = _resume(st, head, opt, vocab, out)
 
@@ -301,13 +348,21 @@ def run(a: argparse.Namespace) -> dict:
         state = {"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step}
         save_state(resume, {**state, "vocab_ids": vocab})
 
-    summary = train_loop(head, head_step(target, head, data, remap, a.unroll),
-                         windows(data, train_seqs, a.batch_size, a.seq_len, a.seed + start),
-                         lc, out / "loss_log.jsonl", checkpoint=save_resume, optimizer=opt,
-                         start_step=start)  # fmt: skip
+    summary = train_loop(
+        head,
+        head_step(target, head, data, remap, a.unroll),
+        windows(data, train_seqs, a.batch_size, a.seq_len, a.seed + start),
+        lc,
+        out / "loss_log.jsonl",
+        checkpoint=save_resume,
+        optimizer=opt,
+        start_step=start,
+    )
     save_resume(summary["steps"])
-    ans = sum(int(data["starts"][s + 1] - data["starts"][s] - data["prompt_lens"][s])
-              for s in range(n_seq))  # fmt: skip
+    ans = sum(
+        int(data["starts"][s + 1] - data["starts"][s] - data["prompt_lens"][s])
+        for s in range(n_seq)
+    )
     kept = torch.zeros(cfg_v, dtype=torch.bool)
     kept[vocab] = True
     meta = {"vocab": len(vocab), "steps": summary["steps"], "unroll": a.unroll,

@@ -62,9 +62,21 @@ def query_prefix(tmpl) -> list[int]:
 
 
 @torch.inference_mode()
-def self_prompts(model, tok, tmpl, n: int, *, seed: int, batch: int, eos: set[int], pad: int,
-                 banned: set[str] = frozenset(), max_len: int = 64, deadline: float | None = None,
-                 progress=None) -> list[str]:  # fmt: skip
+def self_prompts(
+    model,
+    tok,
+    tmpl,
+    n: int,
+    *,
+    seed: int,
+    batch: int,
+    eos: set[int],
+    pad: int,
+    banned: set[str] = frozenset(),
+    max_len: int = 64,
+    deadline: float | None = None,
+    progress=None,
+) -> list[str]:
     """Up to `n` distinct user prompts the target writes itself after its template's pre-query
     prefix (Magpie), sampled at T = 1, top-p 0.95: only those that end (an end id within
     `max_len` tokens), hold at least three words and are not in `banned`."""
@@ -81,9 +93,16 @@ def self_prompts(model, tok, tmpl, n: int, *, seed: int, batch: int, eos: set[in
         rounds += 1
         torch.manual_seed(int(torch.randint(2**31 - 1, (), generator=g)))
         x = torch.tensor([prefix] * batch)
-        gen = model.generate(input_ids=x, attention_mask=torch.ones_like(x), do_sample=True,
-                             temperature=1.0, top_p=0.95, max_new_tokens=max_len,
-                             eos_token_id=sorted(eos), pad_token_id=pad)  # fmt: skip
+        gen = model.generate(
+            input_ids=x,
+            attention_mask=torch.ones_like(x),
+            do_sample=True,
+            temperature=1.0,
+            top_p=0.95,
+            max_new_tokens=max_len,
+            eos_token_id=sorted(eos),
+            pad_token_id=pad,
+        )
         got = 0
         for row in gen[:, len(prefix) :].tolist():
             end = next((i for i, t in enumerate(row) if t in eos), None)
@@ -127,8 +146,7 @@ def answer_doc_prompts(data: Path, tok, n: int, seed: int, min_tokens: int = 60)
             docs.append(tok.decode(d["ids"][a + p : e - 1].tolist()).strip())
     rng = random.Random(seed)
     rng.shuffle(docs)
-    return [rng.choice(DOC_FORMS).format(doc=doc, q=rng.choice(DOC_QUESTIONS))
-            for doc in docs[:n]]  # fmt: skip
+    return [rng.choice(DOC_FORMS).format(doc=doc, q=rng.choice(DOC_QUESTIONS)) for doc in docs[:n]]
 
 
 def read_plan(data: Path) -> list[dict] | None:
@@ -154,8 +172,16 @@ def _hf_model(tdir: Path, threads: int):
 
 
 @torch.inference_mode()
-def _generate(model, rows: list[list[int]], max_new: int, pad: int, eos: set[int], greedy: bool,
-              layers, topk: int):  # fmt: skip
+def _generate(
+    model,
+    rows: list[list[int]],
+    max_new: int,
+    pad: int,
+    eos: set[int],
+    greedy: bool,
+    layers,
+    topk: int,
+):
     """Answer prompt `rows` (batched, left-padded) and read the teacher's features off the same
     passes: per row (ids, taps, top_ids, top_lp) over prompt + answer but its last token
     (whose forward never runs); the answer ends at its first eos, inclusive."""
@@ -163,9 +189,16 @@ def _generate(model, rows: list[list[int]], max_new: int, pad: int, eos: set[int
     ids = torch.tensor([[pad] * (T - len(r)) + r for r in rows])
     att = torch.tensor([[0] * (T - len(r)) + [1] * len(r) for r in rows])
     kw = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0, "top_p": 1.0}
-    out = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new,
-                         pad_token_id=pad, eos_token_id=sorted(eos), output_hidden_states=True,
-                         return_dict_in_generate=True, **kw)  # fmt: skip
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=att,
+        max_new_tokens=max_new,
+        pad_token_id=pad,
+        eos_token_id=sorted(eos),
+        output_hidden_states=True,
+        return_dict_in_generate=True,
+        **kw,
+    )
     hs = out.hidden_states  # per step: [embeddings, layer 0 out, ..., normed last]
 
     def layer(i: int) -> torch.Tensor:  # (B, T + steps - 1, H)
@@ -192,8 +225,11 @@ def end_ids(tdir: Path) -> tuple[set[int], int]:
     config's, else the model config's, else 0."""
     from runtime.config import ModelConfig
 
-    gen_cfg = json.loads((tdir / "generation_config.json").read_text()) \
-        if (tdir / "generation_config.json").is_file() else {}  # fmt: skip
+    gen_cfg = (
+        json.loads((tdir / "generation_config.json").read_text())
+        if (tdir / "generation_config.json").is_file()
+        else {}
+    )
     eos = gen_cfg.get("eos_token_id", list(ModelConfig.from_dir(tdir).eos_token_ids) or [0])
     eos = set(eos if isinstance(eos, list) else [eos])
     pad = gen_cfg.get("pad_token_id")
@@ -218,9 +254,20 @@ def by_length(prompts: list[str], render, block: int) -> list[str]:
     return out
 
 
-def build_data(tdir: Path, prompts: list[str], data: Path, *, batch: int, max_new: int,
-               topk: int, threads: int, deadline: float | None, sample_frac: float = 0.0,
-               max_prompt: int = 256, progress=None) -> dict:  # fmt: skip
+def build_data(
+    tdir: Path,
+    prompts: list[str],
+    data: Path,
+    *,
+    batch: int,
+    max_new: int,
+    topk: int,
+    threads: int,
+    deadline: float | None,
+    sample_frac: float = 0.0,
+    max_prompt: int = 256,
+    progress=None,
+) -> dict:
     """Answer and featurize `prompts`, in their order (`by_length` sorts them), from where DATA
     stopped until done or `deadline` (time.monotonic()). Prompts longer than `max_prompt`
     tokens are skipped.
@@ -258,8 +305,17 @@ def build_data(tdir: Path, prompts: list[str], data: Path, *, batch: int, max_ne
         torch.save(shard, str(path) + ".tmp")
         Path(str(path) + ".tmp").replace(path)
         with (data / "shards.jsonl").open("a") as f:
-            f.write(json.dumps({"shard": path.name, "n": len(chunk), "greedy": greedy,
-                                "answer_tokens": sum(answers)}) + "\n")  # fmt: skip
+            f.write(
+                json.dumps(
+                    {
+                        "shard": path.name,
+                        "n": len(chunk),
+                        "greedy": greedy,
+                        "answer_tokens": sum(answers),
+                    }
+                )
+                + "\n"
+            )
         i, n_shard = i + len(chunk), n_shard + 1
         if progress is not None:
             progress(len(chunk), sum(answers))
@@ -270,8 +326,11 @@ def data_stats(data: Path) -> dict:
     """{"prompts", "answer_tokens", "shards"} cached in DATA so far."""
     f = data / "shards.jsonl"
     meta = [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.is_file() else []
-    return {"prompts": sum(m["n"] for m in meta), "shards": len(meta),
-            "answer_tokens": sum(m["answer_tokens"] for m in meta)}  # fmt: skip
+    return {
+        "prompts": sum(m["n"] for m in meta),
+        "shards": len(meta),
+        "answer_tokens": sum(m["answer_tokens"] for m in meta),
+    }
 
 
 def load_shards(data: Path, features: bool = True) -> dict:

@@ -21,30 +21,48 @@ from collections import defaultdict
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m apps.train.eagle_eval", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.train.eagle_eval",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--target", required=True)
     ap.add_argument("--prompts", default="chat", help="a named set or a .jsonl (default chat)")
     ap.add_argument("--per-category", type=int, default=2, help="prompts per category (2)")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=None, help="target threads (default: all)")
-    ap.add_argument("--target-backend", choices=("torch", "onnx"), default="torch",
-                    help="the PyTorch target (float32, as the head was fitted on) or the ONNX "
-                    "one (int4, as `generate` runs a GGUF-sourced target)")  # fmt: skip
-    ap.add_argument("--draft-backend", choices=("torch", "onnx"), default=None,
-                    help="where the head steps (default: ONNX Runtime, int8 weights)")  # fmt: skip
-    ap.add_argument("--draft", default="head",
-                    help="head (default), or head+suffix / head+lookup: the text's chain when it "
-                    "predicts well, else the head's (runtime/drafts/mixed.py)")  # fmt: skip
+    ap.add_argument(
+        "--target-backend",
+        choices=("torch", "onnx"),
+        default="torch",
+        help="the PyTorch target (float32, as the head was fitted on) or the ONNX "
+        "one (int4, as `generate` runs a GGUF-sourced target)",
+    )
+    ap.add_argument(
+        "--draft-backend",
+        choices=("torch", "onnx"),
+        default=None,
+        help="where the head steps (default: ONNX Runtime, int8 weights)",
+    )
+    ap.add_argument(
+        "--draft",
+        default="head",
+        help="head (default), or head+suffix / head+lookup: the text's chain when it "
+        "predicts well, else the head's (runtime/drafts/mixed.py)",
+    )
     ap.add_argument(
         "--mix-min-len",
         type=int,
         default=None,
         help="a mixed draft's bar: the text's chain needs this many tokens",
     )
-    ap.add_argument("--mix-min-score", type=float, default=None,
-                    help="... and this sum of their estimated chances")  # fmt: skip
+    ap.add_argument(
+        "--mix-min-score",
+        type=float,
+        default=None,
+        help="... and this sum of their estimated chances",
+    )
     ap.add_argument(
         "--stop-below",
         type=float,
@@ -88,9 +106,14 @@ class Confidence:
             got = [ok for q, ok in self.pairs if lo <= q < hi]
             mean_q = [q for q, _ in self.pairs if lo <= q < hi]
             if got:
-                out.append({"q": f"{lo:.1f}-{min(hi, 1):.1f}", "n": len(got),
-                            "mean_q": round(sum(mean_q) / len(got), 3),
-                            "accepted": round(sum(got) / len(got), 3)})  # fmt: skip
+                out.append(
+                    {
+                        "q": f"{lo:.1f}-{min(hi, 1):.1f}",
+                        "n": len(got),
+                        "mean_q": round(sum(mean_q) / len(got), 3),
+                        "accepted": round(sum(got) / len(got), 3),
+                    }
+                )
         return out
 
 
@@ -105,10 +128,18 @@ def main(argv=None) -> int:
 
     a = build_parser().parse_args(argv)
     if a.draft != "head" and not is_mixed_spec(a.draft):
-        raise DuetError(f"--draft {a.draft}: give head, or a head with a model-free draft "
-                        "(head+suffix, head+lookup)")  # fmt: skip
-    pair = load_pair(a.target, a.draft, need_draft=True, target_backend=a.target_backend,
-                     target_threads=a.threads, draft_backend=a.draft_backend)  # fmt: skip
+        raise DuetError(
+            f"--draft {a.draft}: give head, or a head with a model-free draft "
+            "(head+suffix, head+lookup)"
+        )
+    pair = load_pair(
+        a.target,
+        a.draft,
+        need_draft=True,
+        target_backend=a.target_backend,
+        target_threads=a.threads,
+        draft_backend=a.draft_backend,
+    )
     mixed = getattr(pair.draft, "mixed", False)
     if mixed and a.mix_min_len is not None:
         pair.draft.min_len = a.mix_min_len
@@ -126,8 +157,16 @@ def main(argv=None) -> int:
         ids = turn_ids(pair.tokenizer, template, rec["turns"][:1], [])
         got = {}
         for method, draft in (("ar", None), ("sd", pair.draft)):
-            steps = make_steps(method, pair.target, draft, ids, max_new=a.max_tokens,
-                               sampling=GREEDY, seed=0, gamma=a.gamma)  # fmt: skip
+            steps = make_steps(
+                method,
+                pair.target,
+                draft,
+                ids,
+                max_new=a.max_tokens,
+                sampling=GREEDY,
+                seed=0,
+                gamma=a.gamma,
+            )
             conf.rows = []
             steps = conf.steps(steps) if draft is not None else steps
             got[method] = run(steps, max_new=a.max_tokens, eos_ids=eos, prompt_len=len(ids))
@@ -142,16 +181,23 @@ def main(argv=None) -> int:
             c["ar_tokens"] += r.new_tokens
             c["ar_s"] += r.wall_s
             c["equal"] += got["sd"].tokens == got["ar"].tokens
-        print(f"{rec['category']:>15} q{rec['question_id']}: {got['sd'].stats.new_tokens} tokens "
-              f"in {len(got['sd'].stats.accept_lengths)} sd steps", flush=True)  # fmt: skip
-    rows = {k: {"prompts": int(c["prompts"]),
-                "tokens_per_step": round(c["sd_tokens"] / max(1, c["sd_steps"]), 3),
-                "accept_rate": round(c["accepted"] / max(1, c["drafted"]), 3),
-                "ar_tok_s": round(c["ar_tokens"] / max(1e-9, c["ar_s"]), 2),
-                "sd_tok_s": round(c["sd_tokens"] / max(1e-9, c["sd_s"]), 2),
-                "speedup": round((c["sd_tokens"] / c["sd_s"]) / (c["ar_tokens"] / c["ar_s"]), 3),
-                "greedy_equals_ar": f"{int(c['equal'])}/{int(c['prompts'])}"}
-            for k, c in cats.items()}  # fmt: skip
+        print(
+            f"{rec['category']:>15} q{rec['question_id']}: {got['sd'].stats.new_tokens} tokens "
+            f"in {len(got['sd'].stats.accept_lengths)} sd steps",
+            flush=True,
+        )
+    rows = {
+        k: {
+            "prompts": int(c["prompts"]),
+            "tokens_per_step": round(c["sd_tokens"] / max(1, c["sd_steps"]), 3),
+            "accept_rate": round(c["accepted"] / max(1, c["drafted"]), 3),
+            "ar_tok_s": round(c["ar_tokens"] / max(1e-9, c["ar_s"]), 2),
+            "sd_tok_s": round(c["sd_tokens"] / max(1e-9, c["sd_s"]), 2),
+            "speedup": round((c["sd_tokens"] / c["sd_s"]) / (c["ar_tokens"] / c["ar_s"]), 3),
+            "greedy_equals_ar": f"{int(c['equal'])}/{int(c['prompts'])}",
+        }
+        for k, c in cats.items()
+    }
     out = {"target": str(pair.target_dir), "draft": a.draft, "gamma": a.gamma,
            "stop_below": getattr(head, "stop_below", 0.0),
            "max_tokens": a.max_tokens, "settings": pair.settings, "rows": rows,
@@ -168,8 +214,10 @@ def main(argv=None) -> int:
         if mixed:
             print(f"mixed draft: {out['mixed']}")
         for r in out["calibration"]:
-            print(f"draft confidence {r['q']}: {r['n']} drafts, mean q {r['mean_q']}, "
-                  f"accepted {r['accepted']}")  # fmt: skip
+            print(
+                f"draft confidence {r['q']}: {r['n']} drafts, mean q {r['mean_q']}, "
+                f"accepted {r['accepted']}"
+            )
     return 0
 
 

@@ -46,11 +46,19 @@ def plan_prompts(a, tdir: Path, data: Path, deadline: float | None) -> list[str]
         docs = ed.answer_doc_prompts(data, tok, want // 4, a.seed + len(plan)) if done else []
         eos, pad = ed.end_ids(tdir)
         bar = tqdm(total=want - len(docs), desc="self-prompts", unit="prompt", mininterval=10)
-        mine = ed.self_prompts(ed._hf_model(tdir, a.threads), tok, tmpl, want - len(docs),
-                               seed=a.seed + len(plan), batch=a.gen_batch,
-                               eos=eos, pad=pad,
-                               banned=heldout_turns(heldout_set) | have, deadline=deadline,
-                               progress=bar.update)  # fmt: skip
+        mine = ed.self_prompts(
+            ed._hf_model(tdir, a.threads),
+            tok,
+            tmpl,
+            want - len(docs),
+            seed=a.seed + len(plan),
+            batch=a.gen_batch,
+            eos=eos,
+            pad=pad,
+            banned=heldout_turns(heldout_set) | have,
+            deadline=deadline,
+            progress=bar.update,
+        )
         bar.close()
         new += [{"kind": "self", "prompt": p} for p in mine]
         new += [{"kind": "answer-doc", "prompt": p} for p in docs]
@@ -76,8 +84,17 @@ def data_phase(a, tdir: Path, data: Path, deadline: float | None, skip: bool) ->
     from tqdm import tqdm
 
     bar = tqdm(total=len(prompts), desc="data", unit="prompt", mininterval=10)
-    stats = build_data(tdir, prompts, data, batch=a.gen_batch, max_new=a.max_new,
-                       topk=a.topk, threads=a.threads, max_prompt=a.max_prompt,
-                       deadline=deadline, progress=lambda n, _tk: bar.update(n))  # fmt: skip
+    stats = build_data(
+        tdir,
+        prompts,
+        data,
+        batch=a.gen_batch,
+        max_new=a.max_new,
+        topk=a.topk,
+        threads=a.threads,
+        max_prompt=a.max_prompt,
+        deadline=deadline,
+        progress=lambda n, _tk: bar.update(n),
+    )
     bar.close()
     return stats

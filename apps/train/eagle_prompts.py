@@ -130,8 +130,12 @@ def heldout_turns(path: Path) -> set[str]:
     """Every turn of the held-out chat set, to keep out of training."""
     if not path.is_file():
         return set()
-    return {t for line in path.read_text().splitlines() if line.strip()
-            for t in json.loads(line)["turns"]}  # fmt: skip
+    return {
+        t
+        for line in path.read_text().splitlines()
+        if line.strip()
+        for t in json.loads(line)["turns"]
+    }
 
 
 def build_prompts(

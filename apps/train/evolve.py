@@ -68,9 +68,15 @@ def _to_train(model, a: argparse.Namespace):
     from peft import LoraConfig, get_peft_model
 
     r, L = a.lora_rank, model.config.num_hidden_layers
-    lcfg = LoraConfig(r=r, lora_alpha=a.lora_alpha or 2 * r, lora_dropout=0.0,
-                      target_modules=LORA_MODULES, layers_to_transform=list(range(L - 1)),
-                      layers_pattern="layers", task_type="CAUSAL_LM")  # fmt: skip
+    lcfg = LoraConfig(
+        r=r,
+        lora_alpha=a.lora_alpha or 2 * r,
+        lora_dropout=0.0,
+        target_modules=LORA_MODULES,
+        layers_to_transform=list(range(L - 1)),
+        layers_pattern="layers",
+        task_type="CAUSAL_LM",
+    )
     return get_peft_model(model, lcfg)  # backbone frozen; layer L-1 and lm_head untouched
 
 
@@ -110,11 +116,16 @@ def run(a: argparse.Namespace) -> dict:
         loss_before = heldout_loss(model, windows)
     model = _to_train(model, a)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = LoopConfig(stage=f"evolve-{'full' if a.full else 'lora'}-{a.domain}", steps=a.steps,
-                     lr=a.lr or (1e-3 if a.full else 5e-3), warmup=a.warmup,
-                     weight_decay=0.0 if not a.full else 0.1,
-                     time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
-                     ckpt_every=a.ckpt_every, bf16=False)  # fmt: skip
+    cfg = LoopConfig(
+        stage=f"evolve-{'full' if a.full else 'lora'}-{a.domain}",
+        steps=a.steps,
+        lr=a.lr or (1e-3 if a.full else 5e-3),
+        warmup=a.warmup,
+        weight_decay=0.0 if not a.full else 0.1,
+        time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
+        ckpt_every=a.ckpt_every,
+        bf16=False,
+    )
     opt = make_optimizer(model, cfg)
     start = resume_from(
         out, a.fresh, opt, lambda st: model.load_state_dict(st["trainable"], strict=False)

@@ -61,8 +61,21 @@ def _kl_and_omega(m, h, lp_final, w, b, kappa: int) -> tuple[float, float]:
     return kl, omega
 
 
-def fit(target, tok, corpus, layer: int, *, steps: int, batch: int, lr: float, max_tokens: int,
-        seq_len: int = 256, kappa: int = 8, seed: int = 0, log=print) -> dict:  # fmt: skip
+def fit(
+    target,
+    tok,
+    corpus,
+    layer: int,
+    *,
+    steps: int,
+    batch: int,
+    lr: float,
+    max_tokens: int,
+    seq_len: int = 256,
+    kappa: int = 8,
+    seed: int = 0,
+    log=print,
+) -> dict:
     """Fit W, b; returns {"weight", "bias", "report"}."""
     torch.manual_seed(seed)
     m = target.module
@@ -111,8 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_loop_args(ap, corpus=None, steps=300, helps=HELPS)
     ap.add_argument("--batch", type=int, default=512, help="positions per step (default 512)")
     add_loop_args(ap, lr=1e-3, helps=HELPS)
-    ap.add_argument("--max-tokens", type=int, default=16384,
-                    help="training positions at most (default 16384)")  # fmt: skip
+    ap.add_argument(
+        "--max-tokens", type=int, default=16384, help="training positions at most (default 16384)"
+    )
     add_loop_args(ap, threads=1)
     return ap
 
@@ -130,8 +144,16 @@ def main(argv: list[str]) -> int:
         raise DuetError(f"--layer must be in 1..{n - 1} for a {n}-layer target (got {a.layer})")
     if a.steps < 1 or a.batch < 1 or a.max_tokens < 512:
         raise DuetError("--steps and --batch must be >= 1 and --max-tokens >= 512")
-    res = fit(target, Tokenizer(a.target), load_corpus(a.corpus), a.layer, steps=a.steps,
-              batch=a.batch, lr=a.lr, max_tokens=a.max_tokens)  # fmt: skip
+    res = fit(
+        target,
+        Tokenizer(a.target),
+        load_corpus(a.corpus),
+        a.layer,
+        steps=a.steps,
+        batch=a.batch,
+        lr=a.lr,
+        max_tokens=a.max_tokens,
+    )
     path = exit_head_path(a.target, a.layer)
     ExitHead(res["weight"], res["bias"]).save(path, {k: str(v) for k, v in res["report"].items()})
     print(json.dumps({"wrote": str(path), **res["report"]}))

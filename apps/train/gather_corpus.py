@@ -60,9 +60,12 @@ def gather(out: Path, roots: list[Path], cap_bytes: float) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     ap = command_parser("gather-corpus", __doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder to write (must not exist or be empty)")
-    ap.add_argument("--packages", default=DEFAULT_PACKAGES,
-                    help=f"installed packages whose source to add to the stdlib's "
-                    f"(comma-separated; '' for none; default {DEFAULT_PACKAGES})")  # fmt: skip
+    ap.add_argument(
+        "--packages",
+        default=DEFAULT_PACKAGES,
+        help=f"installed packages whose source to add to the stdlib's "
+        f"(comma-separated; '' for none; default {DEFAULT_PACKAGES})",
+    )
     ap.add_argument("--cap-mb", type=float, default=170.0, help="stop adding files at this size")
     a = ap.parse_args(argv)
 

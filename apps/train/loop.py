@@ -143,8 +143,14 @@ def train_loop(
     opt = optimizer if optimizer is not None else make_optimizer(model, cfg)
     t0 = time.monotonic()
     tokens, step, ema, time_capped = 0, start_step, None, False
-    bar = tqdm(total=cfg.steps, initial=start_step, desc=cfg.stage, unit="step", mininterval=10,
-               file=sys.stderr)  # fmt: skip
+    bar = tqdm(
+        total=cfg.steps,
+        initial=start_step,
+        desc=cfg.stage,
+        unit="step",
+        mininterval=10,
+        file=sys.stderr,
+    )
     with log_path.open("a") as log:
         while step < cfg.steps:
             progress = _progress(step, start_step, time.monotonic() - t0, cfg)

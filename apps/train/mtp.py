@@ -77,8 +77,9 @@ def target_pass(target, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The frozen target over x (B, T): post-norm hidden (B, T, H) and logits (B, T, V)."""
     m = target.module
     with torch.inference_mode():
-        h = target.forward_layers(x.numpy(), target.new_cache(x.shape[0]), 0,
-                                  target.config.num_layers)  # fmt: skip
+        h = target.forward_layers(
+            x.numpy(), target.new_cache(x.shape[0]), 0, target.config.num_layers
+        )
         hid, logits = m.model.norm(h), m.head(h)
     return hid.clone(), logits.clone()  # plain tensors: autograd may save them
 
@@ -120,8 +121,9 @@ def mtp_step(target, head, unroll: int, tv_weight: float = 0.0):
         total, metrics = 0.0, {}
         for r, out in enumerate(chain_outputs(target, head, x, hid, unroll), start=1):
             # step r at entry j predicts x_{j+2}: the teacher is the target's logits at j + 1
-            loss, mt = distill_loss(out[:, r - 1 :] @ w.T, teach[:, r:], y[:, r:],
-                                    tv_weight=tv_weight)  # fmt: skip
+            loss, mt = distill_loss(
+                out[:, r - 1 :] @ w.T, teach[:, r:], y[:, r:], tv_weight=tv_weight
+            )
             total = total + loss
             metrics[f"kl_{r}"], metrics[f"top1_{r}"] = mt["kl"], mt["top1_agree"]
             metrics[f"tv_{r}"] = mt["tv"]
@@ -151,8 +153,9 @@ def save_head(head, out: Path, target_dir: Path, meta: dict) -> Path:
     from runtime.adapter import base_record
     from runtime.drafts.mtp.torch import WEIGHTS
 
-    state = {"mtp." + k: v.detach().to(torch.bfloat16).contiguous()
-             for k, v in head.state_dict().items()}  # fmt: skip
+    state = {
+        "mtp." + k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()
+    }
     tmp = out / (WEIGHTS + ".tmp")
     save_file(state, str(tmp), metadata={"format": "pt"})
     tmp.replace(out / WEIGHTS)
@@ -172,9 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--target", required=True, help="target checkpoint directory (frozen)")
     add_loop_args(ap, out=None, corpus=None, steps=3000, time_budget_min=None, lr=2e-3, helps=HELPS)
     ap.add_argument("--unroll", type=int, default=3, help="chained steps in the loss (default 3)")
-    ap.add_argument("--tv-weight", type=float, default=0.0,
-                    help="add this x TV(p_target, q_head) to the KL loss: 1 - TV is the chance "
-                    "a token sampled at T = 1 is accepted (default 0)")  # fmt: skip
+    ap.add_argument(
+        "--tv-weight",
+        type=float,
+        default=0.0,
+        help="add this x TV(p_target, q_head) to the KL loss: 1 - TV is the chance "
+        "a token sampled at T = 1 is accepted (default 0)",
+    )
     add_loop_args(ap, batch_size=8, seq_len=128, max_corpus_chars=4_000_000)
     ap.add_argument("--eval-tokens", type=int, default=4096, help="held-out tokens (default 4096)")
     add_loop_args(ap, threads=1, seed=0, ckpt_every=50, fresh=False)
@@ -211,9 +218,16 @@ def run(a: argparse.Namespace) -> dict:
     out = Path(a.out) if a.out else mtp_sidecar(tdir)
     out.mkdir(parents=True, exist_ok=True)
     limit = a.time_budget_min * 60 if a.time_budget_min else None
-    cfg = LoopConfig(stage="mtp", steps=a.steps, lr=a.lr, warmup=min(20, a.steps),
-                     weight_decay=0.0, ckpt_every=a.ckpt_every, bf16=False,
-                     time_limit_s=limit)  # fmt: skip
+    cfg = LoopConfig(
+        stage="mtp",
+        steps=a.steps,
+        lr=a.lr,
+        warmup=min(20, a.steps),
+        weight_decay=0.0,
+        ckpt_every=a.ckpt_every,
+        bf16=False,
+        time_limit_s=limit,
+    )
     opt = make_optimizer(head, cfg)
     start = resume_from(out, a.fresh, opt, lambda st: head.load_state_dict(st["head"]))
 
@@ -223,9 +237,16 @@ def run(a: argparse.Namespace) -> dict:
 
     t0 = time.monotonic()
     sampler = BatchSampler(ids, a.batch_size, a.seq_len, a.seed + start)
-    summary = train_loop(head, mtp_step(target, head, a.unroll, a.tv_weight), sampler, cfg,
-                         out / "loss_log.jsonl", checkpoint=save_resume, optimizer=opt,
-                         start_step=start)  # fmt: skip
+    summary = train_loop(
+        head,
+        mtp_step(target, head, a.unroll, a.tv_weight),
+        sampler,
+        cfg,
+        out / "loss_log.jsonl",
+        checkpoint=save_resume,
+        optimizer=opt,
+        start_step=start,
+    )
     save_resume(summary["steps"])
     windows = eval_windows(held, a.seq_len, a.eval_tokens)
     meta = {

@@ -59,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     tdir, ddir = default_pair()
     ap = command_parser("ss-draft", __doc__)
     ap.add_argument("--target", default=str(tdir), help="teacher target (default: embedded)")
-    ap.add_argument("--draft", default=str(ddir),
-                    help="draft to start from (default: the embedded draft)")  # fmt: skip
+    ap.add_argument(
+        "--draft", default=str(ddir), help="draft to start from (default: the embedded draft)"
+    )
     add_loop_args(ap, out=REQUIRED, helps=HELPS)
     ap.add_argument("--streams", type=int, default=DEFAULT_STREAMS, help="lookahead streams n")
     add_loop_args(ap, steps=3000, time_budget_min=None, lr=1e-3, batch_size=8, seq_len=128)
@@ -204,9 +205,17 @@ def run(a: argparse.Namespace) -> dict:
     ids = token_stream(corpus.texts("train", a.max_corpus_chars), enc, eos)
     held = eval_windows(token_stream(corpus.texts("heldout"), enc, eos), a.seq_len, 8 * a.seq_len)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = LoopConfig(stage="ss-draft", steps=a.steps, lr=a.lr, warmup=20, weight_decay=0.0,
-                     time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
-                     ckpt_every=a.ckpt_every, bf16=False, device=dev)  # fmt: skip
+    cfg = LoopConfig(
+        stage="ss-draft",
+        steps=a.steps,
+        lr=a.lr,
+        warmup=20,
+        weight_decay=0.0,
+        time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
+        ckpt_every=a.ckpt_every,
+        bf16=False,
+        device=dev,
+    )
     opt = make_optimizer(student, cfg)
     resume = out / RESUME_DIR
 
@@ -238,8 +247,16 @@ def run(a: argparse.Namespace) -> dict:
 
     t0 = time.monotonic()
     sampler = BatchSampler(ids, a.batch_size, a.seq_len, a.seed + start)
-    summary = train_loop(student, step_fn, sampler, cfg, out / "loss_log.jsonl",
-                         checkpoint=save, optimizer=opt, start_step=start)  # fmt: skip
+    summary = train_loop(
+        student,
+        step_fn,
+        sampler,
+        cfg,
+        out / "loss_log.jsonl",
+        checkpoint=save,
+        optimizer=opt,
+        start_step=start,
+    )
     save(summary["steps"])
     after = heldout_agreement(load_ss_module(out).to(dev).eval(), teacher, held)
     report = {"out": str(out), "streams": a.streams, "steps": summary["steps"],

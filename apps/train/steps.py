@@ -27,8 +27,14 @@ def distill_step(
     def step(x, y):
         with torch.no_grad():
             t_logits = teacher(input_ids=x).logits
-        return distill_loss(draft(input_ids=x).logits, t_logits, y, ce_weight=ce_weight,
-                            temperature=temperature, tv_weight=tv_weight)  # fmt: skip
+        return distill_loss(
+            draft(input_ids=x).logits,
+            t_logits,
+            y,
+            ce_weight=ce_weight,
+            temperature=temperature,
+            tv_weight=tv_weight,
+        )
 
     return step
 

@@ -54,8 +54,9 @@ def eos_id(tok, model_dir: str | Path | None = None) -> int:
 
     ids = ModelConfig.from_dir(model_dir).eos_token_ids if model_dir is not None else ()
     if not ids:
-        raise DuetError(f"no {EOS} in the tokenizer and no eos_token_id in the config: nothing "
-                        "ends a document")  # fmt: skip
+        raise DuetError(
+            f"no {EOS} in the tokenizer and no eos_token_id in the config: nothing ends a document"
+        )
     return ids[0]
 
 

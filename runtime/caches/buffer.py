@@ -30,8 +30,14 @@ class BufferKVCache:
 
     is_trimmable = True
 
-    def __init__(self, num_layers: int, batch: int, kv_heads: int, head_dim: int,
-                 max_context: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        num_layers: int,
+        batch: int,
+        kv_heads: int,
+        head_dim: int,
+        max_context: int | None = None,
+    ):
         self._shape = (kv_heads, head_dim)
         self._batch = batch
         self._max = max_context

@@ -64,9 +64,9 @@ import numpy as np
 import torch
 
 from runtime.backends.torch.qwen3_5 import LINEAR, conv_state_after, replay
-from runtime.errors import DuetError
 from runtime.caches.linear_state import LinearLayerState as _Linear
 from runtime.caches.step_state import branch_keys_ok
+from runtime.errors import DuetError
 
 ROLLBACKS = ("replay", "redecode")
 KEEP = 8  # replay: recurrent states kept for the last KEEP positions (γ ≤ 7 lands by a pick)
@@ -81,10 +81,19 @@ class HybridCache:
     # False: it trims, re-running them as a pass of their own (no token; the earlier baseline)
     reverify = True
 
-    def __init__(self, kinds: Sequence[str], batch: int, empty_kv: Callable[[int], Any],
-                 empty_state: Callable[[int, int], tuple], *, rollback: str = "replay",
-                 window: int = 64, keep: int = KEEP, stride: int = STRIDE,
-                 redecode: Callable[[np.ndarray, Any], Any] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        kinds: Sequence[str],
+        batch: int,
+        empty_kv: Callable[[int], Any],
+        empty_state: Callable[[int, int], tuple],
+        *,
+        rollback: str = "replay",
+        window: int = 64,
+        keep: int = KEEP,
+        stride: int = STRIDE,
+        redecode: Callable[[np.ndarray, Any], Any] | None = None,
+    ):
         """`redecode(tokens (B, T), cache)` runs tokens through all layers of the model into
         `cache` (no head): how `redecode` rollback re-runs the kept tokens. `keep` and `stride`
         (replay): the forward's recurrent states kept for the last `keep` positions and every
@@ -255,9 +264,11 @@ class HybridCache:
     def _checkpoint_at(self, keep: int) -> int:
         """Where redecode lands: the latest checkpoint (the base, or the start of a logged
         forward) at or before `keep` in every linear layer (-1 when some layer has none)."""
-        lands = [max((e[0] for e in la.log if e[0] <= keep),
-                     default=la.base if la.base <= keep else -1)
-                 for la in self._layers if isinstance(la, _Linear)]  # fmt: skip
+        lands = [
+            max((e[0] for e in la.log if e[0] <= keep), default=la.base if la.base <= keep else -1)
+            for la in self._layers
+            if isinstance(la, _Linear)
+        ]
         return min(lands, default=keep)
 
     def _land(self, layer: _Linear, a: int) -> None:
@@ -306,8 +317,10 @@ class HybridCache:
         columns) and its linear states after `lengths[r]` tokens, landed by replay from the log.
         The caller masks the KV columns [lengths[r], offset) (`holes_ok` checks exactly that)."""
         if self.rollback != "replay":
-            raise DuetError("branch rows of a hybrid draft land by replay; run the torch draft "
-                            "with --hybrid-rollback replay (or the ONNX draft)")  # fmt: skip
+            raise DuetError(
+                "branch rows of a hybrid draft land by replay; run the torch draft "
+                "with --hybrid-rollback replay (or the ONNX draft)"
+            )
         rows, lengths = list(rows), [int(n) for n in lengths]
         new, at = self.fork(rows), self.offset
         keys = list(zip(rows, lengths, strict=True))  # (source row, length) per new row

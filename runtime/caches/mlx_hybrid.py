@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
-from runtime.caches.mlx_kv import MLXLayerCache
 from runtime.caches.hybrid import HybridCache, _Linear
+from runtime.caches.mlx_kv import MLXLayerCache
 
 
 class MLXHybridCache(HybridCache):
@@ -39,12 +39,26 @@ class MLXHybridCache(HybridCache):
 
     fork_at = None  # no branch rows: the MLX hybrid model refuses non-causal masks
 
-    def __init__(self, kinds: Sequence[str], batch: int,
-                 empty_state: Callable[[int, int], tuple],
-                 replay: Callable[..., mx.array], *, rollback: str = "replay",
-                 window: int = 64, redecode: Callable | None = None):  # fmt: skip
-        super().__init__(kinds, batch, lambda b: None, empty_state, rollback=rollback,
-                         window=window, redecode=redecode)  # fmt: skip
+    def __init__(
+        self,
+        kinds: Sequence[str],
+        batch: int,
+        empty_state: Callable[[int, int], tuple],
+        replay: Callable[..., mx.array],
+        *,
+        rollback: str = "replay",
+        window: int = 64,
+        redecode: Callable | None = None,
+    ):
+        super().__init__(
+            kinds,
+            batch,
+            lambda b: None,
+            empty_state,
+            rollback=rollback,
+            window=window,
+            redecode=redecode,
+        )
         self._replay = replay  # (layer, rec, k, v, a, b) -> the state after those positions
 
     def get(self, i: int) -> tuple:
@@ -119,8 +133,9 @@ class MLXHybridCache(HybridCache):
                 copy = _Linear(layer.conv[idx], layer.rec[idx], layer.offset)
                 copy.base_conv, copy.base_rec = layer.base_conv[idx], layer.base_rec[idx]
                 copy.base = layer.base
-                copy.log = [tuple(t[idx] if isinstance(t, mx.array) else t for t in e)
-                            for e in layer.log]  # fmt: skip
+                copy.log = [
+                    tuple(t[idx] if isinstance(t, mx.array) else t for t in e) for e in layer.log
+                ]
                 new._layers.append(copy)
             else:
                 k, v, n = layer

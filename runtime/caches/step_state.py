@@ -45,16 +45,26 @@ class StepStateCache:
 
     is_trimmable = True
 
-    def __init__(self, kinds: Sequence[str], batch: int, empty_kv: Callable[[int], Any],
-                 empty_state: Callable[[int, int], tuple], *, window: int = 32):  # fmt: skip
+    def __init__(
+        self,
+        kinds: Sequence[str],
+        batch: int,
+        empty_kv: Callable[[int], Any],
+        empty_state: Callable[[int, int], tuple],
+        *,
+        window: int = 32,
+    ):
         self.kinds, self.window, self._batch = list(kinds), window, batch
         self._empty_kv, self._empty_state = empty_kv, empty_state
         self._reset()
 
     def _reset(self) -> None:
         b = self._batch
-        self._kv = {i: (self._empty_kv(b), self._empty_kv(b))
-                    for i, k in enumerate(self.kinds) if k != LINEAR}  # fmt: skip
+        self._kv = {
+            i: (self._empty_kv(b), self._empty_kv(b))
+            for i, k in enumerate(self.kinds)
+            if k != LINEAR
+        }
         self._offset = 0
         # cache length -> [(conv (B, C, K-1), recurrent (B, Hv, Dk, Dv)) per linear layer]
         self._states = {

@@ -121,8 +121,9 @@ class ModelFreeDraft:
         """Up to max_len tokens to continue seq (maybe none)."""
         return self.scored_chain(cache, seq, max_len)[0]
 
-    def scored_chain(self, cache: ProposalCache, seq: list[int],
-                     max_len: int) -> tuple[list[int], list[float]]:  # fmt: skip
+    def scored_chain(
+        self, cache: ProposalCache, seq: list[int], max_len: int
+    ) -> tuple[list[int], list[float]]:
         """`chain`'s tokens and each one's estimated chance along the path (how often the text
         continued the match that way, multiplied): their sum is the tokens it expects accepted."""
         if max_len < 1 or len(seq) < 2:
@@ -130,8 +131,9 @@ class ModelFreeDraft:
         cache.sync(seq)
         return self.best_chain(cache.index, seq, max_len)
 
-    def tree(self, cache: ProposalCache, seq: list[int], max_nodes: int,
-             max_depth: int) -> tuple[list[int], list[int], list[float]]:  # fmt: skip
+    def tree(
+        self, cache: ProposalCache, seq: list[int], max_nodes: int, max_depth: int
+    ) -> tuple[list[int], list[int], list[float]]:
         """Up to max_nodes tokens in a tree (tokens, parents (-1: root), chances), parents
         before children, the most likely first among siblings."""
         if max_nodes < 1 or max_depth < 1 or len(seq) < 2:
@@ -140,8 +142,9 @@ class ModelFreeDraft:
         return self.best_tree(cache.index, seq, max_nodes, max_depth)
 
 
-def chain_window(draft: ModelFreeDraft, cache, seq: list[int], gamma: int,
-                 sampling) -> tuple[list[int], object]:  # fmt: skip
+def chain_window(
+    draft: ModelFreeDraft, cache, seq: list[int], gamma: int, sampling
+) -> tuple[list[int], object]:
     """sd's draft window from a model-free draft: (tokens, q), q the point masses (DeltaRows)
     when sampling, an empty array when greedy (greedy verification needs none)."""
     toks = draft.chain(cache, seq, gamma)

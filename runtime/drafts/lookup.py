@@ -26,8 +26,14 @@ class LookupDraft(ModelFreeDraft):
     # occurrences is no chance of a long run (one occurrence gives 1.0 all along it)
     alone_gamma = 4
 
-    def __init__(self, config: ModelConfig, max_ngram: int = 3, min_ngram: int = 2,
-                 matches: int = 8, min_prob: float = 0.0):  # fmt: skip
+    def __init__(
+        self,
+        config: ModelConfig,
+        max_ngram: int = 3,
+        min_ngram: int = 2,
+        matches: int = 8,
+        min_prob: float = 0.0,
+    ):
         super().__init__(config)
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.matches, self.min_prob = matches, min_prob
@@ -57,13 +63,15 @@ class LookupDraft(ModelFreeDraft):
             return trie
         return None
 
-    def best_chain(self, index: dict, seq: list[int],
-                   max_len: int) -> tuple[list[int], list[float]]:  # fmt: skip
+    def best_chain(
+        self, index: dict, seq: list[int], max_len: int
+    ) -> tuple[list[int], list[float]]:
         trie = self._trie(index, seq, max_len)
         return ([], []) if trie is None else path_draft(trie, 0, max_len, self.min_prob)
 
-    def best_tree(self, index: dict, seq: list[int], max_nodes: int,
-                  max_depth: int) -> tuple[list[int], list[int], list[float]]:  # fmt: skip
+    def best_tree(
+        self, index: dict, seq: list[int], max_nodes: int, max_depth: int
+    ) -> tuple[list[int], list[int], list[float]]:
         trie = self._trie(index, seq, max_depth)
         if trie is None:
             return [], [], []

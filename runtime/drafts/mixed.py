@@ -75,8 +75,9 @@ class MixedDraft:
     model_free = False
     supports_layer_range = False
 
-    def __init__(self, model, free, name: str = "head+suffix", min_len: int = 1,
-                 min_score: float = 0.0):  # fmt: skip
+    def __init__(
+        self, model, free, name: str = "head+suffix", min_len: int = 1, min_score: float = 0.0
+    ):
         if min_len < 1 or min_score < 0:
             raise DuetError("a mixed draft needs min_len >= 1 and min_score >= 0")
         self.model, self.free, self.name = model, free, name

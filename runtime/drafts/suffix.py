@@ -26,8 +26,15 @@ class SuffixDraft(ModelFreeDraft):
 
     name = "suffix"
 
-    def __init__(self, config: ModelConfig, depth: int = 32, max_match: int = 16,
-                 factor: float = 1.0, offset: float = 0.0, min_prob: float = 0.1):  # fmt: skip
+    def __init__(
+        self,
+        config: ModelConfig,
+        depth: int = 32,
+        max_match: int = 16,
+        factor: float = 1.0,
+        offset: float = 0.0,
+        min_prob: float = 0.1,
+    ):
         super().__init__(config)
         self.depth, self.max_match = depth, max_match
         self.factor, self.offset, self.min_prob = factor, offset, min_prob
@@ -57,8 +64,9 @@ class SuffixDraft(ModelFreeDraft):
     def _cap(self, trie: SuffixTrie, node: int, limit: int) -> int:
         return min(limit, int(self.factor * trie.dep[node] + self.offset + 1e-6))
 
-    def best_chain(self, index: SuffixTrie, seq: list[int],
-                   max_len: int) -> tuple[list[int], list[float]]:  # fmt: skip
+    def best_chain(
+        self, index: SuffixTrie, seq: list[int], max_len: int
+    ) -> tuple[list[int], list[float]]:
         best, score = ([], []), 0.0
         for trie, node in self._matches(index, seq):
             if trie.cont[node] == 0:
@@ -69,8 +77,9 @@ class SuffixDraft(ModelFreeDraft):
                 best, score = (toks, probs), s
         return best
 
-    def best_tree(self, index: SuffixTrie, seq: list[int], max_nodes: int,
-                  max_depth: int) -> tuple[list[int], list[int], list[float]]:  # fmt: skip
+    def best_tree(
+        self, index: SuffixTrie, seq: list[int], max_nodes: int, max_depth: int
+    ) -> tuple[list[int], list[int], list[float]]:
         best, score = ([], [], []), 0.0
         for trie, node in self._matches(index, seq):
             if trie.cont[node] == 0:

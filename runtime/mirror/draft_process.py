@@ -64,8 +64,9 @@ class DraftHost:
         ctx = get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.lock = ctx.Lock()  # guards the completed-branch board (shm_board.SharedBoard)
-        self.proc = ctx.Process(target=child_main, args=(child, spec, self.lock),
-                                name="duet-draft-process", daemon=True)  # fmt: skip
+        self.proc = ctx.Process(
+            target=child_main, args=(child, spec, self.lock), name="duet-draft-process", daemon=True
+        )
         self.proc.start()
         child.close()
         self.cached: list[int] = []  # the tokens the child's draft cache holds
@@ -172,21 +173,46 @@ def close_draft_hosts(*drafts) -> None:
 class ProcessDraftWorker:
     """DraftWorker's target-side interface over a DraftHost and the shared-memory slots."""
 
-    def __init__(self, host: DraftHost, *, sampling: Sampling, seed: int, gamma: int, kappa: int,
-                 vocab: int, max_new: int, ctx: int, timeline: Timeline,
-                 branch_batch: int = DEFAULT_BRANCH_BATCH, draft_branches: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        host: DraftHost,
+        *,
+        sampling: Sampling,
+        seed: int,
+        gamma: int,
+        kappa: int,
+        vocab: int,
+        max_new: int,
+        ctx: int,
+        timeline: Timeline,
+        branch_batch: int = DEFAULT_BRANCH_BATCH,
+        draft_branches: int = 0,
+    ):
         self.host, self.tl = host, timeline
         # the board holds every branch key: κ early-exit and m draft candidates per position
         layout = Layout(gamma, kappa + draft_branches, vocab, not sampling.greedy)
         self.slots = Slots(layout)
         self.board = SharedBoard(layout, host.lock)
-        self.args = dict(sampling=sampling, seed=seed, gamma=gamma, max_new=max_new, ctx=ctx,
-                         branch_batch=branch_batch, draft_branches=draft_branches)  # fmt: skip
+        self.args = dict(
+            sampling=sampling,
+            seed=seed,
+            gamma=gamma,
+            max_new=max_new,
+            ctx=ctx,
+            branch_batch=branch_batch,
+            draft_branches=draft_branches,
+        )
 
     def start(self, seq: list[int]) -> None:
         keep = _common_prefix(self.host.cached, seq)
-        args = dict(self.args, seq=list(seq), keep=keep, names=self.slots.names,
-                    board=self.board.name, layout=self.slots.layout)  # fmt: skip
+        args = dict(
+            self.args,
+            seq=list(seq),
+            keep=keep,
+            names=self.slots.names,
+            board=self.board.name,
+            layout=self.slots.layout,
+        )
         self.host.send(wire.BEGIN + pickle.dumps(args))
 
     def send(self, msg) -> None:
@@ -365,11 +391,21 @@ def _serve(conn, draft, cache, args: dict, lock):
     slots = Slots(args["layout"], args["names"])
     board = SharedBoard(args["layout"], lock, args["board"])
     tl = Timeline()
-    w = DraftWorker(draft, sampling=args["sampling"], seed=args["seed"], gamma=args["gamma"],
-                    max_new=args["max_new"], ctx=args["ctx"], timeline=tl, cache=cache,
-                    branch_batch=args["branch_batch"], draft_branches=args["draft_branches"],
-                    board=board, inbox=_PipeInbox(conn, slots),
-                    outbox=_PipeOutbox(conn, slots, tl))  # fmt: skip
+    w = DraftWorker(
+        draft,
+        sampling=args["sampling"],
+        seed=args["seed"],
+        gamma=args["gamma"],
+        max_new=args["max_new"],
+        ctx=args["ctx"],
+        timeline=tl,
+        cache=cache,
+        branch_batch=args["branch_batch"],
+        draft_branches=args["draft_branches"],
+        board=board,
+        inbox=_PipeInbox(conn, slots),
+        outbox=_PipeOutbox(conn, slots, tl),
+    )
     try:
         w.run(args["seq"])  # the worker's loop, in this process's main thread
         while w.inbox.stop_tag is None:  # it failed: wait for the target's stop

@@ -70,10 +70,23 @@ class DraftWorker:
     inbox, outbox: the target's messages in, the windows out (None: queue.Queue; anything with
     get(timeout) / get_nowait() / put(), as draft_process.py's pipe ends)."""
 
-    def __init__(self, draft, *, sampling: Sampling, seed: int, gamma: int, max_new: int, ctx: int,
-                 timeline: Timeline, cache=None, branch_batch: int = DEFAULT_BRANCH_BATCH,
-                 draft_branches: int = 0, board: Board | None = None, inbox=None,
-                 outbox=None):  # fmt: skip
+    def __init__(
+        self,
+        draft,
+        *,
+        sampling: Sampling,
+        seed: int,
+        gamma: int,
+        max_new: int,
+        ctx: int,
+        timeline: Timeline,
+        cache=None,
+        branch_batch: int = DEFAULT_BRANCH_BATCH,
+        draft_branches: int = 0,
+        board: Board | None = None,
+        inbox=None,
+        outbox=None,
+    ):
         self.draft, self.sampling, self.seed = draft, sampling, seed
         self.gamma, self.max_new, self.ctx = gamma, max_new, ctx
         self.branch_batch = branch_batch
@@ -208,8 +221,9 @@ class DraftWorker:
         t0 = now_ns()
         g = self._window_size(produced, len(self.seq))
         j: dict = {}
-        window, q = draft_window(self.draft, self.cache, self.seq, g, self.sampling, self._rng(0),
-                                 info=j, gumbel=True)  # fmt: skip
+        window, q = draft_window(
+            self.draft, self.cache, self.seq, g, self.sampling, self._rng(0), info=j, gumbel=True
+        )
         self.tl.add("draft", "initial rollout", t0, now_ns(), step=step, tokens=g)
         self.outbox.put(Window(step, window, q, now_ns(), "initial", {"draft_passes": j["passes"]}))
         while True:
@@ -250,8 +264,9 @@ class DraftWorker:
         ranked = [b for b in ranked if (b.depth, b.token) not in started]
         return ee_recv, early + self._waves(step, ranked, produced)
 
-    def _next_window(self, step: int, waves: list[Wave], key, accepted_end: int, g: int,
-                     info: dict) -> tuple[list[int], np.ndarray]:  # fmt: skip
+    def _next_window(
+        self, step: int, waves: list[Wave], key, accepted_end: int, g: int, info: dict
+    ) -> tuple[list[int], np.ndarray]:
         """The window of `step`, which follows (A, c) = `key`: the completed branch (reuse),
         a branch cut short continued (resume), or a fresh rollout (fallback). `info` gets its
         source and timings; `accepted_end`: |committed| before (A, c) plus A."""
@@ -260,28 +275,53 @@ class DraftWorker:
         if found is None or found[0].k == 0:
             rewind(self.cache, len(self.seq) - 1)
             j = {}
-            window, q = draft_window(self.draft, self.cache, self.seq, g, self.sampling,
-                                     self._rng(step, *key), info=j, gumbel=True)  # fmt: skip
+            window, q = draft_window(
+                self.draft,
+                self.cache,
+                self.seq,
+                g,
+                self.sampling,
+                self._rng(step, *key),
+                info=j,
+                gumbel=True,
+            )
             f1 = now_ns()
             self.tl.add("draft", "fallback rollout", f0, f1, step=step, tokens=g)
-            info.update(source="fallback", ready_ns=f1, fallback_ns=f1 - f0,
-                        draft_passes=j["passes"])  # fmt: skip
+            info.update(
+                source="fallback", ready_ns=f1, fallback_ns=f1 - f0, draft_passes=j["passes"]
+            )
             return window, q
         wave, row = found
         window, q = wave.commit(row, accepted_end, g)
         self.cache = wave.cache
         done = len(window)
         if done == g:
-            info.update(source="reuse", ready_ns=wave.row_ready_ns(row), fallback_ns=0,
-                        draft_passes=wave.row_passes(row))  # fmt: skip
+            info.update(
+                source="reuse",
+                ready_ns=wave.row_ready_ns(row),
+                fallback_ns=0,
+                draft_passes=wave.row_passes(row),
+            )
             return window, q
         j = {}  # its wave was cut short: continue this row where it stopped
-        more, q2 = draft_window(self.draft, self.cache, self.seq + window, g - done,
-                                self.sampling, wave.rngs[row], info=j, gumbel=True)  # fmt: skip
+        more, q2 = draft_window(
+            self.draft,
+            self.cache,
+            self.seq + window,
+            g - done,
+            self.sampling,
+            wave.rngs[row],
+            info=j,
+            gumbel=True,
+        )
         f1 = now_ns()
         self.tl.add("draft", "resume rollout", f0, f1, step=step, tokens=g - done)
-        info.update(source="resume", ready_ns=f1, fallback_ns=f1 - f0,
-                    draft_passes=wave.row_passes(row) + j["passes"])  # fmt: skip
+        info.update(
+            source="resume",
+            ready_ns=f1,
+            fallback_ns=f1 - f0,
+            draft_passes=wave.row_passes(row) + j["passes"],
+        )
         return window + more, np.concatenate([q, q2])
 
     def _publish(self, step: int, wave: Wave) -> None:
@@ -293,10 +333,18 @@ class DraftWorker:
                 "source": "reuse", "fallback_ns": 0, "shared": True}  # fmt: skip
         done = set(rows.tolist())
         stack = self.board.stacked  # a shared board copies the wave's rows itself
-        wins = {key: Window(step + 1, *wave.window(r, stack=stack), now_ns(), "reuse",
-                            {**info, "draft_passes": wave.row_passes(r),
-                             "own": key in self._own_keys}, wave.logits)
-                for key, r in wave.index.items() if r in done}  # fmt: skip
+        wins = {
+            key: Window(
+                step + 1,
+                *wave.window(r, stack=stack),
+                now_ns(),
+                "reuse",
+                {**info, "draft_passes": wave.row_passes(r), "own": key in self._own_keys},
+                wave.logits,
+            )
+            for key, r in wave.index.items()
+            if r in done
+        }
         self.board.publish(step, wins)
 
     def _extend(self, step: int, full: list[int]) -> np.ndarray | None:
@@ -340,8 +388,9 @@ class DraftWorker:
             ranked = rank_own_branches(logits, window, self.draft_branches)
         else:
             u, noise = self._noise(step, window, q)
-            ranked = rank_own_coupled(self.sampling.log_probs(logits), window, q, u, noise,
-                                      self.draft_branches)  # fmt: skip
+            ranked = rank_own_coupled(
+                self.sampling.log_probs(logits), window, q, u, noise, self.draft_branches
+            )
         self._own_keys = {(b.depth, b.token) for b in ranked}
         return self._waves(step, ranked, produced, finish=True, window=window, q=q)
 
@@ -352,8 +401,9 @@ class DraftWorker:
             self._noise_step, self._noise_uv = step, step_noise(self.seed, step, len(window), vocab)
         return self._noise_uv
 
-    def _waves(self, step, ranked: list[Branch], produced, finish: bool = False, window=None,
-               q=None) -> list[Wave]:  # fmt: skip
+    def _waves(
+        self, step, ranked: list[Branch], produced, finish: bool = False, window=None, q=None
+    ) -> list[Wave]:
         """Roll `ranked` out in waves of branch_batch rows until a message arrives. finish: the
         own branches' waves, which run to their end (they started a whole prefix earlier than
         any early-exit branch can, so at a γ whose rollout outlasts the suffix they are the only
@@ -369,8 +419,9 @@ class DraftWorker:
             chunk = ranked[i : i + self.branch_batch]
             g2, rngs = self._branch_rows(step, produced, base, chunk)
             kind = SSWave if is_ss_draft(self.draft) else Wave  # §3.2: η ≥ 1 tokens per pass
-            wave = kind(self.draft, fork_rows(self.cache, chunk, base), chunk, base, g2, rngs,
-                        self.sampling)  # fmt: skip
+            wave = kind(
+                self.draft, fork_rows(self.cache, chunk, base), chunk, base, g2, rngs, self.sampling
+            )
             waves.append(wave)
             t0, joined = now_ns(), 0
             while not wave.finished():
@@ -381,9 +432,17 @@ class DraftWorker:
                     break
                 wave.advance()
                 self._publish(step, wave)
-            self.tl.add("draft", f"rollout wave {len(waves)}", t0, now_ns(), step=step,
-                        branches=len(chunk), tokens=wave.k, depths=sorted({b.depth for b in chunk}),
-                        joined=joined)  # fmt: skip
+            self.tl.add(
+                "draft",
+                f"rollout wave {len(waves)}",
+                t0,
+                now_ns(),
+                step=step,
+                branches=len(chunk),
+                tokens=wave.k,
+                depths=sorted({b.depth for b in chunk}),
+                joined=joined,
+            )
             if not wave.finished():
                 break
         return waves

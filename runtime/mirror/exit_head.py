@@ -54,8 +54,9 @@ class ExitHead:
 
             key = ("torch", str(h.device), h.dtype)
             if key not in self._on:
-                self._on[key] = tuple(torch.from_numpy(x).to(h.device, h.dtype)
-                                      for x in (self.weight, self.bias))  # fmt: skip
+                self._on[key] = tuple(
+                    torch.from_numpy(x).to(h.device, h.dtype) for x in (self.weight, self.bias)
+                )
             w, b = self._on[key]
             return h @ w + b
         if mod.startswith("mlx"):

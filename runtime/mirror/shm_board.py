@@ -41,14 +41,21 @@ class SharedBoard:
         row = 8 * (_META + L.gamma) + qb + (-qb) % 8  # _META's fields; toks; q
         size = 8 * 3 + self.cap * row
         self.owner = name is None
-        self.shm = shared_memory.SharedMemory(create=True, size=size) if name is None else \
-            shared_memory.SharedMemory(name=name)  # fmt: skip
+        self.shm = (
+            shared_memory.SharedMemory(create=True, size=size)
+            if name is None
+            else shared_memory.SharedMemory(name=name)
+        )
         buf = self.shm.buf
         self.head = np.ndarray((3,), np.int64, buf, 0)
-        self.meta = np.ndarray((self.cap, _META + L.gamma), np.int64, buf, 24,
-                               (row, 8))  # fmt: skip
-        self.q = np.ndarray((self.cap, L.q_rows, L.vocab), np.float32, buf,
-                            24 + 8 * (_META + L.gamma), (row, 4 * L.vocab, 4))  # fmt: skip
+        self.meta = np.ndarray((self.cap, _META + L.gamma), np.int64, buf, 24, (row, 8))
+        self.q = np.ndarray(
+            (self.cap, L.q_rows, L.vocab),
+            np.float32,
+            buf,
+            24 + 8 * (_META + L.gamma),
+            (row, 4 * L.vocab, 4),
+        )
         if self.owner:
             self.head[:] = (-1, 0, 0)
 
@@ -112,8 +119,11 @@ class SharedBoard:
             a, c, g, sent, ee_recv, ready, logits, own = (int(x) for x in self.meta[i, :_META])
             if (a, c) == key:
                 self.head[2] = 1
-                q = self.q[i, :g].copy() if self.layout.q_rows else \
-                    np.zeros((0, self.layout.vocab), np.float32)  # fmt: skip
+                q = (
+                    self.q[i, :g].copy()
+                    if self.layout.q_rows
+                    else np.zeros((0, self.layout.vocab), np.float32)
+                )
                 info = {"ee_recv_ns": ee_recv, "ready_ns": ready, "source": "reuse",
                         "fallback_ns": 0, "shared": True, "own": bool(own)}  # fmt: skip
                 toks = self.meta[i, _META : _META + g].tolist()

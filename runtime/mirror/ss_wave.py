@@ -29,8 +29,16 @@ class SSWave:
 
     logits = False  # its windows carry laws (Window.logits)
 
-    def __init__(self, draft, cache, branches: list[Branch], base: int, g2: list[int], rngs,
-                 sampling: Sampling):  # fmt: skip
+    def __init__(
+        self,
+        draft,
+        cache,
+        branches: list[Branch],
+        base: int,
+        g2: list[int],
+        rngs,
+        sampling: Sampling,
+    ):
         self.draft, self.cache, self.sampling = draft, cache, sampling
         self.index = {(b.depth, b.token): r for r, b in enumerate(branches)}
         self.g2 = np.array(g2)
@@ -84,8 +92,9 @@ class SSWave:
         causal = np.tril(np.ones((T, T), bool))[None] & real[:, None, :]  # (n, T, T)
         mask = np.concatenate([np.broadcast_to(self.keys[:, None, :], (n, T, off)), causal], 2)
         mask[:, np.arange(T), off + np.arange(T)] = True  # every query sees itself
-        main, streams = self.draft.forward_streams(tokens, self.cache, first=0, positions=pos,
-                                                   mask=mask)  # fmt: skip
+        main, streams = self.draft.forward_streams(
+            tokens, self.cache, first=0, positions=pos, mask=mask
+        )
         self.k += 1
         new_keys = np.zeros((n, T), bool)
         done_before = np.array([len(t) >= g for t, g in zip(self.toks, self.g2, strict=True)])

@@ -108,7 +108,7 @@ def mirror_summary(events: list[StepEvent], timeline: Timeline) -> dict:
                 "step_ms": 1e3 * mean([x["step_s"] for x in xs]),
                 "beyond_target_ms": 1e3
                 * mean([x["step_s"] - x["prefix_s"] - x["suffix_s"] for x in xs]),
-            }  # fmt: skip
+            }
             for src in ("reuse", "resume", "fallback")
             if (xs := [x for x in full if x[src]])
         },

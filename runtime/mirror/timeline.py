@@ -60,11 +60,19 @@ class Timeline:
                 {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": lane}}
             )
         for iv in sorted(ivs, key=lambda i: i.start_ns):
-            events.append({
-                "name": iv.name, "ph": "X", "pid": 1, "tid": LANES[iv.lane],
-                "ts": (iv.start_ns - self.origin_ns) / 1e3, "dur": iv.dur_ns / 1e3,
-                "args": {k: v for k, v in iv.args.items() if isinstance(v, int | float | str | bool)},
-            })  # fmt: skip
+            events.append(
+                {
+                    "name": iv.name,
+                    "ph": "X",
+                    "pid": 1,
+                    "tid": LANES[iv.lane],
+                    "ts": (iv.start_ns - self.origin_ns) / 1e3,
+                    "dur": iv.dur_ns / 1e3,
+                    "args": {
+                        k: v for k, v in iv.args.items() if isinstance(v, int | float | str | bool)
+                    },
+                }
+            )
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
     def write(self, path, label: str = "Duet Mirror-SD") -> None:

@@ -37,8 +37,16 @@ class Wave:
     at positions |committed| + j, + j + 1, ...
     """
 
-    def __init__(self, draft, cache, branches: list[Branch], base: int, g2: list[int], rngs,
-                 sampling: Sampling):  # fmt: skip
+    def __init__(
+        self,
+        draft,
+        cache,
+        branches: list[Branch],
+        base: int,
+        g2: list[int],
+        rngs,
+        sampling: Sampling,
+    ):
         self.draft, self.cache, self.sampling = draft, cache, sampling
         self.index: dict[tuple[int, int], int] = {}
         self.base, self.prefix = base, cache.offset  # P
@@ -67,8 +75,9 @@ class Wave:
         keys = np.arange(self.prefix)[None, :] < (self.base + depth)[:, None]
         self.keys = np.concatenate([self.keys, keys])
         self.pos = np.concatenate([self.pos, (self.base + depth)[:, None]])
-        self.feed = np.concatenate([self.feed, np.array([[b.token] for b in branches], np.int64)
-                                    .reshape(-1, 1)])  # fmt: skip
+        self.feed = np.concatenate(
+            [self.feed, np.array([[b.token] for b in branches], np.int64).reshape(-1, 1)]
+        )
         width = max(self.toks.shape[1], max(g2, default=0))
         toks = np.zeros((len(self.g2), width), np.int64)
         toks[:n, : self.toks.shape[1]] = self.toks

@@ -46,22 +46,44 @@ def make_checkpoint(
     if model_type in HYBRID_ARCHS:
         from runtime.testing.random_hybrid import make_hybrid_checkpoint
 
-        return make_hybrid_checkpoint(path, model_type, vocab_size=vocab_size,
-            hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
-            num_kv_heads=num_kv_heads, intermediate_size=intermediate_size,
-            max_context=max_context, eos_token_id=eos_token_id,
-            tie_word_embeddings=tie_word_embeddings, initializer_range=initializer_range,
-            seed=seed, tokenizer=tokenizer, mtp=mtp)  # fmt: skip
+        return make_hybrid_checkpoint(
+            path,
+            model_type,
+            vocab_size=vocab_size,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            intermediate_size=intermediate_size,
+            max_context=max_context,
+            eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings,
+            initializer_range=initializer_range,
+            seed=seed,
+            tokenizer=tokenizer,
+            mtp=mtp,
+        )
     if model_type in GEMMA_ARCHS:  # sliding_window and softcap are Gemma's alone
         from runtime.testing.random_gemma import make_gemma_checkpoint
 
-        return make_gemma_checkpoint(path, model_type, vocab_size=vocab_size,
-            hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
-            num_kv_heads=num_kv_heads, intermediate_size=intermediate_size,
-            max_context=max_context, eos_token_id=eos_token_id,
-            tie_word_embeddings=tie_word_embeddings, initializer_range=initializer_range,
-            seed=seed, tokenizer=tokenizer, sliding_window=sliding_window,
-            softcap=softcap)  # fmt: skip
+        return make_gemma_checkpoint(
+            path,
+            model_type,
+            vocab_size=vocab_size,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            intermediate_size=intermediate_size,
+            max_context=max_context,
+            eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings,
+            initializer_range=initializer_range,
+            seed=seed,
+            tokenizer=tokenizer,
+            sliding_window=sliding_window,
+            softcap=softcap,
+        )
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[model_type]
     kw = dict(
         vocab_size=vocab_size,

@@ -18,9 +18,21 @@ from pathlib import Path
 GEMMA_ARCHS = ("gemma3_text", "gemma3")
 
 
-def gemma_config(*, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
-                 intermediate_size, max_context, eos_token_id, tie_word_embeddings,
-                 initializer_range, sliding_window=8, softcap=None):  # fmt: skip
+def gemma_config(
+    *,
+    vocab_size,
+    hidden_size,
+    num_layers,
+    num_heads,
+    num_kv_heads,
+    intermediate_size,
+    max_context,
+    eos_token_id,
+    tie_word_embeddings,
+    initializer_range,
+    sliding_window=8,
+    softcap=None,
+):
     """A small Gemma3TextConfig (see the module docstring); softcap sets both soft-caps."""
     from transformers import Gemma3TextConfig
 
@@ -54,8 +66,9 @@ def gemma_config(*, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads
     )
 
 
-def make_gemma_checkpoint(path, model_type: str = "gemma3_text", *, seed: int = 0,
-                          tokenizer: bool = True, **kw) -> Path:  # fmt: skip
+def make_gemma_checkpoint(
+    path, model_type: str = "gemma3_text", *, seed: int = 0, tokenizer: bool = True, **kw
+) -> Path:
     """Write a random Gemma 3 checkpoint to `path` (see the module docstring); returns it."""
     import torch
     from safetensors.torch import save_file
@@ -85,8 +98,10 @@ def _multimodal_layout(p: Path, torch, save_file) -> None:
     from safetensors.torch import load_file
 
     state = load_file(str(p / "model.safetensors"))
-    out = {("model.language_model." + k[len("model.") :] if k.startswith("model.") else k): v
-           for k, v in state.items()}  # fmt: skip
+    out = {
+        ("model.language_model." + k[len("model.") :] if k.startswith("model.") else k): v
+        for k, v in state.items()
+    }
     out["model.vision_tower.vision_model.post_layernorm.weight"] = torch.ones(8)
     out["model.multi_modal_projector.mm_input_projection_weight"] = torch.zeros(8, 8)
     save_file(out, str(p / "model.safetensors"), metadata={"format": "pt"})

@@ -13,9 +13,19 @@ import json
 from pathlib import Path
 
 
-def hybrid_config(*, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
-                  intermediate_size, max_context, eos_token_id, tie_word_embeddings,
-                  initializer_range):  # fmt: skip
+def hybrid_config(
+    *,
+    vocab_size,
+    hidden_size,
+    num_layers,
+    num_heads,
+    num_kv_heads,
+    intermediate_size,
+    max_context,
+    eos_token_id,
+    tie_word_embeddings,
+    initializer_range,
+):
     """A small Qwen3_5TextConfig: linear layers with 2 key / 4 value heads, full attention
     every 2nd layer, partial RoPE over a quarter of each head."""
     from transformers import Qwen3_5TextConfig
@@ -35,7 +45,7 @@ def hybrid_config(*, vocab_size, hidden_size, num_layers, num_heads, num_kv_head
         linear_conv_kernel_dim=4,
         layer_types=[
             "linear_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)
-        ],  # fmt: skip
+        ],
         max_position_embeddings=max_context,
         tie_word_embeddings=tie_word_embeddings,
         initializer_range=initializer_range,
@@ -46,8 +56,15 @@ def hybrid_config(*, vocab_size, hidden_size, num_layers, num_heads, num_kv_head
     )
 
 
-def make_hybrid_checkpoint(path, model_type: str = "qwen3_5_text", *, seed: int = 0,
-                           tokenizer: bool = True, mtp: bool = False, **kw) -> Path:  # fmt: skip
+def make_hybrid_checkpoint(
+    path,
+    model_type: str = "qwen3_5_text",
+    *,
+    seed: int = 0,
+    tokenizer: bool = True,
+    mtp: bool = False,
+    **kw,
+) -> Path:
     """Write a random hybrid checkpoint to `path` (see the module docstring) and return it;
     `mtp` adds a random multi-token-prediction head (`mtp.*`, runtime/drafts/mtp/torch.py)."""
     import torch
@@ -78,8 +95,10 @@ def make_hybrid_checkpoint(path, model_type: str = "qwen3_5_text", *, seed: int 
         for f in files:
             state.update(load_file(str(f)))
             f.unlink()
-        state = {("model.language_model." + k[6:] if k.startswith("model.") else k): v
-                 for k, v in state.items()}  # fmt: skip
+        state = {
+            ("model.language_model." + k[6:] if k.startswith("model.") else k): v
+            for k, v in state.items()
+        }
         state["model.visual.patch_embed.proj.weight"] = torch.zeros(4, 3, 2, 2)
         save_file({k: v.contiguous() for k, v in state.items()}, str(p / "model.safetensors"))
         text = json.loads((p / "config.json").read_text())
@@ -99,8 +118,8 @@ def _add_mtp(p: Path, std: float, seed: int) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from runtime.drafts.mtp.torch import MTPHead
     from runtime.config import ModelConfig, weight_files
+    from runtime.drafts.mtp.torch import MTPHead
 
     torch.manual_seed(seed + 1)
     head = MTPHead(ModelConfig.from_dir(p))

@@ -27,9 +27,9 @@ import mlx.nn as nn
 import numpy as np
 
 from runtime.backends.mlx.llama import MLXCausalLM, _rope, mlx_lm_load
+from runtime.caches.sliding import SlidingKVCache
 from runtime.config import ModelConfig
 from runtime.model import causal_mask, check_tokens, default_positions
-from runtime.caches.sliding import SlidingKVCache
 from runtime.text_tower import say_vision_ignored, text_tower
 
 
@@ -76,8 +76,11 @@ class MLXGemma3LM(MLXCausalLM):
                 x = x * mx.array(self._embed_scale).astype(x.dtype)
         B, T = x.shape[:2]
         offset = cache.layer_offset(start)
-        pos = (default_positions(offset, B, T) if positions is None
-               else np.asarray(positions, np.int64).reshape(B, T))  # fmt: skip
+        pos = (
+            default_positions(offset, B, T)
+            if positions is None
+            else np.asarray(positions, np.int64).reshape(B, T)
+        )
         m = causal_mask(offset, T) if mask is None else np.asarray(mask, dtype=bool)
         m = np.broadcast_to(m, (B, T, offset + T))
         full = None if mask is None and T == 1 else mx.array(m[:, None])
@@ -85,8 +88,9 @@ class MLXGemma3LM(MLXCausalLM):
         with mx.stream(self.stream):
             for i in range(start, stop):
                 layer = self._layers[i]
-                h = self._attention(layer.self_attn, layer.input_layernorm(x), i, cache, pos,
-                                    full, m, local)  # fmt: skip
+                h = self._attention(
+                    layer.self_attn, layer.input_layernorm(x), i, cache, pos, full, m, local
+                )
                 x = x + layer.post_attention_layernorm(h)
                 mlp, h = layer.mlp, layer.pre_feedforward_layernorm(x)
                 h = mlp.down_proj(self._act(mlp.gate_proj(h)) * mlp.up_proj(h))

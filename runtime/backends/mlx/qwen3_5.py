@@ -78,8 +78,9 @@ def gated_delta_net(la, x, conv, rec):
         )
     )
     q, k = normalize_qk(q, k, inv_scale=la.head_k_dim**-0.5, eps=1e-6)
-    out, rec = gated_delta_update(q, k, v, a, b, la.A_log, la.dt_bias, rec, None,
-                                  use_kernel=not la.training)  # fmt: skip
+    out, rec = gated_delta_update(
+        q, k, v, a, b, la.A_log, la.dt_bias, rec, None, use_kernel=not la.training
+    )
     out = la.out_proj(la.norm(out, z).reshape(B, T, -1))
     new_conv = xcat[:, xcat.shape[1] - (la.conv_kernel_size - 1) :]
     return out, new_conv, rec, (qkv, k, v, a, b)
@@ -91,8 +92,9 @@ def replay_recurrence(la, rec, k, v, a, b):
     reads), so the landed state is the forward's, bit for bit."""
     from mlx_lm.models.gated_delta import gated_delta_update
 
-    return gated_delta_update(k, k, v, a, b, la.A_log, la.dt_bias, rec, None,
-                              use_kernel=not la.training)[1]  # fmt: skip
+    return gated_delta_update(
+        k, k, v, a, b, la.A_log, la.dt_bias, rec, None, use_kernel=not la.training
+    )[1]
 
 
 class MLXQwen3_5LM(MLXCausalLM):
@@ -128,8 +130,14 @@ class MLXQwen3_5LM(MLXCausalLM):
         return cls(model, config, hybrid_rollback)
 
     def new_cache(self, batch: int = 1) -> MLXHybridCache:
-        return MLXHybridCache(self.config.layer_types, batch, self._empty_state, self.replay,
-                              rollback=self.hybrid_rollback, redecode=self._redecode)  # fmt: skip
+        return MLXHybridCache(
+            self.config.layer_types,
+            batch,
+            self._empty_state,
+            self.replay,
+            rollback=self.hybrid_rollback,
+            redecode=self._redecode,
+        )
 
     def _redecode(self, tokens: np.ndarray, cache: MLXHybridCache) -> None:
         """Re-run `tokens` through every layer into `cache` (redecode rollback; no head)."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from runtime.backends.onnx.llama import OnnxCausalLM, key_mask
-from runtime.model import check_tokens, default_positions
 from runtime.caches.sliding import SlidingKVCache
+from runtime.model import check_tokens, default_positions
 
 
 class OnnxGemma3LM(OnnxCausalLM):
@@ -33,8 +33,11 @@ class OnnxGemma3LM(OnnxCausalLM):
         ids = check_tokens(tokens, self.config.vocab_size)
         B, T = ids.shape
         off = cache.offset
-        pos = (default_positions(off, B, T) if positions is None
-               else np.asarray(positions, np.int64).reshape(B, T))  # fmt: skip
+        pos = (
+            default_positions(off, B, T)
+            if positions is None
+            else np.asarray(positions, np.int64).reshape(B, T)
+        )
         feed = {
             "input_ids": ids,
             "attention_mask": np.ones((B, off + T), np.int64)

@@ -51,15 +51,21 @@ def _gqa_session(heads: int, kv_heads: int, head_dim: int):
            oh.make_tensor_value_info("tot", TP.INT32, []),
            oh.make_tensor_value_info("bias", f, ["b", 1, "t", "s"])]  # fmt: skip
     # with an attention_bias, as the target graph passes its mask (converters/onnx_target_graph)
-    node = oh.make_node("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "sl", "tot", "", "",
-                                                "", "bias"],
-                        ["o", "ok", "ov"], domain="com.microsoft", num_heads=heads,
-                        kv_num_heads=kv_heads, scale=head_dim**-0.5)  # fmt: skip
+    node = oh.make_node(
+        "GroupQueryAttention",
+        ["q", "k", "v", "pk", "pv", "sl", "tot", "", "", "", "bias"],
+        ["o", "ok", "ov"],
+        domain="com.microsoft",
+        num_heads=heads,
+        kv_num_heads=kv_heads,
+        scale=head_dim**-0.5,
+    )
     outs = [oh.make_tensor_value_info(n, f, None) for n in ("o", "ok", "ov")]
-    model = oh.make_model(oh.make_graph([node], "gqa", ins, outs),
-                          opset_imports=[oh.make_opsetid("", 17),
-                                         oh.make_opsetid("com.microsoft", 1)],
-                          ir_version=9)  # fmt: skip
+    model = oh.make_model(
+        oh.make_graph([node], "gqa", ins, outs),
+        opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("com.microsoft", 1)],
+        ir_version=9,
+    )
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -76,8 +82,11 @@ def _machine_key(heads: int, kv_heads: int, head_dim: int) -> str:
 
     cpu = ""
     try:  # Linux: the model name and every flag (the kernels ONNX Runtime dispatches to)
-        cpu = "\n".join(line for line in Path("/proc/cpuinfo").read_text().splitlines()
-                        if line.startswith(("model name", "flags")))  # fmt: skip
+        cpu = "\n".join(
+            line
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith(("model name", "flags"))
+        )
     except OSError:
         cpu = platform.processor()
     ident = [platform.node(), platform.machine(), cpu, ort.__version__,

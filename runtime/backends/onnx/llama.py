@@ -45,8 +45,7 @@ def key_mask(mask, batch: int, offset: int, length: int) -> np.ndarray:
     return cols.astype(np.int64)
 
 
-def open_session(path, provider: str, intra_threads: int, inter_threads: int,
-                 spin: bool = True):  # fmt: skip
+def open_session(path, provider: str, intra_threads: int, inter_threads: int, spin: bool = True):
     """An ONNX Runtime session on `provider` with these thread counts; bad input is a DuetError.
     `spin` False: its pool's threads sleep between runs instead of spinning (sessions run one
     after another, as the ONNX target's parts, would otherwise spin against each other)."""

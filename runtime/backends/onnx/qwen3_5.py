@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.caches.step_state import LINEAR, StepStateCache
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.model import check_tokens, default_positions
-from runtime.caches.step_state import LINEAR, StepStateCache
 
 DEFAULT_PREFILL = 16  # tokens per call of the prefill graph
 
@@ -52,8 +52,9 @@ class OnnxHybridLM:
     backend = "onnx"
     supports_layer_range = False
 
-    def __init__(self, session, config: ModelConfig, path, provider: str, threads: tuple,
-                 prefill=None):  # fmt: skip
+    def __init__(
+        self, session, config: ModelConfig, path, provider: str, threads: tuple, prefill=None
+    ):
         """`prefill`: an optional session of the prefill graph (DEFAULT_PREFILL tokens a call)."""
         self.session, self.config, self.provider, self.threads = session, config, provider, threads
         self.prefill = prefill
@@ -85,7 +86,7 @@ class OnnxHybridLM:
             lambda i, b: (
                 np.zeros((b, *self._conv), self._dtype),
                 np.zeros((b, *self._rec), np.float32),
-            ),  # fmt: skip
+            ),
         )
 
     def forward(self, tokens, cache: StepStateCache, *, positions=None, mask=None) -> np.ndarray:
@@ -99,9 +100,15 @@ class OnnxHybridLM:
             # prompt chunks; the last token always runs alone, so the states after T-1 and T
             # are both kept (speculative rollback lands at most there)
             w = self._chunk
-            out.append(self._call(self.prefill, cache, ids[:, start : start + w],
-                                  np.ones((B, off + start + w), np.int64),
-                                  pos[:, start : start + w]))  # fmt: skip
+            out.append(
+                self._call(
+                    self.prefill,
+                    cache,
+                    ids[:, start : start + w],
+                    np.ones((B, off + start + w), np.int64),
+                    pos[:, start : start + w],
+                )
+            )
             start += w
         for t in range(start, T):  # one token a call: the states after each are kept
             keys = np.ones((B, off + t + 1), bool) if m is None else m[:, t, : off + t + 1]
@@ -110,8 +117,11 @@ class OnnxHybridLM:
                     "the hybrid ONNX draft takes causal masks, or the key holes of branch rows "
                     "forked at their own lengths (fork_at); a tree mask needs mlx or torch"
                 )
-            out.append(self._call(self.session, cache, ids[:, t : t + 1],
-                                  keys.astype(np.int64), pos[:, t : t + 1]))  # fmt: skip
+            out.append(
+                self._call(
+                    self.session, cache, ids[:, t : t + 1], keys.astype(np.int64), pos[:, t : t + 1]
+                )
+            )
         return np.concatenate(out, axis=1).astype(np.float32, copy=False)
 
     def _call(self, session, cache: StepStateCache, ids, keys, pos) -> np.ndarray:
@@ -142,5 +152,6 @@ def load(path, config: ModelConfig, **kw) -> OnnxHybridLM:
                           kw.get("inter_threads", 1))  # fmt: skip
     pre = prefill_path(path)
     pre = open_session(pre, prov, intra, inter) if pre.is_file() else None
-    return OnnxHybridLM(open_session(path, prov, intra, inter), config, path, prov,
-                        (intra, inter), pre)  # fmt: skip
+    return OnnxHybridLM(
+        open_session(path, prov, intra, inter), config, path, prov, (intra, inter), pre
+    )

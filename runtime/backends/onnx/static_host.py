@@ -30,8 +30,13 @@ def graph_paths(out: str | Path) -> dict[str, Path]:
 
 def full_range_u8s8(rec: dict | None) -> bool:
     """Whether a recorded recipe can clip in ORT's CPU U8S8 kernel on a CPU without VNNI."""
-    return bool(rec) and rec.get("scheme") == "int8" and rec.get("activation") == "QUInt8" \
-        and rec.get("weight") == "QInt8" and not rec.get("reduce_range")  # fmt: skip
+    return (
+        bool(rec)
+        and rec.get("scheme") == "int8"
+        and rec.get("activation") == "QUInt8"
+        and rec.get("weight") == "QInt8"
+        and not rec.get("reduce_range")
+    )
 
 
 class StaticCache:

@@ -90,9 +90,13 @@ class TorchCausalLM:
         if any(c.sliding):  # Gemma 3: local layers keep their window (runtime/caches/sliding.py)
             from runtime.caches.sliding import SlidingKVCache
 
-            return SlidingKVCache(c.sliding, c.sliding_window, batch, empty,
-                                  lambda b: torch.zeros(b, 0, dtype=torch.int64,
-                                                        device=self.device))  # fmt: skip
+            return SlidingKVCache(
+                c.sliding,
+                c.sliding_window,
+                batch,
+                empty,
+                lambda b: torch.zeros(b, 0, dtype=torch.int64, device=self.device),
+            )
         return ConcatKVCache(c.num_layers, batch, empty)
 
     def _inputs(self, n_new: int, batch: int, offset: int, positions, mask):
@@ -122,8 +126,10 @@ class TorchCausalLM:
         past = [cache.get(i) for i in range(start, stop)]
         if self.config.is_hybrid:  # linear layers: which of the window's states to keep
             kinds = self.config.layer_types
-            past = [(*p, cache.wanted(i, T)) if kinds[i] == "linear_attention" else p
-                    for i, p in zip(range(start, stop), past, strict=True)]  # fmt: skip
+            past = [
+                (*p, cache.wanted(i, T)) if kinds[i] == "linear_attention" else p
+                for i, p in zip(range(start, stop), past, strict=True)
+            ]
         h, presents = self.module.run_layers(x, start, stop, pos, m, past)
         for i, present in zip(range(start, stop), presents, strict=True):
             cache.put(i, *present)
@@ -181,8 +187,12 @@ def record_rows(cache, rows: torch.Tensor, tokens) -> None:
         buf, ids = None, [-1] * start
     del ids[start:]
     if buf is None or buf.shape[0] < end:
-        grown = torch.zeros(max(end, 2 * (0 if buf is None else buf.shape[0]), 64),
-                            rows.shape[1], dtype=rows.dtype, device=rows.device)  # fmt: skip
+        grown = torch.zeros(
+            max(end, 2 * (0 if buf is None else buf.shape[0]), 64),
+            rows.shape[1],
+            dtype=rows.dtype,
+            device=rows.device,
+        )
         if buf is not None:
             grown[:start] = buf[:start]
         buf = grown

@@ -20,7 +20,6 @@ It does not run the `mtp.*` head (that is not built yet) nor the vision tower.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -91,8 +90,9 @@ class GatedDeltaNet(nn.Module):
         self.kernel = int(r.get("linear_conv_kernel_dim", 4))
         key_dim, value_dim = self.n_k * self.dk, self.n_v * self.dv
         self.conv_dim = 2 * key_dim + value_dim
-        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel, bias=False,
-                                groups=self.conv_dim)  # fmt: skip
+        self.conv1d = nn.Conv1d(
+            self.conv_dim, self.conv_dim, self.kernel, bias=False, groups=self.conv_dim
+        )
         self.dt_bias = nn.Parameter(torch.ones(self.n_v))
         self.A_log = nn.Parameter(torch.zeros(self.n_v))
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
@@ -104,8 +104,10 @@ class GatedDeltaNet(nn.Module):
 
     def empty_state(self, batch: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Zero conv state (B, C, K-1) and recurrent state (B, Hv, Dk, Dv)."""
-        return (torch.zeros(batch, self.conv_dim, self.kernel - 1, dtype=dtype),
-                torch.zeros(batch, self.n_v, self.dk, self.dv, dtype=torch.float32))  # fmt: skip
+        return (
+            torch.zeros(batch, self.conv_dim, self.kernel - 1, dtype=dtype),
+            torch.zeros(batch, self.n_v, self.dk, self.dv, dtype=torch.float32),
+        )
 
     def forward(self, x, conv_state, rec_state, keep=()):
         """x (B, T, C) -> (out, new conv state, new recurrent state, log, kept).

@@ -51,8 +51,9 @@ class OnnxEagleStep(OnnxMTPStep):
             try:
                 export("onnx-eagle", target.module, head, folder, quant, source=folder)
             except OSError as e:
-                raise DuetError(f"{folder}: cannot write the head's ONNX step ({e}); use "
-                                "--draft-backend torch") from None  # fmt: skip
+                raise DuetError(
+                    f"{folder}: cannot write the head's ONNX step ({e}); use --draft-backend torch"
+                ) from None
         return cls(want, target.config, head.vocab_ids.numpy(), threads)
 
     def __call__(self, ids: list[int], hidden: np.ndarray, j: int, past):

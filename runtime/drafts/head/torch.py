@@ -37,9 +37,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from runtime.drafts.mtp.torch import MTPDraft, TorchMTPStep, TorchTwin
 from runtime.backends.torch.llama import DecoderLayer, RMSNorm, rope_inv_freq
 from runtime.config import ModelConfig
+from runtime.drafts.mtp.torch import MTPDraft, TorchMTPStep, TorchTwin
 from runtime.errors import DuetError
 from runtime.paths import sidecar
 
@@ -116,13 +116,17 @@ def load_eagle_head(target_dir, cfg: ModelConfig, dtype=torch.float32) -> EagleH
     state = {k[6:]: v for k, v in load_file(str(path)).items() if k.startswith("eagle.")}
     taps, vocab = meta.get("layers", []), int(state.get("vocab_ids", torch.zeros(0)).shape[0])
     if not taps or max(taps) >= cfg.num_layers or vocab == 0 or vocab > cfg.vocab_size:
-        raise DuetError(f"{path}: this head was not fitted for this target (taps {taps}, "
-                        f"{vocab} kept ids; the target has {cfg.num_layers} layers)")  # fmt: skip
+        raise DuetError(
+            f"{path}: this head was not fitted for this target (taps {taps}, "
+            f"{vocab} kept ids; the target has {cfg.num_layers} layers)"
+        )
     head = EagleHead(cfg, len(taps), vocab)
     missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise DuetError(f"{path}: weights do not match a head for this target (missing "
-                        f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")  # fmt: skip
+        raise DuetError(
+            f"{path}: weights do not match a head for this target (missing "
+            f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
+        )
     head.layers_tapped = tuple(int(i) for i in taps)
     return head.to(dtype).eval()
 
@@ -172,8 +176,9 @@ class HeadDraft(MTPDraft):
         target.record_layers = head.layers_tapped  # record these layers' outputs, not h_L
 
     @classmethod
-    def load(cls, target, path, backend: str = "torch", threads: int = 1,
-             quant: str = "int8") -> HeadDraft:  # fmt: skip
+    def load(
+        cls, target, path, backend: str = "torch", threads: int = 1, quant: str = "int8"
+    ) -> HeadDraft:
         """The sidecar head of checkpoint `path` beside `target`; `backend` onnx steps it in
         ONNX Runtime (runtime/drafts/head/onnx.py, int8 weights unless `quant` is fp32)."""
         _check_target_records(target)
@@ -185,8 +190,9 @@ class HeadDraft(MTPDraft):
         else:
             from runtime.drafts.head.onnx import OnnxEagleStep
 
-            step = OnnxEagleStep.for_target(twin, head, head_sidecar(path) / WEIGHTS, threads,
-                                            quant)  # fmt: skip
+            step = OnnxEagleStep.for_target(
+                twin, head, head_sidecar(path) / WEIGHTS, threads, quant
+            )
             draft = cls(target, head, twin, step=step)
         draft.bins_file = head_sidecar(path) / "bins.json"  # heterospec's, if fitted (pair_bins)
         return draft
@@ -194,5 +200,7 @@ class HeadDraft(MTPDraft):
 
 def _check_target_records(target) -> None:
     if target.backend not in ("torch", "onnx") or not hasattr(target, "record_layers"):
-        raise DuetError("--draft head runs beside a PyTorch or an ONNX target (--target-backend "
-                        "torch or onnx): it reads the outputs of the target's layers")  # fmt: skip
+        raise DuetError(
+            "--draft head runs beside a PyTorch or an ONNX target (--target-backend "
+            "torch or onnx): it reads the outputs of the target's layers"
+        )

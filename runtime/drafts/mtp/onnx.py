@@ -86,12 +86,14 @@ class OnnxMTPStep:
     def feed(ids: list[int], hidden: np.ndarray, j: int, past) -> dict:
         """A step graph's inputs: entries j.. for tokens `ids` reading `hidden` (n, width)."""
         n, S = len(ids), past[0].shape[2]
-        return {"input_ids": np.array([ids], np.int64),
-                "hidden": np.ascontiguousarray(hidden, np.float32)[None],
-                "position_ids": np.arange(j, j + n, dtype=np.int64)[None],
-                "mask": causal_mask(S, n)[None, None] if n > 1 else np.ones((1, 1, 1, S + 1), bool),
-                "past_key": np.ascontiguousarray(past[0]),
-                "past_value": np.ascontiguousarray(past[1])}  # fmt: skip
+        return {
+            "input_ids": np.array([ids], np.int64),
+            "hidden": np.ascontiguousarray(hidden, np.float32)[None],
+            "position_ids": np.arange(j, j + n, dtype=np.int64)[None],
+            "mask": causal_mask(S, n)[None, None] if n > 1 else np.ones((1, 1, 1, S + 1), bool),
+            "past_key": np.ascontiguousarray(past[0]),
+            "past_value": np.ascontiguousarray(past[1]),
+        }
 
     def __call__(self, ids: list[int], hidden: np.ndarray, j: int, past):
         """Entries j.. for tokens `ids` reading `hidden` (n, H): (outs, logits rows, (k, v))."""

@@ -29,11 +29,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from runtime.drafts.mtp.weights import WEIGHTS, find_mtp_weights, mtp_sidecar  # noqa: F401
-from runtime.backends.torch.qwen3_5 import FULL, HybridLayer, OffsetRMSNorm
 from runtime.backends.torch.llama import DecoderLayer, RMSNorm
+from runtime.backends.torch.qwen3_5 import FULL, HybridLayer, OffsetRMSNorm
 from runtime.caches.concat import ConcatKVCache
 from runtime.config import ModelConfig
+from runtime.drafts.mtp.weights import WEIGHTS, find_mtp_weights, mtp_sidecar  # noqa: F401
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens
 
@@ -126,8 +126,9 @@ class MTPCache:
 
 def _one_row(rows) -> None:
     if list(rows) != [0]:
-        raise DuetError("--draft mtp/head draft one row: a tree expands one node per level "
-                        "(--expand 1)")  # fmt: skip
+        raise DuetError(
+            "--draft mtp/head draft one row: a tree expands one node per level (--expand 1)"
+        )
 
 
 def _check_target(target) -> None:
@@ -204,8 +205,9 @@ class MTPDraft:
         target.record_hidden = True  # the target cache keeps its post-norm hidden states
 
     @classmethod
-    def load(cls, target, path, backend: str = "torch", threads: int = 1,
-             quant: str = "int8") -> MTPDraft:  # fmt: skip
+    def load(
+        cls, target, path, backend: str = "torch", threads: int = 1, quant: str = "int8"
+    ) -> MTPDraft:
         """The head of checkpoint `path` (or its sidecar) beside `target`; `backend` onnx runs
         its steps in ONNX Runtime (exported once into the sidecar folder), with int8 weights
         unless `quant` is fp32 (runtime/drafts/mtp/onnx.py)."""
@@ -240,8 +242,9 @@ class MTPDraft:
     def _run(self, cache: MTPCache, j: int, hidden, exact: bool) -> None:
         """Append head entries j .. j+n-1 (tokens x_{j+1..j+n}, hidden (n, H), RoPE j..)."""
         n = hidden.shape[0]
-        outs, logits, (k, v) = self.step(cache.tokens[j + 1 : j + 1 + n], hidden, j,
-                                         cache.kv.get(0))  # fmt: skip
+        outs, logits, (k, v) = self.step(
+            cache.tokens[j + 1 : j + 1 + n], hidden, j, cache.kv.get(0)
+        )
         cache.kv.put(0, k, v)
         cache.out += outs
         cache.logits += logits
@@ -274,6 +277,8 @@ class MTPDraft:
         T, V = new.shape[1], self.config.vocab_size
         if T == 1 and cache.offset >= 2:  # a drafting step: one row (a copy: callers may scale it)
             return cache.logits[cache.offset - 2][None, None].copy()
-        rows = [cache.logits[p - 1] if p >= 1 else np.zeros(V, np.float32)
-                for p in range(cache.offset - T, cache.offset)]  # fmt: skip
+        rows = [
+            cache.logits[p - 1] if p >= 1 else np.zeros(V, np.float32)
+            for p in range(cache.offset - T, cache.offset)
+        ]
         return np.stack(rows)[None]

@@ -17,9 +17,9 @@ from kernels.stream_mask import multi_stream_mask, stream_positions
 from runtime.backends.onnx.llama import PROVIDERS
 from runtime.caches.concat import ConcatKVCache
 from runtime.config import ModelConfig
+from runtime.drafts.ss.checkpoint import ss_streams
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens, default_positions
-from runtime.drafts.ss.checkpoint import ss_streams
 
 
 class OnnxSSCausalLM:
