@@ -21,7 +21,7 @@ from runtime.edge.client import CloudError, Connection
 from runtime.edge.codecs import codec as get_codec
 from runtime.edge.codecs import new_encoder
 from runtime.edge.codecs.lossy import MAX_ROWS
-from runtime.edge.rounds import EdgeLink, unsent_round
+from runtime.edge.rounds import EdgeLink, unsent_event
 from runtime.edge.skip import Skipper
 from runtime.errors import DuetError
 
@@ -59,8 +59,8 @@ def edge_steps(
         raise DuetError(f"--k must be >= 0 (got {k})")
     if k_max < 1:
         raise DuetError(f"--k-max must be >= 1 (got {k_max})")
-    lk = open_link(draft, conn, sampling, seed, codec=codec, codec_params=codec_params,
-                   skip=skip, bit_budget=bit_budget, controller=controller)  # fmt: skip
+    opts = dict(codec=codec, codec_params=codec_params, skip=skip, bit_budget=bit_budget)
+    lk = open_link(draft, conn, sampling, seed, controller=controller, **opts)
     edge_seed, cloud_seed = np.random.SeedSequence(seed).spawn(2)  # independent streams: the
     rng = np.random.default_rng(edge_seed)  # draft's draws must not reuse the server's uniforms
     seq = list(seq)
@@ -88,9 +88,7 @@ def edge_steps(
                 seq += drafts
                 held += drafts
                 produced += g
-                t1 = time.perf_counter()
-                yield StepEvent(tokens=drafts, accepted=g, drafted=g, draft_s=t1 - t0,
-                                extra={"edge": unsent_round(flags, base, t1 - t0)})  # fmt: skip
+                yield unsent_event(drafts, flags, base, t0)
                 continue
             committed, a, round_, draft_s, wall_s = lk.verify(seq, held, drafts, q, flags, t0)
             held = []

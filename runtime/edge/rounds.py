@@ -14,6 +14,7 @@ from types import ModuleType
 
 import numpy as np
 
+from runtime.decoding.events import StepEvent
 from runtime.edge import wire
 from runtime.edge.client import CloudError, Connection
 from runtime.edge.skip import Skipper
@@ -36,8 +37,10 @@ class EdgeLink:
         empty = np.zeros((0, self.vocab), np.float32)
         enc = self.enc
         self.head = len(wire.pack(wire.VERIFY, 0, 0, wire.verify(self.cod.NUMBER, 0, b""))) + (
-            enc.kernel.header_bytes() if hasattr(enc, "kernel")
-            else len(enc.encode([], empty, self.vocab)))  # fmt: skip
+            enc.kernel.header_bytes()
+            if hasattr(enc, "kernel")
+            else len(enc.encode([], empty, self.vocab))
+        )
 
     def prime(self) -> None:
         """Give the K* controller the link's E[1/R] for eq. (8)'s b/R_n and, for a codec whose
@@ -49,7 +52,8 @@ class EdgeLink:
         if getattr(self.cod, "FIXED_ROWS", False):
             V, enc = self.vocab, self.enc
             row = len(enc.encode([0], np.full((1, V), 1.0 / V, np.float32), V)) - len(
-                enc.encode([], np.zeros((0, V), np.float32), V))  # fmt: skip
+                enc.encode([], np.zeros((0, V), np.float32), V)
+            )
             self.controller.expect_rows(8.0 * row, link.rtt_s, 8.0 * self.head)
 
     def want(self, k: int | None, k_max: int) -> int:
@@ -76,8 +80,9 @@ class EdgeLink:
 
         return observe
 
-    def verify(self, seq: list[int], held: list[int], drafts: list[int], q, flags: list,
-               t0: float) -> tuple[list[int], int, dict, float, float]:  # fmt: skip
+    def verify(
+        self, seq: list[int], held: list[int], drafts: list[int], q, flags: list, t0: float
+    ) -> tuple[list[int], int, dict, float, float]:
         """Send held + drafts, check and apply the verdict (A, c); returns the committed
         tokens, A, the round's `extra["edge"]` record, its draft time (since `t0`, encoding
         included) and the round trip's wall time."""
@@ -89,10 +94,17 @@ class EdgeLink:
         if not 0 <= a <= g or not 0 <= c < self.vocab or v.committed != len(seq) + a + 1:
             raise CloudError(f"the cloud verifier at {conn.where} sent an impossible verdict")
         enc.verdict(a, g)  # C-SQS: Alg. 1's backtrack of beta to the kept tokens
-        round_ = {"k": g, "accepted": a, "bytes_up": x.bytes_up, "bytes_down": x.bytes_down,
-                  "rate_bps": x.rate_bps, "draft_s": draft_s, "uplink_s": x.uplink_s,
-                  "cloud_s": float(v.server_s),
-                  "downlink_s": max(0.0, x.downlink_s - v.server_s)}  # fmt: skip
+        round_ = {
+            "k": g,
+            "accepted": a,
+            "bytes_up": x.bytes_up,
+            "bytes_down": x.bytes_down,
+            "rate_bps": x.rate_bps,
+            "draft_s": draft_s,
+            "uplink_s": x.uplink_s,
+            "cloud_s": float(v.server_s),
+            "downlink_s": max(0.0, x.downlink_s - v.server_s),
+        }
         if self.controller is not None:
             self.controller.update(**round_, header_bytes=self.head)
         round_["model_bits"] = enc.last_bits  # header + eq. (1) body bits (compressed q)
@@ -102,17 +114,34 @@ class EdgeLink:
             round_["codec_stats"] = enc.stats()
         if self.skipper:
             skipped = [(len(seq) + i, f[2]) for i, f in enumerate(flags[:a]) if f[1]]
-            round_.update(sent=True, u=[f[0] for f in flags],
-                          skip_flags=[f[1] for f in flags], skipped=skipped)  # fmt: skip
+            round_.update(
+                sent=True,
+                u=[f[0] for f in flags],
+                skip_flags=[f[1] for f in flags],
+                skipped=skipped,
+            )
         return drafts[:a] + [c], a, round_, draft_s, x.wall_s
 
 
-def unsent_round(flags: list, base: int, draft_s: float) -> dict:
-    """The `extra["edge"]` record of a window whose drafts were all skipped (CU-HLM): committed
-    here unverified, no round trip; `base` is the position of its first draft."""
-    g = len(flags)
-    return {"k": g, "accepted": g, "bytes_up": 0, "bytes_down": 0, "rate_bps": float("inf"),
-            "draft_s": draft_s, "uplink_s": 0.0, "cloud_s": 0.0, "downlink_s": 0.0,
-            "model_bits": 0, "sent": False, "u": [f[0] for f in flags],
-            "skip_flags": [f[1] for f in flags],
-            "skipped": [(base + i, f[2]) for i, f in enumerate(flags)]}  # fmt: skip
+def unsent_event(drafts: list[int], flags: list, base: int, t0: float) -> StepEvent:
+    """The event of a window whose drafts were all skipped (CU-HLM): committed here
+    unverified, no round trip; `base` is the position of its first draft, `t0` when drafting
+    began."""
+    g, draft_s = len(drafts), time.perf_counter() - t0
+    record = {
+        "k": g,
+        "accepted": g,
+        "bytes_up": 0,
+        "bytes_down": 0,
+        "rate_bps": float("inf"),
+        "draft_s": draft_s,
+        "uplink_s": 0.0,
+        "cloud_s": 0.0,
+        "downlink_s": 0.0,
+        "model_bits": 0,
+        "sent": False,
+        "u": [f[0] for f in flags],
+        "skip_flags": [f[1] for f in flags],
+        "skipped": [(base + i, f[2]) for i, f in enumerate(flags)],
+    }
+    return StepEvent(tokens=drafts, accepted=g, drafted=g, draft_s=draft_s, extra={"edge": record})
