@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from edge_helpers import flexspec
+from test_hybrid import hf_model, near_copy  # the target with 2 % noise: some drafts rejected
 
 import runtime.caches.sliding as sliding_cache
 from runtime.backends import load_model
@@ -31,12 +32,6 @@ def gemma(tiny_dir):
     return tiny_dir("gemma3_text", num_layers=4)  # untied: a tied random one repeats a token
 
 
-def hf_model(path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path).eval()
-
-
 def hf_greedy(path, prompt, n):
     with torch.no_grad():
         out = hf_model(path).generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n,
@@ -44,21 +39,17 @@ def hf_greedy(path, prompt, n):
     return out[0, len(prompt) :].tolist()
 
 
+def prefill_then_steps(m, ids: np.ndarray, cache) -> np.ndarray:
+    """`m`'s logits over ids (B, 30) into `cache`: a 20-token prefill, then ten single steps."""
+    out = [m.forward(ids[:, :20], cache)]
+    out += [m.forward(ids[:, t : t + 1], cache) for t in range(20, 30)]
+    return np.concatenate(out, axis=1)
+
+
 def gen(method, target, draft, prompt=PROMPT, n=N, **kw):
     steps = make_steps(method, target, draft, prompt, max_new=n, sampling=Sampling(), seed=0,
                        **kw)  # fmt: skip
     return run(steps, max_new=n)
-
-
-def near_copy(path, scale=0.02):
-    """The target with 2 % noise on its weights: windows accept none, some or all drafts."""
-    m = load_model(path, "torch", threads=1)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in m.module.parameters():
-            if p.numel() > 1:
-                p.add_(torch.randn(p.shape, generator=g) * scale * p.std())
-    return m
 
 
 def test_config_reads_gemma_fields_and_is_not_hybrid(gemma):
@@ -71,7 +62,8 @@ def test_config_reads_gemma_fields_and_is_not_hybrid(gemma):
     old = ModelConfig.from_dict({"model_type": "gemma3_text", "num_hidden_layers": 7,
                                  "sliding_window_pattern": 3, "rope_theta": 5e5,
                                  "rope_local_base_freq": 2e4,
-                                 "rope_scaling": {"rope_type": "linear", "factor": 8.0}})  # fmt: skip
+                                 "rope_scaling": {"rope_type": "linear",
+                                                  "factor": 8.0}})  # fmt: skip
     assert old.sliding == (True, True, False, True, True, False, True)
     assert (old.rope_local_theta, old.rope_theta) == (2e4, 5e5)
     assert old.rope_scaling == {"rope_type": "linear", "factor": 8.0}
@@ -93,8 +85,7 @@ def test_torch_reference_equals_hugging_face(tiny_dir, variant):
         ref = hf_model(d)(torch.from_numpy(ids)).logits.numpy()
     m = load_model(d, "torch", threads=1)
     c = m.new_cache(batch=2)
-    ours = np.concatenate([m.forward(ids[:, :20], c)] +
-                          [m.forward(ids[:, t : t + 1], c) for t in range(20, 30)], axis=1)  # fmt: skip
+    ours = prefill_then_steps(m, ids, c)
     np.testing.assert_allclose(ours, ref, atol=TOL, rtol=0)
     for i, s in enumerate(ModelConfig.from_dir(d).sliding):  # local layers dropped old keys
         assert c.held(i) == (WINDOW + SLACK if s else 30)
@@ -129,8 +120,8 @@ def test_rollback_after_rejection_equals_a_fresh_prefill(gemma):
     for i in range(4):
         n = min(c.held(i), fresh.held(i))
         for a, b in zip(c.get(i), fresh.get(i), strict=True):  # keys, values (and positions)
-            np.testing.assert_allclose(a[..., -n:, :] if a.ndim == 4 else a[:, -n:],
-                                       b[..., -n:, :] if b.ndim == 4 else b[:, -n:], atol=TOL)  # fmt: skip
+            a, b = (x[..., -n:, :] if x.ndim == 4 else x[:, -n:] for x in (a, b))
+            np.testing.assert_allclose(a, b, atol=TOL)
     assert c.trim(20) == 31 and c.offset == 0 and c.resets == 1  # behind the slack: emptied
 
 
@@ -216,18 +207,20 @@ def variant_dir(tiny_dir, variant):
 
 
 @pytest.mark.parametrize("variant", ["tied", "softcap_untied"])
-def test_mlx_equals_the_torch_reference(tiny_dir, variant):
+@pytest.mark.parametrize("backend", ["mlx", "onnx"])
+def test_backend_equals_the_torch_reference(tiny_dir, backend, variant):
+    """MLX and the ONNX export compute the reference's logits over a prefill and ten single
+    steps, their local layers holding only window + slack."""
     d = variant_dir(tiny_dir, variant)
     ids = np.random.default_rng(0).integers(0, 320, (2, 30))
     ref = load_model(d, "torch", threads=1)
     want = ref.forward(ids, ref.new_cache(batch=2))
-    m = load_model(d, "mlx")
+    m = load_model(d, backend)
     c = m.new_cache(batch=2)
-    got = np.concatenate([m.forward(ids[:, :20], c)] +
-                         [m.forward(ids[:, t : t + 1], c) for t in range(20, 30)], axis=1)  # fmt: skip
-    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+    np.testing.assert_allclose(prefill_then_steps(m, ids, c), want, atol=TOL, rtol=0)
     assert [c.held(i) for i in range(4)] == [WINDOW + SLACK] * 2 + [30, WINDOW + SLACK]
-    assert gen("ar", m, None).tokens == gen("ar", ref, None).tokens
+    if backend == "mlx":
+        assert gen("ar", m, None).tokens == gen("ar", ref, None).tokens
 
 
 def test_methods_on_an_mlx_target_are_lossless(gemma, tiny_dir):
@@ -237,20 +230,6 @@ def test_methods_on_an_mlx_target_are_lossless(gemma, tiny_dir):
     for draft in (near_copy(gemma), weak):
         for method in ("sd", "tree", "mirror"):
             assert gen(method, target, draft).tokens == ref, method
-
-
-@pytest.mark.parametrize("variant", ["tied", "softcap_untied"])
-def test_onnx_export_equals_the_torch_reference(tiny_dir, variant):
-    d = variant_dir(tiny_dir, variant)
-    ids = np.random.default_rng(0).integers(0, 320, (2, 30))
-    ref = load_model(d, "torch", threads=1)
-    want = ref.forward(ids, ref.new_cache(batch=2))
-    m = load_model(d, "onnx")
-    c = m.new_cache(batch=2)
-    got = np.concatenate([m.forward(ids[:, :20], c)] +
-                         [m.forward(ids[:, t : t + 1], c) for t in range(20, 30)], axis=1)  # fmt: skip
-    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
-    assert [c.held(i) for i in range(4)] == [WINDOW + SLACK] * 2 + [30, WINDOW + SLACK]
 
 
 def test_onnx_drafts_are_lossless(gemma, tiny_dir):

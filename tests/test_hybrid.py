@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from runtime.backends import load_model
-from runtime.backends.torch_backend import TorchCausalLM
+from runtime.backends.torch.causal_lm import TorchCausalLM
 from runtime.decoding import make_steps, run
 from runtime.decoding.events import GREEDY
 from runtime.errors import DuetError
@@ -49,34 +49,49 @@ def hf_model(path):
 
 
 def test_logits_match_hugging_face_prefill_and_cached_decode(models):
-    hf = hf_model(models["dir"])
+    check_hf_parity(models["target"], models["dir"])
+
+
+def check_hf_parity(m, path) -> tuple[np.ndarray, np.ndarray]:
+    """`m`'s logits over a prefill, a one-token step and a window equal Hugging Face's
+    uncached forward and its own cached one-step decode; returns (ids, m's logits)."""
     ids = np.random.default_rng(0).integers(0, 320, (2, 12))
-    m, c = models["target"], models["target"].new_cache(batch=2)
+    c = m.new_cache(batch=2)
     ours = np.concatenate([m.forward(ids[:, :8], c), m.forward(ids[:, 8:9], c),
                            m.forward(ids[:, 9:], c)], axis=1)  # fmt: skip
+    hf = hf_model(path)
     with torch.no_grad():
         full = hf(torch.from_numpy(ids)).logits.numpy()
         out = hf(torch.from_numpy(ids[:, :8]), use_cache=True)  # HF's own cached decode
         step = hf(torch.from_numpy(ids[:, 8:9]), past_key_values=out.past_key_values).logits
     np.testing.assert_allclose(ours, full, atol=ATOL_HF)
     np.testing.assert_allclose(ours[:, 8:9], step.numpy(), atol=ATOL_HF)
+    return ids, ours
 
 
 def test_multimodal_layout_loads_its_text_tower(tiny_dir, models, capsys):
-    mm = load_model(tiny_dir("qwen3_5", seed=1), "torch", threads=1)
+    check_text_tower(load_model(tiny_dir("qwen3_5", seed=1), "torch", threads=1), models, capsys)
+
+
+def check_text_tower(mm, models, capsys) -> None:
+    """A multimodal checkpoint's model drops its vision weights (and says so) and computes
+    what the text-only checkpoint's does."""
     assert "ignoring 1 vision weights" in capsys.readouterr().err
     ids = np.array([PROMPT])
-    a = mm.forward(ids, mm.new_cache())
-    b = models["target"].forward(ids, models["target"].new_cache())
-    np.testing.assert_array_equal(a, b)
+    target = models["target"]
+    np.testing.assert_array_equal(
+        mm.forward(ids, mm.new_cache()), target.forward(ids, target.new_cache())
+    )
 
 
 def assert_states_close(cache, fresh, atol=ATOL_STATE):
+    """Every layer's states in `cache` equal `fresh`'s (torch or MLX arrays)."""
     assert cache.offset == fresh.offset
     for i, (got, want) in enumerate(zip(cache.states(), fresh.states(), strict=True)):
         for g, w in zip(got, want, strict=True):
-            assert g.shape == w.shape, f"layer {i}: {tuple(g.shape)} vs {tuple(w.shape)}"
-            np.testing.assert_allclose(g.numpy(), w.numpy(), atol=atol, err_msg=f"layer {i}")
+            g, w = (x.numpy() if isinstance(x, torch.Tensor) else np.array(x) for x in (g, w))
+            assert g.shape == w.shape, f"layer {i}: {g.shape} vs {w.shape}"
+            np.testing.assert_allclose(g, w, atol=atol, err_msg=f"layer {i}")
 
 
 def prefill(model, seq):
@@ -88,16 +103,20 @@ def prefill(model, seq):
 
 @pytest.mark.parametrize("keep", [0, 1, 3, 5])
 def test_trim_lands_every_state_on_the_prefix(models, keep):
-    m = models["target"]
+    check_trim_lands_on_the_prefix(models["target"], keep, ATOL_STATE)
+
+
+def check_trim_lands_on_the_prefix(m, keep: int, atol_state: float) -> None:
+    """After a 5-token window trimmed to its first `keep`, every state and the next token's
+    logits are the prefix's."""
     window = [11, 12, 13, 14, 15]
     c = prefill(m, PROMPT)
     m.forward(np.array([window]), c)
     c.trim(len(window) - keep)
-    assert_states_close(c, prefill(m, PROMPT + window[:keep]))
-    # and the next token's logits are the prefix's
+    fresh = prefill(m, PROMPT + window[:keep])
+    assert_states_close(c, fresh, atol_state)
     nxt = m.forward(np.array([[77]]), c)
-    ref = m.forward(np.array([[77]]), prefill(m, PROMPT + window[:keep]))
-    np.testing.assert_allclose(nxt, ref, atol=ATOL_HF)
+    np.testing.assert_allclose(nxt, m.forward(np.array([[77]]), fresh), atol=ATOL_HF)
 
 
 def pure_replay(cache):
@@ -317,6 +336,12 @@ def test_auto_offers_only_what_the_hybrid_pair_can_run(models):
 
 @pytest.mark.parametrize("exit_layer", [1, 2])  # stop after a linear / an attention layer
 def test_mirror_on_a_hybrid_target_equals_ar_and_lands_states(models, exit_layer):
+    check_mirror_lands_states(models, exit_layer, generate("ar", models["target"]), ATOL_STATE)
+
+
+def check_mirror_lands_states(models, exit_layer: int, want: list[int], atol_state: float):
+    """Greedy mirror with the attention draft gives `want`, the target's states equal a fresh
+    prefill's after every step."""
     target, draft = models["target"], models["attn_draft"]
     tc = target.new_cache()
     seq = list(PROMPT)
@@ -324,8 +349,8 @@ def test_mirror_on_a_hybrid_target_equals_ar_and_lands_states(models, exit_layer
                        gamma=3, exit_layer=exit_layer, target_cache=tc)  # fmt: skip
     for ev in steps:
         seq += ev.tokens
-        assert_states_close(tc, prefill(target, seq[: tc.offset]))
-    assert seq[len(PROMPT) :][:N_NEW] == generate("ar", target)
+        assert_states_close(tc, prefill(target, seq[: tc.offset]), atol_state)
+    assert seq[len(PROMPT) :][:N_NEW] == want
 
 
 def test_non_causal_mask_is_refused(models):
@@ -336,13 +361,18 @@ def test_non_causal_mask_is_refused(models):
 
 
 def test_fork_and_select_rows_carry_states_and_logs(models):
-    m = models["target"]
+    check_fork_and_select(models["target"], ATOL_STATE)
+
+
+def check_fork_and_select(m, atol_state: float) -> None:
+    """A forked cache's rows each land by replay; selecting one keeps its states; the
+    original cache is unchanged."""
     c = prefill(m, PROMPT)
     two = c.fork([0, 0])
     m.forward(np.array([[11, 12], [13, 14]]), two)
     two.trim(1)  # lands both rows by replay
     two.select([1])
-    assert_states_close(two, prefill(m, PROMPT + [13]))
+    assert_states_close(two, prefill(m, PROMPT + [13]), atol_state)
     assert c.offset == len(PROMPT)  # the original is unchanged
 
 
@@ -377,7 +407,7 @@ def test_generate_cli_runs_hybrid_pairs_with_either_rollback(models, tiny_dir, c
 def test_rollback_bench_runs_sd_both_ways(models, tiny_dir, capsys):
     import json
 
-    from apps.bench.hybrid_rollback import main
+    from apps.bench.studies.hybrid_rollback import main
 
     draft = tiny_dir("qwen3_5_text", num_layers=2, seed=2)
     argv = ["--target", str(models["dir"]), "--draft", str(draft), "--gamma", "2", "--reps", "1",

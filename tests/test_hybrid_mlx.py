@@ -6,16 +6,21 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from test_hybrid import (
     N_NEW,
     PROMPT,
     assert_llama_cpp_rounds,
+    check_fork_and_select,
+    check_hf_parity,
+    check_mirror_lands_states,
+    check_text_tower,
+    check_trim_lands_on_the_prefix,
     generate,
     hf_greedy,
-    hf_model,
     near_copy,
+    prefill,
 )
+from test_hybrid import assert_states_close as check_states_close
 
 from runtime.backends import load_model
 from runtime.decoding import make_steps
@@ -44,17 +49,8 @@ def models(tiny_dir):
 def test_logits_match_hugging_face_the_reference_and_mlx_lm(models):
     import mlx.core as mx
 
-    ids = np.random.default_rng(0).integers(0, 320, (2, 12))
-    m, c = models["target"], models["target"].new_cache(batch=2)
-    ours = np.concatenate([m.forward(ids[:, :8], c), m.forward(ids[:, 8:9], c),
-                           m.forward(ids[:, 9:], c)], axis=1)  # fmt: skip
-    hf = hf_model(models["dir"])
-    with torch.no_grad():
-        full = hf(torch.from_numpy(ids)).logits.numpy()
-        out = hf(torch.from_numpy(ids[:, :8]), use_cache=True)  # HF's own cached decode
-        step = hf(torch.from_numpy(ids[:, 8:9]), past_key_values=out.past_key_values).logits
-    np.testing.assert_allclose(ours, full, atol=ATOL_HF)
-    np.testing.assert_allclose(ours[:, 8:9], step.numpy(), atol=ATOL_HF)
+    m = models["target"]
+    ids, ours = check_hf_parity(m, models["dir"])
     ref = models["torch_target"]
     np.testing.assert_allclose(ours, ref.forward(ids, ref.new_cache(batch=2)), atol=ATOL_HF)
     np.testing.assert_allclose(ours, np.array(m.model(mx.array(ids))), atol=ATOL_MLX_LM)
@@ -74,40 +70,16 @@ def test_states_match_the_torch_reference(models):
 
 
 def test_multimodal_layout_loads_its_text_tower(tiny_dir, models, capsys):
-    mm = load_model(tiny_dir("qwen3_5", seed=1), "mlx")
-    assert "ignoring 1 vision weights" in capsys.readouterr().err
-    ids = np.array([PROMPT])
-    a = mm.forward(ids, mm.new_cache())
-    np.testing.assert_array_equal(a, models["target"].forward(ids, models["target"].new_cache()))
+    check_text_tower(load_model(tiny_dir("qwen3_5", seed=1), "mlx"), models, capsys)
 
 
-def prefill(model, seq):
-    c = model.new_cache()
-    if seq:
-        model.forward(np.array([seq]), c)
-    return c
-
-
-def assert_states_close(cache, fresh, atol=ATOL_STATE):
-    assert cache.offset == fresh.offset
-    for i, (got, want) in enumerate(zip(cache.states(), fresh.states(), strict=True)):
-        for g, w in zip(got, want, strict=True):
-            g, w = np.array(g), np.array(w)
-            assert g.shape == w.shape, f"layer {i}: {g.shape} vs {w.shape}"
-            np.testing.assert_allclose(g, w, atol=atol, err_msg=f"layer {i}")
+def assert_states_close(cache, fresh):
+    check_states_close(cache, fresh, ATOL_STATE)
 
 
 @pytest.mark.parametrize("keep", [0, 1, 3, 5])
 def test_trim_lands_every_state_on_the_prefix(models, keep):
-    m = models["target"]
-    window = [11, 12, 13, 14, 15]
-    c = prefill(m, PROMPT)
-    m.forward(np.array([window]), c)
-    c.trim(len(window) - keep)
-    fresh = prefill(m, PROMPT + window[:keep])
-    assert_states_close(c, fresh)
-    nxt = m.forward(np.array([[77]]), c)
-    np.testing.assert_allclose(nxt, m.forward(np.array([[77]]), fresh), atol=ATOL_HF)
+    check_trim_lands_on_the_prefix(models["target"], keep, ATOL_STATE)
 
 
 def test_trim_across_single_token_forwards_and_before_the_log(models):
@@ -124,14 +96,7 @@ def test_trim_across_single_token_forwards_and_before_the_log(models):
 
 
 def test_fork_and_select_rows_carry_states_and_logs(models):
-    m = models["target"]
-    c = prefill(m, PROMPT)
-    two = c.fork([0, 0])
-    m.forward(np.array([[11, 12], [13, 14]]), two)
-    two.trim(1)  # lands both rows by replay
-    two.select([1])
-    assert_states_close(two, prefill(m, PROMPT + [13]))
-    assert c.offset == len(PROMPT)  # the original is unchanged
+    check_fork_and_select(models["target"], ATOL_STATE)
 
 
 @pytest.mark.parametrize("draft", ["hybrid_draft", "attn_draft", "near_draft"])
@@ -143,7 +108,7 @@ def test_greedy_sd_equals_ar_and_hugging_face(models, draft):
 
 @pytest.mark.parametrize("rollback", ["replay", "redecode"])
 def test_states_equal_a_fresh_prefill_after_every_sd_step(models, rollback):
-    from runtime.backends.mlx_qwen3_5 import MLXQwen3_5LM
+    from runtime.backends.mlx.qwen3_5 import MLXQwen3_5LM
 
     target, draft = models["target"], models["near_draft"]
     target = MLXQwen3_5LM(target.model, target.config, hybrid_rollback=rollback)
@@ -165,7 +130,7 @@ def test_mlx_redecode_re_verifies_the_kept_tokens_as_llama_cpp_does(models):
     """The MLX cache inherits redecode's bookkeeping: after a rejection sd restores the
     checkpoint and re-verifies the A + 1 kept tokens and the correction as its next window,
     never a pass of its own nor a grown window (as tests/test_hybrid.py)."""
-    from runtime.backends.mlx_qwen3_5 import MLXQwen3_5LM
+    from runtime.backends.mlx.qwen3_5 import MLXQwen3_5LM
 
     m, draft = models["target"], models["near_draft"]
     replay = MLXQwen3_5LM(m.model, m.config, hybrid_rollback="replay")
@@ -175,15 +140,7 @@ def test_mlx_redecode_re_verifies_the_kept_tokens_as_llama_cpp_does(models):
 
 @pytest.mark.parametrize("exit_layer", [1, 2])  # stop after a linear / an attention layer
 def test_mirror_on_an_mlx_hybrid_target_equals_ar_and_lands_states(models, exit_layer):
-    target, draft = models["target"], models["attn_draft"]
-    tc = target.new_cache()
-    seq = list(PROMPT)
-    steps = make_steps("mirror", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
-                       gamma=3, exit_layer=exit_layer, target_cache=tc)  # fmt: skip
-    for ev in steps:
-        seq += ev.tokens
-        assert_states_close(tc, prefill(target, seq[: tc.offset]))
-    assert seq[len(PROMPT) :][:N_NEW] == models["hf_greedy"]
+    check_mirror_lands_states(models, exit_layer, models["hf_greedy"], ATOL_STATE)
 
 
 def test_what_mlx_hybrids_refuse_in_one_line(models, tiny_dir, tmp_path):
@@ -226,7 +183,7 @@ def test_generate_cli_runs_mlx_hybrid_pairs_and_refuses_mtp(models, tiny_dir, ca
 def test_mlx_lm_baseline_shows_its_own_refusal(models, tiny_dir):
     from types import SimpleNamespace
 
-    from apps.bench.mlx_lm_runner import MlxLmRunner
+    from apps.bench.runners.mlx_lm import MlxLmRunner
 
     pair = SimpleNamespace(target=models["target"], target_dir=models["dir"],
                            draft_path=tiny_dir("qwen3", num_layers=1, seed=3))  # fmt: skip
@@ -236,7 +193,7 @@ def test_mlx_lm_baseline_shows_its_own_refusal(models, tiny_dir):
 
 
 def test_rollback_bench_runs_on_mlx(models, capsys):
-    from apps.bench.hybrid_rollback import main
+    from apps.bench.studies.hybrid_rollback import main
 
     argv = ["--target", str(models["dir"]), "--backend", "mlx", "--gamma", "2", "--reps", "1",
             "--prompt-len", "4"]  # fmt: skip

@@ -67,18 +67,41 @@ def exact_joint(target, sampling=SAMPLING) -> np.ndarray:
 
 
 def sample_pairs(method, target, draft, n, seed) -> np.ndarray:
-    counts = np.zeros((V, V))
     opts = OPTIONS.get(method, {})
     sampling = SAMPLINGS.get(method, SAMPLING)
-    method = method.split("-")[0]
+    return joint_counts(
+        method.split("-")[0],
+        target,
+        draft,
+        n,
+        seed,
+        gamma=2,
+        kappa=3,
+        exit_layer=2,
+        sampling=sampling,
+        **opts,
+    )
+
+
+def joint_counts(method, target, draft, n, seed, max_new=3, **options) -> np.ndarray:
+    """Counts of the first two tokens (t1, t2) over n generations by `method` with
+    make_steps's `options`, the i-th seeded seed * 100003 + i; the caches keep the prompt
+    between samples."""
+    counts = np.zeros((V, V))
     tc, dc = target.new_cache(), draft.new_cache()
     for i in range(n):
-        out = []
-        steps = make_steps(method, target, draft, PROMPT, max_new=3, gamma=2, kappa=3, exit_layer=2,
-                           sampling=sampling, seed=seed * 100003 + i, target_cache=tc, draft_cache=dc,
-                           **opts)  # fmt: skip
-        for ev in steps:
-            out += ev.tokens
+        steps = make_steps(
+            method,
+            target,
+            draft,
+            PROMPT,
+            max_new=max_new,
+            seed=seed * 100003 + i,
+            target_cache=tc,
+            draft_cache=dc,
+            **options,
+        )
+        out = [t for ev in steps for t in ev.tokens]
         counts[out[0], out[1]] += 1
         tc.trim(tc.offset - len(PROMPT))  # keep the prompt's cache between samples
         dc.trim(dc.offset - len(PROMPT))
@@ -95,6 +118,18 @@ def gof_pvalue(counts, joint) -> float:
         o, e = o[:-1], e[:-1]
     assert big.sum() >= 10, "the target law is too peaked for a meaningful test"
     return chisquare(o, e * o.sum() / e.sum()).pvalue
+
+
+def assert_keeps_law(counts, target, what: str) -> None:
+    """The chi-square test: the counts of (t1, t2) fit the target's joint law."""
+    p = gof_pvalue(counts, exact_joint(target))
+    assert p > ALPHA, f"{what}: joint law differs from the target's (p = {p:.2e})"
+
+
+def assert_breaks_law(counts, target) -> None:
+    """A negative control's counts must not fit the target's law, or the test has no power."""
+    p = gof_pvalue(counts, exact_joint(target))
+    assert p < ALPHA, f"the negative control passed (p = {p:.2e}); the test has no power"
 
 
 @pytest.mark.parametrize("method", METHODS)

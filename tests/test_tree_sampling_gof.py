@@ -5,44 +5,26 @@ instead of the residual) that must fail. Depth 2: the root's two siblings are dr
 without replacement and the best of them is expanded into two more (the default shape)."""
 
 import numpy as np
-import pytest
-from test_sampling_gof import ALPHA, PROMPT, SAMPLING, V, exact_joint, gof_pvalue
+import test_sampling_gof
+from test_sampling_gof import SAMPLING, assert_breaks_law, assert_keeps_law, joint_counts
 
-from runtime.backends import load_model
-from runtime.decoding import make_steps
 from runtime.decoding import tree_pass as tree_pass_module
 
 N = 300
 
 
-@pytest.fixture(scope="module")
-def pair(tiny_dir):
-    kw = dict(vocab_size=V, tokenizer=False, initializer_range=0.12)
-    target = load_model(tiny_dir("qwen3", seed=1, **kw), "mlx")
-    draft = load_model(tiny_dir("qwen3", num_layers=1, seed=2, **kw), "onnx")
-    return target, draft
+pair = test_sampling_gof.pair  # the fixture: an MLX target and an ONNX draft over V = 8
 
 
 def sample_pairs(target, draft, n, seed) -> np.ndarray:
-    counts = np.zeros((V, V))
-    tc, dc = target.new_cache(), draft.new_cache()
-    for i in range(n):
-        out = []
-        steps = make_steps("tree", target, draft, PROMPT, max_new=3, tree_k=2, top_n=4, depth=2,
-                           sampling=SAMPLING, seed=seed * 100003 + i, target_cache=tc,
-                           draft_cache=dc)  # fmt: skip
-        for ev in steps:
-            out += ev.tokens
-        counts[out[0], out[1]] += 1
-        tc.trim(tc.offset - len(PROMPT))
-        dc.trim(dc.offset - len(PROMPT))
-    return counts
+    return joint_counts(
+        "tree", target, draft, n, seed, tree_k=2, top_n=4, depth=2, sampling=SAMPLING
+    )
 
 
 def test_tree_matches_target_distribution(pair):
     target, draft = pair
-    p = gof_pvalue(sample_pairs(target, draft, N, seed=0), exact_joint(target))
-    assert p > ALPHA, f"tree's joint law differs from the target's (p = {p:.2e})"
+    assert_keeps_law(sample_pairs(target, draft, N, seed=0), target, "tree")
 
 
 def test_negative_control_no_residual_fails(pair, monkeypatch):
@@ -62,5 +44,4 @@ def test_negative_control_no_residual_fails(pair, monkeypatch):
             node = nxt
 
     monkeypatch.setattr(tree_pass_module, "verify_tree_sampling", no_residual)
-    p = gof_pvalue(sample_pairs(target, draft, N, seed=0), exact_joint(target))
-    assert p < ALPHA, f"the negative control passed (p = {p:.2e}); the test has no power"
+    assert_breaks_law(sample_pairs(target, draft, N, seed=0), target)
