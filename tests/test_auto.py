@@ -263,7 +263,7 @@ def test_generate_auto_picks_gamma_only_when_none_is_given(tiny_dir, capsys):
 def test_bench_runs_a_free_auto_once_beside_a_gamma_sweep():
     import argparse
 
-    from apps.bench.__main__ import sweeps
+    from apps.bench.sweep import sweeps
 
     assert not sweeps("auto", argparse.Namespace(gamma_free=True))
     assert sweeps("auto", argparse.Namespace(gamma_free=False))

@@ -98,6 +98,25 @@ def test_bad_method_is_one_line(capsys):
     assert len(err) == 1 and "nope" in err[0]
 
 
+def test_subcommands_are_a_table_and_the_old_edge_flag_still_works(capsys):
+    """`python -m apps.bench NAME` runs a subcommand from the table; `--edge` anywhere in the
+    arguments is its deprecated spelling; everything else is the comparison itself."""
+    from apps.bench.__main__ import SUBCOMMANDS, subcommand
+
+    assert set(SUBCOMMANDS) == {"edge", "footprint", "evolving"}
+    assert subcommand(["edge", "--links", "5g"]) == ("edge", ["--links", "5g"])
+    assert subcommand(["--links", "5g", "--edge"]) == ("edge", ["--links", "5g"])
+    assert subcommand(["footprint", "--rounds", "3"]) == ("footprint", ["--rounds", "3"])
+    assert subcommand(["--methods", "ar,sd"]) is None
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert all(f"  {name}" in out for name in SUBCOMMANDS) and "--edge" in out
+    with pytest.raises(SystemExit):
+        main(["edge", "--help"])
+    assert "usage: python -m apps.bench edge" in capsys.readouterr().out
+
+
 def test_emulate_labels_output_and_skips_unpaddable_baselines(tiny_dir, tmp_path, capsys):
     t = tiny_dir("qwen3")
     q = tmp_path / "q.jsonl"

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from apps.bench import drafts
-from apps.bench.__main__ import main, parse_gammas
+from apps.bench.__main__ import main
+from apps.bench.args import parse_gammas
 from apps.bench.report import base_method, partner, table
 from runtime.errors import DuetError
 

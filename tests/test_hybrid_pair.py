@@ -197,7 +197,8 @@ def pair_root(hybrid_dirs, tmp_path_factory):
 
 def test_bench_rows_show_the_baselines_refusals(pair_root):
     pytest.importorskip("mlx_lm")
-    from apps.bench.__main__ import bench, build_parser
+    from apps.bench.__main__ import build_parser
+    from apps.bench.compare import bench
     from apps.bench.report import table
 
     a = build_parser().parse_args(["--hybrid", str(pair_root), "--methods",

@@ -80,10 +80,10 @@ def extra_pair(pair, name: str, a):
 def mixed_pair(pair, name: str, a):
     """`pair` drafting with `name` (`head+suffix`, ...: runtime/drafts/mixed.py) beside the
     same target object."""
-    from runtime.drafts.head.torch import HeadDraft
-    from runtime.drafts.mtp.torch import MTPDraft
     from runtime.drafts import load_model_free
+    from runtime.drafts.head.torch import HeadDraft
     from runtime.drafts.mixed import MixedDraft
+    from runtime.drafts.mtp.torch import MTPDraft
     from runtime.load import head_backend
 
     kind, free = name.split("+")

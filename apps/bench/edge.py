@@ -1,6 +1,6 @@
-"""`python -m apps.bench --edge`: FlexSpec edge-cloud baselines over emulated links.
+"""`python -m apps.bench edge`: FlexSpec edge-cloud baselines over emulated links.
 
-    python -m apps.bench --edge --links 5g,4g,wifi-weak --limit 3 --max-tokens 32 --temps 0 \\
+    python -m apps.bench edge --links 5g,4g,wifi-weak --limit 3 --max-tokens 32 --temps 0 \\
         --out-json edge.json --plot edge.html
 
 For each link and prompt, in rotating order: cloud-only (K = 0: the target decodes on the
@@ -30,7 +30,7 @@ FIXED_K = (1, 3, 5, 7)
 def build_parser() -> argparse.ArgumentParser:
     from runtime.edge.cli_args import add_edge_args
 
-    ap = argparse.ArgumentParser(prog="python -m apps.bench --edge", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m apps.bench edge", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add_pair_args(ap)
     add_edge_args(ap)

@@ -1,7 +1,7 @@
-"""`python -m apps.bench --edge --codecs ids,raw,k-sqs,c-sqs,cu-hlm`: the uplink codecs of
+"""`python -m apps.bench edge --codecs ids,raw,k-sqs,c-sqs,cu-hlm`: the uplink codecs of
 issue 13 through a real verifier over emulated links.
 
-    python -m apps.bench --edge --codecs ids,raw,k-sqs,c-sqs,cu-hlm --links 5g,4g,wifi-weak \\
+    python -m apps.bench edge --codecs ids,raw,k-sqs,c-sqs,cu-hlm --links 5g,4g,wifi-weak \\
         --temps 0.2,0.5,0.8,1.0 --limit 2 --max-tokens 32 --out-json codecs.json --plot x.html
 
 Every run is adaptive K* (eq. (11), which sees each codec's real frame bytes; --bit-budget below

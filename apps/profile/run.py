@@ -115,7 +115,7 @@ def thread_settings(pair) -> dict:
     """The thread counts the two workers actually ran with (they share the CPU cores)."""
     import torch
 
-    from apps.bench.__main__ import mlx_device
+    from apps.bench.compare import mlx_device
 
     s = pair.settings
     return {

@@ -104,8 +104,8 @@ def peer_runners(names: list[str], pair, a, threads: int) -> tuple[list, dict]:
 
 
 def _llamacpp(pair, a, threads, eos):
-    from .llamacpp_server import BUILD_COMMAND, server_binary
     from .llamacpp import NO_GGUF_DRAFT, LlamaCppRunner, ngram_modes
+    from .llamacpp_server import BUILD_COMMAND, server_binary
 
     binary = server_binary()
     if binary is None:

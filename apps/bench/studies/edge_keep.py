@@ -2,7 +2,7 @@
 T = 1 keeps.
 
 Issue 10's goal "at T = 1 keep >= 85 % of the T = 0 speedup" compares two runs of
-`python -m apps.bench --edge ... --out-json F`. Their prompt sets may differ (--limit), and a
+`python -m apps.bench edge ... --out-json F`. Their prompt sets may differ (--limit), and a
 prompt's speedup depends on its text far more than on the temperature, so this compares only
 the prompts both files hold: per link, speedup = cloud-only ms/token / METHOD's ms/token over
 those prompts, share = speedup(T1) / speedup(T0), with a paired percentile bootstrap over the
@@ -23,11 +23,11 @@ from runtime.errors import DuetError, cli_main
 
 
 def _per_prompt(path: str) -> dict:
-    """{link: {method: {prompt: (wall_s, tokens)}}} from an apps.bench --edge --out-json file."""
+    """{link: {method: {prompt: (wall_s, tokens)}}} from an apps.bench edge --out-json file."""
     try:
         runs = json.load(open(path))["runs"]
     except (OSError, ValueError, KeyError) as e:
-        raise DuetError(f"{path}: not an apps.bench --edge --out-json file ({e})") from None
+        raise DuetError(f"{path}: not an apps.bench edge --out-json file ({e})") from None
     out: dict = {}
     for r in runs:
         out.setdefault(r["link"], {}).setdefault(r["method"], {})[r["prompt"]] = (

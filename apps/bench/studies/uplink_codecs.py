@@ -29,7 +29,7 @@ codec (k-sqs, c-sqs, cu-hlm):
     the links' RTTs, 0.42-1.2 s, dwarf them) and commits (1 - alpha^(gamma+1)) / (1 - alpha)
     tokens (FlexSpec §IV-B's geometric model, i.i.d. acceptance); the resampling rate is
     1 - alpha^gamma. Teacher forcing gives alpha without sampling noise, which the end-to-end
-    bench (apps.bench --edge --codecs) cannot resolve below a few per cent. `--plot` draws it
+    bench (apps.bench edge --codecs) cannot resolve below a few per cent. `--plot` draws it
     as SQS Fig. 2's two panels.
 The eq. (7) fit is in-sample (fitted and evaluated on the same positions).
 Teacher forcing continues the reference text after a rejection, where a real
