@@ -4,7 +4,8 @@ What is measured (medians over `repeats`), and what is fitted by least squares:
 
   draft step time against K     K greedy single-token draft forwards   T_edge(K) = α_edge·K + β
   target verification against K one forward over K + 1 positions + head
-                                                                      T_cloud(K) = T_base + K·δ_cloud
+                                                                       T_cloud(K) = T_base
+                                                                                    + K·δ_cloud
   target per-layer time c_ℓ     each layer alone over a window of T    c_ℓ(T) ≈ c_layer
                                                                               + T·c_layer_per_token
   rendezvous                    a queue.Queue round trip between two    T_rv = T_rv(ee) + T_rv(fv)

@@ -52,7 +52,8 @@ def test_all_shipped_profiles_validate():
 
 def test_every_source_is_a_url_a_paper_a_derivation_or_a_calibration():
     pat = re.compile(
-        r"https?://|FlexSpec|Mirror-SD|CU-HLM|^derived:|^roofline:|^calibrated on|^the remote target"
+        r"https?://|FlexSpec|Mirror-SD|CU-HLM|^derived:|^roofline:|^calibrated on"
+        r"|^the remote target"
     )
     for p in load_all():
         for field, src in p.sources().items():
