@@ -59,12 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def bench(a: argparse.Namespace) -> dict:
-    from apps.bench.prompt_set import load_prompts
-    from devices.links import LINK_NAMES, emulator
-    from runtime.decoding import Sampling
-    from runtime.edge.client import Connection
-    from runtime.edge.local import LocalVerifier
+def check_args(a: argparse.Namespace) -> tuple[list[str], list[float], dict | None, dict]:
+    """(links, temperatures, the --codec's parameters, CU-HLM's skip rule per temperature); every
+    bad flag fails here, before the pair loads."""
+    from devices.links import LINK_NAMES
 
     links = a.links.split(",")
     for name in links:
@@ -91,6 +89,27 @@ def bench(a: argparse.Namespace) -> dict:
         raise DuetError("--skip adds cu-hlm+skip runs beside cu-hlm: include cu-hlm in --codecs")
     elif a.skip and not any(t > 0 for t in temps):
         raise DuetError("--skip needs a temperature > 0 in --temps (CU-HLM's skip rule)")
+    return links, temps, params, skips
+
+
+def verifier(a: argparse.Namespace, pair):
+    """(the local verifier to stop or None, host, port, token) of --server."""
+    from runtime.edge.local import LocalVerifier
+
+    if a.server == "local":
+        local = LocalVerifier(pair.target_dir, target_backend=pair.settings["target_backend"])
+        return local, local.host, local.port, local.token
+    host, _, p = a.server.rpartition(":")
+    return None, host, int(p), open(a.token_file, "rb").read().strip() if a.token_file else b""
+
+
+def bench(a: argparse.Namespace) -> dict:
+    from apps.bench.prompt_set import load_prompts
+    from devices.links import emulator
+    from runtime.decoding import Sampling
+    from runtime.edge.client import Connection
+
+    links, temps, params, skips = check_args(a)
     pair = load_pair_from_args(a, need_draft=True)
     if pair.tokenizer is None:
         raise DuetError("the benchmark needs a tokenizer.json beside the target")
@@ -99,13 +118,7 @@ def bench(a: argparse.Namespace) -> dict:
     eos = pair.target.config.eos_token_ids
     methods = [("cloud-only", 0, 1)] + [(f"k{k}", k, 1) for k in FIXED_K] + [
         ("adaptive", None, 1), ("adaptive-k0", None, 0)]  # fmt: skip
-    local = None
-    if a.server == "local":
-        local = LocalVerifier(pair.target_dir, target_backend=pair.settings["target_backend"])
-        host, port, token = local.host, local.port, local.token
-    else:
-        host, _, p = a.server.rpartition(":")
-        port, token = int(p), open(a.token_file, "rb").read().strip() if a.token_file else b""
+    local, host, port, token = verifier(a, pair)
     runs = []
     try:
         if a.codecs:
