@@ -21,6 +21,11 @@ positions for the cache.
 
 Threads: `intra_threads` ONNX Runtime intra-op threads for every part (runtime/load.py gives
 the target all the cores a draft leaves, both of two for the draft-free methods).
+
+Here: the recipe, the cached parts and the pass (how it is cut, padded and put in the cache);
+beside it, target_window.py (one graph run under "window": in place over the buffers, or fed),
+target_tree.py (a tree's pass as chains), target_rows.py (the feed under "rows") and
+residual.py (the hidden state between parts, the one-row padding).
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from runtime.backends.onnx.residual import (
     one_row_apart,
 )
 from runtime.backends.onnx.target_rows import chunk_rows, row_feed
+from runtime.backends.onnx.target_tree import tree_as_chains
+from runtime.backends.onnx.target_window import first_present, kept_rows, run_in_place, run_window
 from runtime.caches.buffer import BufferKVCache
 from runtime.caches.concat import ConcatKVCache
 from runtime.caches.sliding import SlidingKVCache
@@ -131,18 +138,6 @@ def recipe(quantize: str) -> dict:
             "embedding": "float32", **rows}  # fmt: skip
 
 
-def _first(outs: list[str]) -> int:
-    """How many of a part's outputs come before its presents: (logits, hidden[, taps]) or
-    (hidden, resid) (a Residual)."""
-    return next((j for j, o in enumerate(outs) if o.startswith("present.")), len(outs))
-
-
-def _kept(res: list, head: bool, keep: int, cut: slice) -> list:
-    """A pass's outputs without a padded one-token pass's second row, the logits cut to the rows
-    asked for (`cut` of the head's rows, which ONE_ROW may have widened)."""
-    return [a[:, cut] if head and j == 0 else a[:, :keep] for j, a in enumerate(res)]
-
-
 def part_name(start: int, stop: int, num_layers: int, head: bool, taps: tuple = ()) -> str:
     if head and start == 0 and stop == num_layers:
         return ".".join(["full", *(["taps", *map(str, taps)] if taps else [])])
@@ -210,7 +205,7 @@ class OnnxTargetLM:
                           {"quantize": quantize, "intra_threads": intra_threads,
                            "recipe": recipe_tag(quantize)})  # fmt: skip
         self._sessions: dict[tuple, object] = {}
-        self._bindings: dict[tuple, tuple] = {}  # kept KV bindings (_kv_binding)
+        self._bindings: dict[tuple, tuple] = {}  # kept KV bindings (target_window.kv_binding)
         self.session = self._part(0, self.config.num_layers, True)  # exported/opened at load
 
     def _part(self, start: int, stop: int, head: bool, taps: tuple = ()):
@@ -286,7 +281,7 @@ class OnnxTargetLM:
         session, outs, names = self._part(start, stop, head, taps)
         rows = "kv_index" in names or "local_kv_index" in names  # recipe attention "rows"
         if not rows and T > 1 and (m[:, :, off:] != np.tri(T, dtype=bool)).any():
-            return self._tree_as_chains(x, cache, start, stop, head, pos, m, off, last, taps)
+            return tree_as_chains(self, x, cache, start, stop, head, pos, m, off, last, taps)
         if rows:  # a long pass: chunk by chunk, each over the keys the ones before it put
             n = chunk_rows(off, T)
             bounds = list(range(0, T, n))
@@ -310,8 +305,8 @@ class OnnxTargetLM:
         a, b = head_span(lo, hi, T)  # ONE_ROW: a one-row head on two rows, `cut` kept
         lo, hi, cut = a, b, slice(lo - a, hi - a)
         if isinstance(cache, BufferKVCache) and not rows:
-            return self._run_in_place(session, outs, names, x, pos, m, cache, start, stop, head,
-                                      off, (lo, hi), keep, cut, taps)  # fmt: skip
+            return run_in_place(self, session, outs, names, x, pos, m, cache, start, stop, head,
+                                off, (lo, hi), keep, cut, taps)  # fmt: skip
         past = [cache.get(i)[:2] for i in range(start, stop)]
         lm, key_pos = self._local_mask(cache, start, stop, pos, m) if self.sliding else (None,) * 2
         if rows:
@@ -328,9 +323,9 @@ class OnnxTargetLM:
                 feed[f"past.{i}.value"] = np.ascontiguousarray(v)
             res = session.run(outs, feed)
         else:
-            res = self._run_window(session, outs, names, x, pos, m, lm, past, start, stop, off,
-                                   (lo, hi))  # fmt: skip
-        first = _first(outs)
+            res = run_window(session, outs, names, x, pos, m, lm, past, start, stop, off,
+                             (lo, hi))  # fmt: skip
+        first = first_present(outs)
         drop = T - keep  # a padded pass's second column is dropped
         for j, i in enumerate(range(start, stop)):
             k, v = res[first + 2 * j], res[first + 2 * j + 1]
@@ -339,150 +334,7 @@ class OnnxTargetLM:
                 cache.put(i, *kv, key_pos[:, : key_pos.shape[1] - drop])
             else:
                 cache.put(i, *kv)
-        return _kept(res[:first], head, keep, cut)
-
-    def _tree_as_chains(self, x, cache, start, stop, head, pos, m, off, last, taps=()):
-        """A pass whose mask has holes in its window (a draft tree's nodes see their ancestors,
-        not their siblings), run as one causal pass per root-to-leaf path (TREE_AS_CHAINS).
-
-        In one window a node's keys would sit behind its siblings' masked columns, and the
-        int8-activation layers turn the other order of GQA's sums into other logits; along its
-        own path a node sees [past][ancestors][itself] as the one-token passes of ar do, so
-        its logits and keys are ar's to the bit. Each path is rolled back before the next;
-        the cache then holds every node's keys in window order, as one pass would leave it."""
-        B, T = x.shape[:2]
-        n = self.config.num_layers
-        if B != 1 or (start, stop) != (0, n) or not head or not m[:, :, :off].all():
-            raise DuetError("ONNX target: a masked window (tree) runs on one row over a whole "
-                            "past, through every layer")  # fmt: skip
-        win = m[0, :, off:]
-        h = 0  # rows every later row sees (the committed tokens before a tree): one pass
-        while h < T and win[h:, : h + 1].all() and not win[h, h + 1 :].any():
-            h += 1
-        if h:
-            got0 = self._run(x[:, :h], cache, 0, n, True, pos[:, :h], m[:, :h, : off + h],
-                             None, taps)  # fmt: skip
-            got1 = self._tree_as_chains(x[:, h:], cache, 0, n, True, pos[:, h:], m[:, h:],
-                                        off + h, None, taps)  # fmt: skip
-            lg, *rest = (np.concatenate(p, axis=1) for p in zip(got0, got1, strict=True))
-            return [lg[:, -last:] if last else lg, *rest]
-        parent = [int(a[-1]) if len(a := np.flatnonzero(win[t, :t])) else -1 for t in range(T)]
-        for t in range(T):  # a forest: each row sees exactly its ancestors and itself
-            seen, a = {t}, parent[t]
-            while a >= 0:
-                seen.add(a)
-                a = parent[a]
-            if set(np.flatnonzero(win[t]).tolist()) != seen:
-                raise DuetError("ONNX target: a mask row must see its ancestors' columns only")
-        leaves = [t for t in range(T) if t not in set(parent)]
-        rows_of, keys = [None] * T, [None] * T  # per node: its row of each output
-        for leaf in leaves:
-            path, t = [], leaf
-            while t >= 0:
-                path.append(t)
-                t = parent[t]
-            path.reverse()
-            cache.trim(cache.offset - off)
-            got = self._run(x[:, path], cache, 0, n, True, pos[:, path], None, None, taps)
-            L = len(path)
-            for j, t in enumerate(path):
-                if keys[t] is None:
-                    rows_of[t] = [a[:, j] for a in got]
-                    keys[t] = [tuple(a[..., j - L, :].copy() for a in cache.get(i)[:2])
-                               for i in range(n)]  # fmt: skip
-        cache.trim(cache.offset - off)
-        for i in range(n):  # every node's keys after the past, in window order
-            got = cache.get(i)
-            k, v = (np.concatenate([got[a], *[keys[t][i][a][:, :, None] for t in range(T)]],
-                                   axis=2) for a in (0, 1))  # fmt: skip
-            if isinstance(cache, SlidingKVCache) and self.sliding[i]:
-                cache.put(i, k, v, np.concatenate([np.asarray(got[2]), pos], axis=1))
-            else:
-                cache.put(i, k, v)
-        lg, *rest = (np.stack(p, axis=1) for p in zip(*rows_of, strict=True))
-        return [lg[:, -last:] if last else lg, *rest]
-
-    def _run_in_place(self, session, outs, names, x, pos, m, cache, start, stop, head, off,
-                      rows_, keep, cut, taps=()):  # fmt: skip
-        """One graph run of the whole pass with each layer's buffer bound as both its past and
-        its present: the kernel appends the pass's keys and values at `off` in place
-        (runtime/caches/buffer.py); logits and hidden are written into arrays made here. The
-        offsets advance by `keep` (a padded one-token pass's second column is left stale)."""
-        B, T = x.shape[:2]
-        for i in range(start, stop):
-            cache.reserve(i, off + T)
-        lm = None  # Gemma 3's local layers: the mask within their window, columns as positions
-        if any(self.sliding[start:stop]):
-            near = np.arange(off + T)[None, None, :] > pos[:, :, None] - self.config.sliding_window
-            lm = m & near
-        first = _first(outs)
-        C = self.config.hidden_size
-        widths = {"logits": self.config.vocab_size, "hidden": C, "resid": C,
-                  "taps": C * len(taps)}  # fmt: skip
-        got = [np.empty((B, rows_[1] - rows_[0] if n == "logits" else T, widths[n]), np.float32)
-               for n in outs[:first]]  # fmt: skip
-        # the CPU kernel runs a multi-token window over a past one batch row at a time
-        rows = [slice(r, r + 1) for r in range(B)] if B > 1 and T > 1 and off else [slice(None)]
-        for r in rows:
-            io = self._kv_binding(session, cache, start, stop, r)
-            for name, arr in _carried(start, x[r]).items():
-                io.bind_cpu_input(name, np.ascontiguousarray(arr))
-            io.bind_cpu_input("position_ids", np.ascontiguousarray(pos[r]))
-            if "attention_mask" in names:  # a part of local layers only takes local_mask
-                io.bind_cpu_input("attention_mask", np.ascontiguousarray(m[r]))
-            if lm is not None and "local_mask" in names:
-                io.bind_cpu_input("local_mask", np.ascontiguousarray(lm[r]))
-            if head:
-                io.bind_cpu_input("head_rows", np.array(rows_, np.int64))
-            for name, arr in zip(outs[:first], got, strict=True):
-                a = arr[r]
-                io.bind_output(name, "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
-            session.run_with_iobinding(io)
-        for i in range(start, stop):
-            cache.advance(i, keep)
-        return _kept(got, head, keep, cut)
-
-    def _kv_binding(self, session, cache, start: int, stop: int, r: slice):
-        """An IOBinding with layers [start, stop)'s buffers (row r) bound as their past and
-        present, kept while those buffers stay where they are: binding 60 of them anew cost
-        ~1 ms a step on SmolLM2 (a 15 ms step). The cache's layout token (unique in the
-        process, new whenever a buffer is replaced) says they have not moved, without reading
-        60 views' addresses a step. The caller rebinds the pass's own inputs."""
-        key = (id(session), start, stop, r.start)
-        kept = self._bindings.get(key)
-        if kept is not None and kept[0] == (cache.layout, r.stop):
-            return kept[1]
-        bufs = [b[r] for i in range(start, stop) for b in cache.buffers(i)]
-        io = session.io_binding()
-        for j, i in enumerate(range(start, stop)):
-            for name, b in zip(("key", "value"), bufs[2 * j : 2 * j + 2], strict=True):
-                for bind, kind in ((io.bind_input, "past"), (io.bind_output, "present")):
-                    bind(f"{kind}.{i}.{name}", "cpu", 0, np.float32, list(b.shape),
-                         b.ctypes.data)  # fmt: skip
-        self._bindings[key] = ((cache.layout, r.stop), io)
-        return io
-
-    @staticmethod
-    def _run_window(session, outs, names, x, pos, m, lm, past, start, stop, off, rows_):
-        """One graph run of the whole pass (recipe attention "window")."""
-        B, T = x.shape[:2]
-        # GroupQueryAttention's CPU kernel runs a multi-token window over a past one row at a
-        # time: such a batch (branch rows verified together) runs row by row
-        rows = [slice(r, r + 1) for r in range(B)] if B > 1 and T > 1 and off else [slice(None)]
-        got = []
-        for r in rows:
-            feed = {**_carried(start, x[r]), "position_ids": pos[r]}
-            if "attention_mask" in names:
-                feed["attention_mask"] = m[r]
-            if lm is not None:
-                feed["local_mask"] = lm[r]
-            if "head_rows" in names:
-                feed["head_rows"] = np.array(rows_, np.int64)
-            for i, (k, v) in zip(range(start, stop), past, strict=True):
-                feed[f"past.{i}.key"] = np.ascontiguousarray(k[r])
-                feed[f"past.{i}.value"] = np.ascontiguousarray(v[r])
-            got.append(session.run(outs, feed))
-        return got[0] if len(got) == 1 else [np.concatenate(p) for p in zip(*got, strict=True)]
+        return kept_rows(res[:first], head, keep, cut)
 
     # set by a fitted head's draft (--draft head, runtime/drafts/head/torch.py): the outputs
     # of these layers, concatenated, are kept on the cache (record_rows) for it to read
