@@ -133,6 +133,49 @@ def load_pair(
     `profile_roles`: a device profile's {role: backend} (runtime/placement.py), which places
     the target and a draft model where the user named no backend.
     """
+    tdir, ddir, home = _pair_dirs(target, draft, need_draft, adapter, heads_from)
+    target_backend, target_why, target_threads = _place_target(
+        target_backend, profile_roles, target_threads, need_draft, ddir, draft_threads
+    )
+    t, quantize, hybrid_onnx = _load_target(
+        tdir, target_backend, target_threads, target_device, hybrid_rollback, quantize
+    )
+    settings = _target_settings(
+        target_backend, target_threads, target_device, target_why, quantize, hybrid_onnx
+    )
+    mixed, kind = need_draft and is_mixed_spec(ddir), ddir
+    if mixed:  # the head drafts, a model-free draft beside it (runtime/drafts/mixed.py)
+        kind = ddir.split("+")[0]
+    d = None
+    if need_draft:
+        d = _load_draft(
+            t,
+            tdir,
+            ddir,
+            kind,
+            home,
+            settings,
+            draft_backend,
+            draft_threads,
+            provider,
+            target_device,
+            hybrid_rollback,
+            profile_roles,
+        )
+    tok = Tokenizer(tdir) if (Path(tdir) / "tokenizer.json").is_file() else None
+    if mixed:
+        from runtime.drafts.mixed import MixedDraft
+
+        free = ddir.split("+")[1]
+        d = MixedDraft(d, load_model_free(free, t, tok), name=ddir)
+        settings.update(draft_backend=f"{settings['draft_backend']} + {free} (model-free): the "
+                        f"text's chain when it offers one, else the {kind}'s")  # fmt: skip
+    return Pair(t, d, tok, Path(tdir), ddir, settings, model_name(target, Path(tdir)))
+
+
+def _pair_dirs(target, draft, need_draft: bool, adapter, heads_from) -> tuple:
+    """(target dir, draft dir or spec, the sidecars' checkpoint): names resolved, an anchor
+    draft assembled, an adapter merged, and headers and vocabularies checked."""
     if target is None and draft is None:
         from runtime.assets import default_pair
 
@@ -167,6 +210,13 @@ def load_pair(
     if need_draft and not _no_draft_dir(ddir):
         check_checkpoint(ddir, "draft")
         check_pair_files(tdir, ddir)
+    return tdir, ddir, home
+
+
+def _place_target(
+    target_backend, profile_roles, target_threads, need_draft: bool, ddir, draft_threads: int
+) -> tuple:
+    """(backend, why it was chosen, intra-op threads) of the target."""
     target_backend, target_why = choose_backend(
         "target", target_backend, profile_roles, choices=TARGET_BACKENDS[1:]
     )
@@ -180,6 +230,18 @@ def load_pair(
         # the same count whatever the method, so ar and sd runs are comparable; a target with no
         # draft model beside it gets every core
         target_threads = max(1, (os.cpu_count() or 1) - (draft_threads if need_draft else 0))
+    return target_backend, target_why, target_threads
+
+
+def _load_target(
+    tdir,
+    target_backend: str,
+    target_threads: int,
+    target_device: str,
+    hybrid_rollback: str,
+    quantize: str,
+) -> tuple:
+    """(the target, the quantization it runs at, whether it is a hybrid on ONNX)."""
     if target_device != "cpu" and target_backend != "torch":
         raise DuetError(
             f"--target-device {target_device} runs the PyTorch target; add --target-backend torch"
@@ -202,7 +264,18 @@ def load_pair(
         t = OnnxTargetLM(tdir, quantize, intra_threads=target_threads)
     else:
         t = load_model(tdir, target_backend, **kw)
-    d = None
+    return t, quantize, hybrid_onnx
+
+
+def _target_settings(
+    target_backend: str,
+    target_threads: int,
+    target_device: str,
+    target_why,
+    quantize: str,
+    hybrid_onnx: bool,
+) -> dict:
+    """The target's part of the settings reported with a run."""
     settings = {"target_backend": target_backend,
                 "target_threads": target_threads if target_backend in ("torch", "onnx") else None,
                 "target_device": target_device,
@@ -215,28 +288,44 @@ def load_pair(
             "graph with its recurrent states, float32 weights (--quantize applies to Llama, "
             "Qwen2, Qwen3 and Gemma 3)"
         )
-    mixed, kind = need_draft and is_mixed_spec(ddir), ddir
-    if mixed:  # the head drafts, a model-free draft beside it (runtime/drafts/mixed.py)
-        kind = ddir.split("+")[0]
-    if need_draft and kind == "head":  # a fitted feature-level head (apps.train eagle)
+    return settings
+
+
+def _load_draft(
+    t,
+    tdir,
+    ddir,
+    kind,
+    home,
+    settings: dict,
+    draft_backend,
+    draft_threads: int,
+    provider: str,
+    target_device: str,
+    hybrid_rollback: str,
+    profile_roles,
+):
+    """The draft `kind` names (the target's fitted head or MTP head, a model-free draft, or a
+    draft checkpoint, checked against the target's vocabulary); its settings go on `settings`."""
+    if kind == "head":  # a fitted feature-level head (apps.train eagle)
         from runtime.drafts.head.torch import HeadDraft
 
         hb = head_backend(draft_backend, target_device)
         d = HeadDraft.load(t, home, backend=hb, threads=draft_threads)
         label = "torch" if hb == "torch" else "onnx, int8 weights"
         settings.update(draft_backend=f"head (fitted feature-level head, {label})")
-    elif need_draft and kind == "mtp":
+    elif kind == "mtp":
         from runtime.drafts.mtp.torch import MTPDraft
 
         mb = head_backend(draft_backend, target_device)
         d = MTPDraft.load(t, home, backend=mb, threads=draft_threads)
         label = "torch" if mb == "torch" else "onnx, int8 weights"
         settings.update(draft_backend=f"mtp (target's own head, {label})")
-    elif need_draft and is_model_free_spec(ddir):  # runtime/drafts/: no model loaded
+    elif is_model_free_spec(ddir):  # runtime/drafts/: no model loaded
         tok = Tokenizer(tdir) if (Path(tdir) / "tokenizer.json").is_file() else None
         d = load_model_free(ddir, t, tok)
         settings.update(draft_backend=f"{ddir} (model-free)")
-    elif need_draft:
+    else:
         can = draft_backends_for(ddir)
         db, _ = choose_backend("draft", draft_backend, profile_roles, default=can[0], choices=can)
         kw = {"intra_threads": draft_threads, "provider": provider} if db == "onnx" else {}
@@ -251,12 +340,4 @@ def load_pair(
             draft_threads=draft_threads if db == "onnx" else None,
             draft_provider=provider if db == "onnx" else None,
         )
-    tok = Tokenizer(tdir) if (Path(tdir) / "tokenizer.json").is_file() else None
-    if mixed:
-        from runtime.drafts.mixed import MixedDraft
-
-        free = ddir.split("+")[1]
-        d = MixedDraft(d, load_model_free(free, t, tok), name=ddir)
-        settings.update(draft_backend=f"{settings['draft_backend']} + {free} (model-free): the "
-                        f"text's chain when it offers one, else the {kind}'s")  # fmt: skip
-    return Pair(t, d, tok, Path(tdir), ddir, settings, model_name(target, Path(tdir)))
+    return d
