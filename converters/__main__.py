@@ -222,13 +222,21 @@ def main(argv: list[str] | None = None) -> int:
         "--group-size", type=int, default=64, help="mlx: quantization group size (default 64)"
     )
     ex.add_argument("--tol", type=float, default=None, help="onnx (dynamic): max |Δlogit| allowed")
-    ex.add_argument("--role", choices=["draft", "target"], default="draft",
-                    help="onnx: target = the ONNX Runtime target's graphs (--out DIR; --quantize "
-                    "int4|int8|none, default int4; --exit-layer E adds Mirror-SD's split parts); "
-                    "--out CHECKPOINT/.duet is where --target-backend onnx looks "
-                    "(default draft)")  # fmt: skip
-    ex.add_argument("--exit-layer", type=int, default=None,
-                    help="--role target: also export the parts split at this layer")  # fmt: skip
+    ex.add_argument(
+        "--role",
+        choices=["draft", "target"],
+        default="draft",
+        help="onnx: target = the ONNX Runtime target's graphs (--out DIR; --quantize "
+        "int4|int8|none, default int4; --exit-layer E adds Mirror-SD's split parts); "
+        "--out CHECKPOINT/.duet is where --target-backend onnx looks "
+        "(default draft)",
+    )
+    ex.add_argument(
+        "--exit-layer",
+        type=int,
+        default=None,
+        help="--role target: also export the parts split at this layer",
+    )
     ex.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
     if args.max_context is not None and args.max_context < 2:

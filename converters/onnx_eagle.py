@@ -29,12 +29,12 @@ class EagleStepGraph(nn.Module):
         from runtime.backends.torch.llama import rope_inv_freq
 
         self.embed, self.head = target_module.model.embed_tokens, head
-        self.register_buffer("inv_freq", rope_inv_freq(target_module.cfg).clone(),
-                             persistent=False)  # fmt: skip
+        self.register_buffer("inv_freq", rope_inv_freq(target_module.cfg).clone(), persistent=False)
 
     def forward(self, input_ids, hidden, position_ids, mask, past_key, past_value):
-        out, k, v = self.head.step(self.embed(input_ids), hidden, position_ids, mask,
-                                   (past_key, past_value), self.inv_freq)  # fmt: skip
+        out, k, v = self.head.step(
+            self.embed(input_ids), hidden, position_ids, mask, (past_key, past_value), self.inv_freq
+        )
         return self.head.lm_head(out), out, k, v
 
 

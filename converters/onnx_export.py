@@ -64,15 +64,22 @@ def export_onnx(
         export_hybrid_onnx(lm, out, dtype)
         embed_config(out, cfg)
         pre = prefill_path(out)
-        return {"path": str(out), "prefill_path": str(pre), "seconds": time.perf_counter() - t0,
-                "bytes": out.stat().st_size + pre.stat().st_size}  # fmt: skip
+        return {
+            "path": str(out),
+            "prefill_path": str(pre),
+            "seconds": time.perf_counter() - t0,
+            "bytes": out.stat().st_size + pre.stat().st_size,
+        }
     if family == "gemma3_text":  # local layers' positions as I/O (onnx_gemma3_export.py)
         from converters.onnx_gemma3_export import export_gemma_onnx
 
         export_gemma_onnx(lm, Path(out), dtype)
         embed_config(Path(out), cfg)
-        return {"path": str(out), "seconds": time.perf_counter() - t0,
-                "bytes": Path(out).stat().st_size}  # fmt: skip
+        return {
+            "path": str(out),
+            "seconds": time.perf_counter() - t0,
+            "bytes": Path(out).stat().st_size,
+        }
     B, T, P = 1, 2, 3  # dummy sizes; every axis below is declared dynamic
     ids, am, pos = dummy_window(B, T, P)
     past = [

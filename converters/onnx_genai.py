@@ -30,8 +30,10 @@ GENAI_TYPES = ("llama", "qwen2", "qwen3")  # decoder-only types genai runs with 
 def genai_dynamic_config(cfg: ModelConfig) -> dict:
     """genai_config.json for the dynamic export: a growing fp32 cache on the CPU provider."""
     if cfg.model_type not in GENAI_TYPES:
-        raise DuetError(f"model_type {cfg.model_type!r} has no ONNX Runtime GenAI layout here; "
-                        f"supported: {', '.join(GENAI_TYPES)}")  # fmt: skip
+        raise DuetError(
+            f"model_type {cfg.model_type!r} has no ONNX Runtime GenAI layout here; "
+            f"supported: {', '.join(GENAI_TYPES)}"
+        )
     eos = list(cfg.eos_token_ids)
     bos = cfg.raw.get("bos_token_id")
     return {

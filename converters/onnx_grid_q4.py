@@ -105,19 +105,37 @@ def keep_grids(model, block: int, accuracy_level: int, skip: set[str]) -> list[s
             extra = nb
             split = f"{n}.sums_split"
             g.initializer.append(onh.from_array(np.array([N, nb], np.int64), split))
-            new.append(oh.make_node("Split", [f"{n}.dq_sums", split], [f"{n}.dq", f"{x}.blocksum"],
-                                    name=f"{n}.sums", axis=-1))  # fmt: skip
+            new.append(
+                oh.make_node(
+                    "Split",
+                    [f"{n}.dq_sums", split],
+                    [f"{n}.dq", f"{x}.blocksum"],
+                    name=f"{n}.sums",
+                    axis=-1,
+                )
+            )
             sums[x] = f"{x}.blocksum"
         # the symmetric form (no zero-point input, implicit zero point 8): d (q - 8) + (m + 8 d)
         shift = (m + 8 * d[:N]).T  # (nb, N)
-        g.initializer.extend([
-            onh.from_array(_pack(q), f"{n}.q"), onh.from_array(d.reshape(-1), f"{n}.d"),
-            onh.from_array(np.ascontiguousarray(shift, dtype=np.float32), f"{n}.m"),
-        ])  # fmt: skip
-        dq = oh.make_node("MatMulNBits", [x, f"{n}.q", f"{n}.d"],
-                          [f"{n}.dq_sums" if extra else f"{n}.dq"], name=f"{n}.dq", domain=MS,
-                          K=K, N=N + extra, bits=4, block_size=block,
-                          accuracy_level=accuracy_level)  # fmt: skip
+        g.initializer.extend(
+            [
+                onh.from_array(_pack(q), f"{n}.q"),
+                onh.from_array(d.reshape(-1), f"{n}.d"),
+                onh.from_array(np.ascontiguousarray(shift, dtype=np.float32), f"{n}.m"),
+            ]
+        )
+        dq = oh.make_node(
+            "MatMulNBits",
+            [x, f"{n}.q", f"{n}.d"],
+            [f"{n}.dq_sums" if extra else f"{n}.dq"],
+            name=f"{n}.dq",
+            domain=MS,
+            K=K,
+            N=N + extra,
+            bits=4,
+            block_size=block,
+            accuracy_level=accuracy_level,
+        )
         new = [
             dq, *new,
             oh.make_node("MatMul", [sums[x], f"{n}.m"], [f"{n}.mm"], name=f"{n}.grid_min"),

@@ -87,9 +87,18 @@ def one_matmul8(model, node_name: str, block: int = 32, accuracy_level: int = 4)
     g, node, init, K, N, q8, s = _int8_blocks(model, node_name, block, 127)
     inits = [onh.from_array((q8 + 128).astype(np.uint8), f"{node_name}.q8"),
              onh.from_array(s.reshape(-1), f"{node_name}.s8")]  # fmt: skip
-    new = oh.make_node("MatMulNBits", [node.input[0], f"{node_name}.q8", f"{node_name}.s8"],
-                       list(node.output), name=f"{node_name}.q8mm", domain=MS, K=K, N=N,
-                       bits=8, block_size=block, accuracy_level=accuracy_level)  # fmt: skip
+    new = oh.make_node(
+        "MatMulNBits",
+        [node.input[0], f"{node_name}.q8", f"{node_name}.s8"],
+        list(node.output),
+        name=f"{node_name}.q8mm",
+        domain=MS,
+        K=K,
+        N=N,
+        bits=8,
+        block_size=block,
+        accuracy_level=accuracy_level,
+    )
     at = list(g.node).index(node)
     g.node.remove(node)
     g.node.insert(at, new)

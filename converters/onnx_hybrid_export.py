@@ -60,8 +60,9 @@ def dummy_past(lm, batch: int, past: int, dtype: torch.dtype) -> list[torch.Tens
     return flat
 
 
-def export_hybrid_onnx(lm, out: Path, dtype: torch.dtype = torch.float32,
-                       prefill: int = DEFAULT_PREFILL) -> None:  # fmt: skip
+def export_hybrid_onnx(
+    lm, out: Path, dtype: torch.dtype = torch.float32, prefill: int = DEFAULT_PREFILL
+) -> None:
     """Trace `lm` (a Qwen3_5LM) to the one-token graph `out` and the `prefill`-token graph
     beside it (prefill_path(out)); 0 skips the prefill graph."""
     out = Path(out)

@@ -51,8 +51,9 @@ class MTPStepGraph(nn.Module):
 
     def forward(self, input_ids, hidden, position_ids, mask, past_key, past_value):
         x = self.embed(input_ids)
-        out, k, v = self.head.step(x, hidden, position_ids, mask, (past_key, past_value),
-                                   self.inv_freq)  # fmt: skip
+        out, k, v = self.head.step(
+            x, hidden, position_ids, mask, (past_key, past_value), self.inv_freq
+        )
         return out @ self.lm.T, out, k, v
 
 
@@ -61,11 +62,14 @@ def _probe(cfg, width: int | None = None) -> tuple:
     the hidden input's (default the target's hidden size)."""
     n, S = 2, 3
     g = torch.Generator().manual_seed(0)
-    return (torch.randint(0, cfg.vocab_size, (1, n), generator=g),
-            torch.randn(1, n, width or cfg.hidden_size, generator=g),
-            torch.arange(S, S + n)[None], torch.ones(1, 1, n, S + n, dtype=torch.bool),
-            torch.randn(1, cfg.num_kv_heads, S, cfg.head_dim, generator=g),
-            torch.randn(1, cfg.num_kv_heads, S, cfg.head_dim, generator=g))  # fmt: skip
+    return (
+        torch.randint(0, cfg.vocab_size, (1, n), generator=g),
+        torch.randn(1, n, width or cfg.hidden_size, generator=g),
+        torch.arange(S, S + n)[None],
+        torch.ones(1, 1, n, S + n, dtype=torch.bool),
+        torch.randn(1, cfg.num_kv_heads, S, cfg.head_dim, generator=g),
+        torch.randn(1, cfg.num_kv_heads, S, cfg.head_dim, generator=g),
+    )
 
 
 def _run(path: Path, args) -> list[np.ndarray]:
@@ -81,8 +85,9 @@ def _check(name: str, want, got, tol: float, what: str) -> None:
         raise AssertionError(f"{what}: {name} differs by {err:.2e}")
 
 
-def export_mtp_onnx(target_module, head, out: str | Path, graph: nn.Module | None = None,
-                    width: int | None = None) -> Path:  # fmt: skip
+def export_mtp_onnx(
+    target_module, head, out: str | Path, graph: nn.Module | None = None, width: int | None = None
+) -> Path:
     """Write the step graph of `head` (an MTPHead for `target_module`, or `graph`: another step
     module with the same I/O, its hidden input `width` wide) to `out`; parity-checked."""
     cfg = target_module.cfg
@@ -97,8 +102,16 @@ def export_mtp_onnx(target_module, head, out: str | Path, graph: nn.Module | Non
     tmp = out.with_name(out.name + ".tmp")
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
-        torch.onnx.export(graph, args, str(tmp), input_names=INPUTS, output_names=OUTPUTS,
-                          dynamic_axes=dyn, opset_version=OPSET, dynamo=False)  # fmt: skip
+        torch.onnx.export(
+            graph,
+            args,
+            str(tmp),
+            input_names=INPUTS,
+            output_names=OUTPUTS,
+            dynamic_axes=dyn,
+            opset_version=OPSET,
+            dynamo=False,
+        )
         want = graph(*args)
     got = _run(tmp, [a.numpy() for a in args])
     for name, w, g in zip(OUTPUTS, want, got, strict=True):
@@ -121,8 +134,9 @@ def quantize_mtp_onnx(src: str | Path, out: str | Path, cfg, width: int | None =
     level = log.level
     log.setLevel(logging.WARNING)  # it logs every node it skips at INFO
     try:
-        q = MatMulNBitsQuantizer(onnx.load(str(src)), bits=8, block_size=INT8_BLOCK,
-                                 is_symmetric=True, accuracy_level=4)  # fmt: skip
+        q = MatMulNBitsQuantizer(
+            onnx.load(str(src)), bits=8, block_size=INT8_BLOCK, is_symmetric=True, accuracy_level=4
+        )
         q.process()
         q.model.save_model_to_file(str(tmp))
     finally:

@@ -49,23 +49,42 @@ def recipe(scheme: str, provider: str = "cpu") -> dict:
             f"choose from {', '.join(PROVIDERS)}"
         )
     if scheme == "int16":  # A16W8: 16-bit activations, 8-bit weights
-        return {"scheme": scheme, "provider": provider, "activation": "QUInt16",
-                "weight": "QInt8", "reduce_range": False,
-                "why": "A16W8; no 8-bit integer kernel path, so no provider-specific "
-                       "range"}  # fmt: skip
+        return {
+            "scheme": scheme,
+            "provider": provider,
+            "activation": "QUInt16",
+            "weight": "QInt8",
+            "reduce_range": False,
+            "why": "A16W8; no 8-bit integer kernel path, so no provider-specific range",
+        }
     if provider == "qnn":
-        return {"scheme": scheme, "provider": provider, "activation": "QUInt8", "weight": "QInt8",
-                "reduce_range": False,
-                "why": "full-range U8S8, the pairing QNN's HTP runs"}  # fmt: skip
+        return {
+            "scheme": scheme,
+            "provider": provider,
+            "activation": "QUInt8",
+            "weight": "QInt8",
+            "reduce_range": False,
+            "why": "full-range U8S8, the pairing QNN's HTP runs",
+        }
     if provider == "cuda":
-        return {"scheme": scheme, "provider": provider, "activation": "QInt8", "weight": "QInt8",
-                "reduce_range": False,
-                "why": "full-range S8S8 for int8 tensor-core kernels"}  # fmt: skip
-    return {"scheme": scheme, "provider": provider, "activation": "QUInt8", "weight": "QInt8",
-            "reduce_range": True,
-            "why": "7-bit weights: ORT's U8S8 kernel on x86-64 without VNNI sums u8*s8 pairs "
-                   "in a saturating int16 (VPMADDUBSW); reduce-range cannot clip "
-                   "there"}  # fmt: skip
+        return {
+            "scheme": scheme,
+            "provider": provider,
+            "activation": "QInt8",
+            "weight": "QInt8",
+            "reduce_range": False,
+            "why": "full-range S8S8 for int8 tensor-core kernels",
+        }
+    return {
+        "scheme": scheme,
+        "provider": provider,
+        "activation": "QUInt8",
+        "weight": "QInt8",
+        "reduce_range": True,
+        "why": "7-bit weights: ORT's U8S8 kernel on x86-64 without VNNI sums u8*s8 pairs "
+        "in a saturating int16 (VPMADDUBSW); reduce-range cannot clip "
+        "there",
+    }
 
 
 class RecordedFeeds:

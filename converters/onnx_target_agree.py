@@ -53,8 +53,9 @@ class _GenaiLM:
             ) from None
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
-        self.s = ort.InferenceSession(str(d / dec["filename"]), so,
-                                      providers=["CPUExecutionProvider"])  # fmt: skip
+        self.s = ort.InferenceSession(
+            str(d / dec["filename"]), so, providers=["CPUExecutionProvider"]
+        )
         self.io, self.n, self.kv = (
             dec["inputs"],
             dec["num_hidden_layers"],
@@ -79,9 +80,17 @@ class _GenaiLM:
         return r[self.out["logits"]]
 
 
-def top1_agreement(model_dir, quantize: str, texts: list[str], *, positions: int = 2048,
-                   per_text: int = 256, chunk: int = 64, threads: int = 2,
-                   genai_dir=None) -> dict:  # fmt: skip
+def top1_agreement(
+    model_dir,
+    quantize: str,
+    texts: list[str],
+    *,
+    positions: int = 2048,
+    per_text: int = 256,
+    chunk: int = 64,
+    threads: int = 2,
+    genai_dir=None,
+) -> dict:
     """{agreement, positions, texts, seconds} of `quantize` against float32 over `texts`,
     stopping once `positions` positions are compared; with `genai_dir`, of that
     onnxruntime-genai build instead (the peer in apps.bench; the same text and reference)."""
@@ -113,7 +122,11 @@ def top1_agreement(model_dir, quantize: str, texts: list[str], *, positions: int
             break
     if not seen:
         raise DuetError("no text of two tokens or more to compare on")
-    return {"model": str(model_dir),
-            "quantize": f"ort-genai {genai_dir}" if genai_dir else quantize,
-            "agreement": same / seen,
-            "positions": seen, "texts": used, "seconds": time.perf_counter() - t0}  # fmt: skip
+    return {
+        "model": str(model_dir),
+        "quantize": f"ort-genai {genai_dir}" if genai_dir else quantize,
+        "agreement": same / seen,
+        "positions": seen,
+        "texts": used,
+        "seconds": time.perf_counter() - t0,
+    }

@@ -39,25 +39,39 @@ def window_seconds(lm, context, windows, repeats: int, *, seed: int = 0):
             if r >= 2:
                 times[w].append(dt)
                 cpu[w].append(dc)
-    return ({w: statistics.median(t) for w, t in times.items()},
-            {w: statistics.median(t) for w, t in cpu.items()})  # fmt: skip
+    return (
+        {w: statistics.median(t) for w, t in times.items()},
+        {w: statistics.median(t) for w, t in cpu.items()},
+    )
 
 
-def pass_costs(model_dir, quantize: str = "int4", *, context: int = 200,
-               windows: tuple[int, ...] = (1, 5), repeats: int = 30,
-               threads: int = 2) -> dict:  # fmt: skip
+def pass_costs(
+    model_dir,
+    quantize: str = "int4",
+    *,
+    context: int = 200,
+    windows: tuple[int, ...] = (1, 5),
+    repeats: int = 30,
+    threads: int = 2,
+) -> dict:
     """{window: median seconds} and each one's ratio to the smallest window's."""
     from runtime.backends.onnx.target import OnnxTargetLM
 
     lm = OnnxTargetLM(model_dir, quantize, intra_threads=threads)
     rng = np.random.default_rng(0)
-    med, mcpu = window_seconds(lm, rng.integers(0, lm.config.vocab_size, (1, context)),
-                               windows, repeats)  # fmt: skip
+    med, mcpu = window_seconds(
+        lm, rng.integers(0, lm.config.vocab_size, (1, context)), windows, repeats
+    )
     base, cbase = med[min(windows)], mcpu[min(windows)]
-    return {"model": str(model_dir), "quantize": quantize, "context": context,
-            "threads": threads, "repeats": repeats,
-            "seconds": {str(w): med[w] for w in windows},
-            "ratio": {str(w): med[w] / base for w in windows},
-            "cpu_seconds": {str(w): mcpu[w] for w in windows},
-            "cpu_ratio": {str(w): mcpu[w] / cbase for w in windows},
-            "recipe": lm.quantization}  # fmt: skip
+    return {
+        "model": str(model_dir),
+        "quantize": quantize,
+        "context": context,
+        "threads": threads,
+        "repeats": repeats,
+        "seconds": {str(w): med[w] for w in windows},
+        "ratio": {str(w): med[w] / base for w in windows},
+        "cpu_seconds": {str(w): mcpu[w] for w in windows},
+        "cpu_ratio": {str(w): mcpu[w] / cbase for w in windows},
+        "recipe": lm.quantization,
+    }

@@ -45,9 +45,11 @@ def export_target_cli(args) -> int:
     else:
         for d in done:
             print(f"wrote {d['path']} ({d['bytes'] / 1e6:.1f} MB, {d['seconds']:.1f} s)")
-        print(f"parity vs PyTorch float32: max |Δlogit| {parity['max_abs_logit_diff']:.2e}, "
-              f"top-1 agreement {parity['top1']:.3f} over "
-              f"{parity['positions']} positions")  # fmt: skip
+        print(
+            f"parity vs PyTorch float32: max |Δlogit| {parity['max_abs_logit_diff']:.2e}, "
+            f"top-1 agreement {parity['top1']:.3f} over "
+            f"{parity['positions']} positions"
+        )
     if not ok:
         raise DuetError(f"float32 parity {parity['max_abs_logit_diff']:.2e} exceeds {tol}")
     return 0
@@ -75,8 +77,11 @@ def _parity(model: str, out: Path, q: str) -> dict:
         lm = OnnxTargetLM(tmp, q, intra_threads=1)
         a = lm.forward(ids, lm.new_cache())
     r = ref.forward(ids, ref.new_cache())
-    return {"max_abs_logit_diff": float(np.abs(a - r).max()),
-            "top1": float((a.argmax(-1) == r.argmax(-1)).mean()), "positions": n}  # fmt: skip
+    return {
+        "max_abs_logit_diff": float(np.abs(a - r).max()),
+        "top1": float((a.argmax(-1) == r.argmax(-1)).mean()),
+        "positions": n,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,14 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     ag = sub.add_parser("agree", help="top-1 agreement with float32 on held-out text")
     ag.add_argument("--model", required=True, help="checkpoint dir or a known model's name")
     ag.add_argument("--quantize", default="int4", help="int4 | int8 | none")
-    ag.add_argument("--text", required=True,
-                    help=".jsonl (turns/reference/text fields) or a plain text file")  # fmt: skip
+    ag.add_argument(
+        "--text", required=True, help=".jsonl (turns/reference/text fields) or a plain text file"
+    )
     ag.add_argument("--positions", type=int, default=2048, help="positions to compare")
     ag.add_argument("--per-text", type=int, default=256, help="tokens read from each text")
     ag.add_argument("--threads", type=int, default=2)
-    ag.add_argument("--ort-genai", metavar="DIR", default=None,
-                    help="measure this onnxruntime-genai model folder (the bench's peer, "
-                         "~/.cache/duet/ort-genai/NAME-int4) instead of Duet's target")  # fmt: skip
+    ag.add_argument(
+        "--ort-genai",
+        metavar="DIR",
+        default=None,
+        help="measure this onnxruntime-genai model folder (the bench's peer, "
+        "~/.cache/duet/ort-genai/NAME-int4) instead of Duet's target",
+    )
     ag.add_argument("--json", action="store_true")
     pc = sub.add_parser("pass-cost", help="seconds of a w-token pass over a context, per w")
     pc.add_argument("--model", required=True, help="checkpoint dir or a known model's name")
@@ -113,14 +123,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "agree":
             from converters.onnx_target_agree import read_texts, top1_agreement
 
-            r = top1_agreement(model, args.quantize, read_texts(args.text),
-                               positions=args.positions, per_text=args.per_text,
-                               threads=args.threads, genai_dir=args.ort_genai)  # fmt: skip
+            r = top1_agreement(
+                model,
+                args.quantize,
+                read_texts(args.text),
+                positions=args.positions,
+                per_text=args.per_text,
+                threads=args.threads,
+                genai_dir=args.ort_genai,
+            )
             r["text"] = args.text
-            print(json.dumps(r) if args.json else
-                  f"{r['quantize']} vs float32 on {args.text}: top-1 agreement "
-                  f"{r['agreement']:.3f} over {r['positions']} positions "
-                  f"({r['texts']} texts, {r['seconds']:.0f} s)")  # fmt: skip
+            print(
+                json.dumps(r)
+                if args.json
+                else f"{r['quantize']} vs float32 on {args.text}: top-1 agreement "
+                f"{r['agreement']:.3f} over {r['positions']} positions "
+                f"({r['texts']} texts, {r['seconds']:.0f} s)"
+            )
         else:
             from converters.onnx_target_bench import pass_costs
 
@@ -128,12 +147,23 @@ def main(argv: list[str] | None = None) -> int:
                 windows = tuple(int(w) for w in args.windows.split(","))
             except ValueError:
                 raise DuetError(f"--windows {args.windows!r}: expected integers like 1,5") from None
-            r = pass_costs(model, args.quantize, context=args.context, windows=windows,
-                           repeats=args.repeats, threads=args.threads)  # fmt: skip
-            print(json.dumps(r) if args.json else "\n".join(
-                f"{w:>3} tokens over {args.context}: {s * 1e3:7.2f} ms ({r['ratio'][w]:.2f}x), "
-                f"CPU {r['cpu_seconds'][w] * 1e3:7.2f} ms ({r['cpu_ratio'][w]:.2f}x)"
-                for w, s in r["seconds"].items()))  # fmt: skip
+            r = pass_costs(
+                model,
+                args.quantize,
+                context=args.context,
+                windows=windows,
+                repeats=args.repeats,
+                threads=args.threads,
+            )
+            print(
+                json.dumps(r)
+                if args.json
+                else "\n".join(
+                    f"{w:>3} tokens over {args.context}: {s * 1e3:7.2f} ms ({r['ratio'][w]:.2f}x), "
+                    f"CPU {r['cpu_seconds'][w] * 1e3:7.2f} ms ({r['cpu_ratio'][w]:.2f}x)"
+                    for w, s in r["seconds"].items()
+                )
+            )
     except DuetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -68,8 +68,16 @@ def io_names(start: int, stop: int, head: bool) -> tuple[list[str], list[str]]:
     return ins, outs
 
 
-def export_target_part(model_dir, out, start: int, stop: int, head: bool, quantize: str = "none",
-                       lm=None, taps: tuple[int, ...] = ()) -> dict:  # fmt: skip
+def export_target_part(
+    model_dir,
+    out,
+    start: int,
+    stop: int,
+    head: bool,
+    quantize: str = "none",
+    lm=None,
+    taps: tuple[int, ...] = (),
+) -> dict:
     """Export one part of `model_dir`'s target to `out` (quantized when asked; `taps`: the
     whole graph with those layers' outputs as a third output); returns
     {path, seconds, bytes, quantization}."""
@@ -103,17 +111,24 @@ def export_target_part(model_dir, out, start: int, stop: int, head: bool, quanti
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp.onnx")
-    for key, value in (("duet.config", json.dumps(cfg.raw)), ("duet.quantization", json.dumps(rec)),
-                       ("duet.part", json.dumps([start, stop, head])),
-                       ("duet.taps", json.dumps(list(taps)))):  # fmt: skip
+    for key, value in (
+        ("duet.config", json.dumps(cfg.raw)),
+        ("duet.quantization", json.dumps(rec)),
+        ("duet.part", json.dumps([start, stop, head])),
+        ("duet.taps", json.dumps(list(taps))),
+    ):
         e = m.metadata_props.add()
         e.key, e.value = key, value
     import onnx
 
     onnx.save(m, str(tmp))
     tmp.replace(out)  # atomic: a reader never sees half a file
-    return {"path": str(out), "seconds": time.perf_counter() - t0, "bytes": out.stat().st_size,
-            "quantization": rec}  # fmt: skip
+    return {
+        "path": str(out),
+        "seconds": time.perf_counter() - t0,
+        "bytes": out.stat().st_size,
+        "quantization": rec,
+    }
 
 
 def _from_gguf(model_dir) -> bool:
@@ -149,14 +164,25 @@ def _quantize(model, rec: dict, gguf: bool = False):
         finer = []
         if gguf and rec.get("gguf_finer"):
             consts = {i.name for i in model.graph.initializer}
-            finer = [n.name for n in model.graph.node if n.op_type == "MatMul"
-                     and n.input[1] in consts and n.name not in (*keep, HEAD_NODE)]  # fmt: skip
-        algo = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=rec["symmetric"],
-                                            accuracy_level=level, bits=4)  # fmt: skip
-        q = MatMulNBitsQuantizer(model, bits=4, block_size=block, is_symmetric=rec["symmetric"],
-                                 accuracy_level=level, algo_config=algo,
-                                 nodes_to_exclude=keep + finer
-                                 + ([HEAD_NODE] if head8 else []))  # fmt: skip
+            finer = [
+                n.name
+                for n in model.graph.node
+                if n.op_type == "MatMul"
+                and n.input[1] in consts
+                and n.name not in (*keep, HEAD_NODE)
+            ]
+        algo = DefaultWeightOnlyQuantConfig(
+            block_size=block, is_symmetric=rec["symmetric"], accuracy_level=level, bits=4
+        )
+        q = MatMulNBitsQuantizer(
+            model,
+            bits=4,
+            block_size=block,
+            is_symmetric=rec["symmetric"],
+            accuracy_level=level,
+            algo_config=algo,
+            nodes_to_exclude=keep + finer + ([HEAD_NODE] if head8 else []),
+        )
         q.process()
         model = q.model.model
         eight = finer + ([HEAD_NODE] if head8 else [])

@@ -41,8 +41,16 @@ from converters.onnx_target_graph import (
 )
 
 
-def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head: bool,
-                     rows: bool = False, taps: tuple[int, ...] = ()):  # fmt: skip
+def build_gemma_part(
+    cfg,
+    state: dict,
+    ropes: dict,
+    start: int,
+    stop: int,
+    head: bool,
+    rows: bool = False,
+    taps: tuple[int, ...] = (),
+):
     """The ModelProto of Gemma 3 layers [start, stop) (+ final norm, LM head and soft-cap
     when `head`); ropes = {"global": inv_freq, "local": inv_freq} (D / 2,) each; `taps` as
     converters/onnx_target_graph.build_part's."""
@@ -58,8 +66,9 @@ def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head:
     ins, outs = [], []
     if start == 0 and start < stop:
         ins.append(oh.make_tensor_value_info("input_ids", TP.INT64, ["batch", "seq"]))
-        embed = g.op("Gather", [g.init("embed", weight(state, "model.embed_tokens.weight")),
-                                "input_ids"])  # fmt: skip
+        embed = g.op(
+            "Gather", [g.init("embed", weight(state, "model.embed_tokens.weight")), "input_ids"]
+        )
         scale = np.array(math.sqrt(C), np.float32)  # rounded to the weights' dtype, as HF does
         h = g.op("Mul", [embed, g.init("embed_scale", scale)])
     # the last block's normed MLP output, still to be added to h (after the first part: an input)
@@ -87,29 +96,49 @@ def build_gemma_part(cfg, state: dict, ropes: dict, start: int, stop: int, head:
         q = g.op("RotaryEmbedding", [q, "position_ids", cos, sin], domain=MS, num_heads=H)
         k = g.op("RotaryEmbedding", [k, "position_ids", cos, sin], domain=MS, num_heads=KV)
         past = ["batch", KV, "held" if local else "past", D]
-        ins += [oh.make_tensor_value_info(f"past.{i}.{n}", TP.FLOAT, past)
-                for n in ("key", "value")]  # fmt: skip
-        att, pk, pv = attention(g, a_in, q, k, v, f"past.{i}.key", f"past.{i}.value",
-                                    H, KV, D, float(cfg.query_pre_attn_scalar) ** -0.5)  # fmt: skip
+        ins += [
+            oh.make_tensor_value_info(f"past.{i}.{n}", TP.FLOAT, past) for n in ("key", "value")
+        ]
+        att, pk, pv = attention(
+            g,
+            a_in,
+            q,
+            k,
+            v,
+            f"past.{i}.key",
+            f"past.{i}.value",
+            H,
+            KV,
+            D,
+            float(cfg.query_pre_attn_scalar) ** -0.5,
+        )
         outs += [(pk, f"present.{i}.key"), (pv, f"present.{i}.value")]
         o = g.op("MatMul", [att, g.init(f"o.{i}", weight(state, a + "o_proj.weight").T)])
-        on = g.op("SimplifiedLayerNormalization",
-                  [o, norm_w(f"ln_post.{i}", p + "post_attention_layernorm.weight")],
-                  axis=-1, epsilon=eps)  # fmt: skip
+        on = g.op(
+            "SimplifiedLayerNormalization",
+            [o, norm_w(f"ln_post.{i}", p + "post_attention_layernorm.weight")],
+            axis=-1,
+            epsilon=eps,
+        )
         w_pre = norm_w(f"ln_pre_ff.{i}", p + "pre_feedforward_layernorm.weight")
-        xn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [on, h, w_pre], 4, domain=MS,
-                           epsilon=eps)  # fmt: skip
+        xn, _, _, h = g.op(
+            "SkipSimplifiedLayerNormalization", [on, h, w_pre], 4, domain=MS, epsilon=eps
+        )
         m = p + "mlp."
-        wgu = np.concatenate([weight(state, m + "gate_proj.weight"),
-                              weight(state, m + "up_proj.weight")])  # fmt: skip
+        wgu = np.concatenate(
+            [weight(state, m + "gate_proj.weight"), weight(state, m + "up_proj.weight")]
+        )
         gu = g.op("MatMul", [xn, g.init(f"gu.{i}", wgu.T)])
         gu_split = g.init(f"gu_split.{i}", np.array([cfg.intermediate_size] * 2, np.int64))
         gate, up = g.op("Split", [gu, gu_split], 2, axis=-1)
         act = g.op("Mul", [g.op(act_op[0], [gate], domain=MS, **act_op[1]), up])
         down = g.op("MatMul", [act, g.init(f"down.{i}", weight(state, m + "down_proj.weight").T)])
-        resid = g.op("SimplifiedLayerNormalization",
-                     [down, norm_w(f"ln_post_ff.{i}", p + "post_feedforward_layernorm.weight")],
-                     axis=-1, epsilon=eps)  # fmt: skip
+        resid = g.op(
+            "SimplifiedLayerNormalization",
+            [down, norm_w(f"ln_post_ff.{i}", p + "post_feedforward_layernorm.weight")],
+            axis=-1,
+            epsilon=eps,
+        )
     logits = None
     if head:
         logits, h = lm_head(

@@ -47,16 +47,25 @@ class Graph:
         self.inits.append(onh.from_array(np.ascontiguousarray(arr), name))
         return name
 
-    def op(self, kind: str, ins: list[str], n_out: int = 1, domain: str = "", node=None,
-           out=None, **attrs):  # fmt: skip
+    def op(
+        self,
+        kind: str,
+        ins: list[str],
+        n_out: int = 1,
+        domain: str = "",
+        node=None,
+        out=None,
+        **attrs,
+    ):
         self.n += 1
         outs = (
             ([out] if isinstance(out, str) else list(out))
             if out
             else [f"{kind}_{self.n}_{j}" for j in range(n_out)]
         )
-        self.nodes.append(oh.make_node(kind, ins, outs, name=node or f"{kind}_{self.n}",
-                                       domain=domain, **attrs))  # fmt: skip
+        self.nodes.append(
+            oh.make_node(kind, ins, outs, name=node or f"{kind}_{self.n}", domain=domain, **attrs)
+        )
         return outs[0] if n_out == 1 else outs
 
 
@@ -64,8 +73,16 @@ def weight(state, key) -> np.ndarray:
     return state[key].detach().float().numpy()
 
 
-def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, head: bool,
-               rows: bool = False, taps: tuple[int, ...] = ()):  # fmt: skip
+def build_part(
+    cfg,
+    state: dict,
+    inv_freq: np.ndarray,
+    start: int,
+    stop: int,
+    head: bool,
+    rows: bool = False,
+    taps: tuple[int, ...] = (),
+):
     """The ModelProto of layers [start, stop) (+ final norm and LM head when `head`);
     start == stop with `head`: the head alone on `hidden_in`. `rows`: attention as rows
     (converters/onnx_target_rows.py), else one window over an attention_mask input. `taps`
@@ -77,8 +94,9 @@ def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, he
     ins, outs = [], []
     if start == 0 and start < stop:
         ins.append(oh.make_tensor_value_info("input_ids", TP.INT64, ["batch", "seq"]))
-        h = g.op("Gather", [g.init("embed", weight(state, "model.embed_tokens.weight")),
-                            "input_ids"])  # fmt: skip
+        h = g.op(
+            "Gather", [g.init("embed", weight(state, "model.embed_tokens.weight")), "input_ids"]
+        )
     # the last block's output, still to be added to h (a part after the first: `resid_in`)
     resid = None if start == 0 and start < stop else residual_inputs(ins, C)
     h = "hidden_in" if resid else h
@@ -97,15 +115,19 @@ def build_part(cfg, state: dict, inv_freq: np.ndarray, start: int, stop: int, he
             k = head_norm(g, k, KV, D, g.init(f"kn.{i}", weight(state, a + "k_norm.weight")), eps)
         q = g.op("RotaryEmbedding", [q, "position_ids", cos, sin], domain=MS, num_heads=H)
         k = g.op("RotaryEmbedding", [k, "position_ids", cos, sin], domain=MS, num_heads=KV)
-        ins += [oh.make_tensor_value_info(f"past.{i}.{n}", TP.FLOAT, ["batch", KV, "past", D])
-                for n in ("key", "value")]  # fmt: skip
-        att, pk, pv = attention(g, att_in, q, k, v, f"past.{i}.key", f"past.{i}.value",
-                                    H, KV, D, float(D) ** -0.5)  # fmt: skip
+        ins += [
+            oh.make_tensor_value_info(f"past.{i}.{n}", TP.FLOAT, ["batch", KV, "past", D])
+            for n in ("key", "value")
+        ]
+        att, pk, pv = attention(
+            g, att_in, q, k, v, f"past.{i}.key", f"past.{i}.value", H, KV, D, float(D) ** -0.5
+        )
         outs += [(pk, f"present.{i}.key"), (pv, f"present.{i}.value")]
         o = g.op("MatMul", [att, g.init(f"o.{i}", weight(state, a + "o_proj.weight").T)])
         w_post = g.init(f"ln_post.{i}", weight(state, p + "post_attention_layernorm.weight"))
-        xn, _, _, h = g.op("SkipSimplifiedLayerNormalization", [o, h, w_post], 4, domain=MS,
-                           epsilon=eps)  # fmt: skip
+        xn, _, _, h = g.op(
+            "SkipSimplifiedLayerNormalization", [o, h, w_post], 4, domain=MS, epsilon=eps
+        )
         m = p + "mlp."
         wgu = np.concatenate([weight(state, m + f"{n}_proj.weight") for n in ("gate", "up")])
         gu = g.op("MatMul", [xn, g.init(f"gu.{i}", wgu.T)])
@@ -137,8 +159,9 @@ def norm_pending(
     if resid is None:
         return g.op("SimplifiedLayerNormalization", [h, w], axis=-1, epsilon=eps), h
     addends = [resid, h] if resid_first else [h, resid]
-    normed, _, _, h = g.op("SkipSimplifiedLayerNormalization", [*addends, w], 4, domain=MS,
-                           epsilon=eps)  # fmt: skip
+    normed, _, _, h = g.op(
+        "SkipSimplifiedLayerNormalization", [*addends, w], 4, domain=MS, epsilon=eps
+    )
     sums[at] = h
     return normed, h
 
@@ -210,8 +233,10 @@ def residual_inputs(ins: list, hidden: int) -> str:
     graph does. Their sum through a SimplifiedLayerNormalization differs in the last bit, which
     int8 activations grow: SmolLM2-135M int4 split after layer 2 ended 84 away (of 3,730) at
     layer 30, and its logits up to 0.8, so Mirror-SD's parts left ar. Returns "resid_in"."""
-    ins += [oh.make_tensor_value_info(n, TP.FLOAT, ["batch", "seq", hidden])
-            for n in ("hidden_in", "resid_in")]  # fmt: skip
+    ins += [
+        oh.make_tensor_value_info(n, TP.FLOAT, ["batch", "seq", hidden])
+        for n in ("hidden_in", "resid_in")
+    ]
     return "resid_in"
 
 
@@ -226,14 +251,28 @@ def attention_inputs(g: Graph, ins: list, tag: str, kv: int, rows: bool) -> dict
         oh.make_tensor_value_info(mask, TP.BOOL, ["batch", "seq", "held" if tag else "total"])
     )
     t = g.n
-    bias = g.op("Where", [mask, g.init(f"zero_{t}", np.array(0, np.float32)),
-                          g.init(f"neg_{t}", np.array(NEG, np.float32))])  # fmt: skip
+    bias = g.op(
+        "Where",
+        [
+            mask,
+            g.init(f"zero_{t}", np.array(0, np.float32)),
+            g.init(f"neg_{t}", np.array(NEG, np.float32)),
+        ],
+    )
     bias = g.op("Unsqueeze", [bias, g.init(f"ax1_{t}", np.array([1], np.int64))])
     total64 = g.op("Shape", [mask], start=2, end=3)  # (1,)
     total = g.op("Cast", [g.op("Squeeze", [total64])], to=TP.INT32)
     batch = g.op("Shape", [mask], start=0, end=1)
-    seqlens = g.op("Cast", [g.op("Expand", [g.op("Sub", [total64, g.init(
-        f"one_{t}", np.array([1], np.int64))]), batch])], to=TP.INT32)  # fmt: skip
+    seqlens = g.op(
+        "Cast",
+        [
+            g.op(
+                "Expand",
+                [g.op("Sub", [total64, g.init(f"one_{t}", np.array([1], np.int64))]), batch],
+            )
+        ],
+        to=TP.INT32,
+    )
     return {"window": (bias, seqlens, total)}
 
 
@@ -245,9 +284,16 @@ def attention(g: Graph, a: dict, q, k, v, past_k, past_v, heads, kv, d, scale):
     # the presents under their public names (no Identity copy): the host binds each to its
     # past's buffer, and the kernel appends in place (runtime/caches/buffer.py)
     presents = [p.replace("past.", "present.", 1) for p in (past_k, past_v)]
-    return g.op("GroupQueryAttention", [q, k, v, past_k, past_v, seqlens, total, "", "", "",
-                bias], 3, domain=MS, out=[f"att_{g.n}", *presents], num_heads=heads,
-                kv_num_heads=kv, scale=scale)  # fmt: skip
+    return g.op(
+        "GroupQueryAttention",
+        [q, k, v, past_k, past_v, seqlens, total, "", "", "", bias],
+        3,
+        domain=MS,
+        out=[f"att_{g.n}", *presents],
+        num_heads=heads,
+        kv_num_heads=kv,
+        scale=scale,
+    )
 
 
 def head_rows(g: Graph, ins: list, hn: str) -> str:
@@ -274,8 +320,9 @@ def finish(g: Graph, ins: list, outs: list[tuple[str, str]]):
             g.nodes.append(oh.make_node("Identity", [src], [name], name=f"out_{name}"))
     out_info = [oh.make_tensor_value_info(name, TP.FLOAT, None) for _, name in outs]
     graph = oh.make_graph(g.nodes, "duet_target", ins, out_info, g.inits)
-    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid(MS, 1)],
-                         ir_version=9)  # fmt: skip
+    return oh.make_model(
+        graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid(MS, 1)], ir_version=9
+    )
 
 
 def qkv_projection(g: Graph, state, cfg, a: str, i: int, xn: str) -> tuple[str, str, str]:

@@ -38,29 +38,55 @@ NEG = float(np.finfo(np.float32).min)
 def row_inputs(g, ins: list, tag: str, kv: int) -> dict:
     """Declare one attention kind's row inputs; returns what row_attention reads."""
     names = {n: f"{tag}{n}" for n in ("kv_index", "seqlens_k", "gqa_mask")}
-    ins += [oh.make_tensor_value_info(names["kv_index"], TP.INT64, ["rows", kv, f"{tag}L"]),
-            oh.make_tensor_value_info(names["seqlens_k"], TP.INT32, ["rows"]),
-            oh.make_tensor_value_info(names["gqa_mask"], TP.BOOL,
-                                      ["rows", "row_seq", f"{tag}total"])]  # fmt: skip
+    ins += [
+        oh.make_tensor_value_info(names["kv_index"], TP.INT64, ["rows", kv, f"{tag}L"]),
+        oh.make_tensor_value_info(names["seqlens_k"], TP.INT32, ["rows"]),
+        oh.make_tensor_value_info(names["gqa_mask"], TP.BOOL, ["rows", "row_seq", f"{tag}total"]),
+    ]
     t = g.n
-    bias = g.op("Where", [names["gqa_mask"], g.init(f"zero_{t}", np.array(0, np.float32)),
-                          g.init(f"neg_{t}", np.array(NEG, np.float32))])  # fmt: skip
+    bias = g.op(
+        "Where",
+        [
+            names["gqa_mask"],
+            g.init(f"zero_{t}", np.array(0, np.float32)),
+            g.init(f"neg_{t}", np.array(NEG, np.float32)),
+        ],
+    )
     bias = g.op("Unsqueeze", [bias, g.init(f"ax1_{t}", np.array([1], np.int64))])
-    total = g.op("Cast", [g.op("Squeeze", [g.op("Shape", [names["gqa_mask"]], start=2, end=3)])],
-                 to=TP.INT32)  # fmt: skip
+    total = g.op(
+        "Cast", [g.op("Squeeze", [g.op("Shape", [names["gqa_mask"]], start=2, end=3)])], to=TP.INT32
+    )
     rows = g.op("Shape", [names["seqlens_k"]])  # (1,): R
     minus1 = g.init(f"m1_{t}", np.array([-1], np.int64))
     bt = g.op("Shape", ["position_ids"])  # (2,): B, T
-    return {"kv_index": names["kv_index"], "seqlens_k": names["seqlens_k"], "bias": bias,
-            "total": total, "rows": rows, "minus1": minus1, "bt": bt}  # fmt: skip
+    return {
+        "kv_index": names["kv_index"],
+        "seqlens_k": names["seqlens_k"],
+        "bias": bias,
+        "total": total,
+        "rows": rows,
+        "minus1": minus1,
+        "bt": bt,
+    }
 
 
 def _shape(g, *dims) -> str:
     return g.op("Concat", list(dims), axis=0)
 
 
-def row_attention(g, r: dict, q: str, k: str, v: str, past_k: str, past_v: str,
-                  heads: int, kv: int, d: int, scale: float) -> tuple[str, str, str]:  # fmt: skip
+def row_attention(
+    g,
+    r: dict,
+    q: str,
+    k: str,
+    v: str,
+    past_k: str,
+    past_v: str,
+    heads: int,
+    kv: int,
+    d: int,
+    scale: float,
+) -> tuple[str, str, str]:
     """(attention output (B, T, H D), present key, present value) of a layer; q, k, v are
     (B, T, n D) after RoPE."""
     if "shapes" not in r:  # built once per kind: reshapes between (B, T) and (R, T')
@@ -83,7 +109,13 @@ def row_attention(g, r: dict, q: str, k: str, v: str, past_k: str, past_v: str,
     ]  # (R, KV, L, D)
     qr = g.op("Reshape", [q, s["q"]])
     kr, vr = (g.op("Reshape", [x, s["kv"]]) for x in (k, v))
-    att = g.op("GroupQueryAttention", [qr, kr, vr, bufs[0], bufs[1], r["seqlens_k"], r["total"],
-               "", "", "", r["bias"]], 3, domain=MS, num_heads=heads, kv_num_heads=kv,
-               scale=scale)[0]  # fmt: skip
+    att = g.op(
+        "GroupQueryAttention",
+        [qr, kr, vr, bufs[0], bufs[1], r["seqlens_k"], r["total"], "", "", "", r["bias"]],
+        3,
+        domain=MS,
+        num_heads=heads,
+        kv_num_heads=kv,
+        scale=scale,
+    )[0]
     return g.op("Reshape", [att, s["out"]]), presents[0], presents[1]

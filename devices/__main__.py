@@ -314,8 +314,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--target", help="target checkpoint directory")
     s.add_argument("--draft", help="draft checkpoint directory")
     s.add_argument("--target-backend", default="mlx", choices=("mlx", "torch", "onnx"))
-    s.add_argument("--quantize", default="int4", choices=("int4", "int8", "none"),
-                   help="the ONNX target's weights (--target-backend onnx)")  # fmt: skip
+    s.add_argument(
+        "--quantize",
+        default="int4",
+        choices=("int4", "int8", "none"),
+        help="the ONNX target's weights (--target-backend onnx)",
+    )
     s.add_argument("--draft-backend", default="mlx", choices=("mlx", "torch", "onnx"))
     s.add_argument("--k-max", type=int, default=8)
     s.add_argument("--repeats", type=int, default=5)
@@ -325,8 +329,12 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("latency", help="FlexSpec step time per K and K* on a profile and link")
     s.add_argument("--profile", required=True)
     s.add_argument("--link", required=True, choices=list(LINKS))
-    s.add_argument("--bits-per-token", type=float, default=None,
-                   help="uplink bits per drafted token (default 15: FlexSpec's ids)")  # fmt: skip
+    s.add_argument(
+        "--bits-per-token",
+        type=float,
+        default=None,
+        help="uplink bits per drafted token (default 15: FlexSpec's ids)",
+    )
     s.add_argument(
         "--gamma-hat", type=float, default=0.8, help="EMA acceptance (Alg. 2 starts at 0.8)"
     )
@@ -365,8 +373,15 @@ def _run_calibrate(a: argparse.Namespace) -> None:
         return
     lat = prof["latency"]
     print(f"wrote {a.out}: {prof['description']}")
-    for k in ("alpha_edge", "beta", "t_base", "delta_cloud", "c_layer", "c_layer_per_token",
-              "t_rv"):  # fmt: skip
+    for k in (
+        "alpha_edge",
+        "beta",
+        "t_base",
+        "delta_cloud",
+        "c_layer",
+        "c_layer_per_token",
+        "t_rv",
+    ):
         r2 = f"  R² {lat[k]['r2']:.3f}" if "r2" in lat[k] else ""
         print(f"  {k:<18} {lat[k]['value'] * 1e3:>10.4f} ms{r2}")
     print(

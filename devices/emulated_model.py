@@ -66,8 +66,9 @@ class EmulatedModel:
         owners = T - (T - 1 if first is None else first)
         n = T + owners * self.ss_streams
         with self.emu.stage(self.role, n_tokens=n, context=cache.offset, batch=B):
-            out = self.model.forward_streams(self._fold(tokens), cache, first=first,
-                                             positions=positions, mask=mask)  # fmt: skip
+            out = self.model.forward_streams(
+                self._fold(tokens), cache, first=first, positions=positions, mask=mask
+            )
             return self._pad(out)
 
     def _fold(self, tokens):
@@ -99,8 +100,9 @@ class EmulatedModel:
     def forward(self, tokens, cache, *, positions=None, mask=None) -> np.ndarray:
         B, T = np.asarray(tokens).reshape(-1, np.shape(tokens)[-1]).shape
         with self.emu.stage(self.role, n_tokens=T, context=cache.offset, batch=B):
-            return self._pad(self.model.forward(self._fold(tokens), cache, positions=positions,
-                                                mask=mask))  # fmt: skip
+            return self._pad(
+                self.model.forward(self._fold(tokens), cache, positions=positions, mask=mask)
+            )
 
     def forward_layers(self, x, cache, start, stop, *, positions=None, mask=None):
         B, T = np.shape(x)[:2]

@@ -179,8 +179,20 @@ class AdaptiveK:
         self.history.append({"k": k, "gamma_hat": self.gamma_hat})
         return k
 
-    def update(self, *, k, accepted, bytes_up, bytes_down, rate_bps, draft_s, uplink_s, cloud_s,
-               downlink_s, header_bytes=None) -> None:  # fmt: skip
+    def update(
+        self,
+        *,
+        k,
+        accepted,
+        bytes_up,
+        bytes_down,
+        rate_bps,
+        draft_s,
+        uplink_s,
+        cloud_s,
+        downlink_s,
+        header_bytes=None,
+    ) -> None:
         """Fold in one round: accepted length, R_n, frame sizes and measured times."""
         self.rounds += 1
         if self.model == "alg2":

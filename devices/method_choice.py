@@ -144,12 +144,15 @@ def mirror_bound(t: StageTimes, gamma: int) -> float:
     misses, so its least value is at a vertex: all own (with own branches), all early exit,
     or all misses."""
     vertices = [(1.0, 0.0), (0.0, 0.0)] + ([(1.0, 1.0)] if t.own_rows else [])
-    return max(predict(replace(t, omega_kappa=o, omega_own=w), gamma)["mirror"]["tokens_per_s"]
-               for o, w in vertices)  # fmt: skip
+    return max(
+        predict(replace(t, omega_kappa=o, omega_own=w), gamma)["mirror"]["tokens_per_s"]
+        for o, w in vertices
+    )
 
 
-def mirror_cannot_win(by_gamma: dict[int, StageTimes], runnable: list[str],
-                      factors: dict[str, float] | None = None) -> str | None:  # fmt: skip
+def mirror_cannot_win(
+    by_gamma: dict[int, StageTimes], runnable: list[str], factors: dict[str, float] | None = None
+) -> str | None:
     """Why measuring Ω̂ on this prompt cannot change the pick, or None when it can: mirror
     cannot run the pair, or its bound at every γ, scaled by its correction factor, is below
     the best other method's prediction (scaled by its own). Ω̂ is then left unmeasured, which
@@ -172,8 +175,10 @@ def mirror_cannot_win(by_gamma: dict[int, StageTimes], runnable: list[str],
     if top >= best:
         return None
     scaled = " (measured factors applied)" if f else ""
-    return (f"Ω̂ not measured: mirror at most {top:.1f} tok/s{scaled} with every correction a "
-            f"branch, {best_m} at γ {best_g} {best:.1f}")  # fmt: skip
+    return (
+        f"Ω̂ not measured: mirror at most {top:.1f} tok/s{scaled} with every correction a "
+        f"branch, {best_m} at γ {best_g} {best:.1f}"
+    )
 
 
 def choose(t: StageTimes, gamma: int, runnable: list[str]) -> dict:
@@ -255,8 +260,15 @@ class Corrections:
         xs = self.logs.get((method, greedy))
         return math.exp(sum(xs) / len(xs)) if xs else 1.0
 
-    def observe(self, rec: dict, method: str, gamma: int | None, greedy: bool,
-                tokens_per_s: float, tokens_per_step: float | None = None) -> None:  # fmt: skip
+    def observe(
+        self,
+        rec: dict,
+        method: str,
+        gamma: int | None,
+        greedy: bool,
+        tokens_per_s: float,
+        tokens_per_step: float | None = None,
+    ) -> None:
         """Record the run `rec` chose: `method` at `gamma` measured `tokens_per_s`, committing
         `tokens_per_step`. With the latter the ratio is of step rates (measured steps per
         second over 1 / the predicted step time): the laws' τ is the pair's pooled one, and a
@@ -301,21 +313,30 @@ class Corrections:
         best, best_rate = (first, top[first][1]), top[first][0]
         factors = {m: round(self.factor(m, greedy), 4) for m, g in self.logs if g == greedy}
         scaled = ", ".join(f"{m} x{f:.2f}" for m, f in factors.items())
-        near = [m for m in top if m != first and top[m][0] >= (1 - EXPLORE) * best_rate
-                and len(self.logs.get((m, greedy), ())) < EXPLORE_RUNS]  # fmt: skip
+        near = [
+            m
+            for m in top
+            if m != first
+            and top[m][0] >= (1 - EXPLORE) * best_rate
+            and len(self.logs.get((m, greedy), ())) < EXPLORE_RUNS
+        ]
         if near:  # a near tie that few runs decided: measure the other side too
             m = max(near, key=lambda x: top[x][0])
             runs = len(self.logs.get((m, greedy), ()))
-            why = (f"{m} at γ {top[m][1]}, exploring: predicted {top[m][0]:.1f} tok/s, within "
-                   f"{EXPLORE:.0%} of {first} at γ {best[1]} ({best_rate:.1f}) after scaling "
-                   f"({scaled}), and measured on {runs} run(s) only")  # fmt: skip
+            why = (
+                f"{m} at γ {top[m][1]}, exploring: predicted {top[m][0]:.1f} tok/s, within "
+                f"{EXPLORE:.0%} of {first} at γ {best[1]} ({best_rate:.1f}) after scaling "
+                f"({scaled}), and measured on {runs} run(s) only"
+            )
             best = (m, top[m][1])
         elif best == (rec["choice"], rec["gamma"]):
             return dict(rec, factors=factors) if factors else rec
         else:
-            why = (f"{best[0]} at γ {best[1]}: predicted {best_rate:.1f} tok/s after scaling "
-                   f"by what earlier runs measured ({scaled}); the laws alone said "
-                   f"{rec['choice']} at γ {rec['gamma']}")  # fmt: skip
+            why = (
+                f"{best[0]} at γ {best[1]}: predicted {best_rate:.1f} tok/s after scaling "
+                f"by what earlier runs measured ({scaled}); the laws alone said "
+                f"{rec['choice']} at γ {rec['gamma']}"
+            )
         out = dict(rec, choice=best[0], gamma=best[1], factors=factors, why=why)
         if rec.get("by_gamma"):
             out["predictions"] = rec["by_gamma"][best[1]]

@@ -55,8 +55,9 @@ def target_costs(target) -> dict:
     return {"target_step_s": t1, "verify_token_share": share}
 
 
-def choose_alone(target, draft, ids: list[int], *, gamma: int | None = None,
-                 costs: dict | None = None) -> dict:  # fmt: skip
+def choose_alone(
+    target, draft, ids: list[int], *, gamma: int | None = None, costs: dict | None = None
+) -> dict:
     """auto's record for a target alone with model-free `draft`: the step cost and cost per
     verified token (`costs`, kept from an earlier run, else measured now: target_costs), the
     draft's cost, the choice ("ar" or "sd"), its γ and why. Sets the draft's `min_prob` to the
@@ -76,8 +77,14 @@ def choose_alone(target, draft, ids: list[int], *, gamma: int | None = None,
         return rec | {"choice": "ar", "why": why}
     if hasattr(draft, "min_prob"):
         draft.min_prob = max(draft.min_prob, c)
-    why = (f"a target alone: sd with the {draft.name} draft (no model) drafts a token only where "
-           f"its chance beats its cost ({c:.2f} of a step); the draft costs {share:.1%} "
-           "of a step")  # fmt: skip
-    return rec | {"choice": "sd", "gamma": g, "min_prob": getattr(draft, "min_prob", None),
-                  "why": why}  # fmt: skip
+    why = (
+        f"a target alone: sd with the {draft.name} draft (no model) drafts a token only where "
+        f"its chance beats its cost ({c:.2f} of a step); the draft costs {share:.1%} "
+        "of a step"
+    )
+    return rec | {
+        "choice": "sd",
+        "gamma": g,
+        "min_prob": getattr(draft, "min_prob", None),
+        "why": why,
+    }

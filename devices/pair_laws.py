@@ -118,8 +118,10 @@ def pair_taus(target, draft, ids: list[int], *, gammas, sampling) -> dict[int, f
     key = ("taus", id(target), id(draft), top, sampling.temp, sampling.top_p, sampling.top_k)
     if key not in memo.CACHE:
         n = max(1, min(JOINT_RUN_TOKENS, target.config.max_context - len(ids) - top - 2))
-        r = run(make_steps("sd", target, draft, ids, max_new=n, sampling=sampling, seed=0,
-                           gamma=top), max_new=n)  # fmt: skip
+        r = run(
+            make_steps("sd", target, draft, ids, max_new=n, sampling=sampling, seed=0, gamma=top),
+            max_new=n,
+        )
         observe_run(target, draft, sampling, r.stats.accept_lengths, top)
         memo.CACHE[key] = True
     return run_lengths(target, draft, sampling).taus(gammas)
@@ -132,16 +134,28 @@ def pair_acceptance(target, draft, ids: list[int], *, gamma: int, sampling) -> f
     key = (id(target), id(draft), gamma, sampling.temp, sampling.top_p, sampling.top_k)
     if key not in memo.ALPHA:
         n = max(1, min(RUN_TOKENS, target.config.max_context - len(ids) - gamma - 2))
-        r = run(make_steps("sd", target, draft, ids, max_new=n, sampling=sampling, seed=0,
-                           gamma=gamma), max_new=n)  # fmt: skip
+        r = run(
+            make_steps("sd", target, draft, ids, max_new=n, sampling=sampling, seed=0, gamma=gamma),
+            max_new=n,
+        )
         per_step = sum(r.stats.accept_lengths) / max(1, len(r.stats.accept_lengths))
         memo.ALPHA[key] = alpha_for(per_step, gamma)
     return memo.ALPHA[key]
 
 
-def prompt_hits(target, draft, ids: list[int], *, sampling, kappa: int, exit_layer: int | None,
-                target_cache=None, draft_cache=None, draft_branches: int = 0,
-                exit_head: str | None = None) -> tuple[list[float], list[float]]:  # fmt: skip
+def prompt_hits(
+    target,
+    draft,
+    ids: list[int],
+    *,
+    sampling,
+    kappa: int,
+    exit_layer: int | None,
+    target_cache=None,
+    draft_cache=None,
+    draft_branches: int = 0,
+    exit_head: str | None = None,
+) -> tuple[list[float], list[float]]:
     """How often a correction is a branch's first token, from one pass of each model over
     the prompt.
 
@@ -185,9 +199,13 @@ def prompt_hits(target, draft, ids: list[int], *, sampling, kappa: int, exit_lay
             own_hits.append(float(c in own[i, 1:]))
     elif exit_logits is not None:
         n = len(exit_logits)
-        hits, own_hits = _sampled_hits(sampling.probs(tl[-n:]), sampling.probs(dl[-n:]),
-                                       sampling.probs(exit_logits), kappa,
-                                       draft_branches)  # fmt: skip
+        hits, own_hits = _sampled_hits(
+            sampling.probs(tl[-n:]),
+            sampling.probs(dl[-n:]),
+            sampling.probs(exit_logits),
+            kappa,
+            draft_branches,
+        )
     return hits, own_hits
 
 

@@ -33,8 +33,9 @@ from devices.pair_stages import from_profile, measure_stages, measure_windows
 TRIAL_TOKENS, TRIAL_SKIP = 64, 2  # trial runs: tokens, and first steps left out of the rate
 
 
-def trial_rate(method: str, target, draft, ids: list[int], *, gamma: int, sampling,
-               **options) -> float | None:  # fmt: skip
+def trial_rate(
+    method: str, target, draft, ids: list[int], *, gamma: int, sampling, **options
+) -> float | None:
     """Tokens per second of `method` at γ on `ids` over TRIAL_TOKENS, measured after its
     first TRIAL_SKIP steps (a worker's start and first shapes are paid once per run or per
     process, not per token); None when the run is too short to tell. Cached per pair, method
@@ -47,8 +48,17 @@ def trial_rate(method: str, target, draft, ids: list[int], *, gamma: int, sampli
     if key in memo.CACHE:
         return memo.CACHE[key]
     n = max(1, min(TRIAL_TOKENS, target.config.max_context - len(ids) - gamma - 2))
-    steps = make_steps(method, target, draft, list(ids), max_new=n, sampling=sampling, seed=0,
-                       gamma=gamma, **options)  # fmt: skip
+    steps = make_steps(
+        method,
+        target,
+        draft,
+        list(ids),
+        max_new=n,
+        sampling=sampling,
+        seed=0,
+        gamma=gamma,
+        **options,
+    )
     made, total, t0, committed, hits, timed = 0, 0, None, [], [], 0
     try:
         for i, ev in enumerate(steps):
@@ -67,12 +77,19 @@ def trial_rate(method: str, target, draft, ids: list[int], *, gamma: int, sampli
     rate = made / (time.perf_counter() - t0) if made and t0 is not None else None
     memo.CACHE[key] = rate
     memo.CACHE[_trial_key("trial steps", method, target, draft, gamma, sampling)] = (
-        made / timed if timed else None)  # fmt: skip
+        made / timed if timed else None
+    )
     if method in ("sd", "mirror"):  # its accepted runs join the pair's τ(γ) as well
         observe_run(target, draft, sampling, committed, gamma)
     if method == "mirror":  # and mirror's branch hits the pair's Ω̂ (omega_estimate)
-        observe_branches(target, draft, sampling, hits, kappa=options["kappa"],
-                         own_rows=options["draft_branches"])  # fmt: skip
+        observe_branches(
+            target,
+            draft,
+            sampling,
+            hits,
+            kappa=options["kappa"],
+            own_rows=options["draft_branches"],
+        )
     return rate
 
 
@@ -83,13 +100,35 @@ def trial_tokens_per_step(method: str, target, draft, gamma: int, sampling) -> f
 
 def _trial_key(table: str, method: str, target, draft, gamma: int, sampling) -> tuple:
     """trial_rate's cache key (its rate, or its tokens per step) for one pair, γ and regime."""
-    return (table, method, id(target), id(draft), gamma, sampling.temp, sampling.top_p,
-            sampling.top_k)  # fmt: skip
+    return (
+        table,
+        method,
+        id(target),
+        id(draft),
+        gamma,
+        sampling.temp,
+        sampling.top_p,
+        sampling.top_k,
+    )
 
 
-def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampling,
-                profile=None, process=False, draft_branches=0, exit_head=None,
-                acceptance=None, mirror=True) -> StageTimes:  # fmt: skip
+def stage_times(
+    target,
+    draft,
+    ids,
+    *,
+    gamma,
+    branches,
+    kappa,
+    exit_layer,
+    sampling,
+    profile=None,
+    process=False,
+    draft_branches=0,
+    exit_head=None,
+    acceptance=None,
+    mirror=True,
+) -> StageTimes:
     """Everything method_choice needs, for this pair and machine, with Ω̂ and Ω̂_own at their
     priors: the prompt's own (prompt_hits) are measured by choose_for, and only when they
     can change the pick. acceptance: α when the caller has it (from the pooled τ); else a
@@ -118,8 +157,15 @@ def stage_times(target, draft, ids, *, gamma, branches, kappa, exit_layer, sampl
     if alpha is None:
         alpha = pair_acceptance(target, draft, ids, gamma=gamma, sampling=sampling)
     omega, own = PRIOR_OMEGA, (PRIOR_OMEGA / 2 if draft_branches else 0.0)
-    return StageTimes(acceptance=alpha, omega_kappa=omega, exit_fraction=le / n, omega_own=own,
-                      own_rows=draft_branches, branch_batch=branches, **st)  # fmt: skip
+    return StageTimes(
+        acceptance=alpha,
+        omega_kappa=omega,
+        exit_fraction=le / n,
+        omega_own=own,
+        own_rows=draft_branches,
+        branch_batch=branches,
+        **st,
+    )
 
 
 def runnable_methods(target, draft) -> list[str]:
@@ -135,11 +181,25 @@ def runnable_methods(target, draft) -> list[str]:
     return [m for m in out if cannot_run(m, target, draft) is None]
 
 
-def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer: int | None,
-               branches: int | None, sampling, profile=None, target_cache=None,
-               draft_cache=None, draft_process: bool | None = None,
-               draft_branches: int | None = None, exit_head: str | None = None,
-               gammas=None, factors: dict[str, float] | None = None) -> dict:  # fmt: skip
+def choose_for(
+    target,
+    draft,
+    ids,
+    *,
+    gamma: int,
+    kappa: int | None,
+    exit_layer: int | None,
+    branches: int | None,
+    sampling,
+    profile=None,
+    target_cache=None,
+    draft_cache=None,
+    draft_process: bool | None = None,
+    draft_branches: int | None = None,
+    exit_head: str | None = None,
+    gammas=None,
+    factors: dict[str, float] | None = None,
+) -> dict:
     """`--method auto` for this pair and prompt: the method_choice.choose record.
     Empty caches given are left holding the prompt when Ω̂ is measured (prompt_hits), else
     empty; the chosen method continues from them either way. draft_process,
@@ -167,19 +227,43 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
         return {"choice": "ar", "why": "no draft model: ar is the only method", "predictions": {}}
     mirror = "mirror" in runnable
     if profile is None:
-        st = measure_stages(target, draft, gamma=gamma, branches=branches, process=process,
-                            sampling=sampling, kappa=kappa, exit_layer=le,
-                            exit_head=exit_head, mirror=mirror)  # fmt: skip
+        st = measure_stages(
+            target,
+            draft,
+            gamma=gamma,
+            branches=branches,
+            process=process,
+            sampling=sampling,
+            kappa=kappa,
+            exit_layer=le,
+            exit_head=exit_head,
+            mirror=mirror,
+        )
         if st["target_slowdown"] is None:  # the draft failed in its worker thread or process
             runnable.remove("mirror")
     joint = bool(gammas) and profile is None  # a profile's windows follow its own law in γ
     # choosing γ, each γ's α comes from the pooled τ: no separate α run (pair_acceptance)
-    taus = pair_taus(target, draft, ids, gammas=sorted({*gammas, gamma}),
-                     sampling=sampling) if joint else None  # fmt: skip
-    t = stage_times(target, draft, ids, gamma=gamma, branches=branches, kappa=kappa,
-                    exit_layer=le, sampling=sampling, profile=profile, process=process,
-                    draft_branches=own, exit_head=exit_head, mirror=mirror,
-                    acceptance=alpha_for(taus[gamma], gamma) if joint else None)  # fmt: skip
+    taus = (
+        pair_taus(target, draft, ids, gammas=sorted({*gammas, gamma}), sampling=sampling)
+        if joint
+        else None
+    )
+    t = stage_times(
+        target,
+        draft,
+        ids,
+        gamma=gamma,
+        branches=branches,
+        kappa=kappa,
+        exit_layer=le,
+        sampling=sampling,
+        profile=profile,
+        process=process,
+        draft_branches=own,
+        exit_head=exit_head,
+        mirror=mirror,
+        acceptance=alpha_for(taus[gamma], gamma) if joint else None,
+    )
     by_gamma = {gamma: t}
     if joint:
         shape = dict(kappa=kappa, exit_layer=le, exit_head=exit_head, mirror=mirror)
@@ -190,19 +274,35 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
     if not skipped:  # else the caches stay empty: the chosen method's first window pass then
         # holds the prompt too (sd: one fused pass), where a separate prefill pass cost about
         # one window pass more per prompt (18 ms of a 0.8 s answer on this CPU)
-        hits = ([], []) if pooled else prompt_hits(
-            target, draft, ids, sampling=sampling, kappa=kappa, exit_layer=le,
-            target_cache=target_cache, draft_cache=draft_cache, draft_branches=own,
-            exit_head=exit_head)  # fmt: skip
+        hits = (
+            ([], [])
+            if pooled
+            else prompt_hits(
+                target,
+                draft,
+                ids,
+                sampling=sampling,
+                kappa=kappa,
+                exit_layer=le,
+                target_cache=target_cache,
+                draft_cache=draft_cache,
+                draft_branches=own,
+                exit_head=exit_head,
+            )
+        )
 
         def with_omega(by_gamma: dict) -> dict:  # the pooled runs' hits as they stand now
             omega, omega_own = omega_estimate(*hits, draft_branches=own, pool=pool)
-            return {g: replace(v, omega_kappa=omega, omega_own=omega_own)
-                    for g, v in by_gamma.items()}  # fmt: skip
+            return {
+                g: replace(v, omega_kappa=omega, omega_own=omega_own) for g, v in by_gamma.items()
+            }
 
         by_gamma = with_omega(by_gamma)
-    rec = (choose_joint(by_gamma, runnable) if joint
-           else {**choose(by_gamma[gamma], gamma, runnable), "gamma": gamma})  # fmt: skip
+    rec = (
+        choose_joint(by_gamma, runnable)
+        if joint
+        else {**choose(by_gamma[gamma], gamma, runnable), "gamma": gamma}
+    )
     rec["branch_shape"] = {"kappa": kappa, "own_rows": own}  # observe_branches's pool
     if skipped:
         rec["omega"] = skipped
@@ -211,8 +311,14 @@ def choose_for(target, draft, ids, *, gamma: int, kappa: int | None, exit_layer:
         rec["omega_from"] = f"{pool[0]} mirror steps pooled on this pair (the prompt not probed)"
     if not joint:
         return rec
-    opts = dict(kappa=kappa, exit_layer=le, branches=branches, draft_process=draft_process,
-                draft_branches=own, exit_head=exit_head)  # fmt: skip
+    opts = dict(
+        kappa=kappa,
+        exit_layer=le,
+        branches=branches,
+        draft_process=draft_process,
+        draft_branches=own,
+        exit_head=exit_head,
+    )
     rescored = None if skipped else lambda: with_omega(by_gamma)
     return with_trials(rec, target, draft, ids, runnable, sampling, opts, rescored)
 
@@ -232,12 +338,27 @@ def times_by_gamma(
 ) -> dict:
     """`t` at each γ of `gammas`: the measured window passes (measure_windows) and α from the
     pooled τ (alpha_for); the other stage times are `t`'s."""
-    wins = measure_windows(target, sorted(set(gammas)), kappa=kappa, exit_layer=exit_layer,
-                           exit_head=exit_head, greedy=sampling is None or sampling.greedy,
-                           draft=draft, sampling=sampling, mirror=mirror)  # fmt: skip
-    return {g: replace(t, target_window=w["target_window"], mirror_window=w.get("mirror_window"),
-                       draft_window=w.get("draft_window"), acceptance=alpha_for(taus[g], g))
-            for g, w in wins.items()}  # fmt: skip
+    wins = measure_windows(
+        target,
+        sorted(set(gammas)),
+        kappa=kappa,
+        exit_layer=exit_layer,
+        exit_head=exit_head,
+        greedy=sampling is None or sampling.greedy,
+        draft=draft,
+        sampling=sampling,
+        mirror=mirror,
+    )
+    return {
+        g: replace(
+            t,
+            target_window=w["target_window"],
+            mirror_window=w.get("mirror_window"),
+            draft_window=w.get("draft_window"),
+            acceptance=alpha_for(taus[g], g),
+        )
+        for g, w in wins.items()
+    }
 
 
 def with_trials(

@@ -71,10 +71,20 @@ def _medians(fns: dict, repeats: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def measure_stages(target, draft, *, gamma: int, branches: int, repeats: int = 15,
-                   process: bool = False, sampling=None, kappa: int = 8,
-                   exit_layer: int | None = None, exit_head: str | None = None,
-                   mirror: bool = True) -> dict:  # fmt: skip
+def measure_stages(
+    target,
+    draft,
+    *,
+    gamma: int,
+    branches: int,
+    repeats: int = 15,
+    process: bool = False,
+    sampling=None,
+    kappa: int = 8,
+    exit_layer: int | None = None,
+    exit_head: str | None = None,
+    mirror: bool = True,
+) -> dict:
     """The stage times of the module docstring, in seconds (cached per pair and shape).
     process: the slowdown beside the draft *process* (Mirror-SD's worker there, as beside a
     CUDA target: runtime.decoding.mirror.draft_in_process), not a thread. sampling, kappa,
@@ -107,24 +117,32 @@ def measure_stages(target, draft, *, gamma: int, branches: int, repeats: int = 1
            "draft_window": sd_drafts(draft, prompt, gamma, sampling),
            "draft_token": lambda: dpass(prompt[:, :1], dc)}  # fmt: skip
     if mirror:
-        fns["draft_batch"] = wave_pass(draft, dc, branches=branches, gamma=gamma,
-                                       sampling=sampling)  # fmt: skip
-        mpass = mirror_pass(target, tc, window, kappa=kappa, exit_layer=exit_layer,
-                            exit_head=exit_head, greedy=greedy)  # fmt: skip
+        fns["draft_batch"] = wave_pass(draft, dc, branches=branches, gamma=gamma, sampling=sampling)
+        mpass = mirror_pass(
+            target,
+            tc,
+            window,
+            kappa=kappa,
+            exit_layer=exit_layer,
+            exit_head=exit_head,
+            greedy=greedy,
+        )
         if mpass is not None:
             fns["mirror_window"] = mpass
     out = _medians(fns, repeats)
     if mirror:
         out["draft_batch"] /= max(1, gamma)  # wave_pass runs a whole γ-deep wave
         slowdown = _slowdown_process if process else _slowdown
-        out["target_slowdown"] = slowdown(draft, prompt, branches, lambda: tpass(window),
-                                          repeats)  # fmt: skip
+        out["target_slowdown"] = slowdown(draft, prompt, branches, lambda: tpass(window), repeats)
         out["t_rv"] = measure_rendezvous(trials=200)
         out["source"] = "measured on this machine on the pair at hand"
     else:  # mirror's own figures, unmeasured: neutral values it is never judged by
-        out.update(draft_batch=out["draft_token"], target_slowdown=1.0, t_rv=0.0,
-                   source="measured on this machine on the pair at hand "
-                   "(ar and sd only)")  # fmt: skip
+        out.update(
+            draft_batch=out["draft_token"],
+            target_slowdown=1.0,
+            t_rv=0.0,
+            source="measured on this machine on the pair at hand (ar and sd only)",
+        )
     memo.CACHE[key] = out
     return out
 
@@ -146,16 +164,31 @@ def wave_pass(draft, cache, *, branches: int, gamma: int, sampling=None):
     chunk = [Branch(i % (gamma + 1), i, 0.0) for i in range(branches)]
 
     def run():
-        wave = kind(draft, fork_rows(cache, chunk, base), chunk, base, [gamma] * branches,
-                    [np.random.default_rng(i) for i in range(branches)], law)  # fmt: skip
+        wave = kind(
+            draft,
+            fork_rows(cache, chunk, base),
+            chunk,
+            base,
+            [gamma] * branches,
+            [np.random.default_rng(i) for i in range(branches)],
+            law,
+        )
         while not wave.finished():
             wave.advance()
 
     return run
 
 
-def mirror_pass(target, cache, window, *, kappa: int, exit_layer: int | None,
-                exit_head: str | None, greedy: bool):  # fmt: skip
+def mirror_pass(
+    target,
+    cache,
+    window,
+    *,
+    kappa: int,
+    exit_layer: int | None,
+    exit_head: str | None,
+    greedy: bool,
+):
     """A function running mirror's verification pass as runtime/decoding/mirror.py does:
     layers 1..ℓe, the early-exit head and its top-κ message (at T > 0 the step's noise table
     and the coupled message), layers ℓe+1..N and the head; None if the target cannot split."""
@@ -207,10 +240,19 @@ def sd_drafts(draft, prompt, gamma: int, sampling=None):
     return run
 
 
-def measure_windows(target, gammas, *, kappa: int = 8, exit_layer: int | None = None,
-                    exit_head: str | None = None, greedy: bool = True, draft=None,
-                    sampling=None, repeats: int = 9,
-                    mirror: bool = True) -> dict[int, dict]:  # fmt: skip
+def measure_windows(
+    target,
+    gammas,
+    *,
+    kappa: int = 8,
+    exit_layer: int | None = None,
+    exit_head: str | None = None,
+    greedy: bool = True,
+    draft=None,
+    sampling=None,
+    repeats: int = 9,
+    mirror: bool = True,
+) -> dict[int, dict]:
     """{γ: {"target_window", "mirror_window", "draft_window"}}: the (γ+1)-token passes alone
     and, with a draft, sd's γ drafts (sd_drafts), per γ (what `choose_joint` needs beyond one
     γ's stage times). All γ are timed round-robin in one `_medians`, so a machine's drifting
@@ -236,8 +278,15 @@ def measure_windows(target, gammas, *, kappa: int = 8, exit_layer: int | None = 
                 fns[(g, "draft_window")] = sd_drafts(draft, prompt, g, sampling)
             mpass = None
             if mirror:
-                mpass = mirror_pass(target, tc, window, kappa=kappa, exit_layer=exit_layer,
-                                    exit_head=exit_head, greedy=greedy)  # fmt: skip
+                mpass = mirror_pass(
+                    target,
+                    tc,
+                    window,
+                    kappa=kappa,
+                    exit_layer=exit_layer,
+                    exit_head=exit_head,
+                    greedy=greedy,
+                )
             if mpass is not None:
                 fns[(g, "mirror_window")] = mpass
         med = _medians(fns, repeats)

@@ -295,8 +295,9 @@ def parse_profile(data: dict, where: str) -> Profile:
     ref_d = _str(lat, "reference_draft", where, "latency.")
     ref_t = _str(lat, "reference_target", where, "latency.")
     latency = {k: _figure(lat, k, where, ("s",), "latency.") for k in LATENCY_FIELDS}
-    latency |= {k: _figure(lat, k, where, u, "latency.") for k, u in OPTIONAL_LATENCY.items()
-                if k in lat}  # fmt: skip
+    latency |= {
+        k: _figure(lat, k, where, u, "latency.") for k, u in OPTIONAL_LATENCY.items() if k in lat
+    }
     unknown = (
         set(lat)
         - set(LATENCY_FIELDS)

@@ -217,8 +217,7 @@ class GumbelField:
         ids, vals = ids[:, :k], vals[:, :k]
         for r in np.flatnonzero(~((vals[:, -1] >= rest) & (vals[:, -1] > -np.inf))):
             if n < nb:  # this row's k-th value may lie in a block not read yet: read on
-                ids[r], vals[r] = self._top_row(s[r], bound[r], top[r], int(rows[r]), k, n * 4,
-                                                log)  # fmt: skip
+                ids[r], vals[r] = self._top_row(s[r], bound[r], top[r], int(rows[r]), k, n * 4, log)
         return ids, vals
 
     def _read(self, s, rows, pick, top, k: int, log: bool = False):

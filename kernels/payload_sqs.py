@@ -166,8 +166,9 @@ def _parse(data: bytes, v: int, max_rows: int) -> tuple[int, list[_Coded]]:
         raise MalformedPayload(f"payload of {len(data)} bytes is shorter than its header")
     codec, version, n_rows, v_sent, nbits = _HEAD.unpack_from(data)
     if codec not in (K_SQS, C_SQS) or version != VERSION:
-        raise MalformedPayload(f"not an SQS payload of version {VERSION} (codec {codec}, "
-                               f"version {version})")  # fmt: skip
+        raise MalformedPayload(
+            f"not an SQS payload of version {VERSION} (codec {codec}, version {version})"
+        )
     if v_sent != v:
         raise MalformedPayload(f"payload is for a vocabulary of {v_sent}, this verifier has {v}")
     if n_rows > max_rows:  # the dense (L, V) output is the verifier's memory: bound it
@@ -214,8 +215,9 @@ def _unrank(c: _Coded, ell: int, v: int, n: int) -> SqsRow:
     if pos >= c.k or ids[pos] != c.token or counts[pos] == 0:
         raise MalformedPayload(f"row {n}: the draft token has no mass in q^")
     if counts[pos] != c.count:
-        raise MalformedPayload(f"row {n}: the token's count {c.count} is not its lattice count "
-                               f"{int(counts[pos])}")  # fmt: skip
+        raise MalformedPayload(
+            f"row {n}: the token's count {c.count} is not its lattice count {int(counts[pos])}"
+        )
     return SqsRow(ids, counts)
 
 

@@ -114,8 +114,9 @@ class CuHlm:
 
     def __post_init__(self) -> None:
         if self.levels not in cuhlm.LEVELS:
-            raise ValueError(f"cu-hlm levels must be one of {', '.join(cuhlm.LEVELS)}, "
-                             f"got {self.levels!r}")  # fmt: skip
+            raise ValueError(
+                f"cu-hlm levels must be one of {', '.join(cuhlm.LEVELS)}, got {self.levels!r}"
+            )
 
     def quantize(self, q: np.ndarray, ks: list[int] | None = None) -> list[payload_cuhlm.CuRow]:
         """One row per draft distribution: top-k ids, most likely first, and their 8-bit levels."""

@@ -124,8 +124,9 @@ class SuffixTrie(CountTrie):
         return out
 
 
-def path_draft(trie: CountTrie, node: int, max_tokens: int,
-               min_prob: float) -> tuple[list[int], list[float]]:  # fmt: skip
+def path_draft(
+    trie: CountTrie, node: int, max_tokens: int, min_prob: float
+) -> tuple[list[int], list[float]]:
     """The chain of most frequent continuations from `node` (ties: the child seen first), and
     each token's estimated chance of being reached; stops at max_tokens, at a node the text
     never continued, or when the chance falls below min_prob."""
@@ -142,8 +143,9 @@ def path_draft(trie: CountTrie, node: int, max_tokens: int,
     return toks, probs
 
 
-def tree_draft(trie: CountTrie, node: int, max_tokens: int, max_depth: int,
-               min_prob: float) -> tuple[list[int], list[int], list[float]]:  # fmt: skip
+def tree_draft(
+    trie: CountTrie, node: int, max_tokens: int, max_depth: int, min_prob: float
+) -> tuple[list[int], list[int], list[float]]:
     """Best-first: up to max_tokens nodes below `node`, most probable first, none deeper than
     max_depth or less probable than min_prob. Returns (tokens, parents (-1: the root), chance
     of each) in the order added: parents come before children."""

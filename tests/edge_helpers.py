@@ -10,6 +10,7 @@ def ar_tokens(target, prompt, n):
 
 
 def flexspec(conn, draft, prompt, n, *, sampling=GREEDY, seed=0, **opts):
-    steps = make_steps("flexspec", None, draft, prompt, max_new=n, sampling=sampling, seed=seed,
-                       conn=conn, **opts)  # fmt: skip
+    steps = make_steps(
+        "flexspec", None, draft, prompt, max_new=n, sampling=sampling, seed=seed, conn=conn, **opts
+    )
     return run(steps, max_new=n, eos_ids=draft.config.eos_token_ids)

@@ -16,9 +16,18 @@ ALL = ["ar", "sd", "mirror"]
 
 
 def times(**kw) -> StageTimes:
-    base = dict(target_token=0.010, target_window=0.012, draft_token=0.002, draft_batch=0.001,
-                target_slowdown=1.0, t_rv=1e-4, acceptance=0.7, omega_kappa=0.6,
-                exit_fraction=0.5, source="synthetic")  # fmt: skip
+    base = dict(
+        target_token=0.010,
+        target_window=0.012,
+        draft_token=0.002,
+        draft_batch=0.001,
+        target_slowdown=1.0,
+        t_rv=1e-4,
+        acceptance=0.7,
+        omega_kappa=0.6,
+        exit_fraction=0.5,
+        source="synthetic",
+    )
     return StageTimes(**(base | kw))
 
 
@@ -188,9 +197,18 @@ def test_the_probe_counts_a_correction_as_covered_by_the_exit_top_kappa_or_the_d
             return drafts
 
     def omega(m):
-        hits = prompt_hits(Target(), Draft(), [0, 1, 2, 3], sampling=None, kappa=2, exit_layer=1,
-                           target_cache=object(), draft_cache=object(), draft_branches=m,
-                           exit_head="raw")  # fmt: skip
+        hits = prompt_hits(
+            Target(),
+            Draft(),
+            [0, 1, 2, 3],
+            sampling=None,
+            kappa=2,
+            exit_layer=1,
+            target_cache=object(),
+            draft_cache=object(),
+            draft_branches=m,
+            exit_head="raw",
+        )
         return omega_estimate(*hits, draft_branches=m)
 
     # rejections at t = 0, 1, 2 (t = 3: the draft's 4 is right); hits: t = 0 (exit top-κ),
@@ -225,8 +243,9 @@ def test_the_probe_times_mirrors_own_pass_at_each_temperature(tiny_dir, temp):
 
     target = load_model(tiny_dir("qwen3"), "torch")
     draft = load_model(tiny_dir("qwen3", num_layers=1, seed=4), "onnx", intra_threads=1)
-    st = measure_stages(target, draft, gamma=3, branches=4, repeats=2, sampling=Sampling(temp),
-                        exit_layer=1)  # fmt: skip
+    st = measure_stages(
+        target, draft, gamma=3, branches=4, repeats=2, sampling=Sampling(temp), exit_layer=1
+    )
     assert st["mirror_window"] > 0 and st["target_window"] > 0
     t = StageTimes(**st, acceptance=0.7, omega_kappa=0.6, exit_fraction=0.5)
     assert predict(t, 3)["mirror"]["step_ms"] > 0
@@ -284,11 +303,17 @@ def test_tau_per_gamma_caps_each_steps_accepted_run_at_gamma(monkeypatch):
     monkeypatch.setattr(laws, "HAZARD_PRIOR", 0.0)  # no shrinkage: the plain empirical law
     committed = [9, 1, 5, 3, 2]  # A + 1 per step at γ_max = 8: A = 8, 0, 4, 2 (and a cut 1)
     monkeypatch.setattr(dec, "make_steps", lambda *a, **k: None)
-    monkeypatch.setattr(dec, "run", lambda *a, **k: SimpleNamespace(
-        stats=SimpleNamespace(accept_lengths=committed)))  # fmt: skip
+    monkeypatch.setattr(
+        dec, "run", lambda *a, **k: SimpleNamespace(stats=SimpleNamespace(accept_lengths=committed))
+    )
     target = SimpleNamespace(config=SimpleNamespace(max_context=4096))
-    taus = pp.pair_taus(target, object(), [1, 2, 3], gammas=[2, 4, 8], sampling=SimpleNamespace(
-        temp=0.0, top_p=1.0, top_k=0))  # fmt: skip
+    taus = pp.pair_taus(
+        target,
+        object(),
+        [1, 2, 3],
+        gammas=[2, 4, 8],
+        sampling=SimpleNamespace(temp=0.0, top_p=1.0, top_k=0),
+    )
     assert taus == {2: 1 + (2 + 0 + 2 + 2) / 4, 4: 1 + (4 + 0 + 4 + 2) / 4, 8: 1 + 14 / 4}
     for g, tau in taus.items():  # each γ's α reproduces its own τ
         assert expected_tokens(pp.alpha_for(tau, g), g) == pytest.approx(tau, rel=1e-6)
@@ -407,8 +432,9 @@ def test_the_bench_feeds_each_auto_run_back_to_its_chooser(tiny_dir):
     def chooser(ids, sampling, **caches):
         return "sd", {"choice": "sd", "gamma": 3, "why": "test"}
 
-    chooser.observe = lambda rec, sampling, tokens, seconds, accept_lengths, branch_hits: \
-        seen.append((rec["choice"], tokens, sum(accept_lengths)))  # fmt: skip
+    chooser.observe = lambda rec, sampling, tokens, seconds, accept_lengths, branch_hits: (
+        seen.append((rec["choice"], tokens, sum(accept_lengths)))
+    )
     pair = type("Pair", (), {"target": target, "draft": draft, "settings": {}})()
     r = DuetRunner("auto", pair, gamma=3, chooser=chooser)
     res = r.generate([3, 14, 15, 92], 8, 0.0, 1.0, 0)
@@ -452,10 +478,22 @@ def test_a_mirror_runs_branch_hits_join_the_pairs_omega(monkeypatch):
     choose = auto_chooser(AutoOptions(), pair)
     law, shape = Sampling(1.0), {"kappa": 8, "own_rows": 2}
     hits = ["own", "exit", "miss", "own", None]
-    choose.observe({"choice": "mirror", "gamma": 6, "branch_shape": shape}, law, 12, 0.1,
-                   accept_lengths=[3, 3, 2, 1, 3], branch_hits=hits)  # fmt: skip
-    choose.observe({"choice": "sd", "gamma": 6, "branch_shape": shape}, law, 12, 0.1,
-                   accept_lengths=[3, 3], branch_hits=["own"])  # not mirror: not pooled  # fmt: skip
+    choose.observe(
+        {"choice": "mirror", "gamma": 6, "branch_shape": shape},
+        law,
+        12,
+        0.1,
+        accept_lengths=[3, 3, 2, 1, 3],
+        branch_hits=hits,
+    )
+    choose.observe(
+        {"choice": "sd", "gamma": 6, "branch_shape": shape},
+        law,
+        12,
+        0.1,
+        accept_lengths=[3, 3],
+        branch_hits=["own"],
+    )  # not mirror: not pooled
     pool = pp.branch_pool(pair.target, pair.draft, law, 8, 2)
     assert pool == [4, 3, 2] and pp.branch_pool(pair.target, pair.draft, law, 8, 1) == [0, 0, 0]
     w, prior = laws.PRIOR_WEIGHT, laws.PRIOR_OMEGA
@@ -497,8 +535,14 @@ def test_the_probes_trial_runs_correct_the_first_choice(monkeypatch):
               "mirror": {"gamma": 5, "tokens_per_s": 130.0}}  # fmt: skip
 
     def fake_choose_for(*a, **k):
-        return {"choice": "mirror", "gamma": 5, "predictions": by_gamma[5], "by_gamma": by_gamma,
-                "why": "laws", "trials": trials}  # fmt: skip
+        return {
+            "choice": "mirror",
+            "gamma": 5,
+            "predictions": by_gamma[5],
+            "by_gamma": by_gamma,
+            "why": "laws",
+            "trials": trials,
+        }
 
     monkeypatch.setattr(pp, "choose_for", fake_choose_for)
     ns = AutoOptions(gamma=4, gamma_free=True)
@@ -604,8 +648,24 @@ def test_choosing_gamma_takes_alpha_from_the_pooled_tau_without_a_separate_alpha
 
     monkeypatch.setattr(pp, "pair_acceptance", no_alpha_run)
     t, d = str(tiny_dir("llama")), str(tiny_dir("llama", num_layers=1, seed=4))
-    assert main(["--target", t, "--draft", d, "--prompt-ids", "3,14,15,92,65", "--max-tokens",
-                 "8", "--json", "--method", "auto"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--target",
+                t,
+                "--draft",
+                d,
+                "--prompt-ids",
+                "3,14,15,92,65",
+                "--max-tokens",
+                "8",
+                "--json",
+                "--method",
+                "auto",
+            ]
+        )
+        == 0
+    )
     assert "by_gamma" in json.loads(capsys.readouterr().out)["stats"]["auto"]
 
 
@@ -618,9 +678,14 @@ def test_mirrors_bound_over_omega_is_above_every_prediction_the_probe_could_give
 
     rng = np.random.default_rng(0)
     for _ in range(200):
-        t = times(target_window=rng.uniform(0.005, 0.03), draft_token=rng.uniform(1e-4, 4e-3),
-                  draft_batch=rng.uniform(1e-4, 6e-3), target_slowdown=rng.uniform(1.0, 1.8),
-                  own_rows=int(rng.integers(0, 3)), branch_batch=int(rng.integers(4, 17)))  # fmt: skip
+        t = times(
+            target_window=rng.uniform(0.005, 0.03),
+            draft_token=rng.uniform(1e-4, 4e-3),
+            draft_batch=rng.uniform(1e-4, 6e-3),
+            target_slowdown=rng.uniform(1.0, 1.8),
+            own_rows=int(rng.integers(0, 3)),
+            branch_batch=int(rng.integers(4, 17)),
+        )
         gamma = int(rng.integers(2, 9))
         bound = mirror_bound(t, gamma)
         for _ in range(5):
@@ -651,9 +716,19 @@ def test_omega_is_measured_only_when_it_can_change_the_pick(tiny_dir, monkeypatc
     monkeypatch.setattr(pp, "prompt_hits", counted)
     for factor, probed in ((1e-3, False), (1e3, True)):
         tc, dc = target.new_cache(), draft.new_cache()
-        rec = pp.choose_for(target, draft, ids, gamma=3, kappa=None, exit_layer=None,
-                            branches=None, sampling=Sampling(1.0), target_cache=tc,
-                            draft_cache=dc, factors={"mirror": factor})  # fmt: skip
+        rec = pp.choose_for(
+            target,
+            draft,
+            ids,
+            gamma=3,
+            kappa=None,
+            exit_layer=None,
+            branches=None,
+            sampling=Sampling(1.0),
+            target_cache=tc,
+            draft_cache=dc,
+            factors={"mirror": factor},
+        )
         assert bool(calls) == probed
         assert ("omega" in rec) == (not probed) and ("Ω̂ not measured" in rec["why"]) != probed
         # probed: the caches hold the prompt (the probe's passes are its prefill); else they
@@ -663,9 +738,19 @@ def test_omega_is_measured_only_when_it_can_change_the_pick(tiny_dir, monkeypatc
     # once mirror's runs have pooled POOL_STEPS steps, Ω̂ comes from them alone: no probe
     pp.branch_pool(target, draft, Sampling(1.0), 8, 2)[:] = [pp.POOL_STEPS, pp.POOL_STEPS, 0]
     tc, dc = target.new_cache(), draft.new_cache()
-    rec = pp.choose_for(target, draft, ids, gamma=3, kappa=None, exit_layer=None, branches=None,
-                        sampling=Sampling(1.0), target_cache=tc, draft_cache=dc,
-                        factors={"mirror": 1e3})  # fmt: skip
+    rec = pp.choose_for(
+        target,
+        draft,
+        ids,
+        gamma=3,
+        kappa=None,
+        exit_layer=None,
+        branches=None,
+        sampling=Sampling(1.0),
+        target_cache=tc,
+        draft_cache=dc,
+        factors={"mirror": 1e3},
+    )
     assert not calls and tc.offset == dc.offset == 0 and "omega_from" in rec
 
 
@@ -689,8 +774,9 @@ def test_the_probe_times_sds_draft_window_per_gamma(tiny_dir):
     target = load_model(tiny_dir("llama"), "torch")
     draft = load_model(tiny_dir("llama", num_layers=1, seed=4), "onnx", intra_threads=1)
     for sampling in (None, Sampling(1.0)):
-        wins = pp.measure_windows(target, [2, 4, 6], draft=draft, sampling=sampling, repeats=3,
-                                  greedy=sampling is None)  # fmt: skip
+        wins = pp.measure_windows(
+            target, [2, 4, 6], draft=draft, sampling=sampling, repeats=3, greedy=sampling is None
+        )
         drafts = [wins[g]["draft_window"] for g in (2, 4, 6)]
         assert all(x > 0 for x in drafts) and drafts == sorted(drafts)  # a line, slope ≥ 0
     assert "draft_window" not in pp.measure_windows(target, [2, 4, 6], repeats=3)[2]

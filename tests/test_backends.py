@@ -159,8 +159,23 @@ def test_static_onnx_export_loads_as_a_draft(tiny_dir, tmp_path):
 
     d = tiny_dir("qwen3")
     out = tmp_path / "static.onnx"
-    assert main(["export", "--model", str(d), "--format", "onnx", "--static-shapes", "--max-context", "64",
-                 "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "export",
+                "--model",
+                str(d),
+                "--format",
+                "onnx",
+                "--static-shapes",
+                "--max-context",
+                "64",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     m = load_model(out)
     ids = np.random.default_rng(6).integers(0, 320, (1, 7))
     got, _ = incremental(m, ids, [5])

@@ -124,7 +124,9 @@ def results(tmp_path_factory):
     paths["empty"].mkdir()
     (paths["corrupt"] / "config.json").write_text('{"model_type": "qwen3",')
     head = json.dumps({"w": {"dtype": "F32", "shape": [64, 64], "data_offsets": [0, 16384]}})
-    (paths["trunc"] / "model.safetensors").write_bytes(struct.pack("<Q", len(head)) + head.encode() + bytes(100))  # fmt: skip
+    (paths["trunc"] / "model.safetensors").write_bytes(
+        struct.pack("<Q", len(head)) + head.encode() + bytes(100)
+    )
     paths["file"].write_text("not a directory\n")
     paths["notjsonl"].write_text("this is not JSON\n")
     paths["trunc_onnx"].write_bytes(b"\x08\x07\x12\x07pytorch\x1a\xff\xff")  # cut mid-field
@@ -137,8 +139,14 @@ def results(tmp_path_factory):
         cid, cmd, _ = case
         argv = [a.format(**paths) for a in cmd.split()]
         try:
-            return cid, subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, text=True,
-                                       capture_output=True, stdin=subprocess.DEVNULL, timeout=60)  # fmt: skip
+            return cid, subprocess.run(
+                [sys.executable, "-m", *argv],
+                cwd=ROOT,
+                text=True,
+                capture_output=True,
+                stdin=subprocess.DEVNULL,
+                timeout=60,
+            )
         except subprocess.TimeoutExpired as e:  # a hang is a failure of that case, not the suite
             return cid, e
 
@@ -152,8 +160,17 @@ def results(tmp_path_factory):
 def test_table_is_wide():
     assert len({c[0] for c in CASES}) == len(CASES) >= 20
     cmds = {c[1].split()[0] for c in CASES}
-    assert cmds >= {"runtime.generate", "runtime.chat", "apps.bench", "apps.profile",
-                    "apps.companion", "apps.server", "apps.cloud", "converters", "devices"}  # fmt: skip
+    assert cmds >= {
+        "runtime.generate",
+        "runtime.chat",
+        "apps.bench",
+        "apps.profile",
+        "apps.companion",
+        "apps.server",
+        "apps.cloud",
+        "converters",
+        "devices",
+    }
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

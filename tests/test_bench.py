@@ -163,7 +163,11 @@ def test_samples_draw_each_prompt_again_at_t_above_zero(tiny_dir, tmp_path, caps
     res = json.loads(capsys.readouterr().out)
     assert res["settings"]["samples"] == 2
     assert {(r["method"], r["temp"]): r["prompts"] for r in res["rows"]} == {
-        ("ar", 0.0): 2, ("sd", 0.0): 2, ("ar", 1.0): 4, ("sd", 1.0): 4}  # fmt: skip
+        ("ar", 0.0): 2,
+        ("sd", 0.0): 2,
+        ("ar", 1.0): 4,
+        ("sd", 1.0): 4,
+    }
     assert main([*argv[:-4], "--samples", "0"]) == 2
     assert "--samples must be at least 1" in capsys.readouterr().err
 
@@ -187,9 +191,7 @@ def test_the_bench_accounts_for_tree_against_sd_by_tokens_per_step_and_step_time
     assert tree_account(tree, None) == "temp 0: tree is 0.99x sd"
 
 
-def test_rounds_repeat_the_schedule_and_pool_in_the_rows(
-    tiny_dir, tmp_path, capsys
-):  # fmt: skip
+def test_rounds_repeat_the_schedule_and_pool_in_the_rows(tiny_dir, tmp_path, capsys):
     """--rounds 2: every (prompt, method) twice, the same greedy text each round; the rows
     pool both; the answer files hold round 0 only."""
     t = tiny_dir("qwen3")
@@ -202,7 +204,9 @@ def test_rounds_repeat_the_schedule_and_pool_in_the_rows(
     res = json.loads(capsys.readouterr().out)
     assert res["settings"]["rounds"] == 2
     assert {(r["method"], r["temp"]): r["prompts"] for r in res["rows"]} == {
-        ("ar", 0.0): 4, ("sd", 0.0): 4}  # fmt: skip
+        ("ar", 0.0): 4,
+        ("sd", 0.0): 4,
+    }
     sd = next(r for r in res["rows"] if r["method"] == "sd")
     assert sd["matches_ar"] == "4/4"  # each round's greedy text is ar's
     for f in (tmp_path / "ans").iterdir():
@@ -237,6 +241,17 @@ def test_each_round_rotates_the_runner_order():
 
     runners = [Fake("a"), Fake("b")]
     recs = [{"question_id": 1, "category": "c", "turns": ["x"]}]
-    run_bench(runners, recs, Tok(), None, temps=[0.0], top_p=1.0, max_new=2, seed=0,
-              context=64, warmup=False, rounds=2)  # fmt: skip
+    run_bench(
+        runners,
+        recs,
+        Tok(),
+        None,
+        temps=[0.0],
+        top_p=1.0,
+        max_new=2,
+        seed=0,
+        context=64,
+        warmup=False,
+        rounds=2,
+    )
     assert calls == ["a", "b", "b", "a"]

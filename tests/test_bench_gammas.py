@@ -43,13 +43,34 @@ def test_sweep_runs_each_gamma_and_stays_lossless(base, capsys, monkeypatch):
     loads = []
     real = drafts.extra_pair
     monkeypatch.setattr(drafts, "extra_pair", lambda *x: loads.append(x[1]) or real(*x))
-    res = _run([*argv, "--methods", "ar,sd,mirror,tree", "--gammas", "2,3", "--drafts",
-                str(other), "--exit-head", "raw"], capsys)  # fmt: skip
+    res = _run(
+        [
+            *argv,
+            "--methods",
+            "ar,sd,mirror,tree",
+            "--gammas",
+            "2,3",
+            "--drafts",
+            str(other),
+            "--exit-head",
+            "raw",
+        ],
+        capsys,
+    )
     tag = other.name
     assert [r["method"] for r in res["rows"]] == [
-        "ar", "sd@g2", "mirror@g2", "tree", f"sd+{tag}@g2", f"mirror+{tag}@g2", f"tree+{tag}",
-        "sd@g3", "mirror@g3", f"sd+{tag}@g3", f"mirror+{tag}@g3",
-    ]  # fmt: skip
+        "ar",
+        "sd@g2",
+        "mirror@g2",
+        "tree",
+        f"sd+{tag}@g2",
+        f"mirror+{tag}@g2",
+        f"tree+{tag}",
+        "sd@g3",
+        "mirror@g3",
+        f"sd+{tag}@g3",
+        f"mirror+{tag}@g3",
+    ]
     assert loads == [str(other)]  # the extra draft is loaded once for both γ
     assert res["mismatches"] == [] and all(r["matches_ar"] == "2/2" for r in res["rows"])
     by = {r["method"]: r for r in res["rows"]}
@@ -72,8 +93,11 @@ def test_sweep_runs_each_gamma_and_stays_lossless(base, capsys, monkeypatch):
 
 def test_runner_names():
     assert [base_method(n) for n in ("sd", "sd+mtp", "sd@g4", "mirror+d@g2")] == [
-        "sd", "sd", "sd", "mirror",
-    ]  # fmt: skip
+        "sd",
+        "sd",
+        "sd",
+        "mirror",
+    ]
     assert partner("mirror+d@g2", "mirror", "sd") == "sd+d@g2"
     assert partner("heterospec", "heterospec", "tree") == "tree"
     assert partner("sd@g2", "mirror", "sd") is None
@@ -125,8 +149,20 @@ def test_an_extra_draft_is_emulated_with_the_pair_under_emulate(base, capsys, mo
     made = []
     real = drafts.extra_pair
     monkeypatch.setattr(drafts, "extra_pair", lambda *x: made.append(real(*x)) or made[-1])
-    res = _run([*argv, "--methods", "ar,sd", "--drafts", str(other), "--emulate", "m3-max",
-                "--max-tokens", "4"], capsys)  # fmt: skip
+    res = _run(
+        [
+            *argv,
+            "--methods",
+            "ar,sd",
+            "--drafts",
+            str(other),
+            "--emulate",
+            "m3-max",
+            "--max-tokens",
+            "4",
+        ],
+        capsys,
+    )
     assert isinstance(made[0].draft, EmulatedModel) and made[0].draft.role == "draft"
     assert [r["method"] for r in res["rows"]] == ["ar", "sd", f"sd+{other.name}"]
     assert all(r["emulated"] == res["emulated"] for r in res["rows"])
@@ -146,8 +182,7 @@ def test_sampled_mirror_rows_report_how_many_turns_share_sds_texts(base, capsys)
 
     argv, other = base
     argv = [a if a != "0" else "1" for a in argv]  # --temps 1
-    res = _run([*argv, "--methods", "ar,sd,mirror", "--gamma", "2", "--drafts", str(other)],
-               capsys)  # fmt: skip
+    res = _run([*argv, "--methods", "ar,sd,mirror", "--gamma", "2", "--drafts", str(other)], capsys)
     by = {r["method"]: r for r in res["rows"]}
     tag = other.name
     assert by[f"mirror+{tag}"]["same_texts_as_sd"] == "2/2"

@@ -77,8 +77,9 @@ def test_an_in_place_pass_equals_a_concatenating_one(tiny_dir):
     c = lm.config
 
     def concat():
-        return ConcatKVCache(c.num_layers, 1, lambda b: np.zeros((b, c.num_kv_heads, 0, c.head_dim),
-                                                                 np.float32))  # fmt: skip
+        return ConcatKVCache(
+            c.num_layers, 1, lambda b: np.zeros((b, c.num_kv_heads, 0, c.head_dim), np.float32)
+        )
 
     buf, cat = lm.new_cache(), concat()
     assert isinstance(buf, BufferKVCache)

@@ -40,8 +40,14 @@ def refs(evolving):
     base, adapters, target, _ = evolving
     out = {"": ar_tokens(target, PROMPT, N)}
     for name, ad in adapters.items():
-        merged = load_pair(str(base), None, need_draft=False, target_backend="torch",
-                           adapter=str(ad), target_threads=1).target  # fmt: skip
+        merged = load_pair(
+            str(base),
+            None,
+            need_draft=False,
+            target_backend="torch",
+            adapter=str(ad),
+            target_threads=1,
+        ).target
         out[name] = ar_tokens(merged, PROMPT, N)
     assert out["code"] != out[""] and out["prose"] != out[""]  # the adapters change the output
     return out
@@ -82,8 +88,15 @@ def test_unknown_adapter_gets_an_error_frame_and_others_are_served(server, evolv
         conn.open(PROMPT, 0.0, 1.0, 0, 0)
     conn.close()
     # the fuzzer's OPENs with adapter fields (unknown, not UTF-8, lying) beside valid sessions
-    out = fuzz(server.host, server.port, frames=120, seed=3, vocab=evolving[2].config.vocab_size,
-               time_limit_s=60, adapters=("code", "prose"))  # fmt: skip
+    out = fuzz(
+        server.host,
+        server.port,
+        frames=120,
+        seed=3,
+        vocab=evolving[2].config.vocab_size,
+        time_limit_s=60,
+        adapters=("code", "prose"),
+    )
     assert out.get("kind_adapter", 0) > 0 and out.get(f"error_{wire.E_ADAPTER}", 0) > 0, out
     assert out.get(f"error_{wire.E_INTERNAL}", 0) == 0, out
     conn = Connection(server.host, server.port, adapter="prose")
@@ -111,8 +124,11 @@ def test_a_view_adds_only_the_adapted_weights_and_leaves_the_base_alone(evolving
     ids = np.array([PROMPT])
     before = target.forward(ids, target.new_cache())
     view = adapter_view(target, base, adapters["code"])
-    keys = [k for k in load_file(str(adapters["code"] / "adapter_model.safetensors"))
-            if k.endswith("lora_A.weight")]  # fmt: skip
+    keys = [
+        k
+        for k in load_file(str(adapters["code"] / "adapter_model.safetensors"))
+        if k.endswith("lora_A.weight")
+    ]
     params = dict(target.module.named_parameters())
     want = sum(
         params[k.removeprefix("base_model.model.").replace(".lora_A.weight", ".weight")].nbytes
@@ -132,8 +148,12 @@ def test_serve_refuses_an_adapter_for_another_base_in_one_line(evolving, tmp_pat
     assert main(["serve", "--target", str(other), "--adapter", f"code={ad}"]) == 2
     err = capsys.readouterr().err.strip()
     assert "another base" in err and "\n" not in err, err
-    assert main(["serve", "--target", str(evolving[0]), "--adapter", f"a={ad}",
-                 "--adapter", f"a={ad}"]) == 2  # fmt: skip
+    assert (
+        main(
+            ["serve", "--target", str(evolving[0]), "--adapter", f"a={ad}", "--adapter", f"a={ad}"]
+        )
+        == 2
+    )
     assert "given twice" in capsys.readouterr().err
 
 
@@ -146,8 +166,20 @@ def test_generate_flexspec_names_the_adapter(evolving, refs, server, capsys):
               "--k", "3"]  # fmt: skip
     draft = str(evolving[3].load_spec[0])
     # a remote verifier holding both: the session names one
-    assert main(common + ["--draft", draft, "--server", f"{server.host}:{server.port}",
-                          "--adapter-name", "prose"]) == 0  # fmt: skip
+    assert (
+        main(
+            common
+            + [
+                "--draft",
+                draft,
+                "--server",
+                f"{server.host}:{server.port}",
+                "--adapter-name",
+                "prose",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["tokens"] == refs["prose"]
     # --server local with --adapter: the local verifier holds base + that adapter
     assert main(common + ["--draft", draft, "--adapter", str(adapters["code"])]) == 0
@@ -165,8 +197,17 @@ def test_bench_e2e_column_is_link_time_plus_measured_compute(server, evolving):
         def get(self, base):
             return server.host, server.port, b""
 
-    out = ms_per_token(One(), evolving[0], "code", evolving[3], [PROMPT, PROMPT[:3]],
-                       link="4g", max_new=6, k=2, eos=[])  # fmt: skip
+    out = ms_per_token(
+        One(),
+        evolving[0],
+        "code",
+        evolving[3],
+        [PROMPT, PROMPT[:3]],
+        link="4g",
+        max_new=6,
+        k=2,
+        eos=[],
+    )
     assert out["e2e_tokens"] == 12 and 0 < out["e2e_mean_k"] <= 2  # K = 2, fewer at the end
     assert out["ms_per_token"] > out["link_ms_per_token"] > 0
 
@@ -177,8 +218,9 @@ def test_a_view_equals_the_adapter_merged_at_load(evolving, backend):
     base, adapters, _, _ = evolving
     ids = np.array([PROMPT])
     target = load_pair(str(base), None, need_draft=False, target_backend=backend).target
-    merged = load_pair(str(base), None, need_draft=False, target_backend=backend,
-                       adapter=str(adapters["prose"])).target  # fmt: skip
+    merged = load_pair(
+        str(base), None, need_draft=False, target_backend=backend, adapter=str(adapters["prose"])
+    ).target
     view = adapter_view(target, base, adapters["prose"])
     want = merged.forward(ids, merged.new_cache())
     assert np.array_equal(view.forward(ids, view.new_cache()), want)

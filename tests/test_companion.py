@@ -150,8 +150,23 @@ def test_package_anchor_draft_records_its_base(tmp_path, capsys):
     assets = Path(__file__).parents[1] / "runtime" / "assets"
     base = assets / "default" / "target"
     out = tmp_path / "anchor-bundle"
-    assert main(["package", "--anchor", str(assets / "evolving" / "anchor"), "--target", str(base),
-                 "--out", str(out), "--no-coreml", "--max-context", "16"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "package",
+                "--anchor",
+                str(assets / "evolving" / "anchor"),
+                "--target",
+                str(base),
+                "--out",
+                str(out),
+                "--no-coreml",
+                "--max-context",
+                "16",
+            ]
+        )
+        == 0
+    )
     m = verify_bundle(out)
     assert m["anchor"]["anchors_to"]["base_sha256"] == base_fingerprint(base)
     assert m["anchor"]["anchor_layer"] == 7 and m["parity"]["onnx"]["ok"]

@@ -28,9 +28,17 @@ PROMPT = [5, 17, 99, 3, 250, 11]
 def bundle(tiny_dir, tmp_path_factory):
     """The target packaged as its own draft (everything accepted), ONNX only, context 16."""
     out = tmp_path_factory.mktemp("edge-bundle") / "bundle"
-    package_bundle(tiny_dir("qwen3"), out, target=tiny_dir("qwen3"), max_context=16,
-                   prefill_len=4, onnx_provider="cpu", profile="snapdragon-8-gen-3",
-                   codec="ids", coreml=False)  # fmt: skip
+    package_bundle(
+        tiny_dir("qwen3"),
+        out,
+        target=tiny_dir("qwen3"),
+        max_context=16,
+        prefill_len=4,
+        onnx_provider="cpu",
+        profile="snapdragon-8-gen-3",
+        codec="ids",
+        coreml=False,
+    )
     return out
 
 
@@ -55,8 +63,19 @@ def verifier(tiny_dir):
 
 
 def run(bundle, where, token_file, *extra):
-    return main(["run", str(bundle), "--server", where, "--token-file", token_file,
-                 "--prompt-ids", ",".join(map(str, PROMPT)), *extra])  # fmt: skip
+    return main(
+        [
+            "run",
+            str(bundle),
+            "--server",
+            where,
+            "--token-file",
+            token_file,
+            "--prompt-ids",
+            ",".join(map(str, PROMPT)),
+            *extra,
+        ]
+    )
 
 
 def resign(src, dst, edit):
@@ -77,8 +96,13 @@ def test_manifest_records_the_edge_side(bundle, tiny_dir):
     assert {"edge.json", "profile.toml"} <= set(m["files"])  # hashed like every file
     e = m["edge"]
     assert e["wire_version"] == wire.VERSION
-    assert e["codec"] == {"name": "ids", "number": 1, "carries_q": False, "lossy": False,
-                          "params": {"bits_per_id": 9}}  # fmt: skip
+    assert e["codec"] == {
+        "name": "ids",
+        "number": 1,
+        "carries_q": False,
+        "lossy": False,
+        "params": {"bits_per_id": 9},
+    }
     assert e["profile"]["name"] == "snapdragon-8-gen-3"
     assert e["profile"]["flexspec"]["alpha_edge"] == pytest.approx(0.0105)
     assert m["pairs_with"]["base"] == target_identity(tiny_dir("qwen3"))["base"]
@@ -109,15 +133,17 @@ def test_raw_codec_bundle_equal_to_ar(bundle, verifier, token_file, tmp_path, ca
         edge["claim"]["codec"] = "raw"
 
     raw = resign(bundle, tmp_path / "raw", to_raw)
-    assert run(raw, f"{st.host}:{st.port}", token_file, "--max-tokens", "8", "--k", "3",
-               "--json") == 0  # fmt: skip
+    assert (
+        run(raw, f"{st.host}:{st.port}", token_file, "--max-tokens", "8", "--k", "3", "--json") == 0
+    )
     r = json.loads(capsys.readouterr().out)
     assert r["tokens"] == ar_tokens(target, PROMPT, 8) and r["stats"]["codec"] == "raw"
     assert min(r["stats"]["edge"]["bytes_up"]) > 4 * 320  # q rows crossed the wire
 
 
-def test_compressed_codec_bundle_uses_its_recorded_parameters(bundle, verifier, token_file,
-                                                             tmp_path, capsys):  # fmt: skip
+def test_compressed_codec_bundle_uses_its_recorded_parameters(
+    bundle, verifier, token_file, tmp_path, capsys
+):
     """A k-sqs bundle: the client builds its encoder from the parameters edge.json records."""
     from apps.companion.edge_side import codec_record
 
@@ -128,8 +154,10 @@ def test_compressed_codec_bundle_uses_its_recorded_parameters(bundle, verifier, 
         edge["claim"]["codec"] = "k-sqs"
 
     ksqs = resign(bundle, tmp_path / "ksqs", to_ksqs)
-    assert run(ksqs, f"{st.host}:{st.port}", token_file, "--max-tokens", "8", "--k", "3",
-               "--json") == 0  # fmt: skip
+    assert (
+        run(ksqs, f"{st.host}:{st.port}", token_file, "--max-tokens", "8", "--k", "3", "--json")
+        == 0
+    )
     r = json.loads(capsys.readouterr().out)
     assert r["tokens"] == ar_tokens(target, PROMPT, 8) and r["stats"]["codec"] == "k-sqs"
     assert max(r["stats"]["edge"]["bytes_up"]) < 4 * 320  # compressed: far below raw's q rows

@@ -38,9 +38,21 @@ def test_genai_loads_the_folder_and_agrees(tiny_dir, tmp_path, capsys):
 
     from runtime.generate import build_parser, generate
 
-    ours = generate(build_parser().parse_args(
-        ["--target", str(src), "--method", "ar", "--prompt", PROMPT, "--max-tokens", "16", "--json"]
-    ))  # fmt: skip
+    ours = generate(
+        build_parser().parse_args(
+            [
+                "--target",
+                str(src),
+                "--method",
+                "ar",
+                "--prompt",
+                PROMPT,
+                "--max-tokens",
+                "16",
+                "--json",
+            ]
+        )
+    )
     ids, theirs = genai_greedy(out, PROMPT, 16)
     from runtime.tokenizer import Tokenizer
 
@@ -69,9 +81,21 @@ def test_embedded_draft_with_its_trained_tokenizer(tmp_path, capsys):
     out = tmp_path / "draft-genai"
     assert main(["export", "--model", str(draft), "--format", "onnx", "--out", str(out)]) == 0
     prompt = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
-    ours = generate(build_parser().parse_args(
-        ["--target", str(draft), "--method", "ar", "--prompt", prompt, "--max-tokens", "24", "--json"]
-    ))  # fmt: skip
+    ours = generate(
+        build_parser().parse_args(
+            [
+                "--target",
+                str(draft),
+                "--method",
+                "ar",
+                "--prompt",
+                prompt,
+                "--max-tokens",
+                "24",
+                "--json",
+            ]
+        )
+    )
     ids, theirs = genai_greedy(out, prompt, 24)
     assert ids == Tokenizer(draft).encode(prompt)
     assert theirs == ours["tokens"]

@@ -16,8 +16,16 @@ def _brute_lengths(context, answer, cap):
     for i in range(len(answer)):
         text = context + answer[:i]
         runs = {tuple(text[a:b]) for a in range(len(text)) for b in range(a + 1, len(text) + 1)}
-        out.append(max([n for n in range(1, cap + 1) if tuple(answer[i : i + n]) in runs
-                        and i + n <= len(answer)] or [0]))  # fmt: skip
+        out.append(
+            max(
+                [
+                    n
+                    for n in range(1, cap + 1)
+                    if tuple(answer[i : i + n]) in runs and i + n <= len(answer)
+                ]
+                or [0]
+            )
+        )
     return out
 
 
@@ -59,11 +67,35 @@ def test_fastest_steps_is_the_cheapest_of_every_schedule():
 def test_the_command_bounds_a_tiny_targets_turns(tiny_dir, tmp_path, capsys):
     d = tiny_dir("qwen2", num_layers=2, seed=5)
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"category": c, "turns": [t]}) + "\n" for c, t in
-                               (("summarization", "the cat sat on the mat. " * 6),
-                                ("qa", "why is the sky blue?"))))  # fmt: skip
-    assert main(["--target", str(d), "--prompts", str(prompts), "--max-tokens", "12",
-                 "--max-window", "3,5", "--repeats", "1", "--threads", "1", "--json"]) == 0  # fmt: skip
+    prompts.write_text(
+        "".join(
+            json.dumps({"category": c, "turns": [t]}) + "\n"
+            for c, t in (
+                ("summarization", "the cat sat on the mat. " * 6),
+                ("qa", "why is the sky blue?"),
+            )
+        )
+    )
+    assert (
+        main(
+            [
+                "--target",
+                str(d),
+                "--prompts",
+                str(prompts),
+                "--max-tokens",
+                "12",
+                "--max-window",
+                "3,5",
+                "--repeats",
+                "1",
+                "--threads",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     rows = json.loads(capsys.readouterr().out)["rows"]  # progress goes to stderr
     assert set(rows) == {"summarization", "qa", "all"}
     for r in rows.values():

@@ -112,8 +112,10 @@ def test_log_levels_beat_linear_on_small_probabilities():
     rng = np.random.default_rng(6)
     x = probs_from_logits(rng.normal(0, 1.5, 2000), 1.0)
     ids = cuhlm.topk_ids(x, 256)
-    tv = {s: 0.5 * np.abs(cuhlm.reconstruct(ids, cuhlm.quantize_levels(x[ids], s), 2000, s) - x).sum()
-          for s in cuhlm.LEVELS}  # fmt: skip
+    tv = {
+        s: 0.5 * np.abs(cuhlm.reconstruct(ids, cuhlm.quantize_levels(x[ids], s), 2000, s) - x).sum()
+        for s in cuhlm.LEVELS
+    }
     assert tv["log"] < 0.5 * tv["linear"], tv
 
 

@@ -207,13 +207,19 @@ def test_real_vocab_pads_the_logits_and_keeps_greedy_output(tiny_dir):
         kw = small if method == "mirror" else {}
         got = run(make_steps(method, t, d, ids, gamma=3, **greedy, **kw), max_new=8).tokens
         assert got == want, method
-    out = run(make_steps("mirror", t, d, ids, max_new=8, gamma=3, sampling=Sampling(1.0), seed=1,
-                         **small), max_new=8).tokens  # fmt: skip
+    out = run(
+        make_steps(
+            "mirror", t, d, ids, max_new=8, gamma=3, sampling=Sampling(1.0), seed=1, **small
+        ),
+        max_new=8,
+    ).tokens
     assert len(out) == 8 and max(out) < real
     # at this width the waves keep logits and draw by Gumbel-max (Sampling.lazy): through the
     # draft process's shared board too, the same tokens as the thread worker's
     proc = dict(small, draft_process=True)
-    got = run(make_steps("mirror", t, d, ids, max_new=8, gamma=3, sampling=Sampling(1.0), seed=1,
-                         **proc), max_new=8).tokens  # fmt: skip
+    got = run(
+        make_steps("mirror", t, d, ids, max_new=8, gamma=3, sampling=Sampling(1.0), seed=1, **proc),
+        max_new=8,
+    ).tokens
     assert got == out
     close_draft_hosts(d)

@@ -88,9 +88,16 @@ def test_linear_attention_layers_are_refused(tiny_dir):
 
 @pytest.mark.parametrize(
     "text, needle",
-    [("3", "0..2"), ("-1", "0..2"), ("0,0", "distinct"), ("", "distinct"), (",", "distinct"),
-     ("0,x", "layer numbers"), ("1.5", "layer numbers")],
-)  # fmt: skip
+    [
+        ("3", "0..2"),
+        ("-1", "0..2"),
+        ("0,0", "distinct"),
+        ("", "distinct"),
+        (",", "distinct"),
+        ("0,x", "layer numbers"),
+        ("1.5", "layer numbers"),
+    ],
+)
 def test_parse_layers_refusals(text, needle):
     with pytest.raises(DuetError, match=needle) as e:
         parse_layers(text, 3)
@@ -108,8 +115,20 @@ def tune_args(target, tmp_path):
     for i in range(3):
         body = "".join(f"def f{j}(x):\n    return x * {j} + {i}\n" for j in range(20))
         (corpus / f"m{i}.py").write_text(body)
-    return ["--target", str(target), "--corpus", str(corpus), "--seq-len", "16",
-            "--batch-size", "2", "--threads", "1", "--eval-heldout-tokens", "32"]  # fmt: skip
+    return [
+        "--target",
+        str(target),
+        "--corpus",
+        str(corpus),
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "2",
+        "--threads",
+        "1",
+        "--eval-heldout-tokens",
+        "32",
+    ]
 
 
 def test_tune_from_target_layers_end_to_end(tune_args, tmp_path, capsys):

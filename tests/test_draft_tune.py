@@ -126,8 +126,9 @@ def test_a_real_tokenizers_end_token_separates_documents(tiny_dir, tmp_path):
     from runtime.config import ModelConfig
     from runtime.errors import DuetError
 
-    cfg = json.loads((tiny_dir("gemma3_text", num_layers=1, hidden_size=32, seed=7)
-                      / "config.json").read_text())  # fmt: skip
+    cfg = json.loads(
+        (tiny_dir("gemma3_text", num_layers=1, hidden_size=32, seed=7) / "config.json").read_text()
+    )
     (tmp_path / "config.json").write_text(json.dumps(cfg | {"eos_token_id": 1}))
     tok = Tokenizer(WordLevel({"a": 0, "<eos>": 1}, unk_token="a"))
     assert eos_id(tok, tmp_path) == ModelConfig.from_dir(tmp_path).eos_token_ids[0] == 1

@@ -15,11 +15,11 @@ import torch
 from apps.train.eagle import chain_outputs, init_head, main, save_head
 from apps.train.eagle_data import _generate, _hf_model
 from runtime.backends import load_model
-from runtime.drafts.head.onnx import KINDS
-from runtime.drafts.head.torch import HeadDraft, head_sidecar, tap_layers
 from runtime.decoding import make_steps, run
 from runtime.decoding import sd as sd_module
 from runtime.decoding.events import GREEDY
+from runtime.drafts.head.onnx import KINDS
+from runtime.drafts.head.torch import HeadDraft, head_sidecar, tap_layers
 from runtime.errors import DuetError
 
 PROMPT = [5, 17, 42, 99, 7]
@@ -28,10 +28,37 @@ ATOL = 1e-4
 
 
 def _fit(target_dir, steps, *extra):
-    return main(["--target", str(target_dir), "--prompts", "6", "--doc-files", "2",
-                 "--max-prompt", "200", "--gen-batch", "3", "--max-new", "12", "--steps",
-                 str(steps), "--seq-len", "48", "--batch-size", "2", "--vocab", "96",
-                 "--ckpt-every", "1", "--unroll", "2", "--threads", "1", *extra])  # fmt: skip
+    return main(
+        [
+            "--target",
+            str(target_dir),
+            "--prompts",
+            "6",
+            "--doc-files",
+            "2",
+            "--max-prompt",
+            "200",
+            "--gen-batch",
+            "3",
+            "--max-new",
+            "12",
+            "--steps",
+            str(steps),
+            "--seq-len",
+            "48",
+            "--batch-size",
+            "2",
+            "--vocab",
+            "96",
+            "--ckpt-every",
+            "1",
+            "--unroll",
+            "2",
+            "--threads",
+            "1",
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +91,14 @@ def test_fitted_head_loads_back_resumes_and_is_lossless(fitted):
     target = load_model(target_dir, "torch", threads=1)
     draft = HeadDraft.load(target, target_dir)
     kept = set(draft.head_module.vocab_ids.tolist())
-    ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-             max_new=N_NEW).tokens  # fmt: skip
+    ar = run(
+        make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
+        max_new=N_NEW,
+    ).tokens
     for gamma in (1, 4):
-        sd = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
-                        gamma=gamma)  # fmt: skip
+        sd = make_steps(
+            "sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0, gamma=gamma
+        )
         assert run(sd, max_new=N_NEW).tokens == ar
     row = draft.forward(np.array([PROMPT]), draft.new_cache())[0, -1]
     assert np.isneginf(row[[i for i in range(row.size) if i not in kept]]).all()
@@ -95,8 +125,10 @@ def test_the_head_steps_in_onnx_runtime(fitted, quant):
         assert np.array_equal(np.isfinite(want), np.isfinite(got))
         fin = np.isfinite(want)
         assert np.abs(want[fin] - got[fin]).max() <= tol * max(1.0, np.abs(want[fin]).max())
-    ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-             max_new=N_NEW).tokens  # fmt: skip
+    ar = run(
+        make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
+        max_new=N_NEW,
+    ).tokens
     sd = make_steps("sd", target, onx, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0, gamma=4)
     assert run(sd, max_new=N_NEW).tokens == ar
 
@@ -110,13 +142,43 @@ def test_generate_cli_finds_the_head(fitted, capsys):
     runs = (("ar", []), ("sd", ["--draft", "head", "--gamma", "3"]),
             ("sd", ["--draft", "head+suffix", "--gamma", "3"]))  # fmt: skip
     for method, extra in runs:
-        assert generate(["--target", str(target_dir), "--method", method, "--prompt-ids", ids,
-                         "--max-tokens", "10", "--json", *extra]) == 0  # fmt: skip
+        assert (
+            generate(
+                [
+                    "--target",
+                    str(target_dir),
+                    "--method",
+                    method,
+                    "--prompt-ids",
+                    ids,
+                    "--max-tokens",
+                    "10",
+                    "--json",
+                    *extra,
+                ]
+            )
+            == 0
+        )
         outs.append(json.loads(capsys.readouterr().out))
     assert outs[1]["tokens"] == outs[0]["tokens"] and outs[1]["stats"]["steps"] >= 1
     assert outs[2]["tokens"] == outs[0]["tokens"]
-    assert generate(["--target", str(target_dir), "--method", "tree", "--draft", "head+lookup",
-                     "--prompt-ids", ids, "--max-tokens", "4"]) == 2  # fmt: skip
+    assert (
+        generate(
+            [
+                "--target",
+                str(target_dir),
+                "--method",
+                "tree",
+                "--draft",
+                "head+lookup",
+                "--prompt-ids",
+                ids,
+                "--max-tokens",
+                "4",
+            ]
+        )
+        == 2
+    )
     assert "`sd` chains only" in capsys.readouterr().err
 
 
@@ -125,8 +187,20 @@ def test_no_head_is_one_line(tiny_dir, capsys):
 
     d = tiny_dir("llama", seed=4)
     capsys.readouterr()
-    rc = generate(["--target", str(d), "--draft", "head", "--method",
-                   "sd", "--prompt-ids", "1,2,3", "--max-tokens", "4"])  # fmt: skip
+    rc = generate(
+        [
+            "--target",
+            str(d),
+            "--draft",
+            "head",
+            "--method",
+            "sd",
+            "--prompt-ids",
+            "1,2,3",
+            "--max-tokens",
+            "4",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc != 0 and len(err) == 1 and "apps.train eagle" in err[0]
 
@@ -147,8 +221,9 @@ def test_the_head_beside_the_onnx_target_is_lossless(fitted, quantize):
     ar = run(ar_steps, max_new=N_NEW).tokens
     target.record_hidden = True
     for gamma in (1, 4):
-        sd = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
-                        gamma=gamma)  # fmt: skip
+        sd = make_steps(
+            "sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0, gamma=gamma
+        )
         got = run(sd, max_new=N_NEW)
         assert got.tokens == ar, gamma
     if quantize == "none":
@@ -279,11 +354,31 @@ def test_eval_reports_tokens_per_step_on_held_out_prompts(fitted, tmp_path, caps
 
     target_dir, _ = fitted
     q = tmp_path / "q.jsonl"
-    q.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [t]})
-                           for i, (c, t) in enumerate([("qa", "Why?"), ("math", "2 + 2")])))  # fmt: skip
+    q.write_text(
+        "\n".join(
+            json.dumps({"question_id": i, "category": c, "turns": [t]})
+            for i, (c, t) in enumerate([("qa", "Why?"), ("math", "2 + 2")])
+        )
+    )
     capsys.readouterr()
-    assert evaluate(["--target", str(target_dir), "--prompts", str(q), "--per-category", "1",
-                     "--max-tokens", "6", "--threads", "1", "--json"]) == 0  # fmt: skip
+    assert (
+        evaluate(
+            [
+                "--target",
+                str(target_dir),
+                "--prompts",
+                str(q),
+                "--per-category",
+                "1",
+                "--max-tokens",
+                "6",
+                "--threads",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     rows = json.loads(out[out.index("{\n") :])["rows"]
     assert set(rows) == {"qa", "math", "all"} and rows["all"]["greedy_equals_ar"] == "2/2"
@@ -323,8 +418,10 @@ def test_the_head_drafts_trees(fitted, backend):
         target = OnnxTargetLM(target_dir, "int4", intra_threads=1)
     draft = HeadDraft.load(target, target_dir)
     target.record_hidden = False
-    ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-             max_new=N_NEW).tokens  # fmt: skip
+    ar = run(
+        make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
+        max_new=N_NEW,
+    ).tokens
     target.record_hidden = True
     bins = head_sidecar(target_dir) / "bins.json"  # heterospec finds the head's own bins
     assert pair_bins(draft) is None
@@ -333,8 +430,19 @@ def test_the_head_drafts_trees(fitted, backend):
         assert pair_bins(draft) == bins
         for method in ("tree", "heterospec"):
             tc = target.new_cache()
-            steps = make_steps(method, target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY,
-                               seed=0, target_cache=tc, tree_k=3, top_n=8, depth=4)  # fmt: skip
+            steps = make_steps(
+                method,
+                target,
+                draft,
+                PROMPT,
+                max_new=N_NEW,
+                sampling=GREEDY,
+                seed=0,
+                target_cache=tc,
+                tree_k=3,
+                top_n=8,
+                depth=4,
+            )
             got = run(steps, max_new=N_NEW)
             assert got.tokens == ar, method
             seq = PROMPT + ar
@@ -342,8 +450,20 @@ def test_the_head_drafts_trees(fitted, backend):
     finally:
         bins.unlink()
     with pytest.raises(DuetError, match="one node per level"):
-        run(make_steps("tree", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
-                       tree_k=2, expand=2), max_new=N_NEW)  # fmt: skip
+        run(
+            make_steps(
+                "tree",
+                target,
+                draft,
+                PROMPT,
+                max_new=N_NEW,
+                sampling=GREEDY,
+                seed=0,
+                tree_k=2,
+                expand=2,
+            ),
+            max_new=N_NEW,
+        )
 
 
 def test_a_tree_commit_moves_the_recorded_rows(fitted):
@@ -384,17 +504,33 @@ def test_an_adapter_and_a_fine_tuned_copy_draft_with_the_base_head(fitted, tmp_p
     with pytest.raises(DuetError, match="apps.train eagle"):  # no head of its own
         load_pair(str(ft), "head", need_draft=True, target_backend="torch")
     for target, kw in ((str(base), {"adapter": str(adapter)}), (str(ft), {"heads_from": base})):
-        pair = load_pair(target, "head", need_draft=True, target_backend="torch",
-                         draft_backend="torch", **kw)  # fmt: skip
-        ar = run(make_steps("ar", pair.target, None, PROMPT, max_new=N_NEW, sampling=GREEDY,
-                            seed=0), max_new=N_NEW)  # fmt: skip
-        sd = run(make_steps("sd", pair.target, pair.draft, PROMPT, max_new=N_NEW,
-                            sampling=GREEDY, seed=0, gamma=3), max_new=N_NEW)  # fmt: skip
+        pair = load_pair(
+            target, "head", need_draft=True, target_backend="torch", draft_backend="torch", **kw
+        )
+        ar = run(
+            make_steps("ar", pair.target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
+            max_new=N_NEW,
+        )
+        sd = run(
+            make_steps(
+                "sd",
+                pair.target,
+                pair.draft,
+                PROMPT,
+                max_new=N_NEW,
+                sampling=GREEDY,
+                seed=0,
+                gamma=3,
+            ),
+            max_new=N_NEW,
+        )
         assert sd.tokens == ar.tokens and len(ar.tokens) == N_NEW, kw
 
 
-TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% endif %}")  # fmt: skip
+TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
 def _templated(tiny_dir, tmp_path):
@@ -428,19 +564,28 @@ def test_self_written_prompts_are_finished_new_questions(tiny_dir, tmp_path):
             assert input_ids[0].tolist() == prefix and kw["do_sample"]
             assert kw["temperature"] == 1.0 and kw["top_p"] == 0.95
             body = [r + [pad] * (width - len(r)) for r in rows]
-            return torch.cat([input_ids[:, :0].new_tensor([prefix] * len(rows)),
-                              torch.tensor(body)], 1)  # fmt: skip
+            return torch.cat(
+                [input_ids[:, :0].new_tensor([prefix] * len(rows)), torch.tensor(body)], 1
+            )
 
-    got = ed.self_prompts(Fake(), tok, tmpl, 10, seed=0, batch=len(rows), eos={eos}, pad=pad,
-                          banned={"held out question here"})  # fmt: skip
+    got = ed.self_prompts(
+        Fake(),
+        tok,
+        tmpl,
+        10,
+        seed=0,
+        batch=len(rows),
+        eos={eos},
+        pad=pad,
+        banned={"held out question here"},
+    )
     assert got == ["how do bees fly", "why is the sky blue"]
     assert ed.self_prompts(Fake(), tok, tmpl, 1, seed=0, batch=6, eos={eos}, pad=pad) == [
         "how do bees fly"
     ]
 
 
-def test_a_rerun_with_self_prompts_goes_on_after_the_answered_ones(tiny_dir, tmp_path,
-                                                                    monkeypatch):  # fmt: skip
+def test_a_rerun_with_self_prompts_goes_on_after_the_answered_ones(tiny_dir, tmp_path, monkeypatch):
     """The plan (DATA/plan.jsonl) keeps the answered prompts first and in order; self-written
     prompts and document tasks over the target's own cached answers are added after them and
     answered by the rerun; a target without a chat template cannot write prompts."""
@@ -486,17 +631,20 @@ def test_the_head_with_a_suffix_draft_beside_it_is_lossless(fitted):
     from runtime.load import load_pair
 
     target_dir, _ = fitted
-    pair = load_pair(str(target_dir), "head+suffix", need_draft=True, target_backend="torch",
-                     target_threads=1)  # fmt: skip
+    pair = load_pair(
+        str(target_dir), "head+suffix", need_draft=True, target_backend="torch", target_threads=1
+    )
     assert pair.draft.mixed and "suffix (model-free)" in pair.settings["draft_backend"]
     prompt = [5, 17, 42, 99, 7, 11, 5, 17, 42, 99, 7, 11, 5, 17]
     n = 24
-    ar = run(make_steps("ar", pair.target, None, prompt, max_new=n, sampling=GREEDY, seed=0),
-             max_new=n).tokens  # fmt: skip
+    ar = run(
+        make_steps("ar", pair.target, None, prompt, max_new=n, sampling=GREEDY, seed=0), max_new=n
+    ).tokens
     for min_len, min_score in ((1, 0.5), (3, 2.0), (99, 99.0)):
         draft = _mixed(pair.draft.model, pair.target, min_len=min_len, min_score=min_score)
-        sd = make_steps("sd", pair.target, draft, prompt, max_new=n, sampling=GREEDY, seed=0,
-                        gamma=4)  # fmt: skip
+        sd = make_steps(
+            "sd", pair.target, draft, prompt, max_new=n, sampling=GREEDY, seed=0, gamma=4
+        )
         assert run(sd, max_new=n).tokens == ar, (min_len, min_score)
         if min_len == 1:
             assert draft.free_steps > 0 and draft.model_steps > 0  # both drafted
@@ -542,11 +690,37 @@ def test_the_bench_runs_the_head_with_a_suffix_draft(fitted, tmp_path, capsys):
 
     target_dir, _ = fitted
     q = tmp_path / "q.jsonl"
-    q.write_text("".join(json.dumps({"question_id": i, "category": "c", "turns": [t]}) + "\n"
-                         for i, t in enumerate(["ab ab ab ab", "the cat the cat"])))  # fmt: skip
-    assert bench(["--target", str(target_dir), "--draft", "head", "--draft-backend", "torch",
-                  "--methods", "ar,sd,tree", "--drafts", "head+suffix", "--prompts", str(q),
-                  "--max-tokens", "8", "--temps", "0", "--no-warmup", "--json"]) == 0  # fmt: skip
+    q.write_text(
+        "".join(
+            json.dumps({"question_id": i, "category": "c", "turns": [t]}) + "\n"
+            for i, t in enumerate(["ab ab ab ab", "the cat the cat"])
+        )
+    )
+    assert (
+        bench(
+            [
+                "--target",
+                str(target_dir),
+                "--draft",
+                "head",
+                "--draft-backend",
+                "torch",
+                "--methods",
+                "ar,sd,tree",
+                "--drafts",
+                "head+suffix",
+                "--prompts",
+                str(q),
+                "--max-tokens",
+                "8",
+                "--temps",
+                "0",
+                "--no-warmup",
+                "--json",
+            ]
+        )
+        == 0
+    )
     res = json.loads(capsys.readouterr().out)
     assert [r["method"] for r in res["rows"]] == ["ar", "sd", "tree", "sd+head+suffix"]
     assert res["mismatches"] == [] and all(r["matches_ar"] == "2/2" for r in res["rows"])
@@ -561,11 +735,14 @@ def test_the_head_ends_its_chain_when_unsure(fitted, gof_pair):
     target_dir, _ = fitted
     target = load_model(target_dir, "torch", threads=1)
     draft = HeadDraft.load(target, target_dir)
-    ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-             max_new=N_NEW).tokens  # fmt: skip
+    ar = run(
+        make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
+        max_new=N_NEW,
+    ).tokens
     draft.stop_below = 0.5
-    events = list(make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY,
-                             seed=0, gamma=4))  # fmt: skip
+    events = list(
+        make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0, gamma=4)
+    )
     assert [t for ev in events for t in ev.tokens][:N_NEW] == ar
     assert any(ev.drafted < 4 for ev in events[:-1])  # some windows ended early
     target, head = gof_pair

@@ -27,8 +27,19 @@ PROMPT = [11, 42, 7, 99, 5, 250]
 
 def rounds(conn, draft, n, sampling=GREEDY, seed=0, prompt=PROMPT, **opts):
     """(tokens, the run's stats.edge) of one flexspec run."""
-    evs = list(make_steps("flexspec", None, draft, prompt, max_new=n, sampling=sampling,
-                          seed=seed, conn=conn, **opts))  # fmt: skip
+    evs = list(
+        make_steps(
+            "flexspec",
+            None,
+            draft,
+            prompt,
+            max_new=n,
+            sampling=sampling,
+            seed=seed,
+            conn=conn,
+            **opts,
+        )
+    )
     return [t for ev in evs for t in ev.tokens], edge_summary(evs)
 
 
@@ -39,18 +50,29 @@ def small_pair(tiny_dir):
     return target, draft
 
 
-@pytest.mark.parametrize("name, params, budget", [
-    ("k-sqs", {"k": 4, "ell": 100}, 200),
-    ("c-sqs", {"ell": 100, "alpha": 0.0005, "eta": 0.001, "beta": 0.02}, 120),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, params, budget",
+    [
+        ("k-sqs", {"k": 4, "ell": 100}, 200),
+        ("c-sqs", {"ell": 100, "alpha": 0.0005, "eta": 0.001, "beta": 0.02}, 120),
+    ],
+)
 @pytest.mark.parametrize("temp", [0.0, 1.0])
 def test_rounds_stay_within_the_budget(small_pair, verifier, name, params, budget, temp):
     target, draft = small_pair
     st = verifier(target)
     v = draft.config.vocab_size
     n = 20
-    toks, e = rounds(Connection(st.host, st.port), draft, n, sampling=SAMPLING if temp else GREEDY,
-                     k_max=6, codec=name, codec_params=params, bit_budget=budget)  # fmt: skip
+    toks, e = rounds(
+        Connection(st.host, st.port),
+        draft,
+        n,
+        sampling=SAMPLING if temp else GREEDY,
+        k_max=6,
+        codec=name,
+        codec_params=params,
+        bit_budget=budget,
+    )
     head = 8 * codec(name).encoder(v, **params).kernel.header_bytes()
     assert e["body_bits"] == [m - head for m in e["model_bits"]]
     assert all(0 <= b <= budget for b in e["body_bits"]), e["body_bits"]
@@ -88,8 +110,9 @@ def test_a_law_returning_none_ends_the_window_there(ss_dirs, temp):  # noqa: F81
     for draft in (plain, m, oracle):
         for j in (0, 1, 4):
             c = (plain if draft is plain else m).new_cache()
-            toks, q = draft_window(draft, c, PROMPT, 6, s, np.random.default_rng(1),
-                                   law=stop_after(j))  # fmt: skip
+            toks, q = draft_window(
+                draft, c, PROMPT, 6, s, np.random.default_rng(1), law=stop_after(j)
+            )
             assert toks == full[:j] and len(q) == j
             assert c.offset == len(PROMPT) + j - 1 or (j == 0 and c.offset <= len(PROMPT))
 
@@ -123,9 +146,18 @@ def test_sampling_with_a_budget_matches_the_target(gof_pair, verifier):  # noqa:
     conn = Connection(st.host, st.port)
     counts, ks = np.zeros((8, 8)), []
     for i in range(N_GOF):
-        toks, e = rounds(conn, draft, 4, sampling=SAMPLING, seed=i, prompt=GOF_PROMPT, k_max=3,
-                         codec="c-sqs",
-                         codec_params=COARSE["c-sqs"], bit_budget=34)  # fmt: skip
+        toks, e = rounds(
+            conn,
+            draft,
+            4,
+            sampling=SAMPLING,
+            seed=i,
+            prompt=GOF_PROMPT,
+            k_max=3,
+            codec="c-sqs",
+            codec_params=COARSE["c-sqs"],
+            bit_budget=34,
+        )
         counts[toks[0], toks[1]] += 1
         ks.append(e["k"][0])
     assert 0 < ks.count(1) < N_GOF, "the budget never (or always) stopped a round: no test"
@@ -133,11 +165,14 @@ def test_sampling_with_a_budget_matches_the_target(gof_pair, verifier):  # noqa:
     assert p > ALPHA, f"c-sqs with a budget: the joint law differs from the target's (p = {p:.2e})"
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["--codec", "raw", "--temp", "1", "--bit-budget", "5000"], "needs --codec k-sqs or c-sqs"),
-    (["--codec", "k-sqs", "--temp", "1", "--bit-budget", "0"], "at least 1 bit"),
-    (["--bit-budget", "5000"], "needs --codec k-sqs or c-sqs"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--codec", "raw", "--temp", "1", "--bit-budget", "5000"], "needs --codec k-sqs or c-sqs"),
+        (["--codec", "k-sqs", "--temp", "1", "--bit-budget", "0"], "at least 1 bit"),
+        (["--bit-budget", "5000"], "needs --codec k-sqs or c-sqs"),
+    ],
+)
 def test_generate_refuses_bad_budget_flags_in_one_line(capsys, argv, says):
     from runtime.generate import main
 
@@ -155,9 +190,36 @@ def test_edge_bench_budget(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "needs --codec k-sqs or c-sqs" in err and "\n" not in err, err
     out = tmp_path / "b.json"
-    assert main(["--edge", "--links", "none", "--limit", "1", "--max-tokens", "6", "--temps", "1",
-                 "--codecs", "k-sqs,c-sqs", "--ell", "100", "--sqs-k", "8", "--bit-budget", "500",
-                 "--k-max", "4", "--out-json", str(out), "--plot", str(tmp_path / "p.html")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--edge",
+                "--links",
+                "none",
+                "--limit",
+                "1",
+                "--max-tokens",
+                "6",
+                "--temps",
+                "1",
+                "--codecs",
+                "k-sqs,c-sqs",
+                "--ell",
+                "100",
+                "--sqs-k",
+                "8",
+                "--bit-budget",
+                "500",
+                "--k-max",
+                "4",
+                "--out-json",
+                str(out),
+                "--plot",
+                str(tmp_path / "p.html"),
+            ]
+        )
+        == 0
+    )
     runs = json.loads(out.read_text())["runs"]
     assert {r["codec"] for r in runs} == {"k-sqs", "c-sqs"}
     assert all(r["max_body_bits"] is not None and r["max_body_bits"] <= 500 for r in runs)

@@ -58,15 +58,23 @@ def test_ids_is_refused_at_temperature_above_zero(gof_pair, verifier):
     target, draft = gof_pair
     st = verifier(target)
     with pytest.raises(DuetError, match="carries no q"):
-        flexspec(Connection(st.host, st.port), draft, GOF_PROMPT, 2, sampling=SAMPLING,
-                 codec="ids")  # fmt: skip
+        flexspec(Connection(st.host, st.port), draft, GOF_PROMPT, 2, sampling=SAMPLING, codec="ids")
 
 
 def sample_pairs(conn, draft, name) -> np.ndarray:
     counts = np.zeros((8, 8))
     for i in range(N_GOF):
-        toks = flexspec(conn, draft, GOF_PROMPT, 2, sampling=SAMPLING, seed=i, k=2, codec=name,
-                        codec_params=COARSE[name]).tokens  # fmt: skip
+        toks = flexspec(
+            conn,
+            draft,
+            GOF_PROMPT,
+            2,
+            sampling=SAMPLING,
+            seed=i,
+            k=2,
+            codec=name,
+            codec_params=COARSE[name],
+        ).tokens
         counts[toks[0], toks[1]] += 1
     return counts
 
@@ -147,8 +155,15 @@ def test_server_refuses_lying_payloads_and_keeps_serving(gof_pair, verifier):
     for what, m in msgs.items():
         assert m.endswith("(error 1)"), (what, m)
     assert "sum to 4" in msgs["counts"] and "subset rank out of range" in msgs["subset"]
-    r = flexspec(Connection(st.host, st.port), draft, GOF_PROMPT, 4, sampling=SAMPLING,
-                 codec="k-sqs", codec_params=COARSE["k-sqs"])  # fmt: skip
+    r = flexspec(
+        Connection(st.host, st.port),
+        draft,
+        GOF_PROMPT,
+        4,
+        sampling=SAMPLING,
+        codec="k-sqs",
+        codec_params=COARSE["k-sqs"],
+    )
     assert len(r.tokens) == 4
 
 
@@ -175,8 +190,14 @@ def test_generate_cli_refuses_bad_codec_flags_in_one_line(capsys, argv, says):
     assert says in err and "\n" not in err, err
 
 
-@pytest.mark.parametrize("flags, version, k", [([], 3, 256), (["--cu-levels", "linear"], 1, 256),
-                                               (["--cu-levels", "log", "--cu-k", "7"], 3, 7)])  # fmt: skip
+@pytest.mark.parametrize(
+    "flags, version, k",
+    [
+        ([], 3, 256),
+        (["--cu-levels", "linear"], 1, 256),
+        (["--cu-levels", "log", "--cu-k", "7"], 3, 7),
+    ],
+)
 def test_cu_levels_flag_picks_the_payload_version(flags, version, k):
     """cu-hlm defaults to log levels at k = 256 (payload version 3); --cu-levels linear sends
     the v / 255 levels of version 1, which older servers read."""
@@ -204,8 +225,27 @@ def test_edge_bench_sends_the_codec_it_is_given(tmp_path):
     from apps.bench.edge import main
 
     out = tmp_path / "edge.json"
-    assert main(["--links", "none", "--limit", "1", "--max-tokens", "6", "--temps", "1",
-                 "--codec", "k-sqs", "--sqs-k", "32", "--out-json", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--links",
+                "none",
+                "--limit",
+                "1",
+                "--max-tokens",
+                "6",
+                "--temps",
+                "1",
+                "--codec",
+                "k-sqs",
+                "--sqs-k",
+                "32",
+                "--out-json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     runs = json.loads(out.read_text())["runs"]
     assert {r["codec"] for r in runs} == {"k-sqs"}
     raw_row = 4096 * 4  # the embedded pair's V float32: one raw q row
@@ -218,8 +258,28 @@ def test_edge_bench_skip_runs_are_labelled_lossy(tmp_path):
     from apps.bench.edge import main
 
     out = tmp_path / "skip.json"
-    assert main(["--links", "none", "--limit", "1", "--max-tokens", "8", "--temps", "1",
-                 "--codecs", "cu-hlm", "--skip", "--u-th", "0.7", "--out-json", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--links",
+                "none",
+                "--limit",
+                "1",
+                "--max-tokens",
+                "8",
+                "--temps",
+                "1",
+                "--codecs",
+                "cu-hlm",
+                "--skip",
+                "--u-th",
+                "0.7",
+                "--out-json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = {s["codec"]: s for s in json.loads(out.read_text())["summary"]}
     assert rows["cu-hlm"]["lossy"] is False and "skip_rate" not in rows["cu-hlm"]
     sk = rows["cu-hlm+skip"]
@@ -235,8 +295,27 @@ def test_edge_codecs_bench_honours_a_fixed_k(tmp_path):
     from apps.bench.edge import main
 
     out = tmp_path / "k.json"
-    assert main(["--links", "none", "--limit", "1", "--max-tokens", "12", "--temps", "1",
-                 "--codecs", "raw,k-sqs", "--k", "1", "--out-json", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--links",
+                "none",
+                "--limit",
+                "1",
+                "--max-tokens",
+                "12",
+                "--temps",
+                "1",
+                "--codecs",
+                "raw,k-sqs",
+                "--k",
+                "1",
+                "--out-json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     runs = json.loads(out.read_text())["runs"]
     assert {r["codec"] for r in runs} == {"raw", "k-sqs"}
     # one draft token a round (none in a last round that has one token left to commit)

@@ -109,9 +109,18 @@ def _feed(ctl, *, rate, rtt, bytes_per_token, rounds=6, k=4, accepted=3):
     for _ in range(rounds):
         ctl.choose(8)
         up = 24 + bytes_per_token * k
-        ctl.update(k=k, accepted=accepted, bytes_up=up, bytes_down=32, rate_bps=rate,
-                   draft_s=0.002 * k, uplink_s=rtt / 2 + 8 * up / rate, cloud_s=0.02,
-                   downlink_s=rtt / 2 + 8 * 32 / rate, header_bytes=24)  # fmt: skip
+        ctl.update(
+            k=k,
+            accepted=accepted,
+            bytes_up=up,
+            bytes_down=32,
+            rate_bps=rate,
+            draft_s=0.002 * k,
+            uplink_s=rtt / 2 + 8 * up / rate,
+            cloud_s=0.02,
+            downlink_s=rtt / 2 + 8 * 32 / rate,
+            header_bytes=24,
+        )
     return ctl.choose(8)
 
 
@@ -168,8 +177,9 @@ def test_flexspec_that_stops_drafting_equals_ar(tiny_dir, verifier):
     draft = load_model(tiny_dir("llama", num_layers=1, hidden_size=32, seed=7), "onnx")
     st = verifier(target)
     conn = Connection(st.host, st.port)
-    ctl = AdaptiveK(params=FlexSpecParams(alpha_edge=1.0, beta=0.0, delta_cloud=0.0, t_base=0.0),
-                    k_min=0)  # fmt: skip
+    ctl = AdaptiveK(
+        params=FlexSpecParams(alpha_edge=1.0, beta=0.0, delta_cloud=0.0, t_base=0.0), k_min=0
+    )
     r = flexspec(conn, draft, PROMPT, N, controller=ctl)
     conn.close()
     assert r.tokens == ar_tokens(target, PROMPT, N)

@@ -63,8 +63,15 @@ def test_fuzzed_frames_get_errors_and_the_server_still_verifies(server, models):
     assert out["frames"] >= 300
     errors = {k: v for k, v in out.items() if k.startswith("error_")}
     # every family of bad frame was named by its own error code
-    for code in (wire.E_MALFORMED, wire.E_AUTH, wire.E_UNKNOWN_TYPE, wire.E_SESSION,
-                 wire.E_SEQUENCE, wire.E_CODEC, wire.E_VERSION):  # fmt: skip
+    for code in (
+        wire.E_MALFORMED,
+        wire.E_AUTH,
+        wire.E_UNKNOWN_TYPE,
+        wire.E_SESSION,
+        wire.E_SEQUENCE,
+        wire.E_CODEC,
+        wire.E_VERSION,
+    ):
         assert errors.get(f"error_{code}", 0) > 0, (code, out)
     assert out.get("kind_compressed", 0) > 0 and errors.get(f"error_{wire.E_INTERNAL}", 0) == 0
     assert wait_no_sessions(server) == 0
@@ -117,7 +124,9 @@ def test_disconnect_mid_round_frees_the_session(server, models):
     for cut in (5, 20, None):  # inside the header, inside the payload, after a whole VERIFY
         s, sid = _raw_session(server)
         assert server.open_sessions() == 1
-        frame = wire.pack(wire.VERIFY, sid, 2, wire.verify(1, len(PROMPT), codec("ids").encode([3, 4], None, V)))  # fmt: skip
+        frame = wire.pack(
+            wire.VERIFY, sid, 2, wire.verify(1, len(PROMPT), codec("ids").encode([3, 4], None, V))
+        )
         s.sendall(frame[:cut] if cut else frame)
         s.close()
         assert wait_no_sessions(server) == 0
@@ -171,8 +180,14 @@ def test_killed_server_gives_one_clear_error_quickly(tiny_dir, models):
     _, draft = models
     cmd = [sys.executable, "-m", "apps.cloud", "serve", "--target", str(tiny_dir("qwen3")),
            "--target-backend", "torch", "--port", "0"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("listening on 127.0.0.1:"), line
@@ -181,8 +196,9 @@ def test_killed_server_gives_one_clear_error_quickly(tiny_dir, models):
         from runtime.decoding import make_steps
         from runtime.decoding.events import GREEDY
 
-        steps = make_steps("flexspec", None, draft, PROMPT, max_new=200, sampling=GREEDY, seed=0,
-                           conn=conn, k=2)  # fmt: skip
+        steps = make_steps(
+            "flexspec", None, draft, PROMPT, max_new=200, sampling=GREEDY, seed=0, conn=conn, k=2
+        )
         next(steps)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)

@@ -191,8 +191,10 @@ def test_fast_subset_coder_agrees_at_k512_of_152064():
 @pytest.mark.parametrize("ell,k", [(4000, 512), (512, 512), (4000, 1), (100, 99), (300, 40)])
 def test_fast_composition_coder_agrees_with_the_plain_one(ell, k):
     rng = np.random.default_rng(ell + k)
-    for b in (rng.multinomial(ell, np.ones(k) / k), np.full(k, ell // k) + np.eye(k, dtype=int)[0]
-              * (ell % k)):  # fmt: skip
+    for b in (
+        rng.multinomial(ell, np.ones(k) / k),
+        np.full(k, ell // k) + np.eye(k, dtype=int)[0] * (ell % k),
+    ):
         r = en.rank_composition(b, ell)
         assert r == en.rank_composition(b, ell, plain=True)
         assert en.unrank_composition(r, ell, k).tolist() == b.tolist()

@@ -22,9 +22,14 @@ def make_adapter(base: Path, out: Path, seed: int = 0, r: int = 4) -> Path:
 
     m = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
     L = m.config.num_hidden_layers
-    cfg = LoraConfig(r=r, lora_alpha=2 * r, target_modules=["q_proj", "v_proj", "down_proj"],
-                     layers_to_transform=list(range(L - 1)), layers_pattern="layers",
-                     init_lora_weights=False)  # fmt: skip
+    cfg = LoraConfig(
+        r=r,
+        lora_alpha=2 * r,
+        target_modules=["q_proj", "v_proj", "down_proj"],
+        layers_to_transform=list(range(L - 1)),
+        layers_pattern="layers",
+        init_lora_weights=False,
+    )
     torch.manual_seed(seed)
     pm = get_peft_model(m, cfg)
     pm.save_pretrained(str(out))
@@ -76,8 +81,20 @@ def test_adapter_for_another_base_is_refused(base_and_adapter, tmp_path, capsys)
         merged_target_dir(other, adapter)
     wider = make_checkpoint(tmp_path / "wide", "qwen3", num_layers=3, hidden_size=96, num_heads=4)
     capsys.readouterr()
-    rc = main(["--target", str(wider), "--adapter", str(adapter), "--method", "ar",
-               "--prompt-ids", "1,2,3", "--max-tokens", "2"])  # fmt: skip
+    rc = main(
+        [
+            "--target",
+            str(wider),
+            "--adapter",
+            str(adapter),
+            "--method",
+            "ar",
+            "--prompt-ids",
+            "1,2,3",
+            "--max-tokens",
+            "2",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "hidden_size=64" in err[0], err
 
@@ -99,8 +116,13 @@ def train_anchor(base: Path, out: Path, steps: int = 4, keep_first: int = 0) -> 
 
     cfg = LoopConfig(stage="anchor-test", steps=steps, lr=1e-2, warmup=1, bf16=False)
     out.mkdir(parents=True, exist_ok=True)
-    train_loop(student, anchor_step(teacher, student, 0.01, 1.0, 1.0), batches(), cfg,
-               out / "loss_log.jsonl")  # fmt: skip
+    train_loop(
+        student,
+        anchor_step(teacher, student, 0.01, 1.0, 1.0),
+        batches(),
+        cfg,
+        out / "loss_log.jsonl",
+    )
     save_anchor(student, out, base, {"anchor_layer": 2, "steps": steps, "keep_first": keep_first})
     return student, out
 
@@ -110,13 +132,19 @@ def assert_sd_equals_ar(base: Path, adapter: Path, anchor: Path, n: int, gamma: 
     from runtime.decoding import make_steps, run
     from runtime.decoding.events import GREEDY
 
-    pair = load_pair(str(base), str(anchor), need_draft=True, target_backend="torch",
-                     adapter=str(adapter))  # fmt: skip
+    pair = load_pair(
+        str(base), str(anchor), need_draft=True, target_backend="torch", adapter=str(adapter)
+    )
     ids = [5, 17, 99, 3]
-    ar = run(make_steps("ar", pair.target, None, ids, max_new=n, sampling=GREEDY, seed=0),
-             max_new=n)  # fmt: skip
-    sd = run(make_steps("sd", pair.target, pair.draft, ids, max_new=n, sampling=GREEDY, seed=0,
-                        gamma=gamma), max_new=n)  # fmt: skip
+    ar = run(
+        make_steps("ar", pair.target, None, ids, max_new=n, sampling=GREEDY, seed=0), max_new=n
+    )
+    sd = run(
+        make_steps(
+            "sd", pair.target, pair.draft, ids, max_new=n, sampling=GREEDY, seed=0, gamma=gamma
+        ),
+        max_new=n,
+    )
     assert sd.tokens == ar.tokens and len(ar.tokens) == n
 
 
@@ -137,8 +165,9 @@ def test_anchor_frozen_parts_stay_bit_identical(base_and_adapter, tmp_path):
     assert torch.count_nonzero(s["model.layers.1.self_attn.o_proj.weight"]) == 0
     # the shipped draft, assembled against the base, has the same frozen block
     d = load_file(str(materialize(out, [base]) / "model.safetensors"))
-    assert torch.equal(d["model.layers.0.mlp.down_proj.weight"],
-                       b["model.layers.2.mlp.down_proj.weight"].float())  # fmt: skip
+    assert torch.equal(
+        d["model.layers.0.mlp.down_proj.weight"], b["model.layers.2.mlp.down_proj.weight"].float()
+    )
     assert json.loads((out / "anchor.json").read_text())["base"]["model_type"] == "qwen3"
 
 
@@ -164,8 +193,18 @@ def test_anchor_draft_exports_to_onnx_with_parity(base_and_adapter, tmp_path, ca
     _, out = train_anchor(base, tmp_path / "anchor", steps=2)
     d = materialize(out, [base])
     capsys.readouterr()
-    rc = main(["export", "--model", str(d), "--format", "onnx", "--out",
-               str(tmp_path / "anchor.onnx"), "--json"])  # fmt: skip
+    rc = main(
+        [
+            "export",
+            "--model",
+            str(d),
+            "--format",
+            "onnx",
+            "--out",
+            str(tmp_path / "anchor.onnx"),
+            "--json",
+        ]
+    )
     info = json.loads(capsys.readouterr().out)
     assert rc == 0 and info["ok"] and info["parity"]["max_abs"] <= info["tolerance"]
 
@@ -192,16 +231,34 @@ def test_the_evolving_bench_runs_on_any_base(base_and_adapter, tmp_path, capsys)
     train_anchor(base, ev / "anchor", steps=1)
     generic = make_checkpoint(tmp_path / "generic", "qwen3", num_layers=1, seed=5)
     capsys.readouterr()
-    rc = evolving.main(["--base", str(base), "--evolved", str(ev), "--generic", str(generic),
-                        "--link", "none", "--prompts", "1", "--prompt-tokens", "8",
-                        "--max-tokens", "6", "--json"])  # fmt: skip
+    rc = evolving.main(
+        [
+            "--base",
+            str(base),
+            "--evolved",
+            str(ev),
+            "--generic",
+            str(generic),
+            "--link",
+            "none",
+            "--prompts",
+            "1",
+            "--prompt-tokens",
+            "8",
+            "--max-tokens",
+            "6",
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     rows = json.loads(out)["rows"]
     assert rc == 0 and "full fine-tune missing" in err and "--full" in err
     seen = {(r["draft"], r["target"], r["prompts"]) for r in rows}
-    assert seen == {(d, t, p) for d in ("generic", "anchor") for t, p in
-                    (("base", "stdlib"), ("lora-docstrings", "docstrings"),
-                     ("base", "docstrings"))}  # fmt: skip
+    assert seen == {
+        (d, t, p)
+        for d in ("generic", "anchor")
+        for t, p in (("base", "stdlib"), ("lora-docstrings", "docstrings"), ("base", "docstrings"))
+    }
     assert all(0 <= r[k] <= 1 for r in rows for k in ("acceptance_greedy", "acceptance_t1"))
     assert (
         evolving.main(["--base", str(base), "--evolved", str(tmp_path / "none"), "--link", "none"])
@@ -236,8 +293,12 @@ def test_the_ablation_anchor_keeps_the_first_blocks_and_is_lossless(base_and_ada
     base, adapter = base_and_adapter
     student, out = train_anchor(base, tmp_path / "ablation", steps=2, keep_first=1)
     assert {k for k, p in student.draft.named_parameters() if p.requires_grad} == {
-        k for k in student.draft.state_dict() if k.startswith(("model.layers.2.mlp.",
-        "model.layers.2.post_attention_layernorm.", "model.norm."))}  # fmt: skip
+        k
+        for k in student.draft.state_dict()
+        if k.startswith(
+            ("model.layers.2.mlp.", "model.layers.2.post_attention_layernorm.", "model.norm.")
+        )
+    }
     assert set(load_file(str(out / "anchor_head.safetensors"))) <= {
         k for k in student.draft.state_dict() if k.startswith(("model.layers.2.", "model.norm."))
     }
@@ -259,5 +320,8 @@ def test_keep_first_beyond_the_base_is_one_line(base_and_adapter, tmp_path):
 
     base, _ = base_and_adapter  # 3 blocks: 0 or 1 may be kept before the last
     with pytest.raises(DuetError, match="--keep-first 2: the base has 3 blocks; keep 0 to 1"):
-        run(build_parser().parse_args(["--base", str(base), "--out", str(tmp_path / "a"),
-                                       "--keep-first", "2"]))  # fmt: skip
+        run(
+            build_parser().parse_args(
+                ["--base", str(base), "--out", str(tmp_path / "a"), "--keep-first", "2"]
+            )
+        )

@@ -16,8 +16,19 @@ PROMPT = [11, 42, 7, 99, 5, 250]
 
 
 def mirror_events(target, draft, exit_head):
-    steps = make_steps("mirror", target, draft, PROMPT, max_new=30, sampling=Sampling(), seed=0,
-                       gamma=3, kappa=4, exit_layer=2, exit_head=exit_head)  # fmt: skip
+    steps = make_steps(
+        "mirror",
+        target,
+        draft,
+        PROMPT,
+        max_new=30,
+        sampling=Sampling(),
+        seed=0,
+        gamma=3,
+        kappa=4,
+        exit_layer=2,
+        exit_head=exit_head,
+    )
     evs = list(steps)
     return [t for e in evs for t in e.tokens][:30], evs
 
@@ -31,8 +42,9 @@ def test_tuned_exit_head_changes_the_proposal_never_the_output(tiny_dir, backend
     ExitHead(w, 0.1 * rng.standard_normal(d).astype(np.float32)).save(exit_head_path(tdir, 2))
     target = load_model(tdir, backend)
     draft = load_model(tiny_dir("qwen3", num_layers=1, seed=4), "onnx")
-    ref = run(make_steps("ar", target, None, PROMPT, max_new=30, sampling=Sampling(), seed=0),
-              max_new=30).tokens  # fmt: skip
+    ref = run(
+        make_steps("ar", target, None, PROMPT, max_new=30, sampling=Sampling(), seed=0), max_new=30
+    ).tokens
     raw, raw_ev = mirror_events(target, draft, "raw")
     tuned, tuned_ev = mirror_events(target, draft, None)  # default: the stored one
     assert raw == tuned == ref
@@ -54,9 +66,18 @@ def test_fitting_lowers_the_held_out_kl(tiny_dir, tmp_path):
     for name in ("a.py", "b.py"):
         (tmp_path / name).write_text(text)
     tdir = tiny_dir("qwen3")
-    res = fit(load_model(tdir, "torch"), Tokenizer(tdir), Corpus(tmp_path, ("a.py",), ("b.py",)),
-              2, steps=40, batch=128, lr=1e-2, max_tokens=1024, seq_len=128,
-              log=lambda _: None)  # fmt: skip
+    res = fit(
+        load_model(tdir, "torch"),
+        Tokenizer(tdir),
+        Corpus(tmp_path, ("a.py",), ("b.py",)),
+        2,
+        steps=40,
+        batch=128,
+        lr=1e-2,
+        max_tokens=1024,
+        seq_len=128,
+        log=lambda _: None,
+    )
     r = res["report"]
     assert r["heldout_kl_tuned"] < r["heldout_kl_raw"]
     assert res["weight"].shape == (64, 64) and res["bias"].shape == (64,)

@@ -30,5 +30,8 @@ def test_every_model_type_has_a_family_file_with_its_entry(backend):
 
 def test_an_unknown_model_type_names_what_the_backend_runs():
     with pytest.raises(DuetError, match="the torch backend runs model_type gemma3_text, llama"):
-        family({"llama": "llama", "gemma3_text": "gemma3_text"},
-               SimpleNamespace(model_type="mamba"), "torch")  # fmt: skip
+        family(
+            {"llama": "llama", "gemma3_text": "gemma3_text"},
+            SimpleNamespace(model_type="mamba"),
+            "torch",
+        )

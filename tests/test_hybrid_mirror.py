@@ -43,9 +43,11 @@ def state_err(model, cache, seq) -> float:
     """Largest |Δ| between `cache`'s states and a fresh prefill of seq[:offset] (same model)."""
     fresh = prefill(model, seq[: cache.offset])
     assert cache.offset == fresh.offset
-    return max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) if np.size(a) else 0.0
-               for x, y in zip(cache.states(), fresh.states(), strict=True)
-               for a, b in zip(x, y, strict=True))  # fmt: skip
+    return max(
+        float(np.abs(np.asarray(a) - np.asarray(b)).max()) if np.size(a) else 0.0
+        for x, y in zip(cache.states(), fresh.states(), strict=True)
+        for a, b in zip(x, y, strict=True)
+    )
 
 
 class CheckedWorker(DraftWorker):
@@ -66,11 +68,23 @@ def test_greedy_mirror_with_a_hybrid_draft_equals_ar(models, draft, exit_layer, 
     target, d = models["target"], models[draft]
     monkeypatch.setattr(mirror_mod, "DraftWorker", CheckedWorker)
     CheckedWorker.errors = []
-    ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-             max_new=N_NEW).tokens  # fmt: skip
+    ar = run(
+        make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
+        max_new=N_NEW,
+    ).tokens
     dc = d.new_cache()
-    steps = make_steps("mirror", target, d, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
-                       gamma=3, exit_layer=exit_layer, draft_cache=dc)  # fmt: skip
+    steps = make_steps(
+        "mirror",
+        target,
+        d,
+        PROMPT,
+        max_new=N_NEW,
+        sampling=GREEDY,
+        seed=0,
+        gamma=3,
+        exit_layer=exit_layer,
+        draft_cache=dc,
+    )
     r = run(steps, max_new=N_NEW)
     assert r.tokens == ar
     # the worker reached at least every step whose window the target used (it may reach one
@@ -144,10 +158,21 @@ def test_process_worker_with_a_hybrid_onnx_draft_equals_ar(models, tiny_dir, tmp
     draft, target = load_model(tmp_path / "d.onnx", intra_threads=1), models["target"]
     try:
         for prompt in (PROMPT, PROMPT + [9, 8, 7]):
-            ar = run(make_steps("ar", target, None, prompt, max_new=12, sampling=GREEDY,
-                                seed=0), max_new=12).tokens  # fmt: skip
-            steps = make_steps("mirror", target, draft, prompt, max_new=12, sampling=GREEDY,
-                               seed=0, gamma=3, draft_process=True)  # fmt: skip
+            ar = run(
+                make_steps("ar", target, None, prompt, max_new=12, sampling=GREEDY, seed=0),
+                max_new=12,
+            ).tokens
+            steps = make_steps(
+                "mirror",
+                target,
+                draft,
+                prompt,
+                max_new=12,
+                sampling=GREEDY,
+                seed=0,
+                gamma=3,
+                draft_process=True,
+            )
             assert run(steps, max_new=12).tokens == ar
     finally:
         draft._duet_draft_host.close()
@@ -160,10 +185,22 @@ def test_mirror_with_a_hybrid_draft_on_a_prompt_longer_than_the_log(models):
     outside the log [64, ...]', first seen on the trained hybrid pair's chat prompts)."""
     target, d = models["target"], models["torch_near"]
     prompt = [int(t) for t in np.random.default_rng(62).integers(0, 320, 62)]
-    ar = run(make_steps("ar", target, None, prompt, max_new=N_NEW, sampling=GREEDY, seed=0),
-             max_new=N_NEW).tokens  # fmt: skip
+    ar = run(
+        make_steps("ar", target, None, prompt, max_new=N_NEW, sampling=GREEDY, seed=0),
+        max_new=N_NEW,
+    ).tokens
     dc = d.new_cache()
-    steps = make_steps("mirror", target, d, prompt, max_new=N_NEW, sampling=GREEDY, seed=0,
-                       gamma=4, exit_layer=1, draft_cache=dc)  # fmt: skip
+    steps = make_steps(
+        "mirror",
+        target,
+        d,
+        prompt,
+        max_new=N_NEW,
+        sampling=GREEDY,
+        seed=0,
+        gamma=4,
+        exit_layer=1,
+        draft_cache=dc,
+    )
     assert run(steps, max_new=N_NEW).tokens == ar
     assert state_err(d, dc, prompt + ar) <= ATOL_STATE

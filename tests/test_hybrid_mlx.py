@@ -114,8 +114,17 @@ def test_states_equal_a_fresh_prefill_after_every_sd_step(models, rollback):
     target = MLXQwen3_5LM(target.model, target.config, hybrid_rollback=rollback)
     tc = target.new_cache()
     seq = list(PROMPT)
-    steps = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
-                       gamma=4, target_cache=tc)  # fmt: skip
+    steps = make_steps(
+        "sd",
+        target,
+        draft,
+        PROMPT,
+        max_new=N_NEW,
+        sampling=GREEDY,
+        seed=0,
+        gamma=4,
+        target_cache=tc,
+    )
     accepted, out = set(), []
     for ev in steps:
         seq += ev.tokens
@@ -185,8 +194,11 @@ def test_mlx_lm_baseline_shows_its_own_refusal(models, tiny_dir):
 
     from apps.bench.runners.mlx_lm import MlxLmRunner
 
-    pair = SimpleNamespace(target=models["target"], target_dir=models["dir"],
-                           draft_path=tiny_dir("qwen3", num_layers=1, seed=3))  # fmt: skip
+    pair = SimpleNamespace(
+        target=models["target"],
+        target_dir=models["dir"],
+        draft_path=tiny_dir("qwen3", num_layers=1, seed=3),
+    )
     turn = MlxLmRunner(pair, gamma=3).generate([5, 17, 42], 4, 0.0, 1.0, 0)
     assert turn.refused.startswith("mlx-lm: Speculative decoding requires a trimmable prompt cache")
     assert turn.tokens == []

@@ -11,8 +11,8 @@ from converters.__main__ import main as convert
 from converters.onnx_export import export_onnx
 from converters.onnx_hybrid_export import export_hybrid_onnx
 from runtime.backends import load_model
-from runtime.backends.onnx.qwen3_5 import OnnxHybridLM, hybrid_io_names
 from runtime.backends.onnx import load_onnx_lm
+from runtime.backends.onnx.qwen3_5 import OnnxHybridLM, hybrid_io_names
 from runtime.decoding import make_steps, run
 from runtime.decoding.events import GREEDY
 from runtime.errors import DuetError
@@ -109,11 +109,14 @@ def test_trim_past_the_window_empties_the_cache(pair):
 @pytest.mark.parametrize("draft", ["draft", "near"])
 def test_greedy_sd_with_the_onnx_hybrid_draft_equals_ar(pair, draft):
     target, d = pair["target"], pair[draft]
-    ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-             max_new=N_NEW).tokens  # fmt: skip
+    ar = run(
+        make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
+        max_new=N_NEW,
+    ).tokens
     dc, seq, accepted = d.new_cache(), list(PROMPT), set()
-    steps = make_steps("sd", target, d, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
-                       gamma=4, draft_cache=dc)  # fmt: skip
+    steps = make_steps(
+        "sd", target, d, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0, gamma=4, draft_cache=dc
+    )
     for ev in steps:
         seq += ev.tokens
         accepted.add(ev.accepted)
@@ -166,8 +169,11 @@ def test_a_hybrid_target_on_onnx_runs_the_draft_export_losslessly(pair, capsys):
     base = ["--target", str(pair["tdir"]), "--target-backend", "onnx", "--prompt-ids", ids,
             "--max-tokens", "12", "--json"]  # fmt: skip
     got = []
-    for extra in (["--method", "ar"], ["--method", "sd", "--draft", str(pair["ddir"])],
-                  ["--method", "sd", "--draft", "lookup"]):  # fmt: skip
+    for extra in (
+        ["--method", "ar"],
+        ["--method", "sd", "--draft", str(pair["ddir"])],
+        ["--method", "sd", "--draft", "lookup"],
+    ):
         assert generate([*base, *extra]) == 0
         got.append(json.loads(capsys.readouterr().out))
     assert got[0]["tokens"] == got[1]["tokens"] == got[2]["tokens"]

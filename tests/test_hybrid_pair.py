@@ -131,8 +131,19 @@ def hybrid_dirs(tiny_dir):
 def ar_reference(target: Path, n: int) -> dict:
     from runtime.generate import build_parser, generate
 
-    a = build_parser().parse_args(["--target", str(target), "--method", "ar", "--prompt", PROMPT,
-                                   "--max-tokens", str(n), "--json"])  # fmt: skip
+    a = build_parser().parse_args(
+        [
+            "--target",
+            str(target),
+            "--method",
+            "ar",
+            "--prompt",
+            PROMPT,
+            "--max-tokens",
+            str(n),
+            "--json",
+        ]
+    )
     return generate(a)
 
 
@@ -141,16 +152,23 @@ def test_hybrid_chat_equals_generate_ar(hybrid_dirs):
     cmd = [sys.executable, "-m", "runtime.chat", "--target", str(t), "--draft", str(d),
            "--target-backend", "torch", "--draft-backend", "torch", "--method", "sd",
            "--gamma", "3", "--max-tokens", "12", "--temp", "0"]  # fmt: skip
-    r = subprocess.run(cmd, input=PROMPT + "\n", capture_output=True, text=True, cwd=ROOT,
-                       timeout=120)  # fmt: skip
+    r = subprocess.run(
+        cmd, input=PROMPT + "\n", capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     ref = ar_reference(t, 12)
     # the stream holds back a trailing incomplete UTF-8 sequence that decode() shows as U+FFFD
     assert r.stdout.endswith("\n") and ref["text"].startswith(r.stdout[:-1])
     # token for token, through the session runtime.chat drives
     tok = Tokenizer(t)
-    s = ChatSession(load_model(t, "torch", threads=1), load_model(d, "torch", threads=1), tok,
-                    method="sd", gamma=3, max_tokens=12)  # fmt: skip
+    s = ChatSession(
+        load_model(t, "torch", threads=1),
+        load_model(d, "torch", threads=1),
+        tok,
+        method="sd",
+        gamma=3,
+        max_tokens=12,
+    )
     assert [x for toks in s.answer(PROMPT) for x in toks] == ref["tokens"]
 
 
@@ -160,8 +178,9 @@ def test_hybrid_server_equals_generate_ar(hybrid_dirs):
     cmd = [sys.executable, "-m", "apps.server", "--target", str(t), "--draft", str(d),
            "--target-backend", "torch", "--draft-backend", "torch", "--method", "sd",
            "--gamma", "3", "--port", "0", "--api-key", "k", "--model-id", "m"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     timer = threading.Timer(120, proc.kill)  # never hang on a server that never starts
     timer.start()
     try:
@@ -169,8 +188,9 @@ def test_hybrid_server_equals_generate_ar(hybrid_dirs):
         timer.cancel()
         m = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)", first)
         assert m, first or proc.stderr.read()
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{m.group(1)}/v1", api_key="k",
-                               max_retries=0, timeout=60)  # fmt: skip
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{m.group(1)}/v1", api_key="k", max_retries=0, timeout=60
+        )
         r = client.completions.create(model="m", prompt=PROMPT, max_tokens=12, temperature=0)
         ref = ar_reference(t, 12)
         assert r.choices[0].token_ids == ref["tokens"] and r.choices[0].text == ref["text"]
@@ -201,9 +221,21 @@ def test_bench_rows_show_the_baselines_refusals(pair_root):
     from apps.bench.compare import bench
     from apps.bench.report import table
 
-    a = build_parser().parse_args(["--hybrid", str(pair_root), "--methods",
-                                   "ar,sd,mlx-lm,hf-assisted", "--limit", "1", "--max-tokens",
-                                   "6", "--temps", "0", "--no-warmup"])  # fmt: skip
+    a = build_parser().parse_args(
+        [
+            "--hybrid",
+            str(pair_root),
+            "--methods",
+            "ar,sd,mlx-lm,hf-assisted",
+            "--limit",
+            "1",
+            "--max-tokens",
+            "6",
+            "--temps",
+            "0",
+            "--no-warmup",
+        ]
+    )
     res = bench(a)
     assert res["settings"]["draft_backend"] == "onnx"  # where runtime.generate runs a draft
     rows = {r["method"]: r for r in res["rows"]}
@@ -233,8 +265,15 @@ def test_a_missing_pair_names_the_command(module, tmp_path):
 def test_rollback_bench_end_to_end_replay_and_redecode_equal_ar(pair_root, draft_backend):
     from apps.bench.studies.hybrid_rollback import end_to_end
 
-    res = end_to_end(pair_root / "target", pair_root / "draft", gamma=3, prompts=2, max_new=8,
-                     threads=1, draft_backend=draft_backend)  # fmt: skip
+    res = end_to_end(
+        pair_root / "target",
+        pair_root / "draft",
+        gamma=3,
+        prompts=2,
+        max_new=8,
+        threads=1,
+        draft_backend=draft_backend,
+    )
     assert res["draft_backend"] == draft_backend
     for name in ("ar", "sd_replay", "sd_redecode", "sd_redecode_pass"):
         assert res[name]["equals_ar"] == "2/2" and res[name]["tokens"] > 0

@@ -44,8 +44,18 @@ def test_mle_starts_at_alg2_prior_and_ignores_empty_rounds():
 def test_alg2_model_keeps_its_ema_of_the_accepted_fraction():
     ctl = AdaptiveK(model="alg2", mu=0.5)
     ctl.choose(8)
-    ctl.update(k=4, accepted=1, bytes_up=40, bytes_down=30, rate_bps=1e6, draft_s=0.01,
-               uplink_s=0.1, cloud_s=0.02, downlink_s=0.1, header_bytes=24)  # fmt: skip
+    ctl.update(
+        k=4,
+        accepted=1,
+        bytes_up=40,
+        bytes_down=30,
+        rate_bps=1e6,
+        draft_s=0.01,
+        uplink_s=0.1,
+        cloud_s=0.02,
+        downlink_s=0.1,
+        header_bytes=24,
+    )
     assert ctl.gamma_hat == pytest.approx(0.5 * 0.8 + 0.5 * 0.25)
 
 
@@ -84,14 +94,24 @@ def test_k_star_is_the_argmin_of_the_true_expected_latency(sc):
         k = accepted + 1 + i % 3  # K varies so the lines in K can be fitted
         r = rates[i % 2]
         up, down = 24 + bpt * k, 30
-        ctl.update(k=k, accepted=accepted, bytes_up=up, bytes_down=down, rate_bps=r,
-                   draft_s=beta + alpha * k, uplink_s=rtt / 2 + 8 * up / r,
-                   cloud_s=t_base + delta * k, downlink_s=rtt / 2 + 8 * down / r + net1 * k,
-                   header_bytes=24)  # fmt: skip
+        ctl.update(
+            k=k,
+            accepted=accepted,
+            bytes_up=up,
+            bytes_down=down,
+            rate_bps=r,
+            draft_s=beta + alpha * k,
+            uplink_s=rtt / 2 + 8 * up / r,
+            cloud_s=t_base + delta * k,
+            downlink_s=rtt / 2 + 8 * down / r + net1 * k,
+            header_bytes=24,
+        )
     g = accepted / (accepted + 1)
     assert ctl.gamma_hat == pytest.approx(g, abs=1e-3)
-    cost = {k: _true_ms_per_token(k, rtt, alpha, beta, t_base, delta, net1, bpt, rates, g)
-            for k in range(1, 9)}  # fmt: skip
+    cost = {
+        k: _true_ms_per_token(k, rtt, alpha, beta, t_base, delta, net1, bpt, rates, g)
+        for k in range(1, 9)
+    }
     assert ctl.choose(8) == min(cost, key=cost.get)
 
 
@@ -103,9 +123,18 @@ def test_expected_rate_not_last_rate_sets_k():
         ctl.choose(8)
         r = (1e5, 1e8)[i % 2]
         up = 24 + 20000 * 3
-        ctl.update(k=3, accepted=2, bytes_up=up, bytes_down=30, rate_bps=r, draft_s=0.03,
-                   uplink_s=0.3 + 8 * up / r, cloud_s=0.05, downlink_s=0.3 + 240 / r,
-                   header_bytes=24)  # fmt: skip
+        ctl.update(
+            k=3,
+            accepted=2,
+            bytes_up=up,
+            bytes_down=30,
+            rate_bps=r,
+            draft_s=0.03,
+            uplink_s=0.3 + 8 * up / r,
+            cloud_s=0.05,
+            downlink_s=0.3 + 240 / r,
+            header_bytes=24,
+        )
     assert ctl.mean_inv_rate == pytest.approx((1e-5 + 1e-8) / 2)
     assert ctl.choose(8) == 1
     ctl.inv_rate = [1e-8, 1.0]  # as if only the last (good) round counted

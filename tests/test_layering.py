@@ -95,8 +95,13 @@ def is_engine(rel: str) -> bool:
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
-    return sorted(f"{a} -> {b}" for a, deps in graph.items() if is_engine(a)
-                  for b in deps if b.split("/")[0] in UPPER)  # fmt: skip
+    return sorted(
+        f"{a} -> {b}"
+        for a, deps in graph.items()
+        if is_engine(a)
+        for b in deps
+        if b.split("/")[0] in UPPER
+    )
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -142,8 +147,11 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def long_files(root: Path) -> list[str]:
-    return sorted(f"{rel} ({n} lines)" for rel, f in source_files(root).items()
-                  if (n := len(f.read_text().splitlines())) > MAX_LINES)  # fmt: skip
+    return sorted(
+        f"{rel} ({n} lines)"
+        for rel, f in source_files(root).items()
+        if (n := len(f.read_text().splitlines())) > MAX_LINES
+    )
 
 
 # ---- the tree ----------------------------------------------------------------------------
@@ -192,8 +200,11 @@ def test_the_checks_catch_an_upward_import_a_circle_and_a_long_file(tmp_path):
     write(tmp_path, "runtime/engine.py", "def f():\n    from .. import devices\n")  # relative
     assert upward_imports(import_graph(tmp_path)) == ["runtime/engine.py -> devices/__init__.py"]
     # an annotation-only import (never run) is not one
-    write(tmp_path, "runtime/engine.py", "from typing import TYPE_CHECKING\n"
-          "if TYPE_CHECKING:\n    from devices.probe import X\n")  # fmt: skip
+    write(
+        tmp_path,
+        "runtime/engine.py",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from devices.probe import X\n",
+    )
     assert upward_imports(import_graph(tmp_path)) == []
     write(tmp_path, "runtime/engine.py", "")
 

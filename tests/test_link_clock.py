@@ -32,8 +32,9 @@ def test_virtual_clock_charges_each_exchange_what_a_sleeping_link_would(tiny_dir
     for virtual in (False, True):
         em = emulator("5g", seed=1, virtual=virtual)
         conn = Connection(st.host, st.port, link=em)
-        steps = make_steps("flexspec", None, draft, PROMPT, max_new=6, sampling=GREEDY, seed=0,
-                           conn=conn, k=2)  # fmt: skip
+        steps = make_steps(
+            "flexspec", None, draft, PROMPT, max_new=6, sampling=GREEDY, seed=0, conn=conn, k=2
+        )
         out = list(stream(steps, max_new=6, eos_ids=()))
         tokens = [t for toks, _ in out for t in toks]
         rounds = [ev.extra["edge"] for _, ev in out]
@@ -62,8 +63,17 @@ def test_an_edge_run_over_a_known_link_primes_k_star_with_its_codecs_row_size(ti
     st = verifier(target)
     conn = Connection(st.host, st.port, link=emulator("wifi-weak", seed=1, virtual=True))
     ctl = AdaptiveK(k_min=0)
-    steps = make_steps("flexspec", None, draft, PROMPT, max_new=4, sampling=GREEDY, seed=0,
-                       conn=conn, controller=ctl)  # fmt: skip
+    steps = make_steps(
+        "flexspec",
+        None,
+        draft,
+        PROMPT,
+        max_new=4,
+        sampling=GREEDY,
+        seed=0,
+        conn=conn,
+        controller=ctl,
+    )
     list(stream(steps, max_new=4, eos_ids=()))
     conn.close()
     assert ctl.primed and ctl.history
@@ -71,8 +81,11 @@ def test_an_edge_run_over_a_known_link_primes_k_star_with_its_codecs_row_size(ti
 
 def _runs(ms):
     """Synthetic bench records: ms[method] = per-prompt ms/token (10 tokens each)."""
-    return [{"temp": 1.0, "link": "4g", "prompt": p, "method": m, "tokens": 10,
-             "wall_s": v / 100} for m, vals in ms.items() for p, v in enumerate(vals)]  # fmt: skip
+    return [
+        {"temp": 1.0, "link": "4g", "prompt": p, "method": m, "tokens": 10, "wall_s": v / 100}
+        for m, vals in ms.items()
+        for p, v in enumerate(vals)
+    ]
 
 
 def test_adaptive_vs_fixed_ratio_and_interval():
@@ -105,8 +118,12 @@ def test_keep_share_uses_only_the_prompts_both_runs_hold():
     from apps.bench.studies.edge_keep import keep_shares
 
     def runs(ms_cloud, ms_adapt):  # {link: {method: {prompt: (wall_s, tokens)}}}, 10 tokens
-        return {"4g": {"cloud-only": {p: (v / 100, 10) for p, v in enumerate(ms_cloud)},
-                       "adaptive": {p: (v / 100, 10) for p, v in enumerate(ms_adapt)}}}  # fmt: skip
+        return {
+            "4g": {
+                "cloud-only": {p: (v / 100, 10) for p, v in enumerate(ms_cloud)},
+                "adaptive": {p: (v / 100, 10) for p, v in enumerate(ms_adapt)},
+            }
+        }
 
     t0 = runs([600, 600], [200, 200])  # 3x on prompts 0-1
     t1 = runs([600, 600, 600], [240, 240, 60])  # 2.5x on 0-1; an easy extra prompt 2

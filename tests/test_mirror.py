@@ -21,8 +21,17 @@ PROMPT = [11, 42, 7, 99, 5, 250]
 
 
 def mirror(target, draft, n=30, timeline=None, **kw):
-    steps = make_steps("mirror", target, draft, PROMPT, max_new=n, sampling=Sampling(kw.pop("temp", 0.0)),
-                       seed=0, timeline=timeline, **kw)  # fmt: skip
+    steps = make_steps(
+        "mirror",
+        target,
+        draft,
+        PROMPT,
+        max_new=n,
+        sampling=Sampling(kw.pop("temp", 0.0)),
+        seed=0,
+        timeline=timeline,
+        **kw,
+    )
     return run(steps, max_new=n)
 
 
@@ -53,8 +62,9 @@ def test_greedy_mirror_equals_ar(tiny_dir, arch, gamma, kappa, exit_layer, own):
         load_model(tiny_dir(arch), "onnx"),
         load_model(tiny_dir(arch, num_layers=1, seed=4), "onnx"),
     ):
-        r = mirror(target, draft, gamma=gamma, kappa=kappa, exit_layer=exit_layer,
-                   draft_branches=own)  # fmt: skip
+        r = mirror(
+            target, draft, gamma=gamma, kappa=kappa, exit_layer=exit_layer, draft_branches=own
+        )
         assert r.tokens == ref
     assert no_worker_threads()
 
@@ -108,8 +118,16 @@ class Scripted:
     def __init__(self, draft, gamma=3, draft_branches=0):
         self.draft, self.gamma = draft, gamma
         self.tl = Timeline()
-        self.w = DraftWorker(draft, sampling=Sampling(), seed=0, gamma=gamma, max_new=100, ctx=256,
-                             timeline=self.tl, draft_branches=draft_branches)  # fmt: skip
+        self.w = DraftWorker(
+            draft,
+            sampling=Sampling(),
+            seed=0,
+            gamma=gamma,
+            max_new=100,
+            ctx=256,
+            timeline=self.tl,
+            draft_branches=draft_branches,
+        )
         self.w.start(PROMPT)
         self.win = self.w.receive(0)
 
@@ -312,8 +330,20 @@ def test_fallback_frequency_bounded_by_top_kappa_mass(tiny_dir):
     target = load_model(tiny_dir("qwen3"), "mlx")
     draft = load_model(tiny_dir("qwen3", num_layers=1, seed=4), "onnx")
     tl = Timeline()
-    steps = list(make_steps("mirror", target, draft, PROMPT, max_new=60, sampling=Sampling(), seed=0, gamma=3,
-                            kappa=8, timeline=tl))  # fmt: skip
+    steps = list(
+        make_steps(
+            "mirror",
+            target,
+            draft,
+            PROMPT,
+            max_new=60,
+            sampling=Sampling(),
+            seed=0,
+            gamma=3,
+            kappa=8,
+            timeline=tl,
+        )
+    )
     s = mirror_summary(steps, tl)
     assert s["ff"] <= 1 - s["omega_kappa"] + 1e-9  # App. E corollary, on a real run
     assert 0 <= s["reuse_rate"] <= 1 and s["reuse_rate"] + s["resume_rate"] + s[
@@ -406,8 +436,10 @@ def test_the_own_wave_in_flight_runs_to_its_end_when_the_early_exit_comes(tiny_d
     """An own-branch row begun in the prefix is the only kind that can be complete when (A, c)
     comes at a γ whose rollout outlasts the suffix: the early exit must not cut its wave short
     (cut, this (A, c) was a resume, not a reuse)."""
-    sc = Scripted(SlowDraft(load_model(tiny_dir("llama", num_layers=2, seed=11), "onnx"), 0.05),
-                  draft_branches=2)  # fmt: skip
+    sc = Scripted(
+        SlowDraft(load_model(tiny_dir("llama", num_layers=2, seed=11), "onnx"), 0.05),
+        draft_branches=2,
+    )
     d = sc.draft.m
     logits = d.forward(np.array([PROMPT + sc.win.tokens]), d.new_cache())[0, len(PROMPT) - 1 :]
     c = next(b.token for b in rank_own_branches(logits, sc.win.tokens, 2) if b.depth == 1)
@@ -508,8 +540,10 @@ def test_early_exit_branches_join_the_own_wave_in_flight_and_are_reused(tiny_dir
     gate = Gate(load_model(tiny_dir("llama", num_layers=2, seed=11), "onnx"), at=2)
     sc = Scripted(gate, draft_branches=1)
     logits = gate.m.forward(np.array([PROMPT + sc.win.tokens]), gate.m.new_cache())
-    own = {(b.depth, b.token) for b in rank_own_branches(logits[0, len(PROMPT) - 1 :],
-                                                         sc.win.tokens, 1)}  # fmt: skip
+    own = {
+        (b.depth, b.token)
+        for b in rank_own_branches(logits[0, len(PROMPT) - 1 :], sc.win.tokens, 1)
+    }
     c = next(v for v in range(300) if (1, v) not in own and v != sc.win.tokens[1])
     ids = ee_with(sc.win.tokens, {1: [c]})
     logp = np.log(np.full(ids.shape, 0.2, np.float32))

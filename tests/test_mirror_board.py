@@ -154,8 +154,7 @@ def test_the_draft_worker_talks_to_the_board_it_is_given(tiny_dir, monkeypatch):
     prompt = [11, 42, 7, 99, 5, 250]
 
     def go(method, d, **kw):
-        steps = make_steps(method, target, d, prompt, max_new=24, sampling=Sampling(), seed=0,
-                           **kw)  # fmt: skip
+        steps = make_steps(method, target, d, prompt, max_new=24, sampling=Sampling(), seed=0, **kw)
         return run(steps, max_new=24)
 
     r = go("mirror", draft, gamma=3, draft_process=False)

@@ -218,8 +218,16 @@ def test_the_worker_rolls_out_its_noise_coupled_own_branches_when_sampling(tiny_
 
     monkeypatch.setattr(DraftWorker, "_waves", spy)
     samp = Sampling(1.0)
-    w = DraftWorker(draft, sampling=samp, seed=seed, gamma=gamma, max_new=100, ctx=256,
-                    timeline=Timeline(), draft_branches=m)  # fmt: skip
+    w = DraftWorker(
+        draft,
+        sampling=samp,
+        seed=seed,
+        gamma=gamma,
+        max_new=100,
+        ctx=256,
+        timeline=Timeline(),
+        draft_branches=m,
+    )
     w.start(prompt)
     win = w.receive(0)
     try:

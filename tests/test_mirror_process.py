@@ -15,8 +15,19 @@ PROMPT = [11, 42, 7, 99, 5, 250]
 
 
 def steps(target, draft, n=24, temp=0.0, process=True, prompt=PROMPT, own=0):
-    return make_steps("mirror", target, draft, prompt, max_new=n, sampling=Sampling(temp), seed=3,
-                      gamma=3, kappa=4, draft_process=process, draft_branches=own)  # fmt: skip
+    return make_steps(
+        "mirror",
+        target,
+        draft,
+        prompt,
+        max_new=n,
+        sampling=Sampling(temp),
+        seed=3,
+        gamma=3,
+        kappa=4,
+        draft_process=process,
+        draft_branches=own,
+    )
 
 
 def no_draft_process() -> bool:
@@ -37,13 +48,15 @@ def pair(tiny_dir):
 def test_process_worker_greedy_equals_ar(tiny_dir, arch):
     target = load_model(tiny_dir(arch), "mlx")
     draft = load_model(tiny_dir(arch, num_layers=1, seed=4), "onnx", intra_threads=1)
-    ref = run(make_steps("ar", target, None, PROMPT, max_new=24, sampling=Sampling(), seed=0),
-              max_new=24).tokens  # fmt: skip
+    ref = run(
+        make_steps("ar", target, None, PROMPT, max_new=24, sampling=Sampling(), seed=0), max_new=24
+    ).tokens
     assert run(steps(target, draft), max_new=24).tokens == ref
     # a second generation on the same process, its cache holding the first's prefix
     longer = PROMPT + ref[:5]
-    ref2 = run(make_steps("ar", target, None, longer, max_new=12, sampling=Sampling(), seed=0),
-               max_new=12).tokens  # fmt: skip
+    ref2 = run(
+        make_steps("ar", target, None, longer, max_new=12, sampling=Sampling(), seed=0), max_new=12
+    ).tokens
     assert run(steps(target, draft, n=12, prompt=longer), max_new=12).tokens == ref2
     # the draft's own runner-up branches, published on the shared board (κ + m keys a step)
     assert run(steps(target, draft, own=2), max_new=24).tokens == ref
@@ -65,8 +78,12 @@ def test_sampled_mirror_commits_what_sampled_sd_commits_in_either_worker(pair, t
     assert run(steps(target, draft, temp=temp, own=2), max_new=24).tokens == thread.tokens
 
     def sd(seed):
-        return run(make_steps("sd", target, draft, PROMPT, max_new=24, sampling=Sampling(temp),
-                              seed=seed, gamma=3), max_new=24)  # fmt: skip
+        return run(
+            make_steps(
+                "sd", target, draft, PROMPT, max_new=24, sampling=Sampling(temp), seed=seed, gamma=3
+            ),
+            max_new=24,
+        )
 
     same = sd(3)
     assert same.tokens == thread.tokens and same.stats.accept_lengths == thread.stats.accept_lengths
@@ -144,8 +161,9 @@ def test_an_emulated_draft_runs_emulated_in_its_process(tiny_dir):
     assert isinstance(child, EmulatedModel) and child.role == "draft"
     assert child.emu.label == emu.label
     assert child.emu.predict("draft", 3) == emu.predict("draft", 3)
-    ref = run(make_steps("ar", et, None, PROMPT, max_new=16, sampling=Sampling(), seed=0),
-              max_new=16).tokens  # fmt: skip
+    ref = run(
+        make_steps("ar", et, None, PROMPT, max_new=16, sampling=Sampling(), seed=0), max_new=16
+    ).tokens
     assert emu.summary()["stages"]["draft"]["count"] == 0
     try:
         assert run(steps(et, ed, n=16), max_new=16).tokens == ref
@@ -171,16 +189,31 @@ def test_a_completed_branch_is_taken_from_the_shared_board(pair):
     from runtime.mirror.timeline import Timeline, now_ns
 
     _, draft = pair
-    w = ProcessDraftWorker(draft_host(draft), sampling=Sampling(), seed=0, gamma=3, kappa=4,
-                           vocab=draft.config.vocab_size, max_new=100, ctx=256,
-                           timeline=Timeline())  # fmt: skip
+    w = ProcessDraftWorker(
+        draft_host(draft),
+        sampling=Sampling(),
+        seed=0,
+        gamma=3,
+        kappa=4,
+        vocab=draft.config.vocab_size,
+        max_new=100,
+        ctx=256,
+        timeline=Timeline(),
+    )
     w.start(PROMPT)
     win = w.receive(0)
     c = (win.tokens[1] + 3) % 300
-    ids = np.array([[win.tokens[0], 300, 301, 302], [win.tokens[1], c, 303, 304],
-                    [win.tokens[2], 305, 306, 307], [308, 309, 310, 311]])  # fmt: skip
-    w.send(EarlyExit(0, encode(ids.astype(np.int32), np.full(ids.shape, -1.6, np.float32)),
-                     now_ns()))  # fmt: skip
+    ids = np.array(
+        [
+            [win.tokens[0], 300, 301, 302],
+            [win.tokens[1], c, 303, 304],
+            [win.tokens[2], 305, 306, 307],
+            [308, 309, 310, 311],
+        ]
+    )
+    w.send(
+        EarlyExit(0, encode(ids.astype(np.int32), np.full(ids.shape, -1.6, np.float32)), now_ns())
+    )
     deadline = time.time() + 20
     while (got := w.take(0, 1, c)) is None:  # published when its wave's last pass ends
         assert time.time() < deadline
@@ -259,13 +292,15 @@ def test_auto_measures_the_slowdown_beside_the_draft_process_it_would_run(pair):
     s = _slowdown_process(draft, np.array([PROMPT]), 4, tpass, repeats=3)
     assert isinstance(s, float) and 0.2 < s < 20
     assert draft._duet_draft_host is host and host.alive  # the same process, kept
-    ref = run(make_steps("ar", target, None, PROMPT, max_new=16, sampling=Sampling(), seed=0),
-              max_new=16).tokens  # fmt: skip
+    ref = run(
+        make_steps("ar", target, None, PROMPT, max_new=16, sampling=Sampling(), seed=0), max_new=16
+    ).tokens
     assert run(steps(target, draft, n=16), max_new=16).tokens == ref
 
 
-def test_a_draft_process_that_fails_its_busy_loop_takes_mirror_out_of_autos_choice(pair,
-                                                                                   monkeypatch):  # fmt: skip
+def test_a_draft_process_that_fails_its_busy_loop_takes_mirror_out_of_autos_choice(
+    pair, monkeypatch
+):
     """As with the thread probe: a draft that cannot loop beside the target gives no slowdown
     (None: choose_for then drops mirror) instead of an error out of `--method auto`."""
     from contextlib import contextmanager
@@ -320,8 +355,15 @@ def test_each_steps_branch_hit_is_the_same_in_either_worker_and_fits_its_window(
 
     def hits(process, own, temp):
         evs = list(steps(target, draft, n=40, temp=temp, process=process, own=own))
-        return [(e.extra["per_step"]["branch_hit"], e.extra["in_tree"], e.extra.get("reuse"),
-                 e.extra.get("taken")) for e in evs]  # fmt: skip
+        return [
+            (
+                e.extra["per_step"]["branch_hit"],
+                e.extra["in_tree"],
+                e.extra.get("reuse"),
+                e.extra.get("taken"),
+            )
+            for e in evs
+        ]
 
     target, draft = pair
     for temp in (0.0, 1.0):

@@ -22,8 +22,7 @@ DRAFTS = ("lookup", "suffix")
 
 
 def gen(method, target, draft, prompt=PROMPT, n=N, sampling=GREEDY, **opts):
-    steps = make_steps(method, target, draft, prompt, max_new=n, sampling=sampling, seed=0,
-                       **opts)  # fmt: skip
+    steps = make_steps(method, target, draft, prompt, max_new=n, sampling=sampling, seed=0, **opts)
     return run(steps, max_new=n)
 
 
@@ -54,9 +53,11 @@ def test_greedy_equals_ar_on_the_embedded_pair():
 
     for spec in DRAFTS:
         pair = load_pair(None, spec, need_draft=True)
-        ids = pair.tokenizer.encode("class Point:\n    def __init__(self, x, y):\n"
-                                    "        self.x = x\n        self.y = y\n\n"
-                                    "class Size:\n    def __init__(self, w, h):\n")  # fmt: skip
+        ids = pair.tokenizer.encode(
+            "class Point:\n    def __init__(self, x, y):\n"
+            "        self.x = x\n        self.y = y\n\n"
+            "class Size:\n    def __init__(self, w, h):\n"
+        )
         ref = gen("ar", pair.target, None, ids, 40).tokens
         for method in ("sd", "tree"):
             r = gen(method, pair.target, pair.draft, ids, 40, gamma=6)
@@ -109,9 +110,20 @@ def sample_pairs(method, target, draft, n) -> tuple[np.ndarray, int]:
     tc, dc = target.new_cache(), draft.new_cache()
     for i in range(n):
         out = []
-        for ev in make_steps(method, target, draft, GOF_PROMPT, max_new=3, gamma=2, top_n=4,
-                             depth=2, sampling=SAMPLING, seed=i, target_cache=tc,
-                             draft_cache=dc):  # fmt: skip
+        for ev in make_steps(
+            method,
+            target,
+            draft,
+            GOF_PROMPT,
+            max_new=3,
+            gamma=2,
+            top_n=4,
+            depth=2,
+            sampling=SAMPLING,
+            seed=i,
+            target_cache=tc,
+            draft_cache=dc,
+        ):
             out += ev.tokens
             drafted += ev.drafted
         counts[out[0], out[1]] += 1
@@ -142,8 +154,9 @@ def test_negative_control_correction_from_p_fails(gof_target, monkeypatch, metho
             def __init__(self, q):
                 self.token_probs, self.row = q.token_probs, lambda i: np.zeros(V, np.float32)
 
-        monkeypatch.setattr(sd_module, "verify_sampling",
-                            lambda p, q, d, u, r: real(p, NoDelta(q), d, u, r))  # fmt: skip
+        monkeypatch.setattr(
+            sd_module, "verify_sampling", lambda p, q, d, u, r: real(p, NoDelta(q), d, u, r)
+        )
     else:
 
         def no_residual(p, tokens, parents, u, uf, q):  # every sibling against the full p
@@ -176,8 +189,13 @@ def test_auto_alone_takes_sd_where_a_verified_token_costs_less_than_a_step(
     from devices.model_free_choice import choose_alone
 
     step = 0.05  # a one-token target step; each verified token costs per_token of it
-    monkeypatch.setattr(stages, "measure_windows", lambda target, gammas, **k: {
-        g: {"target_window": step * (1 + per_token * g)} for g in gammas})  # fmt: skip
+    monkeypatch.setattr(
+        stages,
+        "measure_windows",
+        lambda target, gammas, **k: {
+            g: {"target_window": step * (1 + per_token * g)} for g in gammas
+        },
+    )
     target = load_model(tiny_dir("llama", **SMALL), "torch", threads=1)
     draft = load_model_free("suffix", target)
     rec = choose_alone(target, draft, PROMPT * 3)
@@ -198,10 +216,14 @@ def test_auto_alone_under_sampling_measures_sd_against_ar(monkeypatch):
     from runtime.cli_args import CORRECTION_MIN_TOKENS, alone_chooser
     from runtime.decoding import Sampling
 
-    monkeypatch.setattr(mfc, "choose_alone", lambda *a, **k: {
-        "alone": True, "choice": "sd", "gamma": 16, "why": "the law"})  # fmt: skip
-    monkeypatch.setattr(mfc, "target_costs", lambda t: {"target_step_s": 0.01,
-                                                        "verify_token_share": 0.1})  # fmt: skip
+    monkeypatch.setattr(
+        mfc,
+        "choose_alone",
+        lambda *a, **k: {"alone": True, "choice": "sd", "gamma": 16, "why": "the law"},
+    )
+    monkeypatch.setattr(
+        mfc, "target_costs", lambda t: {"target_step_s": 0.01, "verify_token_share": 0.1}
+    )
 
     class Pair:  # what alone_chooser reads: a target and a draft already attached
         target, draft = object(), object()

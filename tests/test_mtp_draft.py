@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from runtime.backends import load_model
-from runtime.drafts.mtp.torch import MTPDraft
 from runtime.decoding import make_steps, run
 from runtime.decoding.events import GREEDY
+from runtime.drafts.mtp.torch import MTPDraft
 from runtime.errors import DuetError
 
 PROMPT = [5, 17, 42, 99, 7]
@@ -22,12 +22,24 @@ def target_dir(tiny_dir):
 
 def test_sd_with_the_mtp_head_equals_ar(target_dir):
     target = load_model(target_dir, "torch", threads=1)
-    ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-             max_new=N_NEW).tokens  # fmt: skip
+    ar = run(
+        make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
+        max_new=N_NEW,
+    ).tokens
     draft = MTPDraft.load(target, target_dir)
     tc, dc = target.new_cache(), draft.new_cache()
-    steps = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
-                       gamma=3, target_cache=tc, draft_cache=dc)  # fmt: skip
+    steps = make_steps(
+        "sd",
+        target,
+        draft,
+        PROMPT,
+        max_new=N_NEW,
+        sampling=GREEDY,
+        seed=0,
+        gamma=3,
+        target_cache=tc,
+        draft_cache=dc,
+    )
     assert run(steps, max_new=N_NEW).tokens == ar
     # every head entry the target has verified was (re)computed from the target's hidden state
     n = min(tc.offset, len(dc.exact))
@@ -47,10 +59,41 @@ def test_mtp_draft_is_refused_without_mtp_weights(tiny_dir):
 def test_generate_cli_takes_draft_mtp(target_dir, tiny_dir, capsys):
     from runtime.generate import main
 
-    assert main(["--target", str(target_dir), "--draft", "mtp", "--method", "sd",
-                 "--prompt-ids", "5,17,42", "--max-tokens", "4", "--json"]) == 0  # fmt: skip
-    assert main(["--target", str(tiny_dir("qwen3_5_text", seed=1)), "--draft", "mtp",
-                 "--method", "sd", "--prompt-ids", "5,17", "--max-tokens", "4"]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "--target",
+                str(target_dir),
+                "--draft",
+                "mtp",
+                "--method",
+                "sd",
+                "--prompt-ids",
+                "5,17,42",
+                "--max-tokens",
+                "4",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "--target",
+                str(tiny_dir("qwen3_5_text", seed=1)),
+                "--draft",
+                "mtp",
+                "--method",
+                "sd",
+                "--prompt-ids",
+                "5,17",
+                "--max-tokens",
+                "4",
+            ]
+        )
+        == 2
+    )
     assert "no mtp.* weights" in capsys.readouterr().err
 
 
@@ -58,16 +101,17 @@ def test_sd_drafts_the_first_window_from_the_target_hidden_states(target_dir):
     """sd feeds the target the prompt before the head's first window, so no window is drafted
     from zero hidden states (a blind window, almost all rejected); output still equals ar."""
     target = load_model(target_dir, "torch", threads=1)
-    ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-             max_new=N_NEW).tokens  # fmt: skip
+    ar = run(
+        make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
+        max_new=N_NEW,
+    ).tokens
     draft = MTPDraft.load(target, target_dir)
 
     def blind(n):
         raise AssertionError(f"the head drafted {n} entries without the target's hidden state")
 
     draft.step.zeros = blind
-    steps = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
-                       gamma=3)  # fmt: skip
+    steps = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0, gamma=3)
     assert run(steps, max_new=N_NEW).tokens == ar
 
 
@@ -109,12 +153,24 @@ def test_the_mtp_head_beside_the_onnx_target_is_lossless(embedded_copy, step):
     from runtime.backends.onnx.target import OnnxTargetLM
 
     target = OnnxTargetLM(embedded_copy, "int4", intra_threads=1)
-    ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-             max_new=N_NEW).tokens  # fmt: skip
+    ar = run(
+        make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
+        max_new=N_NEW,
+    ).tokens
     draft = MTPDraft.load(target, embedded_copy, backend=step)
     tc, dc = target.new_cache(), draft.new_cache()
-    steps = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
-                       gamma=3, target_cache=tc, draft_cache=dc)  # fmt: skip
+    steps = make_steps(
+        "sd",
+        target,
+        draft,
+        PROMPT,
+        max_new=N_NEW,
+        sampling=GREEDY,
+        seed=0,
+        gamma=3,
+        target_cache=tc,
+        draft_cache=dc,
+    )
     got = run(steps, max_new=N_NEW)
     assert got.tokens == ar
     assert tc.hidden_ids[: len(PROMPT)] == PROMPT and got.stats.as_dict()["mean_accepted"] > 1.0
@@ -125,7 +181,8 @@ def test_mirror_with_the_mtp_head_is_one_line(capsys):
     DuetError reaches the user as one line and a non-zero exit, not a traceback."""
     from runtime.generate import main as generate
 
-    rc = generate(["--method", "mirror", "--draft", "mtp", "--prompt", "def f(x):",
-                   "--max-tokens", "8"])  # fmt: skip
+    rc = generate(
+        ["--method", "mirror", "--draft", "mtp", "--prompt", "def f(x):", "--max-tokens", "8"]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc != 0 and len(err) == 1 and "--method mirror" in err[-1] and "one row" in err[-1]

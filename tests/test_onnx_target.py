@@ -59,8 +59,10 @@ def test_tree_mask_and_branch_rows_equal_the_reference(tiny_dir):
             m[i, P + p], p = True, parent[p]
     pos = np.array([[P, P + 1, P + 1, P + 2]])
     toks = np.array([[5, 9, 13, 21]])
-    _close(onnx_lm.forward(toks, co, positions=pos, mask=m),
-           ref.forward(toks, cr, positions=pos, mask=m))  # fmt: skip
+    _close(
+        onnx_lm.forward(toks, co, positions=pos, mask=m),
+        ref.forward(toks, cr, positions=pos, mask=m),
+    )
     # two branch rows, each hiding its own key (a hole), several tokens over a past
     co.select([0, 0]), cr.select([0, 0])
     B = np.broadcast_to(np.tril(np.ones((2, P + 6), bool), P + 4)[None], (2, 2, P + 6)).copy()
@@ -117,10 +119,13 @@ def test_int8_weights_as_two_4bit_halves_are_exact():
     K, N = 96, 40
     rng = np.random.default_rng(0)
     W = rng.standard_normal((K, N)).astype(np.float32)
-    g = oh.make_graph([oh.make_node("MatMul", ["A", "W"], ["Y"], name="mm")], "g",
-                      [oh.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
-                      [oh.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
-                      [onh.from_array(W, "W")])  # fmt: skip
+    g = oh.make_graph(
+        [oh.make_node("MatMul", ["A", "W"], ["Y"], name="mm")],
+        "g",
+        [oh.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+        [oh.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+        [onh.from_array(W, "W")],
+    )
     m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)], ir_version=9)
     split_matmul(m, "mm", 32, accuracy_level=0)
     y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
@@ -151,10 +156,13 @@ def test_int8_weights_as_one_8bit_matmul_equal_their_int8_product(level):
     K, N = 96, 40
     rng = np.random.default_rng(0)
     W = rng.standard_normal((K, N)).astype(np.float32)
-    g = oh.make_graph([oh.make_node("MatMul", ["A", "W"], ["Y"], name="mm")], "g",
-                      [oh.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
-                      [oh.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
-                      [onh.from_array(W, "W")])  # fmt: skip
+    g = oh.make_graph(
+        [oh.make_node("MatMul", ["A", "W"], ["Y"], name="mm")],
+        "g",
+        [oh.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+        [oh.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+        [onh.from_array(W, "W")],
+    )
     m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)], ir_version=9)
     one_matmul8(m, "mm", 32, accuracy_level=level)
     assert [n.op_type for n in m.graph.node] == ["MatMulNBits"]
@@ -174,8 +182,7 @@ def test_int8_weights_as_one_8bit_matmul_equal_their_int8_product(level):
 
 
 def _gen(method, target, draft, n=16, **kw):
-    steps = make_steps(method, target, draft, PROMPT, max_new=n, sampling=Sampling(), seed=0,
-                       **kw)  # fmt: skip
+    steps = make_steps(method, target, draft, PROMPT, max_new=n, sampling=Sampling(), seed=0, **kw)
     return run(steps, max_new=n, eos_ids=target.config.eos_token_ids).tokens
 
 
@@ -285,9 +292,13 @@ def test_weights_on_a_q4_1_grid_are_kept_exactly():
     off = rng.standard_normal((K, N)).astype(np.float32)
     nodes = [oh.make_node("MatMul", ["A", "W"], ["Y"], name="on"),
              oh.make_node("MatMul", ["A", "V"], ["Z"], name="off")]  # fmt: skip
-    g = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("A", TensorProto.FLOAT, [1, 3, K])],
-                      [oh.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "YZ"],
-                      [onh.from_array(W, "W"), onh.from_array(off, "V")])  # fmt: skip
+    g = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("A", TensorProto.FLOAT, [1, 3, K])],
+        [oh.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "YZ"],
+        [onh.from_array(W, "W"), onh.from_array(off, "V")],
+    )
     model = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)], ir_version=9)
     assert keep_grids(model, 32, 0, set()) == ["on.grid_min"]
     A = rng.standard_normal((1, 3, K)).astype(np.float32)
@@ -350,18 +361,53 @@ def test_agree_and_pass_cost_commands(tiny_dir, tmp_path, capsys):
     d = tiny_dir("qwen2", num_layers=2, seed=5)
     text = tmp_path / "held.jsonl"
     text.write_text(json.dumps({"turns": ["a held-out text of some length, " * 4]}) + "\n")
-    assert main(["agree", "--model", str(d), "--quantize", "none", "--text", str(text),
-                 "--threads", "1", "--json"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "agree",
+                "--model",
+                str(d),
+                "--quantize",
+                "none",
+                "--text",
+                str(text),
+                "--threads",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     r = json.loads(capsys.readouterr().out)
     assert r["agreement"] == 1.0 and r["positions"] > 100
-    assert main(["pass-cost", "--model", str(d), "--quantize", "int4", "--context", "20",
-                 "--windows", "1,3", "--repeats", "2", "--threads", "1", "--json"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "pass-cost",
+                "--model",
+                str(d),
+                "--quantize",
+                "int4",
+                "--context",
+                "20",
+                "--windows",
+                "1,3",
+                "--repeats",
+                "2",
+                "--threads",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     r = json.loads(capsys.readouterr().out)
     assert set(r["seconds"]) == {"1", "3"} and r["ratio"]["1"] == 1.0
     assert main(["agree", "--model", str(d), "--text", str(tmp_path / "none.txt")]) == 2
     assert "no such file" in capsys.readouterr().err
-    assert main(["agree", "--model", str(d), "--text", str(text),
-                 "--ort-genai", str(tmp_path)]) == 2  # fmt: skip
+    assert (
+        main(["agree", "--model", str(d), "--text", str(text), "--ort-genai", str(tmp_path)]) == 2
+    )
     assert "not an onnxruntime-genai model folder" in capsys.readouterr().err
 
 
@@ -403,8 +449,9 @@ def test_int4_from_a_gguf_keeps_weights_finer_than_4_bits_at_8(tiny_dir, tmp_pat
         nodes = [n for n in onnx.load(str(out)).graph.node if n.op_type == "MatMulNBits"]
         bits = [next(a.i for a in n.attribute if a.name == "bits") for n in nodes]
         eight = sum(b == 8 or n.name.endswith(".hi") for n, b in zip(nodes, bits, strict=True))
-        return eight, sum(b == 4 and not n.name.endswith((".hi", ".lo"))
-                          for n, b in zip(nodes, bits, strict=True))  # fmt: skip
+        return eight, sum(
+            b == 4 and not n.name.endswith((".hi", ".lo")) for n, b in zip(nodes, bits, strict=True)
+        )
 
     assert widths(d, tmp_path / "g.onnx") == (2 * 4 + 1, 0)  # 4 a layer + head
     assert widths(src, tmp_path / "p.onnx") == (1, 2 * 4)  # the head alone

@@ -25,8 +25,12 @@ def test_profiles_say_the_targets_backend_and_quantization():
     assert (mac.backend, mac.quantize) == ("mlx", "int4")
     assert load_profile("a800").target.quantize == "none"
     data = tomllib.loads((PROFILES_DIR / "m3-max.toml").read_text())
-    data["target"] |= {"accelerator": "cpu", "backend": "onnx", "provider": "cpu",
-                       "quantize": "int8"}  # fmt: skip
+    data["target"] |= {
+        "accelerator": "cpu",
+        "backend": "onnx",
+        "provider": "cpu",
+        "quantize": "int8",
+    }
     assert parse_profile(data, "test").target.quantize == "int8"
     data["target"]["quantize"] = "int3"
     with pytest.raises(ProfileError, match="target.quantize.*int3"):

@@ -63,8 +63,10 @@ def test_tree_mask_and_branch_rows_equal_the_reference(tiny_dir):
     mask = np.ones((1, 4, o + 4), bool)
     mask[0, :, o:] = [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]]
     toks = np.array([[50, 60, 70, 80]])
-    _close(lm.forward(toks, co, positions=pos, mask=mask),
-           ref.forward(toks, cr, positions=pos, mask=mask))  # fmt: skip
+    _close(
+        lm.forward(toks, co, positions=pos, mask=mask),
+        ref.forward(toks, cr, positions=pos, mask=mask),
+    )
     co.compact(o, [o, o + 2, o + 3]), cr.compact(o, [o, o + 2, o + 3])
     _close(lm.forward(np.array([[90]]), co), ref.forward(np.array([[90]]), cr))
     # branch rows: row 1 replaces the last token (a hole), its positions one behind its columns
@@ -76,8 +78,10 @@ def test_tree_mask_and_branch_rows_equal_the_reference(tiny_dir):
         mk[1, :, base - 1] = False
         pos = np.array([[off + j for j in range(n)], [off - 1 + j for j in range(n)]])
         toks = np.array([[100 + j for j in range(n)], [110 + j for j in range(n)]])
-        _close(lm.forward(toks, bo, mask=mk, positions=pos),
-               ref.forward(toks, br, mask=mk, positions=pos))  # fmt: skip
+        _close(
+            lm.forward(toks, bo, mask=mk, positions=pos),
+            ref.forward(toks, br, mask=mk, positions=pos),
+        )
 
 
 def test_rollback_after_rejection_equals_a_fresh_prefill(tiny_dir):
@@ -93,8 +97,7 @@ def test_rollback_after_rejection_equals_a_fresh_prefill(tiny_dir):
 
 
 def _gen(method, target, draft, n=24, **kw):
-    steps = make_steps(method, target, draft, PROMPT, max_new=n, sampling=Sampling(), seed=0,
-                       **kw)  # fmt: skip
+    steps = make_steps(method, target, draft, PROMPT, max_new=n, sampling=Sampling(), seed=0, **kw)
     return run(steps, max_new=n).tokens
 
 
@@ -151,8 +154,16 @@ def test_256_wide_heads_cut_passes_at_the_key_buckets(tiny_dir, cut, monkeypatch
     kernel buckets its key counts at all."""
     if not cut:
         monkeypatch.setattr(OnnxTargetLM, "_key_cuts", lambda self: ())
-    d = tiny_dir("gemma3_text", num_layers=3, hidden_size=1024, num_heads=4, num_kv_heads=1,
-                 intermediate_size=256, max_context=512, seed=2)  # fmt: skip
+    d = tiny_dir(
+        "gemma3_text",
+        num_layers=3,
+        hidden_size=1024,
+        num_heads=4,
+        num_kv_heads=1,
+        intermediate_size=256,
+        max_context=512,
+        seed=2,
+    )
     lm = OnnxTargetLM(d, "int4", intra_threads=1)
     assert lm.config.head_dim == 256
     ids = np.random.default_rng(4).integers(0, lm.config.vocab_size, (1, 80))

@@ -63,8 +63,9 @@ def _no_probe(monkeypatch):
 
 
 @pytest.mark.parametrize("temp", ["0", "1"])
-def test_a_later_process_chooses_from_the_kept_figures_without_probing(pair, monkeypatch,
-                                                                       capsys, temp):  # fmt: skip
+def test_a_later_process_chooses_from_the_kept_figures_without_probing(
+    pair, monkeypatch, capsys, temp
+):
     t, d = pair
     assert build_parser().parse_args(["--prompt", "x"]).method == "auto"  # generate's default
     assert main(_run(t, d, temp=temp)) == 0
@@ -189,8 +190,11 @@ def test_an_emulated_model_is_kept_under_its_wrapped_model_and_the_emulation(tin
     from devices.probe_store import model_key
 
     real = load_model(tiny_dir("llama", num_layers=1, seed=4), "torch")
-    emulated = SimpleNamespace(model=real, backend=f"{real.backend}+emulated",
-                               emu=SimpleNamespace(label="emulated:m3-max:a+b"))  # fmt: skip
+    emulated = SimpleNamespace(
+        model=real,
+        backend=f"{real.backend}+emulated",
+        emu=SimpleNamespace(label="emulated:m3-max:a+b"),
+    )
     key = model_key(emulated)
     assert key is not None and key["emulated"] == "emulated:m3-max:a+b"
     assert key["path"] == model_key(real)["path"] and key != model_key(real)

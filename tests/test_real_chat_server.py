@@ -38,8 +38,9 @@ def test_chat_answers_with_the_template_and_stops_at_eos():
 
     d = pulled("smollm2-135m-instruct")
     tok = AutoTokenizer.from_pretrained(d)
-    ids = tok.apply_chat_template([{"role": "user", "content": QUESTION}],
-                                  add_generation_prompt=True, return_dict=True)["input_ids"]  # fmt: skip
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], add_generation_prompt=True, return_dict=True
+    )["input_ids"]
     model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
     with torch.inference_mode():
         y = model.generate(torch.tensor([list(ids)]), max_new_tokens=48, do_sample=False)
@@ -64,8 +65,9 @@ def test_the_server_names_the_real_model():
     openai = pytest.importorskip("openai")
     pulled("smollm2-135m-instruct")
     cmd = [sys.executable, "-m", "apps.server", "--target", "smollm2-135m-instruct", "--port", "0"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     timer = threading.Timer(300, proc.kill)
     timer.start()
     try:
@@ -73,11 +75,19 @@ def test_the_server_names_the_real_model():
         timer.cancel()
         m = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)", first)
         assert m, first or proc.stderr.read()
-        c = openai.OpenAI(base_url=f"http://127.0.0.1:{m.group(1)}/v1", api_key="unused",
-                          max_retries=0, timeout=300)  # fmt: skip
+        c = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{m.group(1)}/v1",
+            api_key="unused",
+            max_retries=0,
+            timeout=300,
+        )
         assert [x.id for x in c.models.list().data] == ["smollm2-135m-instruct"]
-        r = c.chat.completions.create(model="smollm2-135m-instruct", max_tokens=16, temperature=0,
-                                      messages=[{"role": "user", "content": QUESTION}])  # fmt: skip
+        r = c.chat.completions.create(
+            model="smollm2-135m-instruct",
+            max_tokens=16,
+            temperature=0,
+            messages=[{"role": "user", "content": QUESTION}],
+        )
         assert "Paris" in r.choices[0].message.content
     finally:
         timer.cancel()

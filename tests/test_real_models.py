@@ -59,8 +59,18 @@ def hf_greedy(model, ids: list[int]) -> list[int]:
 def duet(capsys, target, ids, *extra) -> list[int]:
     from runtime.generate import main
 
-    rc = main(["--target", str(target), "--prompt-ids", ",".join(map(str, ids)),
-               "--max-tokens", str(NEW_TOKENS), "--json", *extra])  # fmt: skip
+    rc = main(
+        [
+            "--target",
+            str(target),
+            "--prompt-ids",
+            ",".join(map(str, ids)),
+            "--max-tokens",
+            str(NEW_TOKENS),
+            "--json",
+            *extra,
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     return json.loads(out)["tokens"]
@@ -113,8 +123,19 @@ def test_sd_with_a_draft_cut_from_the_target_equals_ar(real, capsys, tmp_path):
     ids = prompt_ids(tok, "plain")
     draft = cut_draft(d, tmp_path / "draft")
     ar = duet(capsys, name, ids, "--method", "ar")
-    sd = duet(capsys, name, ids, "--method", "sd", "--draft", str(draft), "--draft-backend", "torch",
-              "--gamma", "4")  # fmt: skip
+    sd = duet(
+        capsys,
+        name,
+        ids,
+        "--method",
+        "sd",
+        "--draft",
+        str(draft),
+        "--draft-backend",
+        "torch",
+        "--gamma",
+        "4",
+    )
     assert sd == ar
 
 
@@ -135,8 +156,11 @@ def test_flexspec_over_the_wire_equals_ar(real, verifier, tmp_path):
     st = verifier(target)
     conn = Connection(st.host, st.port)
     try:
-        for opts in ({"k": 3, "codec": "raw"}, {"k": 3, "codec": "ids"},
-                     {"controller": AdaptiveK(k_min=0), "codec": "ids"}):  # fmt: skip
+        for opts in (
+            {"k": 3, "codec": "raw"},
+            {"k": 3, "codec": "ids"},
+            {"controller": AdaptiveK(k_min=0), "codec": "ids"},
+        ):
             assert flexspec(conn, draft, ids, 24, **opts).tokens == ref, (name, opts)
     finally:
         conn.close()

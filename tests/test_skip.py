@@ -38,8 +38,10 @@ def test_skipped_rows_round_trip_and_version_one_is_unchanged():
     rng = np.random.default_rng(1)
     v = 50
     x = rng.dirichlet(np.ones(v))
-    codec_rows = [payload_cuhlm.CuRow(ids, cuhlm.quantize_probs_u8(x[ids]))
-                  for ids in (cuhlm.topk_ids(x, 5), cuhlm.topk_ids(x, 3))]  # fmt: skip
+    codec_rows = [
+        payload_cuhlm.CuRow(ids, cuhlm.quantize_probs_u8(x[ids]))
+        for ids in (cuhlm.topk_ids(x, 5), cuhlm.topk_ids(x, 3))
+    ]
     plain = payload_cuhlm.encode(codec_rows, [int(r.ids[0]) for r in codec_rows], v)
     assert plain[1] == payload_cuhlm.VERSION  # no skipped row: version 1 as before
     rows = [codec_rows[0], None, codec_rows[1], None]
@@ -74,16 +76,28 @@ def test_forced_rows_are_accepted_whatever_the_target_says():
 def pair(tiny_dir):
     kw = dict(vocab_size=8, tokenizer=False)
     target = load_model(tiny_dir("qwen3", seed=1, initializer_range=0.12, **kw), "torch", threads=1)
-    draft = load_model(tiny_dir("qwen3", num_layers=1, seed=2, initializer_range=0.08, **kw),
-                       "onnx")  # fmt: skip
+    draft = load_model(
+        tiny_dir("qwen3", num_layers=1, seed=2, initializer_range=0.08, **kw), "onnx"
+    )
     return target, draft
 
 
 def run_skip(conn, draft, rule, seed=0, n=24):
     """(tokens, events) of one cu-hlm flexspec run with skip rule `rule` (None: off)."""
-    steps = make_steps("flexspec", None, draft, GOF_PROMPT, max_new=n, sampling=SAMPLING,
-                       seed=seed, conn=conn, k=3, codec="cu-hlm", codec_params={"k": 2},
-                       skip=rule)  # fmt: skip
+    steps = make_steps(
+        "flexspec",
+        None,
+        draft,
+        GOF_PROMPT,
+        max_new=n,
+        sampling=SAMPLING,
+        seed=seed,
+        conn=conn,
+        k=3,
+        codec="cu-hlm",
+        codec_params={"k": 2},
+        skip=rule,
+    )
     toks, events = [], []
     for t, ev in stream(steps, max_new=n, eos_ids=draft.config.eos_token_ids):
         toks += t
@@ -135,8 +149,9 @@ def test_skip_stats_say_lossy_and_measure_the_risk(pair, verifier):
     assert s["measured_risk"] == pytest.approx(sum(betas) / len(r.tokens))
     assert s["theorem1_bound"] > 0 and s["audit"].startswith("teacher-forced")
     # beta_d by hand at the first skipped position: the target's law there under SAMPLING
-    logits = np.asarray(target.forward(np.array([(prompt + r.tokens)[: pos[0]]]),
-                                       target.new_cache()))[0, -1]  # fmt: skip
+    logits = np.asarray(
+        target.forward(np.array([(prompt + r.tokens)[: pos[0]]]), target.new_cache())
+    )[0, -1]
     y = Sampling(SAMPLING.temp, SAMPLING.top_p, SAMPLING.top_k).probs(logits)
     d = (prompt + r.tokens)[pos[0]]
     assert betas[0] == pytest.approx(max(0.0, 1 - y[d] / xs[0]), rel=1e-5)
@@ -156,8 +171,16 @@ def test_skip_elsewhere_is_refused_by_the_loop(pair, verifier):
     target, draft = pair
     st = verifier(target)
     with pytest.raises(DuetError, match="--codec cu-hlm"):
-        flexspec(Connection(st.host, st.port), draft, GOF_PROMPT, 4, sampling=SAMPLING, k=2,
-                 codec="k-sqs", skip=SkipRule(0.5))  # fmt: skip
+        flexspec(
+            Connection(st.host, st.port),
+            draft,
+            GOF_PROMPT,
+            4,
+            sampling=SAMPLING,
+            k=2,
+            codec="k-sqs",
+            skip=SkipRule(0.5),
+        )
 
 
 @pytest.mark.parametrize(

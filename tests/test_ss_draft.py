@@ -7,12 +7,12 @@ import pytest
 
 from kernels.stream_mask import multi_stream_mask, stream_positions
 from runtime.backends import load_model
-from runtime.drafts.ss.torch import make_ss_checkpoint, reference_stream_logits
 from runtime.decoding import Sampling, make_steps, run
 from runtime.decoding.sd import draft_window
+from runtime.drafts.ss.checkpoint import is_ss_dir
+from runtime.drafts.ss.torch import make_ss_checkpoint, reference_stream_logits
 from runtime.errors import DuetError
 from runtime.model import causal_mask
-from runtime.drafts.ss.checkpoint import is_ss_dir
 
 STREAMS = 3
 PROMPT = [11, 42, 7, 99, 5, 250]
@@ -110,12 +110,23 @@ def test_greedy_sd_and_mirror_with_ss_draft_equal_ar(ss_dirs):
     td, _, ss = ss_dirs
     target, draft = load_model(td, "mlx"), load_model(ss, "torch")
     n = 20
-    ref = run(make_steps("ar", target, None, PROMPT, max_new=n, sampling=Sampling(), seed=0),
-              max_new=n).tokens  # fmt: skip
+    ref = run(
+        make_steps("ar", target, None, PROMPT, max_new=n, sampling=Sampling(), seed=0), max_new=n
+    ).tokens
     for method, gammas in (("sd", (1, 4)), ("mirror", (3,))):
         for gamma in gammas:
-            steps = make_steps(method, target, draft, PROMPT, max_new=n, sampling=Sampling(),
-                               seed=0, gamma=gamma, kappa=3, exit_layer=2)  # fmt: skip
+            steps = make_steps(
+                method,
+                target,
+                draft,
+                PROMPT,
+                max_new=n,
+                sampling=Sampling(),
+                seed=0,
+                gamma=gamma,
+                kappa=3,
+                exit_layer=2,
+            )
             r = run(steps, max_new=n)
             assert r.tokens == ref, (method, gamma)
             j = r.stats.as_dict()["per_step"]["draft_passes"]  # J per window, reported
@@ -134,8 +145,9 @@ def test_an_emulated_ss_draft_stays_one_and_its_passes_are_padded(ss_dirs):
     ed = emulate_draft(ep, draft)
     assert ed.ss_streams == STREAMS and ed.emu is not emu and ed.emu.records is emu.records
     n = 12
-    ref = run(make_steps("ar", target, None, PROMPT, max_new=n, sampling=Sampling(), seed=0),
-              max_new=n).tokens  # fmt: skip
+    ref = run(
+        make_steps("ar", target, None, PROMPT, max_new=n, sampling=Sampling(), seed=0), max_new=n
+    ).tokens
     ed.emu.sleep = lambda s: None
     passes, real = [], draft.forward_streams
 
@@ -145,8 +157,9 @@ def test_an_emulated_ss_draft_stays_one_and_its_passes_are_padded(ss_dirs):
         return real(t, c, first=first, **kw)
 
     draft.forward_streams = counted
-    r = run(make_steps("sd", et, ed, PROMPT, max_new=n, sampling=Sampling(), seed=0, gamma=4),
-            max_new=n)  # fmt: skip
+    r = run(
+        make_steps("sd", et, ed, PROMPT, max_new=n, sampling=Sampling(), seed=0, gamma=4), max_new=n
+    )
     assert r.tokens == ref
     assert passes  # the SS windows ran stream passes through the wrapper
     # each was one padded draft stage counting its tokens: T main + STREAMS per owner position
@@ -169,8 +182,9 @@ class OracleRows:
         self.config, self.ss_streams = inner.config, inner.ss_streams
 
     def forward_streams(self, tokens, cache, *, first=None, positions=None, mask=None):
-        main, streams = self.inner.forward_streams(tokens, cache, first=first,
-                                                   positions=positions, mask=mask)  # fmt: skip
+        main, streams = self.inner.forward_streams(
+            tokens, cache, first=first, positions=positions, mask=mask
+        )
         streams = np.array(streams)
         for r, future in enumerate(self.rows):
             for k in range(streams.shape[1]):
@@ -215,8 +229,10 @@ def test_ss_branch_wave_equals_the_ar_wave(ss_dirs, monkeypatch, temp, oracle, w
     ar = Wave(m, cache.fork([0] * 4), branches, base, g2, rngs(), s)
     while not ar.finished():
         ar.advance()
-    future = [{base + b.depth + 1 + i: t for i, t in enumerate(ar.toks[r, : g2[r]].tolist())}
-              for r, b in enumerate(branches)]  # fmt: skip
+    future = [
+        {base + b.depth + 1 + i: t for i, t in enumerate(ar.toks[r, : g2[r]].tolist())}
+        for r, b in enumerate(branches)
+    ]
     draft = OracleRows(m, future) if oracle else m
     ssw = SSWave(draft, cache.fork([0] * 4), branches, base, g2, rngs(), s)
     while not ssw.finished():
@@ -255,8 +271,9 @@ def test_onnx_ss_draft_equals_torch_and_stays_lossless(ss_dirs):
     assert o.ss_streams == t.ss_streams == STREAMS
     toks = np.random.default_rng(1).integers(0, t.config.vocab_size, 12)
     c1, c2 = o.new_cache(), t.new_cache()
-    np.testing.assert_allclose(o.forward(toks[None, :5], c1), t.forward(toks[None, :5], c2),
-                               atol=1e-4, rtol=1e-4)  # fmt: skip
+    np.testing.assert_allclose(
+        o.forward(toks[None, :5], c1), t.forward(toks[None, :5], c2), atol=1e-4, rtol=1e-4
+    )
     ma, sa = o.forward_streams(toks[None, 5:12], c1, first=2)
     mb, sb = t.forward_streams(toks[None, 5:12], c2, first=2)
     assert c1.offset == c2.offset == 12
@@ -266,10 +283,21 @@ def test_onnx_ss_draft_equals_torch_and_stays_lossless(ss_dirs):
     a = draft_window(o, o.new_cache(), PROMPT, 5, s, np.random.default_rng(2))[0]
     assert a == draft_window(t, t.new_cache(), PROMPT, 5, s, np.random.default_rng(2))[0]
     target = load_model(td, "mlx")
-    ref = run(make_steps("ar", target, None, PROMPT, max_new=16, sampling=Sampling(), seed=0),
-              max_new=16).tokens  # fmt: skip
-    steps = make_steps("mirror", target, o, PROMPT, max_new=16, sampling=Sampling(), seed=0,
-                       gamma=3, kappa=3, exit_layer=2)  # fmt: skip
+    ref = run(
+        make_steps("ar", target, None, PROMPT, max_new=16, sampling=Sampling(), seed=0), max_new=16
+    ).tokens
+    steps = make_steps(
+        "mirror",
+        target,
+        o,
+        PROMPT,
+        max_new=16,
+        sampling=Sampling(),
+        seed=0,
+        gamma=3,
+        kappa=3,
+        exit_layer=2,
+    )
     assert run(steps, max_new=16).tokens == ref
 
 
@@ -284,8 +312,9 @@ def test_bench_rows_report_j():
 
 
 @pytest.mark.parametrize("temp", [0.0, 1.0])
-def test_autos_probe_times_an_ss_drafts_branch_pass_as_its_worker_runs_it(ss_dirs, temp,
-                                                                          monkeypatch):  # fmt: skip
+def test_autos_probe_times_an_ss_drafts_branch_pass_as_its_worker_runs_it(
+    ss_dirs, temp, monkeypatch
+):
     """pair_probe.wave_pass builds the wave the worker would: an SSWave for an SS draft."""
     import runtime.mirror.ss_wave as ssw
     from devices.pair_stages import measure_stages
@@ -300,8 +329,9 @@ def test_autos_probe_times_an_ss_drafts_branch_pass_as_its_worker_runs_it(ss_dir
     monkeypatch.setattr(ssw, "SSWave", Spy)
     td, _, ss = ss_dirs
     target, draft = load_model(td, "torch"), load_model(ss, "torch")
-    st = measure_stages(target, draft, gamma=3, branches=4, repeats=1, sampling=Sampling(temp),
-                        exit_layer=1)  # fmt: skip
+    st = measure_stages(
+        target, draft, gamma=3, branches=4, repeats=1, sampling=Sampling(temp), exit_layer=1
+    )
     assert st["draft_batch"] > 0 and built
 
 
@@ -320,10 +350,23 @@ def test_an_ss_draft_gets_its_kinds_wave_shape_and_rolls_out_its_own_branches(ss
     plain = load_model(dd, "torch")
     assert m.wave_shape(plain) == (DEFAULT_BRANCH_BATCH, m.DEFAULT_DRAFT_BRANCHES)
     n = 16
-    ref = run(make_steps("ar", target, None, PROMPT, max_new=n, sampling=Sampling(), seed=0),
-              max_new=n).tokens  # fmt: skip
+    ref = run(
+        make_steps("ar", target, None, PROMPT, max_new=n, sampling=Sampling(), seed=0), max_new=n
+    ).tokens
     tl = Timeline()
-    steps = make_steps("mirror", target, draft, PROMPT, max_new=n, sampling=Sampling(), seed=0,
-                       gamma=3, kappa=3, exit_layer=2, timeline=tl, draft_process=False)  # fmt: skip
+    steps = make_steps(
+        "mirror",
+        target,
+        draft,
+        PROMPT,
+        max_new=n,
+        sampling=Sampling(),
+        seed=0,
+        gamma=3,
+        kappa=3,
+        exit_layer=2,
+        timeline=tl,
+        draft_process=False,
+    )
     assert run(steps, max_new=n).tokens == ref
     assert any(iv.name == "re-run own window" for iv in tl.intervals)

@@ -21,9 +21,24 @@ def setup(tiny_dir, tmp_path_factory):
 
 def _args(setup, out, *extra):
     td, dd, corpus = setup
-    return ["ss-draft", "--target", str(td), "--draft", str(dd), "--out", str(out),
-            "--corpus", str(corpus), "--batch-size", "2", "--seq-len", "16", "--streams", "2",
-            *extra]  # fmt: skip
+    return [
+        "ss-draft",
+        "--target",
+        str(td),
+        "--draft",
+        str(dd),
+        "--out",
+        str(out),
+        "--corpus",
+        str(corpus),
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--streams",
+        "2",
+        *extra,
+    ]
 
 
 def test_a_few_steps_lower_the_heldout_kl_and_save_an_ss_draft(setup, tmp_path):

@@ -23,8 +23,22 @@ def test_generate_with_a_target_alone_runs_ar_under_auto(tiny_dir, capsys):
     assert len(res["tokens"]) == 8 and sum(res["stats"]["accept_lengths"]) == 8
     assert res["stats"]["auto"]["choice"] in ("ar", "sd") and res["stats"]["auto"]["alone"] is True
     # and the same tokens as --method ar
-    assert main(["--target", str(t), "--prompt", "def f(x):", "--max-tokens", "8", "--json",
-                 "--method", "ar"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--target",
+                str(t),
+                "--prompt",
+                "def f(x):",
+                "--max-tokens",
+                "8",
+                "--json",
+                "--method",
+                "ar",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["tokens"] == res["tokens"]
 
 
@@ -49,8 +63,22 @@ def test_bench_with_a_target_alone_runs_its_peers_alone(tiny_dir, prompts, capsy
     from apps.bench.__main__ import main
 
     t = tiny_dir("qwen3")
-    assert main(["--target", str(t), "--prompts", str(prompts), "--max-tokens", "6",
-                 "--temps", "0", "--json"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--target",
+                str(t),
+                "--prompts",
+                str(prompts),
+                "--max-tokens",
+                "6",
+                "--temps",
+                "0",
+                "--json",
+            ]
+        )
+        == 0
+    )
     res = json.loads(capsys.readouterr().out)
     by = {r["method"]: r for r in res["rows"]}
     assert list(by) == ["ar", "hf", "mlx-lm"]
@@ -71,8 +99,9 @@ def test_footprint_runs_ar_and_hf_each_in_its_own_process(tiny_dir, capsys):
     from apps.bench.__main__ import main
 
     t = tiny_dir("llama")
-    assert main(["footprint", "--target", str(t), "--rounds", "1", "--max-tokens", "4",
-                 "--json"]) == 0  # fmt: skip
+    assert (
+        main(["footprint", "--target", str(t), "--rounds", "1", "--max-tokens", "4", "--json"]) == 0
+    )
     res = json.loads(capsys.readouterr().out)
     rows = {r["runner"]: r for r in res["rows"]}
     assert set(rows) == {"hf", "duet:torch"}

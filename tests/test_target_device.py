@@ -20,17 +20,44 @@ def test_cuda_without_a_gpu_is_one_clear_line(tiny_dir, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     t = tiny_dir("qwen3")
     capsys.readouterr()  # building the checkpoint may print progress
-    rc = main(["--target", str(t), "--draft", str(t),
-               "--target-backend", "torch", "--target-device", "cuda", "--method", "ar",
-               "--prompt-ids", "1,2,3", "--max-tokens", "2"])  # fmt: skip
+    rc = main(
+        [
+            "--target",
+            str(t),
+            "--draft",
+            str(t),
+            "--target-backend",
+            "torch",
+            "--target-device",
+            "cuda",
+            "--method",
+            "ar",
+            "--prompt-ids",
+            "1,2,3",
+            "--max-tokens",
+            "2",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1
     assert "--target-device cuda" in err[0] and "sees no CUDA GPU" in err[0]
 
 
 def test_cuda_needs_the_torch_target(tiny_dir, capsys):
-    rc = main(["--target", str(tiny_dir("qwen3")), "--target-backend", "mlx",
-               "--target-device", "cuda", "--method", "ar", "--prompt-ids", "1,2"])  # fmt: skip
+    rc = main(
+        [
+            "--target",
+            str(tiny_dir("qwen3")),
+            "--target-backend",
+            "mlx",
+            "--target-device",
+            "cuda",
+            "--method",
+            "ar",
+            "--prompt-ids",
+            "1,2",
+        ]
+    )
     assert rc == 2 and "add --target-backend torch" in capsys.readouterr().err
 
 
@@ -55,8 +82,9 @@ def test_torch_target_with_a_draft_process_needs_neither_mlx_nor_coremltools(tin
         "'--method', 'mirror', '--draft-process', '--prompt-ids', '5,6,7', '--max-tokens', '8', "
         "'--json']))\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert '"draft_worker": "process"' in r.stdout
 

@@ -12,10 +12,10 @@ import torch
 from apps.train.mtp import chain_outputs, init_head, main, mtp_step, save_head, target_pass
 from converters.onnx_mtp import MTP_INT8_RTOL
 from runtime.backends import load_model
-from runtime.drafts.mtp.torch import MTPDraft, mtp_sidecar
 from runtime.decoding import make_steps, run
 from runtime.decoding import sd as sd_module
 from runtime.decoding.events import GREEDY
+from runtime.drafts.mtp.torch import MTPDraft, mtp_sidecar
 
 PROMPT = [5, 17, 42, 99, 7]
 N_NEW = 16
@@ -35,9 +35,27 @@ def corpus(tmp_path_factory):
 
 
 def _fit(target_dir, corpus, steps, *extra):
-    return main(["--target", str(target_dir), "--corpus", str(corpus), "--steps", str(steps),
-                 "--seq-len", "24", "--batch-size", "2", "--eval-tokens", "48",
-                 "--ckpt-every", "1", "--unroll", "2", *extra])  # fmt: skip
+    return main(
+        [
+            "--target",
+            str(target_dir),
+            "--corpus",
+            str(corpus),
+            "--steps",
+            str(steps),
+            "--seq-len",
+            "24",
+            "--batch-size",
+            "2",
+            "--eval-tokens",
+            "48",
+            "--ckpt-every",
+            "1",
+            "--unroll",
+            "2",
+            *extra,
+        ]
+    )
 
 
 def _greedy_equals_ar(target_dir):
@@ -47,8 +65,10 @@ def _greedy_equals_ar(target_dir):
     import onnx
 
     target = load_model(target_dir, "torch", threads=1)
-    ar = run(make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-             max_new=N_NEW).tokens  # fmt: skip
+    ar = run(
+        make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
+        max_new=N_NEW,
+    ).tokens
     drafts = {"torch": MTPDraft.load(target, target_dir),
               "onnx": MTPDraft.load(target, target_dir, backend="onnx", quant="fp32"),
               "int8": MTPDraft.load(target, target_dir, backend="onnx")}  # fmt: skip
@@ -56,15 +76,20 @@ def _greedy_equals_ar(target_dir):
     assert "MatMulNBits" in ops  # the default ONNX step reads int8 weights
     for draft in drafts.values():
         for gamma in (1, 3):
-            sd = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0,
-                            gamma=gamma)  # fmt: skip
+            sd = make_steps(
+                "sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0, gamma=gamma
+            )
             assert run(sd, max_new=N_NEW).tokens == ar
     tc = target.new_cache()
     target.forward(np.array([ar[:8]]), tc)  # the head reads h_0..h_7, then chains
-    got = {b: [d.forward(np.array([ar[:9]]), c := d.new_cache())[0]]
-           + [d.forward(np.array([[t]]), c)[0] for t in ar[9:12]] for b, d in drafts.items()}  # fmt: skip
-    np.testing.assert_allclose(np.concatenate(got["onnx"]), np.concatenate(got["torch"]),
-                               atol=ONNX_ATOL, rtol=ONNX_ATOL)  # fmt: skip
+    got = {
+        b: [d.forward(np.array([ar[:9]]), c := d.new_cache())[0]]
+        + [d.forward(np.array([[t]]), c)[0] for t in ar[9:12]]
+        for b, d in drafts.items()
+    }
+    np.testing.assert_allclose(
+        np.concatenate(got["onnx"]), np.concatenate(got["torch"]), atol=ONNX_ATOL, rtol=ONNX_ATOL
+    )
     ref, q8 = np.concatenate(got["onnx"]), np.concatenate(got["int8"])
     assert np.abs(q8 - ref).max() <= MTP_INT8_RTOL * max(1.0, np.abs(ref).max())
     return drafts["torch"]
@@ -195,9 +220,31 @@ def test_bench_runs_sd_with_the_head_beside_sd(tiny_dir, corpus, tmp_path, capsy
     q = tmp_path / "q.jsonl"
     q.write_text(json.dumps({"question_id": 1, "category": "code", "turns": ["def f(x):"]}))
     capsys.readouterr()
-    assert bench(["--target", str(t), "--draft", str(t), "--draft-backend", "onnx",
-                  "--prompts", str(q), "--max-tokens", "6", "--temps", "0", "--no-warmup",
-                  "--methods", "ar,sd", "--drafts", "mtp,mtp-fp32", "--json"]) == 0  # fmt: skip
+    assert (
+        bench(
+            [
+                "--target",
+                str(t),
+                "--draft",
+                str(t),
+                "--draft-backend",
+                "onnx",
+                "--prompts",
+                str(q),
+                "--max-tokens",
+                "6",
+                "--temps",
+                "0",
+                "--no-warmup",
+                "--methods",
+                "ar,sd",
+                "--drafts",
+                "mtp,mtp-fp32",
+                "--json",
+            ]
+        )
+        == 0
+    )
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["method"] for r in rows] == ["ar", "sd", "sd+mtp", "sd+mtp-fp32"]
     assert all(r["matches_ar"] == "1/1" for r in rows)

@@ -70,8 +70,17 @@ def test_caches_hold_the_committed_sequence_after_every_step(tiny_dir):
     draft = load_model(tiny_dir("llama", num_layers=1, hidden_size=32, seed=3), "onnx")
     tc, dc = target.new_cache(), draft.new_cache()
     seq = list(PROMPT)
-    steps = make_steps("tree", target, draft, PROMPT, max_new=12, sampling=Sampling(temp=1.0),
-                       seed=1, target_cache=tc, draft_cache=dc)  # fmt: skip
+    steps = make_steps(
+        "tree",
+        target,
+        draft,
+        PROMPT,
+        max_new=12,
+        sampling=Sampling(temp=1.0),
+        seed=1,
+        target_cache=tc,
+        draft_cache=dc,
+    )
     for ev in steps:
         seq += ev.tokens
         assert tc.offset == len(seq) - 1 and dc.offset <= len(seq) - 1

@@ -49,11 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_pair_args(ap)
-    ap.add_argument("--hybrid", nargs="?", const="", default=None, metavar="DIR",
-                    help="bench the hybrid Qwen3.5 pair built by `python -m apps.train --arch "
-                    "qwen3_5` (DIR/target, DIR/draft; default out/hybrid): the target on "
-                    "PyTorch, the draft on --draft-backend (default onnx, as runtime.generate "
-                    "runs it); a missing pair is answered with the command that builds it")  # fmt: skip
+    ap.add_argument(
+        "--hybrid",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DIR",
+        help="bench the hybrid Qwen3.5 pair built by `python -m apps.train --arch "
+        "qwen3_5` (DIR/target, DIR/draft; default out/hybrid): the target on "
+        "PyTorch, the draft on --draft-backend (default onnx, as runtime.generate "
+        "runs it); a missing pair is answered with the command that builds it",
+    )
     ap.add_argument(
         "--prompts",
         default=None,
@@ -93,14 +99,22 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0 = off)")
     ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per turn (default 128)")
     ap.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i")
-    ap.add_argument("--samples", type=int, default=1,
-                    help="draws per prompt at T > 0 (draw k: seed + i + k * prompts), pooled in "
-                         "the rows: one draw compares methods on different sampled texts "
-                         "(default 1)")  # fmt: skip
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="repeat the whole alternated schedule this many times, pooled in the "
-                         "rows (the same texts; the runner order rotated each round): for goals "
-                         "of a few percent on a noisy machine (default 1)")  # fmt: skip
+    ap.add_argument(
+        "--samples",
+        type=int,
+        default=1,
+        help="draws per prompt at T > 0 (draw k: seed + i + k * prompts), pooled in "
+        "the rows: one draw compares methods on different sampled texts "
+        "(default 1)",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat the whole alternated schedule this many times, pooled in the "
+        "rows (the same texts; the runner order rotated each round): for goals "
+        "of a few percent on a noisy machine (default 1)",
+    )
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs")
     ap.add_argument(
         "--emulate",
@@ -110,9 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         "append ',real-vocab' to pad the logits to the emulated target's vocabulary as well",
     )
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    ap.add_argument("--json-out", default=None, metavar="FILE",
-                    help="also write that JSON object (settings, rows, per-category rows, "
-                    "mismatches) to FILE, beside the table")  # fmt: skip
+    ap.add_argument(
+        "--json-out",
+        default=None,
+        metavar="FILE",
+        help="also write that JSON object (settings, rows, per-category rows, "
+        "mismatches) to FILE, beside the table",
+    )
     ap.add_argument(
         "--out", default=None, help="write Spec-Bench answer JSONL files to this folder"
     )

@@ -22,10 +22,18 @@ TITLES = {
 
 
 def add_category_args(ap) -> None:
-    ap.add_argument("--per-category-limit", type=int, default=None, metavar="N",
-                    help="first N prompts of each category only")  # fmt: skip
-    ap.add_argument("--per-category", action="store_true",
-                    help="also print Spec-Bench's per-category table (the JSON always has it)")  # fmt: skip
+    ap.add_argument(
+        "--per-category-limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="first N prompts of each category only",
+    )
+    ap.add_argument(
+        "--per-category",
+        action="store_true",
+        help="also print Spec-Bench's per-category table (the JSON always has it)",
+    )
 
 
 def category_report(res: dict, tables: bool) -> str:
@@ -37,13 +45,16 @@ def category_report(res: dict, tables: bool) -> str:
     return "\n".join(out)
 
 
-def by_category(records: list[dict], methods: list[str], temps: list[float],
-                own_ar: dict | None = None) -> dict[str, list[dict]]:  # fmt: skip
+def by_category(
+    records: list[dict], methods: list[str], temps: list[float], own_ar: dict | None = None
+) -> dict[str, list[dict]]:
     """{category: summarize rows over that category's records}, categories in first-seen
     order, plus "overall" over every record."""
     cats = list(dict.fromkeys(r["category"] for r in records))
-    out = {c: summarize([r for r in records if r["category"] == c], methods, temps, own_ar)
-           for c in cats}  # fmt: skip
+    out = {
+        c: summarize([r for r in records if r["category"] == c], methods, temps, own_ar)
+        for c in cats
+    }
     out["overall"] = summarize(records, methods, temps, own_ar)
     return out
 
@@ -61,9 +72,16 @@ def category_table(per_cat: dict[str, list[dict]], temp: float) -> str:
         if "refused" in r:
             continue
         m = r["method"]
-        body.append([m, *(_x(cell.get((c, m), {}).get("speedup")) for c in cats),
-                     "n/a" if r["mean_accepted"] is None else f"{r['mean_accepted']:.2f}",
-                     _x(r["speedup"]), f"{r['tokens_per_s']:.1f}", r["matches_ar"] or ""])  # fmt: skip
+        body.append(
+            [
+                m,
+                *(_x(cell.get((c, m), {}).get("speedup")) for c in cats),
+                "n/a" if r["mean_accepted"] is None else f"{r['mean_accepted']:.2f}",
+                _x(r["speedup"]),
+                f"{r['tokens_per_s']:.1f}",
+                r["matches_ar"] or "",
+            ]
+        )
     w = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
     line = lambda cells: "  ".join(str(c).ljust(n) for c, n in zip(cells, w, strict=False)).rstrip()  # noqa: E731
     title = f"per category, temp {temp:g} (speedup over each row's own ar)"

@@ -38,8 +38,9 @@ def bench(a: argparse.Namespace) -> dict:
 
     methods, alone, temps, gammas = settle(a)
     cats = [c.strip() for c in a.categories.split(",")] if a.categories else None
-    prompts = load_prompts(a.prompts, limit=a.limit, categories=cats,
-                           per_category=a.per_category_limit)  # fmt: skip
+    prompts = load_prompts(
+        a.prompts, limit=a.limit, categories=cats, per_category=a.per_category_limit
+    )
     peer_names = parse_peers(a.peers)
     threads = bench_threads(a)  # --threads: Duet's target, PyTorch and every peer alike
     methods, skipped = unpadded(a, methods)
@@ -72,8 +73,10 @@ def settle(a: argparse.Namespace) -> tuple[list[str], bool, list[float], list[in
     default = ALONE_METHODS if alone else "ar,sd,mirror,mlx-lm,hf-assisted"
     methods, temps = parse_methods(a.methods or default), parse_temps(a.temps)
     if alone and (need := [m for m in methods if m not in NEEDS_NO_DRAFT]):
-        raise DuetError(f"--methods {','.join(need)} needs a draft: pass --draft (a target alone "
-                        f"runs {', '.join(NEEDS_NO_DRAFT)})")  # fmt: skip
+        raise DuetError(
+            f"--methods {','.join(need)} needs a draft: pass --draft (a target alone "
+            f"runs {', '.join(NEEDS_NO_DRAFT)})"
+        )
     check_max_tokens(a.max_tokens)
     resolve_gamma(a)  # no --gamma: 4 for every method, and a free γ for auto
     check_gamma(a.gamma)

@@ -51,28 +51,38 @@ def extra_pair(pair, name: str, a):
         return replace(pair, draft=draft, draft_path=Path(name), settings=settings)
     if is_mixed_spec(name):  # the head or MTP head with a model-free draft beside it
         if emulated:
-            raise DuetError(f"--drafts {name} cannot be emulated (its model-free part runs no "
-                            "model)")  # fmt: skip
+            raise DuetError(
+                f"--drafts {name} cannot be emulated (its model-free part runs no model)"
+            )
         return mixed_pair(pair, name, a)
     if name in MTP_NAMES and emulated:
-        raise DuetError(f"--drafts {name} cannot be emulated (the target's MTP head is no "
-                        "profile model size); drop it or --emulate")  # fmt: skip
+        raise DuetError(
+            f"--drafts {name} cannot be emulated (the target's MTP head is no "
+            "profile model size); drop it or --emulate"
+        )
     if name in MTP_NAMES:
         from runtime.drafts.mtp.torch import MTPDraft
 
         mb = head_backend(a.draft_backend, a.target_device)
         quant = MTP_NAMES[name]
-        draft = MTPDraft.load(pair.target, pair.target_dir, backend=mb, threads=a.draft_threads,
-                              quant=quant)  # fmt: skip
+        draft = MTPDraft.load(
+            pair.target, pair.target_dir, backend=mb, threads=a.draft_threads, quant=quant
+        )
         how = "torch" if mb == "torch" else f"onnx, {quant} weights"
         settings = pair.settings | {"draft_backend": f"mtp (target's own head, {how})"}
         return replace(pair, draft=draft, draft_path=Path("mtp"), settings=settings)
     path = resolve(name, "drafts")
-    other = load_pair(str(pair.target_dir), str(path), need_draft=True,
-                      target_backend=pair.settings["target_backend"],
-                      draft_backend=a.draft_backend, draft_threads=a.draft_threads,
-                      provider=a.provider, target_threads=pair.settings.get("target_threads"),
-                      target_device=pair.settings.get("target_device", "cpu"))  # fmt: skip
+    other = load_pair(
+        str(pair.target_dir),
+        str(path),
+        need_draft=True,
+        target_backend=pair.settings["target_backend"],
+        draft_backend=a.draft_backend,
+        draft_threads=a.draft_threads,
+        provider=a.provider,
+        target_threads=pair.settings.get("target_threads"),
+        target_device=pair.settings.get("target_device", "cpu"),
+    )
     draft = emulate_draft(pair.draft, other.draft) if emulated else other.draft
     return replace(pair, draft=draft, draft_path=path, settings=other.settings)
 

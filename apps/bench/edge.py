@@ -30,8 +30,11 @@ FIXED_K = (1, 3, 5, 7)
 def build_parser() -> argparse.ArgumentParser:
     from runtime.edge.cli_args import add_edge_args
 
-    ap = argparse.ArgumentParser(prog="python -m apps.bench edge", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.bench edge",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_pair_args(ap)
     add_edge_args(ap)
     ap.add_argument("--links", default="5g,4g,wifi-weak", help="comma-separated named links")
@@ -39,23 +42,42 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--limit", type=int, default=3, help="first N prompts (default 3)")
     ap.add_argument("--max-tokens", type=int, default=32, help="new tokens per prompt (32)")
     ap.add_argument("--temps", default="0", help="comma-separated temperatures (default 0)")
-    ap.add_argument("--top-p", type=float, default=1.0,
-                    help="nucleus p at T > 0 on both sides (default 1: the full law; FlexSpec's "
-                    "Table IV, Regime B, samples with top-p 0.9 at T = 1)")  # fmt: skip
+    ap.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        help="nucleus p at T > 0 on both sides (default 1: the full law; FlexSpec's "
+        "Table IV, Regime B, samples with top-p 0.9 at T = 1)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out-json", help="write every run and the summary here")
-    ap.add_argument("--plot", help="write latency-vs-K per link here (.html); with --codecs: "
-                    "K-SQS vs C-SQS ms/token and resampling rate vs temperature")  # fmt: skip
-    ap.add_argument("--link-clock", choices=("sleep", "virtual"), default="sleep",
-                    help="sleep: the link's waits are slept for real (default); virtual: they are "
-                    "added to the measured time instead of slept (same per-round times, the "
-                    "edge loop being serial; about 10x faster on slow links, so many more "
-                    "rounds fit in a run)")  # fmt: skip
-    ap.add_argument("--bootstrap", type=int, default=2000,
-                    help="bootstrap resamples of the prompts for the adaptive-vs-best-fixed-K "
-                    "interval (default 2000; 0: none)")  # fmt: skip
-    ap.add_argument("--codecs", default=None, help="compare uplink codecs instead of K "
-                    "(ids,raw,k-sqs,c-sqs,cu-hlm; apps/bench/edge_codecs.py)")  # fmt: skip
+    ap.add_argument(
+        "--plot",
+        help="write latency-vs-K per link here (.html); with --codecs: "
+        "K-SQS vs C-SQS ms/token and resampling rate vs temperature",
+    )
+    ap.add_argument(
+        "--link-clock",
+        choices=("sleep", "virtual"),
+        default="sleep",
+        help="sleep: the link's waits are slept for real (default); virtual: they are "
+        "added to the measured time instead of slept (same per-round times, the "
+        "edge loop being serial; about 10x faster on slow links, so many more "
+        "rounds fit in a run)",
+    )
+    ap.add_argument(
+        "--bootstrap",
+        type=int,
+        default=2000,
+        help="bootstrap resamples of the prompts for the adaptive-vs-best-fixed-K "
+        "interval (default 2000; 0: none)",
+    )
+    ap.add_argument(
+        "--codecs",
+        default=None,
+        help="compare uplink codecs instead of K "
+        "(ids,raw,k-sqs,c-sqs,cu-hlm; apps/bench/edge_codecs.py)",
+    )
     return ap
 
 
@@ -76,8 +98,10 @@ def check_args(a: argparse.Namespace) -> tuple[list[str], list[float], dict | No
     from runtime.edge.cli_args import check_bit_budget
 
     for t in temps:  # --bit-budget: SQS §4's, for k-sqs / c-sqs only
-        check_bit_budget(argparse.Namespace(**{**vars(a), "temp": t}),
-                         tuple(a.codecs.split(",")) if a.codecs else None)  # fmt: skip
+        check_bit_budget(
+            argparse.Namespace(**{**vars(a), "temp": t}),
+            tuple(a.codecs.split(",")) if a.codecs else None,
+        )
     params, skips = None, {}
     if not a.codecs:  # --codec (and its flags) hold for every temperature: check each, once
         from runtime.edge.cli_args import codec_params, skip_rule_from
@@ -116,8 +140,11 @@ def bench(a: argparse.Namespace) -> dict:
     recs = load_prompts(a.prompts, limit=a.limit)
     prompts = [pair.tokenizer.encode(r["turns"][0]) for r in recs]
     eos = pair.target.config.eos_token_ids
-    methods = [("cloud-only", 0, 1)] + [(f"k{k}", k, 1) for k in FIXED_K] + [
-        ("adaptive", None, 1), ("adaptive-k0", None, 0)]  # fmt: skip
+    methods = (
+        [("cloud-only", 0, 1)]
+        + [(f"k{k}", k, 1) for k in FIXED_K]
+        + [("adaptive", None, 1), ("adaptive-k0", None, 0)]
+    )
     local, host, port, token = verifier(a, pair)
     runs = []
     try:
@@ -134,32 +161,66 @@ def bench(a: argparse.Namespace) -> dict:
                     for name, k, k_min in order:
 
                         def factory(link=link, i=i):
-                            return Connection(host, port, token,
-                                              link=emulator(link, a.link_seed + i,
-                                                            a.link_clock == "virtual"))  # fmt: skip
+                            return Connection(
+                                host,
+                                port,
+                                token,
+                                link=emulator(link, a.link_seed + i, a.link_clock == "virtual"),
+                            )
 
-                        toks, wall, edge = one_run(factory, pair.draft, prompt, a.max_tokens,
-                                                   Sampling(temp, a.top_p), a.seed + i, k, eos,
-                                                   a.codec, params, skips.get(temp),
-                                                   pair.target, k_min=k_min)  # fmt: skip
+                        toks, wall, edge = one_run(
+                            factory,
+                            pair.draft,
+                            prompt,
+                            a.max_tokens,
+                            Sampling(temp, a.top_p),
+                            a.seed + i,
+                            k,
+                            eos,
+                            a.codec,
+                            params,
+                            skips.get(temp),
+                            pair.target,
+                            k_min=k_min,
+                        )
                         acc = sum(edge["accepted"]) / max(1, sum(edge["k"]))
-                        runs.append({"temp": temp, "top_p": a.top_p, "link": link,
-                                     "prompt": i, "method": name,
-                                     "codec": a.codec or ("ids" if temp == 0 else "raw"),
-                                     "k": k, "tokens": len(toks), "wall_s": wall,
-                                     "mean_k": edge["mean_k"], "acceptance": acc,
-                                     "bytes_up": sum(edge["bytes_up"]),
-                                     "bytes_down": sum(edge["bytes_down"]), "ids": toks,
-                                     "lossy": "skip" in edge, "skip": edge.get("skip")})  # fmt: skip
-                        print(f"T={temp:g} {link:<9} prompt {i} {name:<11} {len(toks)} tok "
-                              f"{wall / max(1, len(toks)) * 1e3:8.1f} ms/tok  mean K "
-                              f"{edge['mean_k']:.2f}", file=sys.stderr, flush=True)  # fmt: skip
+                        runs.append(
+                            {
+                                "temp": temp,
+                                "top_p": a.top_p,
+                                "link": link,
+                                "prompt": i,
+                                "method": name,
+                                "codec": a.codec or ("ids" if temp == 0 else "raw"),
+                                "k": k,
+                                "tokens": len(toks),
+                                "wall_s": wall,
+                                "mean_k": edge["mean_k"],
+                                "acceptance": acc,
+                                "bytes_up": sum(edge["bytes_up"]),
+                                "bytes_down": sum(edge["bytes_down"]),
+                                "ids": toks,
+                                "lossy": "skip" in edge,
+                                "skip": edge.get("skip"),
+                            }
+                        )
+                        print(
+                            f"T={temp:g} {link:<9} prompt {i} {name:<11} {len(toks)} tok "
+                            f"{wall / max(1, len(toks)) * 1e3:8.1f} ms/tok  mean K "
+                            f"{edge['mean_k']:.2f}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
     finally:
         if local is not None:
             local.stop()
-    return {"runs": runs, "summary": summarize(runs), "settings": pair.settings,
-            "adaptive_vs_fixed": adaptive_vs_fixed(runs, a.bootstrap, a.seed),
-            "link_clock": a.link_clock}  # fmt: skip
+    return {
+        "runs": runs,
+        "summary": summarize(runs),
+        "settings": pair.settings,
+        "adaptive_vs_fixed": adaptive_vs_fixed(runs, a.bootstrap, a.seed),
+        "link_clock": a.link_clock,
+    }
 
 
 def summarize(runs: list[dict]) -> list[dict]:
@@ -249,19 +310,26 @@ def plot_html(summary: list[dict], path: str) -> None:
         parts.append(f'<text x="{x(k)}" y="{H - P + 16}" text-anchor="middle">{k}</text>')
     for j, (temp, link) in enumerate(series):
         c = colors[j % len(colors)]
-        pts = {0 if s["method"] == "cloud-only" else int(s["method"][1:]): s["ms_per_token"]
-               for s in summary if (s["temp"], s["link"]) == (temp, link) and not s["method"].startswith("adaptive")}  # fmt: skip
+        pts = {
+            0 if s["method"] == "cloud-only" else int(s["method"][1:]): s["ms_per_token"]
+            for s in summary
+            if (s["temp"], s["link"]) == (temp, link) and not s["method"].startswith("adaptive")
+        }
         line = " ".join(f"{x(k):.1f},{y(v):.1f}" for k, v in sorted(pts.items()))
         parts.append(f'<polyline points="{line}" fill="none" stroke="{c}" stroke-width="2"/>')
         ad = [s for s in summary if (s["temp"], s["link"], s["method"]) == (temp, link, "adaptive")]
         if ad:
             v = y(ad[0]["ms_per_token"])
-            parts.append(f'<line x1="{P}" y1="{v:.1f}" x2="{W - P}" y2="{v:.1f}" stroke="{c}" '
-                         'stroke-dasharray="5,4"/>')  # fmt: skip
+            parts.append(
+                f'<line x1="{P}" y1="{v:.1f}" x2="{W - P}" y2="{v:.1f}" stroke="{c}" '
+                'stroke-dasharray="5,4"/>'
+            )
         parts.append(f'<text x="{W - P + 4}" y="{P + 16 * j}" fill="{c}">{link} T={temp:g}</text>')
     svg = f'<svg xmlns="http://www.w3.org/2000/svg" width="{W + 90}" height="{H}">{"".join(parts)}</svg>'
-    html = ("<!doctype html><meta charset=utf-8><title>FlexSpec latency vs K</title>"
-            "<h3>Latency per token vs K per link (dashed: adaptive K*)</h3>" + svg)  # fmt: skip
+    html = (
+        "<!doctype html><meta charset=utf-8><title>FlexSpec latency vs K</title>"
+        "<h3>Latency per token vs K per link (dashed: adaptive K*)</h3>" + svg
+    )
     with open(path, "w") as f:
         f.write(html)
 
@@ -284,28 +352,42 @@ def main(argv: list[str] | None = None) -> int:
             plot_crossover(res["summary"], a.plot)
         print_table(res["summary"])
         if a.link_clock == "virtual":
-            print("link waits on a virtual clock (--link-clock virtual): compute measured, link "
-                  "time emulated and added, not slept")  # fmt: skip
+            print(
+                "link waits on a virtual clock (--link-clock virtual): compute measured, link "
+                "time emulated and added, not slept"
+            )
         return 0
     if a.out_json:
         with open(a.out_json, "w") as f:
             json.dump(res, f, indent=1)
     if a.plot:
         plot_html(res["summary"], a.plot)
-    print(f"{'T':>3} {'link':<9} {'method':<11} {'ms/tok':>8} {'speedup':>8} {'mean K':>7} "
-          f"{'up B/tok':>9} {'down B/tok':>10} {'accept':>7}")  # fmt: skip
+    print(
+        f"{'T':>3} {'link':<9} {'method':<11} {'ms/tok':>8} {'speedup':>8} {'mean K':>7} "
+        f"{'up B/tok':>9} {'down B/tok':>10} {'accept':>7}"
+    )
     for s in res["summary"]:
-        print(f"{s['temp']:>3g} {s['link']:<9} {s['method']:<11} {s['ms_per_token']:>8.1f} "
-              f"{s['speedup']:>8.2f} {s['mean_k']:>7.2f} {s['bytes_up_per_token']:>9.1f} "
-              f"{s['bytes_down_per_token']:>10.1f} {s['acceptance']:>7.2f}"
-              + (f"  LOSSY skip {s['skip_rate']:.2f} R {s.get('measured_risk', float('nan')):.4f}"
-                 if s["lossy"] else ""))  # fmt: skip
+        print(
+            f"{s['temp']:>3g} {s['link']:<9} {s['method']:<11} {s['ms_per_token']:>8.1f} "
+            f"{s['speedup']:>8.2f} {s['mean_k']:>7.2f} {s['bytes_up_per_token']:>9.1f} "
+            f"{s['bytes_down_per_token']:>10.1f} {s['acceptance']:>7.2f}"
+            + (
+                f"  LOSSY skip {s['skip_rate']:.2f} R {s.get('measured_risk', float('nan')):.4f}"
+                if s["lossy"]
+                else ""
+            )
+        )
     for r in res["adaptive_vs_fixed"]:
         ci = r.get("ci95")
-        print(f"T={r['temp']:g} {r['link']}: {r['method']} / best fixed ({r['best_fixed']}) "
-              f"= {r['ratio']:.3f}" + (f", 95 % CI [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
-              + f" over {r['prompts']} prompts, {r['tokens']} tokens")  # fmt: skip
+        print(
+            f"T={r['temp']:g} {r['link']}: {r['method']} / best fixed ({r['best_fixed']}) "
+            f"= {r['ratio']:.3f}"
+            + (f", 95 % CI [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+            + f" over {r['prompts']} prompts, {r['tokens']} tokens"
+        )
     if res["link_clock"] == "virtual":
-        print("link waits on a virtual clock (--link-clock virtual): compute measured, link "
-              "time emulated and added, not slept")  # fmt: skip
+        print(
+            "link waits on a virtual clock (--link-clock virtual): compute measured, link "
+            "time emulated and added, not slept"
+        )
     return 0

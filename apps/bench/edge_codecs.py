@@ -35,15 +35,43 @@ EDGE_KEYS = ("total_draft_s", "total_uplink_s", "total_cloud_s", "total_downlink
 SKIP = "cu-hlm+skip"  # --skip: cu-hlm with CU-HLM's LOSSY skipping (runtime/edge/skip.py)
 
 
-def one_run(factory, draft, prompt, n, sampling, seed, codec, params, eos, skip=None, target=None,
-            k=None, k_max=8, bit_budget=None):  # fmt: skip
+def one_run(
+    factory,
+    draft,
+    prompt,
+    n,
+    sampling,
+    seed,
+    codec,
+    params,
+    eos,
+    skip=None,
+    target=None,
+    k=None,
+    k_max=8,
+    bit_budget=None,
+):
     """(tokens, wall seconds, edge summary) of one flexspec run with `codec`: adaptive K*, a
     fixed K (`k`: `--k` with `--codecs`, e.g. to compare acceptance at equal K), or with
     `bit_budget` SQS §4's budget-set round length capped by k (else k_max)."""
     from apps.bench.edge_run import one_run as edge_run
 
-    return edge_run(factory, draft, prompt, n, sampling, seed, k, eos, codec, params, skip,
-                    target, k_max, bit_budget)  # fmt: skip
+    return edge_run(
+        factory,
+        draft,
+        prompt,
+        n,
+        sampling,
+        seed,
+        k,
+        eos,
+        codec,
+        params,
+        skip,
+        target,
+        k_max,
+        bit_budget,
+    )
 
 
 def run_codecs(a, pair, prompts, host, port, token, links, temps) -> list[dict]:
@@ -72,32 +100,64 @@ def run_codecs(a, pair, prompts, host, port, token, links, temps) -> list[dict]:
                     }
 
                     def factory(link=link, i=i):
-                        return Connection(host, port, token,
-                                          link=emulator(link, a.link_seed + i,
-                                                        a.link_clock == "virtual"))  # fmt: skip
+                        return Connection(
+                            host,
+                            port,
+                            token,
+                            link=emulator(link, a.link_seed + i, a.link_clock == "virtual"),
+                        )
 
-                    toks, wall, e = one_run(factory, pair.draft, prompt, a.max_tokens, Sampling(temp, a.top_p),
-                                            a.seed + i, name.removesuffix("+skip"), params or None,
-                                            eos, rule if name == SKIP else None, pair.target,
-                                            a.k, a.k_max, budget)  # fmt: skip
+                    toks, wall, e = one_run(
+                        factory,
+                        pair.draft,
+                        prompt,
+                        a.max_tokens,
+                        Sampling(temp, a.top_p),
+                        a.seed + i,
+                        name.removesuffix("+skip"),
+                        params or None,
+                        eos,
+                        rule if name == SKIP else None,
+                        pair.target,
+                        a.k,
+                        a.k_max,
+                        budget,
+                    )
                     drafted = sum(e["k"]) or 1
                     heads = VERIFY_HEAD * e["sent_rounds"]
                     mb = [b for b in e["model_bits"] if b is not None]
-                    runs.append({
-                        "temp": temp, "link": link, "prompt": i, "codec": name,
-                        "tokens": len(toks), "wall_s": wall, "drafted": sum(e["k"]),
-                        "accepted": sum(e["accepted"]), "rounds": e["rounds"],
-                        "rejected_rounds": sum(1 for k, x in zip(e["k"], e["accepted"], strict=True) if x < k),
-                        "bytes_up": sum(e["bytes_up"]), "payload_bytes": sum(e["bytes_up"]) - heads,
-                        "model_bits": sum(mb) if mb else None, "mean_k": e["mean_k"],
-                        "max_body_bits": max(e["body_bits"]) if e.get("body_bits") else None,
-                        "codec_stats": e.get("codec_stats"), "lossy": "skip" in e,
-                        "skip": e.get("skip"), "edge": {key: e[key] for key in EDGE_KEYS},
-                    })  # fmt: skip
-                    print(f"T={temp:g} {link:<9} prompt {i} {name:<7} {len(toks)} tok "
-                          f"{wall / max(1, len(toks)) * 1e3:8.1f} ms/tok  mean K {e['mean_k']:.2f}  "
-                          f"{8 * sum(e['bytes_up']) / drafted:9.0f} up bits/draft",
-                          file=sys.stderr, flush=True)  # fmt: skip
+                    runs.append(
+                        {
+                            "temp": temp,
+                            "link": link,
+                            "prompt": i,
+                            "codec": name,
+                            "tokens": len(toks),
+                            "wall_s": wall,
+                            "drafted": sum(e["k"]),
+                            "accepted": sum(e["accepted"]),
+                            "rounds": e["rounds"],
+                            "rejected_rounds": sum(
+                                1 for k, x in zip(e["k"], e["accepted"], strict=True) if x < k
+                            ),
+                            "bytes_up": sum(e["bytes_up"]),
+                            "payload_bytes": sum(e["bytes_up"]) - heads,
+                            "model_bits": sum(mb) if mb else None,
+                            "mean_k": e["mean_k"],
+                            "max_body_bits": max(e["body_bits"]) if e.get("body_bits") else None,
+                            "codec_stats": e.get("codec_stats"),
+                            "lossy": "skip" in e,
+                            "skip": e.get("skip"),
+                            "edge": {key: e[key] for key in EDGE_KEYS},
+                        }
+                    )
+                    print(
+                        f"T={temp:g} {link:<9} prompt {i} {name:<7} {len(toks)} tok "
+                        f"{wall / max(1, len(toks)) * 1e3:8.1f} ms/tok  mean K {e['mean_k']:.2f}  "
+                        f"{8 * sum(e['bytes_up']) / drafted:9.0f} up bits/draft",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     return runs
 
 
@@ -108,20 +168,31 @@ def summarize(runs: list[dict]) -> list[dict]:
         rs = [r for r in runs if (r["temp"], r["link"], r["codec"]) == key]
         d = sum(r["drafted"] for r in rs) or 1
         mb = [r["model_bits"] for r in rs]
-        out.append({
-            "temp": key[0], "link": key[1], "codec": key[2],
-            "up_bits_per_draft": 8 * sum(r["bytes_up"] for r in rs) / d,
-            "up_bits_per_token": 8 * sum(r["bytes_up"] for r in rs) / max(1, sum(r["tokens"] for r in rs)),
-            "payload_bits_per_draft": 8 * sum(r["payload_bytes"] for r in rs) / d,
-            "model_bits_per_draft": sum(mb) / d if None not in mb else None,
-            "acceptance": sum(r["accepted"] for r in rs) / d,
-            "resample_rate": sum(r["rejected_rounds"] for r in rs) / max(1, sum(r["rounds"] for r in rs)),
-            "ms_per_token": 1e3 * sum(r["wall_s"] for r in rs) / max(1, sum(r["tokens"] for r in rs)),
-            "mean_k": sum(r["mean_k"] for r in rs) / len(rs),
-            "theorem2_met": [r["codec_stats"]["theorem2_met"] for r in rs if r.get("codec_stats")],
-            "lossy": any(r["lossy"] for r in rs),
-            "split_ms_per_round": split_per_round(rs),
-        })  # fmt: skip
+        out.append(
+            {
+                "temp": key[0],
+                "link": key[1],
+                "codec": key[2],
+                "up_bits_per_draft": 8 * sum(r["bytes_up"] for r in rs) / d,
+                "up_bits_per_token": 8
+                * sum(r["bytes_up"] for r in rs)
+                / max(1, sum(r["tokens"] for r in rs)),
+                "payload_bits_per_draft": 8 * sum(r["payload_bytes"] for r in rs) / d,
+                "model_bits_per_draft": sum(mb) / d if None not in mb else None,
+                "acceptance": sum(r["accepted"] for r in rs) / d,
+                "resample_rate": sum(r["rejected_rounds"] for r in rs)
+                / max(1, sum(r["rounds"] for r in rs)),
+                "ms_per_token": 1e3
+                * sum(r["wall_s"] for r in rs)
+                / max(1, sum(r["tokens"] for r in rs)),
+                "mean_k": sum(r["mean_k"] for r in rs) / len(rs),
+                "theorem2_met": [
+                    r["codec_stats"]["theorem2_met"] for r in rs if r.get("codec_stats")
+                ],
+                "lossy": any(r["lossy"] for r in rs),
+                "split_ms_per_round": split_per_round(rs),
+            }
+        )
         if out[-1]["lossy"]:
             from apps.bench.edge_run import skip_totals
 
@@ -141,8 +212,10 @@ def summarize(runs: list[dict]) -> list[dict]:
 def split_per_round(rs: list[dict]) -> dict:
     """Mean ms per sent round spent drafting, on the uplink, in the cloud and on the downlink."""
     n = sum(r["edge"]["sent_rounds"] for r in rs) or 1
-    return {k: 1e3 * sum(r["edge"][f"total_{k}_s"] for r in rs) / n
-            for k in ("draft", "uplink", "cloud", "downlink")}  # fmt: skip
+    return {
+        k: 1e3 * sum(r["edge"][f"total_{k}_s"] for r in rs) / n
+        for k in ("draft", "uplink", "cloud", "downlink")
+    }
 
 
 def plot_crossover(summary: list[dict], path: str, note: str = "") -> None:
@@ -154,8 +227,10 @@ def plot_crossover(summary: list[dict], path: str, note: str = "") -> None:
     panels = [_panel(rows, "ms_per_token", "ms per token"),
               _panel(rows, "resample_rate", "resampling rate (rounds with a rejection)")]  # fmt: skip
     with open(path, "w") as f:
-        f.write("<!doctype html><meta charset=utf-8><title>K-SQS vs C-SQS latency</title>"
-                f"<h3>{note}vs temperature: K-SQS solid, C-SQS dashed</h3>" + "<br>".join(panels))  # fmt: skip
+        f.write(
+            "<!doctype html><meta charset=utf-8><title>K-SQS vs C-SQS latency</title>"
+            f"<h3>{note}vs temperature: K-SQS solid, C-SQS dashed</h3>" + "<br>".join(panels)
+        )
 
 
 def _panel(rows: list[dict], key: str, label: str) -> str:
@@ -181,23 +256,33 @@ def _panel(rows: list[dict], key: str, label: str) -> str:
                 (s["temp"], s[key]) for s in rows if (s["link"], s["codec"]) == (link, codec)
             )
             line = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in pts)
-            parts.append(f'<polyline points="{line}" fill="none" stroke="{colors[j % 4]}" '
-                         f'stroke-width="2"{dash}/>')  # fmt: skip
+            parts.append(
+                f'<polyline points="{line}" fill="none" stroke="{colors[j % 4]}" '
+                f'stroke-width="2"{dash}/>'
+            )
         parts.append(f'<text x="{W - P + 4}" y="{P + 16 * j}" fill="{colors[j % 4]}">{link}</text>')
     return f'<svg xmlns="http://www.w3.org/2000/svg" width="{W + 90}" height="{H}">{"".join(parts)}</svg>'
 
 
 def print_table(summary: list[dict]) -> None:
-    print(f"{'T':>4} {'link':<9} {'codec':<7} {'up b/draft':>10} {'payload b':>10} {'model b':>9} "
-          f"{'vs raw':>7} {'accept':>7} {'Δacc':>6} {'resample':>8} {'ms/tok':>8} {'×raw':>5} "
-          f"{'up b/tok':>8} {'mean K':>6}")  # fmt: skip
+    print(
+        f"{'T':>4} {'link':<9} {'codec':<7} {'up b/draft':>10} {'payload b':>10} {'model b':>9} "
+        f"{'vs raw':>7} {'accept':>7} {'Δacc':>6} {'resample':>8} {'ms/tok':>8} {'×raw':>5} "
+        f"{'up b/tok':>8} {'mean K':>6}"
+    )
     f = lambda v, fmt: format(v, fmt) if v is not None else "-"  # noqa: E731
     for s in summary:
-        print(f"{s['temp']:>4g} {s['link']:<9} {s['codec']:<7} {s['up_bits_per_draft']:>10.0f} "
-              f"{s['payload_bits_per_draft']:>10.0f} {f(s['model_bits_per_draft'], '9.0f'):>9} "
-              f"{f(s['bits_vs_raw'], '7.3f'):>7} {s['acceptance']:>7.3f} "
-              f"{f(s['acceptance_vs_raw'], '+6.3f'):>6} {s['resample_rate']:>8.2f} "
-              f"{s['ms_per_token']:>8.1f} {f(s['speedup_vs_raw'], '5.2f'):>5} "
-              f"{s['up_bits_per_token']:>8.0f} {s['mean_k']:>6.2f}"
-              + (f"  LOSSY skip {s['skip_rate']:.2f} R {s.get('measured_risk', float('nan')):.4f}"
-                 f" (Thm 1 bound {s['theorem1_bound']:.3f})" if s["lossy"] else ""))  # fmt: skip
+        print(
+            f"{s['temp']:>4g} {s['link']:<9} {s['codec']:<7} {s['up_bits_per_draft']:>10.0f} "
+            f"{s['payload_bits_per_draft']:>10.0f} {f(s['model_bits_per_draft'], '9.0f'):>9} "
+            f"{f(s['bits_vs_raw'], '7.3f'):>7} {s['acceptance']:>7.3f} "
+            f"{f(s['acceptance_vs_raw'], '+6.3f'):>6} {s['resample_rate']:>8.2f} "
+            f"{s['ms_per_token']:>8.1f} {f(s['speedup_vs_raw'], '5.2f'):>5} "
+            f"{s['up_bits_per_token']:>8.0f} {s['mean_k']:>6.2f}"
+            + (
+                f"  LOSSY skip {s['skip_rate']:.2f} R {s.get('measured_risk', float('nan')):.4f}"
+                f" (Thm 1 bound {s['theorem1_bound']:.3f})"
+                if s["lossy"]
+                else ""
+            )
+        )

@@ -10,8 +10,23 @@ from __future__ import annotations
 import time
 
 
-def one_run(conn_factory, draft, prompt, n, sampling, seed, k, eos, codec=None, params=None,
-            skip=None, target=None, k_max=8, bit_budget=None, k_min=1):  # fmt: skip
+def one_run(
+    conn_factory,
+    draft,
+    prompt,
+    n,
+    sampling,
+    seed,
+    k,
+    eos,
+    codec=None,
+    params=None,
+    skip=None,
+    target=None,
+    k_max=8,
+    bit_budget=None,
+    k_min=1,
+):
     """(tokens, wall seconds, edge summary) of one flexspec generation; k None = adaptive (eq.
     (11) over [k_min, k_max]: k_min 0 lets it choose rounds that draft nothing).
     `codec` (and its `params`) is the uplink payload: --codec, or ids at T = 0 and raw above.
@@ -27,15 +42,22 @@ def one_run(conn_factory, draft, prompt, n, sampling, seed, k, eos, codec=None, 
     conn = conn_factory()  # (the codec is checked against every temperature before any run)
     try:
         events = []
-        options = {"conn": conn, "k": k, "k_max": k_max, "bit_budget": bit_budget,
-                   "controller": AdaptiveK(k_min=k_min) if k is None else None,
-                   "codec": codec or ("ids" if sampling.greedy else "raw"),
-                   "codec_params": params, "skip": skip}
+        options = {
+            "conn": conn,
+            "k": k,
+            "k_max": k_max,
+            "bit_budget": bit_budget,
+            "controller": AdaptiveK(k_min=k_min) if k is None else None,
+            "codec": codec or ("ids" if sampling.greedy else "raw"),
+            "codec_params": params,
+            "skip": skip,
+        }
         # the verifier holds the target: the draft stands in for its config; the skip audit
         # below runs after the timed run (summarize=False)
         pair = SimpleNamespace(target=draft, draft=draft, tokenizer=None)
-        session = GenerationSession(pair, method="flexspec", options=options, eos=eos,
-                                    summarize=False)
+        session = GenerationSession(
+            pair, method="flexspec", options=options, eos=eos, summarize=False
+        )
         t0, v0 = time.perf_counter(), getattr(conn.link, "virtual_s", 0.0)
         toks = []
         for r in session.stream(prompt, n, sampling=sampling, seed=seed):

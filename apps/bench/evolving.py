@@ -45,9 +45,11 @@ GENERIC = ROOT / "runtime/assets/default/draft"
 EVOLVING = ROOT / "runtime/assets/evolving"
 ANCHOR = EVOLVING / "anchor"
 FULL = ROOT / "out/evolving/full-stdlib-tests"
-FULL_CMD = ("python -m apps.train evolve --base runtime/assets/default/target --domain "
-            "stdlib-tests --full --out out/evolving/full-stdlib-tests --time-budget-min 4 "
-            "--threads 1 --steps 400")  # fmt: skip
+FULL_CMD = (
+    "python -m apps.train evolve --base runtime/assets/default/target --domain "
+    "stdlib-tests --full --out out/evolving/full-stdlib-tests --time-budget-min 4 "
+    "--threads 1 --steps 400"
+)
 
 
 def evolving_dir() -> Path:
@@ -84,23 +86,31 @@ class Setup:
 def setup(base: str | None, evolved: str | None, generic: str | None) -> Setup:
     """The embedded base and its committed folder, or a named / local base with its own."""
     if base is None:
-        return Setup(BASE, Path(evolved) if evolved else EVOLVING,
-                     Path(generic) if generic else GENERIC, FULL_CMD)  # fmt: skip
+        return Setup(
+            BASE,
+            Path(evolved) if evolved else EVOLVING,
+            Path(generic) if generic else GENERIC,
+            FULL_CMD,
+        )
     from runtime.load import resolve
 
     bdir = resolve(base, "base")
     name = base if not Path(base).expanduser().exists() else bdir.name
     ev = Path(evolved).expanduser() if evolved else evolving_dir() / name
-    full_cmd = (f"python -m apps.train evolve --base {bdir} --domain stdlib-tests --full --out "
-                f"{ev}/full-stdlib-tests --lr 1e-4 --threads 2 --steps 45 --warmup 5")  # fmt: skip
+    full_cmd = (
+        f"python -m apps.train evolve --base {bdir} --domain stdlib-tests --full --out "
+        f"{ev}/full-stdlib-tests --lr 1e-4 --threads 2 --steps 45 --warmup 5"
+    )
     if generic:
         gen = Path(generic).expanduser()
     else:
         found = sorted(ev.glob("generic*"))
         if not found:
-            raise DuetError(f"no generic draft in {ev} (a generic*/ folder); pass --generic DIR, "
-                            f"or build the folder: `python -m apps.bench evolving --help` ends "
-                            f"with the commands")  # fmt: skip
+            raise DuetError(
+                f"no generic draft in {ev} (a generic*/ folder); pass --generic DIR, "
+                f"or build the folder: `python -m apps.bench evolving --help` ends "
+                f"with the commands"
+            )
         gen = found[0]
     return Setup(bdir, ev, gen, full_cmd)
 
@@ -154,8 +164,16 @@ def acceptance(pair, prompts, temp: float, max_new: int, gamma: int) -> float:
     acc = drafted = 0
     for i, ids in enumerate(prompts):
         stats = RunStats()
-        steps = make_steps("sd", pair.target, pair.draft, ids, max_new=max_new,
-                           sampling=Sampling(temp), seed=i, gamma=gamma)  # fmt: skip
+        steps = make_steps(
+            "sd",
+            pair.target,
+            pair.draft,
+            ids,
+            max_new=max_new,
+            sampling=Sampling(temp),
+            seed=i,
+            gamma=gamma,
+        )
         for _ in stream(steps, max_new=max_new, stats=stats):
             pass
         acc += sum(stats.accepted)
@@ -166,8 +184,10 @@ def acceptance(pair, prompts, temp: float, max_new: int, gamma: int) -> float:
 def run(a: argparse.Namespace) -> dict:
     s = setup(a.base, a.evolved, a.generic)
     if not (s.anchor / "anchor.json").is_file():
-        raise DuetError(f"no anchor draft at {s.anchor}; train it with python -m apps.train "
-                        f"anchor --base {a.base or BASE.relative_to(ROOT)} --out {s.anchor}")  # fmt: skip
+        raise DuetError(
+            f"no anchor draft at {s.anchor}; train it with python -m apps.train "
+            f"anchor --base {a.base or BASE.relative_to(ROOT)} --out {s.anchor}"
+        )
     if not (s.generic / "config.json").is_file():
         raise DuetError(f"--generic {s.generic}: not a checkpoint directory (no config.json)")
     from apps.bench.evolving_e2e import Verifiers
@@ -180,14 +200,17 @@ def run(a: argparse.Namespace) -> dict:
         from runtime.drafts.head.torch import head_sidecar
 
         if not (head_sidecar(s.base) / "head.json").is_file():
-            raise DuetError(f"--head: {s.base} has no fitted head ({head_sidecar(s.base)}); "
-                            f"fit one with python -m apps.train eagle --help")  # fmt: skip
+            raise DuetError(
+                f"--head: {s.base} has no fitted head ({head_sidecar(s.base)}); "
+                f"fit one with python -m apps.train eagle --help"
+            )
         drafts["head"] = "head"
     if a.drafts:
         want = a.drafts.split(",")
         if unknown := [d for d in want if d not in drafts]:
-            raise DuetError(f"--drafts {','.join(unknown)}: not found; this run has "
-                            f"{', '.join(drafts)}")  # fmt: skip
+            raise DuetError(
+                f"--drafts {','.join(unknown)}: not found; this run has {', '.join(drafts)}"
+            )
         drafts = {d: drafts[d] for d in want}
     rows, t0 = [], time.monotonic()
     tlist = targets(s, not a.no_controls)
@@ -216,10 +239,16 @@ def target_rows(a: argparse.Namespace, t: dict, drafts: dict, verifiers, base: P
     prompts = None
     for dname, dpath in drafts.items():
         head = dpath == "head"  # the base's head, PyTorch: it reads this target's own weights
-        pair = load_pair(str(t["dir"]), str(dpath), need_draft=True, target_backend="torch",
-                         adapter=str(t["adapter"]) if t["adapter"] else None,
-                         target_threads=a.threads, heads_from=base if head else None,
-                         draft_backend="torch" if head else None)  # fmt: skip
+        pair = load_pair(
+            str(t["dir"]),
+            str(dpath),
+            need_draft=True,
+            target_backend="torch",
+            adapter=str(t["adapter"]) if t["adapter"] else None,
+            target_threads=a.threads,
+            heads_from=base if head else None,
+            draft_backend="torch" if head else None,
+        )
         if prompts is None:
             prompts = domain_prompts(t["domain"], pair.tokenizer, a.prompts, a.prompt_tokens)
         row = {"draft": dname, "target": t["name"], "prompts": t["domain"]}
@@ -231,13 +260,25 @@ def target_rows(a: argparse.Namespace, t: dict, drafts: dict, verifiers, base: P
         elif head:
             row["ms_per_token_reason"] = "the head drafts from the target's features: no edge run"
         else:  # the verifier of t's base, the session naming t's adapter
-            row.update(ms_per_token(verifiers, Path(t["dir"]), t["adapter"].name if t["adapter"]
-                                    else "", pair.draft, prompts, link=a.link,
-                                    max_new=a.max_tokens, k=a.k,
-                                    eos=pair.target.config.eos_token_ids))  # fmt: skip
-        print(f"{dname:8s} {t['name']:22s} {t['domain']:13s} greedy {row['acceptance_greedy']:.3f} "
-              f"T=1 {row['acceptance_t1']:.3f} e2e {row['ms_per_token']} ms/tok", file=sys.stderr,
-              flush=True)  # fmt: skip
+            row.update(
+                ms_per_token(
+                    verifiers,
+                    Path(t["dir"]),
+                    t["adapter"].name if t["adapter"] else "",
+                    pair.draft,
+                    prompts,
+                    link=a.link,
+                    max_new=a.max_tokens,
+                    k=a.k,
+                    eos=pair.target.config.eos_token_ids,
+                )
+            )
+        print(
+            f"{dname:8s} {t['name']:22s} {t['domain']:13s} greedy {row['acceptance_greedy']:.3f} "
+            f"T=1 {row['acceptance_t1']:.3f} e2e {row['ms_per_token']} ms/tok",
+            file=sys.stderr,
+            flush=True,
+        )
         yield row
 
 
@@ -255,25 +296,36 @@ def summary(rows: list[dict]) -> list[str]:
             ctl = ""
             if same and same[key]:
                 ctl = f"; base on {r['prompts']} prompts {same[key]:.3f} ({100 * r[key] / same[key]:.0f} %)"
-            lines.append(f"{key} {r['draft']:8s} {r['target']:22s} {r[key]:.3f} = "
-                         f"{pct} of its base {base:.3f}{ctl}")  # fmt: skip
+            lines.append(
+                f"{key} {r['draft']:8s} {r['target']:22s} {r[key]:.3f} = "
+                f"{pct} of its base {base:.3f}{ctl}"
+            )
     return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m apps.bench evolving", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="A real base's evolved folder (SmolLM2 shown; then run "
-                                 "with --base NAME --head):\n" + REAL_RECIPE.format(
-                                     name="smollm2-135m-instruct", last=29,
-                                     evolved=evolving_dir() / "smollm2-135m-instruct"))  # fmt: skip
-    ap.add_argument("--base", default=None,
-                    help="base target: a checkpoint or a known model's name (default: the "
-                         "embedded target)")  # fmt: skip
-    ap.add_argument("--evolved", default=None,
-                    help="folder of the evolved targets (lora-*/, full-*/) and the anchor "
-                         "(anchor/) (default: runtime/assets/evolving for the embedded base, "
-                         f"{evolving_dir()}/NAME otherwise)")  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.bench evolving",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="A real base's evolved folder (SmolLM2 shown; then run "
+        "with --base NAME --head):\n"
+        + REAL_RECIPE.format(
+            name="smollm2-135m-instruct", last=29, evolved=evolving_dir() / "smollm2-135m-instruct"
+        ),
+    )
+    ap.add_argument(
+        "--base",
+        default=None,
+        help="base target: a checkpoint or a known model's name (default: the embedded target)",
+    )
+    ap.add_argument(
+        "--evolved",
+        default=None,
+        help="folder of the evolved targets (lora-*/, full-*/) and the anchor "
+        "(anchor/) (default: runtime/assets/evolving for the embedded base, "
+        f"{evolving_dir()}/NAME otherwise)",
+    )
     ap.add_argument(
         "--generic",
         default=None,
@@ -284,21 +336,34 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="add the base's fitted feature-level head (acceptance only)",
     )
-    ap.add_argument("--drafts", default=None,
-                    help="comma-separated drafts to run, of generic, anchor, anchor-*, head "
-                         "(default: every one found)")  # fmt: skip
+    ap.add_argument(
+        "--drafts",
+        default=None,
+        help="comma-separated drafts to run, of generic, anchor, anchor-*, head "
+        "(default: every one found)",
+    )
     ap.add_argument("--prompts", type=int, default=10, help="held-out prompts per target (10)")
     ap.add_argument("--prompt-tokens", type=int, default=48, help="tokens per prompt (48)")
     ap.add_argument("--max-tokens", type=int, default=48, help="new tokens per prompt (48)")
     ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step (4)")
     ap.add_argument("--threads", type=int, default=1, help="PyTorch target threads (1)")
-    ap.add_argument("--link", default="4g",
-                    help="named link of the end-to-end flexspec column: 5g, 4g, wifi-weak, none "
-                         "(default 4g; its time is emulated on a virtual clock)")  # fmt: skip
-    ap.add_argument("--k", type=int, default=None,
-                    help="end-to-end: fixed draft length K (default adaptive K*, eq. 11)")  # fmt: skip
-    ap.add_argument("--no-controls", action="store_true",
-                    help="skip the base target on each evolved domain's prompts")  # fmt: skip
+    ap.add_argument(
+        "--link",
+        default="4g",
+        help="named link of the end-to-end flexspec column: 5g, 4g, wifi-weak, none "
+        "(default 4g; its time is emulated on a virtual clock)",
+    )
+    ap.add_argument(
+        "--k",
+        type=int,
+        default=None,
+        help="end-to-end: fixed draft length K (default adaptive K*, eq. 11)",
+    )
+    ap.add_argument(
+        "--no-controls",
+        action="store_true",
+        help="skip the base target on each evolved domain's prompts",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     return ap
 
@@ -318,13 +383,20 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(res))
         return 0
-    print(f"{'draft':8s} {'target':22s} {'prompts':13s} {'acc greedy':>10s} {'acc T=1':>8s}  "
-          f"ms/token ({a.link}: emulated link time + measured compute)")  # fmt: skip
+    print(
+        f"{'draft':8s} {'target':22s} {'prompts':13s} {'acc greedy':>10s} {'acc T=1':>8s}  "
+        f"ms/token ({a.link}: emulated link time + measured compute)"
+    )
     for r in res["rows"]:
-        e2e = (f"{r['ms_per_token']:8.1f} (link {r['link_ms_per_token']:.1f})"
-               if r["ms_per_token"] is not None else f"null ({r['ms_per_token_reason']})")  # fmt: skip
-        print(f"{r['draft']:8s} {r['target']:22s} {r['prompts']:13s} {r['acceptance_greedy']:10.3f} "
-              f"{r['acceptance_t1']:8.3f}  {e2e}")  # fmt: skip
+        e2e = (
+            f"{r['ms_per_token']:8.1f} (link {r['link_ms_per_token']:.1f})"
+            if r["ms_per_token"] is not None
+            else f"null ({r['ms_per_token_reason']})"
+        )
+        print(
+            f"{r['draft']:8s} {r['target']:22s} {r['prompts']:13s} {r['acceptance_greedy']:10.3f} "
+            f"{r['acceptance_t1']:8.3f}  {e2e}"
+        )
     print("\n".join(summary(res["rows"])))
     return 0
 

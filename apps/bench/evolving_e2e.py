@@ -39,8 +39,9 @@ class Verifiers:
             extra = ["--target-threads", str(self.threads)]
             for name, d in self.adapters.get(base, {}).items():
                 extra += ["--adapter", f"{name}={d}"]
-            self.running[base] = LocalVerifier(base, target_backend="torch",
-                                               extra_args=tuple(extra))  # fmt: skip
+            self.running[base] = LocalVerifier(
+                base, target_backend="torch", extra_args=tuple(extra)
+            )
         v = self.running[base]
         return v.host, v.port, v.token
 
@@ -50,8 +51,18 @@ class Verifiers:
         self.running.clear()
 
 
-def ms_per_token(verifiers: Verifiers, base: Path, adapter: str, draft, prompts, *, link: str,
-                 max_new: int, k: int | None, eos) -> dict:  # fmt: skip
+def ms_per_token(
+    verifiers: Verifiers,
+    base: Path,
+    adapter: str,
+    draft,
+    prompts,
+    *,
+    link: str,
+    max_new: int,
+    k: int | None,
+    eos,
+) -> dict:
     """{ms_per_token, link_ms_per_token, e2e_tokens, e2e_mean_k, e2e_acceptance} of greedy
     flexspec with `draft` against `base` (+ `adapter` by name, "" for the base) over `prompts`;
     like apps.bench edge, the clock runs from OPEN (the connection's HELLO is not counted)."""
@@ -81,7 +92,10 @@ def ms_per_token(verifiers: Verifiers, base: Path, adapter: str, draft, prompts,
         drafted, accepted = drafted + sum(edge["k"]), accepted + sum(edge["accepted"])
     if toks == 0:
         raise DuetError("flexspec produced no tokens (every prompt ended at once)")
-    return {"ms_per_token": round(1e3 * wall / toks, 2),
-            "link_ms_per_token": round(1e3 * link_s / toks, 2), "e2e_tokens": toks,
-            "e2e_mean_k": round(drafted / max(1, rounds), 2),
-            "e2e_acceptance": round(accepted / max(1, drafted), 4)}  # fmt: skip
+    return {
+        "ms_per_token": round(1e3 * wall / toks, 2),
+        "link_ms_per_token": round(1e3 * link_s / toks, 2),
+        "e2e_tokens": toks,
+        "e2e_mean_k": round(drafted / max(1, rounds), 2),
+        "e2e_acceptance": round(accepted / max(1, drafted), 4),
+    }

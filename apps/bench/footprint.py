@@ -32,15 +32,25 @@ PROMPTS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m apps.bench footprint", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.bench footprint",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--target", required=True, help="a known short name, directory or .gguf")
-    ap.add_argument("--backends", default="torch",
-                    help="Duet target backends to run, comma-separated (torch, mlx; default torch)")  # fmt: skip
+    ap.add_argument(
+        "--backends",
+        default="torch",
+        help="Duet target backends to run, comma-separated (torch, mlx; default torch)",
+    )
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     ap.add_argument("--max-tokens", type=int, default=96, help="new tokens per prompt (default 96)")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                    help="threads for every runner (default: all cores)")  # fmt: skip
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="threads for every runner (default: all cores)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one runner, print JSON
     ap.add_argument("--ids-file", help=argparse.SUPPRESS)  # internal: the prompts' token ids
@@ -49,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _chat_ids(tok, text: str) -> list[int]:
     if getattr(tok, "chat_template", None):
-        out = tok.apply_chat_template([{"role": "user", "content": text}],
-                                      add_generation_prompt=True, return_dict=True)  # fmt: skip
+        out = tok.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=True
+        )
         return list(out["input_ids"])
     return tok(text).input_ids
 
@@ -76,22 +87,29 @@ def worker(a: argparse.Namespace) -> dict:
 
         def answer(ids, n):
             with torch.inference_mode():
-                y = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
-                                   eos_token_id=eos, pad_token_id=model.generation_config.pad_token_id or 0)  # fmt: skip
+                y = model.generate(
+                    torch.tensor([ids]),
+                    max_new_tokens=n,
+                    do_sample=False,
+                    eos_token_id=eos,
+                    pad_token_id=model.generation_config.pad_token_id or 0,
+                )
             return y[0, len(ids) :].tolist()
     else:
         from runtime.decoding import Sampling, make_steps, stream
         from runtime.load import load_pair
 
         backend = a.worker.split(":")[1]
-        pair = load_pair(a.target, None, need_draft=False, target_backend=backend,
-                         target_threads=a.threads)  # fmt: skip
+        pair = load_pair(
+            a.target, None, need_draft=False, target_backend=backend, target_threads=a.threads
+        )
 
         eos = pair.target.config.eos_token_ids
 
         def answer(ids, n):
-            steps = make_steps("ar", pair.target, None, list(ids), max_new=n, sampling=Sampling(),
-                               seed=0)  # fmt: skip
+            steps = make_steps(
+                "ar", pair.target, None, list(ids), max_new=n, sampling=Sampling(), seed=0
+            )
             return [t for toks, _ in stream(steps, max_new=n, eos_ids=eos) for t in toks]
 
     load_s = time.perf_counter() - t0
@@ -101,9 +119,14 @@ def worker(a: argparse.Namespace) -> dict:
         tokens.append(answer(ids, a.max_tokens))
     wall = time.perf_counter() - t1
     n = sum(len(t) for t in tokens)
-    return {"runner": a.worker, "load_s": load_s, "tokens_per_s": n / wall, "new_tokens": n,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "tokens": tokens}  # fmt: skip
+    return {
+        "runner": a.worker,
+        "load_s": load_s,
+        "tokens_per_s": n / wall,
+        "new_tokens": n,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "tokens": tokens,
+    }
 
 
 def run_child(a: argparse.Namespace, runner: str, ids_file: str) -> dict:
@@ -139,8 +162,11 @@ def footprint(a: argparse.Namespace) -> dict:
         for r in order:
             res = run_child(a, r, ids_file.name)
             runs[r].append(res)
-            print(f"[round {i + 1}] {r}: {res['tokens_per_s']:.1f} tok/s, peak RSS "
-                  f"{res['peak_rss_mb']:.0f} MB, load {res['load_s']:.1f} s", file=sys.stderr)  # fmt: skip
+            print(
+                f"[round {i + 1}] {r}: {res['tokens_per_s']:.1f} tok/s, peak RSS "
+                f"{res['peak_rss_mb']:.0f} MB, load {res['load_s']:.1f} s",
+                file=sys.stderr,
+            )
     ref = runs["hf"][0]["tokens"]
     hf_tps = statistics.median(x["tokens_per_s"] for x in runs["hf"])
     hf_rss = statistics.median(x["peak_rss_mb"] for x in runs["hf"])
@@ -148,12 +174,25 @@ def footprint(a: argparse.Namespace) -> dict:
     for r in runners:
         tps = statistics.median(x["tokens_per_s"] for x in runs[r])
         rss = statistics.median(x["peak_rss_mb"] for x in runs[r])
-        rows.append({"runner": r, "tokens_per_s": tps, "peak_rss_mb": rss,
-                     "load_s": statistics.median(x["load_s"] for x in runs[r]),
-                     "tok_s_vs_hf": tps / hf_tps, "rss_vs_hf": rss / hf_rss,
-                     "equals_hf": all(x["tokens"] == ref for x in runs[r])})  # fmt: skip
-    return {"target": a.target, "threads": a.threads, "rounds": a.rounds,
-            "max_tokens": a.max_tokens, "prompts": len(PROMPTS), "rows": rows}  # fmt: skip
+        rows.append(
+            {
+                "runner": r,
+                "tokens_per_s": tps,
+                "peak_rss_mb": rss,
+                "load_s": statistics.median(x["load_s"] for x in runs[r]),
+                "tok_s_vs_hf": tps / hf_tps,
+                "rss_vs_hf": rss / hf_rss,
+                "equals_hf": all(x["tokens"] == ref for x in runs[r]),
+            }
+        )
+    return {
+        "target": a.target,
+        "threads": a.threads,
+        "rounds": a.rounds,
+        "max_tokens": a.max_tokens,
+        "prompts": len(PROMPTS),
+        "rows": rows,
+    }
 
 
 @cli_main
@@ -166,13 +205,17 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(res))
         return 0
-    print(f"{res['target']}: {res['prompts']} chat prompts x {res['max_tokens']} tokens, greedy, "
-          f"{res['threads']} threads, median of {res['rounds']} alternating rounds")  # fmt: skip
+    print(
+        f"{res['target']}: {res['prompts']} chat prompts x {res['max_tokens']} tokens, greedy, "
+        f"{res['threads']} threads, median of {res['rounds']} alternating rounds"
+    )
     print(
         f"{'runner':<12} {'tok/s':>7} {'vs hf':>6} {'peak RSS':>9} {'vs hf':>6} {'load s':>7}  = hf"
     )
     for r in res["rows"]:
-        print(f"{r['runner']:<12} {r['tokens_per_s']:7.1f} {r['tok_s_vs_hf']:5.2f}x "
-              f"{r['peak_rss_mb']:7.0f} MB {r['rss_vs_hf']:5.2f}x {r['load_s']:7.1f}  "
-              f"{'yes' if r['equals_hf'] else 'NO'}")  # fmt: skip
+        print(
+            f"{r['runner']:<12} {r['tokens_per_s']:7.1f} {r['tok_s_vs_hf']:5.2f}x "
+            f"{r['peak_rss_mb']:7.0f} MB {r['rss_vs_hf']:5.2f}x {r['load_s']:7.1f}  "
+            f"{'yes' if r['equals_hf'] else 'NO'}"
+        )
     return 0

@@ -9,8 +9,9 @@ library refused the pair gets a row with its refusal text and no figures.
 from __future__ import annotations
 
 
-def summarize(records: list[dict], methods: list[str], temps: list[float],
-              own_ar: dict | None = None) -> list[dict]:  # fmt: skip
+def summarize(
+    records: list[dict], methods: list[str], temps: list[float], own_ar: dict | None = None
+) -> list[dict]:
     """Rows per (method, temperature); a method's speedup is over `own_ar[method]` (a peer's own
     ar, apps/bench/runners/peers.py), else over `ar`."""
     rows = []
@@ -22,9 +23,18 @@ def summarize(records: list[dict], methods: list[str], temps: list[float],
                 continue
             if any("refused" in r for r in rs):  # the library's words instead of a number
                 why = next(r["refused"] for r in rs if "refused" in r)
-                rows.append({"method": m, "temp": t, "prompts": len(rs), "refused": why,
-                             "tokens_per_s": None, "mean_accepted": None, "speedup": None,
-                             "matches_ar": None})  # fmt: skip
+                rows.append(
+                    {
+                        "method": m,
+                        "temp": t,
+                        "prompts": len(rs),
+                        "refused": why,
+                        "tokens_per_s": None,
+                        "mean_accepted": None,
+                        "speedup": None,
+                        "matches_ar": None,
+                    }
+                )
                 continue
             toks = sum(sum(r["new_tokens"]) for r in rs)
             wall = sum(sum(r["wall_time"]) for r in rs)
@@ -75,8 +85,11 @@ def same_texts(records: list[dict], a: str, b: str, temp: float) -> str:
     sd and mirror draw from the same keyed streams (runtime/decoding/events.py), so at one γ
     and seed their ratio is measured on the same texts, up to the rare draw that the draft's
     batched and single-row passes round apart."""
-    tok = {(r["method"], r["question_id"], r.get("sample", 0), r.get("round", 0)): r.get("tokens")
-           for r in records if r["temp"] == temp}  # fmt: skip
+    tok = {
+        (r["method"], r["question_id"], r.get("sample", 0), r.get("round", 0)): r.get("tokens")
+        for r in records
+        if r["temp"] == temp
+    }
     same = n = 0
     for (m, *draw), ts in tok.items():
         other = tok.get((b, *draw))
@@ -103,8 +116,10 @@ def calls_and_tokens(rs: list[dict]) -> dict:
     decoding step) and the tokens those calls verified (Tokens), when the method reports them."""
     if any(r.get("decoding_steps") is None or r.get("verified_tokens") is None for r in rs):
         return {}
-    return {"calls": sum(sum(r["decoding_steps"]) for r in rs),
-            "verified_tokens": sum(r["verified_tokens"] for r in rs)}  # fmt: skip
+    return {
+        "calls": sum(sum(r["decoding_steps"]) for r in rs),
+        "verified_tokens": sum(r["verified_tokens"] for r in rs),
+    }
 
 
 def step_split(rs: list[dict]) -> dict:
@@ -114,8 +129,10 @@ def step_split(rs: list[dict]) -> dict:
     n = sum(sum(r["decoding_steps"]) for r in rs)
     if not n:
         return {}
-    return {f"{k}_ms_per_step": round(1e3 * sum(r["stage_s"][k] for r in rs) / n, 3)
-            for k in ("draft", "verify")}  # fmt: skip
+    return {
+        f"{k}_ms_per_step": round(1e3 * sum(r["stage_s"][k] for r in rs) / n, 3)
+        for k in ("draft", "verify")
+    }
 
 
 def tree_account(r: dict, sd: dict | None) -> str:
@@ -125,12 +142,16 @@ def tree_account(r: dict, sd: dict | None) -> str:
     if not sd or not r.get("mean_accepted") or not sd.get("mean_accepted"):
         return line
     tau = r["mean_accepted"] / sd["mean_accepted"]
-    line += (f": {tau:.2f}x its tokens per step (τ {r['mean_accepted']:.2f} vs "
-             f"{sd['mean_accepted']:.2f}) at {tau / r['vs_sd']:.2f}x its step time")  # fmt: skip
+    line += (
+        f": {tau:.2f}x its tokens per step (τ {r['mean_accepted']:.2f} vs "
+        f"{sd['mean_accepted']:.2f}) at {tau / r['vs_sd']:.2f}x its step time"
+    )
     if "draft_ms_per_step" in r and "draft_ms_per_step" in sd:
-        line += (f" (drafting {r['draft_ms_per_step']:.1f} vs {sd['draft_ms_per_step']:.1f} ms, "
-                 f"verifying {r['verify_ms_per_step']:.1f} vs {sd['verify_ms_per_step']:.1f} "
-                 "ms a step)")  # fmt: skip
+        line += (
+            f" (drafting {r['draft_ms_per_step']:.1f} vs {sd['draft_ms_per_step']:.1f} ms, "
+            f"verifying {r['verify_ms_per_step']:.1f} vs {sd['verify_ms_per_step']:.1f} "
+            "ms a step)"
+        )
     return line
 
 
@@ -158,8 +179,7 @@ def draft_passes(rs: list[dict]) -> dict:
 def mismatches(records: list[dict]) -> list[dict]:
     """Greedy outputs that differ from their own `ar`'s (record["own_ar"], default `ar`): where,
     and from which token on."""
-    ar = {(r["method"], r["question_id"], r.get("round", 0)): r for r in records
-          if r["temp"] == 0}  # fmt: skip
+    ar = {(r["method"], r["question_id"], r.get("round", 0)): r for r in records if r["temp"] == 0}
     out = []
     for r in records:
         if r["matches_ar"] is False:
@@ -201,25 +221,58 @@ def table(rows: list[dict]) -> str:
     ]
     w = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
     line = lambda cells: "  ".join(str(c).ljust(n) for c, n in zip(cells, w, strict=False)).rstrip()  # noqa: E731
-    notes = [
-        f"temp {r['temp']:g}: {r['method']} drafts {100 * r['draft_share']:.0f}% of each step, so "
-        f"hiding all of it for free makes Mirror-SD at most {r['mirror_ceiling_vs_sd']:.2f}x "
-        f"{r['method']} on this pair"
-        + next((f" (measured {m['method']}: {m['vs_sd']:.2f}x {r['method']}"
-                 + (f", the same texts in {m['same_texts_as_sd']} turns" if "same_texts_as_sd" in m
-                    else "") + ")" for m in rows
-                if partner(m["method"], "mirror", "sd") == r["method"] and m["temp"] == r["temp"]
-                and "vs_sd" in m), "")
+    notes = (
+        [
+            f"temp {r['temp']:g}: {r['method']} drafts {100 * r['draft_share']:.0f}% of each step, so "
+            f"hiding all of it for free makes Mirror-SD at most {r['mirror_ceiling_vs_sd']:.2f}x "
+            f"{r['method']} on this pair"
+            + next(
+                (
+                    f" (measured {m['method']}: {m['vs_sd']:.2f}x {r['method']}"
+                    + (
+                        f", the same texts in {m['same_texts_as_sd']} turns"
+                        if "same_texts_as_sd" in m
+                        else ""
+                    )
+                    + ")"
+                    for m in rows
+                    if partner(m["method"], "mirror", "sd") == r["method"]
+                    and m["temp"] == r["temp"]
+                    and "vs_sd" in m
+                ),
+                "",
+            )
+            for r in rows
+            if "draft_share" in r
+        ]
+        + [
+            tree_account(
+                r,
+                next(
+                    (
+                        m
+                        for m in rows
+                        if m["temp"] == r["temp"]
+                        and m["method"] == partner(r["method"], "tree", "sd")
+                    ),
+                    None,
+                ),
+            )
+            for r in rows
+            if base_method(r["method"]) == "tree" and "vs_sd" in r
+        ]
+        + [
+            f"temp {r['temp']:g}: {r['method']} is {r['vs_tree']:.2f}x "
+            f"{partner(r['method'], 'heterospec', 'tree')}"
+            for r in rows
+            if "vs_tree" in r
+        ]
+    )
+    refusals = [
+        line([r["method"], f"{r['temp']:g}"]) + f"  refused: {r['refused']}"
         for r in rows
-        if "draft_share" in r
-    ] + [tree_account(r, next((m for m in rows if m["temp"] == r["temp"] and
-                                m["method"] == partner(r["method"], "tree", "sd")), None))
-         for r in rows if base_method(r["method"]) == "tree" and "vs_sd" in r] + [
-        f"temp {r['temp']:g}: {r['method']} is {r['vs_tree']:.2f}x "
-        f"{partner(r['method'], 'heterospec', 'tree')}" for r in rows if "vs_tree" in r
-    ]  # fmt: skip
-    refusals = [line([r["method"], f"{r['temp']:g}"]) + f"  refused: {r['refused']}"
-                for r in rows if "refused" in r]  # fmt: skip
+        if "refused" in r
+    ]
     return "\n".join(
         [line(head), line(["-" * n for n in w])] + [line(b) for b in body] + refusals + notes
     )

@@ -33,8 +33,14 @@ def run_prompt(runner, rec: dict, tok, template, *, temp, top_p, max_new, seed, 
         ids, n = _fit(turn_ids(tok, template, rec["turns"], answers), max_new, context)
         r = runner.generate(ids, n, temp, top_p, seed)
         if r.refused:  # the library refused this pair: its words, no figures
-            return {"method": runner.name, "temp": temp, "question_id": rec["question_id"],
-                    "category": rec["category"], "refused": r.refused, "matches_ar": None}  # fmt: skip
+            return {
+                "method": runner.name,
+                "temp": temp,
+                "question_id": rec["question_id"],
+                "category": rec["category"],
+                "refused": r.refused,
+                "matches_ar": None,
+            }
         tokens.append(r.tokens)
         passes += [j for j in (getattr(r, "draft_passes", None) or []) if j is not None]
         walls.append(r.wall_s)
@@ -106,8 +112,9 @@ def run_bench(
                     r, first, tok, template, temp=t, max_new=min(max_new, 8), seed=seed, **kw
                 )
     records = []
-    bar = tqdm(total=len(prompts) * rounds, desc="bench", unit="prompt", file=sys.stderr,
-               disable=None)  # fmt: skip
+    bar = tqdm(
+        total=len(prompts) * rounds, desc="bench", unit="prompt", file=sys.stderr, disable=None
+    )
     for rnd, i, rec in ((r, i, p) for r in range(rounds) for i, p in enumerate(prompts)):
         bar.update(1)
         j = (i + rnd) % len(runners)

@@ -24,8 +24,11 @@ from runtime.errors import DuetError, cli_main
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m apps.cloud", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.cloud",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="run the verifier")
     s.add_argument("--target", help="target checkpoint directory (default: the embedded target)")
@@ -38,9 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-context", type=int, default=None, help="tokens per session at most")
     s.add_argument("--idle-timeout", type=float, default=60.0, help="seconds (default 60)")
     s.add_argument("--max-frame", type=int, default=None, help="payload bytes at most (16 MiB)")
-    s.add_argument("--adapter", action="append", default=[], metavar="[NAME=]DIR",
-                   help="LoRA adapter (PEFT format) a session may pick by NAME at OPEN "
-                        "(repeatable; NAME defaults to the directory's name)")  # fmt: skip
+    s.add_argument(
+        "--adapter",
+        action="append",
+        default=[],
+        metavar="[NAME=]DIR",
+        help="LoRA adapter (PEFT format) a session may pick by NAME at OPEN "
+        "(repeatable; NAME defaults to the directory's name)",
+    )
     return ap
 
 
@@ -78,13 +86,15 @@ def load_target(target: str | None, backend: str, threads: int | None, adapters=
         base_dir = resolve(target, "target") if target is not None else default_pair()[0]
         for _, d in specs:
             check_adapter(d, base_dir)
-    pair = load_pair(target, None, need_draft=False, target_backend=backend,
-                     target_threads=threads)  # fmt: skip
+    pair = load_pair(target, None, need_draft=False, target_backend=backend, target_threads=threads)
     views = {}
     for name, d in specs:
         views[name] = adapter_view(pair.target, pair.target_dir, d)
-        print(f"adapter {name} ({d}): adds {added_bytes(views[name], pair.target) / 2**20:.1f} "
-              f"MiB to the base's {weight_bytes(pair.target) / 2**20:.1f} MiB", file=sys.stderr)  # fmt: skip
+        print(
+            f"adapter {name} ({d}): adds {added_bytes(views[name], pair.target) / 2**20:.1f} "
+            f"MiB to the base's {weight_bytes(pair.target) / 2**20:.1f} MiB",
+            file=sys.stderr,
+        )
     return pair.target, target_identity(pair.target_dir), views
 
 

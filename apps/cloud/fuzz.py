@@ -47,8 +47,11 @@ class _Conn:
         self.stats["frames"] += frames
 
     def frame(self, ftype, payload=b"", *, sid=None, seq=None) -> None:
-        self.send(wire.pack(ftype, self.sid if sid is None else sid,
-                            self.seq if seq is None else seq, payload))  # fmt: skip
+        self.send(
+            wire.pack(
+                ftype, self.sid if sid is None else sid, self.seq if seq is None else seq, payload
+            )
+        )
         self.seq += 1
 
     def reply(self) -> tuple[int, bytes] | None:
@@ -98,8 +101,11 @@ def _compressed_payload(rng, V: int) -> tuple[int, bytes]:
 
     name = str(rng.choice(["k-sqs", "c-sqs", "cu-hlm"]))
     levels = str(rng.choice(["log", "linear"]))  # cu-hlm payload versions 3 and 1
-    params = {"k-sqs": {"k": 4, "ell": 50}, "c-sqs": {"ell": 50},
-              "cu-hlm": {"k": 4, "levels": levels}}[name]  # fmt: skip
+    params = {
+        "k-sqs": {"k": 4, "ell": 50},
+        "c-sqs": {"ell": 50},
+        "cu-hlm": {"k": 4, "levels": levels},
+    }[name]
     cod = make_codec(name, **params)
     q = rng.dirichlet(np.full(V, 0.05), int(rng.integers(0, 4))).astype(np.float32)
     rows = cod.quantize(q) if len(q) else []
@@ -187,16 +193,30 @@ def _case(kind: str, c: _Conn, token: bytes, rng, V: int, adapters: tuple = ()) 
             num, body = _compressed_payload(rng, V)
             c.frame(wire.VERIFY, wire.verify(num, c.base, body))
         elif kind == "garbage_body":
-            c.frame(wire.VERIFY, wire.verify(int(rng.integers(1, 6)), int(rng.integers(0, 9)),
-                                             rng.bytes(int(rng.integers(0, 40)))))  # fmt: skip
+            c.frame(
+                wire.VERIFY,
+                wire.verify(
+                    int(rng.integers(1, 6)),
+                    int(rng.integers(0, 9)),
+                    rng.bytes(int(rng.integers(0, 40))),
+                ),
+            )
         elif kind == "after_close":
             c.frame(wire.CLOSE)
             c.reply()
             c.frame(wire.VERIFY, wire.verify(1, 0, ids.encode([1], None, V)))
         elif kind == "valid":  # a few good rounds, then a clean close
             for _ in range(int(rng.integers(1, 4))):
-                c.frame(wire.VERIFY, wire.verify(1, base or 0, ids.encode(
-                    [int(x) for x in rng.integers(0, V, int(rng.integers(0, 4)))], None, V)))  # fmt: skip
+                c.frame(
+                    wire.VERIFY,
+                    wire.verify(
+                        1,
+                        base or 0,
+                        ids.encode(
+                            [int(x) for x in rng.integers(0, V, int(rng.integers(0, 4)))], None, V
+                        ),
+                    ),
+                )
                 r = c.reply()
                 if not r or r[0] != wire.VERDICT:
                     return
@@ -221,8 +241,17 @@ KINDS = ("random", "truncated", "lying", "version", "unknown", "token", "no_hell
          "adapter")  # fmt: skip
 
 
-def fuzz(host: str, port: int, *, frames: int = 10_000, seed: int = 0, token: bytes = b"",
-         vocab: int, time_limit_s: float = 600.0, adapters: tuple = ()) -> dict:  # fmt: skip
+def fuzz(
+    host: str,
+    port: int,
+    *,
+    frames: int = 10_000,
+    seed: int = 0,
+    token: bytes = b"",
+    vocab: int,
+    time_limit_s: float = 600.0,
+    adapters: tuple = (),
+) -> dict:
     """Send at least `frames` frames (or stop at the time limit); return the counts.
     `adapters`: names the server holds, which valid sessions then pick at random."""
     rng = np.random.default_rng(seed)
@@ -243,8 +272,11 @@ def fuzz(host: str, port: int, *, frames: int = 10_000, seed: int = 0, token: by
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m apps.cloud.fuzz", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.cloud.fuzz",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("server", help="HOST:PORT of a running verifier, or local")
     ap.add_argument("--frames", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=0)
@@ -266,8 +298,15 @@ def main(argv=None) -> int:
         probe = Connection(host, int(port), token)
         V = probe.welcome.vocab_size
         probe.close()
-        out = fuzz(host, int(port), frames=a.frames, seed=a.seed, token=token, vocab=V,
-                   time_limit_s=a.time_limit)  # fmt: skip
+        out = fuzz(
+            host,
+            int(port),
+            frames=a.frames,
+            seed=a.seed,
+            token=token,
+            vocab=V,
+            time_limit_s=a.time_limit,
+        )
         if local is not None:
             out["good_client_equals_ar"] = _good_client(host, int(port), token)
             out["server_alive"] = local.proc.poll() is None
@@ -287,11 +326,24 @@ def _good_client(host, port, token) -> bool:
 
     pair = load_pair(None, None, need_draft=True)
     prompt = pair.tokenizer.encode("def fib(n):")
-    ref = run(make_steps("ar", pair.target, None, prompt, max_new=32, sampling=GREEDY, seed=0),
-              max_new=32).tokens  # fmt: skip
+    ref = run(
+        make_steps("ar", pair.target, None, prompt, max_new=32, sampling=GREEDY, seed=0), max_new=32
+    ).tokens
     conn = Connection(host, port, token)
-    got = run(make_steps("flexspec", None, pair.draft, prompt, max_new=32, sampling=GREEDY,
-                         seed=0, conn=conn, k=4), max_new=32).tokens  # fmt: skip
+    got = run(
+        make_steps(
+            "flexspec",
+            None,
+            pair.draft,
+            prompt,
+            max_new=32,
+            sampling=GREEDY,
+            seed=0,
+            conn=conn,
+            k=4,
+        ),
+        max_new=32,
+    ).tokens
     conn.close()
     return got == ref
 

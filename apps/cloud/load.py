@@ -45,8 +45,17 @@ def run_n(n, host, port, token, draft, prompts, max_tokens, k, pid) -> dict:
 
     def client(i):
         barrier.wait()
-        steps = make_steps("flexspec", None, draft, prompts[i], max_new=max_tokens,
-                           sampling=GREEDY, seed=i, conn=conns[i], k=k)  # fmt: skip
+        steps = make_steps(
+            "flexspec",
+            None,
+            draft,
+            prompts[i],
+            max_new=max_tokens,
+            sampling=GREEDY,
+            seed=i,
+            conn=conns[i],
+            k=k,
+        )
         for toks, _ in stream(steps, max_new=max_tokens):
             counts[i] += len(toks)
 
@@ -59,14 +68,22 @@ def run_n(n, host, port, token, draft, prompts, max_tokens, k, pid) -> dict:
     wall = time.perf_counter() - t0
     for c in conns:
         c.close()
-    return {"sessions": n, "tokens": sum(counts), "wall_s": wall,
-            "tokens_per_s": sum(counts) / wall, "rss_with_sessions": peak}  # fmt: skip
+    return {
+        "sessions": n,
+        "tokens": sum(counts),
+        "wall_s": wall,
+        "tokens_per_s": sum(counts) / wall,
+        "rss_with_sessions": peak,
+    }
 
 
 @cli_main
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m apps.cloud.load", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.cloud.load",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--sessions", default="1,8,64")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--k", type=int, default=4)
@@ -83,8 +100,9 @@ def main(argv=None) -> int:
         idle = rss_bytes(lv.proc.pid)
         rows = []
         for n in counts:
-            r = run_n(n, lv.host, lv.port, lv.token, pair.draft, prompts, a.max_tokens, a.k,
-                      lv.proc.pid)  # fmt: skip
+            r = run_n(
+                n, lv.host, lv.port, lv.token, pair.draft, prompts, a.max_tokens, a.k, lv.proc.pid
+            )
             r["rss_idle"] = idle
             r["bytes_per_session"] = (r["rss_with_sessions"] - idle) / n
             rows.append(r)

@@ -59,8 +59,15 @@ def is_loopback(host: str) -> bool:
 class VerifierServer:
     """Holds the target and the open sessions; `serve_forever` runs it on an event loop."""
 
-    def __init__(self, target, *, token: bytes | None, limits: Limits | None = None,
-                 identity: dict | None = None, adapters: dict | None = None):  # fmt: skip
+    def __init__(
+        self,
+        target,
+        *,
+        token: bytes | None,
+        limits: Limits | None = None,
+        identity: dict | None = None,
+        adapters: dict | None = None,
+    ):
         self.target = target
         self.adapters = dict(adapters or {})  # name -> a view of `target` with that adapter
         self.identity = identity  # runtime.edge.identity.target_identity, for HELLO claims
@@ -76,8 +83,10 @@ class VerifierServer:
     async def start(self, host: str, port: int) -> tuple[str, int]:
         """Bind and start accepting; returns the bound (host, port)."""
         if self.token is None and not is_loopback(host):
-            raise DuetError(f"refusing to serve on {host} without --token-file (only loopback "
-                            "addresses may run without a token)")  # fmt: skip
+            raise DuetError(
+                f"refusing to serve on {host} without --token-file (only loopback "
+                "addresses may run without a token)"
+            )
         self.server = await asyncio.start_server(self._handle, host, port)
         return self.server.sockets[0].getsockname()[:2]
 
@@ -92,8 +101,10 @@ class VerifierServer:
         try:
             body = await asyncio.wait_for(reader.readexactly(h.length), self.limits.idle_timeout_s)
         except TimeoutError:
-            raise ProtocolError(wire.E_MALFORMED, f"{wire.NAMES[h.type]}: payload of "
-                                f"{h.length} bytes did not arrive") from None  # fmt: skip
+            raise ProtocolError(
+                wire.E_MALFORMED,
+                f"{wire.NAMES[h.type]}: payload of {h.length} bytes did not arrive",
+            ) from None
         self.frames_in += 1
         return h, body
 
@@ -106,11 +117,16 @@ class VerifierServer:
             while True:
                 h, body = await self._read(reader)
                 if h.seq != seq:
-                    raise ProtocolError(wire.E_SEQUENCE, f"{wire.NAMES[h.type]} has sequence "
-                                        f"number {h.seq}; expected {seq}")  # fmt: skip
+                    raise ProtocolError(
+                        wire.E_SEQUENCE,
+                        f"{wire.NAMES[h.type]} has sequence number {h.seq}; expected {seq}",
+                    )
                 if h.session != sid:
-                    raise ProtocolError(wire.E_SESSION, f"{wire.NAMES[h.type]} names session "
-                                        f"{h.session}; this connection holds {sid or 'none'}")  # fmt: skip
+                    raise ProtocolError(
+                        wire.E_SESSION,
+                        f"{wire.NAMES[h.type]} names session "
+                        f"{h.session}; this connection holds {sid or 'none'}",
+                    )
                 reply = await self._dispatch(state, h, body, sid)
                 ftype, payload, state, new_sid = reply
                 writer.write(wire.pack(ftype, new_sid or sid, seq, payload))
@@ -152,17 +168,25 @@ class VerifierServer:
             if self.token is not None and not hmac.compare_digest(token, self.token):
                 raise ProtocolError(wire.E_AUTH, "wrong token")  # constant-time comparison
             if claim is not None:  # a bundle's draft: can this target verify it?
-                check_claim(claim, self.identity, self.target.config.vocab_size,
-                            tuple(CODEC_MODULES))  # fmt: skip
-            w = wire.Welcome(self.target.config.vocab_size, self.max_context, self.limits.max_frame,
-                             tuple(CODEC_MODULES))  # fmt: skip
+                check_claim(
+                    claim, self.identity, self.target.config.vocab_size, tuple(CODEC_MODULES)
+                )
+            w = wire.Welcome(
+                self.target.config.vocab_size,
+                self.max_context,
+                self.limits.max_frame,
+                tuple(CODEC_MODULES),
+            )
             return wire.WELCOME, wire.welcome(w), "ready", 0
         if t == wire.OPEN and state == "ready":
             o = wire.read_open(body)
             model = self._model_for(o.adapter)
             if len(self.sessions) >= self.limits.max_sessions:
-                raise ProtocolError(wire.E_LIMIT, f"{self.limits.max_sessions} sessions are open "
-                                    "(the server's limit); try again later")  # fmt: skip
+                raise ProtocolError(
+                    wire.E_LIMIT,
+                    f"{self.limits.max_sessions} sessions are open "
+                    "(the server's limit); try again later",
+                )
             new = secrets.randbits(32) or 1
             while new in self.sessions:
                 new = secrets.randbits(32) or 1
@@ -202,8 +226,11 @@ class VerifierServer:
             return self.target
         if adapter not in self.adapters:
             held = ", ".join(sorted(self.adapters)) or "none"
-            raise ProtocolError(wire.E_ADAPTER, f"OPEN names adapter {adapter[:64]!r}, which "
-                                f"this verifier does not hold (it holds: {held})")  # fmt: skip
+            raise ProtocolError(
+                wire.E_ADAPTER,
+                f"OPEN names adapter {adapter[:64]!r}, which "
+                f"this verifier does not hold (it holds: {held})",
+            )
         return self.adapters[adapter]
 
     def close(self) -> None:
@@ -216,13 +243,21 @@ class ServerThread:
     """A VerifierServer on its own event loop in a daemon thread (tests, benchmarks):
     `host`, `port`, `server`; `stop()` closes it."""
 
-    def __init__(self, target, *, token: bytes | None = None, limits: Limits | None = None,
-                 host: str = "127.0.0.1", identity: dict | None = None,
-                 adapters: dict | None = None):  # fmt: skip
+    def __init__(
+        self,
+        target,
+        *,
+        token: bytes | None = None,
+        limits: Limits | None = None,
+        host: str = "127.0.0.1",
+        identity: dict | None = None,
+        adapters: dict | None = None,
+    ):
         import threading
 
-        self.server = VerifierServer(target, token=token, limits=limits, identity=identity,
-                                     adapters=adapters)  # fmt: skip
+        self.server = VerifierServer(
+            target, token=token, limits=limits, identity=identity, adapters=adapters
+        )
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
 

@@ -30,8 +30,11 @@ class Session:
         if bad:
             raise ProtocolError(wire.E_VOCAB, f"OPEN: prompt token {bad[0]} outside [0, {V})")
         if len(open_.prompt) >= max_context:
-            raise ProtocolError(wire.E_CONTEXT, f"OPEN: prompt of {len(open_.prompt)} tokens "
-                                f"does not fit the {max_context}-token session limit")  # fmt: skip
+            raise ProtocolError(
+                wire.E_CONTEXT,
+                f"OPEN: prompt of {len(open_.prompt)} tokens "
+                f"does not fit the {max_context}-token session limit",
+            )
         if not (np.isfinite(open_.temp) and open_.temp >= 0 and 0 < open_.top_p <= 1):
             raise ProtocolError(wire.E_MALFORMED, "OPEN: temp must be >= 0 and top_p in (0, 1]")
         self.target = target
@@ -48,15 +51,24 @@ class Session:
         """Verify `draft` continuing the committed sequence of length `base`; commit A + 1."""
         t0 = time.perf_counter()
         if base != len(self.seq):
-            raise ProtocolError(wire.E_SEQUENCE, f"VERIFY continues position {base} but the "
-                                f"session has committed {len(self.seq)} tokens")  # fmt: skip
+            raise ProtocolError(
+                wire.E_SEQUENCE,
+                f"VERIFY continues position {base} but the "
+                f"session has committed {len(self.seq)} tokens",
+            )
         k = len(draft.tokens)
         if len(self.seq) + k + 1 > self.max_context:
-            raise ProtocolError(wire.E_CONTEXT, f"a window of {k} after {len(self.seq)} tokens "
-                                f"exceeds the {self.max_context}-token session limit")  # fmt: skip
+            raise ProtocolError(
+                wire.E_CONTEXT,
+                f"a window of {k} after {len(self.seq)} tokens "
+                f"exceeds the {self.max_context}-token session limit",
+            )
         if not self.sampling.greedy and draft.q is None:
-            raise ProtocolError(wire.E_CODEC, "sampling (temp > 0) needs a codec carrying q "
-                                "(e.g. raw); this payload has ids only")  # fmt: skip
+            raise ProtocolError(
+                wire.E_CODEC,
+                "sampling (temp > 0) needs a codec carrying q "
+                "(e.g. raw); this payload has ids only",
+            )
         window = pending(self.cache, self.seq) + draft.tokens
         logits = self.target.forward(np.array([window]), self.cache)[0, -(k + 1) :]  # (K+1, V)
         d = np.array(draft.tokens, dtype=np.int64)
@@ -75,8 +87,11 @@ class Session:
     def rollback(self, keep: int) -> int:
         """Drop committed tokens beyond `keep` (at least the prompt); returns the new length."""
         if not self.prompt_len <= keep <= len(self.seq):
-            raise ProtocolError(wire.E_SEQUENCE, f"ROLLBACK to {keep}: must be between the "
-                                f"prompt ({self.prompt_len}) and {len(self.seq)}")  # fmt: skip
+            raise ProtocolError(
+                wire.E_SEQUENCE,
+                f"ROLLBACK to {keep}: must be between the "
+                f"prompt ({self.prompt_len}) and {len(self.seq)}",
+            )
         del self.seq[keep:]
         rewind(self.cache, keep - 1)
         return keep

@@ -198,10 +198,21 @@ def run_cloud(args: argparse.Namespace, ids: list[int] | None) -> int:
     from runtime.decoding.flexspec import Options, check
 
     check(Options(k=args.k, k_max=args.k_max))  # K's bounds, as --method flexspec checks them
-    r = run_through_cloud(args.bundle, server=args.server, token_file=args.token_file,
-                          prompt=args.prompt, prompt_ids=ids, max_tokens=args.max_tokens,
-                          link=args.link, link_seed=args.link_seed, k=args.k, k_max=args.k_max,
-                          temp=args.temp, seed=args.seed, threads=args.threads)  # fmt: skip
+    r = run_through_cloud(
+        args.bundle,
+        server=args.server,
+        token_file=args.token_file,
+        prompt=args.prompt,
+        prompt_ids=ids,
+        max_tokens=args.max_tokens,
+        link=args.link,
+        link_seed=args.link_seed,
+        k=args.k,
+        k_max=args.k_max,
+        temp=args.temp,
+        seed=args.seed,
+        threads=args.threads,
+    )
     if args.json:
         print(json.dumps(r))
     else:

@@ -60,11 +60,11 @@ def run_through_cloud(
 
     from devices.kstar import AdaptiveK
     from devices.links import LINK_NAMES, emulator
+    from runtime.arg_rules import check_sampling
     from runtime.backends.onnx.static_host import StaticOnnxLM
     from runtime.decoding.events import Sampling
     from runtime.edge.client import Connection
     from runtime.edge.loop import edge_summary
-    from runtime.arg_rules import check_sampling
     from runtime.session import GenerationSession
 
     host, port = host_port(server)
@@ -87,10 +87,21 @@ def run_through_cloud(
     try:
         # the draft stands in for the target (the verifier holds it): its config and EOS
         pair = SimpleNamespace(target=draft, draft=draft, tokenizer=None)
-        options = {"conn": conn, "k": k, "k_max": k_max, "controller": controller,
-                   "codec": edge.codec, "codec_params": edge.codec_params or None}
-        session = GenerationSession(pair, method="flexspec", options=options, summarize=False,
-                                    eos=draft.config.eos_token_ids)
+        options = {
+            "conn": conn,
+            "k": k,
+            "k_max": k_max,
+            "controller": controller,
+            "codec": edge.codec,
+            "codec_params": edge.codec_params or None,
+        }
+        session = GenerationSession(
+            pair,
+            method="flexspec",
+            options=options,
+            summarize=False,
+            eos=draft.config.eos_token_ids,
+        )
         for r in session.stream(ids, max_tokens, sampling=Sampling(temp), seed=seed):
             out += r.tokens
             events.append(r.step)

@@ -30,8 +30,13 @@ def codec_record(name: str, vocab: int) -> dict:
     params = mod.params(vocab) if hasattr(mod, "params") else dict(getattr(mod, "DEFAULTS", {}))
     # a compressed-q codec (k-sqs, c-sqs, cu-hlm) has a per-session encoder whose q̂ the draft
     # samples from; the bundle records the parameters that encoder is built with
-    return {"name": mod.NAME, "number": mod.NUMBER, "carries_q": bool(mod.CARRIES_Q),
-            "lossy": hasattr(mod, "encoder"), "params": params}  # fmt: skip
+    return {
+        "name": mod.NAME,
+        "number": mod.NUMBER,
+        "carries_q": bool(mod.CARRIES_Q),
+        "lossy": hasattr(mod, "encoder"),
+        "params": params,
+    }
 
 
 def load_k_profile(profile_arg: str):
@@ -42,9 +47,11 @@ def load_k_profile(profile_arg: str):
     prof = load_profile(profile_arg)
     missing = [k for k in FLEXSPEC_KEYS if k not in prof.latency]
     if missing:
-        raise DuetError(f"profile {prof.name!r} has no {', '.join(missing)} in [latency]; K* "
-                        "(FlexSpec eq. (11)) needs them: calibrate it (python -m devices "
-                        "calibrate) or pick another")  # fmt: skip
+        raise DuetError(
+            f"profile {prof.name!r} has no {', '.join(missing)} in [latency]; K* "
+            "(FlexSpec eq. (11)) needs them: calibrate it (python -m devices "
+            "calibrate) or pick another"
+        )
     return prof
 
 
@@ -61,13 +68,14 @@ def profile_record(prof, staging: Path) -> dict:
             "accelerator": prof.draft.accelerator,
             "backend": prof.draft.backend,
             "provider": prof.draft.provider,
-        },  # fmt: skip
+        },
         "flexspec": {k: prof.param(k) for k in FLEXSPEC_KEYS},  # seconds
     }
 
 
-def write_edge(staging: Path, *, codec: str, vocab: int, vocab_hash: str, base: dict | None,
-               profile=None) -> dict:  # fmt: skip
+def write_edge(
+    staging: Path, *, codec: str, vocab: int, vocab_hash: str, base: dict | None, profile=None
+) -> dict:
     """Write edge.json (and `profile`, from load_k_profile) into `staging`; returns the
     manifest's `edge` section."""
     from runtime.edge import wire
@@ -83,7 +91,7 @@ def write_edge(staging: Path, *, codec: str, vocab: int, vocab_hash: str, base: 
             "vocab_size": vocab,
             "vocab_hash": vocab_hash,
             "base": base,
-        },  # fmt: skip
+        },
         "profile": profile_record(profile, staging) if profile else None,
     }
     (staging / EDGE_FILE).write_text(json.dumps(edge, indent=2, sort_keys=True) + "\n")
@@ -108,8 +116,9 @@ def read_edge(bundle: Path, manifest: dict) -> EdgeSide:
     from runtime.edge import wire
 
     if EDGE_FILE not in manifest["files"]:
-        raise DuetError(f"{bundle}: the bundle has no {EDGE_FILE}; package it again to talk "
-                        "to a cloud verifier")  # fmt: skip
+        raise DuetError(
+            f"{bundle}: the bundle has no {EDGE_FILE}; package it again to talk to a cloud verifier"
+        )
     try:
         edge = json.loads((bundle / EDGE_FILE).read_text())
         codec, claim = edge["codec"]["name"], edge["claim"]
@@ -118,8 +127,10 @@ def read_edge(bundle: Path, manifest: dict) -> EdgeSide:
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise DuetError(f"{bundle / EDGE_FILE}: unreadable ({e})") from None
     if edge.get("wire_version") != wire.VERSION:
-        raise DuetError(f"{bundle}: built for wire version {edge.get('wire_version')!r}; this "
-                        f"client speaks {wire.VERSION}")  # fmt: skip
+        raise DuetError(
+            f"{bundle}: built for wire version {edge.get('wire_version')!r}; this "
+            f"client speaks {wire.VERSION}"
+        )
     params, name = None, None
     if edge.get("profile"):
         prof = read_profile_file(bundle / edge["profile"]["file"])

@@ -210,8 +210,11 @@ def anchor_section(anchor: dict | None) -> dict | None:
     """The manifest's `anchor`: the base an anchor draft anchors to (FlexSpec §IV-A)."""
     if anchor is None:
         return None
-    return {"anchors_to": anchor["base"], "anchor_layer": anchor.get("anchor_layer"),
-            "kind": anchor.get("kind")}  # fmt: skip
+    return {
+        "anchors_to": anchor["base"],
+        "anchor_layer": anchor.get("anchor_layer"),
+        "kind": anchor.get("kind"),
+    }
 
 
 def io_section(staging: Path, cm: dict | None) -> dict:
@@ -274,9 +277,11 @@ def summary(manifest: dict, out: Path) -> list[str]:
     ]  # fmt: skip
     if manifest.get("anchor"):
         a = manifest["anchor"]["anchors_to"]
-        lines.append(f"anchor draft: frozen block {manifest['anchor']['anchor_layer']} of the "
-                     f"{a['model_type']} base with weights sha256 "
-                     f"{a['base_sha256'][:12]}")  # fmt: skip
+        lines.append(
+            f"anchor draft: frozen block {manifest['anchor']['anchor_layer']} of the "
+            f"{a['model_type']} base with weights sha256 "
+            f"{a['base_sha256'][:12]}"
+        )
     if pc is not None:
         lines.append(
             f"coreml parity (traced module): fp16 max rel {pc['fp16']['max_rel_err']:.1e} "

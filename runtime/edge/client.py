@@ -44,9 +44,17 @@ class Connection:
     `claim` (runtime/edge/identity.py) asks the verifier to check the draft's identity first;
     `adapter` names the verifier's LoRA adapter every session it opens runs ("" the base)."""
 
-    def __init__(self, host: str, port: int, token: bytes = b"", *, link=None,
-                 timeout_s: float = 300.0, claim: dict | None = None,
-                 adapter: str = ""):  # fmt: skip
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token: bytes = b"",
+        *,
+        link=None,
+        timeout_s: float = 300.0,
+        claim: dict | None = None,
+        adapter: str = "",
+    ):
         self.where = f"{host}:{port}"
         self.link = link
         self.adapter = adapter
@@ -55,8 +63,9 @@ class Connection:
         try:
             self.sock = socket.create_connection((host, port), timeout=10.0)
         except OSError as e:
-            raise CloudError(f"cannot reach the cloud verifier at {self.where}: "
-                             f"{e.strerror or e}") from None  # fmt: skip
+            raise CloudError(
+                f"cannot reach the cloud verifier at {self.where}: {e.strerror or e}"
+            ) from None
         self.sock.settimeout(timeout_s)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.welcome = wire.read_welcome(self.request(wire.HELLO, wire.hello(token, claim)).body)
@@ -69,8 +78,9 @@ class Connection:
             except TimeoutError:
                 raise CloudError(f"the cloud verifier at {self.where} did not answer") from None
             except OSError as e:
-                raise CloudError(f"lost the cloud verifier at {self.where}: "
-                                 f"{e.strerror or e}") from None  # fmt: skip
+                raise CloudError(
+                    f"lost the cloud verifier at {self.where}: {e.strerror or e}"
+                ) from None
             if not chunk:
                 raise CloudError(f"the cloud verifier at {self.where} closed the connection")
             buf += chunk
@@ -102,14 +112,23 @@ class Connection:
         up_v, down_v = v1 - v0, self._virtual() - v1  # link time on a virtual clock (else 0)
         if h.type == wire.ERROR:
             code, msg = wire.read_error(body)
-            raise CloudError(f"the cloud verifier at {self.where} refused "
-                             f"{wire.NAMES[ftype]}: {msg} (error {code})")  # fmt: skip
+            raise CloudError(
+                f"the cloud verifier at {self.where} refused "
+                f"{wire.NAMES[ftype]}: {msg} (error {code})"
+            )
         if h.seq != self.seq:
             raise CloudError(f"the cloud verifier at {self.where} answered out of order")
         self.seq += 1
-        self.last = Exchange(h, body, len(frame), wire.HEADER_SIZE + len(body), rate,
-                             t1 - t0 + up_v, (t2 - t1) + (t3 - t2) + down_v,
-                             t3 - t0 + up_v + down_v)  # fmt: skip
+        self.last = Exchange(
+            h,
+            body,
+            len(frame),
+            wire.HEADER_SIZE + len(body),
+            rate,
+            t1 - t0 + up_v,
+            (t2 - t1) + (t3 - t2) + down_v,
+            t3 - t0 + up_v + down_v,
+        )
         return self.last
 
     def _wait(self, seconds: float) -> None:
@@ -125,8 +144,12 @@ class Connection:
     def open(self, prompt: list[int], temp: float, top_p: float, top_k: int, seed: int) -> int:
         """Open a session prefilled with `prompt` on this connection's adapter (or the base);
         returns its committed length."""
-        x = self.request(wire.OPEN, wire.open_(wire.Open(temp, top_p, top_k, seed & (2**64 - 1),
-                                                         tuple(prompt), self.adapter)))  # fmt: skip
+        x = self.request(
+            wire.OPEN,
+            wire.open_(
+                wire.Open(temp, top_p, top_k, seed & (2**64 - 1), tuple(prompt), self.adapter)
+            ),
+        )
         self.session = x.header.session
         return wire.read_u32(x.body, "OPENED")
 

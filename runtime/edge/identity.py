@@ -57,26 +57,47 @@ def check_claim(claim: dict, identity: dict | None, vocab_size: int, codecs) -> 
     if not isinstance(claim, dict):
         raise ProtocolError(wire.E_MALFORMED, "HELLO: the claim must be a JSON object")
     if claim.get("wire_version") != wire.VERSION:
-        raise ProtocolError(wire.E_VERSION, f"the bundle speaks wire version "
-                            f"{claim.get('wire_version')!r}; this verifier speaks {wire.VERSION}")  # fmt: skip
+        raise ProtocolError(
+            wire.E_VERSION,
+            f"the bundle speaks wire version "
+            f"{claim.get('wire_version')!r}; this verifier speaks {wire.VERSION}",
+        )
     if claim.get("codec") not in codecs:
-        raise ProtocolError(wire.E_CODEC, f"the bundle's codec {claim.get('codec')!r} is not one "
-                            f"this verifier decodes ({', '.join(codecs)})")  # fmt: skip
+        raise ProtocolError(
+            wire.E_CODEC,
+            f"the bundle's codec {claim.get('codec')!r} is not one "
+            f"this verifier decodes ({', '.join(codecs)})",
+        )
     if claim.get("vocab_size") != vocab_size:
-        raise ProtocolError(wire.E_VOCAB, f"the bundle's draft has a vocabulary of "
-                            f"{claim.get('vocab_size')!r}; this verifier's target has {vocab_size}")  # fmt: skip
+        raise ProtocolError(
+            wire.E_VOCAB,
+            f"the bundle's draft has a vocabulary of "
+            f"{claim.get('vocab_size')!r}; this verifier's target has {vocab_size}",
+        )
     mine = (identity or {}).get("vocab_hash")
     if mine is None:
-        raise ProtocolError(wire.E_VOCAB, "this verifier knows no tokenizer for its target, so "
-                            "it cannot check the bundle's vocabulary")  # fmt: skip
+        raise ProtocolError(
+            wire.E_VOCAB,
+            "this verifier knows no tokenizer for its target, so "
+            "it cannot check the bundle's vocabulary",
+        )
     if claim.get("vocab_hash") != mine:
-        raise ProtocolError(wire.E_VOCAB, f"the bundle's vocabulary "
-                            f"{str(claim.get('vocab_hash'))[:12]} is not this verifier's "
-                            f"({mine[:12]}); the draft's tokens would mean other strings")  # fmt: skip
+        raise ProtocolError(
+            wire.E_VOCAB,
+            f"the bundle's vocabulary "
+            f"{str(claim.get('vocab_hash'))[:12]} is not this verifier's "
+            f"({mine[:12]}); the draft's tokens would mean other strings",
+        )
     base, have = claim.get("base"), identity.get("base")
-    if base is not None and (not isinstance(base, dict) or have is None
-                             or base.get("config_sha256") != have.get("config_sha256")):  # fmt: skip
+    if base is not None and (
+        not isinstance(base, dict)
+        or have is None
+        or base.get("config_sha256") != have.get("config_sha256")
+    ):
         want = base.get("name") if isinstance(base, dict) else base
-        raise ProtocolError(wire.E_IDENTITY, f"the bundle's draft was built for base {want!r}; "
-                            f"this verifier serves {(have or {}).get('name')!r} (another "
-                            "config.json)")  # fmt: skip
+        raise ProtocolError(
+            wire.E_IDENTITY,
+            f"the bundle's draft was built for base {want!r}; "
+            f"this verifier serves {(have or {}).get('name')!r} (another "
+            "config.json)",
+        )

@@ -21,8 +21,14 @@ from runtime.errors import DuetError
 class LocalVerifier:
     """A verifier subprocess; `host`, `port`, `token`; `stop()` (or `with`) ends it."""
 
-    def __init__(self, target_dir: str | Path | None = None, *, target_backend: str = "auto",
-                 extra_args: tuple[str, ...] = (), start_timeout_s: float = 120.0):  # fmt: skip
+    def __init__(
+        self,
+        target_dir: str | Path | None = None,
+        *,
+        target_backend: str = "auto",
+        extra_args: tuple[str, ...] = (),
+        start_timeout_s: float = 120.0,
+    ):
         self.token = secrets.token_hex(16).encode()
         self._tmp = tempfile.TemporaryDirectory(prefix="duet-cloud-")
         tok = Path(self._tmp.name) / "token"
@@ -37,8 +43,9 @@ class LocalVerifier:
             os.environ,
             PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
         )
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=env, cwd=root)  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root
+        )
         line = [None]
         t = threading.Thread(target=lambda: line.__setitem__(0, self.proc.stdout.readline()))
         t.start()
@@ -48,8 +55,9 @@ class LocalVerifier:
             self.proc.kill()
             err = (self.proc.stderr.read() or "").strip().splitlines()
             self.stop()
-            raise DuetError("the local cloud verifier did not start: "
-                            + (err[-1] if err else "no output"))  # fmt: skip
+            raise DuetError(
+                "the local cloud verifier did not start: " + (err[-1] if err else "no output")
+            )
         host, _, port = first.split()[-1].rpartition(":")
         self.host, self.port = host, int(port)
 

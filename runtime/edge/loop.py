@@ -70,18 +70,32 @@ def edge_steps(
     # them the rounds send K = 0 and the cloud decodes alone
     draft_ctx = getattr(draft, "context", ctx)
     lk.prime()
-    conn.open(seq, sampling.temp, sampling.top_p, sampling.top_k,
-              int(cloud_seed.generate_state(1, np.uint64)[0]))  # fmt: skip
+    conn.open(
+        seq,
+        sampling.temp,
+        sampling.top_p,
+        sampling.top_k,
+        int(cloud_seed.generate_state(1, np.uint64)[0]),
+    )
     produced = 0
     held: list[int] = []  # skipped drafts committed here, not yet sent (they lead the next body)
     try:
         while produced < max_new:
-            g = max(0, min(lk.want(k, k_max), max_new - produced - 1, ctx - len(seq) - 1,
-                           draft_ctx - len(seq), MAX_ROWS - len(held)))  # fmt: skip
+            g = max(
+                0,
+                min(
+                    lk.want(k, k_max),
+                    max_new - produced - 1,
+                    ctx - len(seq) - 1,
+                    draft_ctx - len(seq),
+                    MAX_ROWS - len(held),
+                ),
+            )
             flags: list[tuple[float, bool, float]] = []  # per draft: u, skipped, x_d = q̂(d)
             t0 = time.perf_counter()
-            drafts, q = draft_window(draft, dc, seq, g, sampling, rng, law=lk.enc.draft_law,
-                                     observe=lk.observer(flags))  # fmt: skip
+            drafts, q = draft_window(
+                draft, dc, seq, g, sampling, rng, law=lk.enc.draft_law, observe=lk.observer(flags)
+            )
             g = len(drafts)  # SQS §4: the budget may end the window early
             if lk.skipper and g and all(f[1] for f in flags):  # nothing to verify: no round trip
                 base = len(seq)
@@ -95,8 +109,14 @@ def edge_steps(
             seq += committed
             produced += len(committed)
             rewind(dc, len(seq) - 1)  # FlexSpec §IV-C: the edge rolls back with the cloud
-            yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=draft_s,
-                            verify_s=wall_s, extra={"edge": round_})  # fmt: skip
+            yield StepEvent(
+                tokens=committed,
+                accepted=a,
+                drafted=g,
+                draft_s=draft_s,
+                verify_s=wall_s,
+                extra={"edge": round_},
+            )
     finally:
         rewind(dc, len(seq))
         try:
@@ -121,8 +141,10 @@ def open_link(
     returns the session's EdgeLink (a bit budget drops the controller: it sets L^t itself)."""
     V = draft.config.vocab_size
     if conn.welcome.vocab_size != V:
-        raise DuetError(f"the cloud target's vocabulary ({conn.welcome.vocab_size}) differs "
-                        f"from the draft's ({V})")  # fmt: skip
+        raise DuetError(
+            f"the cloud target's vocabulary ({conn.welcome.vocab_size}) differs "
+            f"from the draft's ({V})"
+        )
     cod = get_codec(codec or ("ids" if sampling.greedy else "raw"))
     if not sampling.greedy and not cod.CARRIES_Q:
         raise DuetError(f"codec {cod.NAME} carries no q; sampling (--temp > 0) needs one that does")
@@ -134,8 +156,10 @@ def open_link(
     skipper = None
     if skip is not None:
         if cod.NAME != "cu-hlm" or sampling.greedy:
-            raise DuetError("--skip is CU-HLM's: it needs --codec cu-hlm and --temp > 0 "
-                            f"(got --codec {cod.NAME}, --temp {sampling.temp:g})")  # fmt: skip
+            raise DuetError(
+                "--skip is CU-HLM's: it needs --codec cu-hlm and --temp > 0 "
+                f"(got --codec {cod.NAME}, --temp {sampling.temp:g})"
+            )
         skipper = Skipper(skip, np.random.default_rng(np.random.SeedSequence(seed).spawn(3)[2]))
     if cod.NAME not in conn.welcome.codecs:
         raise DuetError(f"the cloud verifier does not speak codec {cod.NAME}")
@@ -148,8 +172,10 @@ def check_bit_budget(budget: int, codec: str) -> None:
     if budget < 1:
         raise DuetError(f"--bit-budget must be at least 1 bit (got {budget})")
     if codec not in ("k-sqs", "c-sqs"):
-        raise DuetError(f"--bit-budget is SQS §4's per-batch budget: it needs --codec k-sqs "
-                        f"or c-sqs (got {codec})")  # fmt: skip
+        raise DuetError(
+            f"--bit-budget is SQS §4's per-batch budget: it needs --codec k-sqs "
+            f"or c-sqs (got {codec})"
+        )
 
 
 def edge_summary(events) -> dict:

@@ -64,21 +64,31 @@ class SkipRule:
     source: str = ""
 
 
-def skip_rule(temp: float, u_th: float | None = None, m: int = M_DEFAULT,
-              theta_max: float = THETA_MAX_DEFAULT) -> SkipRule:  # fmt: skip
+def skip_rule(
+    temp: float, u_th: float | None = None, m: int = M_DEFAULT, theta_max: float = THETA_MAX_DEFAULT
+) -> SkipRule:
     """The rule at `temp`: u_th from Theorem 1 with the fit at the nearest fitted temperature,
     or the given u_th. DuetError (one line) at temp 0: there is nothing to risk-bound."""
     if temp <= 0:
-        raise DuetError("--skip needs --temp > 0: CU-HLM's skip rule bounds the rejection "
-                        "risk of sampled drafts (Theorem 1); at --temp 0 drop --skip")  # fmt: skip
+        raise DuetError(
+            "--skip needs --temp > 0: CU-HLM's skip rule bounds the rejection "
+            "risk of sampled drafts (Theorem 1); at --temp 0 drop --skip"
+        )
     if u_th is not None and not 0.0 <= u_th <= 1.0:
         raise DuetError(f"--u-th must be in [0, 1] (u of eq. 9 is a fraction; got {u_th})")
     t = min(FIT, key=lambda x: abs(x - temp))
     a, b, delta = FIT[t]
     if u_th is not None:
         return SkipRule(u_th, a, b, delta, m, theta_max, f"--u-th (fit at T={t:g} for the bound)")
-    return SkipRule(cuhlm.uncertainty_threshold(a, b, delta), a, b, delta, m, theta_max,
-                    f"Theorem 1 eq. (12), embedded pair's fit at T={t:g}")  # fmt: skip
+    return SkipRule(
+        cuhlm.uncertainty_threshold(a, b, delta),
+        a,
+        b,
+        delta,
+        m,
+        theta_max,
+        f"Theorem 1 eq. (12), embedded pair's fit at T={t:g}",
+    )
 
 
 class Skipper:
@@ -118,12 +128,15 @@ def audit(target, seq: list[int], positions: list[int], x_d: list[float], sampli
     end = max(positions)
     logits = np.asarray(target.forward(np.array([seq[:end]]), target.new_cache()))[0]  # (end, V)
     y = sampling.probs(logits[np.asarray(positions) - 1])  # the law at position p: logits p-1
-    return [cuhlm.rejection_probability(xd, float(y[i, seq[p]]))
-            for i, (p, xd) in enumerate(zip(positions, x_d, strict=True))]  # fmt: skip
+    return [
+        cuhlm.rejection_probability(xd, float(y[i, seq[p]]))
+        for i, (p, xd) in enumerate(zip(positions, x_d, strict=True))
+    ]
 
 
-def skip_summary(events, rule: SkipRule, n_out: int, betas: list[float] | None,
-                 why_no_audit: str = "") -> dict:  # fmt: skip
+def skip_summary(
+    events, rule: SkipRule, n_out: int, betas: list[float] | None, why_no_audit: str = ""
+) -> dict:
     """The `stats.skip` object: rule, skip rate, measured R (or why not) and Theorem 1's bound."""
     us = [u for ev in events for u in ev.extra.get("edge", {}).get("u", ())]
     rounds = [ev.extra["edge"] for ev in events if "edge" in ev.extra]
@@ -135,12 +148,15 @@ def skip_summary(events, rule: SkipRule, n_out: int, betas: list[float] | None,
            "windows_not_sent": sum(1 for r in rounds if not r.get("sent", True)),
            "mean_u": float(np.mean(us)) if us else None}  # fmt: skip
     if rule.a is not None and rule.a > 0:
-        out["theorem1_bound"] = cuhlm.theorem1_bound(np.array(us), rule.a, rule.b, rule.delta,
-                                                     rule.m, rule.u_th)  # eq. (13)  # fmt: skip
+        out["theorem1_bound"] = cuhlm.theorem1_bound(
+            np.array(us), rule.a, rule.b, rule.delta, rule.m, rule.u_th
+        )  # eq. (13)
     if betas is None:
         out.update(measured_risk=None, skipped_reject_rate=None, audit=why_no_audit)
     else:
-        out.update(measured_risk=sum(betas) / n,
-                   skipped_reject_rate=sum(betas) / len(betas) if betas else 0.0,
-                   audit="teacher-forced target pass over prompt + output")  # fmt: skip
+        out.update(
+            measured_risk=sum(betas) / n,
+            skipped_reject_rate=sum(betas) / len(betas) if betas else 0.0,
+            audit="teacher-forced target pass over prompt + output",
+        )
     return out

@@ -161,8 +161,9 @@ class Open:
 def open_(o: Open) -> bytes:
     """OPEN: f32 temp, f32 top_p, u32 top_k, u64 seed, u32 n, n × u32 prompt ids; with an
     adapter, then u8 m + m bytes of its UTF-8 name. Without one the frame is version 1's."""
-    out = struct.pack(f"<ffIQI{len(o.prompt)}I", o.temp, o.top_p, o.top_k, o.seed,
-                      len(o.prompt), *o.prompt)  # fmt: skip
+    out = struct.pack(
+        f"<ffIQI{len(o.prompt)}I", o.temp, o.top_p, o.top_k, o.seed, len(o.prompt), *o.prompt
+    )
     if o.adapter:
         name = o.adapter.encode()
         if len(name) > MAX_ADAPTER_NAME:

@@ -26,9 +26,14 @@ class DuetRunner:
         self.eos = tuple(pair.target.config.eos_token_ids)
         # summarize=False: a turn's time is its steps' (and auto's observe), as before the
         # session; the bench reads no method summary
-        self.session = GenerationSession(pair, method=method, chooser=chooser, eos=self.eos,
-                                         options={**self.extra, "gamma": gamma},
-                                         summarize=False)
+        self.session = GenerationSession(
+            pair,
+            method=method,
+            chooser=chooser,
+            eos=self.eos,
+            options={**self.extra, "gamma": gamma},
+            summarize=False,
+        )
 
     def settings(self) -> dict:
         s = self.pair.settings
@@ -45,8 +50,11 @@ class DuetRunner:
             from runtime.decoding.mirror import draft_in_process
 
             asked = self.extra.get("draft_process")
-            out["draft_worker"] = "process" if draft_in_process(
-                self.pair.target, self.pair.draft, asked) else "thread"  # fmt: skip
+            out["draft_worker"] = (
+                "process"
+                if draft_in_process(self.pair.target, self.pair.draft, asked)
+                else "thread"
+            )
         if self.method in METHODS:  # only the options this method takes
             from dataclasses import fields
 
@@ -58,8 +66,7 @@ class DuetRunner:
         t0 = time.perf_counter()
         out: list[int] = []
         stats = RunStats(prefill_tokens=len(ids))
-        for r in self.session.stream(list(ids), max_new, sampling=Sampling(temp, top_p),
-                                     seed=seed):
+        for r in self.session.stream(list(ids), max_new, sampling=Sampling(temp, top_p), seed=seed):
             out += r.tokens
             stats = r.stats
         note = None
@@ -69,7 +76,12 @@ class DuetRunner:
             pick = method if "by_gamma" not in rec else f"{method}@g{gamma}"
             self.picked[pick] = self.picked.get(pick, 0) + 1
             note = f"auto picked {pick}: {rec['why']}"
-        return TurnResult(out, time.perf_counter() - t0, list(stats.accept_lengths), note=note,
-                          stage_s={"draft": stats.draft_s, "verify": stats.verify_s},
-                          verified_tokens=sum(stats.drafted) + len(stats.drafted),
-                          draft_passes=stats.per_step.get("draft_passes"))  # fmt: skip
+        return TurnResult(
+            out,
+            time.perf_counter() - t0,
+            list(stats.accept_lengths),
+            note=note,
+            stage_s={"draft": stats.draft_s, "verify": stats.verify_s},
+            verified_tokens=sum(stats.drafted) + len(stats.drafted),
+            draft_passes=stats.per_step.get("draft_passes"),
+        )

@@ -104,8 +104,13 @@ class HfAssistedRunner:
     def _generate(self, x, max_new, streamer, kw):
         torch = self.torch
         if self.draft is not None:
-            kw = dict(kw, assistant_model=self.draft, num_assistant_tokens=self.gamma,
-                      num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)  # fmt: skip
+            kw = dict(
+                kw,
+                assistant_model=self.draft,
+                num_assistant_tokens=self.gamma,
+                num_assistant_tokens_schedule="constant",
+                assistant_confidence_threshold=0.0,
+            )
         return self.target.generate(
             x,
             attention_mask=torch.ones_like(x),

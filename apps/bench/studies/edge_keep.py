@@ -42,8 +42,9 @@ def _speedup(runs: dict, method: str, prompts: np.ndarray) -> float:
     return ms("cloud-only") / ms(method)
 
 
-def keep_shares(t1: dict, t0: dict, method: str = "adaptive", resamples: int = 2000,
-                seed: int = 0) -> list[dict]:  # fmt: skip
+def keep_shares(
+    t1: dict, t0: dict, method: str = "adaptive", resamples: int = 2000, seed: int = 0
+) -> list[dict]:
     """Per link both runs hold: the shared prompts, both speedups, the share and its 95 % CI."""
     rng = np.random.default_rng(seed)
     rows = []
@@ -87,10 +88,12 @@ def main(argv: list[str] | None = None) -> int:
         raise DuetError(f"the two files share no link with cloud-only and {a.method} runs")
     for r in rows:
         ci = r.get("ci95")
-        print(f"{r['link']:<9} {r['method']}: speedup T=1 {r['speedup_t1']:.2f}x / T=0 "
-              f"{r['speedup_t0']:.2f}x = {100 * r['share']:.1f} % kept"
-              + (f", 95 % CI [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
-              + f" over {r['prompts']} shared prompts")  # fmt: skip
+        print(
+            f"{r['link']:<9} {r['method']}: speedup T=1 {r['speedup_t1']:.2f}x / T=0 "
+            f"{r['speedup_t0']:.2f}x = {100 * r['share']:.1f} % kept"
+            + (f", 95 % CI [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
+            + f" over {r['prompts']} shared prompts"
+        )
     return 0
 
 

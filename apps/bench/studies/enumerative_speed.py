@@ -43,9 +43,13 @@ def one_row(rng, v: int, k: int, ell: int, plain: bool) -> dict:
     t4 = time.perf_counter()
     if not ((back == ids).all() and (cb == counts).all()):
         raise AssertionError("round trip failed")
-    return {"subset_ms": 1e3 * (t2 - t0), "lattice_ms": 1e3 * (t4 - t2),
-            "encode_ms": 1e3 * ((t1 - t0) + (t3 - t2)), "decode_ms": 1e3 * ((t2 - t1) + (t4 - t3)),
-            "total_ms": 1e3 * (t4 - t0)}  # fmt: skip
+    return {
+        "subset_ms": 1e3 * (t2 - t0),
+        "lattice_ms": 1e3 * (t4 - t2),
+        "encode_ms": 1e3 * ((t1 - t0) + (t3 - t2)),
+        "decode_ms": 1e3 * ((t2 - t1) + (t4 - t3)),
+        "total_ms": 1e3 * (t4 - t0),
+    }
 
 
 def measure(v: int, k: int, ell: int, rows: int, plain: bool, seed: int = 0) -> dict:
@@ -85,11 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(res))
         return 0
-    print(f"{'V':>7} {'K':>4} {'ell':>5} {'path':<5} {'subset ms':>9} {'lattice ms':>10} "
-          f"{'enc+dec ms':>10} {'(min)':>8}")  # fmt: skip
+    print(
+        f"{'V':>7} {'K':>4} {'ell':>5} {'path':<5} {'subset ms':>9} {'lattice ms':>10} "
+        f"{'enc+dec ms':>10} {'(min)':>8}"
+    )
     for r in res:
-        print(f"{r['vocab']:>7} {r['k']:>4} {r['ell']:>5} {r['path']:<5} {r['subset_ms']:>9.2f} "
-              f"{r['lattice_ms']:>10.2f} {r['total_ms']:>10.2f} {r['total_min_ms']:>8.2f}")  # fmt: skip
+        print(
+            f"{r['vocab']:>7} {r['k']:>4} {r['ell']:>5} {r['path']:<5} {r['subset_ms']:>9.2f} "
+            f"{r['lattice_ms']:>10.2f} {r['total_ms']:>10.2f} {r['total_min_ms']:>8.2f}"
+        )
     return 0
 
 

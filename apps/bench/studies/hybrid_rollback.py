@@ -40,8 +40,15 @@ from runtime.errors import DuetError, cli_main
 from ..hybrid_pair import hybrid_pair_dirs
 
 
-def measure(path, *, gamma: int = 4, prompt_len: int = 64, reps: int = 20, threads: int = 1,
-            backend: str = "torch"):  # fmt: skip
+def measure(
+    path,
+    *,
+    gamma: int = 4,
+    prompt_len: int = 64,
+    reps: int = 20,
+    threads: int = 1,
+    backend: str = "torch",
+):
     """{verify_ms, replay_ms[A], replay_share[A], redecode_ms[A], replay_log_ms[A]} for A in
     0..γ."""
     from runtime.backends import load_model
@@ -79,8 +86,14 @@ def measure(path, *, gamma: int = 4, prompt_len: int = 64, reps: int = 20, threa
     out = {"backend": backend, "gamma": gamma, "prompt_len": prompt_len, "threads": threads,
            "reps": reps}  # fmt: skip
     out["verify_ms"], out["verify_ms_min"] = timed(verify)
-    for k in ("replay_ms", "redecode_ms", "replay_log_ms", "replay_ms_min", "redecode_ms_min",
-              "replay_log_ms_min"):  # fmt: skip
+    for k in (
+        "replay_ms",
+        "redecode_ms",
+        "replay_log_ms",
+        "replay_ms_min",
+        "redecode_ms_min",
+        "replay_log_ms_min",
+    ):
         out[k] = {}
     for a in range(gamma + 1):
         kept = a + 1  # accepted drafts + the last committed token
@@ -96,8 +109,9 @@ def measure(path, *, gamma: int = 4, prompt_len: int = 64, reps: int = 20, threa
         out["redecode_ms"][a], out["redecode_ms_min"][a] = timed(replay_trim, "redecode")
         out["replay_log_ms"][a], out["replay_log_ms_min"][a] = timed(replay_trim, "replay_log")
     out["replay_share"] = {a: ms / out["verify_ms"] for a, ms in out["replay_ms"].items()}
-    out["replay_share_min"] = {a: ms / out["verify_ms_min"]
-                               for a, ms in out["replay_ms_min"].items()}  # fmt: skip
+    out["replay_share_min"] = {
+        a: ms / out["verify_ms_min"] for a, ms in out["replay_ms_min"].items()
+    }
     return out
 
 
@@ -110,8 +124,17 @@ def cache_with(model, rollback: str):
         model.hybrid_rollback = was
 
 
-def counted_sd(path, draft_path, *, gamma: int = 4, prompt_len: int = 16, max_new: int = 64,
-               reps: int = 3, threads: int = 1, backend: str = "torch"):  # fmt: skip
+def counted_sd(
+    path,
+    draft_path,
+    *,
+    gamma: int = 4,
+    prompt_len: int = 16,
+    max_new: int = 64,
+    reps: int = 3,
+    threads: int = 1,
+    backend: str = "torch",
+):
     """Greedy sd, replay and redecode alternating: {rollback: {processed, redecoded,
     generated, steps, accepted, draft_s, verify_s, tok_s}} (tok_s the median, the seconds
     the last run's; the counts are the same every run). Rollback time is in neither draft_s
@@ -138,15 +161,29 @@ def counted_sd(path, draft_path, *, gamma: int = 4, prompt_len: int = 16, max_ne
             tc = cache_with(target, r)
             counted[0] = 0
             t = time.perf_counter()
-            steps = make_steps("sd", target, draft, prompt, max_new=max_new, sampling=GREEDY,
-                               seed=0, gamma=gamma, target_cache=tc)  # fmt: skip
+            steps = make_steps(
+                "sd",
+                target,
+                draft,
+                prompt,
+                max_new=max_new,
+                sampling=GREEDY,
+                seed=0,
+                gamma=gamma,
+                target_cache=tc,
+            )
             res = run(steps, max_new=max_new)
             row["tok_s"].append(len(res.tokens) / (time.perf_counter() - t))
             tokens.setdefault(r, res.tokens)
-            row.update(processed=counted[0], redecoded=getattr(tc, "redecoded", 0),
-                       generated=len(res.tokens), steps=len(res.stats.accepted),
-                       accepted=sum(res.stats.accepted), draft_s=res.stats.draft_s,
-                       verify_s=res.stats.verify_s)  # fmt: skip
+            row.update(
+                processed=counted[0],
+                redecoded=getattr(tc, "redecoded", 0),
+                generated=len(res.tokens),
+                steps=len(res.stats.accepted),
+                accepted=sum(res.stats.accepted),
+                draft_s=res.stats.draft_s,
+                verify_s=res.stats.verify_s,
+            )
     for row in out.values():
         row["tok_s"] = statistics.median(row["tok_s"])
     out["same_tokens"] = tokens["replay"] == tokens["redecode"]
@@ -154,8 +191,17 @@ def counted_sd(path, draft_path, *, gamma: int = 4, prompt_len: int = 16, max_ne
     return out
 
 
-def end_to_end(target_dir, draft_dir, *, gamma: int, prompts: int, max_new: int, threads: int,
-               temperature: float = 0.0, draft_backend: str = "onnx"):  # fmt: skip
+def end_to_end(
+    target_dir,
+    draft_dir,
+    *,
+    gamma: int,
+    prompts: int,
+    max_new: int,
+    threads: int,
+    temperature: float = 0.0,
+    draft_backend: str = "onnx",
+):
     """Tokens/s of ar, sd (replay) and sd (redecode), alternated per prompt. The draft runs on
     `draft_backend`: onnx (what `runtime.generate` loads for a hybrid draft, its rollback picking
     the states kept per position) or torch (its rollback then follows the target's mode)."""
@@ -230,16 +276,22 @@ def main(argv=None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--target", default=None,
-                    help="a hybrid (qwen3_5_text) checkpoint directory (default out/hybrid/target)")  # fmt: skip
+    ap.add_argument(
+        "--target",
+        default=None,
+        help="a hybrid (qwen3_5_text) checkpoint directory (default out/hybrid/target)",
+    )
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--backend", choices=("torch", "mlx"), default="torch")
-    ap.add_argument("--draft", help="a draft checkpoint: also run sd on a random prompt both "
-                    "ways, counting the tokens processed and re-run (with --sd: the pair's "
-                    "draft, default out/hybrid/draft)")  # fmt: skip
+    ap.add_argument(
+        "--draft",
+        help="a draft checkpoint: also run sd on a random prompt both "
+        "ways, counting the tokens processed and re-run (with --sd: the pair's "
+        "draft, default out/hybrid/draft)",
+    )
     ap.add_argument(
         "--sd",
         action="store_true",
@@ -248,33 +300,62 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=8, help="--sd: first N of apps/prompts")
     ap.add_argument("--max-tokens", type=int, default=64, help="--sd: new tokens per prompt")
     ap.add_argument("--temperature", type=float, default=0.0, help="--sd: 0 is greedy")
-    ap.add_argument("--draft-backend", choices=("onnx", "torch"), default="onnx",
-                    help="--sd: the draft's backend (default onnx, what runtime.generate loads "
-                    "for a hybrid draft; torch: its rollback follows the target's mode)")  # fmt: skip
+    ap.add_argument(
+        "--draft-backend",
+        choices=("onnx", "torch"),
+        default="onnx",
+        help="--sd: the draft's backend (default onnx, what runtime.generate loads "
+        "for a hybrid draft; torch: its rollback follows the target's mode)",
+    )
     ap.add_argument("--max-new", type=int, default=64, help="end-to-end tokens per run")
     ap.add_argument("--e2e-reps", type=int, default=3)
     a = ap.parse_args(argv)
-    if min(a.gamma, a.reps, a.prompt_len, a.threads, a.max_new, a.e2e_reps, a.prompts,
-           a.max_tokens) < 1:  # fmt: skip
-        raise DuetError("--gamma, --reps, --prompt-len, --threads, --max-new, --e2e-reps, "
-                        "--prompts and --max-tokens must be at least 1")  # fmt: skip
+    if (
+        min(
+            a.gamma, a.reps, a.prompt_len, a.threads, a.max_new, a.e2e_reps, a.prompts, a.max_tokens
+        )
+        < 1
+    ):
+        raise DuetError(
+            "--gamma, --reps, --prompt-len, --threads, --max-new, --e2e-reps, "
+            "--prompts and --max-tokens must be at least 1"
+        )
     if not a.temperature >= 0:
         raise DuetError(f"--temperature must be at least 0 (got {a.temperature})")
     counted = a.draft is not None and not a.sd
     if a.target is None or (a.sd and a.draft is None):
         t, d = hybrid_pair_dirs()
         a.target, a.draft = a.target or t, a.draft or d
-    res = measure(a.target, gamma=a.gamma, prompt_len=a.prompt_len, reps=a.reps,
-                  threads=a.threads, backend=a.backend)  # fmt: skip
+    res = measure(
+        a.target,
+        gamma=a.gamma,
+        prompt_len=a.prompt_len,
+        reps=a.reps,
+        threads=a.threads,
+        backend=a.backend,
+    )
     if counted:
-        res["sd"] = counted_sd(a.target, a.draft, gamma=a.gamma, prompt_len=a.prompt_len,
-                               max_new=a.max_new, reps=a.e2e_reps, threads=a.threads,
-                               backend=a.backend)  # fmt: skip
+        res["sd"] = counted_sd(
+            a.target,
+            a.draft,
+            gamma=a.gamma,
+            prompt_len=a.prompt_len,
+            max_new=a.max_new,
+            reps=a.e2e_reps,
+            threads=a.threads,
+            backend=a.backend,
+        )
     if a.sd:
-        res["end_to_end"] = end_to_end(a.target, a.draft, gamma=a.gamma, prompts=a.prompts,
-                                       max_new=a.max_tokens, threads=a.threads,
-                                       temperature=a.temperature,
-                                       draft_backend=a.draft_backend)  # fmt: skip
+        res["end_to_end"] = end_to_end(
+            a.target,
+            a.draft,
+            gamma=a.gamma,
+            prompts=a.prompts,
+            max_new=a.max_tokens,
+            threads=a.threads,
+            temperature=a.temperature,
+            draft_backend=a.draft_backend,
+        )
     print(json.dumps(res, indent=1))
     return 0
 

@@ -51,11 +51,20 @@ def start_server(a: argparse.Namespace) -> tuple[subprocess.Popen, int]:
 def local_run(pair, ids: list[int], a) -> dict:
     """runtime.generate's loop in this process."""
     stats = RunStats(prefill_tokens=len(ids))
-    steps = make_steps(a.method, pair.target, pair.draft, ids, max_new=a.max_tokens,
-                       sampling=Sampling(0.0), seed=0, gamma=a.gamma)  # fmt: skip
+    steps = make_steps(
+        a.method,
+        pair.target,
+        pair.draft,
+        ids,
+        max_new=a.max_tokens,
+        sampling=Sampling(0.0),
+        seed=0,
+        gamma=a.gamma,
+    )
     out, t0, ttft = [], time.perf_counter(), None
-    for toks, _ in stream(steps, max_new=a.max_tokens, eos_ids=pair.target.config.eos_token_ids,
-                          stats=stats):  # fmt: skip
+    for toks, _ in stream(
+        steps, max_new=a.max_tokens, eos_ids=pair.target.config.eos_token_ids, stats=stats
+    ):
         ttft = ttft if ttft is not None else time.perf_counter() - t0
         out += toks
     s = stats.as_dict()
@@ -64,8 +73,15 @@ def local_run(pair, ids: list[int], a) -> dict:
 
 def server_run(port: int, ids: list[int], a) -> dict:
     """One streaming request; times measured at the client."""
-    body = json.dumps({"prompt": ids, "max_tokens": a.max_tokens, "temperature": 0, "stream": True,
-                       "stream_options": {"include_usage": True}})  # fmt: skip
+    body = json.dumps(
+        {
+            "prompt": ids,
+            "max_tokens": a.max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.perf_counter()
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -88,8 +104,12 @@ def server_run(port: int, ids: list[int], a) -> dict:
     wall = time.perf_counter() - t0
     conn.close()
     n = usage["completion_tokens"]
-    return {"tokens": tokens, "tokens_per_s": n / wall, "ttft_s": ttft,
-            "engine_tokens_per_s": usage["speculative"]["tokens_per_s"]}  # fmt: skip
+    return {
+        "tokens": tokens,
+        "tokens_per_s": n / wall,
+        "ttft_s": ttft,
+        "engine_tokens_per_s": usage["speculative"]["tokens_per_s"],
+    }
 
 
 def measure(a: argparse.Namespace) -> dict:
@@ -148,8 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    for flag, v in (("--max-tokens", a.max_tokens), ("--prompt-len", a.prompt_len),
-                    ("--rounds", a.rounds), ("--gamma", a.gamma)):  # fmt: skip
+    for flag, v in (
+        ("--max-tokens", a.max_tokens),
+        ("--prompt-len", a.prompt_len),
+        ("--rounds", a.rounds),
+        ("--gamma", a.gamma),
+    ):
         if v < 1:
             raise DuetError(f"{flag} must be at least 1 (got {v})")
     r = measure(a)
@@ -169,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             f"first token {r['server_ttft_s'] * 1e3:6.1f} ms   (engine inside: "
             f"{r['server_engine_tokens_per_s']:.1f} tok/s)"
         )
-        print(f"  server / generate      {r['ratio']:.3f}")  # fmt: skip
+        print(f"  server / generate      {r['ratio']:.3f}")
     return 0
 
 

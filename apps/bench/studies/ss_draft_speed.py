@@ -115,8 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", default=None, help="prompt set (default apps/prompts/)")
     ap.add_argument("--continuation", type=int, default=48, help="target tokens after a prompt")
     ap.add_argument("--windows", type=int, default=8, help="positions per context (default 8)")
-    ap.add_argument("--backend", choices=["onnx", "torch"], default="onnx",
-                    help="runs both drafts (default onnx, the draft's home)")  # fmt: skip
+    ap.add_argument(
+        "--backend",
+        choices=["onnx", "torch"],
+        default="onnx",
+        help="runs both drafts (default onnx, the draft's home)",
+    )
     ap.add_argument("--threads", type=int, default=1, help="draft / torch threads (default 1)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)
@@ -149,13 +153,18 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"SS draft {a.draft} ({ss.ss_streams} streams), {a.backend}, {a.threads} thread(s), "
-          f"{len(ctxs)} contexts x {a.windows} positions, greedy", file=sys.stderr)  # fmt: skip
+    print(
+        f"SS draft {a.draft} ({ss.ss_streams} streams), {a.backend}, {a.threads} thread(s), "
+        f"{len(ctxs)} contexts x {a.windows} positions, greedy",
+        file=sys.stderr,
+    )
     cols = "gamma  J_ar  J_ss  eta_bar  ar_ms  ss_ms  speedup" + ("  ar_draft_ms" if extra else "")
     print(cols)
     for g, r in res.items():
-        line = f"{g:5d} {g:5d} {r['J_ss']:5.2f} {r['eta_bar']:7.2f} {r['ar_ms']:6.2f} " \
-               f"{r['ss_ms']:6.2f} {r['speedup']:7.2f}"  # fmt: skip
+        line = (
+            f"{g:5d} {g:5d} {r['J_ss']:5.2f} {r['eta_bar']:7.2f} {r['ar_ms']:6.2f} "
+            f"{r['ss_ms']:6.2f} {r['speedup']:7.2f}"
+        )
         print(line + (f" {r['ar_draft_ms']:11.2f}" if extra else ""))
     return 0
 

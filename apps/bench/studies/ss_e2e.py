@@ -25,11 +25,20 @@ def one_run(method, target, draft, ids, max_new, sampling, seed, **opts) -> dict
     from runtime.decoding import make_steps, run
 
     t0 = time.perf_counter()
-    r = run(make_steps(method, target, draft, ids, max_new=max_new, sampling=sampling, seed=seed,
-                       **opts), max_new=max_new, eos_ids=target.config.eos_token_ids)  # fmt: skip
+    r = run(
+        make_steps(
+            method, target, draft, ids, max_new=max_new, sampling=sampling, seed=seed, **opts
+        ),
+        max_new=max_new,
+        eos_ids=target.config.eos_token_ids,
+    )
     st = r.stats.as_dict()
-    return {"tokens": r.tokens, "wall": time.perf_counter() - t0, "lengths": st["accept_lengths"],
-            "passes": [j for j in st.get("per_step", {}).get("draft_passes", []) if j]}  # fmt: skip
+    return {
+        "tokens": r.tokens,
+        "wall": time.perf_counter() - t0,
+        "lengths": st["accept_lengths"],
+        "passes": [j for j in st.get("per_step", {}).get("draft_passes", []) if j],
+    }
 
 
 def summarize(runs: dict) -> list[dict]:
@@ -41,11 +50,19 @@ def summarize(runs: dict) -> list[dict]:
             base[t] = tps
         lengths = [x for r in rs for x in r["lengths"]]
         js = [x for r in rs for x in r["passes"]]
-        rows.append({"method": m, "draft": d, "temp": t, "tokens_per_s": round(tps, 2),
-                     "mean_accepted": round(sum(lengths) / len(lengths), 3) if lengths else None,
-                     "draft_passes_per_window": round(sum(js) / len(js), 3) if js else None,
-                     "matches_ar": f"{sum(r.get('same', False) for r in rs)}/{len(rs)}"
-                     if t == 0 and m != "ar" else None})  # fmt: skip
+        rows.append(
+            {
+                "method": m,
+                "draft": d,
+                "temp": t,
+                "tokens_per_s": round(tps, 2),
+                "mean_accepted": round(sum(lengths) / len(lengths), 3) if lengths else None,
+                "draft_passes_per_window": round(sum(js) / len(js), 3) if js else None,
+                "matches_ar": f"{sum(r.get('same', False) for r in rs)}/{len(rs)}"
+                if t == 0 and m != "ar"
+                else None,
+            }
+        )
     for r in rows:
         r["speedup"] = round(r["tokens_per_s"] / base[r["temp"]], 3) if r["temp"] in base else None
     return rows
@@ -66,8 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=5, help="prompts (default 5)")
     ap.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt")
     ap.add_argument("--gamma", type=int, default=4, help="window γ (default 4)")
-    ap.add_argument("--backend", choices=["onnx", "torch"], default="onnx",
-                    help="runs both drafts (default onnx)")  # fmt: skip
+    ap.add_argument(
+        "--backend",
+        choices=["onnx", "torch"],
+        default="onnx",
+        help="runs both drafts (default onnx)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)
@@ -117,9 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print("method  draft     temp  tok/s  speedup  accepted  J     matches_ar")
     for r in rows:
-        print(f"{r['method']:7s} {r['draft']:9s} {r['temp']:4g} {r['tokens_per_s']:6.2f} "
-              f"{r['speedup']:7.3f}  {r['mean_accepted'] or 0:8.3f}  "
-              f"{r['draft_passes_per_window'] or 0:4.2f}  {r['matches_ar']}")  # fmt: skip
+        print(
+            f"{r['method']:7s} {r['draft']:9s} {r['temp']:4g} {r['tokens_per_s']:6.2f} "
+            f"{r['speedup']:7.3f}  {r['mean_accepted'] or 0:8.3f}  "
+            f"{r['draft_passes_per_window'] or 0:4.2f}  {r['matches_ar']}"
+        )
     return 0
 
 

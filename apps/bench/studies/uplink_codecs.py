@@ -143,11 +143,19 @@ def cuhlm_stats(lt, ld, temp, m, theta_max, theta, rng):
     skipped = us <= u_th  # eq. (10)
     for x, u in zip(x_all, us, strict=True):
         ks.append(cuhlm.k_online(x, float(x.max()), float(u), fit.a, fit.b, theta))
-    return {"a": fit.a, "b": fit.b, "r": fit.r, "mse": fit.mse, "delta": delta, "u_th": u_th,
-            "skip_rate": float(skipped.mean()),
-            "measured_risk": float(np.mean(np.where(skipped, betas, 0.0))),
-            "model_risk": cuhlm.rejection_risk(us, fit.a, fit.b, u_th),
-            "mean_k_online": float(np.mean(ks)), "ks": ks}  # fmt: skip
+    return {
+        "a": fit.a,
+        "b": fit.b,
+        "r": fit.r,
+        "mse": fit.mse,
+        "delta": delta,
+        "u_th": u_th,
+        "skip_rate": float(skipped.mean()),
+        "measured_risk": float(np.mean(np.where(skipped, betas, 0.0))),
+        "model_risk": cuhlm.rejection_risk(us, fit.a, fit.b, u_th),
+        "mean_k_online": float(np.mean(ks)),
+        "ks": ks,
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -169,17 +177,31 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eta", type=float, default=1e-3, help="C-SQS eta (default 1e-3, SQS §4)")
     ap.add_argument("--beta", type=float, default=0.01, help="C-SQS initial beta (default 0.01)")
     ap.add_argument("--theta", type=float, default=0.1, help="CU-HLM TVD tolerance (default 0.1)")
-    ap.add_argument("--cu-k", type=int, default=None,
-                    help="CU-HLM with this fixed k (the wire codec's) instead of the online k(t)*")  # fmt: skip
-    ap.add_argument("--cu-levels", default="log", choices=("log", "linear"),
-                    help="CU-HLM's 8-bit probabilities: log 2^(-16 v/255) (default) or linear v/255")  # fmt: skip
+    ap.add_argument(
+        "--cu-k",
+        type=int,
+        default=None,
+        help="CU-HLM with this fixed k (the wire codec's) instead of the online k(t)*",
+    )
+    ap.add_argument(
+        "--cu-levels",
+        default="log",
+        choices=("log", "linear"),
+        help="CU-HLM's 8-bit probabilities: log 2^(-16 v/255) (default) or linear v/255",
+    )
     ap.add_argument("--m", type=int, default=16, help="CU-HLM perturbation samples M (default 16)")
     ap.add_argument("--theta-max", type=float, default=1.0, help="CU-HLM theta_max (default 1)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--links", default="5g,4g,wifi-weak",
-                    help="named links for the MODELED ms per token of k-sqs and c-sqs ('' for none)")  # fmt: skip
-    ap.add_argument("--plot", default=None,
-                    help="write the modeled ms per token and resampling rate vs T here (.html)")  # fmt: skip
+    ap.add_argument(
+        "--links",
+        default="5g,4g,wifi-weak",
+        help="named links for the MODELED ms per token of k-sqs and c-sqs ('' for none)",
+    )
+    ap.add_argument(
+        "--plot",
+        default=None,
+        help="write the modeled ms per token and resampling rate vs T here (.html)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     return ap
 
@@ -230,28 +252,36 @@ def main(argv: list[str] | None = None) -> int:
         row = {"raw_acceptance": float(np.minimum(p, q).sum(-1).mean())}
         for name, prm in params.items():
             if name == "cu-hlm" and args.cu_k is None and cu.get("ks"):
-                row[name] = run_cuhlm_online(p, q, cu["ks"], args.gamma, rng, args.budget,
-                                             args.cu_levels)  # fmt: skip
+                row[name] = run_cuhlm_online(
+                    p, q, cu["ks"], args.gamma, rng, args.budget, args.cu_levels
+                )
             else:
                 row[name] = run_codec(name, prm, p, q, args.gamma, rng, args.budget)
             row[name]["acceptance_vs_raw"] = row[name]["acceptance"] / row["raw_acceptance"]
-        row["cu-hlm-offline"] = run_cuhlm_offline(p, q, args.theta, args.gamma, rng, args.budget,
-                                                  args.cu_levels)  # fmt: skip
+        row["cu-hlm-offline"] = run_cuhlm_offline(
+            p, q, args.theta, args.gamma, rng, args.budget, args.cu_levels
+        )
         cu.pop("ks", None)
         row["cu-hlm-fit"] = cu
         for name in ("k-sqs", "c-sqs"):
-            row[name]["modeled"] = {x: modeled_latency(row[name], LINKS[x], args.gamma)
-                                    for x in links}  # fmt: skip
+            row[name]["modeled"] = {
+                x: modeled_latency(row[name], LINKS[x], args.gamma) for x in links
+            }
         report["temps"][str(temp)] = row
     report["wall_s"] = time.perf_counter() - t0
     if args.plot:
         from apps.bench.edge_codecs import plot_crossover
 
-        plot_crossover([{"temp": float(t), "link": x, "codec": c, **row[c]["modeled"][x]}
-                        for t, row in report["temps"].items() for c in ("k-sqs", "c-sqs")
-                        for x in links], args.plot,
-                       "MODELED from measured acceptance and wire bits "
-                       "(apps.bench.studies.uplink_codecs), ")  # fmt: skip
+        plot_crossover(
+            [
+                {"temp": float(t), "link": x, "codec": c, **row[c]["modeled"][x]}
+                for t, row in report["temps"].items()
+                for c in ("k-sqs", "c-sqs")
+                for x in links
+            ],
+            args.plot,
+            "MODELED from measured acceptance and wire bits (apps.bench.studies.uplink_codecs), ",
+        )
     if args.json:
         print(json.dumps(report))
     else:
@@ -276,8 +306,12 @@ def run_cuhlm_online(p, q, ks, gamma, rng, budget=5000, levels="log"):
         model += 8 * codec.header_bytes() + codec.body_bits(rows, v)
         accept += np.minimum(p[s : s + gamma], q_dec).sum(-1).tolist()
         bits += eq1_bits("cu-hlm", rows, v, 0)
-    return {"bits_per_token": wire / len(q), "model_bits_per_token": model / len(q),
-            "acceptance": float(np.mean(accept)), "mean_batch_length": mean_batch_length(bits, budget)}  # fmt: skip
+    return {
+        "bits_per_token": wire / len(q),
+        "model_bits_per_token": model / len(q),
+        "acceptance": float(np.mean(accept)),
+        "mean_batch_length": mean_batch_length(bits, budget),
+    }
 
 
 def run_cuhlm_offline(p, q, theta, gamma, rng, budget=5000, levels="log"):
@@ -296,38 +330,50 @@ def run_cuhlm_offline(p, q, theta, gamma, rng, budget=5000, levels="log"):
 
 
 def print_table(r) -> None:
-    print(f"{r['positions']} positions, V = {r['vocab']}: raw float32 {r['raw_float32_bits']} "
-          f"bits/token, float16 {r['raw_float16_bits']}")  # fmt: skip
-    print(f"{'temp':>5} {'codec':>7} {'bits/tok':>9} {'model':>9} {'%f32':>6} {'%f16':>6} "
-          f"{'accept':>7} {'raw acc':>7} {'acc/raw':>7} {'L^t':>6}")  # fmt: skip
+    print(
+        f"{r['positions']} positions, V = {r['vocab']}: raw float32 {r['raw_float32_bits']} "
+        f"bits/token, float16 {r['raw_float16_bits']}"
+    )
+    print(
+        f"{'temp':>5} {'codec':>7} {'bits/tok':>9} {'model':>9} {'%f32':>6} {'%f16':>6} "
+        f"{'accept':>7} {'raw acc':>7} {'acc/raw':>7} {'L^t':>6}"
+    )
     for temp, row in r["temps"].items():
         for name in ("k-sqs", "c-sqs", "cu-hlm", "cu-hlm-offline"):
             c = row[name]
             raw_acc = c.get("acceptance_raw_same_rows", row["raw_acceptance"])
             label = "cu-off" if name == "cu-hlm-offline" else name
-            print(f"{temp:>5} {label:>7} {c['bits_per_token']:9.1f} {c['model_bits_per_token']:9.1f} "
-                  f"{100 * c['bits_per_token'] / r['raw_float32_bits']:6.2f} "
-                  f"{100 * c['bits_per_token'] / r['raw_float16_bits']:6.2f} "
-                  f"{c['acceptance']:7.3f} {raw_acc:7.3f} "
-                  f"{c['acceptance_vs_raw']:7.3f} {c['mean_batch_length']:6.1f}")  # fmt: skip
+            print(
+                f"{temp:>5} {label:>7} {c['bits_per_token']:9.1f} {c['model_bits_per_token']:9.1f} "
+                f"{100 * c['bits_per_token'] / r['raw_float32_bits']:6.2f} "
+                f"{100 * c['bits_per_token'] / r['raw_float16_bits']:6.2f} "
+                f"{c['acceptance']:7.3f} {raw_acc:7.3f} "
+                f"{c['acceptance_vs_raw']:7.3f} {c['mean_batch_length']:6.1f}"
+            )
         t2 = row["c-sqs"]["theorem2"]
         f = row["cu-hlm-fit"]
         print(
             f"      C-SQS Thm 2: mean dropped {t2['mean_dropped']:.2e} <= {t2['bound']:.2e}: {t2['met']}"
         )
         if f.get("a") is not None:
-            print(f"      CU-HLM: a={f['a']:.3f} b={f['b']:.3f} r={f['r']:.3f} Delta={f['delta']:.3f} "
-                  f"u_th={f['u_th']:.3f} skip={f['skip_rate']:.3f} risk={f['measured_risk']:.2e} "
-                  f"mean k={f['mean_k_online']:.1f} offline k*={row['cu-hlm-offline']['k_star']}")  # fmt: skip
+            print(
+                f"      CU-HLM: a={f['a']:.3f} b={f['b']:.3f} r={f['r']:.3f} Delta={f['delta']:.3f} "
+                f"u_th={f['u_th']:.3f} skip={f['skip_rate']:.3f} risk={f['measured_risk']:.2e} "
+                f"mean k={f['mean_k_online']:.1f} offline k*={row['cu-hlm-offline']['k_star']}"
+            )
     modeled = [(t, x) for t, row in r["temps"].items() for x in row["k-sqs"].get("modeled", {})]
     if modeled:
-        print("MODELED ms/token (RTT + gamma*bits/rate per round, geometric tokens per round; "
-              "measured acceptance and bits), k-sqs | c-sqs, and the lower:")  # fmt: skip
+        print(
+            "MODELED ms/token (RTT + gamma*bits/rate per round, geometric tokens per round; "
+            "measured acceptance and bits), k-sqs | c-sqs, and the lower:"
+        )
         for t, x in modeled:
             k, c = (r["temps"][t][n]["modeled"][x] for n in ("k-sqs", "c-sqs"))
             low = "k-sqs" if k["ms_per_token"] < c["ms_per_token"] else "c-sqs"
-            print(f"{t:>5} {x:<9} {k['ms_per_token']:8.1f} | {c['ms_per_token']:8.1f}  {low}  "
-                  f"resampling {k['resample_rate']:.3f} | {c['resample_rate']:.3f}")  # fmt: skip
+            print(
+                f"{t:>5} {x:<9} {k['ms_per_token']:8.1f} | {c['ms_per_token']:8.1f}  {low}  "
+                f"resampling {k['resample_rate']:.3f} | {c['resample_rate']:.3f}"
+            )
     print(f"wall {r['wall_s']:.1f} s")
 
 

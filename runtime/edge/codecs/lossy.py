@@ -61,8 +61,10 @@ class Encoder:
         """The VERIFY body of the rows drafted since the last call (one per token)."""
         rows, self.rows, self.spent = self.rows, [], 0
         if len(rows) != len(tokens):
-            raise ValueError(f"{len(tokens)} tokens but {len(rows)} quantized rows: draw every "
-                             "token through draft_law")  # fmt: skip
+            raise ValueError(
+                f"{len(tokens)} tokens but {len(rows)} quantized rows: draw every "
+                "token through draft_law"
+            )
         self.last_bits = 8 * self.kernel.header_bytes() + self.kernel.body_bits(rows, vocab)
         return self.kernel.encode(rows, np.asarray(tokens, np.int64), vocab)
 
@@ -80,8 +82,13 @@ class Encoder:
             return None
         mean = th.dropped_sum / th.kept
         bound = theorem2_bound(th.alpha, th.eta, th.beta1, th.kept)  # eq. (9)
-        return {"beta": th.beta, "kept": th.kept, "mean_dropped": mean,
-                "theorem2_bound": bound, "theorem2_met": mean <= bound}  # fmt: skip
+        return {
+            "beta": th.beta,
+            "kept": th.kept,
+            "mean_dropped": mean,
+            "theorem2_bound": bound,
+            "theorem2_met": mean <= bound,
+        }
 
 
 class _Rows:
