@@ -91,8 +91,9 @@ def check_adapter(adapter_dir: str | Path, base_dir: str | Path) -> tuple[dict, 
         raise DuetError(
             f"--adapter {a}: peft_type {cfg.get('peft_type')!r}; only LORA is supported"
         )
-    unsupported = [k for k in ("use_dora", "rank_pattern", "alpha_pattern", "modules_to_save")
-                   if cfg.get(k)] + ([f"bias={cfg['bias']}"] if cfg.get("bias", "none") != "none" else [])  # fmt: skip
+    unsupported = [
+        k for k in ("use_dora", "rank_pattern", "alpha_pattern", "modules_to_save") if cfg.get(k)
+    ] + ([f"bias={cfg['bias']}"] if cfg.get("bias", "none") != "none" else [])
     if unsupported:
         raise DuetError(f"--adapter {a}: unsupported LoRA options {', '.join(unsupported)}")
     if (base / "config.json").is_file() and "quantization" in json.loads(
@@ -103,12 +104,16 @@ def check_adapter(adapter_dir: str | Path, base_dir: str | Path) -> tuple[dict, 
     mine = base_record(base)
     for k in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size"):
         if rec.get(k) != mine.get(k):
-            raise DuetError(f"--adapter {a} was trained on a {k}={rec.get(k)} base; "
-                            f"--target {base} has {k}={mine.get(k)}")  # fmt: skip
+            raise DuetError(
+                f"--adapter {a} was trained on a {k}={rec.get(k)} base; "
+                f"--target {base} has {k}={mine.get(k)}"
+            )
     if rec.get("base_sha256") != mine["base_sha256"]:
-        raise DuetError(f"--adapter {a} was trained on another base (weights sha256 "
-                        f"{str(rec.get('base_sha256'))[:12]}...); --target {base} is "
-                        f"{mine['base_sha256'][:12]}...")  # fmt: skip
+        raise DuetError(
+            f"--adapter {a} was trained on another base (weights sha256 "
+            f"{str(rec.get('base_sha256'))[:12]}...); --target {base} is "
+            f"{mine['base_sha256'][:12]}..."
+        )
     pairs = _lora_pairs(load_file(str(a / "adapter_model.safetensors")))
     return cfg, pairs
 
@@ -122,8 +127,10 @@ def lora_scale(cfg: dict) -> float:
 def merged_weight(name: str, W, A, B, scale: float, adapter_dir) -> object:
     """W + s * B @ A in float32 (torch tensors); one line when the shapes do not fit."""
     if tuple(W.shape) != (B.shape[0], A.shape[1]):
-        raise DuetError(f"--adapter {adapter_dir}: {name} is {tuple(W.shape)} in the base, "
-                        f"the adapter's B @ A is {(B.shape[0], A.shape[1])}")  # fmt: skip
+        raise DuetError(
+            f"--adapter {adapter_dir}: {name} is {tuple(W.shape)} in the base, "
+            f"the adapter's B @ A is {(B.shape[0], A.shape[1])}"
+        )
     return W.float() + scale * (B.float() @ A.float())  # W' = W + (alpha/r) B A
 
 

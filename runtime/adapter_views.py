@@ -41,8 +41,10 @@ def parse_adapter_spec(spec: str) -> tuple[str, Path]:
     if not sep:
         name, path = Path(spec.rstrip("/")).name, spec
     if not NAME_RE.fullmatch(name):
-        raise DuetError(f"--adapter {spec}: the name {name!r} must be 1 to 64 of A-Z a-z 0-9 . _ + - "
-                        "(give one as NAME=DIR)")  # fmt: skip
+        raise DuetError(
+            f"--adapter {spec}: the name {name!r} must be 1 to 64 of A-Z a-z 0-9 . _ + - "
+            "(give one as NAME=DIR)"
+        )
     if not Path(path).is_dir():
         raise DuetError(f"--adapter {spec}: no such directory {path}")
     return name, Path(path)
@@ -56,16 +58,20 @@ def adapter_view(target, base_dir: str | Path, adapter_dir: str | Path):
     """
     cfg, pairs = check_adapter(adapter_dir, base_dir)
     if getattr(target.config, "is_hybrid", False):
-        raise DuetError(f"--adapter {adapter_dir}: several adapters over one hybrid (Qwen3.5) "
-                        "target are not supported; serve it merged (one per verifier)")  # fmt: skip
+        raise DuetError(
+            f"--adapter {adapter_dir}: several adapters over one hybrid (Qwen3.5) "
+            "target are not supported; serve it merged (one per verifier)"
+        )
     scale = lora_scale(cfg)
     backend = getattr(target, "backend", None)
     if backend == "torch":
         return _torch_view(target, pairs, scale, adapter_dir)
     if backend == "mlx":
         return _mlx_view(target, pairs, scale, adapter_dir)
-    raise DuetError(f"--adapter {adapter_dir}: adapter views run on the torch or mlx target "
-                    f"backend (got {backend})")  # fmt: skip
+    raise DuetError(
+        f"--adapter {adapter_dir}: adapter views run on the torch or mlx target "
+        f"backend (got {backend})"
+    )
 
 
 def _torch_clone(m):
@@ -124,8 +130,9 @@ def _mlx_view(target, pairs: dict, scale: float, adapter_dir):
         if name not in params:
             raise DuetError(f"--adapter {adapter_dir}: adapts {name}, which the base lacks")
         W = params[name]
-        w = merged_weight(name, torch.from_numpy(np.array(W, dtype=np.float32)), A, B, scale,
-                          adapter_dir)  # fmt: skip
+        w = merged_weight(
+            name, torch.from_numpy(np.array(W, dtype=np.float32)), A, B, scale, adapter_dir
+        )
         *path, leaf = name.split(".")
         node = model
         for p in path:

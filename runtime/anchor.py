@@ -93,9 +93,11 @@ def find_base(anchor_dir: Path, candidates: list[Path]) -> Path:
         if c and (Path(c) / "config.json").is_file() and any(Path(c).glob("*.safetensors")):
             if base_fingerprint(c) == want:
                 return Path(c)
-    raise DuetError(f"--draft {anchor_dir} is an anchor draft for the base target with weights "
-                    f"sha256 {want[:12]}...; none of {[str(c) for c in candidates]} is it "
-                    f"(pass that base as --target, or keep it at {hint})")  # fmt: skip
+    raise DuetError(
+        f"--draft {anchor_dir} is an anchor draft for the base target with weights "
+        f"sha256 {want[:12]}...; none of {[str(c) for c in candidates]} is it "
+        f"(pass that base as --target, or keep it at {hint})"
+    )
 
 
 def materialize(anchor_dir: str | Path, candidates: list[Path] = ()) -> Path:
@@ -113,8 +115,9 @@ def materialize(anchor_dir: str | Path, candidates: list[Path] = ()) -> Path:
     for f in sorted(base.glob("*.safetensors")):
         base_state.update(load_file(str(f)))
     keep = int(json.loads((a / ANCHOR_RECORD).read_text()).get("keep_first", 0))
-    state = assemble_state(base_state, load_file(str(head_file)), base_cfg["num_hidden_layers"],
-                           keep)  # fmt: skip
+    state = assemble_state(
+        base_state, load_file(str(head_file)), base_cfg["num_hidden_layers"], keep
+    )
     tmp = out.with_name("draft.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

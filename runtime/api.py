@@ -111,8 +111,9 @@ def prompt_ids(pair, prompt) -> list[int]:
         raise DuetError(f"prompt token {bad[0]} is outside the vocabulary [0, {V})")
     ctx = context_of(pair)
     if len(ids) >= ctx:
-        raise DuetError(f"the prompt is {len(ids)} tokens but the model's context is {ctx}; "
-                        "shorten it")  # fmt: skip
+        raise DuetError(
+            f"the prompt is {len(ids)} tokens but the model's context is {ctx}; shorten it"
+        )
     return ids
 
 
@@ -164,9 +165,15 @@ def stream_generate(
     session = GenerationSession(
         pair, method=method, options={"gamma": gamma, **options}, chooser=chooser, eos=eos
     )
-    yield from session.stream(ids, max_tokens, sampling=Sampling(temp, top_p, top_k), seed=seed,
-                              target_cache=target_cache, draft_cache=draft_cache,
-                              timeline=timeline)
+    yield from session.stream(
+        ids,
+        max_tokens,
+        sampling=Sampling(temp, top_p, top_k),
+        seed=seed,
+        target_cache=target_cache,
+        draft_cache=draft_cache,
+        timeline=timeline,
+    )
 
 
 def generate(pair, prompt, max_tokens: int = 128, **kwargs) -> str:
@@ -180,5 +187,8 @@ def _auto_options(gamma: int | None, options: dict):
     from runtime.cli_args_methods import DEFAULT_GAMMA
 
     keep = ("kappa", "exit_layer", "branches", "draft_branches", "draft_process", "exit_head")
-    return AutoOptions(gamma=gamma if gamma is not None else DEFAULT_GAMMA,
-                       gamma_free=gamma is None, **{k: options.get(k) for k in keep})
+    return AutoOptions(
+        gamma=gamma if gamma is not None else DEFAULT_GAMMA,
+        gamma_free=gamma is None,
+        **{k: options.get(k) for k in keep},
+    )

@@ -59,19 +59,30 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_pair_args(ap)
-    ap.add_argument("--method", choices=(*METHODS, AUTO), default=AUTO,
-                    help="decoding method; auto (the default): the one the latency model "
-                    "predicts fastest here, chosen per answer; the pair is measured on this "
-                    "machine during the first chat's first answer and kept for later chats "
-                    "(see --reprobe)")  # fmt: skip
+    ap.add_argument(
+        "--method",
+        choices=(*METHODS, AUTO),
+        default=AUTO,
+        help="decoding method; auto (the default): the one the latency model "
+        "predicts fastest here, chosen per answer; the pair is measured on this "
+        "machine during the first chat's first answer and kept for later chats "
+        "(see --reprobe)",
+    )
     add_auto_args(ap)
-    ap.add_argument("--temp", type=float, default=None,
-                    help="temperature; 0 = greedy (default: the checkpoint's generation_config.json "
-                    f"when it sets temperature and top_p, else {DEFAULT_CHAT_TEMP}; the answer "
-                    "keeps the target's own law at any temperature)")  # fmt: skip
-    ap.add_argument("--top-p", type=float, default=None,
-                    help="nucleus mass (default: generation_config.json's, else "
-                    f"{DEFAULT_CHAT_TOP_P})")  # fmt: skip
+    ap.add_argument(
+        "--temp",
+        type=float,
+        default=None,
+        help="temperature; 0 = greedy (default: the checkpoint's generation_config.json "
+        f"when it sets temperature and top_p, else {DEFAULT_CHAT_TEMP}; the answer "
+        "keeps the target's own law at any temperature)",
+    )
+    ap.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        help=f"nucleus mass (default: generation_config.json's, else {DEFAULT_CHAT_TOP_P})",
+    )
     ap.add_argument(
         "--max-tokens", type=int, default=256, help="new tokens per answer at most (default 256)"
     )
@@ -158,8 +169,11 @@ def answer(session: ChatSession, text: str, out) -> None:
     if session.last_stats is not None:
         s = session.last_stats
         lossy = " LOSSY (--skip: see /stats)" if s.extra.get("lossy") else ""
-        print(stats_line(s.extra.get("method", session.method), s) + lossy, file=sys.stderr,
-              flush=True)  # fmt: skip
+        print(
+            stats_line(s.extra.get("method", session.method), s) + lossy,
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def plain_summary(stats) -> str:
@@ -167,11 +181,15 @@ def plain_summary(stats) -> str:
     s = stats.as_dict()
     method, rate = s.get("method", "?"), s["tokens_per_s"]
     if method == "ar" or not s["steps"]:
-        return (f"the target alone (no speculation): {s['new_tokens']} tokens at "
-                f"{rate:.1f} tokens per second.")  # fmt: skip
+        return (
+            f"the target alone (no speculation): {s['new_tokens']} tokens at "
+            f"{rate:.1f} tokens per second."
+        )
     ahead = f", {s['gamma']} tokens ahead" if s.get("gamma") else ""
-    said = (f"speculating with {method}{ahead}: {s['mean_accepted']:.1f} tokens per step, "
-            f"{rate:.1f} tokens per second")  # fmt: skip
+    said = (
+        f"speculating with {method}{ahead}: {s['mean_accepted']:.1f} tokens per step, "
+        f"{rate:.1f} tokens per second"
+    )
     ar = ((s.get("auto") or {}).get("predictions") or {}).get("ar")
     if ar and ar.get("tokens_per_s"):  # auto's prediction of the target alone on this machine
         said += f", {rate / ar['tokens_per_s']:.1f}x faster than the target alone"
@@ -186,18 +204,24 @@ def stats_text(session: ChatSession) -> str:
     lines = [plain_summary(s), "details: " + stats_line(s.extra.get("method", session.method), s)]
     sk = s.extra.get("skip")
     if sk:
-        lines.append(f"LOSSY (--skip): {sk['skipped']} of {sk['output_tokens']} tokens committed "
-                     f"unverified (u_th {sk['u_th']:.3f}); measured risk R {sk['measured_risk']:.4f}, "
-                     f"Theorem 1 bound {sk.get('theorem1_bound', float('nan')):.4f}")  # fmt: skip
+        lines.append(
+            f"LOSSY (--skip): {sk['skipped']} of {sk['output_tokens']} tokens committed "
+            f"unverified (u_th {sk['u_th']:.3f}); measured risk R {sk['measured_risk']:.4f}, "
+            f"Theorem 1 bound {sk.get('theorem1_bound', float('nan')):.4f}"
+        )
     auto = s.extra.get("auto")
     if auto:
         lines.append(f"auto picked {auto['choice']}: {auto['why']}")
         for m, p in auto.get("predictions", {}).items():
-            lines.append(f"  {m:<7} predicted {p['tokens_per_s']:.1f} tok/s, "
-                         f"step {p['step_ms']:.2f} ms, {p['tokens_per_step']:.2f} tokens/step")  # fmt: skip
+            lines.append(
+                f"  {m:<7} predicted {p['tokens_per_s']:.1f} tok/s, "
+                f"step {p['step_ms']:.2f} ms, {p['tokens_per_step']:.2f} tokens/step"
+            )
         if auto.get("factors"):  # measured / predicted, from trial and earlier chosen runs
-            lines.append("  laws scaled by what runs measured: " + ", ".join(
-                f"{m} x{f:.2f}" for m, f in auto["factors"].items()))  # fmt: skip
+            lines.append(
+                "  laws scaled by what runs measured: "
+                + ", ".join(f"{m} x{f:.2f}" for m, f in auto["factors"].items())
+            )
         for m, t in auto.get("trials", {}).items():
             lines.append(f"  trial run {m}@g{t['gamma']}: {t['tokens_per_s']:.1f} tok/s")
         if "inputs" in auto:
@@ -208,8 +232,12 @@ def stats_text(session: ChatSession) -> str:
 def repl(session: ChatSession, interactive: bool) -> int:
     """Read lines until EOF or /quit; returns the exit code."""
     if session.template is None:  # said once, interactive or piped
-        print("[this model has no chat template: each line you type is continued as plain "
-              "text, with no newline added after it]", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            "[this model has no chat template: each line you type is continued as plain "
+            "text, with no newline added after it]",
+            file=sys.stderr,
+            flush=True,
+        )
     if interactive:
         s = session.sampling
         how = "greedy" if s.greedy else f"sampling at temperature {s.temp:g}, top-p {s.top_p:g}"
@@ -250,8 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     check_args(a)
     session = make_session(a, notify=lambda m: print(m, file=sys.stderr, flush=True))
     if session.chooser is not None:  # its probe runs inside the first answer: say so first
-        print(auto_announcement(session.chooser, "during the first answer"), file=sys.stderr,
-              flush=True)  # fmt: skip
+        print(
+            auto_announcement(session.chooser, "during the first answer"),
+            file=sys.stderr,
+            flush=True,
+        )
     return repl(session, interactive=sys.stdin.isatty())
 
 

@@ -78,9 +78,13 @@ class ChatSession:
         self.context = context_of(self.pair)
         # the ids that end an answer: config.json's, and generation_config.json's (runtime.api)
         self.eos = tuple(eos) if eos is not None else tuple(target.config.eos_token_ids)
-        self.session = GenerationSession(self.pair, method=method,
-                                         options={"gamma": gamma, **self.extra},
-                                         chooser=chooser, eos=self.eos)
+        self.session = GenerationSession(
+            self.pair,
+            method=method,
+            options={"gamma": gamma, **self.extra},
+            chooser=chooser,
+            eos=self.eos,
+        )
         self.last_stats: RunStats | None = None
         self.reset()
 
@@ -150,8 +154,12 @@ class ChatSession:
             rewind(c, keep)
         max_new = max(1, min(self.max_tokens, self.context - len(seq)))
         responses = self.session.stream(
-            seq, max_new, sampling=self.sampling, seed=self.seed + self.n_answers,
-            target_cache=self.tcache, draft_cache=self.dcache,
+            seq,
+            max_new,
+            sampling=self.sampling,
+            seed=self.seed + self.n_answers,
+            target_cache=self.tcache,
+            draft_cache=self.dcache,
         )
         out: list[int] = []
         stats = RunStats(prefill_tokens=len(seq) - self.tcache.offset)  # until a step reports

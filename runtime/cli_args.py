@@ -37,8 +37,11 @@ from runtime.load import TARGET_BACKENDS, Pair, load_pair
 def add_pair_args(ap: argparse.ArgumentParser) -> None:
     """--target, --adapter, --draft, their backends, the draft's threads and ONNX Runtime provider."""
     ap.add_argument("--target", help="target: HF/MLX directory or Hub id (default: embedded pair)")
-    ap.add_argument("--adapter", default=None,
-                    help="LoRA adapter dir (PEFT format) for the target, merged at load")  # fmt: skip
+    ap.add_argument(
+        "--adapter",
+        default=None,
+        help="LoRA adapter dir (PEFT format) for the target, merged at load",
+    )
     ap.add_argument(
         "--draft",
         help="draft: HF directory, exported .onnx, Hub id, `mtp` (the target checkpoint's own "
@@ -49,38 +52,79 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
         "for sd: `head+suffix`, `head+lookup`, `mtp+suffix`, `mtp+lookup` (the text's chain "
         "when it predicts well, else the head's) (default: embedded pair)",
     )
-    ap.add_argument("--target-backend", choices=TARGET_BACKENDS, default="auto",
-                    help="runs the target: auto = mlx on macOS (Metal), torch elsewhere; onnx = "
-                    "ONNX Runtime, exported once and cached beside the checkpoint (default auto)")  # fmt: skip
-    ap.add_argument("--quantize", choices=["int4", "int8", "none"], default="int4",
-                    help="ONNX target weights: int4/int8 = block-wise MatMulNBits (blocks of 32, "
-                    "int8 activations), requantized from the checkpoint's float32 weights (a "
-                    "checkpoint from a GGUF keeps its own 4-bit blocks, its finer ones at 8 bits); "
-                    "none = float32; a hybrid runs float32 (default int4; only with "
-                    "--target-backend onnx)")  # fmt: skip
-    ap.add_argument("--target-device", choices=["cpu", "cuda"], default="cpu",
-                    help="PyTorch target: cpu, or cuda (a GPU; the draft stays on the CPU) (default cpu)")  # fmt: skip
-    ap.add_argument("--target-threads", type=int, default=None,
-                    help="PyTorch target threads, or the ONNX target's intra-op threads (default: "
-                    "the cores the draft leaves; every core for an ONNX target with no draft model)")  # fmt: skip
-    ap.add_argument("--draft-backend", choices=["onnx", "mlx", "torch"], default=None,
-                    help="runs the draft (default onnx; a directory is exported on the fly and cached)")  # fmt: skip
-    ap.add_argument("--draft-threads", type=int, default=1,
-                    help="ONNX Runtime intra-op threads for the draft (default 1)")  # fmt: skip
-    ap.add_argument("--hybrid-rollback", choices=["replay", "redecode"], default="replay",
-                    help="hybrid (Qwen3.5) linear-attention states after a rejection: replay "
-                         "(no second pass: pick the state the verify pass kept, or replay the "
-                         "kept recurrence steps), or redecode (llama.cpp: restore a checkpoint, "
-                         "re-run the accepted tokens) (default replay)")  # fmt: skip
-    ap.add_argument("--provider", default="cpu",
-                    help="ONNX Runtime execution provider: cpu, coreml, cuda, tensorrt, qnn (default cpu)")  # fmt: skip
-    ap.add_argument("--draft-process", action="store_const", const=True, default=None,
-                    help="mirror: run the draft worker in its own process (shared-memory channel) "
-                    "instead of a thread (default: a process when the target runs on CUDA or "
-                    "--emulate a device, else a thread)")  # fmt: skip
-    ap.add_argument("--draft-thread", action="store_const", const=False, dest="draft_process",
-                    help="mirror: run the draft worker in a thread of the target's process, "
-                    "also beside a CUDA target")  # fmt: skip
+    ap.add_argument(
+        "--target-backend",
+        choices=TARGET_BACKENDS,
+        default="auto",
+        help="runs the target: auto = mlx on macOS (Metal), torch elsewhere; onnx = "
+        "ONNX Runtime, exported once and cached beside the checkpoint (default auto)",
+    )
+    ap.add_argument(
+        "--quantize",
+        choices=["int4", "int8", "none"],
+        default="int4",
+        help="ONNX target weights: int4/int8 = block-wise MatMulNBits (blocks of 32, "
+        "int8 activations), requantized from the checkpoint's float32 weights (a "
+        "checkpoint from a GGUF keeps its own 4-bit blocks, its finer ones at 8 bits); "
+        "none = float32; a hybrid runs float32 (default int4; only with "
+        "--target-backend onnx)",
+    )
+    ap.add_argument(
+        "--target-device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="PyTorch target: cpu, or cuda (a GPU; the draft stays on the CPU) (default cpu)",
+    )
+    ap.add_argument(
+        "--target-threads",
+        type=int,
+        default=None,
+        help="PyTorch target threads, or the ONNX target's intra-op threads (default: "
+        "the cores the draft leaves; every core for an ONNX target with no draft model)",
+    )
+    ap.add_argument(
+        "--draft-backend",
+        choices=["onnx", "mlx", "torch"],
+        default=None,
+        help="runs the draft (default onnx; a directory is exported on the fly and cached)",
+    )
+    ap.add_argument(
+        "--draft-threads",
+        type=int,
+        default=1,
+        help="ONNX Runtime intra-op threads for the draft (default 1)",
+    )
+    ap.add_argument(
+        "--hybrid-rollback",
+        choices=["replay", "redecode"],
+        default="replay",
+        help="hybrid (Qwen3.5) linear-attention states after a rejection: replay "
+        "(no second pass: pick the state the verify pass kept, or replay the "
+        "kept recurrence steps), or redecode (llama.cpp: restore a checkpoint, "
+        "re-run the accepted tokens) (default replay)",
+    )
+    ap.add_argument(
+        "--provider",
+        default="cpu",
+        help="ONNX Runtime execution provider: cpu, coreml, cuda, tensorrt, qnn (default cpu)",
+    )
+    ap.add_argument(
+        "--draft-process",
+        action="store_const",
+        const=True,
+        default=None,
+        help="mirror: run the draft worker in its own process (shared-memory channel) "
+        "instead of a thread (default: a process when the target runs on CUDA or "
+        "--emulate a device, else a thread)",
+    )
+    ap.add_argument(
+        "--draft-thread",
+        action="store_const",
+        const=False,
+        dest="draft_process",
+        help="mirror: run the draft worker in a thread of the target's process, "
+        "also beside a CUDA target",
+    )
 
 
 def load_pair_from_args(a: argparse.Namespace, *, need_draft: bool) -> Pair:
@@ -89,11 +133,20 @@ def load_pair_from_args(a: argparse.Namespace, *, need_draft: bool) -> Pair:
 
     at_least("--draft-threads", a.draft_threads)
     at_least("--target-threads", a.target_threads)
-    pair = load_pair(a.target, a.draft, need_draft=need_draft, target_backend=a.target_backend,
-                     draft_backend=a.draft_backend, draft_threads=a.draft_threads, provider=a.provider,
-                     target_threads=a.target_threads, target_device=a.target_device,
-                     adapter=a.adapter, quantize=getattr(a, "quantize", "int4"),
-                     hybrid_rollback=getattr(a, "hybrid_rollback", "replay"))  # fmt: skip
+    pair = load_pair(
+        a.target,
+        a.draft,
+        need_draft=need_draft,
+        target_backend=a.target_backend,
+        draft_backend=a.draft_backend,
+        draft_threads=a.draft_threads,
+        provider=a.provider,
+        target_threads=a.target_threads,
+        target_device=a.target_device,
+        adapter=a.adapter,
+        quantize=getattr(a, "quantize", "int4"),
+        hybrid_rollback=getattr(a, "hybrid_rollback", "replay"),
+    )
     if getattr(a, "method", None) == AUTO and a.target is not None and a.draft is None:
         attach_alone_draft(pair)  # auto may run sd on a target alone (alone_chooser)
     return pair

@@ -17,13 +17,19 @@ from runtime.session import AUTO  # noqa: F401 (the commands' name for it)
 
 def add_auto_args(ap: argparse.ArgumentParser) -> None:
     """--device-profile: where `--method auto` takes its stage times from."""
-    ap.add_argument("--device-profile", metavar="PROFILE",
-                    help="auto: stage times from this device profile (a name or a file written by "
-                    "`python -m devices calibrate`) instead of measuring the pair at hand")  # fmt: skip
-    ap.add_argument("--reprobe", action="store_true",
-                    help="auto: measure the pair again instead of reading what earlier runs on "
-                    "this machine measured (kept per pair and machine in $DUET_CACHE_DIR/auto, "
-                    "default ~/.cache/duet/auto; a week at most)")  # fmt: skip
+    ap.add_argument(
+        "--device-profile",
+        metavar="PROFILE",
+        help="auto: stage times from this device profile (a name or a file written by "
+        "`python -m devices calibrate`) instead of measuring the pair at hand",
+    )
+    ap.add_argument(
+        "--reprobe",
+        action="store_true",
+        help="auto: measure the pair again instead of reading what earlier runs on "
+        "this machine measured (kept per pair and machine in $DUET_CACHE_DIR/auto, "
+        "default ~/.cache/duet/auto; a week at most)",
+    )
 
 
 @dataclass(frozen=True)
@@ -75,24 +81,36 @@ def auto_chooser(a: AutoOptions, pair: Pair):
         probe = list(ids) if target_cache is not None else list(ids)[-PROBE_TOKENS:]
         free = a.gamma_free  # no --gamma: the model picks γ as well
         greedy = sampling is None or sampling.greedy
-        rec = choose_for(pair.target, pair.draft, probe, gamma=a.gamma, kappa=a.kappa,
-                         gammas=AUTO_GAMMAS if free else None,
-                         exit_layer=a.exit_layer, branches=a.branches, sampling=sampling,
-                         profile=profile, target_cache=target_cache, draft_cache=draft_cache,
-                         draft_process=a.draft_process, draft_branches=a.draft_branches,
-                         exit_head=a.exit_head,
-                         factors={m: corrections.factor(m, greedy)
-                                  for m in ("ar", "sd", "mirror")})  # fmt: skip
+        rec = choose_for(
+            pair.target,
+            pair.draft,
+            probe,
+            gamma=a.gamma,
+            kappa=a.kappa,
+            gammas=AUTO_GAMMAS if free else None,
+            exit_layer=a.exit_layer,
+            branches=a.branches,
+            sampling=sampling,
+            profile=profile,
+            target_cache=target_cache,
+            draft_cache=draft_cache,
+            draft_process=a.draft_process,
+            draft_branches=a.draft_branches,
+            exit_head=a.exit_head,
+            factors={m: corrections.factor(m, greedy) for m in ("ar", "sd", "mirror")},
+        )
         for m, trial in rec.get("trials", {}).items():  # only the pair's first record has them
             corrections.seen.add(m)  # a trial leaves its first steps out: no warm-up skip
-            corrections.observe(rec, m, trial["gamma"], greedy, trial["tokens_per_s"],
-                                trial.get("tokens_per_step"))  # fmt: skip
+            corrections.observe(
+                rec, m, trial["gamma"], greedy, trial["tokens_per_s"], trial.get("tokens_per_step")
+            )
         rec = corrections.apply(rec, greedy)
         keep()
         return rec["choice"], rec
 
-    def observe(rec: dict, sampling, tokens: int, seconds: float, accept_lengths=None,
-                branch_hits=None) -> None:  # fmt: skip
+    def observe(
+        rec: dict, sampling, tokens: int, seconds: float, accept_lengths=None, branch_hits=None
+    ) -> None:
         """After the chosen run: its measured rate corrects later choices (Corrections), its
         accepted runs join the pair's τ(γ) estimate (pair_probe.observe_run), and a mirror
         run's branch hits (stats per_step "branch_hit") its Ω̂ (observe_branches). A run
@@ -102,13 +120,17 @@ def auto_chooser(a: AutoOptions, pair: Pair):
         if accept_lengths and rec.get("choice") in ("sd", "mirror"):
             observe_run(pair.target, pair.draft, sampling, accept_lengths, rec.get("gamma"))
         if branch_hits and rec.get("choice") == "mirror" and "branch_shape" in rec:
-            observe_branches(pair.target, pair.draft, sampling, branch_hits,
-                             **rec["branch_shape"])  # fmt: skip
+            observe_branches(pair.target, pair.draft, sampling, branch_hits, **rec["branch_shape"])
         if seconds > 0 and tokens >= CORRECTION_MIN_TOKENS:
             per_step = tokens / len(accept_lengths) if accept_lengths else None
-            corrections.observe(rec, rec["choice"], rec.get("gamma"),
-                                sampling is None or sampling.greedy, tokens / seconds,
-                                per_step)  # fmt: skip
+            corrections.observe(
+                rec,
+                rec["choice"],
+                rec.get("gamma"),
+                sampling is None or sampling.greedy,
+                tokens / seconds,
+                per_step,
+            )
         elif tokens > 0:  # too short to correct anything, but it paid the method's warm-up
             corrections.seen.add(rec["choice"])
         keep()
@@ -171,13 +193,15 @@ def alone_chooser(pair: Pair | None = None, a: AutoOptions | None = None):
     if pair is not None:
         from devices.probe_store import ProbeStore
 
-        store = ProbeStore.for_target(pair.target, "alone",
-                                      refresh=a.reprobe)  # fmt: skip
+        store = ProbeStore.for_target(pair.target, "alone", refresh=a.reprobe)
 
     def choose(ids: list[int], sampling, target_cache=None, draft_cache=None) -> tuple[str, dict]:
         if pair is None:
-            return "ar", {"choice": "ar", "alone": True,
-                          "why": "a target alone: ar is the method that needs no draft"}  # fmt: skip
+            return "ar", {
+                "choice": "ar",
+                "alone": True,
+                "why": "a target alone: ar is the method that needs no draft",
+            }
         if "rec" not in made:
             from devices.model_free_choice import choose_alone, target_costs
 
@@ -185,8 +209,9 @@ def alone_chooser(pair: Pair | None = None, a: AutoOptions | None = None):
             costs = kept if kept and "verify_token_share" in kept else target_costs(pair.target)
             if store is not None and costs is not kept:
                 store.save(costs)
-            made["rec"] = choose_alone(pair.target, pair.draft, list(ids), gamma=given,
-                                       costs=costs) | {"kept": costs is kept}  # fmt: skip
+            made["rec"] = choose_alone(
+                pair.target, pair.draft, list(ids), gamma=given, costs=costs
+            ) | {"kept": costs is kept}
         rec = dict(made["rec"])
         if rec["choice"] == "sd" and sampling is not None and not sampling.greedy:
             # The law's chances are the draft's greedy ones; sampling accepts a deterministic
@@ -195,16 +220,23 @@ def alone_chooser(pair: Pair | None = None, a: AutoOptions | None = None):
             # once, then the faster of the two medians.
             sd, ar = rates.get((_regime(sampling), "sd")), rates.get((_regime(sampling), "ar"))
             if sd and not ar:
-                rec |= {"choice": "ar", "why": f"a target alone, sampling: sd ran at "
-                        f"{statistics.median(sd):.1f} tok/s; ar once to compare"}  # fmt: skip
+                rec |= {
+                    "choice": "ar",
+                    "why": f"a target alone, sampling: sd ran at "
+                    f"{statistics.median(sd):.1f} tok/s; ar once to compare",
+                }
             elif sd and ar and statistics.median(ar) > statistics.median(sd):
-                rec |= {"choice": "ar", "why": f"a target alone, sampling: ar measured "
-                        f"{statistics.median(ar):.1f} tok/s against sd's "
-                        f"{statistics.median(sd):.1f} (the draft's chances are greedy ones)"}  # fmt: skip
+                rec |= {
+                    "choice": "ar",
+                    "why": f"a target alone, sampling: ar measured "
+                    f"{statistics.median(ar):.1f} tok/s against sd's "
+                    f"{statistics.median(sd):.1f} (the draft's chances are greedy ones)",
+                }
         return rec["choice"], rec
 
-    def observe(rec: dict, sampling, tokens: int, seconds: float, accept_lengths=None,
-                branch_hits=None) -> None:  # fmt: skip
+    def observe(
+        rec: dict, sampling, tokens: int, seconds: float, accept_lengths=None, branch_hits=None
+    ) -> None:
         """Under sampling, each run's rate (runs of CORRECTION_MIN_TOKENS or more) for the
         comparison choose makes; a greedy choice rests on the law alone."""
         if sampling is None or sampling.greedy or seconds <= 0 or tokens < CORRECTION_MIN_TOKENS:
@@ -231,11 +263,15 @@ def auto_announcement(chooser, when: str) -> str:
         )
     if store is not None and store.restored:
         day = time.strftime("%Y-%m-%d", time.localtime(store.measured))
-        return (f"[auto: using the measurements of this pair on this machine kept in {store.path}"
-                f" (from {day}); --reprobe measures again]")  # fmt: skip
+        return (
+            f"[auto: using the measurements of this pair on this machine kept in {store.path}"
+            f" (from {day}); --reprobe measures again]"
+        )
     kept = f"; kept in {store.path} for later runs" if store is not None else ""
-    return (f"[auto: measuring this pair on this machine {when} to pick the fastest method "
-            f"(7-15 s on a 2-core CPU, once){kept}; --method sd skips it]")  # fmt: skip
+    return (
+        f"[auto: measuring this pair on this machine {when} to pick the fastest method "
+        f"(7-15 s on a 2-core CPU, once){kept}; --method sd skips it]"
+    )
 
 
 CORRECTION_MIN_TOKENS = (

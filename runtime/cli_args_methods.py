@@ -47,9 +47,13 @@ def add_gamma_arg(ap) -> None:
     """--gamma, whose absence `--method auto` reads as "choose γ too" (resolve_gamma)."""
     from devices.method_choice import AUTO_GAMMAS
 
-    ap.add_argument("--gamma", type=int, default=None,
-                    help=f"draft tokens per step (default {DEFAULT_GAMMA}; --method auto "
-                    f"picks it among {','.join(map(str, AUTO_GAMMAS))} unless given)")
+    ap.add_argument(
+        "--gamma",
+        type=int,
+        default=None,
+        help=f"draft tokens per step (default {DEFAULT_GAMMA}; --method auto "
+        f"picks it among {','.join(map(str, AUTO_GAMMAS))} unless given)",
+    )
 
 
 def add_method_args(ap: argparse.ArgumentParser) -> None:
@@ -61,8 +65,12 @@ def add_method_args(ap: argparse.ArgumentParser) -> None:
         if g is None:
             title = "--method " + " / ".join(methods)
             g = groups[methods] = ap.add_argument_group(title)
-        kw = {"type": f.metadata["type"], "default": f.default, "dest": f.name,
-              "help": f"{', '.join(methods)}: {f.metadata['help']}"}
+        kw = {
+            "type": f.metadata["type"],
+            "default": f.default,
+            "dest": f.name,
+            "help": f"{', '.join(methods)}: {f.metadata['help']}",
+        }
         if f.metadata.get("choices"):
             kw["choices"] = f.metadata["choices"]
         g.add_argument(flag_name(f), **kw)

@@ -53,11 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_pair_args(ap)
-    ap.add_argument("--method", choices=(*METHODS, AUTO), default=AUTO,
-                    help="decoding method (default auto: the one the latency model predicts "
-                    "fastest for this pair on this machine, γ too when --gamma is not given; "
-                    "its first run measures the pair, some seconds, and keeps the figures for "
-                    "later runs: see --reprobe)")  # fmt: skip
+    ap.add_argument(
+        "--method",
+        choices=(*METHODS, AUTO),
+        default=AUTO,
+        help="decoding method (default auto: the one the latency model predicts "
+        "fastest for this pair on this machine, γ too when --gamma is not given; "
+        "its first run measures the pair, some seconds, and keeps the figures for "
+        "later runs: see --reprobe)",
+    )
     add_auto_args(ap)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
@@ -152,15 +156,23 @@ def _generate(a: argparse.Namespace, pair, edge: dict) -> dict:
         emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
     room = context_of(pair) - len(ids)
     if a.max_tokens > room:
-        print(f"[--max-tokens {a.max_tokens} is past the context: cut to {room} (the model holds "
-              f"{context_of(pair)} tokens, the prompt takes {len(ids)})]", file=sys.stderr)  # fmt: skip
+        print(
+            f"[--max-tokens {a.max_tokens} is past the context: cut to {room} (the model holds "
+            f"{context_of(pair)} tokens, the prompt takes {len(ids)})]",
+            file=sys.stderr,
+        )
     chooser = None
     if a.method == AUTO:
         chooser = auto_chooser(auto_options(a), pair)
         if pair.draft is not None:
             print(auto_announcement(chooser, "first"), file=sys.stderr)
-    session = GenerationSession(pair, method=a.method, options={**method_kwargs(a), **edge},
-                                chooser=chooser, eos=eos_ids(pair))
+    session = GenerationSession(
+        pair,
+        method=a.method,
+        options={**method_kwargs(a), **edge},
+        chooser=chooser,
+        eos=eos_ids(pair),
+    )
     out: list[int] = []
     stats = RunStats(prefill_tokens=len(ids))  # until a step reports (max_new >= 1: it will)
     sampling = Sampling(a.temp, a.top_p, a.top_k)

@@ -105,8 +105,12 @@ def convert_gguf(path: Path, out: Path) -> Path:
     meta = gguf_metadata(path)
     check_architecture(path, meta)
     size = path.stat().st_size / 1e6
-    print(f"[gguf] {path.name}: {meta['architecture']}, {meta['tensors']} tensors, {size:.0f} MB; "
-          f"dequantizing to float32 once into {out}", file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"[gguf] {path.name}: {meta['architecture']}, {meta['tensors']} tensors, {size:.0f} MB; "
+        f"dequantizing to float32 once into {out}",
+        file=sys.stderr,
+        flush=True,
+    )
     t0 = time.perf_counter()
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
@@ -127,12 +131,16 @@ def convert_gguf(path: Path, out: Path) -> Path:
     try:
         model.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
-        (tmp / "duet-source.json").write_text(json.dumps({
-            "gguf": str(path.resolve()), "sha256": file_digest(path), **meta}, indent=1))  # fmt: skip
+        (tmp / "duet-source.json").write_text(
+            json.dumps({"gguf": str(path.resolve()), "sha256": file_digest(path), **meta}, indent=1)
+        )
     except OSError as e:
         raise DuetError(f"cannot write the converted checkpoint to {tmp} ({e})") from None
     del model
     replace_dir(tmp, out)
-    print(f"[gguf] converted in {time.perf_counter() - t0:.0f} s (once: later runs load it at once)",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"[gguf] converted in {time.perf_counter() - t0:.0f} s (once: later runs load it at once)",
+        file=sys.stderr,
+        flush=True,
+    )
     return out

@@ -27,16 +27,20 @@ def check_safetensors(f: Path) -> None:
             raise DuetError(f"{f}: empty or truncated safetensors file ({size} bytes)")
         (n,) = struct.unpack("<Q", head)
         if 8 + n > size:
-            raise DuetError(f"{f}: truncated or not a safetensors file (header of {n} bytes, "
-                            f"file of {size})")  # fmt: skip
+            raise DuetError(
+                f"{f}: truncated or not a safetensors file (header of {n} bytes, file of {size})"
+            )
         try:
             header = json.loads(fh.read(n))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise DuetError(f"{f}: corrupt safetensors header (not JSON)") from None
     if not isinstance(header, dict):
         raise DuetError(f"{f}: corrupt safetensors header (not a JSON object)")
-    ends = [v["data_offsets"][1] for k, v in header.items()
-            if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v]  # fmt: skip
+    ends = [
+        v["data_offsets"][1]
+        for k, v in header.items()
+        if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v
+    ]
     need = 8 + n + max(ends, default=0)
     if need > size:
         raise DuetError(f"{f}: truncated safetensors file ({size} bytes, its header needs {need})")
@@ -77,8 +81,9 @@ def check_onnx(p: Path, role: str) -> None:
     try:
         onnx.load(str(p), load_external_data=False)
     except Exception as e:  # protobuf's DecodeError and friends: one line, not a traceback
-        raise DuetError(f"--{role} {p}: not a valid ONNX model, truncated or corrupt "
-                        f"({type(e).__name__})") from None  # fmt: skip
+        raise DuetError(
+            f"--{role} {p}: not a valid ONNX model, truncated or corrupt ({type(e).__name__})"
+        ) from None
 
 
 def check_pair_files(target: Path, draft: Path) -> None:

@@ -71,9 +71,16 @@ def record_for(target, draft) -> None:
 class GenerationSession:
     """A pair, a method (or auto with its chooser), its options and the ids that end an answer."""
 
-    def __init__(self, pair, *, method: str | None = None, options: dict | None = None,
-                 chooser=None, eos: tuple[int, ...] | None = None,
-                 summarize: bool = True):
+    def __init__(
+        self,
+        pair,
+        *,
+        method: str | None = None,
+        options: dict | None = None,
+        chooser=None,
+        eos: tuple[int, ...] | None = None,
+        summarize: bool = True,
+    ):
         """`options`: the methods' options (gamma, kappa, exit_layer, ... and flexspec's conn),
         each method taking those its Options names; gamma None: the method's default (auto:
         its pick). `chooser` (method auto): chooser(ids, sampling, target_cache=,
@@ -92,9 +99,17 @@ class GenerationSession:
         self.timeline = None  # the last stream's, when its method records one (mirror)
         self.summarize = summarize
 
-    def stream(self, ids: list[int], max_tokens: int, *, sampling: Sampling = GREEDY,
-               seed: int = 0, target_cache=None, draft_cache=None,
-               timeline=None) -> Iterator[GenerationResponse]:
+    def stream(
+        self,
+        ids: list[int],
+        max_tokens: int,
+        *,
+        sampling: Sampling = GREEDY,
+        seed: int = 0,
+        target_cache=None,
+        draft_cache=None,
+        timeline=None,
+    ) -> Iterator[GenerationResponse]:
         """Yield a GenerationResponse per decoding step after the prompt `ids` (checked by the
         caller: runtime.api.prompt_ids). `max_tokens` past the context is cut to what fits
         (`finish` is then "context"). `timeline`: a runtime.mirror.timeline.Timeline the
@@ -121,11 +136,22 @@ class GenerationSession:
         else:
             timeline = None
         self.timeline = timeline
-        steps = make_steps(method, pair.target, draft, ids, max_new=max_new, sampling=sampling,
-                           seed=seed, timeline=timeline, **caches, **options)
+        steps = make_steps(
+            method,
+            pair.target,
+            draft,
+            ids,
+            max_new=max_new,
+            sampling=sampling,
+            seed=seed,
+            timeline=timeline,
+            **caches,
+            **options,
+        )
         stats = RunStats(prefill_tokens=len(ids) - held)
-        stats.extra.update(method=method, gamma=gamma if method != "ar" else None,
-                           temp=sampling.temp)
+        stats.extra.update(
+            method=method, gamma=gamma if method != "ar" else None, temp=sampling.temp
+        )
         if auto is not None:
             stats.extra["auto"] = auto
         run = _Run(self, ids, max_tokens, max_new, sampling, stats, auto, mod, opts)
@@ -193,11 +219,24 @@ class _Run:
         hits teach auto."""
         s, stats = self.s, self.stats
         if s.summarize:
-            stats.extra.update(self.mod.summarize(self.events, s.timeline, options=self.opts,
-                                                  pair=s.pair, prompt=self.ids, out=self.out,
-                                                  sampling=self.sampling))
+            stats.extra.update(
+                self.mod.summarize(
+                    self.events,
+                    s.timeline,
+                    options=self.opts,
+                    pair=s.pair,
+                    prompt=self.ids,
+                    out=self.out,
+                    sampling=self.sampling,
+                )
+            )
         chooser = s.chooser
         if observe and self.auto is not None and getattr(chooser, "observe", None) is not None:
-            chooser.observe(self.auto, self.sampling, len(self.out), stats.wall_s,
-                            list(stats.accept_lengths),
-                            branch_hits=stats.per_step.get("branch_hit"))
+            chooser.observe(
+                self.auto,
+                self.sampling,
+                len(self.out),
+                stats.wall_s,
+                list(stats.accept_lengths),
+                branch_hits=stats.per_step.get("branch_hit"),
+            )

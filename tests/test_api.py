@@ -32,9 +32,23 @@ def cli_json(capsys, *argv) -> dict:
 @pytest.mark.parametrize("method", ["ar", "sd"])
 def test_greedy_text_equals_the_cli(dirs, pair, capsys, method):
     t, d = dirs
-    ref = cli_json(capsys, "--target", str(t), "--draft", str(d), "--target-backend", "torch",
-                   "--draft-backend", "torch", "--method", method, "--prompt", "def f(x):",
-                   "--max-tokens", "20")  # fmt: skip
+    ref = cli_json(
+        capsys,
+        "--target",
+        str(t),
+        "--draft",
+        str(d),
+        "--target-backend",
+        "torch",
+        "--draft-backend",
+        "torch",
+        "--method",
+        method,
+        "--prompt",
+        "def f(x):",
+        "--max-tokens",
+        "20",
+    )
     text = generate(pair, "def f(x):", max_tokens=20, method=method)
     assert text == ref["text"] and len(ref["tokens"]) == 20
 

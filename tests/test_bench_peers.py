@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from apps.bench.categories import by_category, category_table
-from apps.bench.runners.llamacpp import even_lengths, ngram_modes, spec_types, turn_from_response
-from apps.bench.runners.peers import parse_peers, peer_runners
 from apps.bench.prompt_set import load_prompts
 from apps.bench.report import mismatches, summarize
+from apps.bench.runners.llamacpp import even_lengths, ngram_modes, spec_types, turn_from_response
+from apps.bench.runners.peers import parse_peers, peer_runners
 from apps.bench.runners.turn import TurnResult
 from apps.bench.schedule import run_bench
 from runtime.errors import DuetError
@@ -51,8 +51,18 @@ QS = [
 
 
 def bench(runners):
-    return run_bench(runners, QS, FakeTok(), None, temps=[0.0], top_p=1.0, max_new=8, seed=0,
-                     context=64, warmup=False)  # fmt: skip
+    return run_bench(
+        runners,
+        QS,
+        FakeTok(),
+        None,
+        temps=[0.0],
+        top_p=1.0,
+        max_new=8,
+        seed=0,
+        context=64,
+        warmup=False,
+    )
 
 
 def test_rows_are_against_each_peers_own_ar():
@@ -85,8 +95,17 @@ def test_per_category_table():
     text = category_table(per, 0.0)
     lines = text.splitlines()
     assert lines[0].startswith("per category, temp 0")
-    assert lines[1].split() == ["method", "Summarization", "RAG", "tok/step", "Overall", "tok/s",
-                                "=", "own", "ar"]  # fmt: skip
+    assert lines[1].split() == [
+        "method",
+        "Summarization",
+        "RAG",
+        "tok/step",
+        "Overall",
+        "tok/s",
+        "=",
+        "own",
+        "ar",
+    ]
     assert lines[4].split() == ["sd", "2.00x", "2.00x", "2.00", "2.00x", "8.0", "3/3"]
 
 
@@ -103,8 +122,10 @@ def test_llamacpp_response_and_lengths():
 
 def test_llamacpp_spec_types_read_from_help(tmp_path):
     fake = tmp_path / "llama-server"
-    fake.write_text("#!/bin/sh\necho '--spec-type none,draft-simple,ngram-simple,ngram-mod,x  "
-                    "comma-separated'\n")  # fmt: skip
+    fake.write_text(
+        "#!/bin/sh\necho '--spec-type none,draft-simple,ngram-simple,ngram-mod,x  "
+        "comma-separated'\n"
+    )
     fake.chmod(0o755)
     spec_types.cache_clear()
     assert ngram_modes(str(fake)) == ["ngram-simple", "ngram-mod"]
@@ -116,8 +137,9 @@ def args(**kw):
 
 def test_skip_messages(tmp_path, monkeypatch, tiny_dir):
     ckpt = tiny_dir("llama")
-    pair = SimpleNamespace(target_dir=Path(ckpt),
-                           target=SimpleNamespace(config=SimpleNamespace(eos_token_ids=[2])))  # fmt: skip
+    pair = SimpleNamespace(
+        target_dir=Path(ckpt), target=SimpleNamespace(config=SimpleNamespace(eos_token_ids=[2]))
+    )
     monkeypatch.setenv("DUET_CACHE_DIR", str(tmp_path))  # no llama-server built there
     monkeypatch.setitem(sys.modules, "onnxruntime_genai", None)  # import fails
     monkeypatch.setitem(sys.modules, "mlx_lm", None)
@@ -133,8 +155,11 @@ def test_skip_messages(tmp_path, monkeypatch, tiny_dir):
 
 def test_hf_prompt_lookup_equals_hf_ar(tiny_dir):
     ckpt = tiny_dir("llama")
-    pair = SimpleNamespace(target_dir=Path(ckpt), draft_path=None,
-                           target=SimpleNamespace(config=SimpleNamespace(eos_token_ids=[])))  # fmt: skip
+    pair = SimpleNamespace(
+        target_dir=Path(ckpt),
+        draft_path=None,
+        target=SimpleNamespace(config=SimpleNamespace(eos_token_ids=[])),
+    )
     runners, skipped = peer_runners(["hf"], pair, args(), 1)
     assert [r.name for r in runners] == ["hf:ar", "hf:lookup"] and not skipped
     assert runners[1].target is runners[0].target  # one load, shared

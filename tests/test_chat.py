@@ -232,16 +232,24 @@ def test_the_chat_defaults_to_auto_and_says_what_it_picked(pair_dirs, tmp_path):
            "--target-backend", "torch", "--draft-backend", "onnx", "--max-tokens", "8",
            "--temp", "0"]  # fmt: skip
     env = dict(os.environ, DUET_CACHE_DIR=str(tmp_path))  # nothing kept yet
-    r = subprocess.run(cmd, input="hello\n/stats\n", capture_output=True, text=True, cwd=ROOT,
-                       timeout=300, env=env)  # fmt: skip
+    r = subprocess.run(
+        cmd, input="hello\n/stats\n", capture_output=True, text=True, cwd=ROOT, timeout=300, env=env
+    )
     assert r.returncode == 0, r.stderr
     assert "[auto: measuring this pair on this machine during the first answer" in r.stderr
-    again = subprocess.run(cmd, input="hello\n", capture_output=True, text=True, cwd=ROOT,
-                           timeout=300, env=env)  # fmt: skip
+    again = subprocess.run(
+        cmd, input="hello\n", capture_output=True, text=True, cwd=ROOT, timeout=300, env=env
+    )
     assert again.returncode == 0, again.stderr
     assert "[auto: using the measurements of this pair on this machine kept in" in again.stderr
-    ref = subprocess.run([*cmd, "--method", "ar"], input="hello\n", capture_output=True,
-                         text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    ref = subprocess.run(
+        [*cmd, "--method", "ar"],
+        input="hello\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert ref.returncode == 0, ref.stderr
     assert r.stdout.startswith(ref.stdout)  # the answer, then /stats with the pick
     assert "auto picked" in r.stdout[len(ref.stdout) :]
@@ -258,9 +266,12 @@ def test_the_chat_samples_by_default_from_generation_config(pair_dirs, tmp_path)
     shutil.copytree(t, g)
     (g / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.95}))
     base = ["--draft", str(d), "--draft-backend", "mlx", "--method", "sd"]
-    for target, extra, want in ((t, [], (0.7, 0.9)), (g, [], (0.6, 0.95)),
-                                (g, ["--temp", "0"], (0.0, 0.95)),
-                                (g, ["--top-p", "0.5"], (0.6, 0.5))):  # fmt: skip
+    for target, extra, want in (
+        (t, [], (0.7, 0.9)),
+        (g, [], (0.6, 0.95)),
+        (g, ["--temp", "0"], (0.0, 0.95)),
+        (g, ["--top-p", "0.5"], (0.6, 0.5)),
+    ):
         a = build_parser().parse_args(["--target", str(target), *base, *extra])
         check_args(a)
         s = make_session(a, notify=lambda m: None).sampling
@@ -281,9 +292,11 @@ def test_a_target_alone_chats(pair_dirs):
     t, _ = pair_dirs
     cmd = [sys.executable, "-m", "runtime.chat", "--target", str(t), "--target-backend", "torch",
            "--max-tokens", "6", "--temp", "0"]  # fmt: skip
-    r = subprocess.run(cmd, input="hello\n/stats\n", capture_output=True, text=True, cwd=ROOT,
-                       timeout=120)  # fmt: skip
+    r = subprocess.run(
+        cmd, input="hello\n/stats\n", capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     assert "] 6 tokens, " in r.stderr  # auto ran ar, or sd with a model-free draft
     assert "the target alone (no speculation): 6 tokens" in r.stdout or re.search(
-        r"speculating with sd, \d+ tokens ahead: ", r.stdout)  # fmt: skip
+        r"speculating with sd, \d+ tokens ahead: ", r.stdout
+    )

@@ -23,8 +23,13 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
     from runtime.chat import build_parser as chat
     from runtime.generate import build_parser as generate
 
-    return {"generate": generate(), "chat": chat(), "server": server(), "bench": bench(),
-            "profile": profile()}
+    return {
+        "generate": generate(),
+        "chat": chat(),
+        "server": server(),
+        "bench": bench(),
+        "profile": profile(),
+    }
 
 
 def method_actions(ap: argparse.ArgumentParser) -> dict[str, tuple]:
@@ -41,8 +46,19 @@ def method_actions(ap: argparse.ArgumentParser) -> dict[str, tuple]:
 def test_every_command_takes_the_same_method_flags():
     got = {name: method_actions(ap) for name, ap in parsers().items()}
     want = got["generate"]
-    assert {"--gamma", "--kappa", "--exit-layer", "--tree-k", "--expand", "--top-n", "--depth",
-            "--bins", "--exit-head", "--branches", "--draft-branches"} <= set(want)
+    assert {
+        "--gamma",
+        "--kappa",
+        "--exit-layer",
+        "--tree-k",
+        "--expand",
+        "--top-n",
+        "--depth",
+        "--bins",
+        "--exit-head",
+        "--branches",
+        "--draft-branches",
+    } <= set(want)
     for name, flags in got.items():
         assert flags == want, name
 
@@ -67,15 +83,18 @@ def test_flags_are_grouped_by_the_methods_that_take_them():
     assert "server" in titles["edge-cloud (--method flexspec)"]  # the edge flags: their own group
 
 
-@pytest.mark.parametrize("method,options,needle", [
-    ("sd", {"gamma": 0}, "--gamma must be at least 1 for --method sd"),
-    ("mirror", {"gamma": 0}, "--gamma must be at least 1 for --method mirror"),
-    ("mirror", {"kappa": 0}, "--kappa must be at least 1"),
-    ("mirror", {"draft_branches": 99}, "--draft-branches must be in 0..32"),
-    ("tree", {"depth": 0}, "--depth must be at least 1"),
-    ("heterospec", {"top_n": 0}, "--top-n must be at least 1"),
-    ("flexspec", {"k_max": 0}, "--k-max must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "method,options,needle",
+    [
+        ("sd", {"gamma": 0}, "--gamma must be at least 1 for --method sd"),
+        ("mirror", {"gamma": 0}, "--gamma must be at least 1 for --method mirror"),
+        ("mirror", {"kappa": 0}, "--kappa must be at least 1"),
+        ("mirror", {"draft_branches": 99}, "--draft-branches must be in 0..32"),
+        ("tree", {"depth": 0}, "--depth must be at least 1"),
+        ("heterospec", {"top_n": 0}, "--top-n must be at least 1"),
+        ("flexspec", {"k_max": 0}, "--k-max must be at least 1"),
+    ],
+)
 def test_each_method_checks_its_own_options(method, options, needle):
     mod = method_module(method)
     mod.check(method_options(method))  # the defaults pass
@@ -89,7 +108,9 @@ def test_one_gamma_rule_for_every_command(capsys):
     from runtime.generate import check_args as generate_check
 
     for check, ap in ((generate_check, parsers()["generate"]), (server_check, parsers()["server"])):
-        a = ap.parse_args(["--method", "sd", "--gamma", "0"]
-                          + (["--prompt", "x"] if check is generate_check else []))
+        a = ap.parse_args(
+            ["--method", "sd", "--gamma", "0"]
+            + (["--prompt", "x"] if check is generate_check else [])
+        )
         with pytest.raises(DuetError, match="--gamma must be at least 1 for --method sd"):
             check(a)

@@ -60,8 +60,16 @@ def test_summary_json_shape_and_ranges(profiled, capsys):
     assert main(argv) == 0
     s = json.loads(capsys.readouterr().out)
     assert s == json.loads((out / "summary.json").read_text())
-    for k in ("overlap_fraction", "t_rv_ee_us", "t_rv_fv_us", "reuse_rate", "ff", "omega_kappa",
-              "step_ms_measured", "step_ms_predicted"):  # fmt: skip
+    for k in (
+        "overlap_fraction",
+        "t_rv_ee_us",
+        "t_rv_fv_us",
+        "reuse_rate",
+        "ff",
+        "omega_kappa",
+        "step_ms_measured",
+        "step_ms_predicted",
+    ):
         assert isinstance(s[k], float), k
     assert 0 <= s["reuse_rate"] <= 1 and 0 <= s["overlap_fraction"] <= 1 and 0 <= s["ff"] <= 1
     assert s["ff"] <= 1 - s["omega_kappa"] + 1e-9  # App. E, on this run

@@ -63,8 +63,9 @@ def ar_reference(pair):
     from runtime.generate import build_parser, generate
 
     t, _ = pair
-    a = build_parser().parse_args(["--target", str(t), "--method", "ar", "--prompt", PROMPT,
-                                   "--max-tokens", "24", "--json"])  # fmt: skip
+    a = build_parser().parse_args(
+        ["--target", str(t), "--method", "ar", "--prompt", PROMPT, "--max-tokens", "24", "--json"]
+    )
     return generate(a)
 
 
@@ -82,9 +83,16 @@ def test_greedy_completion_equals_ar(client, ar_reference):
 
 
 def test_stream_equals_non_stream(client, ar_reference):
-    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24,
-                                            temperature=0, stream=True,
-                                            stream_options={"include_usage": True}))  # fmt: skip
+    chunks = list(
+        client.completions.create(
+            model="tiny",
+            prompt=PROMPT,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == ar_reference["text"]
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -95,12 +103,12 @@ def test_stream_equals_non_stream(client, ar_reference):
 def test_chat_stream_and_stop(client, ar_reference):
     ref = ar_reference["text"]
     msgs = [{"role": "user", "content": PROMPT}]  # no chat template: plain completion
-    full = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=24,
-                                          temperature=0)  # fmt: skip
+    full = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=24, temperature=0)
     assert full.choices[0].message.content == ref
     stop = ref[5:7]  # a string the answer contains: the answer ends just before it
-    s = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=24, temperature=0,
-                                       stop=[stop], stream=True)  # fmt: skip
+    s = client.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=24, temperature=0, stop=[stop], stream=True
+    )
     parts = list(s)
     text = "".join(p.choices[0].delta.content or "" for p in parts)
     assert text == ref[: ref.find(stop)]
@@ -115,8 +123,9 @@ def test_seeded_sampling_repeats(client):
 
 
 def test_interrupted_stream_stops_and_keeps_caches(server, client, ar_reference):
-    s = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=200, temperature=0,
-                                  stream=True)  # fmt: skip
+    s = client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=200, temperature=0, stream=True
+    )
     next(iter(s))
     s.close()  # the client goes away after the first chunk
     # --queue 0: until the server has seen the disconnect and closed the job, it answers 429
@@ -130,8 +139,9 @@ def test_interrupted_stream_stops_and_keeps_caches(server, client, ar_reference)
 
 
 def test_full_queue_answers_429_at_once(client):
-    s = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=200, temperature=0,
-                                  stream=True)  # fmt: skip
+    s = client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=200, temperature=0, stream=True
+    )
     try:
         next(iter(s))  # running now, and --queue 0 leaves no waiting room
         with pytest.raises(openai.RateLimitError) as e:
@@ -171,8 +181,9 @@ def test_over_long_prompt_is_400_naming_the_context(client):
     ],
 )
 def test_bad_fields_are_400(server, body, param):
-    r = httpx.post(server + "/v1/completions", json=body,
-                   headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
+    r = httpx.post(
+        server + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}
+    )
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["type"] == "invalid_request_error" and err["message"]
@@ -182,8 +193,11 @@ def test_bad_json_and_bad_messages_are_400(server):
     h = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     r = httpx.post(server + "/v1/chat/completions", content=b"{not json", headers=h)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
-    r = httpx.post(server + "/v1/chat/completions", headers=h,
-                   content=json.dumps({"messages": [{"role": "robot", "content": "hi"}]}))  # fmt: skip
+    r = httpx.post(
+        server + "/v1/chat/completions",
+        headers=h,
+        content=json.dumps({"messages": [{"role": "robot", "content": "hi"}]}),
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].role"
 
 
@@ -212,8 +226,9 @@ def test_a_target_alone_serves_ar_under_its_own_name(pair):
     """Issue 40: --target without --draft serves (ar), and /v1/models names the model."""
     t, _ = pair
     cmd = [sys.executable, "-m", "apps.server", "--target", str(t), "--port", "0"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     timer = threading.Timer(120, proc.kill)
     timer.start()
     try:
@@ -221,8 +236,12 @@ def test_a_target_alone_serves_ar_under_its_own_name(pair):
         timer.cancel()
         m = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)", first)
         assert m, first or proc.stderr.read()
-        c = openai.OpenAI(base_url=f"http://127.0.0.1:{m.group(1)}/v1", api_key="unused",
-                          max_retries=0, timeout=60)  # fmt: skip
+        c = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{m.group(1)}/v1",
+            api_key="unused",
+            max_retries=0,
+            timeout=60,
+        )
         assert [x.id for x in c.models.list().data] == [t.name]
         r = c.completions.create(model=t.name, prompt=PROMPT, max_tokens=4, temperature=0)
         assert r.usage.speculative["method"] == "ar" and r.usage.completion_tokens == 4
@@ -246,18 +265,23 @@ def test_chat_uses_the_checkpoint_template(pair, tmp_path):
 
     d = tmp_path / "templated"
     shutil.copytree(pair[0], d)
-    tpl = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # fmt: skip
-    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": tpl,
-                                             "tokenizer_class": "PreTrainedTokenizerFast"}))  # fmt: skip
+    tpl = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    (d / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": tpl, "tokenizer_class": "PreTrainedTokenizerFast"})
+    )
     p = load_pair(str(d), None, need_draft=False)
     engine = Engine(p, method="ar", model_id="t")
-    req = chat_request({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
-                        "temperature": 0})  # fmt: skip
+    req = chat_request(
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0}
+    )
     ids = engine.prompt_ids(req)
     assert ids == Tokenizer(d).encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     job = engine.job(ids, req)
     list(job)
-    want = run(make_steps("ar", p.target, None, ids, max_new=8, sampling=GREEDY, seed=0),
-               max_new=8).tokens  # fmt: skip
+    want = run(
+        make_steps("ar", p.target, None, ids, max_new=8, sampling=GREEDY, seed=0), max_new=8
+    ).tokens
     assert job.out == want and job.finish == "length" and job.usage()["completion_tokens"] == 8

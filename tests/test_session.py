@@ -27,8 +27,9 @@ def pair(tiny_dir):
 @pytest.mark.parametrize("method", ["ar", "sd", "mirror"])
 def test_a_session_commits_what_the_raw_steps_commit(pair, method):
     draft = pair.draft if method != "ar" else None
-    steps = make_steps(method, pair.target, draft, PROMPT, max_new=12, sampling=GREEDY,
-                       seed=0, gamma=3)
+    steps = make_steps(
+        method, pair.target, draft, PROMPT, max_new=12, sampling=GREEDY, seed=0, gamma=3
+    )
     raw = run(steps, max_new=12)
     session = GenerationSession(pair, method=method, options={"gamma": 3}, eos=())
     rs = list(session.stream(PROMPT, 12))

@@ -34,14 +34,21 @@ LIMIT, SWEEP_LIMIT = 8, 2  # prompts: the sweep is 15 runs, keep it to minutes o
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m apps.profile", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.profile",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_pair_args(ap)
     ap.add_argument(
         "--prompts", default=None, help="prompt set .jsonl or folder (default apps/prompts/)"
     )
-    ap.add_argument("--limit", type=int, default=None,
-                    help=f"first N prompts (default {LIMIT}; {SWEEP_LIMIT} with --sweep)")  # fmt: skip
+    ap.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help=f"first N prompts (default {LIMIT}; {SWEEP_LIMIT} with --sweep)",
+    )
     ap.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt (default 64)")
     ap.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
     ap.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i")
@@ -52,9 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--kappas", default="1,2,4,8,16", help="--sweep: κ values (default %(default)s)"
     )
-    ap.add_argument("--emulate", metavar="PROFILE[:MODEL][,real-vocab]",
-                    help="pad every stage to a device profile's prediction; output labelled emulated; "
-                    "append ',real-vocab' to pad the logits to its target's vocabulary too")  # fmt: skip
+    ap.add_argument(
+        "--emulate",
+        metavar="PROFILE[:MODEL][,real-vocab]",
+        help="pad every stage to a device profile's prediction; output labelled emulated; "
+        "append ',real-vocab' to pad the logits to its target's vocabulary too",
+    )
     ap.add_argument("--out", default="profile-out", help="output folder (default ./profile-out)")
     ap.add_argument(
         "--json", action="store_true", help="print the summary (or sweep table) as JSON"
@@ -86,8 +96,19 @@ def make_setup(a: argparse.Namespace):
         emu, pair.target, pair.draft = emulate_pair(a.emulate, pair.target, pair.draft)
     ids = prompt_ids(pair, records, a.max_tokens)
     in_process = draft_in_process(pair.target, pair.draft, a.draft_process)
-    return Setup(pair, ids, a.max_tokens, a.gamma, Sampling(a.temp), a.seed, emu, a.branches,
-                 in_process, a.exit_head, a.draft_branches)  # fmt: skip
+    return Setup(
+        pair,
+        ids,
+        a.max_tokens,
+        a.gamma,
+        Sampling(a.temp),
+        a.seed,
+        emu,
+        a.branches,
+        in_process,
+        a.exit_head,
+        a.draft_branches,
+    )
 
 
 def profile(a: argparse.Namespace, out: Path) -> dict:

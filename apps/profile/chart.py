@@ -36,8 +36,10 @@ def sweep_svg(rows: list[dict]) -> str:
     out.append(
         f'<text x="{(L + W - R) / 2}" y="{H - 8}" text-anchor="middle">κ (log2 scale)</text>'
     )
-    out.append(f'<text x="14" y="{(T + H - B) / 2}" text-anchor="middle" '
-               f'transform="rotate(-90 14 {(T + H - B) / 2})">fallback frequency FF</text>')  # fmt: skip
+    out.append(
+        f'<text x="14" y="{(T + H - B) / 2}" text-anchor="middle" '
+        f'transform="rotate(-90 14 {(T + H - B) / 2})">fallback frequency FF</text>'
+    )
     for n, le in enumerate(les):
         c = COLORS[n % len(COLORS)]
         pts = [r for r in sorted(rows, key=lambda r: r["kappa"]) if r["exit_layer"] == le]
@@ -50,17 +52,23 @@ def sweep_svg(rows: list[dict]) -> str:
                 )
         for r in pts:
             if r["ff"] is not None:
-                tip = (f"ℓe={le}, κ={r['kappa']}: FF {r['ff']:.3f}, 1-Ω_κ "
-                       f"{r['one_minus_omega']:.3f}, {r['steps']} steps")  # fmt: skip
-                out.append(f'<circle cx="{x(r["kappa"]):.1f}" cy="{y(r["ff"]):.1f}" r="4" fill="{c}">'
-                           f"<title>{html.escape(tip)}</title></circle>")  # fmt: skip
+                tip = (
+                    f"ℓe={le}, κ={r['kappa']}: FF {r['ff']:.3f}, 1-Ω_κ "
+                    f"{r['one_minus_omega']:.3f}, {r['steps']} steps"
+                )
+                out.append(
+                    f'<circle cx="{x(r["kappa"]):.1f}" cy="{y(r["ff"]):.1f}" r="4" fill="{c}">'
+                    f"<title>{html.escape(tip)}</title></circle>"
+                )
         ly = T + 10 + n * 36
         out.append(
             f'<line x1="{W - R + 12}" y1="{ly}" x2="{W - R + 36}" y2="{ly}" stroke="{c}" stroke-width="2"/>'
         )
         out.append(f'<text x="{W - R + 40}" y="{ly + 4}">FF, ℓe={le}</text>')
-        out.append(f'<line x1="{W - R + 12}" y1="{ly + 16}" x2="{W - R + 36}" y2="{ly + 16}" stroke="{c}" '
-                   f'stroke-width="2" stroke-dasharray="6 4"/>')  # fmt: skip
+        out.append(
+            f'<line x1="{W - R + 12}" y1="{ly + 16}" x2="{W - R + 36}" y2="{ly + 16}" stroke="{c}" '
+            f'stroke-width="2" stroke-dasharray="6 4"/>'
+        )
         out.append(f'<text x="{W - R + 40}" y="{ly + 20}">1-Ω_κ, ℓe={le}</text>')
     out.append("</svg>")
     return "\n".join(out)

@@ -81,8 +81,10 @@ def timeline_svg(tl: Timeline) -> str:
         color = KINDS[kind_of(iv.lane, iv.name)][0]
         args = ", ".join(f"{k} {v}" for k, v in iv.args.items())
         tip = f"{iv.name}: {_fmt_dur(iv.dur_ns)}" + (f" ({args})" if args else "")
-        out.append(f'<rect x="{x:.2f}" y="{ys[iv.lane]}" width="{w:.2f}" height="{LANE_H}" '
-                   f'fill="{color}"><title>{html.escape(tip)}</title></rect>')  # fmt: skip
+        out.append(
+            f'<rect x="{x:.2f}" y="{ys[iv.lane]}" width="{w:.2f}" height="{LANE_H}" '
+            f'fill="{color}"><title>{html.escape(tip)}</title></rect>'
+        )
     y_axis = TOP + lanes_h
     out.append(f'<line x1="{LEFT}" y1="{y_axis}" x2="{width}" y2="{y_axis}" stroke="#333"/>')
     step = _nice_step(span_ms, (width - LEFT) / 120)

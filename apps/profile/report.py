@@ -46,9 +46,13 @@ def summary_text(s: dict) -> str:
     add(f"  prefix 1..ℓe {f(s['prefix_ms'])} ms, suffix ℓe+1..N {f(s['suffix_ms'])} ms")
     by = s.get("step_by_source") or {}
     if by:
-        add("  by next window    " + ", ".join(
-            f"{k} {v['share']:.3f} of steps: {v['step_ms']:.1f} ms (+{v['beyond_target_ms']:.1f})"
-            for k, v in by.items()))  # fmt: skip
+        add(
+            "  by next window    "
+            + ", ".join(
+                f"{k} {v['share']:.3f} of steps: {v['step_ms']:.1f} ms (+{v['beyond_target_ms']:.1f})"
+                for k, v in by.items()
+            )
+        )
     if s.get("target_alone_ms") is not None:
         add(
             f"target slowdown      {f(s.get('target_slowdown'), '.2f')}x beside the draft "

@@ -77,38 +77,70 @@ def prompt_ids(pair, records: list[dict], max_new: int) -> list[tuple[object, li
     return out
 
 
-def run_mirror(setup: Setup, *, kappa: int, exit_layer: int, desc: str = "profile",
-               prompts=None, max_new: int | None = None, leave: bool = True) -> Run:  # fmt: skip
+def run_mirror(
+    setup: Setup,
+    *,
+    kappa: int,
+    exit_layer: int,
+    desc: str = "profile",
+    prompts=None,
+    max_new: int | None = None,
+    leave: bool = True,
+) -> Run:
     """`mirror` over the prompts, one Timeline for all; prompt i uses seed + i."""
     pair, run = setup.pair, Run()
     prompts = setup.prompts if prompts is None else prompts
     max_new = setup.max_new if max_new is None else max_new
     bar = tqdm(prompts, desc=desc, unit="prompt", file=sys.stderr, disable=None, leave=leave)
     # summarize=False: the profile summarizes every prompt's steps at once (summarize below)
-    session = GenerationSession(pair, method="mirror", eos=pair.target.config.eos_token_ids,
-                                summarize=False, options={"gamma": setup.gamma, "kappa": kappa,
-                                         "exit_layer": exit_layer, "branches": setup.branches,
-                                         "draft_process": setup.draft_process,
-                                         "exit_head": setup.exit_head,
-                                         "draft_branches": setup.draft_branches})
+    session = GenerationSession(
+        pair,
+        method="mirror",
+        eos=pair.target.config.eos_token_ids,
+        summarize=False,
+        options={
+            "gamma": setup.gamma,
+            "kappa": kappa,
+            "exit_layer": exit_layer,
+            "branches": setup.branches,
+            "draft_process": setup.draft_process,
+            "exit_head": setup.exit_head,
+            "draft_branches": setup.draft_branches,
+        },
+    )
     for i, (qid, ids) in enumerate(bar):
         n = max(1, min(max_new, pair.target.config.max_context - len(ids) - 1))
         toks, evs, t0 = [], [], time.perf_counter()
-        for r in session.stream(ids, n, sampling=setup.sampling, seed=setup.seed + i,
-                                timeline=run.timeline):
+        for r in session.stream(
+            ids, n, sampling=setup.sampling, seed=setup.seed + i, timeline=run.timeline
+        ):
             toks += r.tokens
             evs.append(r.step)
         wall = time.perf_counter() - t0
         run.events += evs
-        run.per_prompt.append({"question_id": qid, "prompt_tokens": len(ids), "new_tokens": len(toks),
-                               "steps": len(evs), "wall_s": round(wall, 4)})  # fmt: skip
+        run.per_prompt.append(
+            {
+                "question_id": qid,
+                "prompt_tokens": len(ids),
+                "new_tokens": len(toks),
+                "steps": len(evs),
+                "wall_s": round(wall, 4),
+            }
+        )
     return run
 
 
 def warm_up(setup: Setup, *, kappa: int, exit_layer: int) -> None:
     """An untimed short run: the first passes pay for graph building and allocations."""
-    run_mirror(setup, kappa=kappa, exit_layer=exit_layer, desc="warm-up",
-               prompts=setup.prompts[:1], max_new=min(setup.max_new, 8), leave=False)  # fmt: skip
+    run_mirror(
+        setup,
+        kappa=kappa,
+        exit_layer=exit_layer,
+        desc="warm-up",
+        prompts=setup.prompts[:1],
+        max_new=min(setup.max_new, 8),
+        leave=False,
+    )
 
 
 def thread_settings(pair) -> dict:

@@ -46,27 +46,39 @@ def run_sweep(setup: Setup, kappas: list[int], les: list[int]) -> list[dict]:
         run = run_mirror(setup, kappa=k, exit_layer=le, desc=f"ℓe={le} κ={k}", leave=False)
         s = mirror_summary(run.events, run.timeline)
         om = s["omega_kappa"]
-        rows.append({
-            "exit_layer": le,
-            "kappa": k,
-            "ff": s["ff"],
-            "omega_kappa": om,
-            "one_minus_omega": None if om is None else 1 - om,
-            "bound_holds": None if s["ff"] is None or om is None else s["ff"] <= 1 - om + 1e-12,
-            "reuse_rate": s["reuse_rate"],
-            "fallback_rate": s["fallback_rate"],
-            "steps": s["steps"],
-            "step_ms_measured": s["step_ms_measured"],
-        })  # fmt: skip
+        rows.append(
+            {
+                "exit_layer": le,
+                "kappa": k,
+                "ff": s["ff"],
+                "omega_kappa": om,
+                "one_minus_omega": None if om is None else 1 - om,
+                "bound_holds": None if s["ff"] is None or om is None else s["ff"] <= 1 - om + 1e-12,
+                "reuse_rate": s["reuse_rate"],
+                "fallback_rate": s["fallback_rate"],
+                "steps": s["steps"],
+                "step_ms_measured": s["step_ms_measured"],
+            }
+        )
     return rows
 
 
 def sweep_table(rows: list[dict]) -> str:
     head = ["ℓe", "κ", "FF", "1-Ω_κ", "FF<=1-Ω", "reuse", "steps", "step ms"]
     f = lambda v, p=3: "n/a" if v is None else f"{v:.{p}f}"  # noqa: E731
-    body = [[r["exit_layer"], r["kappa"], f(r["ff"]), f(r["one_minus_omega"]),
-             {True: "yes", False: "NO", None: "n/a"}[r["bound_holds"]], f(r["reuse_rate"]), r["steps"],
-             f(r["step_ms_measured"], 2)] for r in rows]  # fmt: skip
+    body = [
+        [
+            r["exit_layer"],
+            r["kappa"],
+            f(r["ff"]),
+            f(r["one_minus_omega"]),
+            {True: "yes", False: "NO", None: "n/a"}[r["bound_holds"]],
+            f(r["reuse_rate"]),
+            r["steps"],
+            f(r["step_ms_measured"], 2),
+        ]
+        for r in rows
+    ]
     w = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
     line = lambda cells: "  ".join(str(c).ljust(n) for c, n in zip(cells, w, strict=False)).rstrip()  # noqa: E731
     return "\n".join([line(head), line(["-" * n for n in w])] + [line(b) for b in body])

@@ -29,29 +29,49 @@ def build_parser() -> argparse.ArgumentParser:
     from runtime.cli_args import AUTO, add_auto_args, add_method_args, add_pair_args
     from runtime.decoding import METHODS
 
-    ap = argparse.ArgumentParser(prog="python -m apps.server", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m apps.server",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_pair_args(ap)
-    ap.add_argument("--method", choices=(*server_methods(METHODS), AUTO), default=None,
-                    help="decoding method (default sd; ar for a --target without --draft); "
-                    "auto: the one the latency model predicts fastest for this pair on this "
-                    "machine, chosen per request (the pair is measured at start-up, or read "
-                    "from what earlier runs kept: see --reprobe)")
+    ap.add_argument(
+        "--method",
+        choices=(*server_methods(METHODS), AUTO),
+        default=None,
+        help="decoding method (default sd; ar for a --target without --draft); "
+        "auto: the one the latency model predicts fastest for this pair on this "
+        "machine, chosen per request (the pair is measured at start-up, or read "
+        "from what earlier runs kept: see --reprobe)",
+    )
     add_auto_args(ap)
     add_method_args(ap)
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=8080, help="port; 0 = any free one (default 8080)")
-    ap.add_argument("--api-key", default=None,
-                    help="require 'Authorization: Bearer KEY' on every request (needed to bind "
-                    "an address other than loopback)")  # fmt: skip
-    ap.add_argument("--allow-no-key", action="store_true",
-                    help="serve a non-loopback --host without --api-key: anyone who reaches the "
-                    "address can use the model")  # fmt: skip
-    ap.add_argument("--queue", type=int, default=8,
-                    help="requests that may wait while one runs; more get 429 (default 8)")  # fmt: skip
-    ap.add_argument("--model-id", default=None,
-                    help="the id /v1/models reports and requests name (default: the target's "
-                    "short name or directory name; duet-default for the embedded pair)")  # fmt: skip
+    ap.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every request (needed to bind "
+        "an address other than loopback)",
+    )
+    ap.add_argument(
+        "--allow-no-key",
+        action="store_true",
+        help="serve a non-loopback --host without --api-key: anyone who reaches the "
+        "address can use the model",
+    )
+    ap.add_argument(
+        "--queue",
+        type=int,
+        default=8,
+        help="requests that may wait while one runs; more get 429 (default 8)",
+    )
+    ap.add_argument(
+        "--model-id",
+        default=None,
+        help="the id /v1/models reports and requests name (default: the target's "
+        "short name or directory name; duet-default for the embedded pair)",
+    )
     return ap
 
 
@@ -75,8 +95,10 @@ def check_args(a: argparse.Namespace) -> None:
     from apps.cloud.server import is_loopback
 
     if a.api_key is None and not a.allow_no_key and not is_loopback(a.host):
-        raise DuetError(f"refusing to serve on {a.host} without --api-key (only loopback is "
-                        "served keyless; --allow-no-key serves it anyway)")  # fmt: skip
+        raise DuetError(
+            f"refusing to serve on {a.host} without --api-key (only loopback is "
+            "served keyless; --allow-no-key serves it anyway)"
+        )
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -126,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     server = Server(engine, api_key=a.api_key, queue=a.queue)
     host, port = sock.getsockname()[:2]
     print(f"listening on {host}:{port}", flush=True)
-    config = uvicorn.Config(server.app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)  # fmt: skip
+    config = uvicorn.Config(
+        server.app, log_level="warning", access_log=False, timeout_graceful_shutdown=2
+    )
     uvicorn.Server(config).run(sockets=[sock])
     return 0
 

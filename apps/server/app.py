@@ -45,8 +45,12 @@ class Gate:
 
     async def enter(self) -> None:
         if self.inside >= self.limit:
-            raise APIError(429, f"the server is busy ({self.limit - 1} requests already wait); "
-                           "retry later", type="rate_limit_error", code="queue_full")  # fmt: skip
+            raise APIError(
+                429,
+                f"the server is busy ({self.limit - 1} requests already wait); retry later",
+                type="rate_limit_error",
+                code="queue_full",
+            )
         self.inside += 1
         try:
             await self.lock.acquire()
@@ -82,7 +86,7 @@ class Server:
                 404: self.not_found,
                 405: self.not_allowed,
                 Exception: self.internal_error,
-            },  # fmt: skip
+            },
         )
 
     # ---- plumbing ----------------------------------------------------------
@@ -105,16 +109,24 @@ class Server:
             return
         given = request.headers.get("authorization", "")
         if given != f"Bearer {self.api_key}":
-            raise APIError(401, "Incorrect API key provided; pass it as 'Authorization: Bearer KEY'",
-                           type="authentication_error", code="invalid_api_key")  # fmt: skip
+            raise APIError(
+                401,
+                "Incorrect API key provided; pass it as 'Authorization: Bearer KEY'",
+                type="authentication_error",
+                code="invalid_api_key",
+            )
 
     def check_model(self, model: str | None) -> None:
         """A 404 in OpenAI's shape for a model this server does not hold."""
         held = [self.engine.model_id]
         if model is not None and model not in held:
-            raise APIError(404, f"The model '{model}' does not exist on this server; it holds "
-                           f"{', '.join(repr(m) for m in held)}", param="model",
-                           code="model_not_found")  # fmt: skip
+            raise APIError(
+                404,
+                f"The model '{model}' does not exist on this server; it holds "
+                f"{', '.join(repr(m) for m in held)}",
+                param="model",
+                code="model_not_found",
+            )
 
     async def step(self, job: Job) -> str | None:
         """The text of the job's next step, or None when it is done (runs in the worker thread)."""
@@ -131,8 +143,9 @@ class Server:
 
     async def health(self, request: Request) -> JSONResponse:
         """Liveness, as llama-server's /health, plus how the last requests ended (oldest first)."""
-        return JSONResponse({"status": "ok", "waiting": max(0, self.gate.inside - 1),
-                             "recent": list(self.recent)})  # fmt: skip
+        return JSONResponse(
+            {"status": "ok", "waiting": max(0, self.gate.inside - 1), "recent": list(self.recent)}
+        )
 
     async def models(self, request: Request) -> JSONResponse:
         try:
@@ -184,8 +197,14 @@ class Server:
     def body(self, job: Job, req: GenRequest, rid: str, kind: str) -> dict:
         c = self.choice(kind, job.text, job.finish or "stop", delta=False)
         c["token_ids"] = job.out  # as vLLM's return_token_ids: what was generated, EOS included
-        return {"id": rid, "object": kind, "created": int(time.time()), "model": self.engine.model_id,
-                "choices": [c], "usage": job.usage()}  # fmt: skip
+        return {
+            "id": rid,
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.engine.model_id,
+            "choices": [c],
+            "usage": job.usage(),
+        }
 
     async def chunks(self, pump: Pump, job: Job, req: GenRequest, rid: str, kind: str):
         """Server-sent events: one chunk per step that adds text, a last one with the finish."""
@@ -255,8 +274,9 @@ class GenerationStream(StreamingResponse):
     """A streaming response that closes its job however the stream ends (done, error, disconnect)."""
 
     def __init__(self, server: Server, job: Job, pump: Pump, chunks):
-        super().__init__(chunks, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache"})  # fmt: skip
+        super().__init__(
+            chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
         self.server, self.job, self.pump = server, job, pump
 
     async def __call__(self, scope, receive, send) -> None:

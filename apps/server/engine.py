@@ -29,8 +29,9 @@ from runtime.stats import RunStats
 class Engine:
     """A target (and draft) with one decoding method and the caches it keeps across requests."""
 
-    def __init__(self, pair: Pair, *, method: str, model_id: str, gamma: int = 4, chooser=None,
-                 **options):
+    def __init__(
+        self, pair: Pair, *, method: str, model_id: str, gamma: int = 4, chooser=None, **options
+    ):
         """`method` auto takes the `chooser` the command layer built (runtime/cli_args_auto.py);
         `options`: the methods' options (kappa, exit_layer, ...), as a GenerationSession's."""
         if pair.tokenizer is None:
@@ -44,9 +45,13 @@ class Engine:
         self.context = context_of(pair)
         self.vocab = pair.target.config.vocab_size
         self.eos = tuple(pair.target.config.eos_token_ids)
-        self.session = GenerationSession(pair, method=method,
-                                         options={**self.options, "gamma": gamma},
-                                         chooser=chooser, eos=self.eos)
+        self.session = GenerationSession(
+            pair,
+            method=method,
+            options={**self.options, "gamma": gamma},
+            chooser=chooser,
+            eos=self.eos,
+        )
         self.tcache = pair.target.new_cache()
         self.dcache = pair.draft.new_cache() if pair.draft is not None else None
         self.tokens: list[int] = []  # the sequence the caches hold a prefix of
@@ -65,8 +70,12 @@ class Engine:
             ids, param = list(req.prompt), "prompt"
             out = [t for t in ids if not 0 <= t < self.vocab]
             if out:
-                raise APIError(400, f"token {out[0]} is outside the vocabulary [0, {self.vocab})",
-                               param="prompt", code="invalid_value")  # fmt: skip
+                raise APIError(
+                    400,
+                    f"token {out[0]} is outside the vocabulary [0, {self.vocab})",
+                    param="prompt",
+                    code="invalid_value",
+                )
         if not ids:
             raise APIError(400, "the prompt is empty once tokenized", param=param)
         if len(ids) >= self.context:
@@ -74,8 +83,9 @@ class Engine:
                 400,
                 f"This model's maximum context length is {self.context} tokens, but the prompt "
                 f"is {len(ids)} tokens; shorten it (the completion needs at least one more token).",
-                param=param, code="context_length_exceeded",
-            )  # fmt: skip
+                param=param,
+                code="context_length_exceeded",
+            )
         return ids
 
     def warmup(self) -> None:
@@ -127,9 +137,14 @@ class Job:
             self.cached -= 1
         for c in (e.tcache, e.dcache):
             rewind(c, self.cached)
-        responses = e.session.stream(seq, self.max_new, seed=self.seed,
-                                     sampling=Sampling(req.temperature, req.top_p),
-                                     target_cache=e.tcache, draft_cache=e.dcache)
+        responses = e.session.stream(
+            seq,
+            self.max_new,
+            seed=self.seed,
+            sampling=Sampling(req.temperature, req.top_p),
+            target_cache=e.tcache,
+            draft_cache=e.dcache,
+        )
         hold = max((len(s) for s in req.stop), default=1) - 1  # a stop string may be split
         eos = set(e.eos)
         try:

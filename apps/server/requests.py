@@ -15,15 +15,28 @@ from dataclasses import dataclass, field
 class APIError(Exception):
     """An error answered with an OpenAI-style body: {"error": {message, type, param, code}}."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = (
             status, message, type, param, code)  # fmt: skip
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}  # fmt: skip
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 def bad(param: str, message: str, code: str = "invalid_value") -> APIError:
@@ -55,8 +68,11 @@ def parse_json(raw: bytes) -> dict:
             400, f"the request body is not valid JSON ({e})", code="invalid_json"
         ) from None
     if not isinstance(body, dict):
-        raise APIError(400, f"the request body must be a JSON object, not {type(body).__name__}",
-                       code="invalid_json")  # fmt: skip
+        raise APIError(
+            400,
+            f"the request body must be a JSON object, not {type(body).__name__}",
+            code="invalid_json",
+        )
     return body
 
 
@@ -133,8 +149,11 @@ def completion_request(body: dict) -> GenRequest:
     ):
         pass
     else:
-        raise bad("prompt", "'prompt' must be a non-empty string or a list of token ids "
-                  "(one prompt per request)", code="invalid_type" if p is not None else "missing")  # fmt: skip
+        raise bad(
+            "prompt",
+            "'prompt' must be a non-empty string or a list of token ids (one prompt per request)",
+            code="invalid_type" if p is not None else "missing",
+        )
     req.prompt = p
     return req
 
@@ -146,11 +165,15 @@ def _content(m: dict, i: int) -> str:
     c = m.get("content")
     if isinstance(c, str):
         return c
-    if isinstance(c, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                   and isinstance(p.get("text"), str) for p in c):  # fmt: skip
+    if isinstance(c, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in c
+    ):
         return "".join(p["text"] for p in c)
-    raise bad(f"messages[{i}].content",
-              f"'messages[{i}].content' must be a string or a list of text parts")  # fmt: skip
+    raise bad(
+        f"messages[{i}].content",
+        f"'messages[{i}].content' must be a string or a list of text parts",
+    )
 
 
 def chat_request(body: dict) -> GenRequest:
@@ -158,13 +181,17 @@ def chat_request(body: dict) -> GenRequest:
     req = _common(body)
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
-        raise bad("messages", "'messages' must be a non-empty list of {role, content} objects",
-                  code="missing" if msgs is None else "invalid_type")  # fmt: skip
+        raise bad(
+            "messages",
+            "'messages' must be a non-empty list of {role, content} objects",
+            code="missing" if msgs is None else "invalid_type",
+        )
     out = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise bad(f"messages[{i}].role",
-                      f"'messages[{i}].role' must be one of {', '.join(ROLES)}")  # fmt: skip
+            raise bad(
+                f"messages[{i}].role", f"'messages[{i}].role' must be one of {', '.join(ROLES)}"
+            )
         role = "system" if m["role"] == "developer" else m["role"]
         out.append({"role": role, "content": _content(m, i)})
     req.messages = out

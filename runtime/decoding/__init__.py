@@ -70,8 +70,10 @@ def cannot_run(method: str, target, draft) -> str | None:
     if mod.NEEDS_DRAFT and draft is None:
         return f"--method {method} needs a draft model"
     if getattr(draft, "model_free", False) and not getattr(mod, "RUNS_MODEL_FREE", False):
-        return (f"--method {method} needs a draft model; --draft {draft.name} runs none "
-                "(use --method sd or tree)")  # fmt: skip
+        return (
+            f"--method {method} needs a draft model; --draft {draft.name} runs none "
+            "(use --method sd or tree)"
+        )
     if getattr(draft, "mixed", False) and not getattr(mod, "RUNS_MIXED", False):
         return f"--draft {draft.name} drafts `sd` chains only: use --method sd"
     hybrid_ok = getattr(mod, "RUNS_HYBRID", ())
@@ -113,9 +115,18 @@ def make_steps(
     if why:
         raise DuetError(why)
     opts = method_options(method, **options)
-    return mod.steps(target, draft, list(seq), max_new=max_new, sampling=sampling, seed=seed,
-                     options=opts, target_cache=target_cache, draft_cache=draft_cache,
-                     timeline=timeline)  # fmt: skip
+    return mod.steps(
+        target,
+        draft,
+        list(seq),
+        max_new=max_new,
+        sampling=sampling,
+        seed=seed,
+        options=opts,
+        target_cache=target_cache,
+        draft_cache=draft_cache,
+        timeline=timeline,
+    )
 
 
 def stream(

@@ -61,8 +61,25 @@ def summarize(events, timeline, **run) -> dict:
     return {}
 
 
-def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
-          draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
+def steps(
+    target,
+    draft,
+    seq,
+    *,
+    max_new,
+    sampling,
+    seed,
+    options,
+    target_cache=None,
+    draft_cache=None,
+    timeline=None,
+) -> Iterator[StepEvent]:
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
-    return ar_steps(target, seq, max_new=max_new, sampling=sampling,
-                    rng=np.random.default_rng(seed), target_cache=target_cache)  # fmt: skip
+    return ar_steps(
+        target,
+        seq,
+        max_new=max_new,
+        sampling=sampling,
+        rng=np.random.default_rng(seed),
+        target_cache=target_cache,
+    )

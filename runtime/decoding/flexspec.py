@@ -40,8 +40,9 @@ def check(options: Options) -> None:
     at_least("--k-max", options.k_max)
 
 
-def summarize(events, timeline, *, options=None, pair=None, prompt=(), out=(), sampling=None,
-              **run) -> dict:
+def summarize(
+    events, timeline, *, options=None, pair=None, prompt=(), out=(), sampling=None, **run
+) -> dict:
     """stats.edge (per-round figures), `lossy`, and with CU-HLM skipping (options.skip) the
     skip rate and the rejection risk R audited against the target when it is loaded here
     (runtime/edge/skip.py says how)."""
@@ -64,14 +65,37 @@ def summarize(events, timeline, *, options=None, pair=None, prompt=(), out=(), s
     return s
 
 
-def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
-          draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
+def steps(
+    target,
+    draft,
+    seq,
+    *,
+    max_new,
+    sampling,
+    seed,
+    options,
+    target_cache=None,
+    draft_cache=None,
+    timeline=None,
+) -> Iterator[StepEvent]:
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
     from runtime.edge.loop import edge_steps
 
     if options.conn is None:
         raise DuetError("--method flexspec needs a cloud verifier (--server HOST:PORT or local)")
-    return edge_steps(draft, options.conn, seq, max_new=max_new, sampling=sampling, seed=seed,
-                      k=options.k, k_max=options.k_max, controller=options.controller,
-                      codec=options.codec, codec_params=options.codec_params, draft_cache=draft_cache,
-                      skip=options.skip, bit_budget=options.bit_budget)  # fmt: skip
+    return edge_steps(
+        draft,
+        options.conn,
+        seq,
+        max_new=max_new,
+        sampling=sampling,
+        seed=seed,
+        k=options.k,
+        k_max=options.k_max,
+        controller=options.controller,
+        codec=options.codec,
+        codec_params=options.codec_params,
+        draft_cache=draft_cache,
+        skip=options.skip,
+        bit_budget=options.bit_budget,
+    )

@@ -112,9 +112,13 @@ class Options:
     top_n: int = tree_flag("top_n")
     depth: int = tree_flag("depth")  # d_base
     expand: int = tree_flag("expand")
-    bins: str | None = flag(None, "entropy bins from `python -m apps.train bins` (default: a "
-                            "fitted head's own TARGET/.duet/eagle/bins.json, else the embedded "
-                            "pair's)", type=str)
+    bins: str | None = flag(
+        None,
+        "entropy bins from `python -m apps.train bins` (default: a "
+        "fitted head's own TARGET/.duet/eagle/bins.json, else the embedded "
+        "pair's)",
+        type=str,
+    )
 
 
 def check(options: Options) -> None:
@@ -126,13 +130,34 @@ def summarize(events, timeline, **run) -> dict:
     return {}
 
 
-def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
-          draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
+def steps(
+    target,
+    draft,
+    seq,
+    *,
+    max_new,
+    sampling,
+    seed,
+    options,
+    target_cache=None,
+    draft_cache=None,
+    timeline=None,
+) -> Iterator[StepEvent]:
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
     check_tree_args(options.tree_k, options.top_n, options.depth, options.expand)
     bins = load_bins(options.bins or pair_bins(draft) or DEFAULT_BINS)
-    return tree_steps(target, draft, seq, max_new=max_new, top_k=options.tree_k,
-                      top_n=options.top_n, depth=options.depth, expand=options.expand,
-                      sampling=sampling,
-                      rng=np.random.default_rng(seed), target_cache=target_cache,
-                      draft_cache=draft_cache, shape=make_shape(bins, options.tree_k))  # fmt: skip
+    return tree_steps(
+        target,
+        draft,
+        seq,
+        max_new=max_new,
+        top_k=options.tree_k,
+        top_n=options.top_n,
+        depth=options.depth,
+        expand=options.expand,
+        sampling=sampling,
+        rng=np.random.default_rng(seed),
+        target_cache=target_cache,
+        draft_cache=draft_cache,
+        shape=make_shape(bins, options.tree_k),
+    )

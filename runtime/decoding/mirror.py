@@ -71,8 +71,11 @@ def wave_shape(draft, branches: int | None = None, draft_branches: int | None = 
     given, else its kind's defaults (an SS draft's are SS_BRANCH_BATCH, SS_DRAFT_BRANCHES)."""
     ss = is_ss_draft(draft)
     b = branches if branches is not None else SS_BRANCH_BATCH if ss else DEFAULT_BRANCH_BATCH
-    m = draft_branches if draft_branches is not None else (
-        SS_DRAFT_BRANCHES if ss else DEFAULT_DRAFT_BRANCHES)  # fmt: skip
+    m = (
+        draft_branches
+        if draft_branches is not None
+        else (SS_DRAFT_BRANCHES if ss else DEFAULT_DRAFT_BRANCHES)
+    )
     return b, m
 
 
@@ -127,13 +130,28 @@ def mirror_steps(
     check_draft_branches(draft_branches)
     le = check_mirror_args(target, gamma, kappa, exit_layer)
     check_branch_draft(draft, branch_batch)
-    run = _Run(target, le, target.config.num_layers, resolve_exit_head(target, le, exit_head),
-               kappa, sampling, seed, timeline if timeline is not None else Timeline(),
-               draft_in_process(target, draft, draft_process))
+    run = _Run(
+        target,
+        le,
+        target.config.num_layers,
+        resolve_exit_head(target, le, exit_head),
+        kappa,
+        sampling,
+        seed,
+        timeline if timeline is not None else Timeline(),
+        draft_in_process(target, draft, draft_process),
+    )
     seq = list(seq)
     tc = target_cache if target_cache is not None else target.new_cache()
-    worker = _worker(run, draft, gamma=gamma, max_new=max_new, draft_cache=draft_cache,
-                     branch_batch=branch_batch, draft_branches=draft_branches)
+    worker = _worker(
+        run,
+        draft,
+        gamma=gamma,
+        max_new=max_new,
+        draft_cache=draft_cache,
+        branch_batch=branch_batch,
+        draft_branches=draft_branches,
+    )
     switch = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     worker.start(seq)
@@ -170,14 +188,31 @@ def _worker(run: _Run, draft, *, gamma, max_new, draft_cache, branch_batch, draf
     if run.in_process:  # over the shared-memory channel
         from runtime.mirror.draft_process import ProcessDraftWorker, draft_host
 
-        return ProcessDraftWorker(draft_host(draft), sampling=run.sampling, seed=run.seed,
-                                  gamma=gamma, kappa=run.kappa, vocab=draft.config.vocab_size,
-                                  max_new=max_new, ctx=ctx, timeline=run.tl,
-                                  branch_batch=branch_batch,
-                                  draft_branches=draft_branches)
-    return DraftWorker(draft, sampling=run.sampling, seed=run.seed, gamma=gamma, max_new=max_new,
-                       ctx=ctx, timeline=run.tl, cache=draft_cache, branch_batch=branch_batch,
-                       draft_branches=draft_branches)
+        return ProcessDraftWorker(
+            draft_host(draft),
+            sampling=run.sampling,
+            seed=run.seed,
+            gamma=gamma,
+            kappa=run.kappa,
+            vocab=draft.config.vocab_size,
+            max_new=max_new,
+            ctx=ctx,
+            timeline=run.tl,
+            branch_batch=branch_batch,
+            draft_branches=draft_branches,
+        )
+    return DraftWorker(
+        draft,
+        sampling=run.sampling,
+        seed=run.seed,
+        gamma=gamma,
+        max_new=max_new,
+        ctx=ctx,
+        timeline=run.tl,
+        cache=draft_cache,
+        branch_batch=branch_batch,
+        draft_branches=draft_branches,
+    )
 
 
 def _steps(run: _Run, worker, tc, seq: list[int], max_new: int) -> Iterator[StepEvent]:
@@ -212,11 +247,18 @@ def _steps(run: _Run, worker, tc, seq: list[int], max_new: int) -> Iterator[Step
         if more:
             win = _next_window(run, worker, step, ready, v, t3, extra)
         else:
-            extra.update(step_s=(v.t2 - v.t0) / 1e9, draft=None, reuse=None, resume=None,
-                         fallback=None)
+            extra.update(
+                step_s=(v.t2 - v.t0) / 1e9, draft=None, reuse=None, resume=None, fallback=None
+            )
             extra["per_step"]["branch_hit"] = None  # no next window: unknown
-        yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=0.0,
-                        verify_s=(v.t2 - v.t0) / 1e9, extra=extra)
+        yield StepEvent(
+            tokens=committed,
+            accepted=a,
+            drafted=g,
+            draft_s=0.0,
+            verify_s=(v.t2 - v.t0) / 1e9,
+            extra=extra,
+        )
 
 
 def _verify(run: _Run, worker, tc, seq: list[int], win, step: int) -> Verdict:
@@ -233,8 +275,7 @@ def _verify(run: _Run, worker, tc, seq: list[int], win, step: int) -> Verdict:
         ids, logp = topk_message(exit_logits, run.kappa)  # eq. 7, bf16
     else:  # eq. 7's channel, its top-κ coupled to this step's noise (mirror/coupled.py)
         u, noise = step_noise(run.seed, step, g, exit_logits.shape[-1])
-        ids, logp = coupled_message(sampling.log_probs(exit_logits), win.tokens, noise,
-                                    run.kappa)
+        ids, logp = coupled_message(sampling.log_probs(exit_logits), win.tokens, noise, run.kappa)
     payload = encode(ids, logp)
     t1 = now_ns()
     worker.send(EarlyExit(step, payload, t1))
@@ -262,13 +303,20 @@ def _next_window(run: _Run, worker, step: int, ready, v: Verdict, t3: int, extra
         win = worker.receive(step)
         t3 = now_ns()
         rv_fv = win.info["fv_recv_ns"] - v.t2 + t3 - win.sent_ns
-    extra.update(step_s=(t3 - v.t0) / 1e9, draft=win.info, rv_fv_ns=rv_fv, taken=taken,
-                 reuse=win.source == "reuse", resume=win.source == "resume",
-                 fallback=win.source == "fallback")
+    extra.update(
+        step_s=(t3 - v.t0) / 1e9,
+        draft=win.info,
+        rv_fv_ns=rv_fv,
+        taken=taken,
+        reuse=win.source == "reuse",
+        resume=win.source == "resume",
+        fallback=win.source == "fallback",
+    )
     # whose branch (A, c) was: the draft's own runner-ups, else the early exit's top-κ, else
     # neither (auto pools these into Ω̂_own and Ω̂: pair_probe)
-    extra["per_step"]["branch_hit"] = ("own" if win.info.get("own") else
-                                       "exit" if extra["in_tree"] else "miss")
+    extra["per_step"]["branch_hit"] = (
+        "own" if win.info.get("own") else "exit" if extra["in_tree"] else "miss"
+    )
     return win
 
 
@@ -304,11 +352,15 @@ def why_not(target, draft) -> str | None:
     if not getattr(getattr(draft, "config", None), "is_hybrid", False):
         return None
     if getattr(draft, "hybrid_rollback", "replay") != "replay":
-        return ("--method mirror forks a hybrid torch draft's branch rows by replay; drop "
-                "--hybrid-rollback redecode for it (or use the ONNX draft)")  # fmt: skip
+        return (
+            "--method mirror forks a hybrid torch draft's branch rows by replay; drop "
+            "--hybrid-rollback redecode for it (or use the ONNX draft)"
+        )
     if getattr(draft.new_cache(), "fork_at", None) is None:
-        return (f"--method mirror rolls out branch rows; this hybrid {draft.backend} draft "
-                "cannot fork its states per row (use the ONNX or torch hybrid draft)")  # fmt: skip
+        return (
+            f"--method mirror rolls out branch rows; this hybrid {draft.backend} draft "
+            "cannot fork its states per row (use the ONNX or torch hybrid draft)"
+        )
     return None
 
 
@@ -318,27 +370,39 @@ NEEDS_DRAFT = True
 @dataclass
 class Options:
     gamma: int = 4  # window length γ (--gamma: every command's, runtime/cli_args.py)
-    kappa: int = flag(DEFAULT_KAPPA, "top-κ width of the early-exit message (default "
-                      f"{DEFAULT_KAPPA})")
-    exit_layer: int | None = flag(None, "target layer ℓe whose hidden state gives the early "
-                                  "exit (default N/2)")
+    kappa: int = flag(
+        DEFAULT_KAPPA, f"top-κ width of the early-exit message (default {DEFAULT_KAPPA})"
+    )
+    exit_layer: int | None = flag(
+        None, "target layer ℓe whose hidden state gives the early exit (default N/2)"
+    )
     # rows per batched branch-rollout pass (None: wave_shape)
-    branches: int | None = flag(None, "branches rolled out per batched draft pass, most likely "
-                                f"first (default {DEFAULT_BRANCH_BATCH}; {SS_BRANCH_BATCH} for a "
-                                "speculative-streaming draft)")
+    branches: int | None = flag(
+        None,
+        "branches rolled out per batched draft pass, most likely "
+        f"first (default {DEFAULT_BRANCH_BATCH}; {SS_BRANCH_BATCH} for a "
+        "speculative-streaming draft)",
+    )
     # the draft worker's process (None: draft_in_process); --draft-process / --draft-thread
     # are placement flags of runtime/cli_args.py's add_pair_args
     draft_process: bool | None = None
-    exit_head: str | None = flag(None, "the early exit's head: raw, or tuned (python -m "
-                                 "apps.train exit-head); default tuned when one is stored "
-                                 "beside the target", type=str,
-                                 choices=("raw", "tuned"))
+    exit_head: str | None = flag(
+        None,
+        "the early exit's head: raw, or tuned (python -m "
+        "apps.train exit-head); default tuned when one is stored "
+        "beside the target",
+        type=str,
+        choices=("raw", "tuned"),
+    )
     # own runner-ups rolled out before the early exit
-    draft_branches: int | None = flag(None, "the draft's own runner-up tokens per window "
-                                      "position whose branches it rolls out before the early "
-                                      "exit, while the target runs its prefix (default "
-                                      f"{DEFAULT_DRAFT_BRANCHES}; {SS_DRAFT_BRANCHES} for a "
-                                      "speculative-streaming draft; 0: off)")
+    draft_branches: int | None = flag(
+        None,
+        "the draft's own runner-up tokens per window "
+        "position whose branches it rolls out before the early "
+        "exit, while the target runs its prefix (default "
+        f"{DEFAULT_DRAFT_BRANCHES}; {SS_DRAFT_BRANCHES} for a "
+        "speculative-streaming draft; 0: off)",
+    )
 
 
 RECORDS_TIMELINE = True  # steps() fills a runtime.mirror.timeline.Timeline (--trace)
@@ -358,18 +422,44 @@ def summarize(events, timeline, **run) -> dict:
     from runtime.mirror.summary import mirror_summary
 
     first = events[0].extra if events else {}
-    return {"draft_worker": first.get("draft_worker"), "kappa": first.get("kappa"),
-            "exit_head": first.get("exit_head"), "exit_layer": first.get("exit_layer"),
-            "mirror": mirror_summary(events, timeline)}
+    return {
+        "draft_worker": first.get("draft_worker"),
+        "kappa": first.get("kappa"),
+        "exit_head": first.get("exit_head"),
+        "exit_layer": first.get("exit_layer"),
+        "mirror": mirror_summary(events, timeline),
+    }
 
 
-def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
-          draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
+def steps(
+    target,
+    draft,
+    seq,
+    *,
+    max_new,
+    sampling,
+    seed,
+    options,
+    target_cache=None,
+    draft_cache=None,
+    timeline=None,
+) -> Iterator[StepEvent]:
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
-    return mirror_steps(target, draft, seq, max_new=max_new, gamma=options.gamma,
-                        kappa=options.kappa, exit_layer=options.exit_layer, sampling=sampling,
-                        seed=seed, timeline=timeline, target_cache=target_cache,
-                        draft_cache=draft_cache, branch_batch=options.branches,
-                        draft_process=options.draft_process,
-                        exit_head=options.exit_head,
-                        draft_branches=options.draft_branches)  # fmt: skip
+    return mirror_steps(
+        target,
+        draft,
+        seq,
+        max_new=max_new,
+        gamma=options.gamma,
+        kappa=options.kappa,
+        exit_layer=options.exit_layer,
+        sampling=sampling,
+        seed=seed,
+        timeline=timeline,
+        target_cache=target_cache,
+        draft_cache=draft_cache,
+        branch_batch=options.branches,
+        draft_process=options.draft_process,
+        exit_head=options.exit_head,
+        draft_branches=options.draft_branches,
+    )

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels.verify import verify_greedy, verify_sampling
+from runtime.arg_rules import check_gamma
 from runtime.decoding.events import (
     GREEDY,
     Sampling,
@@ -29,7 +30,6 @@ from runtime.decoding.events import (
 from runtime.decoding.ss_draft import is_ss_draft, ss_draft_window
 from runtime.drafts.base import chain_window, is_model_free
 from runtime.drafts.mixed import is_mixed
-from runtime.arg_rules import check_gamma
 
 
 def draft_window(
@@ -74,8 +74,9 @@ def draft_window(
                 info["passes"] = 0
             return got
         draft.model_steps += 1
-        return draft_window(draft.model, cache.model, seq, gamma, sampling, rng, law, observe,
-                            info, gumbel)  # fmt: skip
+        return draft_window(
+            draft.model, cache.model, seq, gamma, sampling, rng, law, observe, info, gumbel
+        )
     if is_ss_draft(draft) and observe is None:  # Mirror-SD §3.2: η ≥ 1 tokens per pass
         toks, q, passes = ss_draft_window(draft, cache, seq, gamma, sampling, rng, law, gumbel)
         if info is not None:
@@ -180,8 +181,14 @@ def sd_steps(
                 rewind(tc, len(seq) - 1)  # target saw the window; keep the accepted prefix
                 reverify = False
             rewind(dc, len(seq) - 1)
-            yield StepEvent(tokens=committed, accepted=a, drafted=g, draft_s=t1 - t0,
-                            verify_s=t2 - t1, extra={"per_step": {"draft_passes": info["passes"]}})  # fmt: skip
+            yield StepEvent(
+                tokens=committed,
+                accepted=a,
+                drafted=g,
+                draft_s=t1 - t0,
+                verify_s=t2 - t1,
+                extra={"per_step": {"draft_passes": info["passes"]}},
+            )
     finally:
         rewind(tc, len(seq))
         rewind(dc, len(seq))
@@ -219,8 +226,28 @@ def summarize(events, timeline, **run) -> dict:
     return {}
 
 
-def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
-          draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
+def steps(
+    target,
+    draft,
+    seq,
+    *,
+    max_new,
+    sampling,
+    seed,
+    options,
+    target_cache=None,
+    draft_cache=None,
+    timeline=None,
+) -> Iterator[StepEvent]:
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
-    return sd_steps(target, draft, seq, max_new=max_new, gamma=options.gamma, sampling=sampling,
-                    seed=seed, target_cache=target_cache, draft_cache=draft_cache)  # fmt: skip
+    return sd_steps(
+        target,
+        draft,
+        seq,
+        max_new=max_new,
+        gamma=options.gamma,
+        sampling=sampling,
+        seed=seed,
+        target_cache=target_cache,
+        draft_cache=draft_cache,
+    )

@@ -26,8 +26,16 @@ def is_ss_draft(draft) -> bool:
     return getattr(draft, "ss_streams", 0) > 0
 
 
-def ss_draft_window(draft, cache, seq: list[int], gamma: int, sampling: Sampling, rng, law=None,
-                    gumbel: bool = False) -> tuple[list[int], np.ndarray, int]:  # fmt: skip
+def ss_draft_window(
+    draft,
+    cache,
+    seq: list[int],
+    gamma: int,
+    sampling: Sampling,
+    rng,
+    law=None,
+    gumbel: bool = False,
+) -> tuple[list[int], np.ndarray, int]:
     """Draft γ tokens after `seq` with SS passes; returns (tokens, q (γ, V), J passes).
 
     q is empty when greedy (verification needs none), as in `sd.draft_window`; `law(q)`

@@ -96,8 +96,16 @@ def tree_steps(
                 rewind(dc, len(seq))
                 cap = ctx - len(seq)  # nodes the verification window has room for
                 budget = min(top_n, cap)
-                drafter = TreeDrafter(draft, dc, seq, top_k, sampling, rng,
-                                      root_children=min(top_k, budget), expand=expand)  # fmt: skip
+                drafter = TreeDrafter(
+                    draft,
+                    dc,
+                    seq,
+                    top_k,
+                    sampling,
+                    rng,
+                    root_children=min(top_k, budget),
+                    expand=expand,
+                )
                 levels = min(depth, room) - 1
                 if drafter.sampled:  # no pruning afterwards: stop growing within the budget
                     levels = min(levels, (budget - len(drafter.tree)) // drafter.level_size())
@@ -126,9 +134,14 @@ def tree_steps(
                 "tcr": terminal_rank(tree, path) if tree is not None else None,
                 **info,
             }
-            yield StepEvent(tokens=committed, accepted=len(path), drafted=len(tokens),
-                            draft_s=t1 - t0, verify_s=t2 - t1,
-                            extra={"per_step": per_step})  # fmt: skip
+            yield StepEvent(
+                tokens=committed,
+                accepted=len(path),
+                drafted=len(tokens),
+                draft_s=t1 - t0,
+                verify_s=t2 - t1,
+                extra={"per_step": per_step},
+            )
     finally:
         rewind(tc, len(seq))
         rewind(dc, len(seq))
@@ -148,8 +161,11 @@ class Options:
     tree_k: int = flag(2, "top-K children per expanded node (default 2)")
     top_n: int = flag(12, "nodes kept after reranking, verified per step (default 12)")
     depth: int = flag(6, "tree levels (heterospec: the base depth d_base) (default 6)")
-    expand: int = flag(1, "nodes expanded per level (default 1: the greedy chain and its "
-                       "siblings; EAGLE-2: --tree-k)")
+    expand: int = flag(
+        1,
+        "nodes expanded per level (default 1: the greedy chain and its "
+        "siblings; EAGLE-2: --tree-k)",
+    )
 
 
 def check(options: Options) -> None:
@@ -161,12 +177,33 @@ def summarize(events, timeline, **run) -> dict:
     return {}
 
 
-def steps(target, draft, seq, *, max_new, sampling, seed, options, target_cache=None,
-          draft_cache=None, timeline=None) -> Iterator[StepEvent]:  # fmt: skip
+def steps(
+    target,
+    draft,
+    seq,
+    *,
+    max_new,
+    sampling,
+    seed,
+    options,
+    target_cache=None,
+    draft_cache=None,
+    timeline=None,
+) -> Iterator[StepEvent]:
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
     opts = options  # checked now, not at the first step
     check_tree_args(opts.tree_k, opts.top_n, opts.depth, opts.expand)
-    return tree_steps(target, draft, seq, max_new=max_new, top_k=options.tree_k,
-                      top_n=options.top_n, depth=options.depth, expand=options.expand,
-                      sampling=sampling, rng=np.random.default_rng(seed),
-                      target_cache=target_cache, draft_cache=draft_cache)  # fmt: skip
+    return tree_steps(
+        target,
+        draft,
+        seq,
+        max_new=max_new,
+        top_k=options.tree_k,
+        top_n=options.top_n,
+        depth=options.depth,
+        expand=options.expand,
+        sampling=sampling,
+        rng=np.random.default_rng(seed),
+        target_cache=target_cache,
+        draft_cache=draft_cache,
+    )

@@ -132,8 +132,17 @@ class TreeDrafter:
     """Builds one DraftTree level by level over a draft model; `grow` may be called again
     to extend the tree deeper (HeteroSpec's dynamic extended drafting)."""
 
-    def __init__(self, draft, cache, seq: list[int], top_k: int, sampling: Sampling = GREEDY,
-                 rng=None, root_children: int | None = None, expand: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        draft,
+        cache,
+        seq: list[int],
+        top_k: int,
+        sampling: Sampling = GREEDY,
+        rng=None,
+        root_children: int | None = None,
+        expand: int | None = None,
+    ):
         """Draft the root's children at once; `grow` adds levels. `expand`: nodes expanded per
         level (their `top_k` children each); None: top_k (sampling: top_k // 2 of each)."""
         self.draft, self.top_k = draft, top_k

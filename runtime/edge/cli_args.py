@@ -17,49 +17,86 @@ from runtime.errors import DuetError
 def add_edge_args(ap: argparse.ArgumentParser) -> None:
     """--server, --token-file, --adapter-name, --link, --link-seed, --k, --k-max, codec flags."""
     g = ap.add_argument_group("edge-cloud (--method flexspec)")
-    g.add_argument("--server", default="local", metavar="HOST:PORT|local",
-                   help="cloud verifier; local (default) starts one on 127.0.0.1 for --target "
-                        "(and --adapter)")  # fmt: skip
+    g.add_argument(
+        "--server",
+        default="local",
+        metavar="HOST:PORT|local",
+        help="cloud verifier; local (default) starts one on 127.0.0.1 for --target (and --adapter)",
+    )
     g.add_argument("--token-file", help="file with the verifier's shared secret")
-    g.add_argument("--adapter-name", default=None, metavar="NAME",
-                   help="the verifier's LoRA adapter the session runs (default: --adapter's "
-                        "directory name with --adapter, else the base target)")  # fmt: skip
-    g.add_argument("--link", default="none",
-                   help="emulated wireless link: none, 5g, 4g, wifi-weak (default none)")  # fmt: skip
+    g.add_argument(
+        "--adapter-name",
+        default=None,
+        metavar="NAME",
+        help="the verifier's LoRA adapter the session runs (default: --adapter's "
+        "directory name with --adapter, else the base target)",
+    )
+    g.add_argument(
+        "--link",
+        default="none",
+        help="emulated wireless link: none, 5g, 4g, wifi-weak (default none)",
+    )
     g.add_argument("--link-seed", type=int, default=0, help="seed of the link's fading (default 0)")
     g.add_argument(
         "--k", type=int, default=None, help="fixed draft length K (default: K* per round)"
     )
     g.add_argument("--k-max", type=int, default=8, help="bound on K* (default 8)")
-    g.add_argument("--k-min", type=int, choices=(0, 1), default=1,
-                   help="K*'s lower bound: 1 as FlexSpec's eq. (11), or 0 to let it choose rounds "
-                        "that draft nothing (the cloud's own token) where drafting loses "
-                        "(default 1)")  # fmt: skip
-    g.add_argument("--codec", default=None,
-                   help="uplink payload: ids (T = 0 only), raw, k-sqs, c-sqs, cu-hlm "
-                        "(default ids at T = 0, raw at T > 0)")  # fmt: skip
+    g.add_argument(
+        "--k-min",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        help="K*'s lower bound: 1 as FlexSpec's eq. (11), or 0 to let it choose rounds "
+        "that draft nothing (the cloud's own token) where drafting loses "
+        "(default 1)",
+    )
+    g.add_argument(
+        "--codec",
+        default=None,
+        help="uplink payload: ids (T = 0 only), raw, k-sqs, c-sqs, cu-hlm "
+        "(default ids at T = 0, raw at T > 0)",
+    )
     g.add_argument("--sqs-k", type=int, default=None, help="k-sqs: support size K (default 512)")
-    g.add_argument("--ell", type=int, default=None,
-                   help="k-sqs/c-sqs: lattice resolution ell (default 4000)")  # fmt: skip
-    g.add_argument("--alpha", type=float, default=None,
-                   help="c-sqs: target dropped mass alpha (default 0.05)")  # fmt: skip
+    g.add_argument(
+        "--ell", type=int, default=None, help="k-sqs/c-sqs: lattice resolution ell (default 4000)"
+    )
+    g.add_argument(
+        "--alpha", type=float, default=None, help="c-sqs: target dropped mass alpha (default 0.05)"
+    )
     g.add_argument("--eta", type=float, default=None, help="c-sqs: step eta (default 0.01)")
-    g.add_argument("--beta", type=float, default=None,
-                   help="c-sqs: initial threshold beta (default 0.01)")  # fmt: skip
-    g.add_argument("--bit-budget", type=int, default=None, metavar="B",
-                   help="k-sqs/c-sqs: SQS §4's per-round uplink budget in body bits; a round "
-                        "drafts until the next row would exceed B (capped by --k, else "
-                        "--k-max; no K* controller)")  # fmt: skip
+    g.add_argument(
+        "--beta", type=float, default=None, help="c-sqs: initial threshold beta (default 0.01)"
+    )
+    g.add_argument(
+        "--bit-budget",
+        type=int,
+        default=None,
+        metavar="B",
+        help="k-sqs/c-sqs: SQS §4's per-round uplink budget in body bits; a round "
+        "drafts until the next row would exceed B (capped by --k, else "
+        "--k-max; no K* controller)",
+    )
     g.add_argument("--cu-k", type=int, default=None, help="cu-hlm: top-k sent (default 256)")
-    g.add_argument("--cu-levels", default=None, choices=("log", "linear"),
-                   help="cu-hlm: what the 8-bit probabilities mean: log (2^(-16 v/255), "
-                        "default) or linear (v/255, what older clients send)")  # fmt: skip
-    g.add_argument("--skip", action="store_true",
-                   help="cu-hlm, --temp > 0: LOSSY CU-HLM skipping: commit drafts whose "
-                        "uncertainty is <= u_th without verification (stats say lossy)")  # fmt: skip
-    g.add_argument("--u-th", type=float, default=None,
-                   help="--skip: the threshold u_th (default: Theorem 1, eq. 12, with the "
-                        "embedded pair's fit)")  # fmt: skip
+    g.add_argument(
+        "--cu-levels",
+        default=None,
+        choices=("log", "linear"),
+        help="cu-hlm: what the 8-bit probabilities mean: log (2^(-16 v/255), "
+        "default) or linear (v/255, what older clients send)",
+    )
+    g.add_argument(
+        "--skip",
+        action="store_true",
+        help="cu-hlm, --temp > 0: LOSSY CU-HLM skipping: commit drafts whose "
+        "uncertainty is <= u_th without verification (stats say lossy)",
+    )
+    g.add_argument(
+        "--u-th",
+        type=float,
+        default=None,
+        help="--skip: the threshold u_th (default: Theorem 1, eq. 12, with the "
+        "embedded pair's fit)",
+    )
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -72,7 +109,6 @@ def _host_port(text: str) -> tuple[str, int]:
 def check_edge_args(a: argparse.Namespace) -> None:
     """One clear line for a bad --k, --k-max, --link or --server."""
     from devices.links import LINK_NAMES
-
     from runtime.decoding.flexspec import Options, check
 
     check(Options(k=a.k, k_max=a.k_max))
@@ -108,13 +144,17 @@ def adapter_name(a: argparse.Namespace) -> str:
     if name is not None and not NAME_RE.fullmatch(name):
         raise DuetError(f"--adapter-name {name!r}: 1 to 64 of A-Z a-z 0-9 . _ + -")
     if name is not None and a.server == "local" and adapter is None:
-        raise DuetError("--adapter-name picks an adapter of a remote verifier (--server "
-                        "HOST:PORT); with --server local pass --adapter DIR")  # fmt: skip
+        raise DuetError(
+            "--adapter-name picks an adapter of a remote verifier (--server "
+            "HOST:PORT); with --server local pass --adapter DIR"
+        )
     if name is None and adapter is not None:
         name = Path(adapter.rstrip("/")).name
         if not NAME_RE.fullmatch(name):
-            raise DuetError(f"--adapter {adapter}: its directory name cannot name it on the "
-                            "wire; add --adapter-name NAME")  # fmt: skip
+            raise DuetError(
+                f"--adapter {adapter}: its directory name cannot name it on the "
+                "wire; add --adapter-name NAME"
+            )
     return name or ""
 
 
@@ -139,8 +179,10 @@ def skip_rule_from(a: argparse.Namespace):
             raise DuetError("--u-th applies only with --skip")
         return None
     if a.codec != "cu-hlm":
-        raise DuetError("--skip is CU-HLM's uncertainty-aware skipping: it needs --codec cu-hlm "
-                        f"(got --codec {a.codec or 'default'})")  # fmt: skip
+        raise DuetError(
+            "--skip is CU-HLM's uncertainty-aware skipping: it needs --codec cu-hlm "
+            f"(got --codec {a.codec or 'default'})"
+        )
     return skip_rule(getattr(a, "temp", 0.0), a.u_th)
 
 
@@ -157,8 +199,10 @@ def codec_params(a: argparse.Namespace) -> dict | None:
     name = a.codec or ("ids" if getattr(a, "temp", 0) == 0 else "raw")
     mod = codec(name)
     if getattr(a, "temp", 0) > 0 and not mod.CARRIES_Q:
-        raise DuetError(f"--codec {name} carries no q, so it cannot be verified at --temp > 0; "
-                        "use raw, k-sqs, c-sqs or cu-hlm")  # fmt: skip
+        raise DuetError(
+            f"--codec {name} carries no q, so it cannot be verified at --temp > 0; "
+            "use raw, k-sqs, c-sqs or cu-hlm"
+        )
     owned = CODEC_FLAGS.get(name, {})
     for flag in ("sqs_k", "ell", "alpha", "eta", "beta", "cu_k", "cu_levels"):
         if getattr(a, flag, None) is not None and flag not in owned:
@@ -203,11 +247,16 @@ def edge_options(a: argparse.Namespace, target_dir, target_backend: str = "auto"
                 token = p.read_bytes().strip()
         conn = Connection(host, port, token, link=emulator(a.link, a.link_seed), adapter=name)
         try:
-            yield {"conn": conn, "k": a.k, "k_max": a.k_max,
-                   "controller": None if a.k is not None else AdaptiveK(k_min=a.k_min),
-                   "bit_budget": getattr(a, "bit_budget", None),
-                   "codec": a.codec, "codec_params": codec_params(a),
-                   "skip": skip_rule_from(a)}  # fmt: skip
+            yield {
+                "conn": conn,
+                "k": a.k,
+                "k_max": a.k_max,
+                "controller": None if a.k is not None else AdaptiveK(k_min=a.k_min),
+                "bit_budget": getattr(a, "bit_budget", None),
+                "codec": a.codec,
+                "codec_params": codec_params(a),
+                "skip": skip_rule_from(a),
+            }
         finally:
             conn.close()
     finally:
@@ -230,15 +279,28 @@ def edge_session(a: argparse.Namespace, pair):
         yield {}, {}
         return
     with edge_options(a, pair.target_dir, pair.settings["target_backend"]) as edge:
-        yield edge, {"k": a.k, "k_max": a.k_max, "k_min": a.k_min, "link": a.link,
-                     "link_seed": a.link_seed, "server": a.server}
+        yield (
+            edge,
+            {
+                "k": a.k,
+                "k_max": a.k_max,
+                "k_min": a.k_min,
+                "link": a.link,
+                "link_seed": a.link_seed,
+                "server": a.server,
+            },
+        )
 
 
 def needs_local_target(a: argparse.Namespace) -> bool:
     """False when flexspec talks to a remote verifier and no --target was given: the edge then
     loads only the draft (the target may be far too large for this device)."""
-    return not (getattr(a, "method", None) == "flexspec" and a.server != "local"
-                and a.target is None and a.draft is not None)  # fmt: skip
+    return not (
+        getattr(a, "method", None) == "flexspec"
+        and a.server != "local"
+        and a.target is None
+        and a.draft is not None
+    )
 
 
 def load_draft_only(a: argparse.Namespace):
