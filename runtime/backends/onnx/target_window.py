@@ -25,9 +25,9 @@ def kept_rows(res: list, head: bool, keep: int, cut: slice) -> list:
 
 def run_in_place(target, session, outs, names, x, pos, m, cache, start, stop, head, off,
                  rows_, keep, cut, taps=()):  # fmt: skip
-    """One graph run of the whole pass with each layer's buffer bound as both its past and
-    its present: the kernel appends the pass's keys and values at `off` in place
-    (runtime/caches/buffer.py); logits and hidden are written into arrays made here. The
+    """One graph run of `target`'s (an OnnxTargetLM) whole pass with each layer's buffer bound
+    as both its past and its present: the kernel appends the pass's keys and values at `off` in
+    place (runtime/caches/buffer.py); logits and hidden are written into arrays made here. The
     offsets advance by `keep` (a padded one-token pass's second column is left stale)."""
     B, T = x.shape[:2]
     for i in range(start, stop):
