@@ -1,4 +1,5 @@
-"""FlexSpec's anchor draft (§IV-A, eq. 4) as an ordinary two-layer checkpoint of the target's family.
+"""FlexSpec's anchor draft (§IV-A, eq. 4) as an ordinary two-layer checkpoint of the target's
+family.
 
 M_d(x) = H_small(B_shared(x)) is expressed *exactly* as a 2-layer model of the base's own
 architecture (Qwen3 here), so every backend and export that runs a draft runs it unchanged:

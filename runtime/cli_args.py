@@ -35,7 +35,8 @@ from runtime.load import TARGET_BACKENDS, Pair, load_pair
 
 
 def add_pair_args(ap: argparse.ArgumentParser) -> None:
-    """--target, --adapter, --draft, their backends, the draft's threads and ONNX Runtime provider."""
+    """--target, --adapter, --draft, their backends, the draft's threads and ONNX Runtime
+    provider."""
     ap.add_argument("--target", help="target: HF/MLX directory or Hub id (default: embedded pair)")
     ap.add_argument(
         "--adapter",

@@ -19,7 +19,8 @@ class DuetError(Exception):
 
 
 def _prog() -> str:
-    """`runtime.generate` for `python -m runtime.generate`, `converters` for a package's __main__."""
+    """`runtime.generate` for `python -m runtime.generate`, `converters` for a package's
+    __main__."""
     parts = Path(sys.argv[0] or "duet").with_suffix("").parts
     if parts and parts[-1] == "__main__":
         return parts[-2] if len(parts) > 1 else "duet"

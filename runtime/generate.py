@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--trace",
         metavar="FILE",
-        help="mirror: write a Chrome trace (open in Perfetto) of what target, draft and channel did",
+        help="mirror: write a Chrome trace (open in Perfetto) of what target, draft "
+        "and channel did",
     )
     ap.add_argument(
         "--emulate",
@@ -213,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         tag = f"{s['method']}, {s['emulated']}" if "emulated" in s else s["method"]
         print(
-            f"[{tag}] {s['new_tokens']} tokens in {s['wall_s']:.2f} s ({s['tokens_per_s']:.1f} tok/s), "
+            f"[{tag}] {s['new_tokens']} tokens in {s['wall_s']:.2f} s "
+            f"({s['tokens_per_s']:.1f} tok/s), "
             f"mean accepted {s['mean_accepted']:.2f}{rate}",
             file=sys.stderr,
         )

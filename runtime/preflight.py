@@ -112,7 +112,8 @@ def writable_dir(path: str | Path, flag: str) -> Path:
 
 
 def writable_file(path: str | Path, flag: str) -> Path:
-    """A file path whose directory exists (created now) and is writable, and that is no directory."""
+    """A file path whose directory exists (created now) and is writable, and that is no
+    directory."""
     p = Path(path)
     if p.is_dir():
         raise DuetError(f"{flag} {p}: is a directory; give a file name")

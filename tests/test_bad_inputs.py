@@ -1,4 +1,5 @@
-"""Every command, given inputs a user gets wrong: exit code 2, one stderr line naming it, no traceback.
+"""Every command, given inputs a user gets wrong: exit code 2, one stderr line naming it, no
+traceback.
 
 One table of (command line, words the line must contain). The commands run as real
 subprocesses, two at a time, once per session (`results`); each row is then its own test.

@@ -199,7 +199,8 @@ def test_rounds_repeat_the_schedule_and_pool_in_the_rows(tiny_dir, tmp_path, cap
     prompts.write_text("\n".join(json.dumps(q) for q in QUESTIONS) + "\n")
     argv = ["--target", str(t), "--draft", str(t), "--draft-backend", "mlx", "--prompts",
             str(prompts), "--limit", "2", "--max-tokens", "6", "--methods", "ar,sd", "--temps",
-            "0", "--rounds", "2", "--json", "--no-warmup", "--out", str(tmp_path / "ans")]  # fmt: skip
+            "0", "--rounds", "2", "--json", "--no-warmup", "--out",
+            str(tmp_path / "ans")]  # fmt: skip
     assert main(argv) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["settings"]["rounds"] == 2

@@ -111,7 +111,8 @@ def test_per_category_table():
 
 def test_llamacpp_response_and_lengths():
     r = {"tokens": [4, 5, 6, 7, 8], "stop_type": "eos",
-         "timings": {"draft_n": 6, "draft_n_accepted": 3, "predicted_per_second": 99.0}}  # fmt: skip
+         "timings": {"draft_n": 6, "draft_n_accepted": 3,
+                     "predicted_per_second": 99.0}}  # fmt: skip
     rates = []
     t = turn_from_response(r, 0.2, (2,), rates)
     assert t.tokens == [4, 5, 6, 7, 8, 2]  # the EOS the server stopped at, counted as Duet does

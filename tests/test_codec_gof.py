@@ -1,7 +1,8 @@
 """Lossless at kernel level: with the draft token drawn from the *decoded* q^ of each codec and
 rejection sampling (kernels/verify.py) against the target p with that q^, the committed token's
 law is exactly p. Chi-square goodness of fit (tests/test_sampling_gof.py's pattern), each with a
-negative control that must fail: verification with the unquantized q while the token came from q^."""
+negative control that must fail: verification with the unquantized q while the token came from
+q^."""
 
 import numpy as np
 import pytest

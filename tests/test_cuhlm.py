@@ -1,5 +1,6 @@
 """CU-HLM's kernels: uncertainty (eq. 8-9), skip rule (eq. 10) and u_th (eq. 12), the fit of
-eq. (7), 8-bit top-k compression with eq. (15)'s residual, and k* offline (eq. 21) / online (eq. 24)."""
+eq. (7), 8-bit top-k compression with eq. (15)'s residual, and k* offline (eq. 21) / online
+(eq. 24)."""
 
 import math
 

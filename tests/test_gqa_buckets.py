@@ -24,7 +24,8 @@ def _rows(heads, kv, d, n=400, seed=1):
         tot = off + T
         feed = {"q": q[:, off:tot], "k": k[:, off:tot], "v": v[:, off:tot], "pk": K[:, :, :off],
                 "pv": V[:, :, :off], "sl": np.array([tot - 1], np.int32),
-                "tot": np.array(tot, np.int32), "bias": np.zeros((1, 1, T, tot), np.float32)}  # fmt: skip
+                "tot": np.array(tot, np.int32),
+                "bias": np.zeros((1, 1, T, tot), np.float32)}  # fmt: skip
         return s.run(["o"], feed)[0][0, p - off]
 
     return row

@@ -163,7 +163,8 @@ def test_verify_sampling_rules():
 
 
 def test_speculative_sampling_law_is_exact():
-    """Enumerate the kernel's output law for γ = 1 by integrating over uniforms: equals p exactly."""
+    """Enumerate the kernel's output law for γ = 1 by integrating over uniforms: equals p
+    exactly."""
     rng = np.random.default_rng(3)
     p = rng.dirichlet(np.ones(5), size=2).astype(np.float64)
     q = rng.dirichlet(np.ones(5), size=1).astype(np.float64)

@@ -154,7 +154,8 @@ class Scripted:
 
 
 def ee_with(win_tokens, extra):
-    """An early-exit message: row j holds the draft's own token (if any) and `extra[j]` candidates."""
+    """An early-exit message: row j holds the draft's own token (if any) and `extra[j]`
+    candidates."""
     rows = []
     for j in range(len(win_tokens) + 1):
         own = [win_tokens[j]] if j < len(win_tokens) else []

@@ -43,7 +43,8 @@ def test_calibrate_measures_the_int4_onnx_target(tmp_path, tiny_dir, capsys):
     out = tmp_path / "host.toml"
     args = ["calibrate", "--out", str(out), "--target", str(tiny_dir("qwen3")),
             "--draft", str(tiny_dir("qwen3", num_layers=1, seed=4)), "--target-backend", "onnx",
-            "--draft-backend", "onnx", "--k-max", "3", "--repeats", "1", "--no-progress"]  # fmt: skip
+            "--draft-backend", "onnx", "--k-max", "3", "--repeats", "1",
+            "--no-progress"]  # fmt: skip
     assert main(args) == 0
     capsys.readouterr()
     prof = read_profile_file(out)

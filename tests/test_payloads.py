@@ -175,7 +175,8 @@ def test_decode_refuses_token_without_mass_and_huge_k():
         tokens, coded = payload_sqs.decode_lazy(bad, v)
         with pytest.raises(MalformedPayload, match=says):
             coded.row(0)
-    # C-SQS claiming K = V/2 of a 152k vocabulary in a 100-byte body: refused before any big binomial
+    # C-SQS claiming K = V/2 of a 152k vocabulary in a 100-byte body: refused before any big
+    # binomial
     big_v = 152_064
     body = b"\x7f" * 100
     fake = (
@@ -347,7 +348,8 @@ def test_cuhlm_log_rows_with_skips_are_version_4():
 
 @pytest.mark.parametrize("name", list(PARAMS))
 def test_mutated_payloads_decode_or_refuse_cleanly(name):
-    """Bounded fuzz: flipped bits, truncations and splices give MalformedPayload or a valid decode."""
+    """Bounded fuzz: flipped bits, truncations and splices give MalformedPayload or a valid
+    decode."""
     v = 40
     codec = make_codec(name, **PARAMS[name])
     rows = codec.quantize(draft_rows(v, 4, seed=10))

@@ -1,4 +1,5 @@
-"""apps.profile: summary shape and ranges, a valid Chrome trace, self-contained pictures, the sweep."""
+"""apps.profile: summary shape and ranges, a valid Chrome trace, self-contained pictures, the
+sweep."""
 
 from __future__ import annotations
 
@@ -110,8 +111,8 @@ def test_trace_is_a_chrome_trace_and_picture_is_self_contained(profiled, capsys)
 def test_sweep_writes_table_and_chart(pair_args, capsys):
     args, d = pair_args
     out = d / "sweep"
-    argv = [*args, "--sweep", "--kappas", "1,4", "--limit", "2", "--max-tokens", "10", "--no-warmup",
-            "--out", str(out), "--json"]  # fmt: skip
+    argv = [*args, "--sweep", "--kappas", "1,4", "--limit", "2", "--max-tokens", "10",
+            "--no-warmup", "--out", str(out), "--json"]  # fmt: skip
     assert main(argv) == 0
     res = json.loads(capsys.readouterr().out)
     assert res == json.loads((out / "sweep.json").read_text())

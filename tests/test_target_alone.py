@@ -1,5 +1,6 @@
 """A target with no --draft: runtime.generate's default auto runs ar, or sd with a model-free
-draft (devices/model_free_choice.py), with ar's tokens (it used to crash in the pair probe), and apps.bench runs ar beside its peers alone (HF generate, mlx-lm generate_step)."""
+draft (devices/model_free_choice.py), with ar's tokens (it used to crash in the pair probe), and
+apps.bench runs ar beside its peers alone (HF generate, mlx-lm generate_step)."""
 
 from __future__ import annotations
 

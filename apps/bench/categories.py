@@ -83,7 +83,9 @@ def category_table(per_cat: dict[str, list[dict]], temp: float) -> str:
             ]
         )
     w = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
-    line = lambda cells: "  ".join(str(c).ljust(n) for c, n in zip(cells, w, strict=False)).rstrip()  # noqa: E731
+    line = lambda cells: (  # noqa: E731
+        "  ".join(str(c).ljust(n) for c, n in zip(cells, w, strict=False)).rstrip()
+    )
     title = f"per category, temp {temp:g} (speedup over each row's own ar)"
     return "\n".join([title, line(head), line(["-" * n for n in w]), *(line(b) for b in body)])
 

@@ -9,7 +9,8 @@ weights or the sidecar `python -m apps.train mtp` writes, runtime/drafts/mtp/tor
 CPU target its ONNX step with int8 weights), `mtp-fp32` (the same head's float32 ONNX step,
 to compare) or a draft checkpoint path. Every drafting method then also runs with that draft,
 as a runner named `METHOD+LABEL` (`sd+mtp`), in the same round-robin as the others
-(apps/bench/schedule.py), so the rows compare drafts under the same drift. The target is shared, not reloaded.
+(apps/bench/schedule.py), so the rows compare drafts under the same drift. The target is shared,
+not reloaded.
 """
 
 from __future__ import annotations

@@ -224,7 +224,8 @@ def bench(a: argparse.Namespace) -> dict:
 
 
 def summarize(runs: list[dict]) -> list[dict]:
-    """Per (temp, link, method): ms/token (total wall / total tokens), speedup, K, bytes, acceptance."""
+    """Per (temp, link, method): ms/token (total wall / total tokens), speedup, K, bytes,
+    acceptance."""
     out = []
     keys = sorted({(r["temp"], r["link"]) for r in runs})
     for temp, link in keys:
@@ -325,7 +326,10 @@ def plot_html(summary: list[dict], path: str) -> None:
                 'stroke-dasharray="5,4"/>'
             )
         parts.append(f'<text x="{W - P + 4}" y="{P + 16 * j}" fill="{c}">{link} T={temp:g}</text>')
-    svg = f'<svg xmlns="http://www.w3.org/2000/svg" width="{W + 90}" height="{H}">{"".join(parts)}</svg>'
+    svg = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W + 90}" height="{H}">'
+        f"{''.join(parts)}</svg>"
+    )
     html = (
         "<!doctype html><meta charset=utf-8><title>FlexSpec latency vs K</title>"
         "<h3>Latency per token vs K per link (dashed: adaptive K*)</h3>" + svg

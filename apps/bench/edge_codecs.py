@@ -28,8 +28,9 @@ import sys
 from runtime.errors import DuetError
 
 VERIFY_HEAD = 16 + 5  # frame header + u8 codec, u32 base
+# per-round time split kept per run
 EDGE_KEYS = ("total_draft_s", "total_uplink_s", "total_cloud_s", "total_downlink_s", "rounds",
-             "sent_rounds", "bytes_up", "rate_bps")  # per-round time split kept per run  # fmt: skip
+             "sent_rounds", "bytes_up", "rate_bps")  # fmt: skip
 
 
 SKIP = "cu-hlm+skip"  # --skip: cu-hlm with CU-HLM's LOSSY skipping (runtime/edge/skip.py)
@@ -225,7 +226,8 @@ def plot_crossover(summary: list[dict], path: str, note: str = "") -> None:
     if not rows:
         raise DuetError("--plot needs k-sqs or c-sqs runs at T > 0")
     panels = [_panel(rows, "ms_per_token", "ms per token"),
-              _panel(rows, "resample_rate", "resampling rate (rounds with a rejection)")]  # fmt: skip
+              _panel(rows, "resample_rate",
+                     "resampling rate (rounds with a rejection)")]  # fmt: skip
     with open(path, "w") as f:
         f.write(
             "<!doctype html><meta charset=utf-8><title>K-SQS vs C-SQS latency</title>"
@@ -261,7 +263,10 @@ def _panel(rows: list[dict], key: str, label: str) -> str:
                 f'stroke-width="2"{dash}/>'
             )
         parts.append(f'<text x="{W - P + 4}" y="{P + 16 * j}" fill="{colors[j % 4]}">{link}</text>')
-    return f'<svg xmlns="http://www.w3.org/2000/svg" width="{W + 90}" height="{H}">{"".join(parts)}</svg>'
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W + 90}" height="{H}">'
+        f"{''.join(parts)}</svg>"
+    )
 
 
 def print_table(summary: list[dict]) -> None:

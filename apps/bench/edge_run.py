@@ -82,7 +82,8 @@ def skip_totals(skips: list[dict]) -> dict:
     n = sum(s["output_tokens"] for s in skips) or 1
     out = {"skip_rate": sum(s["skipped"] for s in skips) / n,
            "u_th": skips[0]["u_th"] if skips else None,
-           "theorem1_bound": max((s.get("theorem1_bound") or 0.0 for s in skips), default=None)}  # fmt: skip
+           "theorem1_bound": max((s.get("theorem1_bound") or 0.0 for s in skips),
+                                 default=None)}  # fmt: skip
     if all(s["measured_risk"] is not None for s in skips):
         out["measured_risk"] = sum(s["measured_risk"] * s["output_tokens"] for s in skips) / n
     return out

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime import paths
-from runtime.decoding import Sampling, make_steps, stream
+from runtime.decoding import Sampling
 from runtime.errors import DuetError, cli_main
 from runtime.load import load_pair
-from runtime.stats import RunStats
+from runtime.session import GenerationSession
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "runtime/assets/default/target"
@@ -59,14 +59,21 @@ def evolving_dir() -> Path:
 
 # how the evolved folder of a real base is built: 6-10 min a command for SmolLM2 on 2 cores (a
 # step of 8 x 128 tokens took 7-9 s LoRA, 9-16 s full, 5 s anchor; docs/benchmarks.md, Table II)
-REAL_RECIPE = """\
-  B={name}; E={evolved}
-  python -m apps.train evolve --base $B --domain licenses --out $E/lora-licenses --threads 2 --steps 45 --warmup 5
-  python -m apps.train evolve --base $B --domain stdlib-tests --out $E/lora-stdlib-tests --threads 2 --steps 45 --warmup 5
-  python -m apps.train evolve --base $B --domain stdlib-tests --full --lr 1e-4 --out $E/full-stdlib-tests --threads 2 --steps 45 --warmup 5
-  python -m apps.train anchor --base $B --out $E/anchor --threads 2 --steps 100 --time-budget-min 8
-  python -m apps.train anchor --base $B --keep-first 2 --out $E/anchor-first2 --threads 2 --steps 100 --time-budget-min 8   # ablation
-  python -m apps.train draft-tune --target {name} --from-target-layers 0,1,{last} --out $E/generic --threads 2 --seq-len 128 --time-budget-min 8 --no-eval"""
+REAL_RECIPE = (
+    "  B={name}; E={evolved}\n"
+    "  python -m apps.train evolve --base $B --domain licenses --out $E/lora-licenses"
+    " --threads 2 --steps 45 --warmup 5\n"
+    "  python -m apps.train evolve --base $B --domain stdlib-tests --out $E/lora-stdlib-tests"
+    " --threads 2 --steps 45 --warmup 5\n"
+    "  python -m apps.train evolve --base $B --domain stdlib-tests --full --lr 1e-4"
+    " --out $E/full-stdlib-tests --threads 2 --steps 45 --warmup 5\n"
+    "  python -m apps.train anchor --base $B --out $E/anchor --threads 2 --steps 100"
+    " --time-budget-min 8\n"
+    "  python -m apps.train anchor --base $B --keep-first 2 --out $E/anchor-first2 --threads 2"
+    " --steps 100 --time-budget-min 8   # ablation\n"
+    "  python -m apps.train draft-tune --target {name} --from-target-layers 0,1,{last}"
+    " --out $E/generic --threads 2 --seq-len 128 --time-budget-min 8 --no-eval"
+)
 
 
 @dataclass(frozen=True)
@@ -161,21 +168,15 @@ def domain_prompts(domain: str, tokenizer, n: int, prompt_tokens: int) -> list[l
 
 def acceptance(pair, prompts, temp: float, max_new: int, gamma: int) -> float:
     """Accepted / drafted draft tokens of `sd` over all prompts (prompt i seeded i)."""
+    # eos=(): every prompt runs its max_new tokens (no EOS cut), as the table was measured
+    session = GenerationSession(
+        pair, method="sd", options={"gamma": gamma}, eos=(), summarize=False
+    )
     acc = drafted = 0
     for i, ids in enumerate(prompts):
-        stats = RunStats()
-        steps = make_steps(
-            "sd",
-            pair.target,
-            pair.draft,
-            ids,
-            max_new=max_new,
-            sampling=Sampling(temp),
-            seed=i,
-            gamma=gamma,
-        )
-        for _ in stream(steps, max_new=max_new, stats=stats):
-            pass
+        stats = None
+        for r in session.stream(ids, max_new, sampling=Sampling(temp), seed=i):
+            stats = r.stats
         acc += sum(stats.accepted)
         drafted += sum(stats.drafted)
     return acc / drafted if drafted else float("nan")
@@ -295,7 +296,10 @@ def summary(rows: list[dict]) -> list[str]:
             pct = f"{100 * r[key] / base:.0f} %" if base else "n/a"
             ctl = ""
             if same and same[key]:
-                ctl = f"; base on {r['prompts']} prompts {same[key]:.3f} ({100 * r[key] / same[key]:.0f} %)"
+                ctl = (
+                    f"; base on {r['prompts']} prompts {same[key]:.3f} "
+                    f"({100 * r[key] / same[key]:.0f} %)"
+                )
             lines.append(
                 f"{key} {r['draft']:8s} {r['target']:22s} {r[key]:.3f} = "
                 f"{pct} of its base {base:.3f}{ctl}"

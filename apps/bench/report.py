@@ -220,10 +220,13 @@ def table(rows: list[dict]) -> str:
         if "refused" not in r
     ]
     w = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
-    line = lambda cells: "  ".join(str(c).ljust(n) for c, n in zip(cells, w, strict=False)).rstrip()  # noqa: E731
+    line = lambda cells: (  # noqa: E731
+        "  ".join(str(c).ljust(n) for c, n in zip(cells, w, strict=False)).rstrip()
+    )
     notes = (
         [
-            f"temp {r['temp']:g}: {r['method']} drafts {100 * r['draft_share']:.0f}% of each step, so "
+            f"temp {r['temp']:g}: {r['method']} drafts {100 * r['draft_share']:.0f}% "
+            "of each step, so "
             f"hiding all of it for free makes Mirror-SD at most {r['mirror_ceiling_vs_sd']:.2f}x "
             f"{r['method']} on this pair"
             + next(

@@ -5,7 +5,8 @@ extra bytes), OPENs naming adapters (unknown, not UTF-8, lying about their lengt
 valid traffic (on the server's `adapters` too, when given), each on its own connection to a
 running server.
 
-    python -m apps.cloud.fuzz HOST:PORT [--frames 10000] [--seed 0] [--token-file F] [--time-limit S]
+    python -m apps.cloud.fuzz HOST:PORT [--frames 10000] [--seed 0] [--token-file F]
+        [--time-limit S]
     python -m apps.cloud.fuzz local [--frames 10000]   # its own verifier (embedded target), then
                                                        # checks a good client still equals ar
 

@@ -30,7 +30,8 @@ def load_draft(bundle: Path, engine: str, threads: int = 1, roles: dict | None =
 
 
 def draft_greedy(model, prompt: list[int], max_tokens: int, eos: tuple[int, ...]) -> Iterator[int]:
-    """Yield up to `max_tokens` greedy tokens after `prompt`, stopping at an EOS token or the context."""
+    """Yield up to `max_tokens` greedy tokens after `prompt`, stopping at an EOS token or the
+    context."""
     cache = model.new_cache()
     logits = model.forward(np.asarray([prompt], np.int64), cache)
     for _ in range(max_tokens):
@@ -54,7 +55,8 @@ def prompt_tokens(
         raise DuetError(f"prompt ids must lie in [0, {vocab}); got {min(ids)}..{max(ids)}")
     if len(ids) >= manifest["context_length"]:
         raise DuetError(
-            f"the prompt ({len(ids)} tokens) does not fit the draft's context of {manifest['context_length']}"
+            f"the prompt ({len(ids)} tokens) does not fit the draft's context of "
+            f"{manifest['context_length']}"
         )
     return ids
 

@@ -133,7 +133,8 @@ def profile(a: argparse.Namespace, out: Path) -> dict:
 
 
 def sweep(a: argparse.Namespace, out: Path) -> dict:
-    """The App. E sweep: writes sweep.json and sweep.html; returns {"label", "settings", ..., "rows"}."""
+    """The App. E sweep: writes sweep.json and sweep.html; returns {"label", "settings", ...,
+    "rows"}."""
     from .chart import sweep_page
     from .run import thread_settings, warm_up
     from .sweep import exit_layers, parse_ints, run_sweep

@@ -24,7 +24,8 @@ def sweep_svg(rows: list[dict]) -> str:
     x = lambda k: L + (math.log2(k) - lo) / (hi - lo) * (W - L - R)  # noqa: E731
     y = lambda v: T + (1 - v) * (H - T - B)  # noqa: E731  FF and 1-Ω_κ are in [0, 1]
     out = [f'<svg width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
-           f'<rect x="{L}" y="{T}" width="{W - L - R}" height="{H - T - B}" fill="none" stroke="#333"/>']  # fmt: skip
+           f'<rect x="{L}" y="{T}" width="{W - L - R}" height="{H - T - B}" '
+           'fill="none" stroke="#333"/>']  # fmt: skip
     for v in (0, 0.25, 0.5, 0.75, 1):
         out.append(f'<line x1="{L}" y1="{y(v):.1f}" x2="{W - R}" y2="{y(v):.1f}" stroke="#eee"/>')
         out.append(f'<text x="{L - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:g}</text>')
@@ -62,7 +63,8 @@ def sweep_svg(rows: list[dict]) -> str:
                 )
         ly = T + 10 + n * 36
         out.append(
-            f'<line x1="{W - R + 12}" y1="{ly}" x2="{W - R + 36}" y2="{ly}" stroke="{c}" stroke-width="2"/>'
+            f'<line x1="{W - R + 12}" y1="{ly}" x2="{W - R + 36}" y2="{ly}" stroke="{c}" '
+            'stroke-width="2"/>'
         )
         out.append(f'<text x="{W - R + 40}" y="{ly + 4}">FF, ℓe={le}</text>')
         out.append(

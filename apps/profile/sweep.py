@@ -80,5 +80,7 @@ def sweep_table(rows: list[dict]) -> str:
         for r in rows
     ]
     w = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
-    line = lambda cells: "  ".join(str(c).ljust(n) for c, n in zip(cells, w, strict=False)).rstrip()  # noqa: E731
+    line = lambda cells: (  # noqa: E731
+        "  ".join(str(c).ljust(n) for c, n in zip(cells, w, strict=False)).rstrip()
+    )
     return "\n".join([line(head), line(["-" * n for n in w])] + [line(b) for b in body])

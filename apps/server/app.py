@@ -133,7 +133,8 @@ class Server:
         return await anyio.to_thread.run_sync(next, job, None, limiter=self.worker)
 
     async def finish(self, job: Job) -> None:
-        """Close the job (shielded: it runs even when the request was cancelled) and let the next in."""
+        """Close the job (shielded: it runs even when the request was cancelled) and let the next
+        in."""
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(job.close, limiter=self.worker)
         self.recent.append({"finish": job.finish, "completion_tokens": len(job.out)})
@@ -271,7 +272,8 @@ class Pump:
 
 
 class GenerationStream(StreamingResponse):
-    """A streaming response that closes its job however the stream ends (done, error, disconnect)."""
+    """A streaming response that closes its job however the stream ends (done, error,
+    disconnect)."""
 
     def __init__(self, server: Server, job: Job, pump: Pump, chunks):
         super().__init__(

@@ -57,7 +57,8 @@ class Engine:
         self.tokens: list[int] = []  # the sequence the caches hold a prefix of
 
     def prompt_ids(self, req: GenRequest) -> list[int]:
-        """The request's prompt as token ids; a 400 when it is empty, out of vocabulary or too long."""
+        """The request's prompt as token ids; a 400 when it is empty, out of vocabulary or too
+        long."""
         if req.messages is not None:
             if self.template is not None:
                 ids = self.template.render(req.messages)

@@ -7,8 +7,8 @@ past/present shared-buffer mode, as onnxruntime-genai's `past_present_share_buff
 so a decode step copies no past. With a concatenating cache every step copies each layer's
 whole past twice (the kernel's present, then the host's), and allocates it afresh.
 
-Same interface as runtime/caches/concat.py's ConcatKVCache (offsets per layer, `trim` moves an offset,
-`get` returns live views; `fork`, `select`, `compact`, `keep_columns` for trees and branch
+Same interface as runtime/caches/concat.py's ConcatKVCache (offsets per layer, `trim` moves an
+offset, `get` returns live views; `fork`, `select`, `compact`, `keep_columns` for trees and branch
 rows), plus what an in-place run needs: `reserve` (capacity for a pass, grown in steps of
 STEP positions, the live prefix copied over) and `advance`. A buffer's columns past its offset
 are stale: every read goes through an offset, as the MLX cache's do (runtime/caches/mlx_kv.py).

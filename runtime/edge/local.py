@@ -35,7 +35,8 @@ class LocalVerifier:
         tok.write_bytes(self.token)
         os.chmod(tok, 0o600)
         cmd = [sys.executable, "-m", "apps.cloud", "serve", "--host", "127.0.0.1", "--port", "0",
-               "--token-file", str(tok), "--target-backend", target_backend, *extra_args]  # fmt: skip
+               "--token-file", str(tok), "--target-backend", target_backend,
+               *extra_args]  # fmt: skip
         if target_dir is not None:
             cmd += ["--target", str(target_dir)]
         root = Path(__file__).resolve().parents[2]  # the checkout, so `apps` imports

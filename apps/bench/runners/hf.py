@@ -54,7 +54,8 @@ class HfAssistedRunner:
                 "`hf` runs the target alone"
             )
         self.torch = torch
-        transformers.logging.set_verbosity_error()  # the assistant's nested generate() warns per call
+        # the assistant's nested generate() warns per call
+        transformers.logging.set_verbosity_error()
         load = dict(dtype=torch.float32)
         self.target = AutoModelForCausalLM.from_pretrained(str(pair.target_dir), **load).eval()
         self.draft = None

@@ -222,7 +222,8 @@ def end_to_end(
         draft = TorchCausalLM.load(draft_dir, threads=threads)
     tok, template = Tokenizer(target_dir), ChatTemplate.load(target_dir)
     runs = {"ar": (None, "replay"), "sd_replay": (draft, "replay"),
-            "sd_redecode": (draft, "redecode"), "sd_redecode_pass": (draft, "redecode")}  # fmt: skip
+            "sd_redecode": (draft, "redecode"),
+            "sd_redecode_pass": (draft, "redecode")}  # fmt: skip
     tot = {k: {"tokens": 0, "wall_s": 0.0, "steps": 0} for k in runs}
     same = {k: 0 for k in runs}
     recs = load_prompts(None, limit=prompts)

@@ -147,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = load_model(a.ar_draft, a.backend, **kw) if a.ar_draft else None
     ctxs = contexts(target, Tokenizer(tdir), a.limit, a.continuation, a.prompts)
     res = measure(ss, extra, ctxs, gammas, a.windows)
-    report = {"draft": a.draft, "streams": ss.ss_streams, "backend": a.backend, "threads": a.threads,
-              "contexts": len(ctxs), "greedy": True, "per_gamma": res,
+    report = {"draft": a.draft, "streams": ss.ss_streams, "backend": a.backend,
+              "threads": a.threads, "contexts": len(ctxs), "greedy": True, "per_gamma": res,
               "note": "machine shared with other jobs: timings are noisy"}  # fmt: skip
     if a.json:
         print(json.dumps(report, indent=2))

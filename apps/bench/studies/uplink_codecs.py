@@ -113,11 +113,13 @@ def run_codec(name, params, p, q, gamma, rng, budget=5000):
             a, _ = verify_sampling(pw, q_dec, toks, rng.random(len(rows)), rng.random())
             codec.threshold.verdict(a)
     out = {"bits_per_token": wire / len(q), "model_bits_per_token": model / len(q),
-           "acceptance": float(np.mean(accept)), "mean_batch_length": mean_batch_length(bits, budget)}  # fmt: skip
+           "acceptance": float(np.mean(accept)),
+           "mean_batch_length": mean_batch_length(bits, budget)}  # fmt: skip
     if name == "c-sqs":
         t = codec.threshold
         out["theorem2"] = {"mean_dropped": t.dropped_sum / t.kept, "kept": t.kept,
-                           "bound": sqs.theorem2_bound(t.alpha, t.eta, t.beta1, t.kept)}  # fmt: skip
+                           "bound": sqs.theorem2_bound(t.alpha, t.eta, t.beta1,
+                                                       t.kept)}  # fmt: skip
         out["theorem2"]["met"] = out["theorem2"]["mean_dropped"] <= out["theorem2"]["bound"]
     return out
 
@@ -240,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     lt, ld = contexts(pair, args.prompts, args.limit, args.max_len)
     v = lt.shape[1]
-    report = {"positions": len(lt), "vocab": v, "raw_float32_bits": 32 * v, "raw_float16_bits": 16 * v,
-              "temps": {}}  # fmt: skip
+    report = {"positions": len(lt), "vocab": v, "raw_float32_bits": 32 * v,
+              "raw_float16_bits": 16 * v, "temps": {}}  # fmt: skip
     rng = np.random.default_rng(args.seed)
     for temp in temps:
         p, q = probs_from_logits(lt, temp), probs_from_logits(ld, temp)
@@ -353,11 +355,13 @@ def print_table(r) -> None:
         t2 = row["c-sqs"]["theorem2"]
         f = row["cu-hlm-fit"]
         print(
-            f"      C-SQS Thm 2: mean dropped {t2['mean_dropped']:.2e} <= {t2['bound']:.2e}: {t2['met']}"
+            f"      C-SQS Thm 2: mean dropped {t2['mean_dropped']:.2e} <= {t2['bound']:.2e}: "
+            f"{t2['met']}"
         )
         if f.get("a") is not None:
             print(
-                f"      CU-HLM: a={f['a']:.3f} b={f['b']:.3f} r={f['r']:.3f} Delta={f['delta']:.3f} "
+                f"      CU-HLM: a={f['a']:.3f} b={f['b']:.3f} r={f['r']:.3f} "
+                f"Delta={f['delta']:.3f} "
                 f"u_th={f['u_th']:.3f} skip={f['skip_rate']:.3f} risk={f['measured_risk']:.2e} "
                 f"mean k={f['mean_k_online']:.1f} offline k*={row['cu-hlm-offline']['k_star']}"
             )

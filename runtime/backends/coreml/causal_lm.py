@@ -91,13 +91,15 @@ class CoreMLCausalLM:
         p = Path(path)
         if compute_units not in COMPUTE_UNITS:
             raise DuetError(
-                f"unknown Core ML compute units {compute_units!r}; choose from {', '.join(COMPUTE_UNITS)}"
+                f"unknown Core ML compute units {compute_units!r}; "
+                f"choose from {', '.join(COMPUTE_UNITS)}"
             )
         desc = describe(p)
         problems = check_structure(desc)
         if problems or not desc["report"]:
             raise DuetError(
-                f"{p}: not a Duet Core ML draft ({'; '.join(problems) or 'no duet.report metadata'})"
+                f"{p}: not a Duet Core ML draft "
+                f"({'; '.join(problems) or 'no duet.report metadata'})"
             )
         if sys.platform != "darwin":
             raise DuetError(

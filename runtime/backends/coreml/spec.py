@@ -79,7 +79,8 @@ def check_structure(desc: dict) -> list[str]:
             problems.append(f"{name}: cache length {s} is not a multiple of 32")
         if f["inputs"]["attention_mask"]["shape"] != [1, 1, length, s]:
             problems.append(
-                f"{name}: attention_mask {f['inputs']['attention_mask']['shape']} != [1, 1, {length}, {s}]"
+                f"{name}: attention_mask {f['inputs']['attention_mask']['shape']} "
+                f"!= [1, 1, {length}, {s}]"
             )
         if any(c["dtype"] != "float16" for c in cache.values()):
             problems.append(f"{name}: cache is not float16")

@@ -148,7 +148,8 @@ def _probe(heads: int, kv_heads: int, head_dim: int) -> list[int]:
         tot = p + T
         feed = {"q": q[:, p : p + T], "k": k[:, p : p + T], "v": v[:, p : p + T],
                 "pk": K[:, :, :p], "pv": V[:, :, :p], "sl": np.array([tot - 1], np.int32),
-                "tot": np.array(tot, np.int32), "bias": np.zeros((1, 1, T, tot), np.float32)}  # fmt: skip
+                "tot": np.array(tot, np.int32),
+                "bias": np.zeros((1, 1, T, tot), np.float32)}  # fmt: skip
         return s.run(["o"], feed)[0][0, 0]
 
     return [p + 1 for p in range(1, PROBE_POSITIONS) if not np.array_equal(row(p, 2), row(p, 3))]

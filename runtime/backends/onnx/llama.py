@@ -148,7 +148,8 @@ class OnnxCausalLM:
 
     def forward_layers(self, x, cache, start, stop, *, positions=None, mask=None):
         raise DuetError(
-            "the ONNX backend runs whole models only; use --draft-backend mlx or torch for layer ranges"
+            "the ONNX backend runs whole models only; "
+            "use --draft-backend mlx or torch for layer ranges"
         )
 
     def head(self, hidden):

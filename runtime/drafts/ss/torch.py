@@ -179,8 +179,9 @@ class SSCausalLM(TorchCausalLM):
     ) -> tuple[np.ndarray, StreamLogits]:
         """One SS pass over `tokens` (B, T) appended to `cache`, streams on main positions
         `first`..T-1 (default: the last one only). Returns float32 main logits (B, T, V) and
-        stream logits (B, P, n, V) (a StreamLogits: the head runs for the owners read). The cache keeps only the T main columns (the stream
-        columns are laid out last and trimmed). positions/mask are the main tokens' (as
+        stream logits (B, P, n, V) (a StreamLogits: the head runs for the owners read). The cache
+        keeps only the T main columns (the stream columns are laid out last and trimmed).
+        positions/mask are the main tokens' (as
         `forward`'s: (B, T) and (B, T, offset + T) or (T, offset + T))."""
         ids = check_tokens(tokens, self.config.vocab_size)
         B, T = ids.shape
