@@ -61,7 +61,8 @@ def check_mirror_args(target, gamma: int, kappa: int, exit_layer: int | None) ->
         raise DuetError(f"--exit-layer must be in 1..{n - 1} for a {n}-layer target (got {le})")
     if not target.supports_layer_range:
         raise DuetError(
-            f"the {target.backend} target cannot stop at an exit layer; use --target-backend mlx or torch"
+            f"the {target.backend} target cannot stop at an exit layer; "
+            "use --target-backend mlx or torch"
         )
     return le
 

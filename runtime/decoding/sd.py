@@ -48,8 +48,9 @@ def draft_window(
     (empty when greedy, where verification needs none). `law(q) -> q_hat`, when given, replaces
     each q by the law the verifier will see (a lossy codec's decoded q̂, SQS §2) before the
     token is drawn from it with a fresh uniform; a `law` that returns None ends the window
-    there, before any draw (SQS §4's bit budget), so fewer than γ tokens may come back. `observe(logits, d, q_row)`, when given, sees
-    each token after its draw (CU-HLM's skip rule, runtime/edge/skip.py). A speculative-
+    there, before any draw (SQS §4's bit budget), so fewer than γ tokens may come back.
+    `observe(logits, d, q_row)`, when given, sees each token after its draw (CU-HLM's skip
+    rule, runtime/edge/skip.py). A speculative-
     streaming draft drafts the same tokens in fewer passes (runtime/decoding/ss_draft.py;
     not under `observe`, which needs every token's own logits: its main stream then drafts
     one pass per token); `info["passes"]`, when a dict is given, receives the draft passes J
