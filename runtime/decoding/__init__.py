@@ -11,14 +11,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
-from runtime.decoding.events import Sampling, StepEvent
+from runtime.decoding.events import Sampling, StepCall, StepEvent
 from runtime.stats import RunStats
 
 # One module per method (STYLE 12); each exposes `Options` (a dataclass of its own options;
 # the fields made with runtime/decoding/flags.py's `flag` are its command-line flags),
 # `check(options)` (its argument checks, one line each), `summarize(events, timeline, **run)`
-# (what it adds to a run's stats), `NEEDS_DRAFT` and `steps(target, draft, seq, *, max_new,
-# sampling, seed, options, target_cache, draft_cache, timeline)`; one whose steps fill a
+# (what it adds to a run's stats), `NEEDS_DRAFT` and `steps(call)` (call: events.StepCall, the
+# pair, prompt, budget, sampling, seed, options, caches and timeline); one whose steps fill a
 # Timeline says so in `RECORDS_TIMELINE`. Adding a method is one module and one line here.
 # A module that runs hybrid (linear-attention) models names the roles in `RUNS_HYBRID`; one
 # with refusals of its own adds `why_not(target, draft) -> str | None`; one that drafts from a
@@ -115,18 +115,10 @@ def make_steps(
     if why:
         raise DuetError(why)
     opts = method_options(method, **options)
-    return mod.steps(
-        target,
-        draft,
-        list(seq),
-        max_new=max_new,
-        sampling=sampling,
-        seed=seed,
-        options=opts,
-        target_cache=target_cache,
-        draft_cache=draft_cache,
-        timeline=timeline,
+    call = StepCall(
+        target, draft, list(seq), max_new, sampling, seed, opts, target_cache, draft_cache, timeline
     )
+    return mod.steps(call)
 
 
 def stream(

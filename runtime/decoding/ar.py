@@ -9,7 +9,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels.sampling import sample
-from runtime.decoding.events import GREEDY, Sampling, StepEvent, last_logits, pending, rewind
+from runtime.decoding.events import (
+    GREEDY,
+    Sampling,
+    StepCall,
+    StepEvent,
+    last_logits,
+    pending,
+    rewind,
+)
 
 
 def ar_steps(
@@ -61,25 +69,13 @@ def summarize(events, timeline, **run) -> dict:
     return {}
 
 
-def steps(
-    target,
-    draft,
-    seq,
-    *,
-    max_new,
-    sampling,
-    seed,
-    options,
-    target_cache=None,
-    draft_cache=None,
-    timeline=None,
-) -> Iterator[StepEvent]:
+def steps(c: StepCall) -> Iterator[StepEvent]:
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
     return ar_steps(
-        target,
-        seq,
-        max_new=max_new,
-        sampling=sampling,
-        rng=np.random.default_rng(seed),
-        target_cache=target_cache,
+        c.target,
+        c.seq,
+        max_new=c.max_new,
+        sampling=c.sampling,
+        rng=c.rng(),
+        target_cache=c.target_cache,
     )

@@ -104,6 +104,32 @@ def gumbel_draws(rngs, scores: np.ndarray) -> np.ndarray:
 
 
 @dataclass
+class StepCall:
+    """What make_steps hands a method's `steps` (runtime/decoding/__init__.py): the pair, the
+    prompt, the budget, the sampling and its seed, the method's Options, the caches to continue
+    (None: fresh ones) and Mirror-SD's timeline."""
+
+    target: object
+    draft: object
+    seq: list[int]
+    max_new: int
+    sampling: Sampling
+    seed: int
+    options: object
+    target_cache: object = None
+    draft_cache: object = None
+    timeline: object = None
+
+    def rng(self) -> np.random.Generator:
+        """A generator seeded with the call's seed (the methods that draw from one)."""
+        return np.random.default_rng(self.seed)
+
+    def caches(self) -> dict:
+        """The caches as make_steps' keywords."""
+        return {"target_cache": self.target_cache, "draft_cache": self.draft_cache}
+
+
+@dataclass
 class StepEvent:
     """One decoding step: the tokens it committed and where its time went."""
 

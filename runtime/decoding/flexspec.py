@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from runtime.arg_rules import at_least
-from runtime.decoding.events import StepEvent
+from runtime.decoding.events import StepCall, StepEvent
 from runtime.errors import DuetError
 
 NEEDS_DRAFT = True
@@ -65,37 +65,26 @@ def summarize(
     return s
 
 
-def steps(
-    target,
-    draft,
-    seq,
-    *,
-    max_new,
-    sampling,
-    seed,
-    options,
-    target_cache=None,
-    draft_cache=None,
-    timeline=None,
-) -> Iterator[StepEvent]:
+def steps(c: StepCall) -> Iterator[StepEvent]:
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
     from runtime.edge.loop import edge_steps
 
-    if options.conn is None:
+    o = c.options
+    if o.conn is None:
         raise DuetError("--method flexspec needs a cloud verifier (--server HOST:PORT or local)")
     return edge_steps(
-        draft,
-        options.conn,
-        seq,
-        max_new=max_new,
-        sampling=sampling,
-        seed=seed,
-        k=options.k,
-        k_max=options.k_max,
-        controller=options.controller,
-        codec=options.codec,
-        codec_params=options.codec_params,
-        draft_cache=draft_cache,
-        skip=options.skip,
-        bit_budget=options.bit_budget,
+        c.draft,
+        o.conn,
+        c.seq,
+        max_new=c.max_new,
+        sampling=c.sampling,
+        seed=c.seed,
+        k=o.k,
+        k_max=o.k_max,
+        controller=o.controller,
+        codec=o.codec,
+        codec_params=o.codec_params,
+        draft_cache=c.draft_cache,
+        skip=o.skip,
+        bit_budget=o.bit_budget,
     )

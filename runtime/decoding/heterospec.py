@@ -29,10 +29,10 @@ import numpy as np
 from kernels.entropy import bin_of, meta_path_entropy
 from kernels.tree_mask import path_to
 from runtime.assets import DEFAULT_DIR
-from runtime.decoding.events import StepEvent
+from runtime.decoding.events import StepCall, StepEvent
 from runtime.decoding.flags import flag
 from runtime.decoding.tree import Options as TreeOptions
-from runtime.decoding.tree import check_tree_args, tree_steps
+from runtime.decoding.tree import check_tree_args, tree_call
 from runtime.decoding.tree_draft import TreeDrafter
 from runtime.errors import DuetError
 
@@ -130,34 +130,11 @@ def summarize(events, timeline, **run) -> dict:
     return {}
 
 
-def steps(
-    target,
-    draft,
-    seq,
-    *,
-    max_new,
-    sampling,
-    seed,
-    options,
-    target_cache=None,
-    draft_cache=None,
-    timeline=None,
-) -> Iterator[StepEvent]:
+def steps(c: StepCall) -> Iterator[StepEvent]:
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
-    check_tree_args(options.tree_k, options.top_n, options.depth, options.expand)
-    bins = load_bins(options.bins or pair_bins(draft) or DEFAULT_BINS)
-    return tree_steps(
-        target,
-        draft,
-        seq,
-        max_new=max_new,
-        top_k=options.tree_k,
-        top_n=options.top_n,
-        depth=options.depth,
-        expand=options.expand,
-        sampling=sampling,
-        rng=np.random.default_rng(seed),
-        target_cache=target_cache,
-        draft_cache=draft_cache,
-        shape=make_shape(bins, options.tree_k),
-    )
+
+    def shape():
+        bins = load_bins(c.options.bins or pair_bins(c.draft) or DEFAULT_BINS)
+        return make_shape(bins, c.options.tree_k)
+
+    return tree_call(c, shape=shape)

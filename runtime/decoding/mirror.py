@@ -22,7 +22,15 @@ import numpy as np
 from kernels.topk_channel import encode, topk_message
 from kernels.verify import verify_greedy, verify_sampling
 from runtime.arg_rules import at_least, check_gamma
-from runtime.decoding.events import GREEDY, Sampling, StepEvent, pending, rewind, step_noise
+from runtime.decoding.events import (
+    GREEDY,
+    Sampling,
+    StepCall,
+    StepEvent,
+    pending,
+    rewind,
+    step_noise,
+)
 from runtime.decoding.flags import flag
 from runtime.decoding.ss_draft import is_ss_draft
 from runtime.errors import DuetError
@@ -432,35 +440,23 @@ def summarize(events, timeline, **run) -> dict:
     }
 
 
-def steps(
-    target,
-    draft,
-    seq,
-    *,
-    max_new,
-    sampling,
-    seed,
-    options,
-    target_cache=None,
-    draft_cache=None,
-    timeline=None,
-) -> Iterator[StepEvent]:
+def steps(c: StepCall) -> Iterator[StepEvent]:
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
+    o = c.options
     return mirror_steps(
-        target,
-        draft,
-        seq,
-        max_new=max_new,
-        gamma=options.gamma,
-        kappa=options.kappa,
-        exit_layer=options.exit_layer,
-        sampling=sampling,
-        seed=seed,
-        timeline=timeline,
-        target_cache=target_cache,
-        draft_cache=draft_cache,
-        branch_batch=options.branches,
-        draft_process=options.draft_process,
-        exit_head=options.exit_head,
-        draft_branches=options.draft_branches,
+        c.target,
+        c.draft,
+        c.seq,
+        max_new=c.max_new,
+        gamma=o.gamma,
+        kappa=o.kappa,
+        exit_layer=o.exit_layer,
+        sampling=c.sampling,
+        seed=c.seed,
+        timeline=c.timeline,
+        **c.caches(),
+        branch_batch=o.branches,
+        draft_process=o.draft_process,
+        exit_head=o.exit_head,
+        draft_branches=o.draft_branches,
     )

@@ -20,6 +20,7 @@ from runtime.arg_rules import check_gamma
 from runtime.decoding.events import (
     GREEDY,
     Sampling,
+    StepCall,
     StepEvent,
     draw,
     pending,
@@ -227,28 +228,15 @@ def summarize(events, timeline, **run) -> dict:
     return {}
 
 
-def steps(
-    target,
-    draft,
-    seq,
-    *,
-    max_new,
-    sampling,
-    seed,
-    options,
-    target_cache=None,
-    draft_cache=None,
-    timeline=None,
-) -> Iterator[StepEvent]:
+def steps(c: StepCall) -> Iterator[StepEvent]:
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
     return sd_steps(
-        target,
-        draft,
-        seq,
-        max_new=max_new,
-        gamma=options.gamma,
-        sampling=sampling,
-        seed=seed,
-        target_cache=target_cache,
-        draft_cache=draft_cache,
+        c.target,
+        c.draft,
+        c.seq,
+        max_new=c.max_new,
+        gamma=c.options.gamma,
+        sampling=c.sampling,
+        seed=c.seed,
+        **c.caches(),
     )

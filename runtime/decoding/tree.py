@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from runtime.arg_rules import at_least
-from runtime.decoding.events import GREEDY, Sampling, StepEvent, rewind
+from runtime.decoding.events import GREEDY, Sampling, StepCall, StepEvent, rewind
 from runtime.decoding.flags import flag
 from runtime.decoding.tree_draft import TreeDrafter
 from runtime.decoding.tree_pass import verify_tree
@@ -177,33 +177,28 @@ def summarize(events, timeline, **run) -> dict:
     return {}
 
 
-def steps(
-    target,
-    draft,
-    seq,
-    *,
-    max_new,
-    sampling,
-    seed,
-    options,
-    target_cache=None,
-    draft_cache=None,
-    timeline=None,
-) -> Iterator[StepEvent]:
+def steps(c: StepCall) -> Iterator[StepEvent]:
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
-    opts = options  # checked now, not at the first step
-    check_tree_args(opts.tree_k, opts.top_n, opts.depth, opts.expand)
+    return tree_call(c)
+
+
+def tree_call(c: StepCall, shape=None) -> Iterator[StepEvent]:
+    """tree_steps over a StepCall, its options checked now, not at the first step; `shape`: a
+    function giving HeteroSpec's per-bin tree shape, called after the check."""
+    o = c.options
+    check_tree_args(o.tree_k, o.top_n, o.depth, o.expand)
+    extra = {"shape": shape()} if shape is not None else {}
     return tree_steps(
-        target,
-        draft,
-        seq,
-        max_new=max_new,
-        top_k=options.tree_k,
-        top_n=options.top_n,
-        depth=options.depth,
-        expand=options.expand,
-        sampling=sampling,
-        rng=np.random.default_rng(seed),
-        target_cache=target_cache,
-        draft_cache=draft_cache,
+        c.target,
+        c.draft,
+        c.seq,
+        max_new=c.max_new,
+        top_k=o.tree_k,
+        top_n=o.top_n,
+        depth=o.depth,
+        expand=o.expand,
+        sampling=c.sampling,
+        rng=c.rng(),
+        **c.caches(),
+        **extra,
     )
