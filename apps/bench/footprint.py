@@ -96,21 +96,20 @@ def worker(a: argparse.Namespace) -> dict:
                 )
             return y[0, len(ids) :].tolist()
     else:
-        from runtime.decoding import Sampling, make_steps, stream
+        from runtime.decoding import Sampling
         from runtime.load import load_pair
+        from runtime.session import GenerationSession
 
         backend = a.worker.split(":")[1]
         pair = load_pair(
             a.target, None, need_draft=False, target_backend=backend, target_threads=a.threads
         )
-
-        eos = pair.target.config.eos_token_ids
+        # the session's EOS: the target's config.json's; a timed turn is the whole stream
+        session = GenerationSession(pair, method="ar", summarize=False)
 
         def answer(ids, n):
-            steps = make_steps(
-                "ar", pair.target, None, list(ids), max_new=n, sampling=Sampling(), seed=0
-            )
-            return [t for toks, _ in stream(steps, max_new=n, eos_ids=eos) for t in toks]
+            turn = session.stream(list(ids), n, sampling=Sampling(), seed=0)
+            return [t for r in turn for t in r.tokens]
 
     load_s = time.perf_counter() - t0
     answer(prompts[0], 8)  # warm-up, untimed
