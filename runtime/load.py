@@ -72,8 +72,10 @@ def resolve(path: str | None, role: str) -> Path | None:
                 f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
             ) from None
     known = ", ".join(KNOWN)
-    raise DuetError(f"--{role} {path}: no such file or directory, nor a known model ({known}; "
-                    "see `python -m apps.models list`)")  # fmt: skip
+    raise DuetError(
+        f"--{role} {path}: no such file or directory, nor a known model ({known}; "
+        "see `python -m apps.models list`)"
+    )
 
 
 # drafts read from beside the target: its MTP head (checkpoint or sidecar), a fitted head
@@ -168,8 +170,10 @@ def load_pair(
 
         free = ddir.split("+")[1]
         d = MixedDraft(d, load_model_free(free, t, tok), name=ddir)
-        settings.update(draft_backend=f"{settings['draft_backend']} + {free} (model-free): the "
-                        f"text's chain when it offers one, else the {kind}'s")  # fmt: skip
+        settings.update(
+            draft_backend=f"{settings['draft_backend']} + {free} (model-free): the "
+            f"text's chain when it offers one, else the {kind}'s"
+        )
     return Pair(t, d, tok, Path(tdir), ddir, settings, model_name(target, Path(tdir)))
 
 

@@ -40,8 +40,10 @@ class Residual:
 
     def feed(self) -> dict:
         """The inputs of the part that takes it: `hidden_in` and `resid_in`."""
-        return {"hidden_in": np.ascontiguousarray(self.h),
-                "resid_in": np.ascontiguousarray(self.resid)}  # fmt: skip
+        return {
+            "hidden_in": np.ascontiguousarray(self.h),
+            "resid_in": np.ascontiguousarray(self.resid),
+        }
 
     def __array__(self, dtype=None, copy=None):
         s = self.sum()
@@ -110,8 +112,9 @@ def forward_recording(lm, ids, cache, positions, mask, last) -> np.ndarray:
         lm.last_cache = cache
         return logits
     # the whole graph with the taps as a third output (converters/onnx_target_graph.tap_output)
-    logits, _h, taps = lm._run(ids, cache, 0, n, True, positions, mask, last,
-                               tuple(lm.record_layers))  # fmt: skip
+    logits, _h, taps = lm._run(
+        ids, cache, 0, n, True, positions, mask, last, tuple(lm.record_layers)
+    )
     record_rows(cache, torch.from_numpy(np.ascontiguousarray(taps[0])), ids)
     lm.last_cache = cache
     return logits

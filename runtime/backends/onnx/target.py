@@ -122,20 +122,29 @@ def recipe(quantize: str) -> dict:
     if quantize == "none":
         return {"scheme": "none", **rows}
     bits = 4 if quantize == "int4" else 8
-    return {"scheme": quantize, "op": "MatMulNBits", "bits": bits, "block_size": BLOCK_SIZE,
-            "symmetric": True, "accuracy_level": LEVELS[ATTENTION], "head_bits": 8,
-            "head_accuracy_level": HEAD_ACCURACY_LEVEL,
-            "int8_as": "one 8-bit MatMulNBits (a VNNI CPU)" if int8_dot() else
-            "two 4-bit MatMulNBits (hi/lo nibbles of symmetric int8 blocks)",
-            "grid": bits == 4,  # weights on a GGUF Q4_0/Q4_1/Q4_K block grid kept exactly
-            # their block sums as more columns of the same MatMulNBits (int8-rounded at level 4)
-            "grid_sums": "fused columns" if bits == 4 else None,
-            "source": "weights on a 4-bit block grid (a GGUF's Q4_0/Q4_1/Q4_K) kept exactly "
-            "(converters/onnx_grid_q4.py); others requantized from the float32 weights",
-            # a GGUF stored them at 5, 6 or 8 bits (Q5_0, Q6_K, Q8_0: most of a Q4_K_M file);
-            # 4 bits would lose what llama.cpp keeps (Gemma 3 270M: 71 % top-1 agreement)
-            "gguf_finer": "8 bits" if bits == 4 else None,
-            "embedding": "float32", **rows}  # fmt: skip
+    return {
+        "scheme": quantize,
+        "op": "MatMulNBits",
+        "bits": bits,
+        "block_size": BLOCK_SIZE,
+        "symmetric": True,
+        "accuracy_level": LEVELS[ATTENTION],
+        "head_bits": 8,
+        "head_accuracy_level": HEAD_ACCURACY_LEVEL,
+        "int8_as": "one 8-bit MatMulNBits (a VNNI CPU)"
+        if int8_dot()
+        else "two 4-bit MatMulNBits (hi/lo nibbles of symmetric int8 blocks)",
+        "grid": bits == 4,  # weights on a GGUF Q4_0/Q4_1/Q4_K block grid kept exactly
+        # their block sums as more columns of the same MatMulNBits (int8-rounded at level 4)
+        "grid_sums": "fused columns" if bits == 4 else None,
+        "source": "weights on a 4-bit block grid (a GGUF's Q4_0/Q4_1/Q4_K) kept exactly "
+        "(converters/onnx_grid_q4.py); others requantized from the float32 weights",
+        # a GGUF stored them at 5, 6 or 8 bits (Q5_0, Q6_K, Q8_0: most of a Q4_K_M file);
+        # 4 bits would lose what llama.cpp keeps (Gemma 3 270M: 71 % top-1 agreement)
+        "gguf_finer": "8 bits" if bits == 4 else None,
+        "embedding": "float32",
+        **rows,
+    }
 
 
 def part_name(start: int, stop: int, num_layers: int, head: bool, taps: tuple = ()) -> str:
@@ -160,8 +169,9 @@ def part_path(d: Path, quantize: str, name: str) -> Path:
     return sidecar(d, f"target-{quantize}-{recipe_tag(quantize)}-{name}.onnx")
 
 
-def ensure_part(d: Path, quantize: str, start: int, stop: int, head: bool, n: int,
-                taps: tuple = ()) -> Path:  # fmt: skip
+def ensure_part(
+    d: Path, quantize: str, start: int, stop: int, head: bool, n: int, taps: tuple = ()
+) -> Path:
     """The cached graph of one part, exported on first use (made once, redone when older than
     the checkpoint's weights)."""
     from runtime.backends.exporters import export  # converters/ registers the exporter
@@ -186,8 +196,9 @@ class OnnxTargetLM:
     supports_layer_range = True
     logits_last = True  # forward(..., last=n): the head on the last n positions only
 
-    def __init__(self, ckpt_dir, quantize: str = "int4", intra_threads: int = 2,
-                 provider: str = "cpu"):  # fmt: skip
+    def __init__(
+        self, ckpt_dir, quantize: str = "int4", intra_threads: int = 2, provider: str = "cpu"
+    ):
         if quantize not in QUANTIZE:
             raise DuetError(f"unknown --quantize {quantize!r}; choose from {', '.join(QUANTIZE)}")
         self.dir = Path(ckpt_dir)
@@ -219,8 +230,9 @@ class OnnxTargetLM:
             # other made a 5-token pass through four parts 72 ms against the whole graph's 15;
             # sleeping between runs, 22 ms (SmolLM2-135M int4). The whole graph (taps or not)
             # keeps spinning
-            s = open_session(p, self.provider, self.threads, 1,
-                             spin=(start, stop, head) == (0, n, True))  # fmt: skip
+            s = open_session(
+                p, self.provider, self.threads, 1, spin=(start, stop, head) == (0, n, True)
+            )
             self._sessions[key] = (s, [o.name for o in s.get_outputs()],
                                    {i.name for i in s.get_inputs()})  # fmt: skip
         return self._sessions[key]
@@ -241,8 +253,9 @@ class OnnxTargetLM:
             # and sd; at int8 activations where a key sits in GQA's sums changes the logits
             return BufferKVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, c.max_context)
         if any(self.sliding):  # Gemma 3: local layers keep their window (runtime/caches/sliding.py)
-            return SlidingKVCache(self.sliding, c.sliding_window, batch, empty,
-                                  lambda b: np.zeros((b, 0), np.int64))  # fmt: skip
+            return SlidingKVCache(
+                self.sliding, c.sliding_window, batch, empty, lambda b: np.zeros((b, 0), np.int64)
+            )
         return ConcatKVCache(c.num_layers, batch, empty)
 
     def _key_cuts(self) -> tuple[int, ...]:
@@ -261,14 +274,25 @@ class OnnxTargetLM:
         held = [cache.get(i)[2] for i in local]
         if any(h.shape != held[0].shape or (h != held[0]).any() for h in held[1:]):
             raise DuetError("sliding-window cache: local layers out of step in one forward")
-        key_pos = np.concatenate([np.broadcast_to(held[0], (pos.shape[0], held[0].shape[1])),
-                                  pos], axis=1)  # fmt: skip
+        key_pos = np.concatenate(
+            [np.broadcast_to(held[0], (pos.shape[0], held[0].shape[1])), pos], axis=1
+        )
         S = key_pos.shape[1]
         near = key_pos[:, None, :] > pos[:, :, None] - self.config.sliding_window
         return np.ascontiguousarray(m[..., -S:] & near), key_pos
 
-    def _run(self, x, cache, start: int, stop: int, head: bool, positions, mask, last=None,
-             taps: tuple = ()):  # fmt: skip
+    def _run(
+        self,
+        x,
+        cache,
+        start: int,
+        stop: int,
+        head: bool,
+        positions,
+        mask,
+        last=None,
+        taps: tuple = (),
+    ):
         """[logits (B, min(last, T), V) when `head`,] hidden (B, T, C); `last` cuts the head to
         the pass's last rows (a prefill's 1). `taps` (the whole graph): a third array, those
         layers' outputs (B, T, len(taps) * C), from the graph that also returns them."""
@@ -291,9 +315,19 @@ class OnnxTargetLM:
             want = T if last is None or not head else min(last, T)  # logits of the last `want`
             got = []
             for a, b in zip(bounds, [*bounds[1:], T], strict=True):
-                got.append(self._run(x[:, a:b], cache, start, stop, head, pos[:, a:b],
-                                     m[:, a:b, : off + b], max(0, min(b - a, b - (T - want))),
-                                     taps))  # fmt: skip
+                got.append(
+                    self._run(
+                        x[:, a:b],
+                        cache,
+                        start,
+                        stop,
+                        head,
+                        pos[:, a:b],
+                        m[:, a:b, : off + b],
+                        max(0, min(b - a, b - (T - want))),
+                        taps,
+                    )
+                )
             return [np.concatenate(parts, axis=1) for parts in zip(*got, strict=True)]
         keep = T
         # GQA's one-query path never taken (PAD_ONE_TOKEN); under "rows", MatMulNBits' one-row
@@ -305,8 +339,24 @@ class OnnxTargetLM:
         a, b = head_span(lo, hi, T)  # ONE_ROW: a one-row head on two rows, `cut` kept
         lo, hi, cut = a, b, slice(lo - a, hi - a)
         if isinstance(cache, BufferKVCache) and not rows:
-            return run_in_place(self, session, outs, names, x, pos, m, cache, start, stop, head,
-                                off, (lo, hi), keep, cut, taps)  # fmt: skip
+            return run_in_place(
+                self,
+                session,
+                outs,
+                names,
+                x,
+                pos,
+                m,
+                cache,
+                start,
+                stop,
+                head,
+                off,
+                (lo, hi),
+                keep,
+                cut,
+                taps,
+            )
         past = [cache.get(i)[:2] for i in range(start, stop)]
         lm, key_pos = self._local_mask(cache, start, stop, pos, m) if self.sliding else (None,) * 2
         if rows:
@@ -316,15 +366,15 @@ class OnnxTargetLM:
             for tag, mm in (("", m if "kv_index" in names else None), ("local_", lm)):
                 if mm is not None:
                     idx, seqlens, gm = row_feed(mm, self.config.num_kv_heads)
-                    feed.update({f"{tag}kv_index": idx, f"{tag}seqlens_k": seqlens,
-                                 f"{tag}gqa_mask": gm})  # fmt: skip
+                    feed.update(
+                        {f"{tag}kv_index": idx, f"{tag}seqlens_k": seqlens, f"{tag}gqa_mask": gm}
+                    )
             for i, (k, v) in zip(range(start, stop), past, strict=True):
                 feed[f"past.{i}.key"] = np.ascontiguousarray(k)
                 feed[f"past.{i}.value"] = np.ascontiguousarray(v)
             res = session.run(outs, feed)
         else:
-            res = run_window(session, outs, names, x, pos, m, lm, past, start, stop, off,
-                             (lo, hi))  # fmt: skip
+            res = run_window(session, outs, names, x, pos, m, lm, past, start, stop, off, (lo, hi))
         first = first_present(outs)
         drop = T - keep  # a padded pass's second column is dropped
         for j, i in enumerate(range(start, stop)):
@@ -349,8 +399,9 @@ class OnnxTargetLM:
         if self.record_hidden and (self.record_layers or self.hidden_norm is not None):
             # a fitted head reads its taps, an MTP head the normed last hidden state
             return forward_recording(self, ids, cache, positions, mask, last)
-        logits, _hidden = self._run(ids, cache, 0, self.config.num_layers, True, positions, mask,
-                                    last)  # fmt: skip
+        logits, _hidden = self._run(
+            ids, cache, 0, self.config.num_layers, True, positions, mask, last
+        )
         return logits
 
     def forward_layers(self, x, cache, start, stop, *, positions=None, mask=None):

@@ -23,17 +23,19 @@ def tree_as_chains(target, x, cache, start, stop, head, pos, m, off, last, taps=
     B, T = x.shape[:2]
     n = target.config.num_layers
     if B != 1 or (start, stop) != (0, n) or not head or not m[:, :, :off].all():
-        raise DuetError("ONNX target: a masked window (tree) runs on one row over a whole "
-                        "past, through every layer")  # fmt: skip
+        raise DuetError(
+            "ONNX target: a masked window (tree) runs on one row over a whole "
+            "past, through every layer"
+        )
     win = m[0, :, off:]
     h = 0  # rows every later row sees (the committed tokens before a tree): one pass
     while h < T and win[h:, : h + 1].all() and not win[h, h + 1 :].any():
         h += 1
     if h:
-        got0 = target._run(x[:, :h], cache, 0, n, True, pos[:, :h], m[:, :h, : off + h],
-                           None, taps)  # fmt: skip
-        got1 = tree_as_chains(target, x[:, h:], cache, 0, n, True, pos[:, h:], m[:, h:],
-                              off + h, None, taps)  # fmt: skip
+        got0 = target._run(x[:, :h], cache, 0, n, True, pos[:, :h], m[:, :h, : off + h], None, taps)
+        got1 = tree_as_chains(
+            target, x[:, h:], cache, 0, n, True, pos[:, h:], m[:, h:], off + h, None, taps
+        )
         lg, *rest = (np.concatenate(p, axis=1) for p in zip(got0, got1, strict=True))
         return [lg[:, -last:] if last else lg, *rest]
     parent = [int(a[-1]) if len(a := np.flatnonzero(win[t, :t])) else -1 for t in range(T)]
@@ -58,13 +60,16 @@ def tree_as_chains(target, x, cache, start, stop, head, pos, m, off, last, taps=
         for j, t in enumerate(path):
             if keys[t] is None:
                 rows_of[t] = [a[:, j] for a in got]
-                keys[t] = [tuple(a[..., j - L, :].copy() for a in cache.get(i)[:2])
-                           for i in range(n)]  # fmt: skip
+                keys[t] = [
+                    tuple(a[..., j - L, :].copy() for a in cache.get(i)[:2]) for i in range(n)
+                ]
     cache.trim(cache.offset - off)
     for i in range(n):  # every node's keys after the past, in window order
         got = cache.get(i)
-        k, v = (np.concatenate([got[a], *[keys[t][i][a][:, :, None] for t in range(T)]],
-                               axis=2) for a in (0, 1))  # fmt: skip
+        k, v = (
+            np.concatenate([got[a], *[keys[t][i][a][:, :, None] for t in range(T)]], axis=2)
+            for a in (0, 1)
+        )
         if isinstance(cache, SlidingKVCache) and target.sliding[i]:
             cache.put(i, k, v, np.concatenate([np.asarray(got[2]), pos], axis=1))
         else:

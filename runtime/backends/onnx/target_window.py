@@ -23,8 +23,24 @@ def kept_rows(res: list, head: bool, keep: int, cut: slice) -> list:
     return [a[:, cut] if head and j == 0 else a[:, :keep] for j, a in enumerate(res)]
 
 
-def run_in_place(target, session, outs, names, x, pos, m, cache, start, stop, head, off,
-                 rows_, keep, cut, taps=()):  # fmt: skip
+def run_in_place(
+    target,
+    session,
+    outs,
+    names,
+    x,
+    pos,
+    m,
+    cache,
+    start,
+    stop,
+    head,
+    off,
+    rows_,
+    keep,
+    cut,
+    taps=(),
+):
     """One graph run of `target`'s (an OnnxTargetLM) whole pass with each layer's buffer bound
     as both its past and its present: the kernel appends the pass's keys and values at `off` in
     place (runtime/caches/buffer.py); logits and hidden are written into arrays made here. The
@@ -40,8 +56,10 @@ def run_in_place(target, session, outs, names, x, pos, m, cache, start, stop, he
     C = target.config.hidden_size
     widths = {"logits": target.config.vocab_size, "hidden": C, "resid": C,
               "taps": C * len(taps)}  # fmt: skip
-    got = [np.empty((B, rows_[1] - rows_[0] if n == "logits" else T, widths[n]), np.float32)
-           for n in outs[:first]]  # fmt: skip
+    got = [
+        np.empty((B, rows_[1] - rows_[0] if n == "logits" else T, widths[n]), np.float32)
+        for n in outs[:first]
+    ]
     # the CPU kernel runs a multi-token window over a past one batch row at a time
     rows = [slice(r, r + 1) for r in range(B)] if B > 1 and T > 1 and off else [slice(None)]
     for r in rows:
@@ -80,8 +98,7 @@ def kv_binding(bindings: dict, session, cache, start: int, stop: int, r: slice):
     for j, i in enumerate(range(start, stop)):
         for name, b in zip(("key", "value"), bufs[2 * j : 2 * j + 2], strict=True):
             for bind, kind in ((io.bind_input, "past"), (io.bind_output, "present")):
-                bind(f"{kind}.{i}.{name}", "cpu", 0, np.float32, list(b.shape),
-                     b.ctypes.data)  # fmt: skip
+                bind(f"{kind}.{i}.{name}", "cpu", 0, np.float32, list(b.shape), b.ctypes.data)
     bindings[key] = ((cache.layout, r.stop), io)
     return io
 
