@@ -55,16 +55,18 @@ def sampled_contexts(
 ):
     """[(prompt ids, prompt + continuation)] with the continuation drawn by `ar` from `target`
     (a runtime CausalLM) at `temp` (0: greedy), `top_p`, seed i for prompt i."""
-    from runtime.decoding import make_steps, run
-    from runtime.decoding.events import Sampling
+    from types import SimpleNamespace
 
+    from runtime.decoding.events import Sampling
+    from runtime.session import GenerationSession
+
+    # the target alone as a pair; the session's EOS: the target's config.json's
+    pair = SimpleNamespace(target=target, draft=None, tokenizer=None)
+    session = GenerationSession(pair, method="ar", summarize=False)
     out = []
     for i, ids in enumerate(prompt_ids):
-        steps = make_steps(
-            "ar", target, None, ids, max_new=n_tokens, sampling=Sampling(temp, top_p), seed=i
-        )
-        g = run(steps, max_new=n_tokens, eos_ids=target.config.eos_token_ids, prompt_len=len(ids))
-        out.append((ids, ids + list(g.tokens)))
+        turn = session.stream(ids, n_tokens, sampling=Sampling(temp, top_p), seed=i)
+        out.append((ids, ids + [t for r in turn for t in r.tokens]))
     return out
 
 
