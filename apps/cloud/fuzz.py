@@ -320,31 +320,24 @@ def main(argv=None) -> int:
 
 def _good_client(host, port, token) -> bool:
     """After the fuzz: the embedded pair through the server gives the target's greedy tokens."""
-    from runtime.decoding import make_steps, run
-    from runtime.decoding.events import GREEDY
+    from types import SimpleNamespace
+
     from runtime.edge.client import Connection
     from runtime.load import load_pair
+    from runtime.session import GenerationSession
 
     pair = load_pair(None, None, need_draft=True)
     prompt = pair.tokenizer.encode("def fib(n):")
-    ref = run(
-        make_steps("ar", pair.target, None, prompt, max_new=32, sampling=GREEDY, seed=0), max_new=32
-    ).tokens
+
+    def tokens(of, method, **options) -> list[int]:  # 32 greedy tokens, no EOS cut
+        s = GenerationSession(of, method=method, options=options, eos=(), summarize=False)
+        return [t for r in s.stream(prompt, 32, seed=0) for t in r.tokens]
+
+    ref = tokens(pair, "ar")
     conn = Connection(host, port, token)
-    got = run(
-        make_steps(
-            "flexspec",
-            None,
-            pair.draft,
-            prompt,
-            max_new=32,
-            sampling=GREEDY,
-            seed=0,
-            conn=conn,
-            k=4,
-        ),
-        max_new=32,
-    ).tokens
+    # the draft stands in for the target (the verifier holds it), as the companion client runs
+    remote = SimpleNamespace(target=pair.draft, draft=pair.draft, tokenizer=None)
+    got = tokens(remote, "flexspec", conn=conn, k=4)
     conn.close()
     return got == ref
 
