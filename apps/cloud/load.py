@@ -30,9 +30,10 @@ def rss_bytes(pid: int) -> int:
 
 
 def run_n(n, host, port, token, draft, prompts, max_tokens, k, pid) -> dict:
-    from runtime.decoding import make_steps, stream
-    from runtime.decoding.events import GREEDY
+    from types import SimpleNamespace
+
     from runtime.edge.client import Connection
+    from runtime.session import GenerationSession
 
     conns = [Connection(host, port, token) for _ in range(n)]
     for c, p in zip(conns, prompts, strict=False):
@@ -43,21 +44,16 @@ def run_n(n, host, port, token, draft, prompts, max_tokens, k, pid) -> dict:
     counts = [0] * n
     barrier = threading.Barrier(n)
 
+    # the draft stands in for the target (the verifier holds it), as the companion client runs
+    pair = SimpleNamespace(target=draft, draft=draft, tokenizer=None)
+
     def client(i):
+        options = {"conn": conns[i], "k": k}
+        # eos=(): every session runs its max_tokens (no EOS cut)
+        s = GenerationSession(pair, method="flexspec", options=options, eos=(), summarize=False)
         barrier.wait()
-        steps = make_steps(
-            "flexspec",
-            None,
-            draft,
-            prompts[i],
-            max_new=max_tokens,
-            sampling=GREEDY,
-            seed=i,
-            conn=conns[i],
-            k=k,
-        )
-        for toks, _ in stream(steps, max_new=max_tokens):
-            counts[i] += len(toks)
+        for r in s.stream(prompts[i], max_tokens, seed=i):
+            counts[i] += len(r.tokens)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
     t0 = time.perf_counter()
