@@ -80,6 +80,13 @@ def test_the_target_records_what_the_running_draft_reads():
     assert not target.record_hidden and target.record_layers == (3, 5)
     record_for(target, None)  # ar: nothing to record
     assert not target.record_hidden and target.record_layers is None
+    from runtime.drafts.mixed import MixedDraft  # head+suffix: the head's taps still recorded
+
+    fitted = SimpleNamespace(
+        config=None, reads_target_hidden=True, head_module=SimpleNamespace(layers_tapped=(0, 2))
+    )
+    record_for(target, MixedDraft(fitted, free=None))
+    assert target.record_hidden and target.record_layers == (0, 2)
 
 
 def test_a_methods_bad_option_is_one_line_before_any_step(pair):

@@ -84,6 +84,7 @@ class MixedDraft:
         self.config = model.config
         self.min_len, self.min_score = min_len, min_score
         self.reads_target_hidden = getattr(model, "reads_target_hidden", False)
+        self.head_module = getattr(model, "head_module", None)  # a head's taps (session.record_for)
         self.backend = getattr(model, "backend", "torch")
         self.free_steps = self.model_steps = 0  # which draft drafted, over this draft's life
 
