@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections import defaultdict
 
 
@@ -94,11 +95,10 @@ class Confidence:
 
         draft.forward = forward
 
-    def steps(self, events):
-        for ev in events:
-            qs, self.rows = self.rows[-ev.drafted :] if ev.drafted else [], []
-            self.pairs += [(q, j < ev.accepted) for j, q in enumerate(qs) if j <= ev.accepted]
-            yield ev
+    def observe(self, ev) -> None:
+        """Pair step `ev`'s drafts (the rows recorded since the last step) with their verdicts."""
+        qs, self.rows = self.rows[-ev.drafted :] if ev.drafted else [], []
+        self.pairs += [(q, j < ev.accepted) for j, q in enumerate(qs) if j <= ev.accepted]
 
     def table(self) -> list[dict]:
         out = []
@@ -117,14 +117,28 @@ class Confidence:
         return out
 
 
+def answer(session, ids: list[int], max_tokens: int, conf: Confidence | None = None):
+    """One greedy answer of `session` as a runtime.decoding.Generated; its wall_s is the whole
+    turn, stream and close (as runtime.decoding.run timed it). `conf` sees each step."""
+    from runtime.decoding import Generated
+    from runtime.decoding.events import GREEDY
+
+    out, t0 = [], time.perf_counter()
+    for r in session.stream(ids, max_tokens, sampling=GREEDY, seed=0):
+        out += r.tokens
+        if conf is not None:
+            conf.observe(r.step)
+    r.stats.wall_s = time.perf_counter() - t0
+    return Generated(out, r.stats, r.finish)
+
+
 def main(argv=None) -> int:
     from apps.bench.prompt_set import load_prompts, turn_ids
     from runtime.chat_template import ChatTemplate
-    from runtime.decoding import make_steps, run
-    from runtime.decoding.events import GREEDY
     from runtime.drafts.mixed import is_mixed_spec
     from runtime.errors import DuetError
     from runtime.load import load_pair
+    from runtime.session import GenerationSession
 
     a = build_parser().parse_args(argv)
     if a.draft != "head" and not is_mixed_spec(a.draft):
@@ -152,24 +166,17 @@ def main(argv=None) -> int:
     recs = load_prompts(a.prompts, per_category=a.per_category)
     eos = pair.target.config.eos_token_ids
     conf = Confidence(head)
+    sessions = {
+        m: GenerationSession(pair, method=m, options={"gamma": a.gamma}, eos=eos, summarize=False)
+        for m in ("ar", "sd")
+    }
     cats: dict = defaultdict(lambda: defaultdict(float))
     for rec in recs:
         ids = turn_ids(pair.tokenizer, template, rec["turns"][:1], [])
         got = {}
-        for method, draft in (("ar", None), ("sd", pair.draft)):
-            steps = make_steps(
-                method,
-                pair.target,
-                draft,
-                ids,
-                max_new=a.max_tokens,
-                sampling=GREEDY,
-                seed=0,
-                gamma=a.gamma,
-            )
+        for method, session in sessions.items():
             conf.rows = []
-            steps = conf.steps(steps) if draft is not None else steps
-            got[method] = run(steps, max_new=a.max_tokens, eos_ids=eos, prompt_len=len(ids))
+            got[method] = answer(session, ids, a.max_tokens, conf if method == "sd" else None)
         for key in (rec["category"], "all"):
             c, s, r = cats[key], got["sd"].stats, got["ar"].stats
             c["prompts"] += 1
