@@ -1,13 +1,12 @@
 """Dependencies point down (docs/design.md, Layering), measured from the code's imports.
 
 Every `import` and `from ... import` in the tree is parsed, lazy ones inside functions
-included, and resolved to the file it loads. Three rules:
+included, and resolved to the file it loads. Two rules:
 - the engine (kernels/, and runtime/ but for its command modules) imports nothing from
   devices/, converters/ or apps/;
-- no circle of imports between files;
-- no source file over 500 lines.
-Each rule is also run on a small synthetic tree that breaks it, so the checks cannot pass by
-checking nothing.
+- no circle of imports between files.
+(Sizes are tests/test_discipline.py's.) Each rule is also run on a small synthetic tree that
+breaks it, so the checks cannot pass by checking nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ UPPER = ("devices", "converters", "apps")
 # runtime's command layer: the CLIs, the Python API beside them and the flag helpers, which
 # build what the engine needs from higher layers (the latency model, emulation) and pass it in
 COMMANDS = {"runtime/generate.py", "runtime/chat.py", "runtime/api.py"}
-MAX_LINES = 500
 
 
 def source_files(root: Path) -> dict[str, Path]:
@@ -146,14 +144,6 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def long_files(root: Path) -> list[str]:
-    return sorted(
-        f"{rel} ({n} lines)"
-        for rel, f in source_files(root).items()
-        if (n := len(f.read_text().splitlines())) > MAX_LINES
-    )
-
-
 # ---- the tree ----------------------------------------------------------------------------
 
 
@@ -167,10 +157,6 @@ def test_no_circle_of_imports_between_files():
     assert circles(import_graph(ROOT)) == [], "files that import each other in a circle"
 
 
-def test_no_source_file_over_500_lines():
-    assert long_files(ROOT) == []
-
-
 # ---- the checks themselves, on a synthetic tree that breaks each rule ---------------------
 
 
@@ -180,7 +166,7 @@ def write(root: Path, rel: str, text: str) -> None:
     p.write_text(text)
 
 
-def test_the_checks_catch_an_upward_import_a_circle_and_a_long_file(tmp_path):
+def test_the_checks_catch_an_upward_import_and_a_circle(tmp_path):
     for pkg in PACKAGES:
         write(tmp_path, f"{pkg}/__init__.py", "")
     write(tmp_path, "devices/probe.py", "X = 1\n")
@@ -189,7 +175,7 @@ def test_the_checks_catch_an_upward_import_a_circle_and_a_long_file(tmp_path):
     write(tmp_path, "runtime/generate.py", "from devices.probe import X\n")  # a command: allowed
     write(tmp_path, "runtime/cli_args.py", "import devices.probe\n")  # a flag helper: allowed
     g = import_graph(tmp_path)
-    assert upward_imports(g) == [] and circles(g) == [] and long_files(tmp_path) == []
+    assert upward_imports(g) == [] and circles(g) == []
     assert g["runtime/ok.py"] == {"kernels/fine.py"}
 
     # an upward import hidden in a function (lazy) is still one
@@ -215,6 +201,3 @@ def test_the_checks_catch_an_upward_import_a_circle_and_a_long_file(tmp_path):
     assert circles(import_graph(tmp_path)) == [["runtime/a.py", "runtime/b.py", "runtime/c.py"]]
     write(tmp_path, "runtime/c.py", "")
     assert circles(import_graph(tmp_path)) == []
-
-    write(tmp_path, "converters/big.py", "x = 1\n" * (MAX_LINES + 1))
-    assert long_files(tmp_path) == [f"converters/big.py ({MAX_LINES + 1} lines)"]
