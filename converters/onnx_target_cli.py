@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     pc.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
-        from runtime.load import resolve
+        from runtime.loading import resolve
 
         model = resolve(args.model, "model")
         if args.cmd == "agree":

@@ -38,7 +38,7 @@ DEFAULT_CHAT_TEMP, DEFAULT_CHAT_TOP_P = 0.7, 0.9  # when generation_config.json 
 
 
 def load(target: str | None = None, draft: str | None = None, **options):
-    """A loaded pair (`runtime.load.Pair`): `target`, `draft`, `tokenizer`, `target_dir`.
+    """A loaded pair (`runtime.loading.Pair`): `target`, `draft`, `tokenizer`, `target_dir`.
 
     No arguments: the embedded default pair. `target` / `draft` are what `--target` /
     `--draft` take on the command line (a short name, a directory, a `.gguf` file, `mtp`);
@@ -48,7 +48,7 @@ def load(target: str | None = None, draft: str | None = None, **options):
     `need_draft`).
     """
     import converters  # noqa: F401 (the on-the-fly exports the engine asks for: STYLE 11)
-    from runtime.load import load_pair
+    from runtime.loading import load_pair
 
     need = options.pop("need_draft", target is None or draft is not None)
     return load_pair(target, draft, need_draft=need, **options)

@@ -31,7 +31,7 @@ from runtime.cli_args_methods import (  # noqa: F401 (re-exported for the comman
     method_kwargs,
     resolve_gamma,
 )
-from runtime.load import TARGET_BACKENDS, Pair, load_pair
+from runtime.loading import TARGET_BACKENDS, Pair, load_pair
 
 
 def add_pair_args(ap: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, fields
 
 from runtime.cli_args_methods import DEFAULT_GAMMA, resolve_gamma
-from runtime.load import Pair
+from runtime.loading import Pair
 from runtime.session import AUTO  # noqa: F401 (the commands' name for it)
 
 

@@ -8,14 +8,14 @@ In order, the first that answers:
    (STYLE 11): the command layer reads the profile and passes its roles in as a plain
    `{role: backend}` dict (`profile_roles` turns a loaded profile into one);
 3. the caller's own default, where it has one (a draft checkpoint's format decides its backend
-   in runtime/load.py);
+   in runtime/loading.py);
 4. the platform's default: the target on MLX on macOS (the Metal GPU) and on PyTorch elsewhere
    (MLX off Apple silicon runs on its CPU backend, whose verification of a γ+1 window costs
    ~γ+1 single-token passes, which erases speculative decoding's gain; PyTorch's CPU matmuls
    keep a short window close to one pass, as a GPU does); a bundle's draft on Core ML on macOS
    (the Neural Engine) and on ONNX Runtime elsewhere.
 
-It picks a name and says why; loading is the caller's (runtime/load.py, apps/companion).
+It picks a name and says why; loading is the caller's (runtime/loading.py, apps/companion).
 """
 
 from __future__ import annotations

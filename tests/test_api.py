@@ -118,3 +118,12 @@ def test_generation_config_sets_chat_defaults_and_eos(dirs, tmp_path):
     (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 7]}))
     p = load(str(d), target_backend="torch")
     assert {5, 7} <= set(eos_ids(p))
+
+
+def test_runtime_load_is_the_function_after_the_loader_module_is_imported():
+    """`from runtime import load` is the API's function even once a command has imported the
+    loading module (it was runtime/load.py, whose import set `runtime.load` to the module)."""
+    import runtime.cli_args  # noqa: F401 (imports runtime.loading, as every command does)
+    from runtime import load
+
+    assert callable(load) and load.__module__ == "runtime.api"

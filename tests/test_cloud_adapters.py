@@ -16,7 +16,7 @@ from runtime.adapter_views import adapter_view, added_bytes
 from runtime.backends import load_model
 from runtime.edge import wire
 from runtime.edge.client import CloudError, Connection
-from runtime.load import load_pair
+from runtime.loading import load_pair
 
 PROMPT = [11, 42, 7, 99, 5]
 N = 12

@@ -492,7 +492,7 @@ def test_an_adapter_and_a_fine_tuned_copy_draft_with_the_base_head(fitted, tmp_p
     from safetensors.torch import load_file, save_file
     from test_evolving import make_adapter
 
-    from runtime.load import load_pair
+    from runtime.loading import load_pair
 
     base, _ = fitted
     adapter = make_adapter(base, tmp_path / "lora")
@@ -628,7 +628,7 @@ def test_the_head_with_a_suffix_draft_beside_it_is_lossless(fitted):
     the others (catching up on the tokens committed meanwhile); greedy equals `ar`, whatever
     the bar; trees refuse it in one line."""
     from runtime.decoding import cannot_run
-    from runtime.load import load_pair
+    from runtime.loading import load_pair
 
     target_dir, _ = fitted
     pair = load_pair(

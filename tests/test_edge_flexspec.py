@@ -42,7 +42,7 @@ def test_target_as_its_own_draft_accepts_every_window(tiny_dir, verifier):
 
 
 def test_embedded_pair_greedy_equals_ar(verifier):
-    from runtime.load import load_pair
+    from runtime.loading import load_pair
 
     pair = load_pair(None, None, need_draft=True, target_backend="torch", target_threads=1)
     prompt = pair.tokenizer.encode("def fib(n):")

@@ -9,7 +9,7 @@ import torch
 
 from runtime.adapter import merged_target_dir, write_base_record
 from runtime.errors import DuetError
-from runtime.load import load_pair
+from runtime.loading import load_pair
 
 # Merged float32 weights vs PEFT's unmerged W x + s B A x: the same sums in another order.
 MERGE_LOGIT_ATOL = 1e-4

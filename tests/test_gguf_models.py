@@ -152,7 +152,7 @@ def _fake_registry(monkeypatch, tmp_path, payload: bytes, sha: str):
 def test_pull_checks_the_hash_keeps_the_licence_and_resolves_by_name(
     tiny_gguf, models_dir, monkeypatch, tmp_path
 ):
-    from runtime.load import model_name, resolve
+    from runtime.loading import model_name, resolve
 
     ck, g = tiny_gguf
     payload = g.read_bytes()

@@ -49,7 +49,7 @@ def test_greedy_equals_ar_on_a_hybrid_target(tiny_dir):
 
 
 def test_greedy_equals_ar_on_the_embedded_pair():
-    from runtime.load import load_pair
+    from runtime.loading import load_pair
 
     for spec in DRAFTS:
         pair = load_pair(None, spec, need_draft=True)

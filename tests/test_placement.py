@@ -52,7 +52,7 @@ def test_a_drafts_own_default_comes_from_its_format(tmp_path):
 
 
 def test_load_pair_reads_the_profile_roles_and_keeps_its_default(tiny_dir):
-    from runtime.load import load_pair
+    from runtime.loading import load_pair
 
     t, d = tiny_dir("llama"), tiny_dir("llama", num_layers=1, seed=4)
     pair = load_pair(str(t), str(d), need_draft=True, target_backend="torch")

@@ -260,7 +260,7 @@ def test_chat_uses_the_checkpoint_template(pair, tmp_path):
     from apps.server.requests import chat_request
     from runtime.decoding import make_steps, run
     from runtime.decoding.events import GREEDY
-    from runtime.load import load_pair
+    from runtime.loading import load_pair
     from runtime.tokenizer import Tokenizer
 
     d = tmp_path / "templated"

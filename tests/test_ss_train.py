@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from apps.train.__main__ import main
-from runtime.load import load_model
+from runtime.loading import load_model
 
 
 @pytest.fixture(scope="module")

@@ -46,7 +46,7 @@ def test_generate_with_a_target_alone_runs_ar_under_auto(tiny_dir, capsys):
 def test_a_target_alone_gets_every_core(tiny_dir, monkeypatch):
     import os
 
-    from runtime.load import load_pair
+    from runtime.loading import load_pair
 
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     pair = load_pair(str(tiny_dir("llama")), None, need_draft=False, target_backend="torch")

@@ -41,7 +41,7 @@ def extra_pair(pair, name: str, a):
     from devices.emulated_model import EmulatedModel, emulate_draft
     from runtime.drafts import is_model_free_spec, load_model_free
     from runtime.drafts.mixed import is_mixed_spec
-    from runtime.load import head_backend, load_pair, resolve
+    from runtime.loading import head_backend, load_pair, resolve
 
     emulated = isinstance(pair.draft, EmulatedModel)
     if is_model_free_spec(name):  # runtime/drafts/: prompt lookup, suffix tries; no model
@@ -95,7 +95,7 @@ def mixed_pair(pair, name: str, a):
     from runtime.drafts.head.torch import HeadDraft
     from runtime.drafts.mixed import MixedDraft
     from runtime.drafts.mtp.torch import MTPDraft
-    from runtime.load import head_backend
+    from runtime.loading import head_backend
 
     kind, free = name.split("+")
     mb = head_backend(a.draft_backend, a.target_device)

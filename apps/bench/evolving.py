@@ -36,7 +36,7 @@ from pathlib import Path
 from runtime import paths
 from runtime.decoding import Sampling
 from runtime.errors import DuetError, cli_main
-from runtime.load import load_pair
+from runtime.loading import load_pair
 from runtime.session import GenerationSession
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,7 +99,7 @@ def setup(base: str | None, evolved: str | None, generic: str | None) -> Setup:
             Path(generic) if generic else GENERIC,
             FULL_CMD,
         )
-    from runtime.load import resolve
+    from runtime.loading import resolve
 
     bdir = resolve(base, "base")
     name = base if not Path(base).expanduser().exists() else bdir.name

@@ -72,7 +72,7 @@ def worker(a: argparse.Namespace) -> dict:
     and its tokenizer (Duet's load_pair loads its own, HF's user an AutoTokenizer)."""
     import torch
 
-    from runtime.load import resolve
+    from runtime.loading import resolve
 
     torch.set_num_threads(a.threads)
     d = resolve(a.target, "target")
@@ -97,7 +97,7 @@ def worker(a: argparse.Namespace) -> dict:
             return y[0, len(ids) :].tolist()
     else:
         from runtime.decoding import Sampling
-        from runtime.load import load_pair
+        from runtime.loading import load_pair
         from runtime.session import GenerationSession
 
         backend = a.worker.split(":")[1]
@@ -149,7 +149,7 @@ def footprint(a: argparse.Namespace) -> dict:
         raise DuetError(f"--rounds must be at least 1 (got {a.rounds})")
     from transformers import AutoTokenizer
 
-    from runtime.load import resolve
+    from runtime.loading import resolve
 
     tok = AutoTokenizer.from_pretrained(str(resolve(a.target, "target")))
     ids_file = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)

@@ -73,7 +73,7 @@ def load_target(target: str | None, backend: str, threads: int | None, adapters=
     from runtime.adapter import check_adapter
     from runtime.adapter_views import adapter_view, added_bytes, parse_adapter_spec, weight_bytes
     from runtime.edge.identity import target_identity
-    from runtime.load import load_pair, resolve
+    from runtime.loading import load_pair, resolve
 
     specs = [parse_adapter_spec(s) for s in adapters]
     names = [n for n, _ in specs]

@@ -323,7 +323,7 @@ def _good_client(host, port, token) -> bool:
     from types import SimpleNamespace
 
     from runtime.edge.client import Connection
-    from runtime.load import load_pair
+    from runtime.loading import load_pair
     from runtime.session import GenerationSession
 
     pair = load_pair(None, None, need_draft=True)

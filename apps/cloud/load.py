@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=4)
     a = ap.parse_args(argv)
     from runtime.edge.local import LocalVerifier
-    from runtime.load import load_pair
+    from runtime.loading import load_pair
 
     pair = load_pair(None, None, need_draft=True)
     text = ["def fib(n):", "The capital of France", "import numpy as np", "Once upon a time"]

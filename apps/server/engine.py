@@ -21,7 +21,7 @@ from runtime.chat_session import common_prefix, strategy_kwargs
 from runtime.chat_template import ChatTemplate
 from runtime.decoding import Sampling
 from runtime.decoding.events import rewind
-from runtime.load import Pair
+from runtime.loading import Pair
 from runtime.session import GenerationSession, context_of
 from runtime.stats import RunStats
 

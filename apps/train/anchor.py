@@ -126,7 +126,7 @@ def save_anchor(student: AnchorStudent, out: Path, base: Path, meta: dict) -> No
 
 
 def run(a: argparse.Namespace) -> dict:
-    from runtime.load import resolve
+    from runtime.loading import resolve
 
     base, out = resolve(a.base, "base"), Path(a.out)
     if not (base / "config.json").is_file():

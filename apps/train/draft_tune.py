@@ -159,7 +159,7 @@ def _checkpoint_dir(path: str | None, which: str) -> Path:
         from runtime.assets import default_pair
 
         return default_pair()[0 if which == "target" else 1]
-    from runtime.load import resolve
+    from runtime.loading import resolve
 
     d = Path(resolve(path, which))  # a directory, or a known model's name (runtime/registry.py)
     if not (d / "config.json").is_file() or not (d / "tokenizer.json").is_file():

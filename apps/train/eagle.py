@@ -293,7 +293,7 @@ def _resume(st: dict | None, head, opt, vocab: torch.Tensor, out: Path) -> int:
 def run(a: argparse.Namespace) -> dict:
     from runtime.backends import load_model
     from runtime.drafts.head.torch import head_sidecar
-    from runtime.load import resolve
+    from runtime.loading import resolve
 
     from .eagle_data import load_shards
 

@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     from runtime.chat_template import ChatTemplate
     from runtime.drafts.mixed import is_mixed_spec
     from runtime.errors import DuetError
-    from runtime.load import load_pair
+    from runtime.loading import load_pair
     from runtime.session import GenerationSession
 
     a = build_parser().parse_args(argv)

@@ -97,7 +97,7 @@ def run(a: argparse.Namespace) -> dict:
     """Fine-tune, save, evaluate held-out loss before and after; returns the report."""
     if a.lora_rank < 1 or a.steps < 1 or a.threads < 1:
         raise DuetError("--lora-rank, --steps and --threads must be positive")
-    from runtime.load import resolve
+    from runtime.loading import resolve
 
     base, out = resolve(a.base, "base"), Path(a.out)
     if not (base / "config.json").is_file():

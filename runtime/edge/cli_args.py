@@ -160,7 +160,7 @@ def adapter_name(a: argparse.Namespace) -> str:
 
 def _local_base(a: argparse.Namespace):
     """The target directory before any adapter (what the local verifier loads)."""
-    from runtime.load import resolve
+    from runtime.loading import resolve
 
     if a.target is not None:
         return resolve(a.target, "target")
@@ -307,7 +307,7 @@ def load_draft_only(a: argparse.Namespace):
     """A Pair whose `target` is the draft itself, used only for its config (vocabulary, context,
     EOS) and tokenizer; the verifier checks the vocabulary at HELLO."""
     from runtime.backends import backend_for_path, load_model
-    from runtime.load import Pair, resolve
+    from runtime.loading import Pair, resolve
     from runtime.tokenizer import Tokenizer
 
     ddir = resolve(a.draft, "draft")

@@ -44,7 +44,7 @@ def _matmul_ms(iters: int, out=None, barrier=None) -> float:
 def _draft_loop(target, draft, ready, stop) -> None:
     import numpy as np
 
-    from runtime.load import load_pair
+    from runtime.loading import load_pair
 
     d = load_pair(target, draft, need_draft=True, target_backend="torch").draft
     cache = d.new_cache()
@@ -59,7 +59,7 @@ def _draft_loop(target, draft, ready, stop) -> None:
 def _target_ms(target, draft, gamma: int, iters: int, with_draft: bool) -> float:
     import numpy as np
 
-    from runtime.load import load_pair
+    from runtime.loading import load_pair
 
     t = load_pair(target, draft, need_draft=False, target_backend="torch").target
     seq = list(range(5, 105))

@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     from runtime.decoding import make_steps, run
     from runtime.decoding.events import GREEDY
     from runtime.errors import DuetError
-    from runtime.load import load_pair
+    from runtime.loading import load_pair
 
     a = build_parser().parse_args(argv)
     try:

@@ -214,7 +214,7 @@ def end_to_end(
     from ..prompt_set import load_prompts, turn_ids
 
     target = TorchCausalLM.load(target_dir, threads=threads)
-    if draft_backend == "onnx":  # as runtime.load.load_pair loads a draft directory
+    if draft_backend == "onnx":  # as runtime.loading.load_pair loads a draft directory
         from runtime.backends import load_model
 
         draft = load_model(draft_dir, "onnx", intra_threads=threads, provider="cpu")

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from apps.bench.prompt_set import load_prompts, turn_ids
     from runtime.assets import default_pair
     from runtime.decoding import Sampling
-    from runtime.load import load_pair
+    from runtime.loading import load_pair
     from runtime.tokenizer import Tokenizer
 
     tdir, ddir = default_pair()

@@ -19,7 +19,7 @@ only their window and a slack (runtime/caches/sliding.py): their attention reads
 which the host builds from the mask and the held columns' positions, and the host keeps those
 positions for the cache.
 
-Threads: `intra_threads` ONNX Runtime intra-op threads for every part (runtime/load.py gives
+Threads: `intra_threads` ONNX Runtime intra-op threads for every part (runtime/loading.py gives
 the target all the cores a draft leaves, both of two for the draft-free methods).
 
 Here: the recipe, the cached parts and the pass (how it is cut, padded and put in the cache);
