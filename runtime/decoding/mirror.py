@@ -9,6 +9,9 @@ One step, with window `[last committed, d1..dγ]`:
      window: a completed branch (reuse) or a fresh rollout (fallback).
 The committed tokens are those vanilla SD would commit for the same window
 (App. B): only the schedule differs.
+
+This module checks the arguments, places the draft worker (a thread, or its own process) and
+holds the method's options; the steps themselves are runtime/decoding/mirror_pass.py.
 """
 
 from __future__ import annotations
@@ -19,27 +22,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.topk_channel import encode, topk_message
-from kernels.verify import verify_greedy, verify_sampling
 from runtime.arg_rules import at_least, check_gamma
-from runtime.decoding.events import (
-    GREEDY,
-    Sampling,
-    StepCall,
-    StepEvent,
-    pending,
-    rewind,
-    step_noise,
-)
+from runtime.decoding.events import GREEDY, Sampling, StepCall, StepEvent, pending, rewind
 from runtime.decoding.flags import flag
+from runtime.decoding.mirror_pass import MirrorRun, target_steps
 from runtime.decoding.ss_draft import is_ss_draft
 from runtime.errors import DuetError
-from runtime.mirror.coupled import coupled_message
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH, DraftWorker
 from runtime.mirror.exit_head import resolve_exit_head
-from runtime.mirror.messages import EarlyExit, FinalVerify
-from runtime.mirror.timeline import Timeline, now_ns
-from runtime.mirror.verdict import Verdict, step_figures
+from runtime.mirror.timeline import Timeline
 
 DEFAULT_KAPPA = 8
 # the draft's own runner-ups per position rolled out while the target runs its prefix: on
@@ -139,7 +130,7 @@ def mirror_steps(
     check_draft_branches(draft_branches)
     le = check_mirror_args(target, gamma, kappa, exit_layer)
     check_branch_draft(draft, branch_batch)
-    run = _Run(
+    run = MirrorRun(
         target,
         le,
         target.config.num_layers,
@@ -169,29 +160,14 @@ def mirror_steps(
         if head:
             with run.tl.span("target", "prefill", tokens=len(head)):
                 target.forward(np.array([head]), tc)
-        yield from _steps(run, worker, tc, seq, max_new)
+        yield from target_steps(run, worker, tc, seq, max_new)
     finally:
         sys.setswitchinterval(switch)
         worker.finish(seq, draft_cache)
         rewind(tc, len(seq))
 
 
-@dataclass
-class _Run:
-    """What every step of one Mirror-SD run reads: the target and its split, the channel."""
-
-    target: object
-    le: int  # the exit layer ℓe
-    n: int  # the target's layers
-    tuned: object  # the tuned exit head (runtime/mirror/exit_head.py), or None: the raw one
-    kappa: int  # the early exit's width κ
-    sampling: Sampling
-    seed: int
-    tl: Timeline
-    in_process: bool  # the draft worker runs in its own process
-
-
-def _worker(run: _Run, draft, *, gamma, max_new, draft_cache, branch_batch, draft_branches):
+def _worker(run: MirrorRun, draft, *, gamma, max_new, draft_cache, branch_batch, draft_branches):
     """The draft worker: in its own process over the shared-memory channel, or a thread."""
     ctx = min(run.target.config.max_context, draft.config.max_context)
     if run.in_process:  # over the shared-memory channel
@@ -222,111 +198,6 @@ def _worker(run: _Run, draft, *, gamma, max_new, draft_cache, branch_batch, draf
         branch_batch=branch_batch,
         draft_branches=draft_branches,
     )
-
-
-def _steps(run: _Run, worker, tc, seq: list[int], max_new: int) -> Iterator[StepEvent]:
-    """The steps: verify the window, send (A, c), commit, take or receive the next window.
-    `seq` (the committed tokens) grows in place."""
-    labels = {
-        "exit_layer": run.le,
-        "exit_head": "raw" if run.tuned is None else "tuned",
-        "kappa": run.kappa,
-        "draft_worker": "process" if run.in_process else "thread",
-    }
-    produced, step = 0, 0
-    win = worker.receive(step)
-    while produced < max_new:
-        v = _verify(run, worker, tc, seq, win, step)
-        a, c, g = v.a, v.c, len(win.tokens)
-        more = produced + a + 1 < max_new
-        # reuse: a completed branch (A, c) is taken from the worker's board at once, before
-        # the verdict is even sent; otherwise the worker answers (resume, fallback, or a
-        # branch that finished late)
-        ready = worker.take(step, a, c) if more else None
-        t3 = now_ns()
-        worker.send(FinalVerify(step, a, c, v.t2))
-        run.tl.add("target", "prefix 1..ℓe + early exit", v.t0, v.t1, step=step, window=g + 1)
-        run.tl.add("target", "suffix ℓe+1..N + verify", v.t1, v.t2, step=step, accepted=a)
-        committed = win.tokens[:a] + [c]
-        seq.extend(committed)
-        produced += len(committed)
-        rewind(tc, len(seq) - 1)
-        extra = step_figures(v, win, labels)
-        step += 1
-        if more:
-            win = _next_window(run, worker, step, ready, v, t3, extra)
-        else:
-            extra.update(
-                step_s=(v.t2 - v.t0) / 1e9, draft=None, reuse=None, resume=None, fallback=None
-            )
-            extra["per_step"]["branch_hit"] = None  # no next window: unknown
-        yield StepEvent(
-            tokens=committed,
-            accepted=a,
-            drafted=g,
-            draft_s=0.0,
-            verify_s=(v.t2 - v.t0) / 1e9,
-            extra=extra,
-        )
-
-
-def _verify(run: _Run, worker, tc, seq: list[int], win, step: int) -> Verdict:
-    """The target's pass over `win`: layers 1..ℓe, the early exit sent to the worker, then
-    layers ℓe+1..N and the verdict (A, c)."""
-    target, sampling = run.target, run.sampling
-    t0 = now_ns()
-    g = len(win.tokens)
-    window = pending(tc, seq) + win.tokens
-    h = target.forward_layers(np.array([window]), tc, 0, run.le)
-    h_exit = h if run.tuned is None else run.tuned.apply(h)  # only the proposal: the suffix uses h
-    exit_logits = target.head(h_exit)[0, -(g + 1) :]
-    if sampling.greedy:
-        ids, logp = topk_message(exit_logits, run.kappa)  # eq. 7, bf16
-    else:  # eq. 7's channel, its top-κ coupled to this step's noise (mirror/coupled.py)
-        u, noise = step_noise(run.seed, step, g, exit_logits.shape[-1])
-        ids, logp = coupled_message(sampling.log_probs(exit_logits), win.tokens, noise, run.kappa)
-    payload = encode(ids, logp)
-    t1 = now_ns()
-    worker.send(EarlyExit(step, payload, t1))
-    h = target.forward_layers(h, tc, run.le, run.n)
-    logits = target.head(h)[0, -(g + 1) :]  # (γ+1, V)
-    d = np.array(win.tokens, dtype=np.int64)
-    p = None
-    if sampling.greedy:
-        a, c = verify_greedy(logits, d)
-    else:  # the correction by Gumbel-max with the noise the early exit was coupled to
-        p = sampling.probs(logits)
-        a, c = verify_sampling(p, win.laws(sampling), d, u, noise)
-    return Verdict(ids, payload, logits, p, a, c, t0, t1, now_ns())
-
-
-def _next_window(run: _Run, worker, step: int, ready, v: Verdict, t3: int, extra: dict):
-    """The window of `step`: the branch taken from the board (`ready`), else the worker's
-    answer to (A, c); `extra` gets the step's time, T_rv(fv) and the window's source."""
-    taken = ready is not None
-    if taken:
-        win = ready
-        run.tl.add("channel", "window (taken)", v.t2, t3, step=step, source=win.source)
-        rv_fv = t3 - v.t2
-    else:
-        win = worker.receive(step)
-        t3 = now_ns()
-        rv_fv = win.info["fv_recv_ns"] - v.t2 + t3 - win.sent_ns
-    extra.update(
-        step_s=(t3 - v.t0) / 1e9,
-        draft=win.info,
-        rv_fv_ns=rv_fv,
-        taken=taken,
-        reuse=win.source == "reuse",
-        resume=win.source == "resume",
-        fallback=win.source == "fallback",
-    )
-    # whose branch (A, c) was: the draft's own runner-ups, else the early exit's top-κ, else
-    # neither (auto pools these into Ω̂_own and Ω̂: pair_probe)
-    extra["per_step"]["branch_hit"] = (
-        "own" if win.info.get("own") else "exit" if extra["in_tree"] else "miss"
-    )
-    return win
 
 
 def draft_in_process(target, draft, asked: bool | None) -> bool:
