@@ -20,7 +20,9 @@ edge.py           `edge`: FlexSpec edge-cloud baselines over emulated links (edg
                   run; edge_codecs.py: `--codecs`, the uplink codecs through a real verifier)
 footprint.py      `footprint`: Duet's ar against HF generate, a fresh process each: tok/s, RSS
 evolving.py       `evolving`: FlexSpec Table II, generic vs anchor draft on evolved targets
-                  (evolving_e2e.py: its end-to-end ms/token over an emulated link)
+                  (evolving_setup.py: the base, its evolved targets and prompts;
+                  evolving_rows.py: each draft's acceptance per target; evolving_e2e.py: its
+                  end-to-end ms/token over an emulated link)
 
 Studies (`python -m apps.bench.studies.NAME`, one measurement each): studies/__init__.py.
 """

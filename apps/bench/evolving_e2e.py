@@ -13,7 +13,8 @@ What ms/token means here: **emulated link time + measured compute**. The link em
 its virtual clock (devices.links.emulator(..., virtual=True)): its uplink/downlink waits are
 added to the measured time instead of slept (the edge loop is serial, so the per-round sum is
 the same), and everything else (drafting, framing, loopback TCP, the verifier's forward) is
-measured wall time on this machine. It does not measure acceptance (apps/bench/evolving.py).
+measured wall time on this machine. It does not measure acceptance
+(apps/bench/evolving_rows.py).
 """
 
 from __future__ import annotations
