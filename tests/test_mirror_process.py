@@ -236,7 +236,8 @@ def test_a_second_early_exit_sent_before_the_first_is_read_does_not_overwrite_it
     import numpy as np
 
     from kernels.topk_channel import encode
-    from runtime.mirror.draft_process import ProcessDraftWorker, _PipeInbox
+    from runtime.mirror.draft_child import _PipeInbox
+    from runtime.mirror.draft_process import ProcessDraftWorker
     from runtime.mirror.messages import EarlyExit, FinalVerify
     from runtime.mirror.shm_channel import Layout, Slots
 
@@ -330,7 +331,7 @@ def test_the_draft_process_sets_torchs_threads_before_ready_greedy_or_not(tiny_d
     import torch
 
     from runtime.mirror import shm_channel as wire
-    from runtime.mirror.draft_process import child_main
+    from runtime.mirror.draft_child import child_main
 
     spec = (str(tiny_dir("qwen3", num_layers=1, seed=4)), "onnx", {"intra_threads": 1})
     ours, theirs = mp.Pipe()

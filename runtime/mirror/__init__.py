@@ -6,6 +6,8 @@
   board.py        the board of completed branches: the interface, and the in-process one
   draft_worker.py the draft's thread: rollouts, reuse or fallback
   draft_process.py the same worker in its own process (--draft-process)
+  draft_host.py   the draft process's handle on the target's side: spawn, pipe, close
+  draft_child.py  what the draft process runs: load the draft, serve generations
   shm_channel.py  the messages as shared-memory slots + a pipe, between processes
   shm_board.py    the board of completed branches in shared memory, between processes
   exit_head.py    the tuned exit head applied before the early-exit LM head
