@@ -36,6 +36,7 @@ import argparse
 import json
 import sys
 
+from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError, cli_main
 
 QUANTIZE = {
@@ -175,11 +176,7 @@ def run_export(args) -> dict:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m converters",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m converters", __doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser(
         "export",

@@ -23,6 +23,7 @@ import os
 import sys
 
 from runtime.cli_args import AUTO, add_auto_args, add_method_args, add_pair_args
+from runtime.cli_parser import doc_parser
 from runtime.decoding import METHODS
 from runtime.errors import DuetError, cli_main
 
@@ -42,12 +43,7 @@ DEPRECATED = {"--edge": "edge"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.bench",
-        description=__doc__,
-        epilog=subcommand_help(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.bench", __doc__, epilog=subcommand_help())
     add_pair_args(ap)
     ap.add_argument(
         "--hybrid",

@@ -22,6 +22,7 @@ import sys
 
 from apps.bench.edge_run import one_run, skip_totals
 from runtime.cli_args import add_pair_args, load_pair_from_args
+from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError
 
 FIXED_K = (1, 3, 5, 7)
@@ -30,11 +31,7 @@ FIXED_K = (1, 3, 5, 7)
 def build_parser() -> argparse.ArgumentParser:
     from runtime.edge.cli_args import add_edge_args
 
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.bench edge",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.bench edge", __doc__)
     add_pair_args(ap)
     add_edge_args(ap)
     ap.add_argument("--links", default="5g,4g,wifi-weak", help="comma-separated named links")

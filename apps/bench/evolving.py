@@ -30,6 +30,7 @@ import argparse
 import json
 import sys
 
+from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError, cli_main
 
 from .evolving_rows import run
@@ -61,10 +62,9 @@ def summary(rows: list[dict]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.bench evolving",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ap = doc_parser(
+        "python -m apps.bench evolving",
+        __doc__,
         epilog="A real base's evolved folder (SmolLM2 shown; then run "
         "with --base NAME --head):\n"
         + REAL_RECIPE.format(

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 
+from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError, cli_main
 
 PROMPTS = [
@@ -32,11 +33,7 @@ PROMPTS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.bench footprint",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.bench footprint", __doc__)
     ap.add_argument("--target", required=True, help="a known short name, directory or .gguf")
     ap.add_argument(
         "--backends",

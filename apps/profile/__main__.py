@@ -24,6 +24,7 @@ from runtime.cli_args import (
     check_method_args,
     load_pair_from_args,
 )
+from runtime.cli_parser import doc_parser
 from runtime.decoding import Sampling
 from runtime.decoding.mirror import check_mirror_args, draft_in_process
 from runtime.errors import cli_main
@@ -34,11 +35,7 @@ LIMIT, SWEEP_LIMIT = 8, 2  # prompts: the sweep is 15 runs, keep it to minutes o
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.profile",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.profile", __doc__)
     add_pair_args(ap)
     ap.add_argument(
         "--prompts", default=None, help="prompt set .jsonl or folder (default apps/prompts/)"

@@ -22,6 +22,7 @@ import argparse
 import socket
 import sys
 
+from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError, cli_main
 
 
@@ -29,11 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     from runtime.cli_args import AUTO, add_auto_args, add_method_args, add_pair_args
     from runtime.decoding import METHODS
 
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.server",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.server", __doc__)
     add_pair_args(ap)
     ap.add_argument(
         "--method",

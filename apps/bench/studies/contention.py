@@ -14,12 +14,12 @@ at the same time costs it that much.
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import sys
 import time
 
+from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError, cli_main
 
 
@@ -117,11 +117,7 @@ def measure(iters: int, pair_iters: int, target, draft, gamma: int, pair: bool) 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.bench.studies.contention",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.bench.studies.contention", __doc__)
     ap.add_argument("--target", default=None, help="target (default: embedded pair)")
     ap.add_argument("--draft", default=None, help="draft (default: embedded pair)")
     ap.add_argument("--gamma", type=int, default=4, help="window is γ+1 tokens (default 4)")

@@ -23,6 +23,8 @@ import sys
 import time
 from collections import defaultdict
 
+from runtime.cli_parser import doc_parser
+
 
 def copy_lengths(context: list[int], answer: list[int], cap: int) -> list[int]:
     """L_i for each answer position i: the longest L <= cap with answer[i:i+L] a contiguous
@@ -61,11 +63,7 @@ def fastest_steps(lengths: list[int], step_s) -> tuple[float, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.bench.studies.copy_bound",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.bench.studies.copy_bound", __doc__)
     ap.add_argument("--target", required=True, help="a known model's name or a checkpoint dir")
     ap.add_argument("--prompts", default="chat", help="a named set or a .jsonl (default chat)")
     ap.add_argument("--per-category", type=int, default=2, help="prompts per category (2)")

@@ -12,13 +12,13 @@ files; it runs nothing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 import numpy as np
 
 from apps.bench.bootstrap import prompt_ci
+from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError, cli_main
 
 
@@ -73,11 +73,7 @@ def keep_shares(
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.bench.studies.edge_keep",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.bench.studies.edge_keep", __doc__)
     ap.add_argument("t1", help="--out-json of the T = 1 run")
     ap.add_argument("t0", help="--out-json of the T = 0 run")
     ap.add_argument("--method", default="adaptive", help="the row compared (default adaptive)")

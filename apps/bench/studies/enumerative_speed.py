@@ -12,7 +12,6 @@ whatever else the machine is running: label them so.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -25,6 +24,7 @@ from kernels.enumerative import (
     unrank_composition,
     unrank_subset,
 )
+from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError, cli_main
 
 
@@ -66,11 +66,7 @@ def measure(v: int, k: int, ell: int, rows: int, plain: bool, seed: int = 0) -> 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.bench.studies.enumerative_speed",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.bench.studies.enumerative_speed", __doc__)
     ap.add_argument(
         "--vocab", default="4096,152064", help="comma-separated V (default 4096,152064)"
     )

@@ -28,13 +28,13 @@ that builds it).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 
 import numpy as np
 
+from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError, cli_main
 
 from ..hybrid_pair import hybrid_pair_dirs
@@ -272,11 +272,7 @@ def end_to_end(
 
 @cli_main
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.bench.studies.hybrid_rollback",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.bench.studies.hybrid_rollback", __doc__)
     ap.add_argument(
         "--target",
         default=None,

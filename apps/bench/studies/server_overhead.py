@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from runtime.cli_args import add_pair_args, load_pair_from_args
+from runtime.cli_parser import doc_parser
 from runtime.decoding import METHODS, Sampling, make_steps, stream
 from runtime.errors import DuetError, cli_main
 from runtime.stats import RunStats
@@ -155,11 +156,7 @@ def measure(a: argparse.Namespace) -> dict:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.bench.studies.server_overhead",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.bench.studies.server_overhead", __doc__)
     add_pair_args(ap)
     ap.add_argument("--method", choices=METHODS, default="sd")
     ap.add_argument("--gamma", type=int, default=4)

@@ -17,13 +17,13 @@ prefill of the context (a cache fork per window). It does not run the target's v
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
 import numpy as np
 
+from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError, cli_main
 
 
@@ -102,11 +102,7 @@ def measure(ss, ar_extra, ctxs, gammas: list[int], windows: int) -> dict:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.bench.studies.ss_draft_speed",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.bench.studies.ss_draft_speed", __doc__)
     ap.add_argument("--draft", required=True, help="SS draft checkpoint (apps.train ss-draft)")
     ap.add_argument("--target", default=None, help="target (default: the embedded one)")
     ap.add_argument("--ar-draft", default=None, help="an ordinary draft to time beside it")

@@ -13,11 +13,11 @@ and, at T = 0, whether every output equals `ar`'s. Both drafts run on the same b
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
+from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError, cli_main
 
 
@@ -70,11 +70,7 @@ def summarize(runs: dict) -> list[dict]:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.bench.studies.ss_e2e",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.bench.studies.ss_e2e", __doc__)
     ap.add_argument("--ss-draft", required=True, help="SS draft (apps.train ss-draft)")
     ap.add_argument("--ar-draft", default=None, help="ordinary draft (default: the embedded one)")
     ap.add_argument("--target", default=None, help="target (default: the embedded one)")

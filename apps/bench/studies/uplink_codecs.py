@@ -51,6 +51,7 @@ from kernels.payloads import decode, make_codec
 from kernels.sampling import probs_from_logits, sample
 from kernels.verify import verify_sampling
 from runtime.cli_args import add_pair_args, load_pair_from_args
+from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError, cli_main
 
 
@@ -161,11 +162,7 @@ def cuhlm_stats(lt, ld, temp, m, theta_max, theta, rng):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.bench.studies.uplink_codecs",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.bench.studies.uplink_codecs", __doc__)
     add_pair_args(ap)
     ap.add_argument("--prompts", default=None, help="prompt set (default apps/prompts/)")
     ap.add_argument("--limit", type=int, default=8, help="prompts to use (default 8)")
