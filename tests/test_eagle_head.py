@@ -11,13 +11,13 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from decode_helpers import ar_greedy, greedy_run, greedy_steps
 
 from apps.train.eagle import chain_outputs, init_head, main, save_head
 from apps.train.eagle_data import _generate, _hf_model
 from runtime.backends import load_model
-from runtime.decoding import make_steps, run
+from runtime.decoding import run
 from runtime.decoding import sd as sd_module
-from runtime.decoding.events import GREEDY
 from runtime.drafts.head.onnx import KINDS
 from runtime.drafts.head.torch import HeadDraft, head_sidecar, tap_layers
 from runtime.errors import DuetError
@@ -91,15 +91,9 @@ def test_fitted_head_loads_back_resumes_and_is_lossless(fitted):
     target = load_model(target_dir, "torch", threads=1)
     draft = HeadDraft.load(target, target_dir)
     kept = set(draft.head_module.vocab_ids.tolist())
-    ar = run(
-        make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-        max_new=N_NEW,
-    ).tokens
+    ar = ar_greedy(target, PROMPT, N_NEW)
     for gamma in (1, 4):
-        sd = make_steps(
-            "sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0, gamma=gamma
-        )
-        assert run(sd, max_new=N_NEW).tokens == ar
+        assert greedy_run("sd", target, draft, PROMPT, N_NEW, gamma=gamma).tokens == ar
     row = draft.forward(np.array([PROMPT]), draft.new_cache())[0, -1]
     assert np.isneginf(row[[i for i in range(row.size) if i not in kept]]).all()
     assert np.isfinite(row[sorted(kept)]).all()  # q is the softmax over the kept ids, 0 elsewhere
@@ -125,12 +119,8 @@ def test_the_head_steps_in_onnx_runtime(fitted, quant):
         assert np.array_equal(np.isfinite(want), np.isfinite(got))
         fin = np.isfinite(want)
         assert np.abs(want[fin] - got[fin]).max() <= tol * max(1.0, np.abs(want[fin]).max())
-    ar = run(
-        make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-        max_new=N_NEW,
-    ).tokens
-    sd = make_steps("sd", target, onx, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0, gamma=4)
-    assert run(sd, max_new=N_NEW).tokens == ar
+    ar = ar_greedy(target, PROMPT, N_NEW)
+    assert greedy_run("sd", target, onx, PROMPT, N_NEW, gamma=4).tokens == ar
 
 
 def test_generate_cli_finds_the_head(fitted, capsys):
@@ -216,15 +206,12 @@ def test_the_head_beside_the_onnx_target_is_lossless(fitted, quantize):
     target = OnnxTargetLM(target_dir, quantize, intra_threads=1)
     draft = HeadDraft.load(target, target_dir)
     assert target.record_layers == draft.head_module.layers_tapped
-    ar_steps = make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0)
+    ar_steps = greedy_steps("ar", target, None, PROMPT, N_NEW)
     target.record_hidden = False  # ar reads no taps (as the bench and generate run it)
     ar = run(ar_steps, max_new=N_NEW).tokens
     target.record_hidden = True
     for gamma in (1, 4):
-        sd = make_steps(
-            "sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0, gamma=gamma
-        )
-        got = run(sd, max_new=N_NEW)
+        got = greedy_run("sd", target, draft, PROMPT, N_NEW, gamma=gamma)
         assert got.tokens == ar, gamma
     if quantize == "none":
         ref = load_model(target_dir, "torch", threads=1)
@@ -418,10 +405,7 @@ def test_the_head_drafts_trees(fitted, backend):
         target = OnnxTargetLM(target_dir, "int4", intra_threads=1)
     draft = HeadDraft.load(target, target_dir)
     target.record_hidden = False
-    ar = run(
-        make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-        max_new=N_NEW,
-    ).tokens
+    ar = ar_greedy(target, PROMPT, N_NEW)
     target.record_hidden = True
     bins = head_sidecar(target_dir) / "bins.json"  # heterospec finds the head's own bins
     assert pair_bins(draft) is None
@@ -430,40 +414,16 @@ def test_the_head_drafts_trees(fitted, backend):
         assert pair_bins(draft) == bins
         for method in ("tree", "heterospec"):
             tc = target.new_cache()
-            steps = make_steps(
-                method,
-                target,
-                draft,
-                PROMPT,
-                max_new=N_NEW,
-                sampling=GREEDY,
-                seed=0,
-                target_cache=tc,
-                tree_k=3,
-                top_n=8,
-                depth=4,
+            got = greedy_run(
+                method, target, draft, PROMPT, N_NEW, target_cache=tc, tree_k=3, top_n=8, depth=4
             )
-            got = run(steps, max_new=N_NEW)
             assert got.tokens == ar, method
             seq = PROMPT + ar
             assert tc.hidden_ids[: tc.offset] == seq[: tc.offset]
     finally:
         bins.unlink()
     with pytest.raises(DuetError, match="one node per level"):
-        run(
-            make_steps(
-                "tree",
-                target,
-                draft,
-                PROMPT,
-                max_new=N_NEW,
-                sampling=GREEDY,
-                seed=0,
-                tree_k=2,
-                expand=2,
-            ),
-            max_new=N_NEW,
-        )
+        greedy_run("tree", target, draft, PROMPT, N_NEW, tree_k=2, expand=2)
 
 
 def test_a_tree_commit_moves_the_recorded_rows(fitted):
@@ -507,23 +467,8 @@ def test_an_adapter_and_a_fine_tuned_copy_draft_with_the_base_head(fitted, tmp_p
         pair = load_pair(
             target, "head", need_draft=True, target_backend="torch", draft_backend="torch", **kw
         )
-        ar = run(
-            make_steps("ar", pair.target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-            max_new=N_NEW,
-        )
-        sd = run(
-            make_steps(
-                "sd",
-                pair.target,
-                pair.draft,
-                PROMPT,
-                max_new=N_NEW,
-                sampling=GREEDY,
-                seed=0,
-                gamma=3,
-            ),
-            max_new=N_NEW,
-        )
+        ar = greedy_run("ar", pair.target, None, PROMPT, N_NEW)
+        sd = greedy_run("sd", pair.target, pair.draft, PROMPT, N_NEW, gamma=3)
         assert sd.tokens == ar.tokens and len(ar.tokens) == N_NEW, kw
 
 
@@ -637,15 +582,11 @@ def test_the_head_with_a_suffix_draft_beside_it_is_lossless(fitted):
     assert pair.draft.mixed and "suffix (model-free)" in pair.settings["draft_backend"]
     prompt = [5, 17, 42, 99, 7, 11, 5, 17, 42, 99, 7, 11, 5, 17]
     n = 24
-    ar = run(
-        make_steps("ar", pair.target, None, prompt, max_new=n, sampling=GREEDY, seed=0), max_new=n
-    ).tokens
+    ar = ar_greedy(pair.target, prompt, n)
     for min_len, min_score in ((1, 0.5), (3, 2.0), (99, 99.0)):
         draft = _mixed(pair.draft.model, pair.target, min_len=min_len, min_score=min_score)
-        sd = make_steps(
-            "sd", pair.target, draft, prompt, max_new=n, sampling=GREEDY, seed=0, gamma=4
-        )
-        assert run(sd, max_new=n).tokens == ar, (min_len, min_score)
+        got = greedy_run("sd", pair.target, draft, prompt, n, gamma=4)
+        assert got.tokens == ar, (min_len, min_score)
         if min_len == 1:
             assert draft.free_steps > 0 and draft.model_steps > 0  # both drafted
         if min_len == 99:  # the bar is cleared only where γ is cut to 1 (the last window)
@@ -735,14 +676,9 @@ def test_the_head_ends_its_chain_when_unsure(fitted, gof_pair):
     target_dir, _ = fitted
     target = load_model(target_dir, "torch", threads=1)
     draft = HeadDraft.load(target, target_dir)
-    ar = run(
-        make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-        max_new=N_NEW,
-    ).tokens
+    ar = ar_greedy(target, PROMPT, N_NEW)
     draft.stop_below = 0.5
-    events = list(
-        make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0, gamma=4)
-    )
+    events = list(greedy_steps("sd", target, draft, PROMPT, N_NEW, gamma=4))
     assert [t for ev in events for t in ev.tokens][:N_NEW] == ar
     assert any(ev.drafted < 4 for ev in events[:-1])  # some windows ended early
     target, head = gof_pair

@@ -4,11 +4,10 @@ Hugging Face, exact rollback of linear states, and lossless greedy `sd` on hybri
 import numpy as np
 import pytest
 import torch
+from decode_helpers import greedy_run, greedy_steps, prefill
 
 from runtime.backends import load_model
 from runtime.backends.torch.causal_lm import TorchCausalLM
-from runtime.decoding import make_steps, run
-from runtime.decoding.events import GREEDY
 from runtime.errors import DuetError
 
 ATOL_HF = 2e-4  # logits (|x| up to ~10) vs transformers: a chunked vs token-by-token delta rule
@@ -95,13 +94,6 @@ def assert_states_close(cache, fresh, atol=ATOL_STATE):
             np.testing.assert_allclose(g, w, atol=atol, err_msg=f"layer {i}")
 
 
-def prefill(model, seq):
-    c = model.new_cache()
-    if seq:
-        model.forward(np.array([seq]), c)
-    return c
-
-
 @pytest.mark.parametrize("keep", [0, 1, 3, 5])
 def test_trim_lands_every_state_on_the_prefix(models, keep):
     check_trim_lands_on_the_prefix(models["target"], keep, ATOL_STATE)
@@ -168,17 +160,8 @@ def test_sd_with_kept_states_equals_sd_by_replay(models, monkeypatch):
     for fresh in (lambda c: c, pure_replay):
         tc, dc = fresh(target.new_cache()), fresh(draft.new_cache())
         replayed.clear()
-        steps = make_steps(
-            "sd",
-            target,
-            draft,
-            PROMPT,
-            max_new=30,
-            sampling=GREEDY,
-            seed=0,
-            gamma=4,
-            target_cache=tc,
-            draft_cache=dc,
+        steps = greedy_steps(
+            "sd", target, draft, PROMPT, 30, gamma=4, target_cache=tc, draft_cache=dc
         )
         runs.append(
             [(ev.tokens, [t.clone() for s in tc.states() + dc.states() for t in s]) for ev in steps]
@@ -219,10 +202,7 @@ def hf_greedy(path, n):
 
 
 def generate(method, target, draft=None, **opts):
-    steps = make_steps(
-        method, target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0, **opts
-    )
-    return run(steps, max_new=N_NEW).tokens
+    return greedy_run(method, target, draft, PROMPT, N_NEW, **opts).tokens
 
 
 @pytest.mark.parametrize("draft", ["hybrid_draft", "attn_draft", "near_draft"])
@@ -240,17 +220,8 @@ def test_states_equal_a_fresh_prefill_after_every_sd_step(models, rollback):
         target = TorchCausalLM(target.module, hybrid_rollback="redecode")
     tc, dc = target.new_cache(), draft.new_cache()
     seq = list(PROMPT)
-    steps = make_steps(
-        "sd",
-        target,
-        draft,
-        PROMPT,
-        max_new=N_NEW,
-        sampling=GREEDY,
-        seed=0,
-        gamma=4,
-        target_cache=tc,
-        draft_cache=dc,
+    steps = greedy_steps(
+        "sd", target, draft, PROMPT, N_NEW, gamma=4, target_cache=tc, draft_cache=dc
     )
     accepted = set()
     for ev in steps:
@@ -301,9 +272,7 @@ def rounds_of(target, draft, calls):
     target forward from layer 0, accepted, drafted)."""
     tc = target.new_cache()
     rounds = []
-    steps = make_steps(
-        "sd", target, draft, PROMPT, max_new=40, sampling=GREEDY, seed=0, gamma=4, target_cache=tc
-    )
+    steps = greedy_steps("sd", target, draft, PROMPT, 40, gamma=4, target_cache=tc)
     for ev in steps:
         rounds.append((list(calls), ev.accepted, ev.drafted))
         calls.clear()
@@ -369,17 +338,8 @@ def check_mirror_lands_states(models, exit_layer: int, want: list[int], atol_sta
     target, draft = models["target"], models["attn_draft"]
     tc = target.new_cache()
     seq = list(PROMPT)
-    steps = make_steps(
-        "mirror",
-        target,
-        draft,
-        PROMPT,
-        max_new=N_NEW,
-        sampling=GREEDY,
-        seed=0,
-        gamma=3,
-        exit_layer=exit_layer,
-        target_cache=tc,
+    steps = greedy_steps(
+        "mirror", target, draft, PROMPT, N_NEW, gamma=3, exit_layer=exit_layer, target_cache=tc
     )
     for ev in steps:
         seq += ev.tokens

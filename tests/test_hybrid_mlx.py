@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from decode_helpers import greedy_steps, prefill
 from test_hybrid import (
     N_NEW,
     PROMPT,
@@ -18,13 +19,10 @@ from test_hybrid import (
     generate,
     hf_greedy,
     near_copy,
-    prefill,
 )
 from test_hybrid import assert_states_close as check_states_close
 
 from runtime.backends import load_model
-from runtime.decoding import make_steps
-from runtime.decoding.events import GREEDY
 from runtime.errors import DuetError
 
 ATOL_HF = 2e-4  # logits (|x| up to ~10) vs transformers / the torch reference (fp32, other sums)
@@ -114,17 +112,7 @@ def test_states_equal_a_fresh_prefill_after_every_sd_step(models, rollback):
     target = MLXQwen3_5LM(target.model, target.config, hybrid_rollback=rollback)
     tc = target.new_cache()
     seq = list(PROMPT)
-    steps = make_steps(
-        "sd",
-        target,
-        draft,
-        PROMPT,
-        max_new=N_NEW,
-        sampling=GREEDY,
-        seed=0,
-        gamma=4,
-        target_cache=tc,
-    )
+    steps = greedy_steps("sd", target, draft, PROMPT, N_NEW, gamma=4, target_cache=tc)
     accepted, out = set(), []
     for ev in steps:
         seq += ev.tokens

@@ -3,10 +3,9 @@ lossless on a random checkpoint with `mtp.*` weights, refused in one line withou
 
 import numpy as np
 import pytest
+from decode_helpers import ar_greedy, greedy_run
 
 from runtime.backends import load_model
-from runtime.decoding import make_steps, run
-from runtime.decoding.events import GREEDY
 from runtime.drafts.mtp.torch import MTPDraft
 from runtime.errors import DuetError
 
@@ -22,25 +21,11 @@ def target_dir(tiny_dir):
 
 def test_sd_with_the_mtp_head_equals_ar(target_dir):
     target = load_model(target_dir, "torch", threads=1)
-    ar = run(
-        make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-        max_new=N_NEW,
-    ).tokens
+    ar = ar_greedy(target, PROMPT, N_NEW)
     draft = MTPDraft.load(target, target_dir)
     tc, dc = target.new_cache(), draft.new_cache()
-    steps = make_steps(
-        "sd",
-        target,
-        draft,
-        PROMPT,
-        max_new=N_NEW,
-        sampling=GREEDY,
-        seed=0,
-        gamma=3,
-        target_cache=tc,
-        draft_cache=dc,
-    )
-    assert run(steps, max_new=N_NEW).tokens == ar
+    got = greedy_run("sd", target, draft, PROMPT, N_NEW, gamma=3, target_cache=tc, draft_cache=dc)
+    assert got.tokens == ar
     # every head entry the target has verified was (re)computed from the target's hidden state
     n = min(tc.offset, len(dc.exact))
     assert n > len(PROMPT) and all(dc.exact[:n])
@@ -101,18 +86,14 @@ def test_sd_drafts_the_first_window_from_the_target_hidden_states(target_dir):
     """sd feeds the target the prompt before the head's first window, so no window is drafted
     from zero hidden states (a blind window, almost all rejected); output still equals ar."""
     target = load_model(target_dir, "torch", threads=1)
-    ar = run(
-        make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-        max_new=N_NEW,
-    ).tokens
+    ar = ar_greedy(target, PROMPT, N_NEW)
     draft = MTPDraft.load(target, target_dir)
 
     def blind(n):
         raise AssertionError(f"the head drafted {n} entries without the target's hidden state")
 
     draft.step.zeros = blind
-    steps = make_steps("sd", target, draft, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0, gamma=3)
-    assert run(steps, max_new=N_NEW).tokens == ar
+    assert greedy_run("sd", target, draft, PROMPT, N_NEW, gamma=3).tokens == ar
 
 
 def test_generates_default_auto_takes_draft_mtp_and_stays_lossless(target_dir, capsys):
@@ -153,25 +134,10 @@ def test_the_mtp_head_beside_the_onnx_target_is_lossless(embedded_copy, step):
     from runtime.backends.onnx.target import OnnxTargetLM
 
     target = OnnxTargetLM(embedded_copy, "int4", intra_threads=1)
-    ar = run(
-        make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-        max_new=N_NEW,
-    ).tokens
+    ar = ar_greedy(target, PROMPT, N_NEW)
     draft = MTPDraft.load(target, embedded_copy, backend=step)
     tc, dc = target.new_cache(), draft.new_cache()
-    steps = make_steps(
-        "sd",
-        target,
-        draft,
-        PROMPT,
-        max_new=N_NEW,
-        sampling=GREEDY,
-        seed=0,
-        gamma=3,
-        target_cache=tc,
-        draft_cache=dc,
-    )
-    got = run(steps, max_new=N_NEW)
+    got = greedy_run("sd", target, draft, PROMPT, N_NEW, gamma=3, target_cache=tc, draft_cache=dc)
     assert got.tokens == ar
     assert tc.hidden_ids[: len(PROMPT)] == PROMPT and got.stats.as_dict()["mean_accepted"] > 1.0
 
