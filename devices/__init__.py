@@ -10,10 +10,13 @@ links.py          named link conditions 5g / 4g / wifi-weak and block fading
 fit.py            least squares with R²
 calibrate.py      measure this machine with the real backends
 method_choice.py  `--method auto`: ar / sd / mirror tokens/s from stage times, the fastest
-pair_probe.py     `--method auto` on the pair at hand: measure, then choose (and the trials)
+pair_probe.py     `--method auto` on the pair at hand: measure, then choose
+pair_trials.py    auto's trial runs: sd and mirror once each, their rates correct the laws
 pair_stages.py    the stage times and contention auto needs, measured on the pair
+pair_passes.py    the passes pair_stages.py times, built as their methods run them
 pair_laws.py      the acceptance laws auto predicts with: α, τ per γ, Ω̂
 probe_memo.py     what the probe measured in this process (probe_store.py keeps it)
+probe_export.py   probe_memo's tables as JSON entries and back, for probe_store.py
 emulation.py      Emulator: pad real stages to a profile's predicted times
 emulated_model.py wrap a loaded model so every pass runs inside an emulated stage
 __main__.py       python -m devices list | show | calibrate | latency

@@ -143,7 +143,7 @@ def _kept_figures(pair: Pair, corrections, refresh: bool):
     """(the pair's ProbeStore or None, keep()): what earlier processes measured on this pair and
     machine (devices/probe_store.py) restored into the probe's memo and `corrections`; keep()
     saves them back."""
-    from devices.pair_probe import export_state, restore_state
+    from devices.probe_export import export_state, restore_state
     from devices.probe_store import ProbeStore
 
     store = ProbeStore.for_pair(pair.target, pair.draft, refresh=refresh)

@@ -324,23 +324,22 @@ def test_tau_pools_every_observed_run_and_reads_a_short_window_as_censored(monke
     they leave the tail P(A ≥ 8 | A ≥ 3) to the runs that could show it, while raising τ(3);
     and a tail seen on few steps is shrunk toward the pooled acceptance, not a wall."""
     import devices.pair_laws as laws
-    import devices.pair_probe as pp
 
     def reach(r, k):  # P(A ≥ k) = τ(k) - τ(k - 1)
         t = r.taus([k - 1, k])
         return t[k] - t[k - 1]
 
     monkeypatch.setattr(laws, "HAZARD_PRIOR", 0.0)  # the plain product-limit estimate
-    base, pooled = pp.RunLengths(), pp.RunLengths()
+    base, pooled = laws.RunLengths(), laws.RunLengths()
     for r in (base, pooled):
         r.add([8, 5, 2, 6, 0], 8)
     pooled.add([3] * 50, 3)  # every γ-3 step accepted its whole window
     assert pooled.taus([3])[3] > base.taus([3])[3]  # more evidence for the first three
     assert reach(pooled, 8) / reach(pooled, 3) == pytest.approx(reach(base, 8) / reach(base, 3))
-    naive = pp.RunLengths()  # the same steps read as if A = 3 were final at γ 8: a lower tail
+    naive = laws.RunLengths()  # the same steps read as if A = 3 were final at γ 8: a lower tail
     naive.add([8, 5, 2, 6, 0] + [3] * 50, 8)
     assert reach(naive, 8) / reach(naive, 3) < reach(base, 8) / reach(base, 3)
-    wall = pp.RunLengths()
+    wall = laws.RunLengths()
     wall.add([5] * 3 + [1] * 30, 8)  # A never above 5, on a handful of steps
     flat = wall.taus([5, 6, 8])  # still without the prior: the plain law is a wall after 5
     assert flat[8] == pytest.approx(flat[5]) and flat[6] == pytest.approx(flat[5])
@@ -553,7 +552,7 @@ def test_the_probes_trial_runs_correct_the_first_choice(monkeypatch):
 
 def test_a_trial_run_measures_tokens_per_second_after_its_first_steps(tiny_dir, monkeypatch):
     import devices.pair_laws as laws
-    import devices.pair_probe as pp
+    import devices.pair_trials as trials
     import devices.probe_memo as memo
     from runtime.backends import load_model
     from runtime.decoding import Sampling
@@ -561,14 +560,15 @@ def test_a_trial_run_measures_tokens_per_second_after_its_first_steps(tiny_dir, 
     monkeypatch.setattr(memo, "CACHE", {})
     target = load_model(tiny_dir("llama"), "torch")
     draft = load_model(tiny_dir("llama", num_layers=1, seed=4), "onnx", intra_threads=1)
-    rate = pp.trial_rate("sd", target, draft, [3, 14, 15, 92], gamma=3, sampling=Sampling(0.0))
+    rate = trials.trial_rate("sd", target, draft, [3, 14, 15, 92], gamma=3, sampling=Sampling(0.0))
     assert rate is not None and rate > 0
     assert laws.run_lengths(target, draft, Sampling(0.0)).risk[0] > 0  # its steps joined τ(γ)
     # and the tokens per step of its timed steps (Corrections compares step rates)
-    assert 1.0 <= pp.trial_tokens_per_step("sd", target, draft, 3, Sampling(0.0)) <= 4.0
-    monkeypatch.setattr(pp, "TRIAL_TOKENS", 2)  # ends within the steps it leaves out
+    assert 1.0 <= trials.trial_tokens_per_step("sd", target, draft, 3, Sampling(0.0)) <= 4.0
+    monkeypatch.setattr(trials, "TRIAL_TOKENS", 2)  # ends within the steps it leaves out
     assert (
-        pp.trial_rate("sd", target, draft, [3, 14, 15, 92], gamma=2, sampling=Sampling(0.0)) is None
+        trials.trial_rate("sd", target, draft, [3, 14, 15, 92], gamma=2, sampling=Sampling(0.0))
+        is None
     )
 
 

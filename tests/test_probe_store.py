@@ -12,8 +12,10 @@ import pytest
 import devices.pair_laws as laws
 import devices.pair_probe as pp
 import devices.pair_stages as stages
+import devices.pair_trials as trials
 import devices.probe_memo as memo
 import runtime.decoding
+from devices.probe_export import export_state, restore_state
 from devices.probe_store import MAX_AGE_DAYS, STORE_VERSION, ProbeStore
 from runtime.backends import load_model
 from runtime.decoding import Sampling
@@ -23,7 +25,7 @@ PROBES = (
     (stages, "_medians"),
     (stages, "_slowdown"),
     (stages, "_slowdown_process"),
-    (pp, "trial_rate"),
+    (trials, "trial_rate"),
 )
 
 
@@ -38,7 +40,7 @@ def pair(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(memo, "CACHE", {})
     monkeypatch.setattr(memo, "ALPHA", {})
     # shorter trial and τ-seed runs: what is kept matters here, not how well it is measured
-    monkeypatch.setattr(pp, "TRIAL_TOKENS", 8)
+    monkeypatch.setattr(trials, "TRIAL_TOKENS", 8)
     monkeypatch.setattr(laws, "JOINT_RUN_TOKENS", 16)
     return t, d
 
@@ -152,7 +154,7 @@ def test_export_and_restore_are_inverse_for_one_pair_and_leave_other_pairs_out()
         pass
 
     t, d, other = M(), M(), M()
-    runs = pp.RunLengths()
+    runs = laws.RunLengths()
     runs.add([3, 1, 0], 4)
     saved = dict(memo.CACHE)
     try:
@@ -167,10 +169,10 @@ def test_export_and_restore_are_inverse_for_one_pair_and_leave_other_pairs_out()
         memo.CACHE[("runs", id(t), id(d), 0.0, 1.0, 0)] = runs
         memo.CACHE[("trial", "sd", id(t), id(other), 4, 0.0, 1.0, 0)] = 99.0  # another draft's
         memo.CACHE[("branches", id(t), id(d), 8, 2, 1.0, 1.0, 0)] = [40, 30, 20]  # mirror's hits
-        entries = json.loads(json.dumps(pp.export_state(t, d)))
+        entries = json.loads(json.dumps(export_state(t, d)))
         assert len(entries) == 4
         t2, d2 = M(), M()
-        assert pp.restore_state(t2, d2, entries, note="file (measured today)") == 4
+        assert restore_state(t2, d2, entries, note="file (measured today)") == 4
         assert pp.branch_pool(t2, d2, Sampling(1.0), 8, 2) == [40, 30, 20]
         back = memo.CACHE[(id(t2), id(d2), 4, 16, False, True, 8, 2, None)]
         assert back == {"target_token": 0.01, "source": "measured, kept from file (measured today)"}
