@@ -55,28 +55,13 @@ def edge_steps(
     the next row would push its body bits over B, or until K (k, else k_max: the budget and not
     the K* controller sets the batch length) or max_new; rounds then carry `body_bits`.
     """
-    if k is not None and k < 0:
-        raise DuetError(f"--k must be >= 0 (got {k})")
-    if k_max < 1:
-        raise DuetError(f"--k-max must be >= 1 (got {k_max})")
+    check_k(k, k_max)
     opts = dict(codec=codec, codec_params=codec_params, skip=skip, bit_budget=bit_budget)
     lk = open_link(draft, conn, sampling, seed, controller=controller, **opts)
-    edge_seed, cloud_seed = np.random.SeedSequence(seed).spawn(2)  # independent streams: the
-    rng = np.random.default_rng(edge_seed)  # draft's draws must not reuse the server's uniforms
     seq = list(seq)
     dc = draft_cache if draft_cache is not None else draft.new_cache()
-    ctx = min(conn.welcome.max_context, draft.config.max_context)
-    # a static-shape draft (runtime/backends/onnx/static_host.py) holds `context` slots; past
-    # them the rounds send K = 0 and the cloud decodes alone
-    draft_ctx = getattr(draft, "context", ctx)
-    lk.prime()
-    conn.open(
-        seq,
-        sampling.temp,
-        sampling.top_p,
-        sampling.top_k,
-        int(cloud_seed.generate_state(1, np.uint64)[0]),
-    )
+    rng = open_session(lk, conn, seq, sampling, seed)
+    room = _room(draft, conn)
     produced = 0
     held: list[int] = []  # skipped drafts committed here, not yet sent (they lead the next body)
     try:
@@ -84,11 +69,7 @@ def edge_steps(
             g = max(
                 0,
                 min(
-                    lk.want(k, k_max),
-                    max_new - produced - 1,
-                    ctx - len(seq) - 1,
-                    draft_ctx - len(seq),
-                    MAX_ROWS - len(held),
+                    lk.want(k, k_max), max_new - produced - 1, room - len(seq), MAX_ROWS - len(held)
                 ),
             )
             flags: list[tuple[float, bool, float]] = []  # per draft: u, skipped, x_d = q̂(d)
@@ -123,6 +104,34 @@ def edge_steps(
             conn.close_session()
         except CloudError:
             pass
+
+
+def check_k(k: int | None, k_max: int) -> None:
+    """A DuetError unless K (fixed; None: the controller's) is >= 0 and its cap k_max >= 1."""
+    if k is not None and k < 0:
+        raise DuetError(f"--k must be >= 0 (got {k})")
+    if k_max < 1:
+        raise DuetError(f"--k-max must be >= 1 (got {k_max})")
+
+
+def open_session(lk: EdgeLink, conn: Connection, seq: list[int], sampling: Sampling, seed: int):
+    """Prime the link and open the verifier's session on the prompt `seq`; returns the edge's
+    generator. The seed gives two independent streams: the draft's draws must not reuse the
+    server's uniforms."""
+    edge_seed, cloud_seed = np.random.SeedSequence(seed).spawn(2)
+    lk.prime()
+    cloud = int(cloud_seed.generate_state(1, np.uint64)[0])
+    conn.open(seq, sampling.temp, sampling.top_p, sampling.top_k, cloud)
+    return np.random.default_rng(edge_seed)
+
+
+def _room(draft, conn: Connection) -> int:
+    """The committed length a round's window may reach: one short of the pair's context (the
+    correction token), and no further than a static-shape draft's `context` slots
+    (runtime/backends/onnx/static_host.py; past them rounds send K = 0 and the cloud decodes
+    alone)."""
+    ctx = min(conn.welcome.max_context, draft.config.max_context)
+    return min(ctx - 1, getattr(draft, "context", ctx))
 
 
 def open_link(
