@@ -19,8 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 
-from apps.bench.edge_run import one_run, skip_totals
+from apps.bench.edge_run import run_on_link, skip_totals
 from runtime.cli_args import add_pair_args, load_pair_from_args
 from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError
@@ -126,9 +127,6 @@ def verifier(a: argparse.Namespace, pair):
 
 def bench(a: argparse.Namespace) -> dict:
     from apps.bench.prompt_set import load_prompts
-    from devices.links import emulator
-    from runtime.decoding import Sampling
-    from runtime.edge.client import Connection
 
     links, temps, params, skips = check_args(a)
     pair = load_pair_from_args(a, need_draft=True)
@@ -136,13 +134,13 @@ def bench(a: argparse.Namespace) -> dict:
         raise DuetError("the benchmark needs a tokenizer.json beside the target")
     recs = load_prompts(a.prompts, limit=a.limit)
     prompts = [pair.tokenizer.encode(r["turns"][0]) for r in recs]
-    eos = pair.target.config.eos_token_ids
     methods = (
         [("cloud-only", 0, 1)]
         + [(f"k{k}", k, 1) for k in FIXED_K]
         + [("adaptive", None, 1), ("adaptive-k0", None, 0)]
     )
     local, host, port, token = verifier(a, pair)
+    on_link = partial(run_on_link, a, pair, (host, port, token))
     runs = []
     try:
         if a.codecs:
@@ -156,30 +154,9 @@ def bench(a: argparse.Namespace) -> dict:
                 for i, prompt in enumerate(prompts):
                     order = methods[i % len(methods) :] + methods[: i % len(methods)]  # rotate
                     for name, k, k_min in order:
-
-                        def factory(link=link, i=i):
-                            return Connection(
-                                host,
-                                port,
-                                token,
-                                link=emulator(link, a.link_seed + i, a.link_clock == "virtual"),
-                            )
-
-                        toks, wall, edge = one_run(
-                            factory,
-                            pair.draft,
-                            prompt,
-                            a.max_tokens,
-                            Sampling(temp, a.top_p),
-                            a.seed + i,
-                            k,
-                            eos,
-                            a.codec,
-                            params,
-                            skips.get(temp),
-                            pair.target,
-                            k_min=k_min,
-                        )
+                        opts = {"k": k, "k_min": k_min, "codec": a.codec, "params": params}
+                        opts["skip"] = skips.get(temp)
+                        toks, wall, edge = on_link(link, i, prompt, temp, **opts)
                         acc = sum(edge["accepted"]) / max(1, sum(edge["k"]))
                         runs.append(
                             {

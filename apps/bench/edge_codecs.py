@@ -24,6 +24,7 @@ would push its body over B bits, capped by --k else --k-max, instead of adaptive
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 from runtime.errors import DuetError
 
@@ -36,56 +37,15 @@ EDGE_KEYS = ("total_draft_s", "total_uplink_s", "total_cloud_s", "total_downlink
 SKIP = "cu-hlm+skip"  # --skip: cu-hlm with CU-HLM's LOSSY skipping (runtime/edge/skip.py)
 
 
-def one_run(
-    factory,
-    draft,
-    prompt,
-    n,
-    sampling,
-    seed,
-    codec,
-    params,
-    eos,
-    skip=None,
-    target=None,
-    k=None,
-    k_max=8,
-    bit_budget=None,
-):
-    """(tokens, wall seconds, edge summary) of one flexspec run with `codec`: adaptive K*, a
-    fixed K (`k`: `--k` with `--codecs`, e.g. to compare acceptance at equal K), or with
-    `bit_budget` SQS §4's budget-set round length capped by k (else k_max)."""
-    from apps.bench.edge_run import one_run as edge_run
-
-    return edge_run(
-        factory,
-        draft,
-        prompt,
-        n,
-        sampling,
-        seed,
-        k,
-        eos,
-        codec,
-        params,
-        skip,
-        target,
-        k_max,
-        bit_budget,
-    )
-
-
 def run_codecs(a, pair, prompts, host, port, token, links, temps) -> list[dict]:
     """Every (T, link, prompt, codec) run as a record."""
-    from devices.links import emulator
-    from runtime.decoding import Sampling
+    from apps.bench.edge_run import run_on_link
     from runtime.edge.cli_args import CODEC_FLAGS
-    from runtime.edge.client import Connection
     from runtime.edge.skip import skip_rule
 
     codecs = a.codecs.split(",") + ([SKIP] if a.skip else [])
     budget = getattr(a, "bit_budget", None)  # checked by apps.bench.edge.bench
-    eos = pair.target.config.eos_token_ids
+    on_link = partial(run_on_link, a, pair, (host, port, token))
     runs = []
     for temp in temps:
         todo = [c for c in codecs if temp > 0 or c in ("ids", "raw")]
@@ -100,30 +60,10 @@ def run_codecs(a, pair, prompts, host, port, token, links, temps) -> list[dict]:
                         if getattr(a, flag) is not None
                     }
 
-                    def factory(link=link, i=i):
-                        return Connection(
-                            host,
-                            port,
-                            token,
-                            link=emulator(link, a.link_seed + i, a.link_clock == "virtual"),
-                        )
-
-                    toks, wall, e = one_run(
-                        factory,
-                        pair.draft,
-                        prompt,
-                        a.max_tokens,
-                        Sampling(temp, a.top_p),
-                        a.seed + i,
-                        name.removesuffix("+skip"),
-                        params or None,
-                        eos,
-                        rule if name == SKIP else None,
-                        pair.target,
-                        a.k,
-                        a.k_max,
-                        budget,
-                    )
+                    opts = {"k": a.k, "k_max": a.k_max, "bit_budget": budget}
+                    opts |= {"codec": name.removesuffix("+skip"), "params": params or None}
+                    opts["skip"] = rule if name == SKIP else None
+                    toks, wall, e = on_link(link, i, prompt, temp, **opts)
                     drafted = sum(e["k"]) or 1
                     heads = VERIFY_HEAD * e["sent_rounds"]
                     mb = [b for b in e["model_bits"] if b is not None]

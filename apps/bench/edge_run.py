@@ -1,8 +1,8 @@
 """One flexspec generation for the edge benches, and the skip figures pooled over runs.
 
 apps/bench/edge.py (K against cloud-only) and apps/bench/edge_codecs.py (the uplink codecs)
-both run generations through `one_run`; `skip_totals` pools CU-HLM's skip rate and measured
-risk over them.
+both run generations through `one_run`, a prompt over a named link as the flags set it through
+`run_on_link`; `skip_totals` pools CU-HLM's skip rate and measured risk over them.
 """
 
 from __future__ import annotations
@@ -75,6 +75,27 @@ def one_run(
         betas = audit(target, list(prompt) + toks, pos, xs, sampling)
         summary["skip"] = skip_summary(events, skip, len(toks), betas)
     return toks, wall, summary
+
+
+def run_on_link(a, pair, server: tuple, link: str, i: int, prompt, temp: float, **kw):
+    """`one_run` of prompt `i` at temperature `temp` against the verifier at `server` (host,
+    port, token) over the emulated `link`, its fading seeded by prompt i (the same for every
+    method); the new tokens, top-p and seed as the flags `a` set them. `kw`: one_run's codec,
+    params, skip, k, k_min, k_max, bit_budget."""
+    from devices.links import emulator
+    from runtime.decoding import Sampling
+    from runtime.edge.client import Connection
+
+    host, port, token = server
+
+    def factory():
+        return Connection(
+            host, port, token, link=emulator(link, a.link_seed + i, a.link_clock == "virtual")
+        )
+
+    sampling = Sampling(temp, a.top_p)
+    kw |= {"eos": pair.target.config.eos_token_ids, "target": pair.target}
+    return one_run(factory, pair.draft, prompt, a.max_tokens, sampling, a.seed + i, **kw)
 
 
 def skip_totals(skips: list[dict]) -> dict:
