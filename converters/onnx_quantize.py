@@ -37,6 +37,15 @@ from runtime.errors import DuetError
 SCHEMES = ("int8", "int16")
 PROVIDERS = ("cpu", "qnn", "cuda")
 OP_TYPES = ["MatMul", "Gather"]
+# int16, or int8's provider -> (activation type, reduce_range, why); weights are QInt8 in all
+RECIPES = {
+    "int16": ("QUInt16", False,  # A16W8: 16-bit activations, 8-bit weights
+              "A16W8; no 8-bit integer kernel path, so no provider-specific range"),
+    "qnn": ("QUInt8", False, "full-range U8S8, the pairing QNN's HTP runs"),
+    "cuda": ("QInt8", False, "full-range S8S8 for int8 tensor-core kernels"),
+    "cpu": ("QUInt8", True, "7-bit weights: ORT's U8S8 kernel on x86-64 without VNNI sums u8*s8 "
+            "pairs in a saturating int16 (VPMADDUBSW); reduce-range cannot clip there"),
+}  # fmt: skip
 
 
 def recipe(scheme: str, provider: str = "cpu") -> dict:
@@ -48,42 +57,15 @@ def recipe(scheme: str, provider: str = "cpu") -> dict:
             f"unknown execution provider {provider!r} to quantize for; "
             f"choose from {', '.join(PROVIDERS)}"
         )
-    if scheme == "int16":  # A16W8: 16-bit activations, 8-bit weights
-        return {
-            "scheme": scheme,
-            "provider": provider,
-            "activation": "QUInt16",
-            "weight": "QInt8",
-            "reduce_range": False,
-            "why": "A16W8; no 8-bit integer kernel path, so no provider-specific range",
-        }
-    if provider == "qnn":
-        return {
-            "scheme": scheme,
-            "provider": provider,
-            "activation": "QUInt8",
-            "weight": "QInt8",
-            "reduce_range": False,
-            "why": "full-range U8S8, the pairing QNN's HTP runs",
-        }
-    if provider == "cuda":
-        return {
-            "scheme": scheme,
-            "provider": provider,
-            "activation": "QInt8",
-            "weight": "QInt8",
-            "reduce_range": False,
-            "why": "full-range S8S8 for int8 tensor-core kernels",
-        }
+    key = "int16" if scheme == "int16" else provider  # int16 is the same on every provider
+    activation, reduce_range, why = RECIPES[key]
     return {
         "scheme": scheme,
         "provider": provider,
-        "activation": "QUInt8",
+        "activation": activation,
         "weight": "QInt8",
-        "reduce_range": True,
-        "why": "7-bit weights: ORT's U8S8 kernel on x86-64 without VNNI sums u8*s8 pairs "
-        "in a saturating int16 (VPMADDUBSW); reduce-range cannot clip "
-        "there",
+        "reduce_range": reduce_range,
+        "why": why,
     }
 
 
