@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from runtime.testing.config_fields import config_fields
 from runtime.testing.random_tokenizer import byte_tokenizer
 
 ARCHS = ("llama", "qwen2", "qwen3")  # attention-only families; HYBRID_ARCHS below
@@ -43,25 +44,23 @@ def make_checkpoint(
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
+    shared = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_context=max_context,
+        eos_token_id=eos_token_id,
+        tie_word_embeddings=tie_word_embeddings,
+        initializer_range=initializer_range,
+    )
     if model_type in HYBRID_ARCHS:
         from runtime.testing.random_hybrid import make_hybrid_checkpoint
 
         return make_hybrid_checkpoint(
-            path,
-            model_type,
-            vocab_size=vocab_size,
-            hidden_size=hidden_size,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            intermediate_size=intermediate_size,
-            max_context=max_context,
-            eos_token_id=eos_token_id,
-            tie_word_embeddings=tie_word_embeddings,
-            initializer_range=initializer_range,
-            seed=seed,
-            tokenizer=tokenizer,
-            mtp=mtp,
+            path, model_type, seed=seed, tokenizer=tokenizer, mtp=mtp, **shared
         )
     if model_type in GEMMA_ARCHS:  # sliding_window and softcap are Gemma's alone
         from runtime.testing.random_gemma import make_gemma_checkpoint
@@ -69,37 +68,14 @@ def make_checkpoint(
         return make_gemma_checkpoint(
             path,
             model_type,
-            vocab_size=vocab_size,
-            hidden_size=hidden_size,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            intermediate_size=intermediate_size,
-            max_context=max_context,
-            eos_token_id=eos_token_id,
-            tie_word_embeddings=tie_word_embeddings,
-            initializer_range=initializer_range,
             seed=seed,
             tokenizer=tokenizer,
             sliding_window=sliding_window,
             softcap=softcap,
+            **shared,
         )
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[model_type]
-    kw = dict(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=max_context,
-        tie_word_embeddings=tie_word_embeddings,
-        initializer_range=initializer_range,
-        rms_norm_eps=1e-6,
-        eos_token_id=eos_token_id,
-        bos_token_id=None,
-        pad_token_id=None,
-    )
+    kw = config_fields(**shared)
     if model_type == "qwen3":
         kw["head_dim"] = hidden_size // num_heads
     cfg = cls(**kw)

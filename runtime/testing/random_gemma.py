@@ -15,35 +15,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from runtime.testing.config_fields import config_fields
+
 GEMMA_ARCHS = ("gemma3_text", "gemma3")
 
 
-def gemma_config(
-    *,
-    vocab_size,
-    hidden_size,
-    num_layers,
-    num_heads,
-    num_kv_heads,
-    intermediate_size,
-    max_context,
-    eos_token_id,
-    tie_word_embeddings,
-    initializer_range,
-    sliding_window=8,
-    softcap=None,
-):
-    """A small Gemma3TextConfig (see the module docstring); softcap sets both soft-caps."""
+def gemma_config(*, sliding_window=8, softcap=None, **shared):
+    """A small Gemma3TextConfig (see the module docstring); softcap sets both soft-caps;
+    `shared`: config_fields.config_fields's arguments."""
     from transformers import Gemma3TextConfig
 
-    head_dim = hidden_size // num_heads
+    head_dim = shared["hidden_size"] // shared["num_heads"]
+    num_layers = shared["num_layers"]
     return Gemma3TextConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
+        **config_fields(**shared),
         head_dim=head_dim,
         query_pre_attn_scalar=2 * head_dim,
         sliding_window=sliding_window,
@@ -56,13 +41,6 @@ def gemma_config(
         },
         final_logit_softcapping=softcap,
         attn_logit_softcapping=softcap,
-        max_position_embeddings=max_context,
-        tie_word_embeddings=tie_word_embeddings,
-        initializer_range=initializer_range,
-        rms_norm_eps=1e-6,
-        eos_token_id=eos_token_id,
-        bos_token_id=None,
-        pad_token_id=None,
     )
 
 

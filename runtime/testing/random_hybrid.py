@@ -12,32 +12,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from runtime.testing.config_fields import config_fields
 
-def hybrid_config(
-    *,
-    vocab_size,
-    hidden_size,
-    num_layers,
-    num_heads,
-    num_kv_heads,
-    intermediate_size,
-    max_context,
-    eos_token_id,
-    tie_word_embeddings,
-    initializer_range,
-):
+
+def hybrid_config(**shared):
     """A small Qwen3_5TextConfig: linear layers with 2 key / 4 value heads, full attention
-    every 2nd layer, partial RoPE over a quarter of each head."""
+    every 2nd layer, partial RoPE over a quarter of each head; `shared`:
+    config_fields.config_fields's arguments."""
     from transformers import Qwen3_5TextConfig
 
+    num_layers = shared["num_layers"]
     return Qwen3_5TextConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=hidden_size // num_heads,
+        **config_fields(**shared),
+        head_dim=shared["hidden_size"] // shared["num_heads"],
         linear_num_key_heads=2,
         linear_num_value_heads=4,
         linear_key_head_dim=16,
@@ -46,13 +33,6 @@ def hybrid_config(
         layer_types=[
             "linear_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)
         ],
-        max_position_embeddings=max_context,
-        tie_word_embeddings=tie_word_embeddings,
-        initializer_range=initializer_range,
-        rms_norm_eps=1e-6,
-        eos_token_id=eos_token_id,
-        bos_token_id=None,
-        pad_token_id=None,
     )
 
 
