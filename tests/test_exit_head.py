@@ -3,11 +3,11 @@ asking for one that was not trained is one clear error; fitting it lowers the KL
 
 import numpy as np
 import pytest
+from decode_helpers import ar_greedy, greedy_steps
 
 from apps.train.corpus import Corpus
 from apps.train.exit_head import fit
 from runtime.backends import load_model
-from runtime.decoding import Sampling, make_steps, run
 from runtime.errors import DuetError
 from runtime.mirror.exit_head import ExitHead, exit_head_path
 from runtime.tokenizer import Tokenizer
@@ -16,20 +16,8 @@ PROMPT = [11, 42, 7, 99, 5, 250]
 
 
 def mirror_events(target, draft, exit_head):
-    steps = make_steps(
-        "mirror",
-        target,
-        draft,
-        PROMPT,
-        max_new=30,
-        sampling=Sampling(),
-        seed=0,
-        gamma=3,
-        kappa=4,
-        exit_layer=2,
-        exit_head=exit_head,
-    )
-    evs = list(steps)
+    opts = dict(gamma=3, kappa=4, exit_layer=2, exit_head=exit_head)
+    evs = list(greedy_steps("mirror", target, draft, PROMPT, 30, **opts))
     return [t for e in evs for t in e.tokens][:30], evs
 
 
@@ -42,9 +30,7 @@ def test_tuned_exit_head_changes_the_proposal_never_the_output(tiny_dir, backend
     ExitHead(w, 0.1 * rng.standard_normal(d).astype(np.float32)).save(exit_head_path(tdir, 2))
     target = load_model(tdir, backend)
     draft = load_model(tiny_dir("qwen3", num_layers=1, seed=4), "onnx")
-    ref = run(
-        make_steps("ar", target, None, PROMPT, max_new=30, sampling=Sampling(), seed=0), max_new=30
-    ).tokens
+    ref = ar_greedy(target, PROMPT, 30)
     raw, raw_ev = mirror_events(target, draft, "raw")
     tuned, tuned_ev = mirror_events(target, draft, None)  # default: the stored one
     assert raw == tuned == ref

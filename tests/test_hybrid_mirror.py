@@ -2,24 +2,19 @@
 both kinds of state, greedy output equals `ar`, and the draft's states equal a fresh prefill
 of what it holds at every step and after every kind of window (reuse, resume, fallback)."""
 
-import time
-
 import numpy as np
 import pytest
-from test_hybrid import ATOL_STATE, PROMPT, near_copy, prefill
+from decode_helpers import ar_greedy, greedy_run, prefill
+from test_hybrid import ATOL_STATE, PROMPT, near_copy
 from test_mirror import Gate, Scripted, ee_with
 
 import runtime.decoding.mirror as mirror_mod
 from converters.onnx_hybrid_export import export_hybrid_onnx
-from kernels.topk_channel import encode
 from runtime.backends import load_model
 from runtime.backends.onnx import load_onnx_lm
 from runtime.backends.torch.causal_lm import TorchCausalLM
-from runtime.decoding import cannot_run, make_steps, run
-from runtime.decoding.events import GREEDY
+from runtime.decoding import cannot_run
 from runtime.mirror.draft_worker import DraftWorker
-from runtime.mirror.messages import EarlyExit, FinalVerify
-from runtime.mirror.timeline import now_ns
 
 N_NEW = 16
 
@@ -68,24 +63,11 @@ def test_greedy_mirror_with_a_hybrid_draft_equals_ar(models, draft, exit_layer, 
     target, d = models["target"], models[draft]
     monkeypatch.setattr(mirror_mod, "DraftWorker", CheckedWorker)
     CheckedWorker.errors = []
-    ar = run(
-        make_steps("ar", target, None, PROMPT, max_new=N_NEW, sampling=GREEDY, seed=0),
-        max_new=N_NEW,
-    ).tokens
+    ar = ar_greedy(target, PROMPT, N_NEW)
     dc = d.new_cache()
-    steps = make_steps(
-        "mirror",
-        target,
-        d,
-        PROMPT,
-        max_new=N_NEW,
-        sampling=GREEDY,
-        seed=0,
-        gamma=3,
-        exit_layer=exit_layer,
-        draft_cache=dc,
+    r = greedy_run(
+        "mirror", target, d, PROMPT, N_NEW, gamma=3, exit_layer=exit_layer, draft_cache=dc
     )
-    r = run(steps, max_new=N_NEW)
     assert r.tokens == ar
     # the worker reached at least every step whose window the target used (it may reach one
     # more before it is stopped: how far is timing, the states at each are not)
@@ -123,16 +105,7 @@ def test_fallback_lands_the_main_cache(hybrid_draft):
 
 def test_branch_cut_short_is_resumed_from_its_forked_states(hybrid_draft):
     sc = Scripted(Gate(hybrid_draft, at=2))
-    c = (sc.win.tokens[1] + 5) % 300
-    ids = ee_with(sc.win.tokens, {1: [c]})
-    logp = np.log(np.full(ids.shape, 0.2, np.float32))
-    sc.w.send(EarlyExit(0, encode(ids.astype(np.int32), logp), now_ns()))
-    assert sc.draft.entered.wait(10)
-    sc.w.send(FinalVerify(0, 1, c, now_ns()))
-    sc.draft.release.set()
-    nxt = sc.w.receive(1)
-    time.sleep(0.05)
-    sc.w.stop()
+    nxt, c = sc.cut_short(settle=0.05)
     assert nxt.source == "resume" and nxt.tokens == sc.fresh(1, c)
     assert state_err(hybrid_draft, sc.w.cache, sc.w.seq + nxt.tokens) <= ATOL_STATE
 
@@ -158,22 +131,9 @@ def test_process_worker_with_a_hybrid_onnx_draft_equals_ar(models, tiny_dir, tmp
     draft, target = load_model(tmp_path / "d.onnx", intra_threads=1), models["target"]
     try:
         for prompt in (PROMPT, PROMPT + [9, 8, 7]):
-            ar = run(
-                make_steps("ar", target, None, prompt, max_new=12, sampling=GREEDY, seed=0),
-                max_new=12,
-            ).tokens
-            steps = make_steps(
-                "mirror",
-                target,
-                draft,
-                prompt,
-                max_new=12,
-                sampling=GREEDY,
-                seed=0,
-                gamma=3,
-                draft_process=True,
-            )
-            assert run(steps, max_new=12).tokens == ar
+            ar = ar_greedy(target, prompt, 12)
+            got = greedy_run("mirror", target, draft, prompt, 12, gamma=3, draft_process=True)
+            assert got.tokens == ar
     finally:
         draft._duet_draft_host.close()
 
@@ -185,22 +145,8 @@ def test_mirror_with_a_hybrid_draft_on_a_prompt_longer_than_the_log(models):
     outside the log [64, ...]', first seen on the trained hybrid pair's chat prompts)."""
     target, d = models["target"], models["torch_near"]
     prompt = [int(t) for t in np.random.default_rng(62).integers(0, 320, 62)]
-    ar = run(
-        make_steps("ar", target, None, prompt, max_new=N_NEW, sampling=GREEDY, seed=0),
-        max_new=N_NEW,
-    ).tokens
+    ar = ar_greedy(target, prompt, N_NEW)
     dc = d.new_cache()
-    steps = make_steps(
-        "mirror",
-        target,
-        d,
-        prompt,
-        max_new=N_NEW,
-        sampling=GREEDY,
-        seed=0,
-        gamma=4,
-        exit_layer=1,
-        draft_cache=dc,
-    )
-    assert run(steps, max_new=N_NEW).tokens == ar
+    got = greedy_run("mirror", target, d, prompt, N_NEW, gamma=4, exit_layer=1, draft_cache=dc)
+    assert got.tokens == ar
     assert state_err(d, dc, prompt + ar) <= ATOL_STATE

@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 import pytest
+from decode_helpers import greedy_run, greedy_steps
 
 from kernels.topk_channel import encode
 from runtime.backends import load_model
@@ -36,9 +37,7 @@ def mirror(target, draft, n=30, timeline=None, **kw):
 
 
 def ar(target, n=30):
-    return run(
-        make_steps("ar", target, None, PROMPT, max_new=n, sampling=Sampling(), seed=0), max_new=n
-    )
+    return greedy_run("ar", target, None, PROMPT, n)
 
 
 def no_worker_threads(wait_s: float = 5.0) -> bool:
@@ -145,6 +144,22 @@ class Scripted:
         nxt = self.w.receive(1)
         self.w.stop()
         return nxt
+
+    def cut_short(self, settle=0.0):
+        """(A = 1, c) sent while a Gate draft holds the wave with c's branch at its second pass:
+        the worker's next window, and c (`settle` s are left to the worker before it stops)."""
+        c = (self.win.tokens[1] + 5) % 300
+        ids = ee_with(self.win.tokens, {1: [c]})
+        logp = np.log(np.full(ids.shape, 0.2, np.float32))
+        self.w.send(EarlyExit(0, encode(ids.astype(np.int32), logp), now_ns()))
+        assert self.draft.entered.wait(10)
+        self.w.send(FinalVerify(0, 1, c, now_ns()))
+        self.draft.release.set()
+        nxt = self.w.receive(1)
+        if settle:
+            time.sleep(settle)
+        self.w.stop()
+        return nxt, c
 
     def fresh(self, a, c):
         """What a fresh rollout from committed + d1..dA + c gives (greedy)."""
@@ -295,15 +310,7 @@ def test_branch_cut_short_is_resumed_where_it_stopped(tiny_dir):
     """(A, c) arrives during the second pass of the wave holding its branch: the worker
     continues that row for the remaining tokens instead of starting over."""
     sc = Scripted(Gate(load_model(tiny_dir("llama", num_layers=2, seed=11), "onnx"), at=2))
-    c = (sc.win.tokens[1] + 5) % 300
-    ids = ee_with(sc.win.tokens, {1: [c]})
-    logp = np.log(np.full(ids.shape, 0.2, np.float32))
-    sc.w.send(EarlyExit(0, encode(ids.astype(np.int32), logp), now_ns()))
-    assert sc.draft.entered.wait(10)
-    sc.w.send(FinalVerify(0, 1, c, now_ns()))
-    sc.draft.release.set()
-    nxt = sc.w.receive(1)
-    sc.w.stop()
+    nxt, c = sc.cut_short()
     assert nxt.source == "resume" and nxt.tokens == sc.fresh(1, c)
     assert "resume rollout" in [i.name for i in sc.tl.intervals if i.lane == "draft"]
 
@@ -331,20 +338,7 @@ def test_fallback_frequency_bounded_by_top_kappa_mass(tiny_dir):
     target = load_model(tiny_dir("qwen3"), "mlx")
     draft = load_model(tiny_dir("qwen3", num_layers=1, seed=4), "onnx")
     tl = Timeline()
-    steps = list(
-        make_steps(
-            "mirror",
-            target,
-            draft,
-            PROMPT,
-            max_new=60,
-            sampling=Sampling(),
-            seed=0,
-            gamma=3,
-            kappa=8,
-            timeline=tl,
-        )
-    )
+    steps = list(greedy_steps("mirror", target, draft, PROMPT, 60, gamma=3, kappa=8, timeline=tl))
     s = mirror_summary(steps, tl)
     assert s["ff"] <= 1 - s["omega_kappa"] + 1e-9  # App. E corollary, on a real run
     assert 0 <= s["reuse_rate"] <= 1 and s["reuse_rate"] + s["resume_rate"] + s[
@@ -393,9 +387,7 @@ def test_closing_early_stops_the_worker_and_rewinds(tiny_dir):
     target = load_model(tiny_dir("qwen3"), "mlx")
     draft = load_model(tiny_dir("qwen3", num_layers=1, seed=4), "onnx")
     tc = target.new_cache()
-    steps = make_steps(
-        "mirror", target, draft, PROMPT, max_new=50, sampling=Sampling(), seed=0, target_cache=tc
-    )
+    steps = greedy_steps("mirror", target, draft, PROMPT, 50, target_cache=tc)
     got = list(PROMPT)
     for _ in range(3):
         got += next(steps).tokens

@@ -4,10 +4,11 @@ takes fewer passes when the streams guess right, and greedy sd / mirror with it 
 
 import numpy as np
 import pytest
+from decode_helpers import ar_greedy, greedy_run
 
 from kernels.stream_mask import multi_stream_mask, stream_positions
 from runtime.backends import load_model
-from runtime.decoding import Sampling, make_steps, run
+from runtime.decoding import Sampling
 from runtime.decoding.sd import draft_window
 from runtime.drafts.ss.checkpoint import is_ss_dir
 from runtime.drafts.ss.torch import make_ss_checkpoint, reference_stream_logits
@@ -110,24 +111,10 @@ def test_greedy_sd_and_mirror_with_ss_draft_equal_ar(ss_dirs):
     td, _, ss = ss_dirs
     target, draft = load_model(td, "mlx"), load_model(ss, "torch")
     n = 20
-    ref = run(
-        make_steps("ar", target, None, PROMPT, max_new=n, sampling=Sampling(), seed=0), max_new=n
-    ).tokens
+    ref = ar_greedy(target, PROMPT, n)
     for method, gammas in (("sd", (1, 4)), ("mirror", (3,))):
         for gamma in gammas:
-            steps = make_steps(
-                method,
-                target,
-                draft,
-                PROMPT,
-                max_new=n,
-                sampling=Sampling(),
-                seed=0,
-                gamma=gamma,
-                kappa=3,
-                exit_layer=2,
-            )
-            r = run(steps, max_new=n)
+            r = greedy_run(method, target, draft, PROMPT, n, gamma=gamma, kappa=3, exit_layer=2)
             assert r.tokens == ref, (method, gamma)
             j = r.stats.as_dict()["per_step"]["draft_passes"]  # J per window, reported
             assert len(j) == r.stats.as_dict()["steps"] and all(0 <= x <= gamma for x in j)
@@ -145,9 +132,7 @@ def test_an_emulated_ss_draft_stays_one_and_its_passes_are_padded(ss_dirs):
     ed = emulate_draft(ep, draft)
     assert ed.ss_streams == STREAMS and ed.emu is not emu and ed.emu.records is emu.records
     n = 12
-    ref = run(
-        make_steps("ar", target, None, PROMPT, max_new=n, sampling=Sampling(), seed=0), max_new=n
-    ).tokens
+    ref = ar_greedy(target, PROMPT, n)
     ed.emu.sleep = lambda s: None
     passes, real = [], draft.forward_streams
 
@@ -157,9 +142,7 @@ def test_an_emulated_ss_draft_stays_one_and_its_passes_are_padded(ss_dirs):
         return real(t, c, first=first, **kw)
 
     draft.forward_streams = counted
-    r = run(
-        make_steps("sd", et, ed, PROMPT, max_new=n, sampling=Sampling(), seed=0, gamma=4), max_new=n
-    )
+    r = greedy_run("sd", et, ed, PROMPT, n, gamma=4)
     assert r.tokens == ref
     assert passes  # the SS windows ran stream passes through the wrapper
     # each was one padded draft stage counting its tokens: T main + STREAMS per owner position
@@ -283,22 +266,8 @@ def test_onnx_ss_draft_equals_torch_and_stays_lossless(ss_dirs):
     a = draft_window(o, o.new_cache(), PROMPT, 5, s, np.random.default_rng(2))[0]
     assert a == draft_window(t, t.new_cache(), PROMPT, 5, s, np.random.default_rng(2))[0]
     target = load_model(td, "mlx")
-    ref = run(
-        make_steps("ar", target, None, PROMPT, max_new=16, sampling=Sampling(), seed=0), max_new=16
-    ).tokens
-    steps = make_steps(
-        "mirror",
-        target,
-        o,
-        PROMPT,
-        max_new=16,
-        sampling=Sampling(),
-        seed=0,
-        gamma=3,
-        kappa=3,
-        exit_layer=2,
-    )
-    assert run(steps, max_new=16).tokens == ref
+    ref = ar_greedy(target, PROMPT, 16)
+    assert greedy_run("mirror", target, o, PROMPT, 16, gamma=3, kappa=3, exit_layer=2).tokens == ref
 
 
 def test_bench_rows_report_j():
@@ -350,23 +319,8 @@ def test_an_ss_draft_gets_its_kinds_wave_shape_and_rolls_out_its_own_branches(ss
     plain = load_model(dd, "torch")
     assert m.wave_shape(plain) == (DEFAULT_BRANCH_BATCH, m.DEFAULT_DRAFT_BRANCHES)
     n = 16
-    ref = run(
-        make_steps("ar", target, None, PROMPT, max_new=n, sampling=Sampling(), seed=0), max_new=n
-    ).tokens
+    ref = ar_greedy(target, PROMPT, n)
     tl = Timeline()
-    steps = make_steps(
-        "mirror",
-        target,
-        draft,
-        PROMPT,
-        max_new=n,
-        sampling=Sampling(),
-        seed=0,
-        gamma=3,
-        kappa=3,
-        exit_layer=2,
-        timeline=tl,
-        draft_process=False,
-    )
-    assert run(steps, max_new=n).tokens == ref
+    opts = dict(gamma=3, kappa=3, exit_layer=2, timeline=tl, draft_process=False)
+    assert greedy_run("mirror", target, draft, PROMPT, n, **opts).tokens == ref
     assert any(iv.name == "re-run own window" for iv in tl.intervals)
