@@ -43,16 +43,14 @@ class MirrorShape:
     draft_process: bool | None
     process: bool
 
+    def split(self) -> dict:
+        """Where and how mirror's verification pass splits: κ, ℓe and the exit head."""
+        return dict(kappa=self.kappa, exit_layer=self.exit_layer, exit_head=self.exit_head)
+
     def run_options(self) -> dict:
         """The options a mirror (or sd) trial runs with (pair_trials.trial_rate)."""
-        return dict(
-            kappa=self.kappa,
-            exit_layer=self.exit_layer,
-            branches=self.branches,
-            draft_process=self.draft_process,
-            draft_branches=self.own,
-            exit_head=self.exit_head,
-        )
+        rows = dict(branches=self.branches, draft_branches=self.own)
+        return dict(**self.split(), **rows, draft_process=self.draft_process)
 
 
 def mirror_shape(
@@ -79,17 +77,9 @@ def stages_at(target, draft, s: MirrorShape, *, gamma, sampling, mirror, profile
     """The stage times at γ: the profile's when one is given, else measured on the pair."""
     if profile is not None:
         return from_profile(profile, gamma=gamma, branches=s.branches)
+    rows = dict(branches=s.branches, process=s.process)
     return measure_stages(
-        target,
-        draft,
-        gamma=gamma,
-        branches=s.branches,
-        process=s.process,
-        sampling=sampling,
-        kappa=s.kappa,
-        exit_layer=s.exit_layer,
-        exit_head=s.exit_head,
-        mirror=mirror,
+        target, draft, gamma=gamma, sampling=sampling, mirror=mirror, **rows, **s.split()
     )
 
 
@@ -238,23 +228,16 @@ def _gamma_table(
     )
     if not gammas:
         return {gamma: t}
-    shape = dict(kappa=s.kappa, exit_layer=s.exit_layer, exit_head=s.exit_head, mirror=mirror)
-    return times_by_gamma(t, target, draft, gammas, taus, sampling=sampling, **shape)
+    return times_by_gamma(
+        t, target, draft, gammas, taus, sampling=sampling, mirror=mirror, **s.split()
+    )
 
 
 def _prompt_hits(target, draft, ids, s: MirrorShape, sampling, target_cache, draft_cache):
     """The prompt's own branch hits (prompt_hits), prefilling the caches given."""
+    caches = dict(target_cache=target_cache, draft_cache=draft_cache)
     return prompt_hits(
-        target,
-        draft,
-        ids,
-        sampling=sampling,
-        kappa=s.kappa,
-        exit_layer=s.exit_layer,
-        target_cache=target_cache,
-        draft_cache=draft_cache,
-        draft_branches=s.own,
-        exit_head=s.exit_head,
+        target, draft, ids, sampling=sampling, draft_branches=s.own, **caches, **s.split()
     )
 
 
