@@ -27,7 +27,7 @@ from runtime.errors import DuetError
 
 from .args import REQUIRED, add_loop_args, check_device, command_parser
 from .corpus import BatchSampler, load_corpus, token_stream
-from .loop import LoopConfig, make_optimizer, train_loop
+from .loop import budget_s, head_config, make_optimizer, train_resumable
 from .losses import distill_loss
 from .resume import RESUME_DIR, resume_from, save_state
 from .tokenizer import eos_id, load_tokenizer
@@ -152,17 +152,7 @@ def run(a: argparse.Namespace) -> dict:
     texts = corpus.texts("train", a.max_corpus_chars)
     ids = token_stream(texts, lambda ts: [e.ids for e in tok.encode_batch(ts)], eos)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = LoopConfig(
-        stage="anchor",
-        steps=a.steps,
-        lr=a.lr,
-        warmup=20,
-        weight_decay=0.0,
-        time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
-        ckpt_every=a.ckpt_every,
-        bf16=False,
-        device=a.device,
-    )
+    cfg = head_config("anchor", a, warmup=20, time_limit_s=budget_s(a), device=a.device)
     opt = make_optimizer(student, cfg)
     start = resume_from(
         out,
@@ -184,17 +174,7 @@ def run(a: argparse.Namespace) -> dict:
     step_fn = anchor_step(teacher, student, a.lambda_feat, a.lambda_kd, a.temperature)
     t0 = time.monotonic()
     sampler = BatchSampler(ids, a.batch_size, a.seq_len, a.seed + start)
-    summary = train_loop(
-        student,
-        step_fn,
-        sampler,
-        cfg,
-        out / "loss_log.jsonl",
-        checkpoint=save_resume,
-        optimizer=opt,
-        start_step=start,
-    )
-    save_resume(summary["steps"])
+    summary = train_resumable(student, step_fn, sampler, cfg, out, save_resume, opt, start)
     L = teacher.config.num_hidden_layers
     meta = {"anchor_layer": L - 1, "keep_first": a.keep_first,
             "kind": "ablation: first blocks kept" if a.keep_first else "eq. 4",

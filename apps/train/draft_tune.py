@@ -57,7 +57,7 @@ from .checkpoint import check_reload, load_model, save_model
 from .corpus import BatchSampler, corpus_from_split, load_corpus, token_stream
 from .draft_eval import evaluate_draft as evaluate
 from .layer_draft import parse_layers, target_layer_draft
-from .loop import LoopConfig, make_optimizer, train_loop
+from .loop import LoopConfig, budget_s, make_optimizer, train_loop
 from .steps import distill_step
 from .tokenizer import eos_id, load_tokenizer, save_tokenizer
 
@@ -282,7 +282,7 @@ def _train(a, draft, teacher, train, seq_len: int, bf16: bool, ddir: Path, out: 
         a.lr,
         min(a.warmup, steps),
         weight_decay=0.0,
-        time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
+        time_limit_s=budget_s(a),
         log_every=a.log_every,
         ckpt_every=a.ckpt_every,
         bf16=bf16,

@@ -46,7 +46,7 @@ from runtime.errors import DuetError
 
 from .args import add_loop_args, command_parser, positive
 from .eagle_plan import data_phase
-from .loop import LoopConfig, make_optimizer, train_loop
+from .loop import budget_s, head_config, make_optimizer, train_resumable
 from .mtp import chain_outputs
 from .resume import RESUME_DIR, load_state, save_state
 
@@ -304,7 +304,7 @@ def run(a: argparse.Namespace) -> dict:
         raise DuetError(f"--target {tdir}: not a checkpoint directory with a tokenizer.json")
     out = Path(a.out) if a.out else head_sidecar(tdir)
     out.mkdir(parents=True, exist_ok=True)
-    budget = a.time_budget_min * 60 if a.time_budget_min else None
+    budget = budget_s(a)
     data_s = (
         a.data_budget_min * 60
         if a.data_budget_min is not None
@@ -331,16 +331,7 @@ def run(a: argparse.Namespace) -> dict:
     left = (budget - (time.monotonic() - t0)) if budget else None
     if left is not None and left < 30:
         raise DuetError("the time budget is spent before training: raise --time-budget-min")
-    lc = LoopConfig(
-        stage="eagle",
-        steps=a.steps,
-        lr=a.lr,
-        warmup=min(20, a.steps),
-        weight_decay=0.0,
-        ckpt_every=a.ckpt_every,
-        bf16=False,
-        time_limit_s=left - 20 if left else None,
-    )
+    lc = head_config("eagle", a, warmup=min(20, a.steps), time_limit_s=left - 20 if left else None)
     opt = make_optimizer(head, lc)
     start = _resume(st, head, opt, vocab, out)
 
@@ -348,17 +339,9 @@ def run(a: argparse.Namespace) -> dict:
         state = {"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step}
         save_state(resume, {**state, "vocab_ids": vocab})
 
-    summary = train_loop(
-        head,
-        head_step(target, head, data, remap, a.unroll),
-        windows(data, train_seqs, a.batch_size, a.seq_len, a.seed + start),
-        lc,
-        out / "loss_log.jsonl",
-        checkpoint=save_resume,
-        optimizer=opt,
-        start_step=start,
-    )
-    save_resume(summary["steps"])
+    step_fn = head_step(target, head, data, remap, a.unroll)
+    batches = windows(data, train_seqs, a.batch_size, a.seq_len, a.seed + start)
+    summary = train_resumable(head, step_fn, batches, lc, out, save_resume, opt, start)
     ans = sum(
         int(data["starts"][s + 1] - data["starts"][s] - data["prompt_lens"][s])
         for s in range(n_seq)

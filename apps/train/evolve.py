@@ -29,7 +29,7 @@ from .checkpoint import load_model, save_model
 from .corpus import BatchSampler, eval_windows, token_stream
 from .domains import DOMAINS, load_domain
 from .evaluate import heldout_loss
-from .loop import LoopConfig, make_optimizer, train_loop
+from .loop import LoopConfig, budget_s, make_optimizer, train_resumable
 from .losses import next_token_loss
 from .resume import RESUME_DIR, resume_from, save_state
 from .tokenizer import eos_id, load_tokenizer
@@ -122,7 +122,7 @@ def run(a: argparse.Namespace) -> dict:
         lr=a.lr or (1e-3 if a.full else 5e-3),
         warmup=a.warmup,
         weight_decay=0.0 if not a.full else 0.1,
-        time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
+        time_limit_s=budget_s(a),
         ckpt_every=a.ckpt_every,
         bf16=False,
     )
@@ -137,17 +137,8 @@ def run(a: argparse.Namespace) -> dict:
 
     sampler = BatchSampler(train_ids, a.batch_size, a.seq_len, a.seed + start)
     t0 = time.monotonic()
-    summary = train_loop(
-        model,
-        lambda x, y: (next_token_loss(model(input_ids=x).logits, y), {}),
-        sampler,
-        cfg,
-        out / "loss_log.jsonl",
-        checkpoint=save_resume,
-        optimizer=opt,
-        start_step=start,
-    )
-    save_resume(summary["steps"])
+    step_fn = lambda x, y: (next_token_loss(model(input_ids=x).logits, y), {})  # noqa: E731
+    summary = train_resumable(model, step_fn, sampler, cfg, out, save_resume, opt, start)
     with torch.no_grad():
         loss_after = heldout_loss(model, windows)
     _save(model, out, base, eos, a.full)

@@ -38,6 +38,30 @@ class LoopConfig:
     device: str = "cpu"  # where the model is: each batch is moved there, autocast is that device's
 
 
+def head_config(
+    stage: str, a, *, warmup: int, time_limit_s: float | None, device: str = "cpu"
+) -> LoopConfig:
+    """The loop of a small part (a head, a draft's streams or anchor layers) trained beside a
+    frozen model from the command's loop flags (a.steps, a.lr, a.ckpt_every): no weight decay,
+    float32 (CPUs without bf16 units emulate it ~15x slower)."""
+    return LoopConfig(
+        stage=stage,
+        steps=a.steps,
+        lr=a.lr,
+        warmup=warmup,
+        weight_decay=0.0,
+        time_limit_s=time_limit_s,
+        ckpt_every=a.ckpt_every,
+        bf16=False,
+        device=device,
+    )
+
+
+def budget_s(a) -> float | None:
+    """--time-budget-min in seconds (None: no cap)."""
+    return a.time_budget_min * 60 if a.time_budget_min else None
+
+
 def lr_at(progress: float, step: int, cfg: LoopConfig) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
@@ -191,3 +215,30 @@ def train_loop(
         "final_loss_ema": ema,
         "time_capped": time_capped,
     }
+
+
+def train_resumable(
+    model: torch.nn.Module,
+    step_fn: StepFn,
+    batches: Iterator,
+    cfg: LoopConfig,
+    out: Path,
+    save: Callable[[int], None],
+    optimizer: torch.optim.Optimizer,
+    start_step: int,
+) -> dict:
+    """train_loop for a command that resumes from OUT (apps/train/resume.py): the log goes to
+    OUT/loss_log.jsonl, `save(step)` writes the resume state at each checkpoint and once more
+    at the end. Returns the loop's summary."""
+    summary = train_loop(
+        model,
+        step_fn,
+        batches,
+        cfg,
+        out / "loss_log.jsonl",
+        checkpoint=save,
+        optimizer=optimizer,
+        start_step=start_step,
+    )
+    save(summary["steps"])
+    return summary

@@ -36,7 +36,7 @@ from runtime.errors import DuetError
 
 from .args import add_loop_args, command_parser, positive
 from .corpus import BatchSampler, eval_windows, load_corpus, token_stream
-from .loop import LoopConfig, make_optimizer, train_loop
+from .loop import budget_s, head_config, make_optimizer, train_resumable
 from .losses import distill_loss
 from .resume import RESUME_DIR, resume_from, save_state
 from .tokenizer import eos_id, load_tokenizer
@@ -217,17 +217,7 @@ def run(a: argparse.Namespace) -> dict:
     held = token_stream(corpus.texts("heldout", 4 * a.eval_tokens), encode, eos_id(tok, tdir))
     out = Path(a.out) if a.out else mtp_sidecar(tdir)
     out.mkdir(parents=True, exist_ok=True)
-    limit = a.time_budget_min * 60 if a.time_budget_min else None
-    cfg = LoopConfig(
-        stage="mtp",
-        steps=a.steps,
-        lr=a.lr,
-        warmup=min(20, a.steps),
-        weight_decay=0.0,
-        ckpt_every=a.ckpt_every,
-        bf16=False,
-        time_limit_s=limit,
-    )
+    cfg = head_config("mtp", a, warmup=min(20, a.steps), time_limit_s=budget_s(a))
     opt = make_optimizer(head, cfg)
     start = resume_from(out, a.fresh, opt, lambda st: head.load_state_dict(st["head"]))
 
@@ -237,17 +227,8 @@ def run(a: argparse.Namespace) -> dict:
 
     t0 = time.monotonic()
     sampler = BatchSampler(ids, a.batch_size, a.seq_len, a.seed + start)
-    summary = train_loop(
-        head,
-        mtp_step(target, head, a.unroll, a.tv_weight),
-        sampler,
-        cfg,
-        out / "loss_log.jsonl",
-        checkpoint=save_resume,
-        optimizer=opt,
-        start_step=start,
-    )
-    save_resume(summary["steps"])
+    step_fn = mtp_step(target, head, a.unroll, a.tv_weight)
+    summary = train_resumable(head, step_fn, sampler, cfg, out, save_resume, opt, start)
     windows = eval_windows(held, a.seq_len, a.eval_tokens)
     meta = {
         "steps": summary["steps"],

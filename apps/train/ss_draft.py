@@ -37,7 +37,7 @@ from runtime.errors import DuetError
 
 from .args import REQUIRED, add_loop_args, check_device, command_parser
 from .corpus import BatchSampler, eval_windows, load_corpus, token_stream
-from .loop import LoopConfig, make_optimizer, train_loop
+from .loop import budget_s, head_config, make_optimizer, train_resumable
 from .resume import RESUME_DIR, resume_from, save_state
 from .tokenizer import load_tokenizer
 
@@ -205,17 +205,7 @@ def run(a: argparse.Namespace) -> dict:
     ids = token_stream(corpus.texts("train", a.max_corpus_chars), enc, eos)
     held = eval_windows(token_stream(corpus.texts("heldout"), enc, eos), a.seq_len, 8 * a.seq_len)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = LoopConfig(
-        stage="ss-draft",
-        steps=a.steps,
-        lr=a.lr,
-        warmup=20,
-        weight_decay=0.0,
-        time_limit_s=a.time_budget_min * 60 if a.time_budget_min else None,
-        ckpt_every=a.ckpt_every,
-        bf16=False,
-        device=dev,
-    )
+    cfg = head_config("ss-draft", a, warmup=20, time_limit_s=budget_s(a), device=dev)
     opt = make_optimizer(student, cfg)
     resume = out / RESUME_DIR
 
@@ -247,17 +237,7 @@ def run(a: argparse.Namespace) -> dict:
 
     t0 = time.monotonic()
     sampler = BatchSampler(ids, a.batch_size, a.seq_len, a.seed + start)
-    summary = train_loop(
-        student,
-        step_fn,
-        sampler,
-        cfg,
-        out / "loss_log.jsonl",
-        checkpoint=save,
-        optimizer=opt,
-        start_step=start,
-    )
-    save(summary["steps"])
+    summary = train_resumable(student, step_fn, sampler, cfg, out, save, opt, start)
     after = heldout_agreement(load_ss_module(out).to(dev).eval(), teacher, held)
     report = {"out": str(out), "streams": a.streams, "steps": summary["steps"],
               "time_capped": summary["time_capped"], "wall_s": round(time.monotonic() - t0, 1),
