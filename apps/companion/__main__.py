@@ -176,16 +176,24 @@ def run_local(args: argparse.Namespace, ids: list[int] | None) -> int:
         engine=args.engine,
         threads=args.threads,
     )
-    if args.json:
+    return _report(r, args.json, _drafted_line)
+
+
+def _drafted_line(r: dict) -> str:
+    s = r["stats"]
+    return (
+        f"[{len(r['tokens'])} tokens drafted with {s['engine']} at {s['tokens_per_s']} tok/s; "
+        f"bundle verified in {s['verify_s']:.3f} s]"
+    )
+
+
+def _report(r: dict, as_json: bool, notes) -> int:
+    """A run's record as one JSON line, or its text on stdout and `notes(r)` on stderr."""
+    if as_json:
         print(json.dumps(r))
     else:
-        s = r["stats"]
         print(r["text"])
-        print(
-            f"[{len(r['tokens'])} tokens drafted with {s['engine']} at {s['tokens_per_s']} tok/s; "
-            f"bundle verified in {s['verify_s']:.3f} s]",
-            file=sys.stderr,
-        )
+        print(notes(r), file=sys.stderr)
     return 0
 
 
@@ -213,12 +221,7 @@ def run_cloud(args: argparse.Namespace, ids: list[int] | None) -> int:
         seed=args.seed,
         threads=args.threads,
     )
-    if args.json:
-        print(json.dumps(r))
-    else:
-        print(r["text"])
-        print("\n".join(round_lines(r["stats"])), file=sys.stderr)
-    return 0
+    return _report(r, args.json, lambda r: "\n".join(round_lines(r["stats"])))
 
 
 if __name__ == "__main__":
