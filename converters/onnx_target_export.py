@@ -52,6 +52,7 @@ from runtime.backends.onnx.target import (  # noqa: F401
     recipe,
 )
 from runtime.backends.torch import load_torch_lm, torch_family
+from runtime.config import ModelConfig
 from runtime.errors import DuetError
 
 
@@ -83,6 +84,15 @@ def export_target_part(
     {path, seconds, bytes, quantization}."""
     t0 = time.perf_counter()
     rec = recipe(quantize)
+    from converters.gguf_target import is_gguf_description
+
+    if lm is None and quantize != "none" and is_gguf_description(Path(model_dir)):
+        from converters.gguf_target import build_from_gguf
+
+        cfg = ModelConfig.from_dir(model_dir)
+        _check_range(cfg, start, stop, head)
+        m = build_from_gguf(Path(model_dir), Path(out), start, stop, head, rec, taps)
+        return _save_part(m, Path(out), cfg, rec, (start, stop, head), taps, t0)
     lm = lm if lm is not None else load_torch_lm(model_dir, torch.float32)
     cfg = lm.cfg
     family = torch_family(cfg)  # the file of runtime/backends/torch/ that built `lm`
@@ -91,8 +101,7 @@ def export_target_part(
             f"{model_dir}: the ONNX target runs Llama, Qwen2, Qwen3 and Gemma 3 checkpoints "
             f"(got {cfg.model_type}); use --target-backend torch"
         )
-    if not (0 <= start <= stop <= cfg.num_layers) or (start == stop and not head):
-        raise DuetError(f"layer range [{start}, {stop}) outside 0..{cfg.num_layers}")
+    _check_range(cfg, start, stop, head)
     state = lm.state_dict()
     rows = rec.get("attention", "window").startswith("rows")
     inv_freq = lm.inv_freq.detach().float().numpy()
@@ -108,13 +117,22 @@ def export_target_part(
     del state
     if quantize != "none":
         m = _quantize(m, rec, gguf=_from_gguf(model_dir))
-    out = Path(out)
+    return _save_part(m, Path(out), cfg, rec, (start, stop, head), taps, t0)
+
+
+def _check_range(cfg, start: int, stop: int, head: bool) -> None:
+    if not (0 <= start <= stop <= cfg.num_layers) or (start == stop and not head):
+        raise DuetError(f"layer range [{start}, {stop}) outside 0..{cfg.num_layers}")
+
+
+def _save_part(m, out: Path, cfg, rec: dict, part: tuple, taps, t0: float) -> dict:
+    """Write the part with its metadata, atomically; returns export_target_part's dict."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp.onnx")
     for key, value in (
         ("duet.config", json.dumps(cfg.raw)),
         ("duet.quantization", json.dumps(rec)),
-        ("duet.part", json.dumps([start, stop, head])),
+        ("duet.part", json.dumps(list(part))),
         ("duet.taps", json.dumps(list(taps))),
     ):
         e = m.metadata_props.add()
@@ -123,10 +141,11 @@ def export_target_part(
 
     onnx.save(m, str(tmp))
     tmp.replace(out)  # atomic: a reader never sees half a file
+    data = out.with_name(out.name + ".data")
     return {
         "path": str(out),
         "seconds": time.perf_counter() - t0,
-        "bytes": out.stat().st_size,
+        "bytes": out.stat().st_size + (data.stat().st_size if data.is_file() else 0),
         "quantization": rec,
     }
 

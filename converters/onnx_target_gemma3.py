@@ -50,11 +50,12 @@ def build_gemma_part(
     head: bool,
     rows: bool = False,
     taps: tuple[int, ...] = (),
+    graph: Graph | None = None,
 ):
     """The ModelProto of Gemma 3 layers [start, stop) (+ final norm, LM head and soft-cap
-    when `head`); ropes = {"global": inv_freq, "local": inv_freq} (D / 2,) each; `taps` as
-    converters/onnx_target_graph.build_part's."""
-    g = Graph()
+    when `head`); ropes = {"global": inv_freq, "local": inv_freq} (D / 2,) each; `taps` and
+    `graph` as converters/onnx_target_graph.build_part's."""
+    g = graph or Graph()
     sums: dict[int, str] = {}
     H, KV, D, C = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
     eps = float(cfg.rms_norm_eps)

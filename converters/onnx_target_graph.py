@@ -43,6 +43,9 @@ class Graph:
     def __init__(self):
         self.nodes, self.inits, self.n = [], [], 0
 
+    def flush(self) -> None:
+        """Before the graph is closed: nothing held back here (StreamGraph writes its own)."""
+
     def init(self, name: str, arr) -> str:
         self.inits.append(onh.from_array(np.ascontiguousarray(arr), name))
         return name
@@ -70,7 +73,10 @@ class Graph:
 
 
 def weight(state, key) -> np.ndarray:
-    return state[key].detach().float().numpy()
+    """A parameter as float32 numpy: from a torch state dict, or an array already
+    (converters/gguf_target.GGUFState dequantizes one when asked)."""
+    w = state[key]
+    return w if isinstance(w, np.ndarray) else w.detach().float().numpy()
 
 
 def build_part(
@@ -82,12 +88,14 @@ def build_part(
     head: bool,
     rows: bool = False,
     taps: tuple[int, ...] = (),
+    graph: Graph | None = None,
 ):
     """The ModelProto of layers [start, stop) (+ final norm and LM head when `head`);
     start == stop with `head`: the head alone on `hidden_in`. `rows`: attention as rows
     (converters/onnx_target_rows.py), else one window over an attention_mask input. `taps`
-    (the whole graph only): a third output, those layers' outputs (`tap_output`)."""
-    g = Graph()
+    (the whole graph only): a third output, those layers' outputs (`tap_output`). `graph`:
+    the Graph to build into (converters/gguf_target.StreamGraph quantizes as it goes)."""
+    g = graph or Graph()
     sums: dict[int, str] = {}  # layer -> the residual stream after it (a norm's added sum)
     H, KV, D, C = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
     eps = float(cfg.rms_norm_eps)
@@ -315,6 +323,7 @@ def rope_tables(g: Graph, cfg, inv_freq: np.ndarray, tag: str) -> tuple[str, str
 def finish(g: Graph, ins: list, outs: list[tuple[str, str]]):
     """The ModelProto: graph outputs get their public names through Identity nodes (a copy;
     the presents, the largest, are made under their public names instead)."""
+    g.flush()
     for src, name in outs:
         if src != name:
             g.nodes.append(oh.make_node("Identity", [src], [name], name=f"out_{name}"))

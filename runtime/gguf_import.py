@@ -1,21 +1,29 @@
-"""A .gguf file (what llama.cpp, LM Studio and Ollama users have) -> a Hugging Face checkpoint
-directory that every Duet backend loads.
+"""A .gguf file (what llama.cpp, LM Studio and Ollama users have) -> a checkpoint directory
+every Duet backend loads, in two stages, so a backend that runs the GGUF's own blocks never
+pays for a float copy of the model:
 
-The file is read and dequantized to float32 once by transformers' GGUF loader (it uses the
-`gguf` package's reader and knows each architecture's tensor names and tokenizer; a well-kept
-reader beats a hand-written one), then saved with its tokenizer, chat template and generation
-config into Duet's cache, keyed by the file's SHA-256: `<models_dir>/gguf/<sha256[:16]>/`.
-The second run finds the directory at once (the digest of a path with the same size and mtime is
-remembered in `<models_dir>/gguf/index.json`, so a 250 MB file is not hashed again).
+1. `checkpoint_for_gguf` writes the *description* at once: config.json, generation_config.json,
+   the tokenizer and chat template (transformers' GGUF readers, from the header alone: no
+   tensor data is read), and `duet-source.json` naming the file. This is all the ONNX Runtime
+   target needs: it builds its graph from the GGUF's tensors, one at a time
+   (converters/gguf_target.py), so a 1 GB file loads in about 1 GB.
+2. `materialize_weights` dequantizes the weights into safetensors the first time a backend
+   asks for them (runtime/config.weight_files: PyTorch, Core ML, MLX, a draft). transformers'
+   GGUF loader does it (it uses the `gguf` package's reader and knows each architecture's
+   tensor names; a well-kept reader beats a hand-written one).
 
-A GGUF whose architecture Duet does not run is refused with one line naming it, before anything
-is dequantized. This module does not quantize: the checkpoint holds the GGUF's values, dequantized.
+The directory lives in Duet's cache, keyed by the file's SHA-256:
+`<models_dir>/gguf/<sha256[:16]>/`. The second run finds it at once (the digest of a path with
+the same size and mtime is remembered in `<models_dir>/gguf/index.json`, so a 250 MB file is not
+hashed again). A GGUF whose architecture Duet does not run is refused with one line naming it,
+before anything is written. `convert_gguf` does both stages at once (`apps.models pull`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -96,12 +104,68 @@ def checkpoint_for_gguf(path: str | Path) -> Path:
     out = models_dir() / "gguf" / file_digest(p)[:16]
     if (out / "config.json").is_file():
         return out
-    return convert_gguf(p, out)
+    return describe_gguf(p, out)
 
 
-def convert_gguf(path: Path, out: Path) -> Path:
+def gguf_source(d: str | Path) -> Path | None:
+    """The GGUF a checkpoint directory was described from (its duet-source.json), else None."""
+    f = Path(d) / "duet-source.json"
+    try:
+        src = json.loads(f.read_text()).get("gguf") if f.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return Path(src) if src else None
+
+
+def _read_description(path: Path):
+    """(config, tokenizer) from the GGUF's header, through transformers' GGUF readers."""
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
+
+    transformers.logging.set_verbosity_error()
+    try:
+        cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except (ValueError, KeyError, RuntimeError, NotImplementedError) as e:
+        raise DuetError(
+            f"{path}: transformers could not read this GGUF ({str(e).splitlines()[0]})"
+        ) from None
+    return cfg, tok
+
+
+def describe_gguf(path: Path, out: Path) -> Path:
+    """Stage 1: the directory `out` without weights (written whole, then moved into place)."""
+    from transformers import GenerationConfig
+
+    meta = gguf_metadata(path)
+    check_architecture(path, meta)
+    cfg, tok = _read_description(path)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        cfg.save_pretrained(str(tmp))
+        GenerationConfig.from_model_config(cfg).save_pretrained(str(tmp))
+        tok.save_pretrained(str(tmp))
+        (tmp / "duet-source.json").write_text(
+            json.dumps({"gguf": str(path.resolve()), "sha256": file_digest(path), **meta}, indent=1)
+        )
+    except OSError as e:
+        raise DuetError(f"cannot write the GGUF's description to {tmp} ({e})") from None
+    return replace_dir(tmp, out)
+
+
+def materialize_weights(d: Path) -> None:
+    """Stage 2: the GGUF's weights, dequantized, as safetensors in `d` (once)."""
+    src = gguf_source(d)
+    if src is None or not src.is_file():
+        raise DuetError(f"{d}: its weights come from {src}, which is no longer there")
+    convert_gguf(src, d, weights_only=True)
+
+
+def convert_gguf(path: Path, out: Path, weights_only: bool = False) -> Path:
     """Dequantize `path` into the checkpoint directory `out` (written whole, then moved into
-    place, so an interrupted conversion leaves nothing half-written). Progress on stderr."""
+    place, so an interrupted conversion leaves nothing half-written; `weights_only`: the
+    safetensors alone, moved into the described directory `out`). Progress on stderr."""
     meta = gguf_metadata(path)
     check_architecture(path, meta)
     size = path.stat().st_size / 1e6
@@ -137,7 +201,12 @@ def convert_gguf(path: Path, out: Path) -> Path:
     except OSError as e:
         raise DuetError(f"cannot write the converted checkpoint to {tmp} ({e})") from None
     del model
-    replace_dir(tmp, out)
+    if weights_only:
+        for f in tmp.glob("*.safetensors*"):
+            f.replace(out / f.name)
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        replace_dir(tmp, out)
     print(
         f"[gguf] converted in {time.perf_counter() - t0:.0f} s (once: later runs load it at once)",
         file=sys.stderr,

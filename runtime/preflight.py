@@ -63,7 +63,10 @@ def check_checkpoint(path: Path, role: str) -> None:
         return
     ModelConfig.from_dir(p)
     mlx_style = any(p.glob("*.npz"))
-    if not mlx_style:
+    from runtime.gguf_import import gguf_source
+
+    described = gguf_source(p) is not None and not any(p.glob("*.safetensors"))
+    if not mlx_style and not described:  # a GGUF's description: its weights come on use
         for f in weight_files(p):
             check_safetensors(f)
     tok = p / "tokenizer.json"
