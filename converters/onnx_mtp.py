@@ -22,14 +22,13 @@ logit). The embedding stays a float Gather (it reads one row per token).
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from converters.onnx_io import OPSET
+from converters.onnx_io import trace_onnx
 
 MTP_ONNX_ATOL = 1e-3  # float32 logits, ORT's fused kernels vs PyTorch's
 MTP_INT8_RTOL = 0.05  # int8 weights and activations vs float32, of the largest |logit|
@@ -98,20 +97,10 @@ def export_mtp_onnx(
            "logits": {1: "n"}, "out_hidden": {1: "n"}, "present_key": {2: "total"},
            "present_value": {2: "total"}}  # fmt: skip
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
-        torch.onnx.export(
-            graph,
-            args,
-            str(tmp),
-            input_names=INPUTS,
-            output_names=OUTPUTS,
-            dynamic_axes=dyn,
-            opset_version=OPSET,
-            dynamo=False,
-        )
+    # every warning quiet: the TorchScript exporter's deprecation and tracer notes
+    trace_onnx(graph, args, tmp, INPUTS, OUTPUTS, dyn, quiet=(Warning,))
+    with torch.inference_mode():
         want = graph(*args)
     got = _run(tmp, [a.numpy() for a in args])
     for name, w, g in zip(OUTPUTS, want, got, strict=True):
