@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 from runtime.chat_template import ChatTemplate  # noqa: F401 (where the session's template lives)
 from runtime.decoding import Sampling, option_names
-from runtime.decoding.events import GREEDY, rewind
+from runtime.decoding.events import GREEDY, common_prefix, rewind
 from runtime.session import GenerationSession, context_of
 from runtime.stats import RunStats
 
@@ -27,14 +27,6 @@ class Turn:
     answer: str
     user_ids: list[int]  # plain completion: exactly what was fed, so the cache stays a prefix
     answer_ids: list[int]
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def strategy_kwargs(**maybe) -> dict:

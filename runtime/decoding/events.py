@@ -163,6 +163,15 @@ def last_logits(target, tokens: np.ndarray, cache) -> np.ndarray:
     return target.forward(tokens, cache)[0, -1]
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens `a` and `b` share: what a cache holding `a` keeps for `b`."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 def pending(cache, seq: list[int]) -> list[int]:
     """Tokens of `seq` the cache has not seen yet (at least the last one, to get its logits)."""
     if cache.offset >= len(seq):

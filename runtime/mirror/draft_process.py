@@ -21,7 +21,7 @@ from __future__ import annotations
 import pickle
 import time
 
-from runtime.decoding.events import Sampling
+from runtime.decoding.events import Sampling, common_prefix
 from runtime.mirror import shm_channel as wire
 from runtime.mirror.draft_host import STOP_TIMEOUT_S, DraftHost, close_draft_hosts, draft_host
 from runtime.mirror.draft_worker import DEFAULT_BRANCH_BATCH
@@ -32,14 +32,6 @@ from runtime.mirror.timeline import Timeline, now_ns
 
 # the target's entry points to the draft process, whichever of its files holds them
 __all__ = ["ProcessDraftWorker", "close_draft_hosts", "draft_host"]
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class ProcessDraftWorker:
@@ -76,7 +68,7 @@ class ProcessDraftWorker:
         )
 
     def start(self, seq: list[int]) -> None:
-        keep = _common_prefix(self.host.cached, seq)
+        keep = common_prefix(self.host.cached, seq)
         args = dict(
             self.args,
             seq=list(seq),
