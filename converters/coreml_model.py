@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from runtime.backends.torch.llama import rope_inv_freq
+from runtime.backends.torch.llama import RMSNorm, rope_inv_freq
 from runtime.config import ModelConfig, weight_files
 from runtime.errors import DuetError
 
@@ -30,13 +30,9 @@ def padded_context(max_context: int, multiple: int = 32) -> int:
     return -(-max_context // multiple) * multiple
 
 
-class RMSNormANE(nn.Module):
-    """RMSNorm over the channel axis of a (B, C, 1, S) tensor."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+class RMSNormANE(RMSNorm):
+    """RMSNorm over the channel axis of a (B, C, 1, S) tensor: the reference's weight and eps
+    (runtime/backends/torch/llama.py), normalised in the ANE layout."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # ml-ane-transformers: normalise over dim=1 (channels) of the (B, C, 1, S) layout,
