@@ -9,4 +9,5 @@ linear_state LinearLayerState: one linear-attention layer's states, log and kept
 step_state   StepStateCache: a one-token-per-call hybrid graph's states per recent position
 mlx_kv       MLXKVCache: MLX's preallocated per-layer buffers
 mlx_hybrid   MLXHybridCache: HybridCache's bookkeeping over MLX arrays
+slots        OneRowSlots: a fixed-slot batch-1 cache's offset (the Core ML and static ONNX drafts)
 """

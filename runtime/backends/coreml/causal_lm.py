@@ -12,11 +12,11 @@ next call overwrites them. Whole-model forward only, batch 1.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from runtime.caches.slots import OneRowSlots
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens, default_positions
@@ -25,38 +25,16 @@ COMPUTE_UNITS = {"all": "ALL", "ane": "CPU_AND_NE", "gpu": "CPU_AND_GPU", "cpu":
 NEG = -1e4  # additive mask value: exp(-1e4) is 0 in fp16 without the inf-inf NaN risk
 
 
-class CoreMLCache:
+class CoreMLCache(OneRowSlots):
     """A batch-1 cache of S slots: Core ML state or host (L, n_kv, S, D) fp16 arrays."""
 
-    is_trimmable = True
+    holder = "the Core ML backend"
 
     def __init__(self, state, shape: tuple[int, ...] | None):
         self.state = state  # MLState for stateful packages, else None
         self.k = np.zeros(shape, np.float16) if shape else None
         self.v = np.zeros(shape, np.float16) if shape else None
         self._offset = 0
-
-    @property
-    def offset(self) -> int:
-        return self._offset
-
-    @property
-    def batch(self) -> int:
-        return 1
-
-    def advance(self, n: int) -> None:
-        self._offset += n
-
-    def trim(self, n: int) -> int:
-        n = max(0, min(n, self._offset))
-        self._offset -= n  # the mask hides the dropped slots; the next call overwrites them
-        return n
-
-    def select(self, rows: Sequence[int]) -> None:
-        if list(rows) != [0]:
-            raise DuetError(
-                f"the Core ML backend holds one cache row; cannot select rows {list(rows)}"
-            )
 
 
 class CoreMLCausalLM:

@@ -10,11 +10,11 @@ next call overwrites them.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from runtime.caches.slots import OneRowSlots
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
 from runtime.model import check_tokens
@@ -39,34 +39,15 @@ def full_range_u8s8(rec: dict | None) -> bool:
     )
 
 
-class StaticCache:
+class StaticCache(OneRowSlots):
     """Batch-1 cache of C slots: keys and values (L, KV, C, D) and an offset."""
 
-    is_trimmable = True
+    holder = "a static-shape ONNX draft"
 
     def __init__(self, shape: tuple[int, ...], dtype=np.float32):
         self.k = np.zeros(shape, dtype)
         self.v = np.zeros(shape, dtype)
         self._offset = 0
-
-    @property
-    def offset(self) -> int:
-        return self._offset
-
-    @property
-    def batch(self) -> int:
-        return 1
-
-    def trim(self, n: int) -> int:
-        n = max(0, min(n, self._offset))
-        self._offset -= n
-        return n
-
-    def select(self, rows: Sequence[int]) -> None:
-        if list(rows) != [0]:
-            raise DuetError(
-                f"a static-shape ONNX draft holds one cache row; cannot select rows {list(rows)}"
-            )
 
 
 class StaticOnnxLM:
@@ -190,7 +171,7 @@ class StaticOnnxLM:
         for i in range(self.config.num_layers):
             cache.k[i, :, off : off + n] = res[1 + 2 * i][0, :, :n]
             cache.v[i, :, off : off + n] = res[2 + 2 * i][0, :, :n]
-        cache._offset += n
+        cache.advance(n)
         return res[0][:, :n]
 
     def forward_layers(self, x, cache, start, stop, *, positions=None, mask=None):
