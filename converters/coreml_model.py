@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 from runtime.backends.torch.llama import RMSNorm, rope_inv_freq
-from runtime.config import ModelConfig, weight_files
+from runtime.config import ModelConfig
 from runtime.errors import DuetError
+from runtime.weights import weight_files
 
 
 def padded_context(max_context: int, multiple: int = 32) -> int:

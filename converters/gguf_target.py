@@ -7,12 +7,13 @@ shape). Here the same builders (converters/onnx_target_graph.py, onnx_target_gem
 over a `GGUFState`, which reads and dequantizes one tensor when the builder asks for it (plain
 file reads, not a memory map, so the file's pages do not count as the process's memory), and a
 `StreamGraph`, which quantizes each MatMul's weight the moment the builder makes it, through
-the very code the whole-graph path runs on it (onnx_target_export._quantize on a one-node
-model): a Q4_0 / Q4_1 / Q4_K block keeps its own 4 bits exactly (converters/onnx_grid_q4.py),
-a Q5 / Q6 / Q8 one takes 8 bits (the nearest wider exact form the recipe has), the head 8 bits.
-Every large initializer goes straight to the part's external-data file, so the graph in
-memory holds names, not weights. The output equals the whole-graph export of the GGUF's
-dequantized checkpoint (tests/test_gguf_target.py).
+the very code the whole-graph path runs on it (converters/onnx_target_quant.quantize_graph on
+a one-node model): a Q4_0 / Q4_1 / Q4_K block keeps its own 4 bits exactly
+(converters/onnx_grid_q4.py), a Q5 / Q6 / Q8 one takes 8 bits (the nearest wider exact form
+the recipe has), the head 8 bits. The embedding is read by GatherBlockQuantized from 8-bit rows
+(a Q8_0 embedding's own blocks, exactly). Every large initializer goes straight to the part's
+external-data file, so the graph in memory holds names, not weights. The logits equal those of
+the whole-graph export of the GGUF's dequantized checkpoint (tests/test_gguf_target.py).
 
 GGUF tensor names and their transforms are llama.cpp's: the Llama architecture's q / k rows
 are permuted for its RoPE layout and Gemma's norms are stored plus one; transformers' GGUF
@@ -31,6 +32,7 @@ from onnx import helper as oh
 from onnx import numpy_helper as onh
 
 from converters.onnx_target_graph import Graph
+from converters.onnx_target_quant import quantize_graph
 from runtime.errors import DuetError
 
 EXTERNAL_MIN = 1 << 16  # initializers this large go to the external-data file
@@ -117,14 +119,68 @@ class GGUFState:
             raise DuetError(f"{self.path}: truncated at tensor {name}")
         return np.frombuffer(buf, dtype=dtype).reshape(shape)
 
-    def __getitem__(self, key: str) -> np.ndarray:
-        from gguf.quants import dequantize
+    def __getitem__(self, key: str):
+        """The float32 array of `key`; the embedding and head as `Rows`, read when used."""
+        if key in ("model.embed_tokens.weight", "lm_head.weight"):
+            if key not in self:
+                raise KeyError(key)
+            return Rows(self, key)
+        return self.array(key)
 
+    def array(self, key: str) -> np.ndarray:
         name = gguf_name(self.arch, key)
         if name not in self.tensors:
             raise KeyError(key)
-        w = dequantize(self.raw(name), self.tensors[name][4]).astype(np.float32, copy=False)
+        return self.dequantized(name, self.raw(name))
+
+    def dequantized(self, name: str, raw: np.ndarray) -> np.ndarray:
+        """Float32 of `raw` (some rows of tensor `name`), with the architecture's transform."""
+        from gguf.quants import dequantize
+
+        w = dequantize(raw, self.tensors[name][4]).astype(np.float32, copy=False)
         return np.ascontiguousarray(self.processor.process(w, name).weights, dtype=np.float32)
+
+
+class Rows:
+    """A vocabulary-sized matrix (the embedding, an untied head) left in the GGUF until a
+    graph says how it is used: a Gather reads its 8-bit rows (`rows8`), a MatMul its float
+    values (`array`, transposed when `.T` was asked for, as the builders write `w.T`)."""
+
+    def __init__(self, state: GGUFState, key: str, transposed: bool = False):
+        self.state, self.key, self.transposed = state, key, transposed
+
+    @property
+    def T(self) -> Rows:
+        return Rows(self.state, self.key, not self.transposed)
+
+    def array(self) -> np.ndarray:
+        w = self.state.array(self.key)
+        return np.ascontiguousarray(w.T) if self.transposed else w
+
+    def rows8(self, block: int = 32, chunk: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+        """(q + 128 as uint8 (N, K), scales float32 (N, K / block)): a Q8_0 tensor's own
+        blocks exactly; any other type dequantized a chunk of rows at a time and rounded to
+        8 bits per block (s = max |w| / 127)."""
+        from gguf import GGMLQuantizationType as Q
+
+        name = gguf_name(self.state.arch, self.key)
+        raw, kind = self.state.raw(name), self.state.tensors[name][4]
+        if kind == Q.Q8_0:  # 34-byte blocks: float16 d, then 32 int8 values
+            N = raw.shape[0]
+            b = raw.reshape(N, -1, 34)
+            scales = b[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+            q = (b[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+            return q.reshape(N, -1), scales
+        parts_q, parts_s = [], []
+        for r in range(0, raw.shape[0], chunk):
+            w = self.state.dequantized(name, raw[r : r + chunk])
+            wb = w.reshape(w.shape[0], -1, block)
+            s = np.abs(wb).max(-1) / 127
+            s = np.where(s == 0, 1.0, s).astype(np.float32)
+            q = np.clip(np.rint(wb / s[..., None]), -127, 127).astype(np.int16) + 128
+            parts_q.append(q.astype(np.uint8).reshape(w.shape))
+            parts_s.append(s)
+        return np.concatenate(parts_q), np.concatenate(parts_s)
 
 
 class StreamGraph(Graph):
@@ -137,6 +193,9 @@ class StreamGraph(Graph):
         self.pending: dict[str, np.ndarray] = {}  # large floats not yet used by an op
 
     def init(self, name: str, arr) -> str:
+        if isinstance(arr, Rows):
+            self.pending[name] = arr
+            return name
         arr = np.ascontiguousarray(arr)
         if arr.nbytes < EXTERNAL_MIN:
             return super().init(name, arr)
@@ -146,9 +205,11 @@ class StreamGraph(Graph):
     def op(self, kind: str, ins: list[str], n_out: int = 1, domain: str = "", **kw):
         if kind == "MatMul" and ins[1] in self.pending:
             return self._quantized_matmul(ins[0], ins[1], kw.get("node"))
+        if kind == "Gather" and isinstance(self.pending.get(ins[0]), Rows):
+            return self._quantized_gather(ins[0], ins[1])
         for name in ins:
             if name in self.pending:  # any other use: the float tensor as it is
-                self.external(onh.from_array(self.pending.pop(name), name))
+                self.external(onh.from_array(self._float(name), name))
         return super().op(kind, ins, n_out, domain, **kw)
 
     def external(self, t: TensorProto) -> None:
@@ -171,9 +232,7 @@ class StreamGraph(Graph):
     def _quantized_matmul(self, x: str, wname: str, node: str | None) -> str:
         """The MatMul x @ W as the recipe quantizes it, on a one-node model; its nodes and
         initializers join this graph (its tensors' names prefixed by the node's)."""
-        from converters.onnx_target_export import _quantize
-
-        W = self.pending.pop(wname)
+        W = self._float(wname)
         self.n += 1
         name = node or f"MatMul_{self.n}"
         y = f"{name}_out"
@@ -189,7 +248,7 @@ class StreamGraph(Graph):
             ir_version=9,
         )
         del W
-        m = _quantize(m, self.rec, gguf=True)
+        m = quantize_graph(m, self.rec, gguf=True)
         rename = {"x": x, "y": y}
         consts = {i.name for i in m.graph.initializer}
         for n in m.graph.node:
@@ -202,9 +261,32 @@ class StreamGraph(Graph):
             self.external(t)
         return y
 
+    def _float(self, name: str) -> np.ndarray:
+        w = self.pending.pop(name)
+        return w.array() if isinstance(w, Rows) else w
+
+    def _quantized_gather(self, table: str, ids: str) -> str:
+        """The embedding lookup as GatherBlockQuantized over 8-bit rows (com.microsoft):
+        a Q8_0 embedding keeps its own blocks, a row is dequantized as it is read."""
+        q, s = self.pending.pop(table).rows8()
+        zp = np.full(s.shape, 128, np.uint8)
+        self.external(onh.from_array(q, f"{table}.q8"))
+        del q
+        self.external(onh.from_array(s, f"{table}.s8"))
+        self.external(onh.from_array(zp, f"{table}.zp8"))
+        return super().op(
+            "GatherBlockQuantized",
+            [f"{table}.q8", ids, f"{table}.s8", f"{table}.zp8"],
+            domain="com.microsoft",
+            gather_axis=0,
+            quantize_axis=1,
+            block_size=32,
+            bits=8,
+        )
+
     def flush(self) -> None:
         for name in list(self.pending):
-            self.external(onh.from_array(self.pending.pop(name), name))
+            self.external(onh.from_array(self._float(name), name))
 
 
 def is_gguf_description(d: Path) -> bool:

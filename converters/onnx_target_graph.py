@@ -74,9 +74,10 @@ class Graph:
 
 def weight(state, key) -> np.ndarray:
     """A parameter as float32 numpy: from a torch state dict, or an array already
-    (converters/gguf_target.GGUFState dequantizes one when asked)."""
+    (converters/gguf_target.GGUFState dequantizes one when asked, or hands the embedding
+    over as its quantized rows)."""
     w = state[key]
-    return w if isinstance(w, np.ndarray) else w.detach().float().numpy()
+    return w.detach().float().numpy() if hasattr(w, "detach") else w
 
 
 def build_part(

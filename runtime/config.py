@@ -165,22 +165,6 @@ def _layer_types(cfg: dict) -> tuple[str, ...]:
     return lt
 
 
-def weight_files(path: str | Path) -> list[Path]:
-    """The safetensors files of a checkpoint directory, or a DuetError naming what is missing.
-    A directory described from a GGUF gets its dequantized weights here, on first use."""
-    p = Path(path)
-    files = sorted(p.glob("*.safetensors"))
-    if not files and (p / "duet-source.json").is_file():  # a GGUF's description: weights on use
-        from runtime.gguf_import import gguf_source, materialize_weights
-
-        if gguf_source(p) is not None:
-            materialize_weights(p)
-            files = sorted(p.glob("*.safetensors"))
-    if not files:
-        raise DuetError(f"{p}: no *.safetensors weights found")
-    return files
-
-
 def replace_dir(tmp: Path, out: Path) -> Path:
     """Put the finished directory `tmp` at `out`, replacing what was there, so that a crash
     mid-save never leaves a half-written checkpoint at `out` (the old one is kept aside as

@@ -8,7 +8,7 @@ pays for a float copy of the model:
    target needs: it builds its graph from the GGUF's tensors, one at a time
    (converters/gguf_target.py), so a 1 GB file loads in about 1 GB.
 2. `materialize_weights` dequantizes the weights into safetensors the first time a backend
-   asks for them (runtime/config.weight_files: PyTorch, Core ML, MLX, a draft). transformers'
+   asks for them (runtime/weights.weight_files: PyTorch, Core ML, MLX, a draft). transformers'
    GGUF loader does it (it uses the `gguf` package's reader and knows each architecture's
    tensor names; a well-kept reader beats a hand-written one).
 

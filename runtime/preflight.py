@@ -52,7 +52,8 @@ def check_checkpoint(path: Path, role: str) -> None:
     An exported draft file (`.onnx`) must parse as an ONNX model (graph only, not its weights
     in external files); ONNX Runtime checks the rest when it loads.
     """
-    from runtime.config import ModelConfig, weight_files
+    from runtime.config import ModelConfig
+    from runtime.weights import weight_files
 
     p = Path(path)
     if p.is_file():

@@ -62,7 +62,7 @@ def say_vision_ignored(path, n: int | None = None) -> None:
     if n is None:
         from safetensors import safe_open
 
-        from runtime.config import weight_files
+        from runtime.weights import weight_files
 
         n = 0
         for f in weight_files(path):

@@ -98,8 +98,9 @@ def _add_mtp(p: Path, std: float, seed: int) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from runtime.config import ModelConfig, weight_files
+    from runtime.config import ModelConfig
     from runtime.drafts.mtp.torch import MTPHead
+    from runtime.weights import weight_files
 
     torch.manual_seed(seed + 1)
     head = MTPHead(ModelConfig.from_dir(p))

@@ -46,8 +46,8 @@ def load_torch_lm(path, dtype: torch.dtype = torch.float32) -> nn.Module:
     from safetensors.torch import load_file
 
     from runtime.backends.families import family_module
-    from runtime.config import weight_files
     from runtime.errors import DuetError
+    from runtime.weights import weight_files
 
     cfg = ModelConfig.from_dir(path)
     fam = family_module(__name__, FAMILIES, cfg)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.config import weight_files
 from runtime.errors import DuetError
 from runtime.paths import sidecar
+from runtime.weights import weight_files
 
 WEIGHTS = "model.safetensors"
 

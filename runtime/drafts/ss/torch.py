@@ -29,10 +29,11 @@ from torch import nn
 from kernels.stream_mask import multi_stream_mask, stream_positions
 from runtime.backends.torch.causal_lm import TorchCausalLM
 from runtime.backends.torch.llama import TorchLM
-from runtime.config import ModelConfig, weight_files
+from runtime.config import ModelConfig
 from runtime.drafts.ss.checkpoint import SS_KEY, save_ss_checkpoint, ss_streams
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens, default_positions
+from runtime.weights import weight_files
 
 
 class SSTorchLM(TorchLM):
