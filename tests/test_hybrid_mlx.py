@@ -241,19 +241,17 @@ def test_sd_on_an_mlx_hybrid_target_keeps_its_law(sampling_pair, monkeypatch, co
     """The chi-square test of tests/test_sampling_gof.py at T > 0; the negative control (a
     flattened q in the acceptance rule) must fail it."""
     from test_hybrid_sampling_gof import N
-    from test_sampling_gof import ALPHA, exact_joint, gof_pvalue, sample_pairs
-
-    from kernels.sampling import probs_from_logits
-    from runtime.decoding import sd as sd_module
+    from test_sampling_gof import (
+        ALPHA,
+        exact_joint,
+        gof_pvalue,
+        sample_pairs,
+        verify_with_a_flattened_q,
+    )
 
     target, draft = sampling_pair
     if control:
-        real = sd_module.verify_sampling
-
-        def wrong_q(p, q, d, ua, ur):
-            return real(p, probs_from_logits(np.log(q + 1e-9), temp=3.0), d, ua, ur)
-
-        monkeypatch.setattr(sd_module, "verify_sampling", wrong_q)
+        verify_with_a_flattened_q(monkeypatch)
     p = gof_pvalue(sample_pairs("sd", target, draft, N, seed=0), exact_joint(target))
     assert (p < ALPHA) if control else (p > ALPHA), f"control={control}: p = {p:.2e}"
 

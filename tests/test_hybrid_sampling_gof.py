@@ -2,13 +2,17 @@
 chi-square test of tests/test_sampling_gof.py (joint law of the first two tokens), with
 rollback by replay, and its negative control (a q other than the draft's) that must fail."""
 
-import numpy as np
 import pytest
-from test_sampling_gof import ALPHA, V, exact_joint, gof_pvalue, sample_pairs
+from test_sampling_gof import (
+    ALPHA,
+    V,
+    exact_joint,
+    gof_pvalue,
+    sample_pairs,
+    verify_with_a_flattened_q,
+)
 
-from kernels.sampling import probs_from_logits
 from runtime.backends import load_model
-from runtime.decoding import sd as sd_module
 
 N = 300  # with a peaked draft the negative control fails at p ~ 2e-8 with this many (pass: 0.12)
 
@@ -32,11 +36,6 @@ def test_sd_on_a_hybrid_target_matches_its_distribution(hybrid_pair):
 
 def test_negative_control_wrong_q_fails_on_a_hybrid_target(hybrid_pair, monkeypatch):
     target, draft = hybrid_pair
-    real = sd_module.verify_sampling
-
-    def wrong_q(p, q, d, ua, ur):
-        return real(p, probs_from_logits(np.log(q + 1e-9), temp=3.0), d, ua, ur)  # flattened q
-
-    monkeypatch.setattr(sd_module, "verify_sampling", wrong_q)
+    verify_with_a_flattened_q(monkeypatch)
     p = gof_pvalue(sample_pairs("sd", target, draft, N, seed=0), exact_joint(target))
     assert p < ALPHA, f"the negative control passed (p = {p:.2e}); the test has no power"

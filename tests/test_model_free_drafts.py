@@ -6,7 +6,7 @@ in one line."""
 
 import numpy as np
 import pytest
-from test_sampling_gof import ALPHA, SAMPLING, V, gof_pvalue
+from test_sampling_gof import ALPHA, SAMPLING, V, exact_joint, gof_pvalue
 
 from runtime.backends import load_model
 from runtime.decoding import cannot_run, make_steps, run
@@ -95,16 +95,6 @@ def gof_target(tiny_dir):
     return load_model(tiny_dir("qwen3", seed=1, **kw), "mlx")
 
 
-def exact_joint(target) -> np.ndarray:
-    c = target.new_cache()
-    p1 = SAMPLING.probs(target.forward(np.array([GOF_PROMPT]), c)[0, -1])
-    joint = np.zeros((V, V))
-    for t1 in range(V):
-        c.trim(c.offset - len(GOF_PROMPT))
-        joint[t1] = p1[t1] * SAMPLING.probs(target.forward(np.array([[t1]]), c)[0, -1])
-    return joint
-
-
 def sample_pairs(method, target, draft, n) -> tuple[np.ndarray, int]:
     counts, drafted = np.zeros((V, V)), 0
     tc, dc = target.new_cache(), draft.new_cache()
@@ -139,7 +129,7 @@ def test_law_is_the_targets_at_t1(gof_target, method, spec):
     draft = load_model_free(spec, gof_target)
     counts, drafted = sample_pairs(method, gof_target, draft, GOF_N)
     assert drafted >= GOF_N  # every first step drafted (trees: both siblings)
-    p = gof_pvalue(counts, exact_joint(gof_target))
+    p = gof_pvalue(counts, exact_joint(gof_target, prompt=GOF_PROMPT))
     assert p > ALPHA, f"{method} + {spec}: the joint law differs from the target's (p = {p:.2e})"
 
 
@@ -174,7 +164,10 @@ def test_negative_control_correction_from_p_fails(gof_target, monkeypatch, metho
 
         monkeypatch.setattr(tree_pass_module, "verify_tree_sampling", no_residual)
     draft = load_model_free(spec, gof_target)
-    p = gof_pvalue(sample_pairs(method, gof_target, draft, GOF_N)[0], exact_joint(gof_target))
+    p = gof_pvalue(
+        sample_pairs(method, gof_target, draft, GOF_N)[0],
+        exact_joint(gof_target, prompt=GOF_PROMPT),
+    )
     assert p < ALPHA, f"the negative control passed (p = {p:.2e}); the test has no power"
 
 

@@ -4,14 +4,19 @@ int4 graph itself gives (not the float32 model's), with a negative control (veri
 q other than the one the draft sampled from) that must fail. The helpers are
 tests/test_sampling_gof.py's."""
 
-import numpy as np
 import pytest
-from test_sampling_gof import ALPHA, SAMPLING, V, exact_joint, gof_pvalue, sample_pairs
+from test_sampling_gof import (
+    ALPHA,
+    SAMPLING,
+    V,
+    exact_joint,
+    gof_pvalue,
+    sample_pairs,
+    verify_with_a_flattened_q,
+)
 
-from kernels.sampling import probs_from_logits
 from runtime.backends import load_model
 from runtime.backends.onnx.target import OnnxTargetLM
-from runtime.decoding import sd as sd_module
 
 N = 600  # as test_sampling_gof: its negative controls fail at p < 2e-12 with this many
 
@@ -33,11 +38,6 @@ def test_int4_sd_sampling_keeps_the_int4_targets_law(int4_pair):
 
 def test_negative_control_wrong_q_fails(int4_pair, monkeypatch):
     target, draft, joint = int4_pair
-    real = sd_module.verify_sampling
-
-    def wrong_q(p, q, d, ua, ur):
-        return real(p, probs_from_logits(np.log(q + 1e-9), temp=3.0), d, ua, ur)
-
-    monkeypatch.setattr(sd_module, "verify_sampling", wrong_q)
+    verify_with_a_flattened_q(monkeypatch)
     p = gof_pvalue(sample_pairs("sd", target, draft, N, seed=0), joint)
     assert p < ALPHA, f"the negative control passed (p = {p:.2e}); the test has no power"

@@ -9,12 +9,12 @@ from scipy.stats import chisquare
 
 from kernels.sampling import probs_from_logits
 from runtime.backends import load_model
-from runtime.decoding import Sampling, make_steps
-from runtime.decoding import mirror as mirror_module
+from runtime.decoding import Sampling, make_steps, mirror_pass
 from runtime.decoding import sd as sd_module
 
-MODULES = {"sd": sd_module, "mirror": mirror_module, "mirror-plain": mirror_module,
-           "mirror-lazy": mirror_module}  # fmt: skip
+# the module whose verify_sampling each method's acceptance rule calls
+MODULES = {"sd": sd_module, "mirror": mirror_pass, "mirror-plain": mirror_pass,
+           "mirror-lazy": mirror_pass}  # fmt: skip
 # mirror rolls out the draft's own runner-up branches before the early exit by default;
 # mirror-plain only the early-exit top-κ branches
 OPTIONS = {"mirror-plain": {"draft_branches": 0}}
@@ -55,13 +55,13 @@ def wide(monkeypatch, method):
     return drawn
 
 
-def exact_joint(target, sampling=SAMPLING) -> np.ndarray:
+def exact_joint(target, sampling=SAMPLING, prompt=PROMPT) -> np.ndarray:
     """P(t1, t2) from the target's logits: p(t1 | prompt) * p(t2 | prompt, t1)."""
     c = target.new_cache()
-    p1 = sampling.probs(target.forward(np.array([PROMPT]), c)[0, -1])
+    p1 = sampling.probs(target.forward(np.array([prompt]), c)[0, -1])
     joint = np.zeros((V, V))
     for t1 in range(V):
-        c.trim(c.offset - len(PROMPT))
+        c.trim(c.offset - len(prompt))
         joint[t1] = p1[t1] * sampling.probs(target.forward(np.array([[t1]]), c)[0, -1])
     return joint
 
@@ -141,17 +141,22 @@ def test_matches_target_distribution(pair, method, wide):
     assert bool(wide) == (method == "mirror-lazy")  # its waves drew lazily; no other's did
 
 
+def verify_with_a_flattened_q(monkeypatch, module=sd_module) -> None:
+    """The negative control: `module`'s acceptance rule is given the draft's q flattened
+    (temperature 3), not the q the draft sampled from."""
+    real = module.verify_sampling
+
+    def wrong_q(p, q, d, ua, ur):
+        return real(p, probs_from_logits(np.log(q + 1e-9), temp=3.0), d, ua, ur)
+
+    monkeypatch.setattr(module, "verify_sampling", wrong_q)
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_negative_control_wrong_q_fails(pair, monkeypatch, method, wide):
     """Verifying with a q other than the one the draft sampled from must break the law."""
     target, draft = pair
-    module = MODULES[method]
-    real = module.verify_sampling
-
-    def wrong_q(p, q, d, ua, ur):
-        return real(p, probs_from_logits(np.log(q + 1e-9), temp=3.0), d, ua, ur)  # flattened q
-
-    monkeypatch.setattr(module, "verify_sampling", wrong_q)
+    verify_with_a_flattened_q(monkeypatch, MODULES[method])
     joint = exact_joint(target, SAMPLINGS.get(method, SAMPLING))
     p = gof_pvalue(sample_pairs(method, target, draft, N, seed=0), joint)
     assert p < ALPHA, f"the negative control passed (p = {p:.2e}); the test has no power"

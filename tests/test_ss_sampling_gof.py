@@ -5,11 +5,18 @@ drawn from) that must fail."""
 
 import numpy as np
 import pytest
-from test_sampling_gof import PROMPT, SAMPLING, V, assert_breaks_law, assert_keeps_law, joint_counts
+from test_sampling_gof import (
+    PROMPT,
+    SAMPLING,
+    V,
+    assert_breaks_law,
+    assert_keeps_law,
+    joint_counts,
+    verify_with_a_flattened_q,
+)
 
-from kernels.sampling import probs_from_logits
 from runtime.backends import load_model
-from runtime.decoding import mirror as mirror_module
+from runtime.decoding import mirror_pass
 from runtime.decoding import sd as sd_module
 from runtime.drafts.ss.torch import make_ss_checkpoint
 
@@ -50,11 +57,5 @@ def test_ss_draft_keeps_the_target_law(ss_pair, method):
 def test_negative_control_wrong_q_fails(ss_pair, monkeypatch, method):
     """Verifying with a flattened q: the law must break."""
     target, draft = ss_pair
-    module = {"mirror": mirror_module, "sd": sd_module}[method]
-    real = module.verify_sampling
-
-    def wrong_q(p, q, d, ua, ur):
-        return real(p, probs_from_logits(np.log(q + 1e-9), temp=3.0), d, ua, ur)
-
-    monkeypatch.setattr(module, "verify_sampling", wrong_q)
+    verify_with_a_flattened_q(monkeypatch, {"mirror": mirror_pass, "sd": sd_module}[method])
     assert_breaks_law(sample_ss(target, draft, N, seed=SEEDS[method], method=method), target)
