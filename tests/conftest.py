@@ -39,6 +39,13 @@ def tiny_dir(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def pair_dirs(tiny_dir):
+    """(target dir, draft dir): the tiny Qwen3 target and a one-layer draft (seed 1), the pair
+    the chat and server commands are driven with."""
+    return tiny_dir("qwen3"), tiny_dir("qwen3", num_layers=1, seed=1)
+
+
 @pytest.fixture(params=ARCHS)
 def arch(request):
     return request.param

@@ -23,34 +23,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def pair_dirs(tiny_dir):
-    return tiny_dir("qwen3"), tiny_dir("qwen3", num_layers=1, seed=1)
-
-
-@pytest.fixture(scope="module")
 def models(pair_dirs):
     t, d = pair_dirs
     return load_model(t, "mlx"), load_model(d, "mlx"), Tokenizer(t)
 
 
-def chat(pair_dirs, stdin: str, *extra: str) -> subprocess.CompletedProcess:
+def chat_cmd(pair_dirs, max_tokens: int, *extra: str) -> list[str]:
+    """`python -m runtime.chat` with sd on the tiny MLX pair."""
     t, d = pair_dirs
-    cmd = [
-        sys.executable,
-        "-m",
-        "runtime.chat",
-        "--target",
-        str(t),
-        "--draft",
-        str(d),
-        "--draft-backend",
-        "mlx",
-        "--max-tokens",
-        "12",
-        "--method",
-        "sd",
-        *extra,
-    ]
+    pair = ["--target", str(t), "--draft", str(d), "--draft-backend", "mlx"]
+    opts = ["--max-tokens", str(max_tokens), "--method", "sd", *extra]
+    return [sys.executable, "-m", "runtime.chat", *pair, *opts]
+
+
+def chat(pair_dirs, stdin: str, *extra: str) -> subprocess.CompletedProcess:
+    cmd = chat_cmd(pair_dirs, 12, *extra)
     return subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
@@ -180,22 +167,7 @@ def test_chat_template_is_used_when_present(pair_dirs, tmp_path):
 def test_ctrl_c_stops_the_answer_not_the_session(pair_dirs):
     import signal
 
-    t, d = pair_dirs
-    cmd = [
-        sys.executable,
-        "-m",
-        "runtime.chat",
-        "--target",
-        str(t),
-        "--draft",
-        str(d),
-        "--draft-backend",
-        "mlx",
-        "--max-tokens",
-        "1000",
-        "--method",
-        "sd",
-    ]  # answers run to the context limit
+    cmd = chat_cmd(pair_dirs, 1000)  # answers run to the context limit
     # A shell without job control starts background jobs with SIGINT ignored, and Python then
     # installs no KeyboardInterrupt handler: give the child a terminal's default disposition.
     p = subprocess.Popen(

@@ -4,13 +4,12 @@ rendered conversation), a model without a template is continued as text and says
 `apps.server` names the real model on /v1/models. Marked `real` (skips, naming the pull command,
 where the model is absent)."""
 
-import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
+from server_helpers import openai_client, served
 
 from runtime.registry import cached_checkpoint, pull_command
 
@@ -62,25 +61,10 @@ def test_a_model_without_a_template_is_continued_as_text_said_once():
 
 
 def test_the_server_names_the_real_model():
-    openai = pytest.importorskip("openai")
+    pytest.importorskip("openai")
     pulled("smollm2-135m-instruct")
-    cmd = [sys.executable, "-m", "apps.server", "--target", "smollm2-135m-instruct", "--port", "0"]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    timer = threading.Timer(300, proc.kill)
-    timer.start()
-    try:
-        first = proc.stdout.readline().rstrip("\n")
-        timer.cancel()
-        m = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)", first)
-        assert m, first or proc.stderr.read()
-        c = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{m.group(1)}/v1",
-            api_key="unused",
-            max_retries=0,
-            timeout=300,
-        )
+    with served(["--target", "smollm2-135m-instruct"], timeout=300) as url:
+        c = openai_client(url, timeout=300)
         assert [x.id for x in c.models.list().data] == ["smollm2-135m-instruct"]
         r = c.chat.completions.create(
             model="smollm2-135m-instruct",
@@ -89,7 +73,3 @@ def test_the_server_names_the_real_model():
             messages=[{"role": "user", "content": QUESTION}],
         )
         assert "Paris" in r.choices[0].message.content
-    finally:
-        timer.cancel()
-        proc.terminate()
-        proc.wait(10)

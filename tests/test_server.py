@@ -4,65 +4,38 @@ an interrupted stream, the queue, and OpenAI-style errors (401, 400 with the con
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-import sys
-import threading
-from pathlib import Path
 
 import httpx
 import pytest
+from server_helpers import openai_client, served
 
 openai = pytest.importorskip("openai")
 
-ROOT = Path(__file__).resolve().parents[1]
 KEY = "test-key"
 PROMPT = "def fib(n):"
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_dir):
-    return tiny_dir("qwen3"), tiny_dir("qwen3", num_layers=1, seed=1)
-
-
-@pytest.fixture(scope="module")
-def server(pair):
+def server(pair_dirs):
     """`python -m apps.server` on a free port with sd, a key and no waiting room (queue 0)."""
-    t, d = pair
-    cmd = [sys.executable, "-m", "apps.server", "--target", str(t), "--draft", str(d),
-           "--draft-backend", "torch", "--method", "sd", "--gamma", "3", "--port", "0",
-           "--api-key", KEY, "--queue", "0", "--model-id", "tiny"]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    timer = threading.Timer(120, proc.kill)  # never hang the suite on a server that never starts
-    timer.start()
-    first = proc.stdout.readline().rstrip("\n")
-    timer.cancel()
-    if not first:
-        proc.kill()
-        pytest.fail(f"server did not start: {proc.stderr.read()}")
-    m = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)", first)
-    assert m, first
-    yield f"http://127.0.0.1:{m.group(1)}"
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    t, d = pair_dirs
+    args = ["--target", str(t), "--draft", str(d), "--draft-backend", "torch", "--method", "sd",
+            "--gamma", "3", "--api-key", KEY, "--queue", "0", "--model-id", "tiny"]  # fmt: skip
+    with served(args) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server + "/v1", api_key=KEY, max_retries=0, timeout=60)
+    return openai_client(server, KEY)
 
 
 @pytest.fixture(scope="module")
-def ar_reference(pair):
+def ar_reference(pair_dirs):
     """runtime.generate --method ar --json on the same target (in-process: the same code path)."""
     from runtime.generate import build_parser, generate
 
-    t, _ = pair
+    t, _ = pair_dirs
     a = build_parser().parse_args(
         ["--target", str(t), "--method", "ar", "--prompt", PROMPT, "--max-tokens", "24", "--json"]
     )
@@ -222,36 +195,17 @@ def test_a_non_loopback_host_needs_a_key(capsys):
     assert "--allow-no-key" in err[0] and "--allow-no-key" in build_parser().format_help()
 
 
-def test_a_target_alone_serves_ar_under_its_own_name(pair):
+def test_a_target_alone_serves_ar_under_its_own_name(pair_dirs):
     """Issue 40: --target without --draft serves (ar), and /v1/models names the model."""
-    t, _ = pair
-    cmd = [sys.executable, "-m", "apps.server", "--target", str(t), "--port", "0"]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    timer = threading.Timer(120, proc.kill)
-    timer.start()
-    try:
-        first = proc.stdout.readline().rstrip("\n")
-        timer.cancel()
-        m = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)", first)
-        assert m, first or proc.stderr.read()
-        c = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{m.group(1)}/v1",
-            api_key="unused",
-            max_retries=0,
-            timeout=60,
-        )
+    t, _ = pair_dirs
+    with served(["--target", str(t)]) as url:
+        c = openai_client(url)
         assert [x.id for x in c.models.list().data] == [t.name]
         r = c.completions.create(model=t.name, prompt=PROMPT, max_tokens=4, temperature=0)
         assert r.usage.speculative["method"] == "ar" and r.usage.completion_tokens == 4
-    finally:
-        timer.cancel()
-        proc.terminate()
-        proc.wait(10)
 
 
-def test_chat_uses_the_checkpoint_template(pair, tmp_path):
+def test_chat_uses_the_checkpoint_template(pair_dirs, tmp_path):
     """In-process: a checkpoint with a chat template renders messages with it, and the engine's
     greedy answer is the target's own greedy continuation of that rendering."""
     import shutil
@@ -264,7 +218,7 @@ def test_chat_uses_the_checkpoint_template(pair, tmp_path):
     from runtime.tokenizer import Tokenizer
 
     d = tmp_path / "templated"
-    shutil.copytree(pair[0], d)
+    shutil.copytree(pair_dirs[0], d)
     tpl = (
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
