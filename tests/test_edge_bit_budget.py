@@ -4,11 +4,9 @@ bits stay within B and, for K-SQS (a fixed row cost), the round is as long as B 
 keep the target's joint law (chi-square, tests/test_edge_codecs.py's pattern); C-SQS's
 threshold takes no eq. (8) step for a row the budget stopped; bad flags exit 2 in one line."""
 
-import json
-
 import numpy as np
 import pytest
-from edge_helpers import ar_tokens
+from edge_helpers import ar_tokens, edge_bench_json
 from test_edge_codecs import ALPHA, COARSE, N_GOF, gof_pair  # noqa: F401 (fixture)
 from test_edge_flexspec import GOF_PROMPT, SAMPLING, exact_joint, gof_pvalue
 from test_ss_draft import OracleStreams, ss_dirs  # noqa: F401 (fixture)
@@ -189,38 +187,11 @@ def test_edge_bench_budget(tmp_path, capsys):
     assert main(["--edge", "--codecs", "raw,k-sqs", "--temps", "1", "--bit-budget", "500"]) == 2
     err = capsys.readouterr().err.strip()
     assert "needs --codec k-sqs or c-sqs" in err and "\n" not in err, err
-    out = tmp_path / "b.json"
-    assert (
-        main(
-            [
-                "--edge",
-                "--links",
-                "none",
-                "--limit",
-                "1",
-                "--max-tokens",
-                "6",
-                "--temps",
-                "1",
-                "--codecs",
-                "k-sqs,c-sqs",
-                "--ell",
-                "100",
-                "--sqs-k",
-                "8",
-                "--bit-budget",
-                "500",
-                "--k-max",
-                "4",
-                "--out-json",
-                str(out),
-                "--plot",
-                str(tmp_path / "p.html"),
-            ]
-        )
-        == 0
-    )
-    runs = json.loads(out.read_text())["runs"]
+    codecs = ["--codecs", "k-sqs,c-sqs", "--ell", "100", "--sqs-k", "8"]
+    budget = ["--bit-budget", "500", "--k-max", "4", "--plot", str(tmp_path / "p.html")]
+    runs = edge_bench_json(
+        main, tmp_path / "b.json", "--edge", "--max-tokens", "6", *codecs, *budget
+    )["runs"]
     assert {r["codec"] for r in runs} == {"k-sqs", "c-sqs"}
     assert all(r["max_body_bits"] is not None and r["max_body_bits"] <= 500 for r in runs)
     html = (tmp_path / "p.html").read_text()  # SQS Fig. 2's two panels

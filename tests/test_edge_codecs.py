@@ -4,11 +4,9 @@ target's (chi-square) when the edge draws from the decoded q̂ and the server ve
 and a negative control (the server verifies with the unquantized q while the token was drawn
 from q̂) must fail; the server refuses lying payloads with an ERROR frame and keeps serving."""
 
-import json
-
 import numpy as np
 import pytest
-from edge_helpers import ar_tokens, flexspec
+from edge_helpers import ar_tokens, edge_bench_json, flexspec
 from test_edge_flexspec import GOF_PROMPT, SAMPLING, exact_joint, gof_pvalue
 
 from kernels.bitio import BitWriter
@@ -224,29 +222,8 @@ def test_edge_bench_sends_the_codec_it_is_given(tmp_path):
     """apps.bench --edge --codec k-sqs: every K run sends k-sqs frames, not raw q rows."""
     from apps.bench.edge import main
 
-    out = tmp_path / "edge.json"
-    assert (
-        main(
-            [
-                "--links",
-                "none",
-                "--limit",
-                "1",
-                "--max-tokens",
-                "6",
-                "--temps",
-                "1",
-                "--codec",
-                "k-sqs",
-                "--sqs-k",
-                "32",
-                "--out-json",
-                str(out),
-            ]
-        )
-        == 0
-    )
-    runs = json.loads(out.read_text())["runs"]
+    args = ["--max-tokens", "6", "--codec", "k-sqs", "--sqs-k", "32"]
+    runs = edge_bench_json(main, tmp_path / "edge.json", *args)["runs"]
     assert {r["codec"] for r in runs} == {"k-sqs"}
     raw_row = 4096 * 4  # the embedded pair's V float32: one raw q row
     assert all(r["bytes_up"] < raw_row for r in runs if r["method"] != "cloud-only")
@@ -257,30 +234,8 @@ def test_edge_bench_skip_runs_are_labelled_lossy(tmp_path):
     its skip rate and measured risk; the lossless row says lossy false."""
     from apps.bench.edge import main
 
-    out = tmp_path / "skip.json"
-    assert (
-        main(
-            [
-                "--links",
-                "none",
-                "--limit",
-                "1",
-                "--max-tokens",
-                "8",
-                "--temps",
-                "1",
-                "--codecs",
-                "cu-hlm",
-                "--skip",
-                "--u-th",
-                "0.7",
-                "--out-json",
-                str(out),
-            ]
-        )
-        == 0
-    )
-    rows = {s["codec"]: s for s in json.loads(out.read_text())["summary"]}
+    args = ["--max-tokens", "8", "--codecs", "cu-hlm", "--skip", "--u-th", "0.7"]
+    rows = {s["codec"]: s for s in edge_bench_json(main, tmp_path / "skip.json", *args)["summary"]}
     assert rows["cu-hlm"]["lossy"] is False and "skip_rate" not in rows["cu-hlm"]
     sk = rows["cu-hlm+skip"]
     assert sk["lossy"] is True and 0 <= sk["skip_rate"] <= 1 and sk["u_th"] == 0.7
@@ -294,29 +249,8 @@ def test_edge_codecs_bench_honours_a_fixed_k(tmp_path):
     it was silently ignored before unless a bit budget was given."""
     from apps.bench.edge import main
 
-    out = tmp_path / "k.json"
-    assert (
-        main(
-            [
-                "--links",
-                "none",
-                "--limit",
-                "1",
-                "--max-tokens",
-                "12",
-                "--temps",
-                "1",
-                "--codecs",
-                "raw,k-sqs",
-                "--k",
-                "1",
-                "--out-json",
-                str(out),
-            ]
-        )
-        == 0
-    )
-    runs = json.loads(out.read_text())["runs"]
+    args = ["--max-tokens", "12", "--codecs", "raw,k-sqs", "--k", "1"]
+    runs = edge_bench_json(main, tmp_path / "k.json", *args)["runs"]
     assert {r["codec"] for r in runs} == {"raw", "k-sqs"}
     # one draft token a round (none in a last round that has one token left to commit)
     assert all(r["rounds"] - 1 <= r["drafted"] <= r["rounds"] for r in runs)
