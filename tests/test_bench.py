@@ -151,23 +151,29 @@ def test_contention_check_reports_both_loops():
     )
 
 
-def test_samples_draw_each_prompt_again_at_t_above_zero(tiny_dir, tmp_path, capsys):
-    """--samples 2: every prompt twice at T = 1 (distinct seeds), once at T = 0 (greedy)."""
+def two_prompt_bench(tiny_dir, tmp_path, capsys, *extra: str) -> tuple[list[str], dict]:
+    """apps.bench --json with ar and sd on two of QUESTIONS (6 tokens each, the tiny target
+    drafting for itself) and EXTRA exits 0: its arguments, and its record."""
     t = tiny_dir("qwen3")
     prompts = tmp_path / "q.jsonl"
     prompts.write_text("\n".join(json.dumps(q) for q in QUESTIONS) + "\n")
-    argv = ["--target", str(t), "--draft", str(t), "--draft-backend", "mlx", "--prompts",
-            str(prompts), "--limit", "2", "--max-tokens", "6", "--methods", "ar,sd", "--temps",
-            "0,1", "--samples", "2", "--json", "--no-warmup"]  # fmt: skip
+    pair = ["--target", str(t), "--draft", str(t), "--draft-backend", "mlx"]
+    run = ["--prompts", str(prompts), "--limit", "2", "--max-tokens", "6", "--methods", "ar,sd"]
+    argv = [*pair, *run, *extra, "--json", "--no-warmup"]
     assert main(argv) == 0
-    res = json.loads(capsys.readouterr().out)
+    return argv, json.loads(capsys.readouterr().out)
+
+
+def prompts_per_row(res: dict) -> dict:
+    """(method, temp) -> how many prompts the row pools."""
+    return {(r["method"], r["temp"]): r["prompts"] for r in res["rows"]}
+
+
+def test_samples_draw_each_prompt_again_at_t_above_zero(tiny_dir, tmp_path, capsys):
+    """--samples 2: every prompt twice at T = 1 (distinct seeds), once at T = 0 (greedy)."""
+    argv, res = two_prompt_bench(tiny_dir, tmp_path, capsys, "--temps", "0,1", "--samples", "2")
     assert res["settings"]["samples"] == 2
-    assert {(r["method"], r["temp"]): r["prompts"] for r in res["rows"]} == {
-        ("ar", 0.0): 2,
-        ("sd", 0.0): 2,
-        ("ar", 1.0): 4,
-        ("sd", 1.0): 4,
-    }
+    assert prompts_per_row(res) == {("ar", 0.0): 2, ("sd", 0.0): 2, ("ar", 1.0): 4, ("sd", 1.0): 4}
     assert main([*argv[:-4], "--samples", "0"]) == 2
     assert "--samples must be at least 1" in capsys.readouterr().err
 
@@ -194,20 +200,10 @@ def test_the_bench_accounts_for_tree_against_sd_by_tokens_per_step_and_step_time
 def test_rounds_repeat_the_schedule_and_pool_in_the_rows(tiny_dir, tmp_path, capsys):
     """--rounds 2: every (prompt, method) twice, the same greedy text each round; the rows
     pool both; the answer files hold round 0 only."""
-    t = tiny_dir("qwen3")
-    prompts = tmp_path / "q.jsonl"
-    prompts.write_text("\n".join(json.dumps(q) for q in QUESTIONS) + "\n")
-    argv = ["--target", str(t), "--draft", str(t), "--draft-backend", "mlx", "--prompts",
-            str(prompts), "--limit", "2", "--max-tokens", "6", "--methods", "ar,sd", "--temps",
-            "0", "--rounds", "2", "--json", "--no-warmup", "--out",
-            str(tmp_path / "ans")]  # fmt: skip
-    assert main(argv) == 0
-    res = json.loads(capsys.readouterr().out)
+    extra = ["--temps", "0", "--rounds", "2", "--out", str(tmp_path / "ans")]
+    argv, res = two_prompt_bench(tiny_dir, tmp_path, capsys, *extra)
     assert res["settings"]["rounds"] == 2
-    assert {(r["method"], r["temp"]): r["prompts"] for r in res["rows"]} == {
-        ("ar", 0.0): 4,
-        ("sd", 0.0): 4,
-    }
+    assert prompts_per_row(res) == {("ar", 0.0): 4, ("sd", 0.0): 4}
     sd = next(r for r in res["rows"] if r["method"] == "sd")
     assert sd["matches_ar"] == "4/4"  # each round's greedy text is ar's
     for f in (tmp_path / "ans").iterdir():

@@ -106,18 +106,13 @@ def test_the_export_is_cached_per_quantization_and_reused(tiny_dir, monkeypatch)
     assert (q["op"], q["bits"], q["block_size"]) == ("MatMulNBits", 8, 32)
 
 
-def test_int8_weights_as_two_4bit_halves_are_exact():
-    """q8 = 16 hi + lo through two 4-bit MatMulNBits equals the int8-dequantized product (float
-    compute, accuracy level 0: the same on every instruction set)."""
-    import onnxruntime as ort
+def matmul_model(K: int, N: int, rng):
+    """An ONNX model of one MatMul node "mm", Y = A @ W (A: M x K), with W (K x N, drawn from
+    `rng`) as its initializer; and W."""
     from onnx import TensorProto
     from onnx import helper as oh
     from onnx import numpy_helper as onh
 
-    from converters.onnx_head_split import split_matmul
-
-    K, N = 96, 40
-    rng = np.random.default_rng(0)
     W = rng.standard_normal((K, N)).astype(np.float32)
     g = oh.make_graph(
         [oh.make_node("MatMul", ["A", "W"], ["Y"], name="mm")],
@@ -126,11 +121,27 @@ def test_int8_weights_as_two_4bit_halves_are_exact():
         [oh.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
         [onh.from_array(W, "W")],
     )
-    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)], ir_version=9)
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)], ir_version=9), W
+
+
+def run_model(m, A: np.ndarray) -> np.ndarray:
+    """Y of `m` (matmul_model's graph, perhaps rewritten) on CPU for the input A."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"A": A})[0]
+
+
+def test_int8_weights_as_two_4bit_halves_are_exact():
+    """q8 = 16 hi + lo through two 4-bit MatMulNBits equals the int8-dequantized product (float
+    compute, accuracy level 0: the same on every instruction set)."""
+    from converters.onnx_head_split import split_matmul
+
+    K, N = 96, 40
+    rng = np.random.default_rng(0)
+    m, W = matmul_model(K, N, rng)
     split_matmul(m, "mm", 32, accuracy_level=0)
-    y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, {"A": (A := rng.standard_normal((3, K)).astype(np.float32))}
-    )[0]
+    y = run_model(m, A := rng.standard_normal((3, K)).astype(np.float32))
     Wb = W.T.reshape(N, 3, 32)
     s = np.abs(Wb).max(-1, keepdims=True) / 119
     Wq = (np.rint(Wb / s) * s).reshape(N, K).T
@@ -143,11 +154,6 @@ def test_int8_weights_as_one_8bit_matmul_equal_their_int8_product(level):
     product: at accuracy level 0 (float compute, any CPU) exactly up to float sums, at 4 (int8
     activations) within their rounding. Level 4 runs only where the recipe uses it (a VNNI
     CPU): without VNNI a pair of int8 products can clip, which is why the recipe keeps halves."""
-    import onnxruntime as ort
-    from onnx import TensorProto
-    from onnx import helper as oh
-    from onnx import numpy_helper as onh
-
     from converters.onnx_head_split import one_matmul8
     from runtime.backends.onnx.target import int8_dot
 
@@ -155,21 +161,11 @@ def test_int8_weights_as_one_8bit_matmul_equal_their_int8_product(level):
         pytest.skip("this CPU has no VNNI: the recipe writes 8-bit weights as two 4-bit halves")
     K, N = 96, 40
     rng = np.random.default_rng(0)
-    W = rng.standard_normal((K, N)).astype(np.float32)
-    g = oh.make_graph(
-        [oh.make_node("MatMul", ["A", "W"], ["Y"], name="mm")],
-        "g",
-        [oh.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
-        [oh.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
-        [onh.from_array(W, "W")],
-    )
-    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)], ir_version=9)
+    m, W = matmul_model(K, N, rng)
     one_matmul8(m, "mm", 32, accuracy_level=level)
     assert [n.op_type for n in m.graph.node] == ["MatMulNBits"]
     A = rng.standard_normal((3, K)).astype(np.float32)
-    y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, {"A": A}
-    )[0]
+    y = run_model(m, A)
     Wb = W.T.reshape(N, 3, 32)
     s = np.abs(Wb).max(-1, keepdims=True) / 127
     Wq = (np.rint(Wb / s) * s).reshape(N, K).T
