@@ -16,6 +16,14 @@ def run_main(capsys, *argv):
     return rc, out, err
 
 
+def refusal(capsys, *argv) -> str:
+    """runtime.generate ARGV exits 2 with one line on stderr: that line."""
+    rc, _, err = run_main(capsys, *argv)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, err
+    return lines[0]
+
+
 @pytest.mark.parametrize("method", ["ar", "sd"])
 def test_json_contract(tiny_dir, capsys, method):
     t, d = tiny_dir("qwen3"), tiny_dir("qwen3", num_layers=1, seed=9)
@@ -166,7 +174,7 @@ def test_emulate_labels_and_pads(tiny_dir, capsys):
 
 def test_emulate_unknown_profile(tiny_dir, capsys):
     t = tiny_dir("qwen3")
-    rc, _, err = run_main(
+    err = refusal(
         capsys,
         "--target",
         str(t),
@@ -177,4 +185,4 @@ def test_emulate_unknown_profile(tiny_dir, capsys):
         "--emulate",
         "no-such-device",
     )
-    assert rc == 2 and "no-such-device" in err and len(err.strip().splitlines()) == 1
+    assert "no-such-device" in err

@@ -9,10 +9,15 @@ from converters.onnx_io import io_names
 from runtime.backends import load_model
 
 
+def export_onnx_cli(model, out, *extra: str) -> int:
+    """`python -m converters export --model MODEL --format onnx --out OUT EXTRA`'s exit code."""
+    return main(["export", "--model", str(model), "--format", "onnx", "--out", str(out), *extra])
+
+
 def test_export_cli_reports_parity(tiny_dir, tmp_path, capsys):
     d = tiny_dir("qwen2")
     out = tmp_path / "draft.onnx"
-    assert main(["export", "--model", str(d), "--format", "onnx", "--out", str(out), "--json"]) == 0
+    assert export_onnx_cli(d, out, "--json") == 0
     info = json.loads(capsys.readouterr().out)
     assert info["ok"] and info["parity"]["max_abs"] <= info["tolerance"] == 1e-3
     assert info["parity"]["top1_agree"] == 1.0
@@ -26,25 +31,11 @@ def test_export_cli_reports_parity(tiny_dir, tmp_path, capsys):
 
 def test_export_fails_past_tolerance(tiny_dir, tmp_path, capsys):
     d = tiny_dir("qwen2")
-    rc = main(
-        [
-            "export",
-            "--model",
-            str(d),
-            "--format",
-            "onnx",
-            "--out",
-            str(tmp_path / "x.onnx"),
-            "--tol",
-            "0",
-        ]
-    )
+    rc = export_onnx_cli(d, tmp_path / "x.onnx", "--tol", "0")
     assert rc == 2 and "exceeds tolerance" in capsys.readouterr().err
 
 
 def test_export_unsupported_architecture(tmp_path, capsys):
     (tmp_path / "config.json").write_text('{"model_type": "mamba"}')
-    rc = main(
-        ["export", "--model", str(tmp_path), "--format", "onnx", "--out", str(tmp_path / "x.onnx")]
-    )
+    rc = export_onnx_cli(tmp_path, tmp_path / "x.onnx")
     assert rc == 2 and "model_type='mamba'" in capsys.readouterr().err

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_generate_cli import refusal
 
 from runtime.backends import load_model
 from runtime.errors import DuetError
@@ -20,27 +21,10 @@ def test_cuda_without_a_gpu_is_one_clear_line(tiny_dir, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     t = tiny_dir("qwen3")
     capsys.readouterr()  # building the checkpoint may print progress
-    rc = main(
-        [
-            "--target",
-            str(t),
-            "--draft",
-            str(t),
-            "--target-backend",
-            "torch",
-            "--target-device",
-            "cuda",
-            "--method",
-            "ar",
-            "--prompt-ids",
-            "1,2,3",
-            "--max-tokens",
-            "2",
-        ]
-    )
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1
-    assert "--target-device cuda" in err[0] and "sees no CUDA GPU" in err[0]
+    ar = ["--method", "ar", "--prompt-ids", "1,2,3", "--max-tokens", "2"]
+    pair = ["--target", str(t), "--draft", str(t), "--target-backend", "torch"]
+    err = refusal(capsys, *pair, "--target-device", "cuda", *ar)
+    assert "--target-device cuda" in err and "sees no CUDA GPU" in err
 
 
 def test_cuda_needs_the_torch_target(tiny_dir, capsys):
