@@ -15,172 +15,26 @@ the recipe has), the head 8 bits. The embedding is read by GatherBlockQuantized 
 external-data file, so the graph in memory holds names, not weights. The logits equal those of
 the whole-graph export of the GGUF's dequantized checkpoint (tests/test_gguf_target.py).
 
-GGUF tensor names and their transforms are llama.cpp's: the Llama architecture's q / k rows
-are permuted for its RoPE layout and Gemma's norms are stored plus one; transformers' GGUF
-tensor processors undo both (a well-kept table, used as is).
+The GGUF's tensors come through converters/gguf_state.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
-from onnx import TensorProto
+from onnx import NodeProto, TensorProto
 from onnx import helper as oh
 from onnx import numpy_helper as onh
 
-from converters.onnx_target_graph import Graph
+from converters.gguf_state import GGUFState, Packed, Rows
+from converters.onnx_target_graph import HEAD_NODE, MS, Graph
 from converters.onnx_target_quant import quantize_graph
 from runtime.errors import DuetError
 
 EXTERNAL_MIN = 1 << 16  # initializers this large go to the external-data file
 ALIGN = 4096  # each at a page boundary, so ONNX Runtime can map it
-
-# Hugging Face name (after "model.layers.{i}.") -> GGUF name (after "blk.{i}.")
-_LAYER = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-_LAYER_BY_ARCH = {  # the norms around the MLP, named per architecture
-    "gemma3": {
-        "post_attention_layernorm.weight": "post_attention_norm.weight",
-        "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-        "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
-    },
-}
-_TOP = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-
-
-def gguf_name(arch: str, key: str) -> str:
-    """The GGUF tensor name of a Hugging Face parameter name."""
-    if key in _TOP:
-        return _TOP[key]
-    parts = key.split(".")
-    if parts[:2] != ["model", "layers"]:
-        raise KeyError(key)
-    rest = ".".join(parts[3:])
-    table = {"post_attention_layernorm.weight": "ffn_norm.weight", **_LAYER}
-    table.update(_LAYER_BY_ARCH.get(arch, {}))
-    return f"blk.{parts[2]}.{table[rest]}"
-
-
-class GGUFState:
-    """A read-only mapping from Hugging Face parameter names to float32 arrays, each read from
-    the GGUF and dequantized when asked for (nothing is kept)."""
-
-    def __init__(self, path: Path, hf_config: dict):
-        from gguf import GGUFReader
-        from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
-
-        self.path = Path(path)
-        r = GGUFReader(str(self.path))
-        arch = r.fields["general.architecture"].contents()
-        self.arch = arch
-        # (offset, bytes, dtype, shape, type) per tensor; the reader's views are not touched
-        self.tensors = {
-            t.name: (int(t.data_offset), int(t.n_bytes), t.data.dtype, t.data.shape, t.tensor_type)
-            for t in r.tensors
-        }
-        del r
-        self.processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=hf_config)
-
-    def __contains__(self, key: str) -> bool:
-        try:
-            return gguf_name(self.arch, key) in self.tensors
-        except KeyError:
-            return False
-
-    def raw(self, name: str) -> np.ndarray:
-        """A tensor's bytes as the reader would view them, read with one pread."""
-        off, n, dtype, shape, _ = self.tensors[name]
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            buf = os.pread(fd, n, off)
-        finally:
-            os.close(fd)
-        if len(buf) != n:
-            raise DuetError(f"{self.path}: truncated at tensor {name}")
-        return np.frombuffer(buf, dtype=dtype).reshape(shape)
-
-    def __getitem__(self, key: str):
-        """The float32 array of `key`; the embedding and head as `Rows`, read when used."""
-        if key in ("model.embed_tokens.weight", "lm_head.weight"):
-            if key not in self:
-                raise KeyError(key)
-            return Rows(self, key)
-        return self.array(key)
-
-    def array(self, key: str) -> np.ndarray:
-        name = gguf_name(self.arch, key)
-        if name not in self.tensors:
-            raise KeyError(key)
-        return self.dequantized(name, self.raw(name))
-
-    def dequantized(self, name: str, raw: np.ndarray) -> np.ndarray:
-        """Float32 of `raw` (some rows of tensor `name`), with the architecture's transform."""
-        from gguf.quants import dequantize
-
-        w = dequantize(raw, self.tensors[name][4]).astype(np.float32, copy=False)
-        return np.ascontiguousarray(self.processor.process(w, name).weights, dtype=np.float32)
-
-
-class Rows:
-    """A vocabulary-sized matrix (the embedding, an untied head) left in the GGUF until a
-    graph says how it is used: a Gather reads its 8-bit rows (`rows8`), a MatMul its float
-    values (`array`, transposed when `.T` was asked for, as the builders write `w.T`)."""
-
-    def __init__(self, state: GGUFState, key: str, transposed: bool = False):
-        self.state, self.key, self.transposed = state, key, transposed
-
-    @property
-    def T(self) -> Rows:
-        return Rows(self.state, self.key, not self.transposed)
-
-    def array(self) -> np.ndarray:
-        w = self.state.array(self.key)
-        return np.ascontiguousarray(w.T) if self.transposed else w
-
-    def rows8(self, block: int = 32, chunk: int = 8192) -> tuple[np.ndarray, np.ndarray]:
-        """(q + 128 as uint8 (N, K), scales float32 (N, K / block)): a Q8_0 tensor's own
-        blocks exactly; any other type dequantized a chunk of rows at a time and rounded to
-        8 bits per block (s = max |w| / 127)."""
-        from gguf import GGMLQuantizationType as Q
-
-        name = gguf_name(self.state.arch, self.key)
-        raw, kind = self.state.raw(name), self.state.tensors[name][4]
-        if kind == Q.Q8_0:  # 34-byte blocks: float16 d, then 32 int8 values
-            N = raw.shape[0]
-            b = raw.reshape(N, -1, 34)
-            scales = b[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
-            q = (b[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-            return q.reshape(N, -1), scales
-        parts_q, parts_s = [], []
-        for r in range(0, raw.shape[0], chunk):
-            w = self.state.dequantized(name, raw[r : r + chunk])
-            wb = w.reshape(w.shape[0], -1, block)
-            s = np.abs(wb).max(-1) / 127
-            s = np.where(s == 0, 1.0, s).astype(np.float32)
-            q = np.clip(np.rint(wb / s[..., None]), -127, 127).astype(np.int16) + 128
-            parts_q.append(q.astype(np.uint8).reshape(w.shape))
-            parts_s.append(s)
-        return np.concatenate(parts_q), np.concatenate(parts_s)
 
 
 class StreamGraph(Graph):
@@ -193,7 +47,7 @@ class StreamGraph(Graph):
         self.pending: dict[str, np.ndarray] = {}  # large floats not yet used by an op
 
     def init(self, name: str, arr) -> str:
-        if isinstance(arr, Rows):
+        if isinstance(arr, (Rows, Packed)):
             self.pending[name] = arr
             return name
         arr = np.ascontiguousarray(arr)
@@ -204,6 +58,15 @@ class StreamGraph(Graph):
 
     def op(self, kind: str, ins: list[str], n_out: int = 1, domain: str = "", **kw):
         if kind == "MatMul" and ins[1] in self.pending:
+            w = self.pending[ins[1]]
+            if (
+                isinstance(w, Packed)
+                and kw.get("node") == HEAD_NODE
+                and self.rec.get("head_bits") == 8
+            ):
+                return self._head8(ins[0], self.pending.pop(ins[1]))
+            if isinstance(w, Packed) and w.kinds == {"Q4_0"} and self.rec["bits"] == 4:
+                return self._q4_0(ins[0], self.pending.pop(ins[1]))
             return self._quantized_matmul(ins[0], ins[1], kw.get("node"))
         if kind == "Gather" and isinstance(self.pending.get(ins[0]), Rows):
             return self._quantized_gather(ins[0], ins[1])
@@ -213,21 +76,26 @@ class StreamGraph(Graph):
         return super().op(kind, ins, n_out, domain, **kw)
 
     def external(self, t: TensorProto) -> None:
-        """Write `t`'s data to the external file and keep only its reference."""
+        """Write `t`'s data to the external file and keep a new proto that only refers to it.
+        New protos, never `t` itself: a message keeps the arena it was made in alive (upb),
+        and a one-node model's arena holds its float weight (330 MB a layer at 1.7 B)."""
         raw = t.raw_data if t.HasField("raw_data") else onh.to_array(t).tobytes()
+        kept = TensorProto()
         if len(raw) < EXTERNAL_MIN:
-            self.inits.append(t)
+            kept.CopyFrom(t)
+            self.inits.append(kept)
             return
         pad = -self.data.tell() % ALIGN
         self.data.write(b"\0" * pad)
         offset = self.data.tell()
         self.data.write(raw)
-        t.ClearField("raw_data")
-        t.data_location = TensorProto.EXTERNAL
+        kept.name, kept.data_type = t.name, t.data_type
+        kept.dims.extend(t.dims)
+        kept.data_location = TensorProto.EXTERNAL
         for k, v in (("location", self.location), ("offset", offset), ("length", len(raw))):
-            e = t.external_data.add()
+            e = kept.external_data.add()
             e.key, e.value = k, str(v)
-        self.inits.append(t)
+        self.inits.append(kept)
 
     def _quantized_matmul(self, x: str, wname: str, node: str | None) -> str:
         """The MatMul x @ W as the recipe quantizes it, on a one-node model; its nodes and
@@ -251,7 +119,9 @@ class StreamGraph(Graph):
         m = quantize_graph(m, self.rec, gguf=True)
         rename = {"x": x, "y": y}
         consts = {i.name for i in m.graph.initializer}
-        for n in m.graph.node:
+        for old in m.graph.node:
+            n = NodeProto()
+            n.CopyFrom(old)  # out of the one-node model's arena (see `external`)
             n.input[:] = [
                 rename.get(i, i if i in consts or not i else f"{name}/{i}") for i in n.input
             ]
@@ -263,7 +133,45 @@ class StreamGraph(Graph):
 
     def _float(self, name: str) -> np.ndarray:
         w = self.pending.pop(name)
-        return w.array() if isinstance(w, Rows) else w
+        return w.array() if isinstance(w, (Rows, Packed)) else w
+
+    def _q4_0(self, x: str, w: Packed) -> str:
+        """A Q4_0 weight as one MatMulNBits over its own nibbles and scales: no float copy,
+        no correction nodes."""
+        q, d, K = w.q4_0()
+        self.n += 1
+        name = f"MatMul_{self.n}"
+        self.external(onh.from_array(q, f"{name}.q"))
+        self.external(onh.from_array(d.reshape(-1), f"{name}.d"))
+        return super().op(
+            "MatMulNBits",
+            [x, f"{name}.q", f"{name}.d"],
+            domain=MS,
+            K=K,
+            N=q.shape[0],
+            bits=4,
+            block_size=32,
+            accuracy_level=self.rec["accuracy_level"],
+        )
+
+    def _head8(self, x: str, w: Packed) -> str:
+        """The LM head at 8 bits (the recipe's head_bits), made a chunk of rows at a time: two
+        4-bit halves, or one 8-bit MatMulNBits on a VNNI CPU (converters/onnx_head_split.py)."""
+        from converters.onnx_head_split import one8_nodes, split_nodes
+        from runtime.backends.onnx.target import HEAD_ACCURACY_LEVEL
+
+        one = self.rec.get("int8_as", "").startswith("one")
+        q8, s = w.int8(127 if one else 119)
+        K = q8.shape[1] * q8.shape[2]
+        y = f"{HEAD_NODE}_out"
+        nodes, inits = (one8_nodes if one else split_nodes)(
+            x, y, HEAD_NODE, K, q8, s, 32, HEAD_ACCURACY_LEVEL
+        )
+        del q8, s
+        self.nodes += nodes
+        for t in inits:
+            self.external(t)
+        return y
 
     def _quantized_gather(self, table: str, ids: str) -> str:
         """The embedding lookup as GatherBlockQuantized over 8-bit rows (com.microsoft):

@@ -33,6 +33,7 @@ from converters.onnx_target_graph import (
     close_part,
     head_norm,
     lm_head,
+    matmul_weight,
     norm_pending,
     qkv_projection,
     residual_inputs,
@@ -114,7 +115,7 @@ def build_gemma_part(
             float(cfg.query_pre_attn_scalar) ** -0.5,
         )
         outs += [(pk, f"present.{i}.key"), (pv, f"present.{i}.value")]
-        o = g.op("MatMul", [att, g.init(f"o.{i}", weight(state, a + "o_proj.weight").T)])
+        o = g.op("MatMul", [att, g.init(f"o.{i}", matmul_weight(state, [a + "o_proj.weight"]))])
         on = g.op(
             "SimplifiedLayerNormalization",
             [o, norm_w(f"ln_post.{i}", p + "post_attention_layernorm.weight")],
@@ -126,14 +127,13 @@ def build_gemma_part(
             "SkipSimplifiedLayerNormalization", [on, h, w_pre], 4, domain=MS, epsilon=eps
         )
         m = p + "mlp."
-        wgu = np.concatenate(
-            [weight(state, m + "gate_proj.weight"), weight(state, m + "up_proj.weight")]
-        )
-        gu = g.op("MatMul", [xn, g.init(f"gu.{i}", wgu.T)])
+        wgu = matmul_weight(state, [m + "gate_proj.weight", m + "up_proj.weight"])
+        gu = g.op("MatMul", [xn, g.init(f"gu.{i}", wgu)])
         gu_split = g.init(f"gu_split.{i}", np.array([cfg.intermediate_size] * 2, np.int64))
         gate, up = g.op("Split", [gu, gu_split], 2, axis=-1)
         act = g.op("Mul", [g.op(act_op[0], [gate], domain=MS, **act_op[1]), up])
-        down = g.op("MatMul", [act, g.init(f"down.{i}", weight(state, m + "down_proj.weight").T)])
+        wd = matmul_weight(state, [m + "down_proj.weight"])
+        down = g.op("MatMul", [act, g.init(f"down.{i}", wd)])
         resid = g.op(
             "SimplifiedLayerNormalization",
             [down, norm_w(f"ln_post_ff.{i}", p + "post_feedforward_layernorm.weight")],

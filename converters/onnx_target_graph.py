@@ -80,6 +80,15 @@ def weight(state, key) -> np.ndarray:
     return w.detach().float().numpy() if hasattr(w, "detach") else w
 
 
+def matmul_weight(state, keys: list[str]):
+    """The (K, N) weight of a MatMul over the rows of `keys` packed (q|k|v, gate|up, one
+    projection, the head): float32 from a state dict; a state that keeps its own blocks
+    (converters/gguf_target.GGUFState) answers with them, for the graph to quantize."""
+    if hasattr(state, "matmul_weight"):
+        return state.matmul_weight(keys)
+    return np.concatenate([weight(state, k) for k in keys], 0).T
+
+
 def build_part(
     cfg,
     state: dict,
@@ -132,18 +141,19 @@ def build_part(
             g, att_in, q, k, v, f"past.{i}.key", f"past.{i}.value", H, KV, D, float(D) ** -0.5
         )
         outs += [(pk, f"present.{i}.key"), (pv, f"present.{i}.value")]
-        o = g.op("MatMul", [att, g.init(f"o.{i}", weight(state, a + "o_proj.weight").T)])
+        o = g.op("MatMul", [att, g.init(f"o.{i}", matmul_weight(state, [a + "o_proj.weight"]))])
         w_post = g.init(f"ln_post.{i}", weight(state, p + "post_attention_layernorm.weight"))
         xn, _, _, h = g.op(
             "SkipSimplifiedLayerNormalization", [o, h, w_post], 4, domain=MS, epsilon=eps
         )
         m = p + "mlp."
-        wgu = np.concatenate([weight(state, m + f"{n}_proj.weight") for n in ("gate", "up")])
-        gu = g.op("MatMul", [xn, g.init(f"gu.{i}", wgu.T)])
+        wgu = matmul_weight(state, [m + "gate_proj.weight", m + "up_proj.weight"])
+        gu = g.op("MatMul", [xn, g.init(f"gu.{i}", wgu)])
         gu_split = g.init(f"gu_split.{i}", np.array([cfg.intermediate_size] * 2, np.int64))
         gate, up = g.op("Split", [gu, gu_split], 2, axis=-1)
         act = g.op("Mul", [g.op("QuickGelu", [gate], domain=MS, alpha=1.0), up])
-        resid = g.op("MatMul", [act, g.init(f"down.{i}", weight(state, m + "down_proj.weight").T)])
+        wd = matmul_weight(state, [m + "down_proj.weight"])
+        resid = g.op("MatMul", [act, g.init(f"down.{i}", wd)])
     logits = None
     if head:
         wn = g.init("norm", weight(state, "model.norm.weight"))
@@ -194,7 +204,7 @@ def lm_head(
     hn, h = norm_pending(g, h, resid, wn, eps, sums, stop - 1)
     key = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
     hn = head_rows(g, ins, hn) if start < stop else hn
-    logits = g.op("MatMul", [hn, g.init("lm_head", weight(state, key).T)], node=HEAD_NODE)
+    logits = g.op("MatMul", [hn, g.init("lm_head", matmul_weight(state, [key]))], node=HEAD_NODE)
     return logits, h
 
 
@@ -338,7 +348,7 @@ def finish(g: Graph, ins: list, outs: list[tuple[str, str]]):
 def qkv_projection(g: Graph, state, cfg, a: str, i: int, xn: str) -> tuple[str, str, str]:
     """Layer i's q, k, v from one packed MatMul (and bias) over the normed input `xn`."""
     H, KV, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    wqkv = np.concatenate([weight(state, a + f"{n}_proj.weight") for n in "qkv"], 0).T
+    wqkv = matmul_weight(state, [a + f"{n}_proj.weight" for n in "qkv"])
     qkv = g.op("MatMul", [xn, g.init(f"qkv.{i}", wqkv)])
     if cfg.attention_bias:
         bqkv = np.concatenate([weight(state, a + f"{n}_proj.bias") for n in "qkv"])
