@@ -714,21 +714,18 @@ def test_omega_is_measured_only_when_it_can_change_the_pick(tiny_dir, monkeypatc
         return real(*a, **k)
 
     monkeypatch.setattr(pp, "prompt_hits", counted)
-    for factor, probed in ((1e-3, False), (1e3, True)):
+
+    def choose(factor):
+        """auto's record with mirror's predicted rate scaled by `factor`, and its caches."""
         tc, dc = target.new_cache(), draft.new_cache()
+        opts = dict(gamma=3, kappa=None, exit_layer=None, branches=None, sampling=Sampling(1.0))
         rec = pp.choose_for(
-            target,
-            draft,
-            ids,
-            gamma=3,
-            kappa=None,
-            exit_layer=None,
-            branches=None,
-            sampling=Sampling(1.0),
-            target_cache=tc,
-            draft_cache=dc,
-            factors={"mirror": factor},
+            target, draft, ids, **opts, target_cache=tc, draft_cache=dc, factors={"mirror": factor}
         )
+        return rec, tc, dc
+
+    for factor, probed in ((1e-3, False), (1e3, True)):
+        rec, tc, dc = choose(factor)
         assert bool(calls) == probed
         assert ("omega" in rec) == (not probed) and ("Ω̂ not measured" in rec["why"]) != probed
         # probed: the caches hold the prompt (the probe's passes are its prefill); else they
@@ -737,20 +734,7 @@ def test_omega_is_measured_only_when_it_can_change_the_pick(tiny_dir, monkeypatc
         calls.clear()
     # once mirror's runs have pooled POOL_STEPS steps, Ω̂ comes from them alone: no probe
     pp.branch_pool(target, draft, Sampling(1.0), 8, 2)[:] = [pp.POOL_STEPS, pp.POOL_STEPS, 0]
-    tc, dc = target.new_cache(), draft.new_cache()
-    rec = pp.choose_for(
-        target,
-        draft,
-        ids,
-        gamma=3,
-        kappa=None,
-        exit_layer=None,
-        branches=None,
-        sampling=Sampling(1.0),
-        target_cache=tc,
-        draft_cache=dc,
-        factors={"mirror": 1e3},
-    )
+    rec, tc, dc = choose(1e3)
     assert not calls and tc.offset == dc.offset == 0 and "omega_from" in rec
 
 

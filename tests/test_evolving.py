@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_generate_cli import refusal
 
 from runtime.adapter import merged_target_dir, write_base_record
 from runtime.errors import DuetError
@@ -72,7 +73,6 @@ def test_adapter_merged_at_load_equals_peft(base_and_adapter, backend):
 
 
 def test_adapter_for_another_base_is_refused(base_and_adapter, tmp_path, capsys):
-    from runtime.generate import main
     from runtime.testing.random_checkpoint import make_checkpoint
 
     _, adapter = base_and_adapter
@@ -81,22 +81,9 @@ def test_adapter_for_another_base_is_refused(base_and_adapter, tmp_path, capsys)
         merged_target_dir(other, adapter)
     wider = make_checkpoint(tmp_path / "wide", "qwen3", num_layers=3, hidden_size=96, num_heads=4)
     capsys.readouterr()
-    rc = main(
-        [
-            "--target",
-            str(wider),
-            "--adapter",
-            str(adapter),
-            "--method",
-            "ar",
-            "--prompt-ids",
-            "1,2,3",
-            "--max-tokens",
-            "2",
-        ]
-    )
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "hidden_size=64" in err[0], err
+    ar = ["--method", "ar", "--prompt-ids", "1,2,3", "--max-tokens", "2"]
+    err = refusal(capsys, "--target", str(wider), "--adapter", str(adapter), *ar)
+    assert "hidden_size=64" in err, err
 
 
 def train_anchor(base: Path, out: Path, steps: int = 4, keep_first: int = 0) -> tuple:
@@ -186,25 +173,15 @@ def test_anchor_refuses_another_base(base_and_adapter, tmp_path):
 
 
 def test_anchor_draft_exports_to_onnx_with_parity(base_and_adapter, tmp_path, capsys):
-    from converters.__main__ import main
+    from test_onnx_export import export_onnx_cli
+
     from runtime.anchor import materialize
 
     base, _ = base_and_adapter
     _, out = train_anchor(base, tmp_path / "anchor", steps=2)
     d = materialize(out, [base])
     capsys.readouterr()
-    rc = main(
-        [
-            "export",
-            "--model",
-            str(d),
-            "--format",
-            "onnx",
-            "--out",
-            str(tmp_path / "anchor.onnx"),
-            "--json",
-        ]
-    )
+    rc = export_onnx_cli(d, tmp_path / "anchor.onnx", "--json")
     info = json.loads(capsys.readouterr().out)
     assert rc == 0 and info["ok"] and info["parity"]["max_abs"] <= info["tolerance"]
 

@@ -5,15 +5,14 @@ losslessly, and hybrid greedy output through runtime.chat and apps.server equals
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from server_helpers import openai_client, served
 
 from apps.train.configs import parse_shape
 from apps.train.pipeline import TrainArgs, train_pair
@@ -173,35 +172,17 @@ def test_hybrid_chat_equals_generate_ar(hybrid_dirs):
 
 
 def test_hybrid_server_equals_generate_ar(hybrid_dirs):
-    openai = pytest.importorskip("openai")
+    pytest.importorskip("openai")
     t, d = hybrid_dirs
-    cmd = [sys.executable, "-m", "apps.server", "--target", str(t), "--draft", str(d),
-           "--target-backend", "torch", "--draft-backend", "torch", "--method", "sd",
-           "--gamma", "3", "--port", "0", "--api-key", "k", "--model-id", "m"]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    timer = threading.Timer(120, proc.kill)  # never hang on a server that never starts
-    timer.start()
-    try:
-        first = proc.stdout.readline().rstrip("\n")
-        timer.cancel()
-        m = re.fullmatch(r"listening on 127\.0\.0\.1:(\d+)", first)
-        assert m, first or proc.stderr.read()
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{m.group(1)}/v1", api_key="k", max_retries=0, timeout=60
-        )
+    args = ["--target", str(t), "--draft", str(d), "--target-backend", "torch",
+            "--draft-backend", "torch", "--method", "sd", "--gamma", "3", "--api-key", "k",
+            "--model-id", "m"]  # fmt: skip
+    with served(args) as url:
+        client = openai_client(url, "k")
         r = client.completions.create(model="m", prompt=PROMPT, max_tokens=12, temperature=0)
         ref = ar_reference(t, 12)
         assert r.choices[0].token_ids == ref["tokens"] and r.choices[0].text == ref["text"]
         assert r.usage.speculative["method"] == "sd"
-    finally:
-        timer.cancel()
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 # --- the hybrid benches: refusals as rows, the missing pair's command, replay vs redecode --

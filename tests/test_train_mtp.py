@@ -13,7 +13,6 @@ from apps.train.mtp import chain_outputs, init_head, main, mtp_step, save_head, 
 from converters.onnx_mtp import MTP_INT8_RTOL
 from runtime.backends import load_model
 from runtime.decoding import make_steps, run
-from runtime.decoding import sd as sd_module
 from runtime.decoding.events import GREEDY
 from runtime.drafts.mtp.torch import MTPDraft, mtp_sidecar
 
@@ -193,17 +192,10 @@ def test_sampling_with_the_fitted_head_matches_the_target(gof_pair, stepper):
 
 
 def test_negative_control_wrong_q_fails_with_the_head(gof_pair, monkeypatch):
-    from test_sampling_gof import exact_joint, gof_pvalue, sample_pairs
-
-    from kernels.sampling import probs_from_logits
+    from test_sampling_gof import exact_joint, gof_pvalue, sample_pairs, verify_with_a_flattened_q
 
     target, draft, _ = gof_pair
-    real = sd_module.verify_sampling
-
-    def wrong_q(p, q, d, ua, ur):
-        return real(p, probs_from_logits(np.log(q + 1e-9), temp=3.0), d, ua, ur)
-
-    monkeypatch.setattr(sd_module, "verify_sampling", wrong_q)
+    verify_with_a_flattened_q(monkeypatch)
     p = gof_pvalue(sample_pairs("sd", target, draft, N, seed=0), exact_joint(target))
     assert p < ALPHA, f"the negative control passed (p = {p:.2e}); the test has no power"
 
