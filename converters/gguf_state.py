@@ -143,30 +143,40 @@ class Rows:
         w = self.state.array(self.key)
         return np.ascontiguousarray(w.T) if self.transposed else w
 
-    def rows8(self, block: int = 32, chunk: int = 8192) -> tuple[np.ndarray, np.ndarray]:
-        """(q + 128 as uint8 (N, K), scales float32 (N, K / block)): a Q8_0 tensor's own
-        blocks exactly; any other type dequantized a chunk of rows at a time and rounded to
-        8 bits per block (s = max |w| / 127)."""
+    def rows8(self, chunk: int = 8192):
+        """(q + 128 as uint8 (N, K), scales float32 (N, K / block), block) where 8-bit blocks
+        hold the tensor exactly: Q8_0 (its own blocks of 32), Q6_K (d * scale per 16 values,
+        q - 32 in [-32, 31]) and Q4_0 / Q5_0 (d per 32, q - 8 or q - 16). Else None: an
+        affine block (a float minimum) has no exact 8-bit form, and the float rows are used."""
         from gguf import GGMLQuantizationType as Q
 
         name = gguf_name(self.state.arch, self.key)
         raw, kind = self.state.raw(name), self.state.tensors[name][4]
+        N = raw.shape[0]
         if kind == Q.Q8_0:  # 34-byte blocks: float16 d, then 32 int8 values
-            N = raw.shape[0]
             b = raw.reshape(N, -1, 34)
             scales = b[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
             q = (b[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-            return q.reshape(N, -1), scales
-        parts_q, parts_s = [], []
-        for r in range(0, raw.shape[0], chunk):
-            w = self.state.dequantized(name, raw[r : r + chunk])
-            wb = w.reshape(w.shape[0], -1, block)
-            s = np.abs(wb).max(-1) / 127
-            s = np.where(s == 0, 1.0, s).astype(np.float32)
-            q = np.clip(np.rint(wb / s[..., None]), -127, 127).astype(np.int16) + 128
-            parts_q.append(q.astype(np.uint8).reshape(w.shape))
-            parts_s.append(s)
-        return np.concatenate(parts_q), np.concatenate(parts_s)
+            return q.reshape(N, -1), scales, 32
+        if kind == Q.Q6_K:  # 210-byte blocks of 256: ..., int8 scales[16] at 192, d at 208
+            b = raw.reshape(N, -1, 210)
+            d = b[..., 208:210].copy().view(np.float16).astype(np.float32)  # (N, nb, 1)
+            scales = (d * b[..., 192:208].view(np.int8)).reshape(N, -1)  # per 16 values
+            block = 16
+        elif kind in (Q.Q4_0, Q.Q5_0):  # float16 d first, per 32 values
+            b = raw.reshape(N, -1, 18 if kind == Q.Q4_0 else 22)
+            scales, block = b[..., :2].copy().view(np.float16)[..., 0].astype(np.float32), 32
+        else:
+            return None
+        parts = []
+        for r in range(0, N, chunk):
+            wb = self.state.dequantized(name, raw[r : r + chunk]).reshape(
+                min(chunk, N - r), -1, block
+            )
+            s = scales[r : r + chunk]
+            q = np.rint(wb / np.where(s == 0, 1.0, s)[..., None]).astype(np.int16) + 128
+            parts.append(q.astype(np.uint8).reshape(wb.shape[0], -1))
+        return np.concatenate(parts), scales.astype(np.float32), block
 
 
 class Packed:

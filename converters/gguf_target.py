@@ -69,7 +69,10 @@ class StreamGraph(Graph):
                 return self._q4_0(ins[0], self.pending.pop(ins[1]))
             return self._quantized_matmul(ins[0], ins[1], kw.get("node"))
         if kind == "Gather" and isinstance(self.pending.get(ins[0]), Rows):
-            return self._quantized_gather(ins[0], ins[1])
+            got = self.pending[ins[0]].rows8()
+            if got is not None:
+                self.pending.pop(ins[0])
+                return self._quantized_gather(ins[0], ins[1], *got)
         for name in ins:
             if name in self.pending:  # any other use: the float tensor as it is
                 self.external(onh.from_array(self._float(name), name))
@@ -173,10 +176,10 @@ class StreamGraph(Graph):
             self.external(t)
         return y
 
-    def _quantized_gather(self, table: str, ids: str) -> str:
-        """The embedding lookup as GatherBlockQuantized over 8-bit rows (com.microsoft):
-        a Q8_0 embedding keeps its own blocks, a row is dequantized as it is read."""
-        q, s = self.pending.pop(table).rows8()
+    def _quantized_gather(self, table: str, ids: str, q, s, block: int) -> str:
+        """The embedding lookup as GatherBlockQuantized over 8-bit rows (com.microsoft) that
+        hold the GGUF's values exactly (gguf_state.Rows.rows8); a row is dequantized as it is
+        read. An embedding without such a form stays float32 (a Gather of the mapped rows)."""
         zp = np.full(s.shape, 128, np.uint8)
         self.external(onh.from_array(q, f"{table}.q8"))
         del q
@@ -188,7 +191,7 @@ class StreamGraph(Graph):
             domain="com.microsoft",
             gather_axis=0,
             quantize_axis=1,
-            block_size=32,
+            block_size=block,
             bits=8,
         )
 
