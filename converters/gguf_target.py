@@ -242,4 +242,19 @@ def build_from_gguf(model_dir: Path, out: Path, start, stop, head, rec: dict, ta
 
             m = build_part(cfg, state, inv_freq, start, stop, head, rows, tuple(taps), graph=g)
     tmp_data.replace(data_path)
+    del g, state, lm
+    give_back_heap()
     return m
+
+
+def give_back_heap() -> None:
+    """Hand the heap the build freed back to the system (glibc keeps freed pages otherwise),
+    so the session that loads the part next starts from the process's baseline."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to hand back
+        pass
