@@ -133,3 +133,24 @@ def test_generate_on_a_gguf_with_the_onnx_target_is_lossless(tmp_path, donor, mo
         made = list((models_dir / "gguf").glob("*/*.safetensors"))
         assert bool(made) == (extra[1] == "sd")  # floats only once a draft asked for them
     assert outs[0] == outs[1] and len(outs[0]) == 12
+
+
+@pytest.mark.real
+def test_the_scale_bench_measures_a_shape_from_its_synth_gguf(tmp_path, monkeypatch, capsys):
+    """`apps.bench scale` on the smallest shape (SmolLM2-135M's tokenizer, from the registry):
+    the file written, both loads run in their own processes, each figure labelled random."""
+    from apps.bench.scale import main
+    from runtime.registry import KNOWN, model_home, pull_command
+
+    if not (
+        model_home("smollm2-135m-instruct") / KNOWN["smollm2-135m-instruct"].gguf_name
+    ).is_file():
+        pytest.skip(f"the donor tokenizer is not pulled: `{pull_command('smollm2-135m-instruct')}`")
+    monkeypatch.setenv("DUET_CACHE_DIR", str(tmp_path / "cache"))
+    argv = ["--shapes", "test-tiny", "--no-peers", "--no-pass-cost", "--max-tokens", "8"]
+    assert main([*argv, "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    d = row["duet"]
+    assert row["random_weights"] and row["file_bytes"] > 10e6
+    assert d["tokens_per_s"] > 0 and d["disk_bytes"] < 1.5 * row["file_bytes"]
+    assert d["first_peak_bytes"] > 0 and d["cached_s"] > 0

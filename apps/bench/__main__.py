@@ -6,6 +6,7 @@
     python -m apps.bench --methods ar,sd --drafts mtp            # sd+mtp: the target's MTP head
     python -m apps.bench --methods ar,sd,mirror --gammas 2,4     # sd@g2, sd@g4, ...: a γ sweep
     python -m apps.bench footprint --target smollm2-135m-instruct  # ar vs HF: tok/s, peak RSS
+    python -m apps.bench scale --shapes smollm2-1.7b  # a 1.7 B shape vs llama.cpp (random weights)
     python -m apps.bench --target smollm2-135m-instruct --peers all --threads 2 --per-category
                                                        # llama.cpp, ort-genai, HF, mlx-lm rows
 
@@ -37,6 +38,7 @@ SUBCOMMANDS = {
     "edge": ("edge", "FlexSpec edge-cloud baselines over emulated links (--codecs: the uplinks)"),
     "footprint": ("footprint", "Duet's ar against HF generate, a fresh process each: tok/s, RSS"),
     "evolving": ("evolving", "FlexSpec Table II: generic vs anchor draft on evolved targets"),
+    "scale": ("scale", "users' model sizes (random-weight GGUFs): load, memory, disk, speed"),
 }
 # old spellings still accepted anywhere in the arguments (deprecated): flag -> subcommand
 DEPRECATED = {"--edge": "edge"}
