@@ -67,7 +67,7 @@ def ms_per_token(
     """{ms_per_token, link_ms_per_token, e2e_tokens, e2e_mean_k, e2e_acceptance} of greedy
     flexspec with `draft` against `base` (+ `adapter` by name, "" for the base) over `prompts`;
     like apps.bench edge, the clock runs from OPEN (the connection's HELLO is not counted)."""
-    from apps.bench.edge import one_run
+    from apps.bench.edge_run import one_run
     from devices.links import emulator
     from runtime.decoding.events import GREEDY
     from runtime.edge.client import Connection
