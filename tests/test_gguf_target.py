@@ -138,7 +138,9 @@ def test_generate_on_a_gguf_with_the_onnx_target_is_lossless(tmp_path, donor, mo
 @pytest.mark.real
 def test_the_scale_bench_measures_a_shape_from_its_synth_gguf(tmp_path, monkeypatch, capsys):
     """`apps.bench scale` on the smallest shape (SmolLM2-135M's tokenizer, from the registry):
-    the file written, both loads run in their own processes, each figure labelled random."""
+    the file written, both loads run in their own processes, each figure labelled random. The
+    cache holds no float copy: at most the file and one more 8-bit copy of the tied embedding
+    (the head's), which at this vocabulary-heavy shape is most of the file."""
     from apps.bench.scale import main
     from runtime.registry import KNOWN, model_home, pull_command
 
@@ -152,5 +154,6 @@ def test_the_scale_bench_measures_a_shape_from_its_synth_gguf(tmp_path, monkeypa
     (row,) = json.loads(capsys.readouterr().out)["rows"]
     d = row["duet"]
     assert row["random_weights"] and row["file_bytes"] > 10e6
-    assert d["tokens_per_s"] > 0 and d["disk_bytes"] < 1.5 * row["file_bytes"]
+    head8 = 49152 * 576 * 1.25  # the tied head's two 4-bit halves and their scales
+    assert d["tokens_per_s"] > 0 and d["disk_bytes"] < 1.2 * (row["file_bytes"] + head8)
     assert d["first_peak_bytes"] > 0 and d["cached_s"] > 0

@@ -42,8 +42,11 @@ def build_parser():
     from apps.models.shapes import SHAPES
 
     ap = doc_parser("python -m apps.bench scale", __doc__)
-    ap.add_argument("--shapes", default="smollm2-360m,smollm2-1.7b",
-                    help=f"comma-separated, from: {', '.join(SHAPES)}")  # fmt: skip
+    ap.add_argument(
+        "--shapes",
+        default="smollm2-360m,smollm2-1.7b",
+        help=f"comma-separated, from: {', '.join(SHAPES)}",
+    )
     ap.add_argument("--quant", default="Q4_0", help="the synth GGUF's quant mix (default Q4_0)")
     ap.add_argument("--threads", type=int, default=2, help="for Duet and llama.cpp alike")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens in the timed turn")
@@ -90,7 +93,7 @@ def duet_loads(gguf: Path, work: Path, threads: int, max_tokens: int) -> dict:
            "--target-threads", str(threads), "--prompt", PROMPT,
            "--max-tokens", str(max_tokens), "--json"]  # fmt: skip
     first, cached = child(cmd, env), child(cmd, env)
-    stats = json.loads(cached["stdout"])
+    stats = json.loads(cached["stdout"])["stats"]  # the turn: prefill and decode, no load
     return {
         "first_load_s": first["wall_s"],
         "first_peak_bytes": first["peak_bytes"],
@@ -120,8 +123,11 @@ def llamacpp(gguf: Path, threads: int, max_tokens: int) -> dict:
         r = srv.complete(PROMPT, max_tokens)
         status = Path(f"/proc/{srv.proc.pid}/status")
         hwm = next((ln for ln in status.read_text().splitlines() if ln.startswith("VmHWM")), "")
-    return {"start_s": start, "peak_bytes": int(hwm.split()[1]) * 1024 if hwm else None,
-            "tokens_per_s": r["tok_s"]}  # fmt: skip
+    return {
+        "start_s": start,
+        "peak_bytes": int(hwm.split()[1]) * 1024 if hwm else None,
+        "tokens_per_s": r["tok_s"],
+    }
 
 
 def measure(name: str, a) -> dict:
