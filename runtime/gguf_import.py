@@ -159,7 +159,37 @@ def materialize_weights(d: Path) -> None:
     src = gguf_source(d)
     if src is None or not src.is_file():
         raise DuetError(f"{d}: its weights come from {src}, which is no longer there")
+    check_float_fits(src)
     convert_gguf(src, d, weights_only=True)
+
+
+FLOAT_SHARE = 0.5  # float weights may take at most this share of the machine's memory
+
+
+def physical_memory() -> int:
+    """This machine's memory in bytes (0 where the platform does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def check_float_fits(src: Path) -> None:
+    """Refuse, in one line, a GGUF whose float32 weights (transformers' dequantization, then
+    the PyTorch model) would take more than FLOAT_SHARE of memory: the ONNX target runs its
+    blocks as they are."""
+    from gguf import GGUFReader
+
+    params = sum(int(t.n_elements) for t in GGUFReader(str(src)).tensors)
+    need, have = 4 * params, physical_memory()
+    if have and need > FLOAT_SHARE * have:
+        raise DuetError(
+            f"{src.name}: its float32 weights would take {need / 1e9:.1f} GB of this machine's "
+            f"{have / 1e9:.1f} GB; run it with --target-backend onnx (its own 4-bit blocks, "
+            "about the file's size) or mlx"
+        )
 
 
 def convert_gguf(path: Path, out: Path, weights_only: bool = False) -> Path:

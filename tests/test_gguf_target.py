@@ -157,3 +157,21 @@ def test_the_scale_bench_measures_a_shape_from_its_synth_gguf(tmp_path, monkeypa
     head8 = 49152 * 576 * 1.25  # the tied head's two 4-bit halves and their scales
     assert d["tokens_per_s"] > 0 and d["disk_bytes"] < 1.2 * (row["file_bytes"] + head8)
     assert d["first_peak_bytes"] > 0 and d["cached_s"] > 0
+
+
+def test_a_gguf_too_large_for_float_weights_is_refused_naming_the_onnx_target(
+    tmp_path, donor, models_dir, monkeypatch, capsys
+):
+    """PyTorch needs the GGUF's weights in float32; where they would not fit, one line says
+    which backend runs the file as it is (the ONNX target still does)."""
+    import runtime.gguf_import as gi
+    from runtime.generate import main
+
+    g = small_gguf(tmp_path, donor)
+    monkeypatch.setattr(gi, "physical_memory", lambda: 1_000_000)  # a 1 MB machine
+    capsys.readouterr()  # the synth's progress
+    common = ["--target", str(g), "--prompt-ids", "5,70", "--max-tokens", "2", "--json"]
+    assert main([*common, "--target-backend", "torch"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--target-backend onnx" in err[0]
+    assert main([*common, "--target-backend", "onnx", "--method", "ar"]) == 0
