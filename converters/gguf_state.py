@@ -106,8 +106,9 @@ class GGUFState:
         return Packed(self, keys)
 
     def __getitem__(self, key: str):
-        """The float32 array of `key`; the embedding and head as `Rows`, read when used."""
-        if key in ("model.embed_tokens.weight", "lm_head.weight"):
+        """The float32 array of `key`; the embedding as `Rows`, read when a graph uses it (every
+        MatMul weight, the head's too, comes through `matmul_weight`)."""
+        if key == "model.embed_tokens.weight":
             if key not in self:
                 raise KeyError(key)
             return Rows(self, key)
@@ -128,20 +129,14 @@ class GGUFState:
 
 
 class Rows:
-    """A vocabulary-sized matrix (the embedding, an untied head) left in the GGUF until a
-    graph says how it is used: a Gather reads its 8-bit rows (`rows8`), a MatMul its float
-    values (`array`, transposed when `.T` was asked for, as the builders write `w.T`)."""
+    """The embedding, left in the GGUF until a graph says how it is used: a Gather reads its
+    8-bit rows (`rows8`), any other use its float values (`array`)."""
 
-    def __init__(self, state: GGUFState, key: str, transposed: bool = False):
-        self.state, self.key, self.transposed = state, key, transposed
-
-    @property
-    def T(self) -> Rows:
-        return Rows(self.state, self.key, not self.transposed)
+    def __init__(self, state: GGUFState, key: str):
+        self.state, self.key = state, key
 
     def array(self) -> np.ndarray:
-        w = self.state.array(self.key)
-        return np.ascontiguousarray(w.T) if self.transposed else w
+        return self.state.array(self.key)
 
     def rows8(self, chunk: int = 8192):
         """(q + 128 as uint8 (N, K), scales float32 (N, K / block), block) where 8-bit blocks

@@ -44,7 +44,8 @@ class StreamGraph(Graph):
     def __init__(self, data, location: str, rec: dict):
         super().__init__()
         self.data, self.location, self.rec = data, location, rec
-        self.pending: dict[str, np.ndarray] = {}  # large floats not yet used by an op
+        # large initializers not yet used by an op: float arrays, or GGUF weights still in blocks
+        self.pending: dict[str, np.ndarray | Rows | Packed] = {}
 
     def init(self, name: str, arr) -> str:
         if isinstance(arr, (Rows, Packed)):

@@ -29,9 +29,9 @@ def models_dir(tmp_path, monkeypatch):
 
 
 def small_gguf(tmp_path, donor, mix="Q4_0", shape=SMALL):
-    return synth(shape, tmp_path / f"{shape.name}-{mix}.gguf", mix, 0, donor) and (
-        tmp_path / f"{shape.name}-{mix}.gguf"
-    )
+    out = tmp_path / f"{shape.name}-{mix}.gguf"
+    synth(shape, out, mix, 0, donor)
+    return out
 
 
 def test_synth_writes_the_shape_and_says_its_weights_are_random(tmp_path, donor):
