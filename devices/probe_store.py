@@ -86,6 +86,17 @@ def _versions() -> dict:
     return out
 
 
+def files_key(path) -> list | None:
+    """[(name, size, mtime)] of the files at `path` (a checkpoint folder's, or the one file),
+    None when it cannot be read: what a model's figures are keyed by."""
+    p = Path(path)
+    try:
+        found = sorted(p.iterdir()) if p.is_dir() else [p]
+        return [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in found if f.is_file()]
+    except OSError:
+        return None
+
+
 def model_key(model) -> dict | None:
     """What identifies `model`'s figures: None for a model that was not loaded from a path."""
     # an emulated draft keeps no load spec of its own: its wrapped model's, with the label
@@ -95,11 +106,8 @@ def model_key(model) -> dict | None:
     if spec is None:
         return None
     path, backend, kw = spec[0], spec[1], spec[2]
-    p = Path(path)
-    try:
-        found = sorted(p.iterdir()) if p.is_dir() else [p]
-        files = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in found if f.is_file()]
-    except OSError:
+    p, files = Path(path), files_key(path)
+    if files is None:
         return None
     emu = getattr(model, "emu", None)
     return {
@@ -135,6 +143,16 @@ class ProbeStore:
         pair's is; None for a target not loaded from files."""
         key = model_key(target)
         return None if key is None else cls._keyed(kind, {"target": key, "kind": kind}, refresh)
+
+    @classmethod
+    def for_checkpoint(cls, tdir, kind: str, extra, *, refresh: bool = False) -> ProbeStore | None:
+        """A store of what was measured on the checkpoint folder `tdir` before any model loads
+        (`kind`: what for; `extra`: what else the figures depend on), None when unreadable."""
+        files = files_key(tdir)
+        if files is None:
+            return None
+        ident = {"path": str(Path(tdir).resolve()), "files": files, "extra": extra, "kind": kind}
+        return cls._keyed(kind, {"checkpoint": ident}, refresh)
 
     @classmethod
     def _keyed(cls, prefix: str, models: dict, refresh: bool) -> ProbeStore:

@@ -45,13 +45,20 @@ def load(target: str | None = None, draft: str | None = None, **options):
     a target alone loads no draft (methods `ar`, or `auto`, which then runs it alone).
     `options` are load_pair's keywords (`target_backend`, `draft_backend`, `draft_threads`,
     `provider`, `target_threads`, `target_device`, `adapter`, `hybrid_rollback`,
-    `need_draft`).
+    `quantize`, `need_draft`), and `reprobe`: with no `target_backend`, the target runs where
+    the commands run it (runtime/placement.py: the machine's fastest at the model's own
+    precision, measured once per model and machine and kept; `reprobe=True` measures again).
     """
     import converters  # noqa: F401 (the on-the-fly exports the engine asks for: STYLE 11)
     from runtime.loading import load_pair
 
+    from runtime.cli_args import announce_target, target_chooser
+
     need = options.pop("need_draft", target is None or draft is not None)
-    return load_pair(target, draft, need_draft=need, **options)
+    options.setdefault("target_chooser", target_chooser(options.pop("reprobe", False)))
+    pair = load_pair(target, draft, need_draft=need, **options)
+    announce_target(pair.settings)
+    return pair
 
 
 def eos_ids(pair) -> tuple[int, ...]:

@@ -8,6 +8,7 @@ runtime/cli_args_methods.py; `--method auto`'s flags and chooser: runtime/cli_ar
 from __future__ import annotations
 
 import argparse
+import sys
 
 import converters  # noqa: F401 (registers the on-the-fly exports the engine asks for: STYLE 11)
 from runtime.cli_args_auto import (  # noqa: F401 (re-exported for the commands)
@@ -32,6 +33,7 @@ from runtime.cli_args_methods import (  # noqa: F401 (re-exported for the comman
     resolve_gamma,
 )
 from runtime.loading import TARGET_BACKENDS, Pair, load_pair
+from runtime.placement import QUANTIZE
 
 
 def add_pair_args(ap: argparse.ArgumentParser) -> None:
@@ -57,18 +59,21 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
         "--target-backend",
         choices=TARGET_BACKENDS,
         default="auto",
-        help="runs the target: auto = mlx on macOS (Metal), torch elsewhere; onnx = "
-        "ONNX Runtime, exported once and cached beside the checkpoint (default auto)",
+        help="runs the target: auto = this machine's fastest at the model's own precision: "
+        "MLX on macOS; on a CPU a GGUF runs on ONNX Runtime from its own quantized blocks, and "
+        "a float checkpoint in float32 on PyTorch or ONNX Runtime, whichever a probe measures "
+        "faster (once per model and machine, kept; --reprobe measures again); onnx = ONNX "
+        "Runtime, exported once and cached beside the checkpoint (default auto)",
     )
     ap.add_argument(
         "--quantize",
-        choices=["int4", "int8", "none"],
-        default="int4",
-        help="ONNX target weights: int4/int8 = block-wise MatMulNBits (blocks of 32, "
-        "int8 activations), requantized from the checkpoint's float32 weights (a "
-        "checkpoint from a GGUF keeps its own 4-bit blocks, its finer ones at 8 bits); "
-        "none = float32; a hybrid runs float32 (default int4; only with "
-        "--target-backend onnx)",
+        choices=QUANTIZE,
+        default="auto",
+        help="ONNX target weights: auto = the model's own precision (a GGUF keeps its own "
+        "4-bit blocks, its finer ones at 8 bits; a float checkpoint stays float32); int4/int8 "
+        "= block-wise MatMulNBits (blocks of 32, int8 activations), requantized from a float "
+        "checkpoint, and the target then runs on ONNX Runtime; none = float32; a hybrid runs "
+        "float32 (default auto)",
     )
     ap.add_argument(
         "--target-device",
@@ -145,9 +150,30 @@ def load_pair_from_args(a: argparse.Namespace, *, need_draft: bool) -> Pair:
         target_threads=a.target_threads,
         target_device=a.target_device,
         adapter=a.adapter,
-        quantize=getattr(a, "quantize", "int4"),
+        quantize=getattr(a, "quantize", "auto"),
         hybrid_rollback=getattr(a, "hybrid_rollback", "replay"),
+        target_chooser=target_chooser(getattr(a, "reprobe", False)),
     )
+    announce_target(pair.settings)
     if getattr(a, "method", None) == AUTO and a.target is not None and a.draft is None:
         attach_alone_draft(pair)  # auto may run sd on a target alone (alone_chooser)
     return pair
+
+
+def target_chooser(refresh: bool = False):
+    """load_pair's `target_chooser`: the measured choice of devices/target_placement.py, which
+    the engine cannot import (STYLE 11)."""
+    from devices.target_placement import choose_target
+
+    def choose(tdir, candidates, load):
+        return choose_target(tdir, candidates, load, refresh=refresh)
+
+    return choose
+
+
+def announce_target(settings: dict) -> None:
+    """One stderr line saying where the target runs and why, when that was chosen just now."""
+    if settings.get("target_announce") and settings.get("target_backend_why"):
+        q = settings.get("target_quantize")
+        at = settings["target_backend"] + (f" ({q})" if q and q != "none" else "")
+        print(f"[target on {at}: {settings['target_backend_why']}]", file=sys.stderr)

@@ -219,8 +219,6 @@ def main(argv: list[str] | None = None) -> int:
             f"mean accepted {s['mean_accepted']:.2f}{rate}",
             file=sys.stderr,
         )
-        if s.get("target_backend_why"):
-            print(f"[target on {s['target_backend']}: {s['target_backend_why']}]", file=sys.stderr)
     return 0
 
 

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.backends import load_model
-from runtime.config import ModelConfig
 from runtime.drafts import is_model_free_spec, load_model_free
 from runtime.drafts.mixed import is_mixed_spec
 from runtime.errors import DuetError
 from runtime.placement import choose_backend, draft_backends_for
 from runtime.preflight import check_checkpoint, check_pair_files
+from runtime.target_loading import TARGET_BACKENDS, load_target  # noqa: F401 (re-exported)
 from runtime.tokenizer import Tokenizer, check_pair
 
 
@@ -88,9 +87,6 @@ def _no_draft_dir(spec) -> bool:
     return spec in OWN_HEADS or is_model_free_spec(spec) or is_mixed_spec(spec)
 
 
-TARGET_BACKENDS = ("auto", "mlx", "torch", "onnx")  # onnx: runtime/backends/onnx/target.py
-
-
 def head_backend(draft_backend: str | None, target_device: str = "cpu") -> str:
     """Where a sidecar head (fitted head, MTP) steps: PyTorch when asked for or when the target
     runs off the CPU (its features stay on the device), else ONNX Runtime with int8 weights."""
@@ -110,9 +106,10 @@ def load_pair(
     target_device: str = "cpu",
     adapter: str | None = None,
     hybrid_rollback: str = "replay",
-    quantize: str = "int4",
+    quantize: str = "auto",
     heads_from: str | Path | None = None,
     profile_roles: Mapping[str, str] | None = None,
+    target_chooser=None,
 ) -> Pair:
     """Load target (and draft when `need_draft`); the embedded pair when neither is given.
 
@@ -134,16 +131,27 @@ def load_pair(
 
     `profile_roles`: a device profile's {role: backend} (runtime/placement.py), which places
     the target and a draft model where the user named no backend.
+
+    `quantize`: the ONNX target's weights; "auto" is the fidelity rule (runtime/placement.py:
+    a quantized GGUF's own blocks, a float checkpoint's float32). `target_chooser`: where no
+    backend is named, the command layer's measured choice among the machine's candidates
+    (devices/target_placement.py; called as `chooser(tdir, candidates, load)`, it returns
+    (backend, quantize, why, announce, the loaded target or None)); without one the first
+    candidate runs.
     """
     tdir, ddir, home = _pair_dirs(target, draft, need_draft, adapter, heads_from)
-    target_backend, target_why, target_threads = _place_target(
-        target_backend, profile_roles, target_threads, need_draft, ddir, draft_threads
-    )
-    t, quantize, hybrid_onnx = _load_target(
-        tdir, target_backend, target_threads, target_device, hybrid_rollback, quantize
-    )
-    settings = _target_settings(
-        target_backend, target_threads, target_device, target_why, quantize, hybrid_onnx
+
+    t, settings = load_target(
+        tdir,
+        not need_draft or _no_draft_dir(ddir),
+        target_backend,
+        quantize,
+        profile_roles,
+        target_device,
+        target_chooser,
+        target_threads,
+        draft_threads,
+        hybrid_rollback,
     )
     mixed, kind = need_draft and is_mixed_spec(ddir), ddir
     if mixed:  # the head drafts, a model-free draft beside it (runtime/drafts/mixed.py)
@@ -215,84 +223,6 @@ def _pair_dirs(target, draft, need_draft: bool, adapter, heads_from) -> tuple:
         check_checkpoint(ddir, "draft")
         check_pair_files(tdir, ddir)
     return tdir, ddir, home
-
-
-def _place_target(
-    target_backend, profile_roles, target_threads, need_draft: bool, ddir, draft_threads: int
-) -> tuple:
-    """(backend, why it was chosen, intra-op threads) of the target."""
-    target_backend, target_why = choose_backend(
-        "target", target_backend, profile_roles, choices=TARGET_BACKENDS[1:]
-    )
-    if (
-        target_threads is None
-        and target_backend == "onnx"
-        and (not need_draft or _no_draft_dir(ddir))
-    ):  # no draft model computes beside it: the ONNX target takes every core
-        target_threads = os.cpu_count() or 1
-    if target_threads is None:
-        # the same count whatever the method, so ar and sd runs are comparable; a target with no
-        # draft model beside it gets every core
-        target_threads = max(1, (os.cpu_count() or 1) - (draft_threads if need_draft else 0))
-    return target_backend, target_why, target_threads
-
-
-def _load_target(
-    tdir,
-    target_backend: str,
-    target_threads: int,
-    target_device: str,
-    hybrid_rollback: str,
-    quantize: str,
-) -> tuple:
-    """(the target, the quantization it runs at, whether it is a hybrid on ONNX)."""
-    if target_device != "cpu" and target_backend != "torch":
-        raise DuetError(
-            f"--target-device {target_device} runs the PyTorch target; add --target-backend torch"
-        )
-    if target_backend == "torch":
-        kw = {
-            "threads": target_threads,
-            "device": target_device,
-            "hybrid_rollback": hybrid_rollback,
-        }
-    else:
-        kw = {"hybrid_rollback": hybrid_rollback}  # mlx: used by a hybrid checkpoint only
-    hybrid_onnx = target_backend == "onnx" and ModelConfig.from_dir(tdir).is_hybrid
-    if hybrid_onnx:  # a hybrid: the draft's one-token graph with its states (float32)
-        t = load_model(tdir, "onnx", intra_threads=target_threads)
-        quantize = "none"
-    elif target_backend == "onnx":  # exported once, cached beside the checkpoint per quantization
-        from runtime.backends.onnx.target import OnnxTargetLM
-
-        t = OnnxTargetLM(tdir, quantize, intra_threads=target_threads)
-    else:
-        t = load_model(tdir, target_backend, **kw)
-    return t, quantize, hybrid_onnx
-
-
-def _target_settings(
-    target_backend: str,
-    target_threads: int,
-    target_device: str,
-    target_why,
-    quantize: str,
-    hybrid_onnx: bool,
-) -> dict:
-    """The target's part of the settings reported with a run."""
-    settings = {"target_backend": target_backend,
-                "target_threads": target_threads if target_backend in ("torch", "onnx") else None,
-                "target_device": target_device,
-                "target_backend_why": target_why}  # fmt: skip
-    if target_backend == "onnx":
-        settings["target_quantize"] = quantize
-    if hybrid_onnx:  # say why --quantize did not apply
-        settings["target_backend_why"] = (
-            "a hybrid (linear-attention) checkpoint runs as the ONNX draft export's one-token "
-            "graph with its recurrent states, float32 weights (--quantize applies to Llama, "
-            "Qwen2, Qwen3 and Gemma 3)"
-        )
-    return settings
 
 
 def _load_draft(

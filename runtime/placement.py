@@ -9,11 +9,15 @@ In order, the first that answers:
    `{role: backend}` dict (`profile_roles` turns a loaded profile into one);
 3. the caller's own default, where it has one (a draft checkpoint's format decides its backend
    in runtime/loading.py);
-4. the platform's default: the target on MLX on macOS (the Metal GPU) and on PyTorch elsewhere
-   (MLX off Apple silicon runs on its CPU backend, whose verification of a γ+1 window costs
-   ~γ+1 single-token passes, which erases speculative decoding's gain; PyTorch's CPU matmuls
-   keep a short window close to one pass, as a GPU does); a bundle's draft on Core ML on macOS
-   (the Neural Engine) and on ONNX Runtime elsewhere.
+4. the machine's backends (`target_candidates`, for the target): MLX on macOS (the Metal GPU);
+   PyTorch for `--target-device cuda`; on an x86-64 or arm64 CPU, ONNX Runtime and PyTorch, by
+   the fidelity rule: a quantized source (a GGUF) runs at its own precision, on ONNX Runtime
+   from its own blocks (MatMulNBits), which is the model the user has (a float32 copy of it is
+   not); a float checkpoint runs in float32 on whichever of PyTorch and ONNX Runtime a probe
+   measures faster for that model on this machine (devices/target_placement.py keeps it), unless
+   `--quantize int4|int8` asks for the ONNX target's quantized weights. Without a probe (a
+   library caller that passes none) a float checkpoint runs on PyTorch. A bundle's draft runs
+   on Core ML on macOS (the Neural Engine) and on ONNX Runtime elsewhere.
 
 It picks a name and says why; loading is the caller's (runtime/loading.py, apps/companion).
 """
@@ -33,7 +37,7 @@ PLATFORM = {
         True: ("mlx", "auto on macOS: MLX on the Metal GPU"),
         False: ("torch", "auto off macOS: PyTorch, since MLX runs on the CPU here and measured "
                 "slower (`python -m apps.bench footprint --backends torch,mlx` compares them)"),
-    },
+    },  # the target's platform answer where the caller has no checkpoint: target_candidates
     "draft": {
         True: ("coreml", "auto on macOS: Core ML (the Neural Engine)"),
         False: ("onnx", "auto off macOS: ONNX Runtime"),
@@ -85,3 +89,66 @@ def choose_backend(
     if default is not None:
         return default, None
     return PLATFORM[role][(platform or sys.platform) == "darwin"]
+
+
+QUANTIZE = ("auto", "int4", "int8", "none")  # --quantize; auto: the fidelity rule
+FLOAT_GGUF_TYPES = {0: "F32", 1: "F16", 32: "BF16"}  # general.file_type values of float files
+
+
+def source_precision(tdir) -> str | None:
+    """The GGUF quantization a checkpoint was described from ("file type 3", ...), or None for
+    a float checkpoint (or a GGUF of float weights)."""
+    from runtime.gguf_import import gguf_source
+
+    if gguf_source(tdir) is None:
+        return None
+    import json
+    from pathlib import Path
+
+    try:
+        kind = json.loads((Path(tdir) / "duet-source.json").read_text()).get("file_type")
+    except (OSError, ValueError, AttributeError):
+        kind = None
+    if kind in FLOAT_GGUF_TYPES:
+        return None
+    try:
+        from gguf import LlamaFileType
+
+        return LlamaFileType(kind).name.removeprefix("MOSTLY_")
+    except (ImportError, ValueError):
+        return f"file type {kind}"
+
+
+def resolve_quantize(tdir, quantize: str | None) -> str:
+    """`--quantize auto` by the fidelity rule: a quantized GGUF's own blocks ("int4": its 4-bit
+    blocks kept, its finer ones at 8 bits), else float32 ("none"); a named one as given."""
+    if quantize not in (None, "auto"):
+        return quantize
+    return "int4" if source_precision(tdir) is not None else "none"
+
+
+def target_candidates(
+    tdir, quantize: str | None = "auto", device: str = "cpu", platform: str | None = None
+) -> list[tuple[str, str, str]]:
+    """[(backend, quantize, why)]: where the target may run on this machine when the user and
+    the profile name no backend (rule 4 of the module docstring), the library's default first.
+    More than one: a probe decides (devices/target_placement.py)."""
+    q = resolve_quantize(tdir, quantize)
+    if device != "cpu":
+        return [("torch", "none", f"--target-device {device}: PyTorch on the {device} device")]
+    if (platform or sys.platform) == "darwin":
+        return [("mlx", q, "auto on macOS: MLX on the Metal GPU")]
+    if quantize in ("int4", "int8"):
+        return [("onnx", q, f"--quantize {q}: the ONNX target's {q} MatMulNBits weights")]
+    own = source_precision(tdir)
+    if own is not None:
+        return [
+            (
+                "onnx",
+                q,
+                f"a quantized GGUF ({own}) runs at its own precision: ONNX Runtime "
+                "from its own blocks (4-bit MatMulNBits; finer blocks at 8 bits)",
+            )
+        ]
+    why = "a float checkpoint runs in float32"
+    return [("torch", "none", f"{why} (PyTorch)"), ("onnx", "none", f"{why} (ONNX Runtime)")]

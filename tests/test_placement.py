@@ -2,11 +2,19 @@
 profile's role, else the caller's default, else the platform's; load_pair and the companion
 client both ask it."""
 
+import json
+
 import pytest
 
 from devices.profile import load_profile
 from runtime.errors import DuetError
-from runtime.placement import choose_backend, draft_backends_for, profile_roles
+from runtime.placement import (
+    choose_backend,
+    draft_backends_for,
+    profile_roles,
+    resolve_quantize,
+    target_candidates,
+)
 
 
 @pytest.mark.parametrize("asked", [None, "auto"])
@@ -73,3 +81,83 @@ def test_the_companion_client_asks_the_same_rule(monkeypatch, tmp_path):
     assert client.load_draft(tmp_path, "auto") == ("onnx", tmp_path / "draft.onnx")
     with pytest.raises(DuetError, match="profile runs the draft on 'mlx'"):
         client.load_draft(tmp_path, "auto", roles={"draft": "mlx"})
+
+
+def described(tmp_path, file_type):
+    """A folder described from a GGUF of `file_type` (runtime/gguf_import.py's note of it)."""
+    (tmp_path / "duet-source.json").write_text(
+        json.dumps({"gguf": "m.gguf", "file_type": file_type})
+    )
+    return tmp_path
+
+
+def test_the_machines_candidates_follow_the_fidelity_rule(tmp_path):
+    q4 = described(tmp_path, 2)  # a Q4_0 GGUF: its own blocks, on ONNX Runtime
+    [(b, q, why)] = target_candidates(q4, "auto", platform="linux")
+    assert (b, q) == ("onnx", "int4") and "Q4_0" in why and "own precision" in why
+    assert resolve_quantize(q4, "auto") == "int4"
+    (tmp_path / "f16").mkdir()
+    f16 = described(tmp_path / "f16", 1)
+    assert resolve_quantize(f16, "auto") == "none"  # a float GGUF stays float
+    float_dir = tmp_path / "float"
+    float_dir.mkdir()
+    assert [c[:2] for c in target_candidates(float_dir, "auto", platform="linux")] == [
+        ("torch", "none"),
+        ("onnx", "none"),
+    ]  # measured by the command's probe; a library call without one takes the first
+    assert target_candidates(float_dir, "int8", platform="linux")[0][:2] == ("onnx", "int8")
+    assert target_candidates(q4, "auto", platform="darwin")[0][0] == "mlx"
+    assert target_candidates(float_dir, "auto", device="cuda")[0][:2] == ("torch", "none")
+
+
+class Timed:
+    """A stand-in target whose passes the probe's timer reads as `ms` milliseconds."""
+
+    def __init__(self, ms):
+        self.ms = ms
+
+
+def test_the_probe_keeps_the_faster_backend_and_says_so_once(tmp_path, monkeypatch):
+    from devices import target_placement as tp
+
+    monkeypatch.setattr(tp, "pass_costs", lambda m: {1: m.ms / 1e3, 5: m.ms * 1.5 / 1e3})
+    cands = [("torch", "none", "float (PyTorch)"), ("onnx", "none", "float (ONNX Runtime)")]
+    loads = []
+
+    def load(b, q):
+        loads.append(b)
+        return Timed({"torch": 9.0, "onnx": 3.0}[b])
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    b, q, why, announce, model = tp.choose_target(ckpt, cands, load)
+    assert (b, q, announce) == ("onnx", "none", True) and model.ms == 3.0  # the last one, kept
+    assert "torch 9.0/13.5 ms, onnx 3.0/4.5 ms" in why and loads == ["torch", "onnx"]
+    b, q, why, announce, model = tp.choose_target(ckpt, cands, load)  # kept: nothing loads
+    assert (b, announce, model, loads) == ("onnx", False, None, ["torch", "onnx"])
+    b, *_, announce, model = tp.choose_target(ckpt, cands, load, refresh=True)
+    assert b == "onnx" and announce and loads[2:] == ["torch", "onnx"]
+    (ckpt / "config.json").write_text('{"changed": 1}')  # a changed checkpoint is a new file
+    monkeypatch.setattr(tp, "pass_costs", lambda m: {1: 1 / m.ms, 5: 1 / m.ms})
+    b, q, why, announce, model = tp.choose_target(ckpt, cands, load)
+    assert b == "torch" and announce and model is None  # the first won: the caller loads it
+
+
+def test_the_plain_command_runs_where_the_probe_put_it(tiny_dir, capsys):
+    """Greedy output of the plain command equals the chosen backend's own ar, and the line that
+    says where the target runs comes once."""
+    from runtime.generate import main
+
+    t = str(tiny_dir("llama"))
+    argv = ["--target", t, "--prompt-ids", "1,2,3,4", "--max-tokens", "12", "--json"]
+    main([*argv, "--method", "ar", "--reprobe"])
+    out, err = capsys.readouterr()
+    plain = json.loads(out)
+    backend = plain["stats"]["target_backend"]
+    assert backend in ("torch", "onnx") and err.count("[target on ") == 1
+    main([*argv, "--method", "ar"])
+    out, err = capsys.readouterr()
+    assert "[target on " not in err and json.loads(out)["stats"]["target_backend"] == backend
+    main([*argv, "--method", "ar", "--target-backend", backend])
+    assert json.loads(capsys.readouterr()[0])["tokens"] == plain["tokens"]
