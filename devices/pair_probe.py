@@ -125,7 +125,9 @@ def runnable_methods(target, draft) -> list[str]:
     if draft is not None:
         out.append("sd")
         coreml = str(getattr(draft, "backend", "")).startswith("coreml")  # batch 1: no branches
-        if getattr(target, "supports_layer_range", False) and not coreml:
+        # a head (fitted or MTP) reads the target's features and drafts one row: no branches
+        one_row = getattr(draft, "reads_target_hidden", False)
+        if getattr(target, "supports_layer_range", False) and not coreml and not one_row:
             out.append("mirror")
     return [m for m in out if cannot_run(m, target, draft) is None]
 

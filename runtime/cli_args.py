@@ -22,6 +22,7 @@ from runtime.cli_args_auto import (  # noqa: F401 (re-exported for the commands)
     auto_announcement,
     auto_chooser,
     auto_options,
+    own_draft,
 )
 from runtime.cli_args_methods import (  # noqa: F401 (re-exported for the commands)
     DEFAULT_GAMMA,
@@ -32,7 +33,7 @@ from runtime.cli_args_methods import (  # noqa: F401 (re-exported for the comman
     method_kwargs,
     resolve_gamma,
 )
-from runtime.loading import TARGET_BACKENDS, Pair, load_pair
+from runtime.loading import TARGET_BACKENDS, Pair, load_pair, resolve
 from runtime.placement import QUANTIZE
 
 
@@ -139,9 +140,13 @@ def load_pair_from_args(a: argparse.Namespace, *, need_draft: bool) -> Pair:
 
     at_least("--draft-threads", a.draft_threads)
     at_least("--target-threads", a.target_threads)
+    draft, auto_alone = a.draft, getattr(a, "method", None) == AUTO and a.draft is None
+    if auto_alone and a.target is not None:  # auto drafts with the target's own head, if any
+        draft = own_draft(resolve(a.target, "target"))
+        need_draft = need_draft or draft is not None
     pair = load_pair(
         a.target,
-        a.draft,
+        draft,
         need_draft=need_draft,
         target_backend=a.target_backend,
         draft_backend=a.draft_backend,
@@ -155,7 +160,7 @@ def load_pair_from_args(a: argparse.Namespace, *, need_draft: bool) -> Pair:
         target_chooser=target_chooser(getattr(a, "reprobe", False)),
     )
     announce_target(pair.settings)
-    if getattr(a, "method", None) == AUTO and a.target is not None and a.draft is None:
+    if auto_alone and a.target is not None and draft is None:
         attach_alone_draft(pair)  # auto may run sd on a target alone (alone_chooser)
     return pair
 

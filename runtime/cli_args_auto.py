@@ -168,6 +168,25 @@ def _kept_figures(pair: Pair, corrections, refresh: bool):
 ALONE_DRAFT = "suffix"  # the model-free draft auto runs sd with for a target alone
 
 
+def own_draft(tdir) -> str | None:
+    """The draft `--method auto` gives a target named without one, from what the target has:
+    its fitted feature-level head (`python -m apps.train eagle`), else its multi-token-
+    prediction head (in the checkpoint or its sidecar), which auto then weighs as any draft
+    (ar, sd, mirror); None when it has neither (auto then runs it alone, or with the model-free
+    draft: alone_chooser). (`head+suffix` drafts sd chains only, so auto is not given it.)
+    Files are looked at, never loaded."""
+    from runtime.drafts.head.torch import WEIGHTS, head_sidecar
+    from runtime.drafts.mtp.weights import has_mtp_weights
+
+    if tdir is None:
+        return None
+    if (head_sidecar(tdir) / WEIGHTS).is_file():
+        return "head"
+    if has_mtp_weights(tdir):
+        return "mtp"
+    return None
+
+
 def attach_alone_draft(pair: Pair) -> None:
     """Give a target alone the model-free draft `--method auto` may run sd with (no model)."""
     from runtime.drafts import load_model_free

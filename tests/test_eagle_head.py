@@ -688,3 +688,21 @@ def test_the_head_ends_its_chain_when_unsure(fitted, gof_pair):
     finally:
         head.stop_below = 0.0
     assert p > ALPHA, f"sd with an early-stopping head: joint law differs (p = {p:.2e})"
+
+
+def test_auto_drafts_with_the_targets_own_head(fitted, capsys):
+    """A target named alone under `--method auto` drafts with its fitted head, and the output
+    is still its own `ar`'s (issue 57: the draft by default)."""
+    from runtime.cli_args_auto import own_draft
+    from runtime.generate import main as generate
+
+    target_dir, _ = fitted
+    assert own_draft(target_dir) == "head"
+    ids = ",".join(map(str, PROMPT))
+    base = ["--target", str(target_dir), "--prompt-ids", ids, "--max-tokens", "10", "--json"]
+    outs = []
+    for extra in (["--method", "ar"], []):
+        assert generate([*base, "--target-backend", "torch", *extra]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[1]["tokens"] == outs[0]["tokens"]
+    assert outs[1]["stats"]["draft_backend"].startswith("head (fitted")

@@ -21,6 +21,20 @@ def mtp_sidecar(target_dir) -> Path:
     return sidecar(target_dir, "mtp")
 
 
+def has_mtp_weights(path) -> bool:
+    """Whether checkpoint `path` or its sidecar holds `mtp.*` tensors, from the safetensors
+    headers alone (no tensor is read; a GGUF-described folder has none to look at)."""
+    from safetensors import safe_open
+
+    files = [f for f in Path(path).glob("*.safetensors")] + [mtp_sidecar(path) / WEIGHTS]
+    for f in files:
+        if f.is_file():
+            with safe_open(str(f), "np") as st:
+                if any(k.startswith("mtp.") for k in st.keys()):
+                    return True
+    return False
+
+
 def find_mtp_weights(path) -> tuple[dict, Path]:
     """The `mtp.*` tensors (prefix stripped) of checkpoint `path` or of its sidecar, and the
     file or directory they came from; one DuetError naming both places when neither has them."""
