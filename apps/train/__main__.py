@@ -11,6 +11,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError, cli_main
 
 from .args import REQUIRED, add_loop_args, number
@@ -168,12 +169,7 @@ def _run_args(r) -> None:
 def build_parser() -> argparse.ArgumentParser:
     width = max(map(len, SUBCOMMANDS)) + 2
     subs = "".join(f"  {n:{width}s}{h}\n" for n, (_, h) in SUBCOMMANDS.items())
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.train",
-        description=DESCRIPTION,
-        epilog=EPILOG + subs.rstrip("\n"),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.train", DESCRIPTION, epilog=EPILOG + subs.rstrip("\n"))
     _data_args(ap.add_argument_group("data"))
     _model_args(ap.add_argument_group("models"))
     _schedule_args(ap.add_argument_group("schedule"))

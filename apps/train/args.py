@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from runtime.cli_parser import doc_parser
+
 REQUIRED = object()  # a flag the command cannot run without (`--out` of most subcommands)
 
 
@@ -58,12 +60,7 @@ LOOP_FLAGS = {
 
 def command_parser(name: str, description: str, **kw) -> argparse.ArgumentParser:
     """The parser of `python -m apps.train NAME`, its description printed as written."""
-    return argparse.ArgumentParser(
-        prog=f"python -m apps.train {name}",
-        description=description,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        **kw,
-    )
+    return doc_parser(f"python -m apps.train {name}", description, **kw)
 
 
 def number(v) -> str:

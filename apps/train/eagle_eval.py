@@ -20,16 +20,14 @@ import json
 import time
 from collections import defaultdict
 
+from apps.bench.prompt_set import add_sample_args
+from runtime.cli_parser import doc_parser
+
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m apps.train.eagle_eval",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m apps.train.eagle_eval", __doc__)
     ap.add_argument("--target", required=True)
-    ap.add_argument("--prompts", default="chat", help="a named set or a .jsonl (default chat)")
-    ap.add_argument("--per-category", type=int, default=2, help="prompts per category (2)")
+    add_sample_args(ap)
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=None, help="target threads (default: all)")
@@ -133,7 +131,7 @@ def answer(session, ids: list[int], max_tokens: int, conf: Confidence | None = N
 
 
 def main(argv=None) -> int:
-    from apps.bench.prompt_set import load_prompts, turn_ids
+    from apps.bench.prompt_set import sample_prompts, turn_ids
     from runtime.chat_template import ChatTemplate
     from runtime.drafts.mixed import is_mixed_spec
     from runtime.errors import DuetError
@@ -163,7 +161,7 @@ def main(argv=None) -> int:
     if a.stop_below is not None:
         head.stop_below = a.stop_below
     template = ChatTemplate.load(pair.target_dir)
-    recs = load_prompts(a.prompts, per_category=a.per_category)
+    recs = sample_prompts(a)
     eos = pair.target.config.eos_token_ids
     conf = Confidence(head)
     sessions = {
