@@ -31,6 +31,7 @@ from converters.onnx_target_graph import (
     attention,
     attention_inputs,
     close_part,
+    gated_mlp,
     head_norm,
     lm_head,
     matmul_weight,
@@ -126,14 +127,7 @@ def build_gemma_part(
         xn, _, _, h = g.op(
             "SkipSimplifiedLayerNormalization", [on, h, w_pre], 4, domain=MS, epsilon=eps
         )
-        m = p + "mlp."
-        wgu = matmul_weight(state, [m + "gate_proj.weight", m + "up_proj.weight"])
-        gu = g.op("MatMul", [xn, g.init(f"gu.{i}", wgu)])
-        gu_split = g.init(f"gu_split.{i}", np.array([cfg.intermediate_size] * 2, np.int64))
-        gate, up = g.op("Split", [gu, gu_split], 2, axis=-1)
-        act = g.op("Mul", [g.op(act_op[0], [gate], domain=MS, **act_op[1]), up])
-        wd = matmul_weight(state, [m + "down_proj.weight"])
-        down = g.op("MatMul", [act, g.init(f"down.{i}", wd)])
+        down = gated_mlp(g, state, cfg, p + "mlp.", i, xn, act_op)
         resid = g.op(
             "SimplifiedLayerNormalization",
             [down, norm_w(f"ln_post_ff.{i}", p + "post_feedforward_layernorm.weight")],

@@ -146,14 +146,7 @@ def build_part(
         xn, _, _, h = g.op(
             "SkipSimplifiedLayerNormalization", [o, h, w_post], 4, domain=MS, epsilon=eps
         )
-        m = p + "mlp."
-        wgu = matmul_weight(state, [m + "gate_proj.weight", m + "up_proj.weight"])
-        gu = g.op("MatMul", [xn, g.init(f"gu.{i}", wgu)])
-        gu_split = g.init(f"gu_split.{i}", np.array([cfg.intermediate_size] * 2, np.int64))
-        gate, up = g.op("Split", [gu, gu_split], 2, axis=-1)
-        act = g.op("Mul", [g.op("QuickGelu", [gate], domain=MS, alpha=1.0), up])
-        wd = matmul_weight(state, [m + "down_proj.weight"])
-        resid = g.op("MatMul", [act, g.init(f"down.{i}", wd)])
+        resid = gated_mlp(g, state, cfg, p + "mlp.", i, xn)
     logits = None
     if head:
         wn = g.init("norm", weight(state, "model.norm.weight"))
@@ -363,3 +356,15 @@ def head_norm(g: Graph, x: str, heads: int, d: int, w: str, eps: float) -> str:
     y = g.op("Reshape", [x, g.init(f"hd_shape_{g.n}", np.array([0, 0, heads, d], np.int64))])
     y = g.op("SimplifiedLayerNormalization", [y, w], axis=-1, epsilon=eps)
     return g.op("Reshape", [y, shape])
+
+
+def gated_mlp(g: Graph, state, cfg, m: str, i: int, xn: str, act=("QuickGelu", {"alpha": 1.0})):
+    """Layer i's MLP `down(act(gate(xn)) * up(xn))`, gate and up as one packed MatMul; `act`
+    is the gate's op and attributes (QuickGelu with alpha 1 is SiLU)."""
+    wgu = matmul_weight(state, [m + "gate_proj.weight", m + "up_proj.weight"])
+    gu = g.op("MatMul", [xn, g.init(f"gu.{i}", wgu)])
+    gu_split = g.init(f"gu_split.{i}", np.array([cfg.intermediate_size] * 2, np.int64))
+    gate, up = g.op("Split", [gu, gu_split], 2, axis=-1)
+    h = g.op("Mul", [g.op(act[0], [gate], domain=MS, **act[1]), up])
+    wd = matmul_weight(state, [m + "down_proj.weight"])
+    return g.op("MatMul", [h, g.init(f"down.{i}", wd)])
