@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from apps.bench.args import parse_numbers
 from kernels.enumerative import (
     rank_composition,
     rank_subset,
@@ -75,10 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=5, help="rows per path and V (default 5)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)
-    try:
-        vocabs = [int(x) for x in a.vocab.split(",")]
-    except ValueError:
-        raise DuetError(f"--vocab {a.vocab!r}: expected comma-separated integers") from None
+    vocabs = parse_numbers(a.vocab, "--vocab", int, 1)
     if a.rows < 1 or a.k < 1 or a.ell < a.k or any(v < a.k for v in vocabs):
         raise DuetError("need --rows >= 1, 1 <= --k <= every --vocab, and --ell >= --k")
     res = [measure(v, a.k, a.ell, a.rows, plain) for v in vocabs for plain in (True, False)]

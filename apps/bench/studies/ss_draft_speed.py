@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from apps.bench.args import parse_numbers
 from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError, cli_main
 
@@ -120,12 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="draft / torch threads (default 1)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)
-    try:
-        gammas = [int(x) for x in a.gammas.split(",")]
-    except ValueError:
-        raise DuetError(f"--gammas: comma-separated integers, got {a.gammas!r}") from None
-    if min(gammas) < 1 or a.limit < 1 or a.windows < 1 or a.continuation < 1:
-        raise DuetError("--gammas, --limit, --windows and --continuation must be >= 1")
+    gammas = parse_numbers(a.gammas, "--gammas", int, 1)
+    if a.limit < 1 or a.windows < 1 or a.continuation < 1:
+        raise DuetError("--limit, --windows and --continuation must be >= 1")
     import torch
 
     from runtime.assets import default_pair

@@ -17,6 +17,7 @@ import json
 import sys
 import time
 
+from apps.bench.args import parse_temps
 from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError, cli_main
 
@@ -91,10 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     methods = a.methods.split(",")
     if not set(methods) <= {"sd", "mirror"}:
         raise DuetError(f"--methods: sd and/or mirror (got {a.methods!r})")
-    try:
-        temps = [float(t) for t in a.temps.split(",")]
-    except ValueError:
-        raise DuetError(f"--temps: comma-separated numbers, got {a.temps!r}") from None
+    temps = parse_temps(a.temps)
     if a.limit < 1 or a.max_tokens < 1 or a.gamma < 1:
         raise DuetError("--limit, --max-tokens and --gamma must be >= 1")
     from apps.bench.prompt_set import load_prompts, turn_ids
