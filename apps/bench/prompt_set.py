@@ -77,6 +77,17 @@ def load_prompts(
     return recs
 
 
+def add_sample_args(ap) -> None:
+    """`--prompts` and `--per-category`: the sample a study reads with `sample_prompts`."""
+    ap.add_argument("--prompts", default="chat", help="a named set or a .jsonl (default chat)")
+    ap.add_argument("--per-category", type=int, default=2, help="prompts per category (2)")
+
+
+def sample_prompts(a) -> list[dict]:
+    """The records `add_sample_args`' flags name: the first `--per-category` of each."""
+    return load_prompts(a.prompts, per_category=a.per_category)
+
+
 def turn_ids(tokenizer, template, turns: list[str], answers: list[str]) -> list[int]:
     """Prompt ids for turn len(answers): the earlier turns with their answers, then this one."""
     if template is not None:

@@ -23,6 +23,7 @@ import sys
 import time
 from collections import defaultdict
 
+from apps.bench.prompt_set import add_sample_args
 from runtime.cli_parser import doc_parser
 
 
@@ -65,8 +66,7 @@ def fastest_steps(lengths: list[int], step_s) -> tuple[float, int]:
 def build_parser() -> argparse.ArgumentParser:
     ap = doc_parser("python -m apps.bench.studies.copy_bound", __doc__)
     ap.add_argument("--target", required=True, help="a known model's name or a checkpoint dir")
-    ap.add_argument("--prompts", default="chat", help="a named set or a .jsonl (default chat)")
-    ap.add_argument("--per-category", type=int, default=2, help="prompts per category (2)")
+    add_sample_args(ap)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument(
         "--max-window",
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from apps.bench.prompt_set import load_prompts, turn_ids
+    from apps.bench.prompt_set import sample_prompts, turn_ids
     from converters.onnx_target_bench import window_seconds
     from runtime.chat_template import ChatTemplate
     from runtime.decoding import make_steps, run
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
         )
         return time.perf_counter() - t, out.tokens
 
-    for rec in load_prompts(a.prompts, per_category=a.per_category):
+    for rec in sample_prompts(a):
         ids = turn_ids(pair.tokenizer, template, rec["turns"][:1], [])
         (pre1, _), (turn1, ans), (pre2, _), (turn2, _) = (ar(ids, n) for n in (1, a.max_tokens) * 2)
         pre, turn = min(pre1, pre2), min(turn1, turn2)  # the quieter of two alternated runs
