@@ -1,5 +1,6 @@
 """apps.bench peers: rows against each peer's own ar, skip messages, the HF prompt-lookup peer,
-llama.cpp's response reading and the per-category table (mocks and tiny checkpoints; no timing)."""
+llama.cpp's response reading, the per-category table and the schedule's round order (mocks and
+tiny checkpoints; no timing)."""
 
 from __future__ import annotations
 
@@ -50,10 +51,10 @@ QS = [
 ]
 
 
-def bench(runners):
+def bench(runners, recs=QS, **kw):
     return run_bench(
         runners,
-        QS,
+        recs,
         FakeTok(),
         None,
         temps=[0.0],
@@ -62,7 +63,20 @@ def bench(runners):
         seed=0,
         context=64,
         warmup=False,
+        **kw,
     )
+
+
+def test_each_round_rotates_the_runner_order():
+    calls = []
+
+    class Recording(Fake):
+        def generate(self, *args):
+            calls.append(self.name)
+            return super().generate(*args)
+
+    bench([Recording("a", [1], 0.01), Recording("b", [1], 0.01)], recs=QS[:1], rounds=2)
+    assert calls == ["a", "b", "b", "a"]
 
 
 def test_rows_are_against_each_peers_own_ar():
