@@ -61,6 +61,30 @@ def prompt_tokens(
     return ids
 
 
+def bundle_prompt(b: Path, manifest: dict, prompt: str | None, prompt_ids: list[int] | None):
+    """The bundle's tokenizer and the prompt as checked ids (`prompt_tokens`)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(b / "tokenizer.json"))
+    return tok, prompt_tokens(manifest, tok, prompt, prompt_ids)
+
+
+def answer(tok, ids: list[int], out: list[int], verify_s: float, clock: str, s: float, **stats):
+    """A run's reply {tokens, text, stats}: stats open with the prompt's length, the verify
+    time, the run's time under `clock` and tokens per second, then `stats`."""
+    return {
+        "tokens": out,
+        "text": tok.decode(out),
+        "stats": {
+            "prompt_tokens": len(ids),
+            "verify_s": round(verify_s, 4),
+            clock: round(s, 4),
+            "tokens_per_s": round(len(out) / s, 2) if s > 0 else None,
+            **stats,
+        },
+    }
+
+
 def run_bundle(
     bundle: str | Path,
     *,
@@ -71,28 +95,15 @@ def run_bundle(
     threads: int = 1,
 ) -> dict:
     """Verify, load and draft; returns {tokens, text, stats}."""
-    from tokenizers import Tokenizer
-
     b = Path(bundle)
     t0 = time.perf_counter()
     manifest = verify_bundle(b)
     t_verify = time.perf_counter() - t0
-    tok = Tokenizer.from_file(str(b / "tokenizer.json"))
-    ids = prompt_tokens(manifest, tok, prompt, prompt_ids)
+    tok, ids = bundle_prompt(b, manifest, prompt, prompt_ids)
     model = load_draft(b, engine, threads)
     t1 = time.perf_counter()
     out = list(
         draft_greedy(model, ids, max_tokens, tuple(manifest["model"].get("eos_token_ids", ())))
     )
     dt = time.perf_counter() - t1
-    return {
-        "tokens": out,
-        "text": tok.decode(out),
-        "stats": {
-            "prompt_tokens": len(ids),
-            "verify_s": round(t_verify, 4),
-            "draft_s": round(dt, 4),
-            "tokens_per_s": round(len(out) / dt, 2) if dt > 0 else None,
-            "engine": model.backend,
-        },
-    }
+    return answer(tok, ids, out, t_verify, "draft_s", dt, engine=model.backend)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from apps.companion.client import prompt_tokens
+from apps.companion.client import answer, bundle_prompt
 from apps.companion.edge_side import read_edge
 from apps.companion.verify import verify_bundle
 from runtime.errors import DuetError
@@ -56,8 +56,6 @@ def run_through_cloud(
 ) -> dict:
     """Generate through the verifier at `server`; returns {tokens, text, stats} where
     stats.edge holds the per-round lists (k, accepted, bytes, link rate, times)."""
-    from tokenizers import Tokenizer
-
     from devices.kstar import AdaptiveK
     from devices.links import LINK_NAMES, emulator
     from runtime.arg_rules import check_sampling
@@ -77,8 +75,7 @@ def run_through_cloud(
     manifest = verify_bundle(b)  # every hash, before any connection
     edge = read_edge(b, manifest)
     t_verify = time.perf_counter() - t0
-    tok = Tokenizer.from_file(str(b / "tokenizer.json"))
-    ids = prompt_tokens(manifest, tok, prompt, prompt_ids)
+    tok, ids = bundle_prompt(b, manifest, prompt, prompt_ids)
     draft = StaticOnnxLM.load(b / "draft.onnx", threads=threads)
     conn = Connection(host, port, token, link=emulator(link, link_seed), claim=edge.claim)
     controller = None if k is not None else AdaptiveK(params=edge.flexspec)
@@ -108,23 +105,21 @@ def run_through_cloud(
     finally:
         conn.close()
     wall = time.perf_counter() - t1
-    return {
-        "tokens": out,
-        "text": tok.decode(out),
-        "stats": {
-            "prompt_tokens": len(ids),
-            "verify_s": round(t_verify, 4),
-            "wall_s": round(wall, 4),
-            "tokens_per_s": round(len(out) / wall, 2) if wall > 0 else None,
-            "server": f"{host}:{port}",
-            "codec": edge.codec,
-            "profile": edge.profile_name,
-            "k_policy": f"fixed {k}" if k is not None else "K* (eq. 11)",
-            "link": link,
-            "engine": f"onnx ({draft.qdq_path})",
-            "edge": edge_summary(events),
-        },
-    }
+    return answer(
+        tok,
+        ids,
+        out,
+        t_verify,
+        "wall_s",
+        wall,
+        server=f"{host}:{port}",
+        codec=edge.codec,
+        profile=edge.profile_name,
+        k_policy=f"fixed {k}" if k is not None else "K* (eq. 11)",
+        link=link,
+        engine=f"onnx ({draft.qdq_path})",
+        edge=edge_summary(events),
+    )
 
 
 def round_lines(stats: dict) -> list[str]:
