@@ -80,6 +80,7 @@ class GGUFState:
         }
         del r
         self.processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=hf_config)
+        self.progress = None  # called with each tensor's bytes as it is read (a progress bar)
 
     def __contains__(self, key: str) -> bool:
         try:
@@ -97,6 +98,8 @@ class GGUFState:
             os.close(fd)
         if len(buf) != n:
             raise DuetError(f"{self.path}: truncated at tensor {name}")
+        if self.progress is not None:
+            self.progress(n)
         return np.frombuffer(buf, dtype=dtype).reshape(shape)
 
     def matmul_weight(self, keys: list[str]) -> Packed:

@@ -226,6 +226,7 @@ def build_from_gguf(model_dir: Path, out: Path, start, stop, head, rec: dict, ta
     with init_empty_weights(include_buffers=False):
         lm = fam.Model(cfg)  # for its RoPE tables alone: no weight is made
     state = GGUFState(src, json.loads((Path(model_dir) / "config.json").read_text()))
+    bar = _progress(state, src, start, stop, head, cfg.num_layers)
     rows = rec.get("attention", "window").startswith("rows")
     out.parent.mkdir(parents=True, exist_ok=True)
     data_path = out.with_name(out.name + ".data")
@@ -242,10 +243,32 @@ def build_from_gguf(model_dir: Path, out: Path, start, stop, head, rec: dict, ta
             from converters.onnx_target_graph import build_part
 
             m = build_part(cfg, state, inv_freq, start, stop, head, rows, tuple(taps), graph=g)
+    bar.close()
     tmp_data.replace(data_path)
     del g, state, lm
     give_back_heap()
     return m
+
+
+def _progress(state: GGUFState, src: Path, start: int, stop: int, head: bool, n: int):
+    """A bar over the bytes this part reads from the GGUF (its layers' share of the tensors,
+    and the embedding and head where it has them), with tqdm's estimate of the time left; on
+    stderr, off when stderr is not a terminal. The build happens once per model: later runs
+    load the cached graph."""
+    import sys
+
+    from tqdm import tqdm
+
+    def mine(name: str) -> bool:
+        if name.startswith("blk."):
+            return start <= int(name.split(".")[1]) < stop
+        return start == 0 or head  # the embedding, the final norm and the head
+
+    total = sum(t[1] for name, t in state.tensors.items() if mine(name))
+    desc = f"building the ONNX target from {src.name} (once; later runs load it)"
+    bar = tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr, disable=None, desc=desc)
+    state.progress = bar.update
+    return bar
 
 
 def give_back_heap() -> None:

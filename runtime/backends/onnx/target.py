@@ -31,6 +31,7 @@ residual.py (the hidden state between parts, the one-row padding).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -178,6 +179,9 @@ def ensure_part(
 
     out = part_path(d, quantize, part_name(start, stop, n, head, taps))
     if is_stale(out, Path(d).glob("*.safetensors")):
+        what = f"{Path(d).name} ({quantize}, {part_name(start, stop, n, head, taps)})"
+        say = f"[building the ONNX target of {what} once; later runs load it from {out.parent}]"
+        print(say, file=sys.stderr)
         try:
             export("onnx-target", d, out, start, stop, head, quantize, tuple(taps), source=d)
         except OSError as e:
