@@ -15,6 +15,7 @@ from runtime.decoding.events import (
     StepCall,
     StepEvent,
     last_logits,
+    no_summary,
     pending,
     rewind,
 )
@@ -64,18 +65,9 @@ def check(options: Options) -> None:
     """Nothing to check: `ar` has no options."""
 
 
-def summarize(events, timeline, **run) -> dict:
-    """`ar` adds nothing to the run's stats."""
-    return {}
+summarize = no_summary  # `ar` adds nothing to the run's stats
 
 
 def steps(c: StepCall) -> Iterator[StepEvent]:
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
-    return ar_steps(
-        c.target,
-        c.seq,
-        max_new=c.max_new,
-        sampling=c.sampling,
-        rng=c.rng(),
-        target_cache=c.target_cache,
-    )
+    return ar_steps(c.target, c.seq, **c.keywords("rng", "target_cache"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -124,9 +124,28 @@ class StepCall:
         """A generator seeded with the call's seed (the methods that draw from one)."""
         return np.random.default_rng(self.seed)
 
-    def caches(self) -> dict:
-        """The caches as make_steps' keywords."""
-        return {"target_cache": self.target_cache, "draft_cache": self.draft_cache}
+    def keywords(self, *names: str) -> dict:
+        """max_new and sampling as a steps function's keywords, with `names` of seed, rng (a
+        generator seeded with the seed), timeline, target_cache and draft_cache."""
+        got = {"max_new": self.max_new, "sampling": self.sampling}
+        got.update({n: self.rng() if n == "rng" else getattr(self, n) for n in names})
+        return got
+
+
+def option_keywords(options, drop: tuple = (), **renamed: str) -> dict:
+    """A method's Options as its steps function's keywords: each field under its own name or
+    the one `renamed` gives it (a flag named apart from its keyword), those in `drop` left out.
+    The values themselves, not copies (a connection, a controller)."""
+    return {
+        renamed.get(f.name, f.name): getattr(options, f.name)
+        for f in fields(options)
+        if f.name not in drop
+    }
+
+
+def no_summary(events, timeline, **run) -> dict:
+    """A method that adds nothing to the run's stats beyond the shared figures."""
+    return {}
 
 
 @dataclass

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from runtime.arg_rules import at_least
-from runtime.decoding.events import StepCall, StepEvent
+from runtime.decoding.events import StepCall, StepEvent, option_keywords
 from runtime.errors import DuetError
 
 NEEDS_DRAFT = True
@@ -72,19 +72,5 @@ def steps(c: StepCall) -> Iterator[StepEvent]:
     o = c.options
     if o.conn is None:
         raise DuetError("--method flexspec needs a cloud verifier (--server HOST:PORT or local)")
-    return edge_steps(
-        c.draft,
-        o.conn,
-        c.seq,
-        max_new=c.max_new,
-        sampling=c.sampling,
-        seed=c.seed,
-        k=o.k,
-        k_max=o.k_max,
-        controller=o.controller,
-        codec=o.codec,
-        codec_params=o.codec_params,
-        draft_cache=c.draft_cache,
-        skip=o.skip,
-        bit_budget=o.bit_budget,
-    )
+    kw = c.keywords("seed", "draft_cache")
+    return edge_steps(c.draft, o.conn, c.seq, **kw, **option_keywords(o, drop=("conn",)))

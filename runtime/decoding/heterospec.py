@@ -29,7 +29,7 @@ import numpy as np
 from kernels.entropy import bin_of, meta_path_entropy
 from kernels.tree_mask import path_to
 from runtime.assets import DEFAULT_DIR
-from runtime.decoding.events import StepCall, StepEvent
+from runtime.decoding.events import StepCall, StepEvent, no_summary
 from runtime.decoding.flags import flag
 from runtime.decoding.tree import Options as TreeOptions
 from runtime.decoding.tree import check_tree_args, tree_call
@@ -125,9 +125,7 @@ def check(options: Options) -> None:
     check_tree_args(options.tree_k, options.top_n, options.depth, options.expand)
 
 
-def summarize(events, timeline, **run) -> dict:
-    """`heterospec` adds nothing to the run's stats beyond the shared figures."""
-    return {}
+summarize = no_summary  # `heterospec` adds nothing to the run's stats beyond the shared figures
 
 
 def steps(c: StepCall) -> Iterator[StepEvent]:

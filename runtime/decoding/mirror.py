@@ -23,7 +23,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from runtime.arg_rules import at_least, check_gamma
-from runtime.decoding.events import GREEDY, Sampling, StepCall, StepEvent, pending, rewind
+from runtime.decoding.events import (
+    GREEDY,
+    Sampling,
+    StepCall,
+    StepEvent,
+    option_keywords,
+    pending,
+    rewind,
+)
 from runtime.decoding.flags import flag
 from runtime.decoding.mirror_pass import MirrorRun, target_steps
 from runtime.decoding.ss_draft import is_ss_draft
@@ -285,6 +293,7 @@ class Options:
     )
 
 
+RENAMED = {"branches": "branch_batch"}  # the flag's name -> mirror_steps' keyword
 RECORDS_TIMELINE = True  # steps() fills a runtime.mirror.timeline.Timeline (--trace)
 
 
@@ -313,21 +322,5 @@ def summarize(events, timeline, **run) -> dict:
 
 def steps(c: StepCall) -> Iterator[StepEvent]:
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
-    o = c.options
-    return mirror_steps(
-        c.target,
-        c.draft,
-        c.seq,
-        max_new=c.max_new,
-        gamma=o.gamma,
-        kappa=o.kappa,
-        exit_layer=o.exit_layer,
-        sampling=c.sampling,
-        seed=c.seed,
-        timeline=c.timeline,
-        **c.caches(),
-        branch_batch=o.branches,
-        draft_process=o.draft_process,
-        exit_head=o.exit_head,
-        draft_branches=o.draft_branches,
-    )
+    kw = c.keywords("seed", "timeline", "target_cache", "draft_cache")
+    return mirror_steps(c.target, c.draft, c.seq, **kw, **option_keywords(c.options, **RENAMED))

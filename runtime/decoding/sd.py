@@ -23,6 +23,8 @@ from runtime.decoding.events import (
     StepCall,
     StepEvent,
     draw,
+    no_summary,
+    option_keywords,
     pending,
     rewind,
     step_noise,
@@ -223,20 +225,10 @@ def check(options: Options) -> None:
     check_gamma(options.gamma, "sd")
 
 
-def summarize(events, timeline, **run) -> dict:
-    """`sd` adds nothing to the run's stats beyond the shared figures."""
-    return {}
+summarize = no_summary  # `sd` adds nothing to the run's stats beyond the shared figures
 
 
 def steps(c: StepCall) -> Iterator[StepEvent]:
     """The method-table entry point (runtime.decoding.METHOD_MODULES)."""
-    return sd_steps(
-        c.target,
-        c.draft,
-        c.seq,
-        max_new=c.max_new,
-        gamma=c.options.gamma,
-        sampling=c.sampling,
-        seed=c.seed,
-        **c.caches(),
-    )
+    kw = c.keywords("seed", "target_cache", "draft_cache")
+    return sd_steps(c.target, c.draft, c.seq, **kw, **option_keywords(c.options))

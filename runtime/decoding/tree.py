@@ -19,7 +19,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from runtime.arg_rules import at_least
-from runtime.decoding.events import GREEDY, Sampling, StepCall, StepEvent, rewind
+from runtime.decoding.events import (
+    GREEDY,
+    Sampling,
+    StepCall,
+    StepEvent,
+    no_summary,
+    option_keywords,
+    rewind,
+)
 from runtime.decoding.flags import flag
 from runtime.decoding.tree_draft import TreeDrafter
 from runtime.decoding.tree_pass import verify_tree
@@ -172,9 +180,7 @@ def check(options: Options) -> None:
     check_tree_args(options.tree_k, options.top_n, options.depth, options.expand)
 
 
-def summarize(events, timeline, **run) -> dict:
-    """`tree` adds nothing to the run's stats beyond the shared figures."""
-    return {}
+summarize = no_summary  # `tree` adds nothing to the run's stats beyond the shared figures
 
 
 def steps(c: StepCall) -> Iterator[StepEvent]:
@@ -188,17 +194,6 @@ def tree_call(c: StepCall, shape=None) -> Iterator[StepEvent]:
     o = c.options
     check_tree_args(o.tree_k, o.top_n, o.depth, o.expand)
     extra = {"shape": shape()} if shape is not None else {}
-    return tree_steps(
-        c.target,
-        c.draft,
-        c.seq,
-        max_new=c.max_new,
-        top_k=o.tree_k,
-        top_n=o.top_n,
-        depth=o.depth,
-        expand=o.expand,
-        sampling=c.sampling,
-        rng=c.rng(),
-        **c.caches(),
-        **extra,
-    )
+    kw = c.keywords("rng", "target_cache", "draft_cache")
+    opts = option_keywords(o, drop=("bins",), tree_k="top_k")  # bins: heterospec's, in `shape`
+    return tree_steps(c.target, c.draft, c.seq, **kw, **opts, **extra)
