@@ -6,8 +6,8 @@ onnx   ONNX Runtime over an exported .onnx (the draft's home off Apple)
 coreml Core ML .mlpackage (the draft on the Neural Engine; predicts on macOS only)
 
 Each is a folder here with a file per model family named after its `model_type` (llama,
-gemma3_text, qwen3_5) and one table, `FAMILIES` in its __init__.py, that picks the file
-(families.py: the rule they share).
+gemma3_text, qwen3_5); `FAMILIES` in its __init__.py picks the file (families.py: the rule
+and the table they share).
 """
 
 from __future__ import annotations

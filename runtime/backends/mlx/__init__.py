@@ -5,22 +5,15 @@ llama        MLXCausalLM: Llama, Qwen2, Qwen3 (and the base the other families s
 gemma3_text  MLXGemma3LM: local sliding-window layers beside global ones
 qwen3_5      MLXQwen3_5LM: Gated DeltaNet linear attention beside gated full attention
 
-`FAMILIES` maps a model type to its file, each of which exports `load(path, dtype,
-hybrid_rollback)`; `load_mlx_lm` calls it. The table sits here, above the family files, which
-subclass MLXCausalLM, so llama.py never imports them back (no circle).
+`FAMILIES` (runtime/backends/families.py's, the same file names in every backend) maps a model
+type to its file, each of which exports `load(path, dtype, hybrid_rollback)`; `load_mlx_lm`
+calls it. The family files subclass MLXCausalLM; llama.py never imports them back (no circle).
 """
 
 from __future__ import annotations
 
+from runtime.backends.families import FAMILIES  # model_type -> the file of this folder
 from runtime.config import ModelConfig
-
-FAMILIES = {  # model_type -> the file of this folder that runs it
-    "llama": "llama",
-    "qwen2": "llama",
-    "qwen3": "llama",
-    "gemma3_text": "gemma3_text",
-    "qwen3_5_text": "qwen3_5",
-}
 
 
 def load_mlx_lm(path, dtype: str | None = None, hybrid_rollback: str = "replay"):

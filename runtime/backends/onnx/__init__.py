@@ -10,24 +10,17 @@ target       OnnxTargetLM: the target as int4/int8 graph parts (with residual, t
              and the CPU's int8 path)
 static_host  StaticOnnxLM: a fixed-shape export for NPUs
 
-`FAMILIES` maps a model type to its file, each of which exports `load(path, config, **kw)`;
-`load_onnx_lm` calls it. The table sits here, above the family files, which build on llama.py,
-so that file never imports them back (no circle).
+`FAMILIES` (runtime/backends/families.py's, the same file names in every backend) maps a model
+type to its file, each of which exports `load(path, config, **kw)`; `load_onnx_lm` calls it. The
+family files build on llama.py, which never imports them back (no circle).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from runtime.backends.families import FAMILIES  # model_type -> the file of this folder
 from runtime.errors import DuetError
-
-FAMILIES = {  # model_type -> the file of this folder that runs it
-    "llama": "llama",
-    "qwen2": "llama",
-    "qwen3": "llama",
-    "gemma3_text": "gemma3_text",
-    "qwen3_5_text": "qwen3_5",
-}
 
 
 def onnx_family(config) -> str:

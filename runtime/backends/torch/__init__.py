@@ -5,10 +5,10 @@ gemma3_text  Gemma3LM: local sliding-window layers beside global ones
 qwen3_5      Qwen3_5LM: Gated DeltaNet linear attention beside gated full attention
 causal_lm    TorchCausalLM: any of them behind the CausalLM protocol
 
-`FAMILIES` maps a model type to its file, each of which exports `Model` (the nn.Module) and
-`sanitize(state, path)` (the checkpoint's tensors under the module's names); `load_torch_lm`
-builds one. The table sits here, above the family files, which import llama.py's shared
-pieces without llama.py importing them back (no circle).
+`FAMILIES` (runtime/backends/families.py's, the same file names in every backend) maps a model
+type to its file, each of which exports `Model` (the nn.Module) and `sanitize(state, path)` (the
+checkpoint's tensors under the module's names); `load_torch_lm` builds one. The family files
+import llama.py's shared pieces without llama.py importing them back (no circle).
 """
 
 from __future__ import annotations
@@ -16,15 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from runtime.backends.families import FAMILIES  # model_type -> the file of this folder
 from runtime.config import ModelConfig
-
-FAMILIES = {  # model_type -> the file of this folder that runs it
-    "llama": "llama",
-    "qwen2": "llama",
-    "qwen3": "llama",
-    "gemma3_text": "gemma3_text",
-    "qwen3_5_text": "qwen3_5",
-}
 
 
 def torch_family(config: ModelConfig) -> str:
