@@ -2,6 +2,7 @@
 layer's state, with the informal interface `offset`, `trim`, `fork` / `select` for branch rows.
 
 concat       ConcatKVCache: keys and values as host arrays (torch or NumPy), trim moves an offset
+layer_offsets LayerOffsets: the per-layer offsets, trim and compact concat and buffer share
 buffer       BufferKVCache: preallocated NumPy buffers the ONNX target writes in place
 sliding      SlidingKVCache: Gemma 3's local sliding-window layers beside global ones
 hybrid       HybridCache: KV for full attention, Gated DeltaNet states, exact rollback (torch)

@@ -21,14 +21,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from runtime.caches.layer_offsets import LayerOffsets
+
 STEP = 256  # capacity grows in steps of this many positions
 _LAYOUTS = itertools.count()  # layout tokens, unique across every cache of the process
 
 
-class BufferKVCache:
+class BufferKVCache(LayerOffsets):
     """Per-layer (keys, values) buffers (B, KV, capacity, D) float32 with per-layer offsets."""
-
-    is_trimmable = True
 
     def __init__(
         self,
@@ -53,17 +53,6 @@ class BufferKVCache:
             np.zeros((batch, kv, cap, d), np.float32),
             np.zeros((batch, kv, cap, d), np.float32),
         )
-
-    @property
-    def offset(self) -> int:
-        return self._offsets[-1]
-
-    @property
-    def batch(self) -> int:
-        return self._batch
-
-    def layer_offset(self, i: int) -> int:
-        return self._offsets[i]
 
     def capacity(self, i: int) -> int:
         return self._kv[i][0].shape[2]
@@ -105,11 +94,6 @@ class BufferKVCache:
         bk[:, :, :S], bv[:, :, :S] = k, v
         self._offsets[i] = S
 
-    def trim(self, n: int) -> int:
-        n = max(0, min(n, min(self._offsets)))
-        self._offsets = [o - n for o in self._offsets]
-        return n
-
     def fork(self, rows: Sequence[int]) -> BufferKVCache:
         """A new cache holding copies of `rows`; this one is unchanged."""
         rows = list(rows)
@@ -125,11 +109,6 @@ class BufferKVCache:
         self._kv = [(k[rows], v[rows]) for k, v in self._kv]
         self._batch = len(rows)
         self.layout = next(_LAYOUTS)
-
-    def compact(self, base: int, cols: Sequence[int]) -> None:
-        """Keep positions [0, base) and move positions `cols` (each >= base, increasing) right
-        after them: commits the accepted nodes of a verified tree."""
-        self.keep_columns(list(range(base)) + list(cols))
 
     def keep_columns(self, cols: Sequence[int]) -> None:
         """Keep only these sequence positions (in this order), in place: a prefix is an offset;

@@ -14,28 +14,17 @@ from typing import Any
 
 import numpy as np
 
+from runtime.caches.layer_offsets import LayerOffsets
 
-class ConcatKVCache:
+
+class ConcatKVCache(LayerOffsets):
     """Per-layer (keys, values) with per-layer offsets, so a layer range can run ahead."""
-
-    is_trimmable = True
 
     def __init__(self, num_layers: int, batch: int, empty: Callable[[int], Any]):
         self._empty = empty  # batch -> an empty (B, KV, 0, D) array
         self._batch = batch
         self._kv: list[tuple[Any, Any]] = [(empty(batch), empty(batch)) for _ in range(num_layers)]
         self._offsets = [0] * num_layers
-
-    @property
-    def offset(self) -> int:
-        return self._offsets[-1]
-
-    @property
-    def batch(self) -> int:
-        return self._batch
-
-    def layer_offset(self, i: int) -> int:
-        return self._offsets[i]
 
     def get(self, i: int) -> tuple[Any, Any]:
         """Layer i's live (keys, values), each (B, KV, offset_i, D)."""
@@ -51,11 +40,6 @@ class ConcatKVCache:
         self._kv[i] = (k, v)
         self._offsets[i] = k.shape[2]
 
-    def trim(self, n: int) -> int:
-        n = max(0, min(n, min(self._offsets)))
-        self._offsets = [o - n for o in self._offsets]
-        return n
-
     def fork(self, rows: Sequence[int]) -> ConcatKVCache:
         """A new cache holding copies of `rows`; this one is unchanged."""
         rows = list(rows)
@@ -68,11 +52,6 @@ class ConcatKVCache:
         rows = list(rows)
         self._kv = [(k[rows], v[rows]) for k, v in (self.get(i) for i in range(len(self._kv)))]
         self._batch = len(rows)
-
-    def compact(self, base: int, cols: Sequence[int]) -> None:
-        """Keep positions [0, base) and move positions `cols` (each >= base, increasing) right
-        after them: commits the accepted nodes of a verified tree."""
-        self.keep_columns(list(range(base)) + list(cols))
 
     def keep_columns(self, cols: Sequence[int]) -> None:
         """Keep only these sequence positions (in this order): closes the holes a masked branch
