@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from runtime.testing.config_fields import config_fields
+from runtime.testing.random_model import save_random_model
 from runtime.testing.random_tokenizer import byte_tokenizer
 
 ARCHS = ("llama", "qwen2", "qwen3")  # attention-only families; HYBRID_ARCHS below
@@ -41,8 +42,7 @@ def make_checkpoint(
     softcap: float | None = None,
 ) -> Path:
     """Write a random checkpoint of `model_type` to `path` and return it."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     shared = dict(
         vocab_size=vocab_size,
@@ -78,17 +78,12 @@ def make_checkpoint(
     kw = config_fields(**shared)
     if model_type == "qwen3":
         kw["head_dim"] = hidden_size // num_heads
-    cfg = cls(**kw)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
-    if model_type == "qwen2":  # random biases, so the bias path is exercised
-        with torch.no_grad():
-            for layer in model.model.layers:
-                for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                    lin.bias.normal_(0, initializer_range)
-    p = Path(path)
-    p.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(p, safe_serialization=True)
+
+    def init(name, w):  # qwen2: random biases, so the bias path is exercised
+        if name.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")):
+            w.normal_(0, initializer_range)
+
+    p = save_random_model(cls(**kw), path, seed, init if model_type == "qwen2" else None)
     if tokenizer:  # a byte tokenizer needs vocab_size >= 259; tiny-vocabulary models go without
         byte_tokenizer(vocab_size).save(str(p / "tokenizer.json"))
     return p

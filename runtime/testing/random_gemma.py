@@ -50,20 +50,16 @@ def make_gemma_checkpoint(
     """Write a random Gemma 3 checkpoint to `path` (see the module docstring); returns it."""
     import torch
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM
 
+    from runtime.testing.random_model import save_random_model
     from runtime.testing.random_tokenizer import byte_tokenizer
 
+    def init(name, w):
+        if name.endswith("norm.weight"):
+            w.normal_(0, 0.2)
+
     cfg = gemma_config(**kw)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.normal_(0, 0.2)
-    p = Path(path)
-    p.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(p, safe_serialization=True)
+    p = save_random_model(cfg, path, seed, init)
     if model_type == "gemma3":
         _multimodal_layout(p, torch, save_file)
     if tokenizer:

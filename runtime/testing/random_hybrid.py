@@ -49,24 +49,19 @@ def make_hybrid_checkpoint(
     `mtp` adds a random multi-token-prediction head (`mtp.*`, runtime/drafts/mtp/torch.py)."""
     import torch
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM
 
+    from runtime.testing.random_model import save_random_model
     from runtime.testing.random_tokenizer import byte_tokenizer
 
-    cfg = hybrid_config(**kw)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.normal_(0, 0.2) if "linear_attn" not in name else p.uniform_(0.5, 1.5)
-            elif name.endswith("dt_bias"):
-                p.normal_(0, 0.5)
-            elif name.endswith("A_log"):
-                p.uniform_(-2, 1)
-    p = Path(path)
-    p.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(p, safe_serialization=True)
+    def init(name, w):
+        if name.endswith("norm.weight"):
+            w.normal_(0, 0.2) if "linear_attn" not in name else w.uniform_(0.5, 1.5)
+        elif name.endswith("dt_bias"):
+            w.normal_(0, 0.5)
+        elif name.endswith("A_log"):
+            w.uniform_(-2, 1)
+
+    p = save_random_model(hybrid_config(**kw), path, seed, init)
     if model_type == "qwen3_5":  # the multimodal layout, text weights under the language model
         from safetensors.torch import load_file
 
