@@ -2,7 +2,7 @@
 
 A resample draws prompt indices with replacement; the statistic is computed from that one draw
 for every quantity it compares (adaptive and fixed K, T = 1 and T = 0, two drafts), so the
-interval is paired. Used by apps/bench/edge.py, apps/bench/studies/edge_keep.py and
+interval is paired; `ci_note` is how a row prints it. Used by apps/bench/edge.py, apps/bench/studies/edge_keep.py and
 apps/train/draft_eval.py. It resamples; it does not decide what a statistic is.
 """
 
@@ -25,3 +25,12 @@ def prompt_ci(
     picks = rng.integers(0, n, size=(resamples, n))
     lo, hi = np.percentile([stat(p) for p in picks], [2.5, 97.5])
     return [float(lo), float(hi)]
+
+
+def ci_note(ci: list[float] | None, scale: float = 1.0, digits: int = 3) -> str:
+    """How a printed row ends with its interval: ", 95 % CI [lo, hi]" (times `scale`, to
+    `digits` decimals), or "" for a row without one."""
+    if not ci:
+        return ""
+    lo, hi = (f"{scale * x:.{digits}f}" for x in ci)
+    return f", 95 % CI [{lo}, {hi}]"

@@ -21,6 +21,7 @@ import json
 import sys
 from functools import partial
 
+from apps.bench.bootstrap import ci_note
 from apps.bench.edge_run import run_on_link, skip_totals
 from runtime.cli_args import add_pair_args, load_pair_from_args
 from runtime.cli_parser import doc_parser
@@ -320,26 +321,29 @@ def main(argv: list[str] | None = None) -> int:
         for name in a.codecs.split(","):
             codec(name)
     res = bench(a)
-    if a.codecs:
-        from apps.bench.edge_codecs import plot_crossover, print_table
-
-        if a.out_json:
-            with open(a.out_json, "w") as f:
-                json.dump(res, f, indent=1)
-        if a.plot:
-            plot_crossover(res["summary"], a.plot)
-        print_table(res["summary"])
-        if a.link_clock == "virtual":
-            print(
-                "link waits on a virtual clock (--link-clock virtual): compute measured, link "
-                "time emulated and added, not slept"
-            )
-        return 0
     if a.out_json:
         with open(a.out_json, "w") as f:
             json.dump(res, f, indent=1)
-    if a.plot:
-        plot_html(res["summary"], a.plot)
+    if a.codecs:
+        from apps.bench.edge_codecs import plot_crossover, print_table
+
+        if a.plot:
+            plot_crossover(res["summary"], a.plot)
+        print_table(res["summary"])
+    else:
+        if a.plot:
+            plot_html(res["summary"], a.plot)
+        print_summary(res)
+    if a.link_clock == "virtual":
+        print(
+            "link waits on a virtual clock (--link-clock virtual): compute measured, link "
+            "time emulated and added, not slept"
+        )
+    return 0
+
+
+def print_summary(res: dict) -> None:
+    """The per-link table of `bench`, then adaptive K against the best fixed K."""
     print(
         f"{'T':>3} {'link':<9} {'method':<11} {'ms/tok':>8} {'speedup':>8} {'mean K':>7} "
         f"{'up B/tok':>9} {'down B/tok':>10} {'accept':>7}"
@@ -356,16 +360,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     for r in res["adaptive_vs_fixed"]:
-        ci = r.get("ci95")
         print(
             f"T={r['temp']:g} {r['link']}: {r['method']} / best fixed ({r['best_fixed']}) "
             f"= {r['ratio']:.3f}"
-            + (f", 95 % CI [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+            + ci_note(r.get("ci95"))
             + f" over {r['prompts']} prompts, {r['tokens']} tokens"
         )
-    if res["link_clock"] == "virtual":
-        print(
-            "link waits on a virtual clock (--link-clock virtual): compute measured, link "
-            "time emulated and added, not slept"
-        )
-    return 0

@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from apps.bench.bootstrap import prompt_ci
+from apps.bench.bootstrap import ci_note, prompt_ci
 from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError, cli_main
 
@@ -83,11 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         raise DuetError(f"the two files share no link with cloud-only and {a.method} runs")
     for r in rows:
-        ci = r.get("ci95")
         print(
             f"{r['link']:<9} {r['method']}: speedup T=1 {r['speedup_t1']:.2f}x / T=0 "
             f"{r['speedup_t0']:.2f}x = {100 * r['share']:.1f} % kept"
-            + (f", 95 % CI [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
+            + ci_note(r.get("ci95"), 100, 1)
             + f" over {r['prompts']} shared prompts"
         )
     return 0
