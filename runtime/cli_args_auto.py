@@ -175,7 +175,7 @@ def own_draft(tdir) -> str | None:
     (ar, sd, mirror); None when it has neither (auto then runs it alone, or with the model-free
     draft: alone_chooser). (`head+suffix` drafts sd chains only, so auto is not given it.)
     Files are looked at, never loaded."""
-    from runtime.drafts.head.torch import WEIGHTS, head_sidecar
+    from runtime.drafts.head import WEIGHTS, head_sidecar
     from runtime.drafts.mtp.weights import has_mtp_weights
 
     if tdir is None:

@@ -39,6 +39,7 @@ SUBCOMMANDS = {
     "footprint": ("footprint", "Duet's ar against HF generate, a fresh process each: tok/s, RSS"),
     "evolving": ("evolving", "FlexSpec Table II: generic vs anchor draft on evolved targets"),
     "scale": ("scale", "users' model sizes (random-weight GGUFs): load, memory, disk, speed"),
+    "turns": ("turns", "a chat's prefill per turn, and the cold first token, vs llama.cpp"),
 }
 # old spellings still accepted anywhere in the arguments (deprecated): flag -> subcommand
 DEPRECATED = {"--edge": "edge"}

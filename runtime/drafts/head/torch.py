@@ -31,7 +31,6 @@ embedding from the checkpoint's PyTorch twin: runtime/drafts/mtp/torch.py's Torc
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -39,16 +38,9 @@ from torch import nn
 
 from runtime.backends.torch.llama import DecoderLayer, RMSNorm, rope_inv_freq
 from runtime.config import ModelConfig
+from runtime.drafts.head import META, WEIGHTS, head_sidecar  # noqa: F401 (re-exported)
 from runtime.drafts.mtp.torch import MTPDraft, TorchMTPStep, TorchTwin
 from runtime.errors import DuetError
-from runtime.paths import sidecar
-
-WEIGHTS, META = "model.safetensors", "head.json"
-
-
-def head_sidecar(target_dir) -> Path:
-    """Where `apps.train eagle` writes a target's head and `--draft head` reads it."""
-    return sidecar(target_dir, "eagle")
 
 
 def tap_layers(num_layers: int) -> tuple[int, ...]:
