@@ -270,8 +270,7 @@ def end_to_end(
     return res
 
 
-@cli_main
-def main(argv=None) -> int:
+def build_parser():
     ap = doc_parser("python -m apps.bench.studies.hybrid_rollback", __doc__)
     ap.add_argument(
         "--target",
@@ -306,7 +305,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--max-new", type=int, default=64, help="end-to-end tokens per run")
     ap.add_argument("--e2e-reps", type=int, default=3)
-    a = ap.parse_args(argv)
+    return ap
+
+
+@cli_main
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
     if (
         min(
             a.gamma, a.reps, a.prompt_len, a.threads, a.max_new, a.e2e_reps, a.prompts, a.max_tokens
@@ -323,35 +327,20 @@ def main(argv=None) -> int:
     if a.target is None or (a.sd and a.draft is None):
         t, d = hybrid_pair_dirs()
         a.target, a.draft = a.target or t, a.draft or d
-    res = measure(
-        a.target,
-        gamma=a.gamma,
-        prompt_len=a.prompt_len,
-        reps=a.reps,
-        threads=a.threads,
-        backend=a.backend,
-    )
+    shared = {"gamma": a.gamma, "threads": a.threads}  # every part's window and threads
+    timed = {**shared, "prompt_len": a.prompt_len, "backend": a.backend}  # the random-prompt parts
+    res = measure(a.target, reps=a.reps, **timed)
     if counted:
-        res["sd"] = counted_sd(
-            a.target,
-            a.draft,
-            gamma=a.gamma,
-            prompt_len=a.prompt_len,
-            max_new=a.max_new,
-            reps=a.e2e_reps,
-            threads=a.threads,
-            backend=a.backend,
-        )
+        res["sd"] = counted_sd(a.target, a.draft, max_new=a.max_new, reps=a.e2e_reps, **timed)
     if a.sd:
         res["end_to_end"] = end_to_end(
             a.target,
             a.draft,
-            gamma=a.gamma,
             prompts=a.prompts,
             max_new=a.max_tokens,
-            threads=a.threads,
             temperature=a.temperature,
             draft_backend=a.draft_backend,
+            **shared,
         )
     print(json.dumps(res, indent=1))
     return 0
