@@ -29,6 +29,7 @@ from onnx import helper as oh
 from onnx import numpy_helper as onh
 
 from converters.gguf_state import GGUFState, Packed, Rows
+from converters.onnx_target_family import build_family_part
 from converters.onnx_target_graph import HEAD_NODE, MS, Graph
 from converters.onnx_target_quant import quantize_graph
 from runtime.errors import DuetError
@@ -214,7 +215,7 @@ def build_from_gguf(model_dir: Path, out: Path, start, stop, head, rec: dict, ta
     from accelerate import init_empty_weights
 
     from runtime.backends.families import family_module
-    from runtime.backends.torch import FAMILIES
+    from runtime.backends.torch import FAMILIES, torch_family
     from runtime.config import ModelConfig
     from runtime.gguf_import import gguf_source
 
@@ -222,7 +223,7 @@ def build_from_gguf(model_dir: Path, out: Path, start, stop, head, rec: dict, ta
     src = gguf_source(model_dir)
     if not src.is_file():
         raise DuetError(f"{model_dir}: its weights come from {src}, which is no longer there")
-    fam = family_module("runtime.backends.torch", FAMILIES, cfg)
+    fam, fam_name = family_module("runtime.backends.torch", FAMILIES, cfg), torch_family(cfg)
     with init_empty_weights(include_buffers=False):
         lm = fam.Model(cfg)  # for its RoPE tables alone: no weight is made
     state = GGUFState(src, json.loads((Path(model_dir) / "config.json").read_text()))
@@ -233,16 +234,7 @@ def build_from_gguf(model_dir: Path, out: Path, start, stop, head, rec: dict, ta
     tmp_data = data_path.with_name(data_path.name + ".tmp")
     with open(tmp_data, "wb") as data:
         g = StreamGraph(data, data_path.name, rec)
-        inv_freq = lm.inv_freq.detach().float().numpy()
-        if cfg.model_type == "gemma3_text":
-            from converters.onnx_target_gemma3 import build_gemma_part
-
-            ropes = {"global": inv_freq, "local": lm.inv_freq_local.detach().float().numpy()}
-            m = build_gemma_part(cfg, state, ropes, start, stop, head, rows, tuple(taps), graph=g)
-        else:
-            from converters.onnx_target_graph import build_part
-
-            m = build_part(cfg, state, inv_freq, start, stop, head, rows, tuple(taps), graph=g)
+        m = build_family_part(fam_name, cfg, state, lm, start, stop, head, rows, taps, graph=g)
     bar.close()
     tmp_data.replace(data_path)
     del g, state, lm

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from converters.onnx_target_family import build_family_part
 from converters.onnx_target_quant import quantize_graph
 from runtime.backends.onnx.target import (  # noqa: F401
     HEAD_ACCURACY_LEVEL,
@@ -105,16 +106,7 @@ def export_target_part(
     _check_range(cfg, start, stop, head)
     state = lm.state_dict()
     rows = rec.get("attention", "window").startswith("rows")
-    inv_freq = lm.inv_freq.detach().float().numpy()
-    if family == "gemma3_text":
-        from converters.onnx_target_gemma3 import build_gemma_part
-
-        ropes = {"global": inv_freq, "local": lm.inv_freq_local.detach().float().numpy()}
-        m = build_gemma_part(cfg, state, ropes, start, stop, head, rows, tuple(taps))
-    else:
-        from converters.onnx_target_graph import build_part
-
-        m = build_part(cfg, state, inv_freq, start, stop, head, rows, tuple(taps))
+    m = build_family_part(family, cfg, state, lm, start, stop, head, rows, taps)
     del state
     if quantize != "none":
         m = quantize_graph(m, rec, gguf=_from_gguf(model_dir))
