@@ -2,8 +2,9 @@
 
 A resample draws prompt indices with replacement; the statistic is computed from that one draw
 for every quantity it compares (adaptive and fixed K, T = 1 and T = 0, two drafts), so the
-interval is paired; `ci_note` is how a row prints it. Used by apps/bench/edge.py, apps/bench/studies/edge_keep.py and
-apps/train/draft_eval.py. It resamples; it does not decide what a statistic is.
+interval is paired; `ci_note` is how a row prints it. Used by apps/bench/edge.py,
+apps/bench/studies/edge_keep.py and apps/train/draft_eval.py. It resamples; it does not decide
+what a statistic is.
 """
 
 from __future__ import annotations
