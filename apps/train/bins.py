@@ -185,8 +185,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    from apps.bench.prompt_set import load_prompts, turn_ids
-
     a = build_parser().parse_args(argv)
     if a.skip is None:
         a.skip = 0 if a.skip_per_category else 10
@@ -195,67 +193,21 @@ def main(argv: list[str] | None = None) -> int:
             "--skip and --skip-per-category must be >= 0, --limit and --max-tokens >= 1"
         )
     t0 = time.perf_counter()
-    if a.from_paths:
-        try:
-            rows = json.loads(Path(a.from_paths).read_text())
-            phi, tcr, lengths = (
-                np.array(rows[k], dtype=np.float64) for k in ("phi", "tcr", "accepted")
-            )
-            accepted, target, n_prompts = rows["steps_accepted"], rows["target"], rows["prompts"]
-        except (OSError, ValueError, KeyError) as e:
-            raise DuetError(
-                f"--from-paths {a.from_paths}: not a file from --save-paths ({e})"
-            ) from None
-    else:
-        pair = load_pair_from_args(a, need_draft=True)
-        if pair.tokenizer is None:
-            raise DuetError(
-                "bins need a tokenizer to encode the prompts (none found with the target)"
-            )
-        recs = after_each_category(load_prompts(a.prompts), a.skip_per_category)
-        recs = recs[a.skip : a.skip + a.limit]
-        if not recs:
-            raise DuetError(f"no prompts left after --skip {a.skip}")
-        ids = [turn_ids(pair.tokenizer, None, r["turns"], []) for r in recs]
-        phi, tcr, lengths, accepted = collect(
-            pair,
-            ids,
-            max_new=a.max_tokens,
-            top_k=a.tree_k,
-            top_n=a.top_n,
-            depth=a.depth,
-            temp=a.temp,
-            expand=a.expand,
-        )
-        target, n_prompts = os.path.relpath(pair.target_dir), len(ids)
-        if a.save_paths:
-            Path(a.save_paths).write_text(
-                json.dumps(
-                    {
-                        "phi": phi.tolist(),
-                        "tcr": tcr.tolist(),
-                        "accepted": lengths.tolist(),
-                        "steps_accepted": accepted,
-                        "target": target,
-                        "prompts": n_prompts,
-                    }
-                )
-            )
+    # the tree the paths are walked with, recorded beside the bins it fits
+    tree = dict(top_k=a.tree_k, expand=a.expand, top_n=a.top_n, depth=a.depth, temp=a.temp)
+    paths = read_paths(a.from_paths) if a.from_paths else walk_paths(a, tree)
+    phi, tcr, lengths, accepted = (paths[k] for k in ("phi", "tcr", "accepted", "steps_accepted"))
     bins = fit_bins(phi, tcr, lengths, min_leaf=a.min_leaf)
     # HeteroSpec §3.2's heterogeneity: how concentrated the accepted paths' ranks are
     bins["tcr_top_quartile_share"] = round(float((tcr <= max(1, a.top_n / 4)).mean()), 3)
     bins.update(
-        top_k=a.tree_k,
-        expand=a.expand,
-        top_n=a.top_n,
-        depth=a.depth,
-        temp=a.temp,
-        prompts=n_prompts,
+        **tree,
+        prompts=paths["prompts"],
         skip=a.skip,
         max_tokens=a.max_tokens,
         steps=len(accepted),
         mean_accepted=round(float(np.mean(accepted)), 3),
-        target=target,
+        target=paths["target"],
         min_leaf=a.min_leaf,
         fit_s=round(time.perf_counter() - t0, 1),
     )
@@ -273,6 +225,50 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(json.dumps({k: bins[k] for k in keys}))
     return 0
+
+
+PATH_ARRAYS = ("phi", "tcr", "accepted")  # a path's Φ, TCR and accepted length, one per step
+
+
+def read_paths(path: str) -> dict:
+    """The rows a --save-paths run wrote, as `walk_paths` returns them (phi, tcr and accepted
+    as float arrays)."""
+    try:
+        rows = json.loads(Path(path).read_text())
+        for k in PATH_ARRAYS:
+            rows[k] = np.array(rows[k], dtype=np.float64)
+        rows = {k: rows[k] for k in (*PATH_ARRAYS, "steps_accepted", "target", "prompts")}
+    except (OSError, ValueError, KeyError) as e:
+        raise DuetError(f"--from-paths {path}: not a file from --save-paths ({e})") from None
+    return rows
+
+
+def walk_paths(a: argparse.Namespace, tree: dict) -> dict:
+    """Run the pair's tree over the chosen prompts: the rows `read_paths` reads back (also
+    written to --save-paths when given)."""
+    from apps.bench.prompt_set import load_prompts, turn_ids
+
+    pair = load_pair_from_args(a, need_draft=True)
+    if pair.tokenizer is None:
+        raise DuetError("bins need a tokenizer to encode the prompts (none found with the target)")
+    recs = after_each_category(load_prompts(a.prompts), a.skip_per_category)
+    recs = recs[a.skip : a.skip + a.limit]
+    if not recs:
+        raise DuetError(f"no prompts left after --skip {a.skip}")
+    ids = [turn_ids(pair.tokenizer, None, r["turns"], []) for r in recs]
+    phi, tcr, lengths, accepted = collect(pair, ids, max_new=a.max_tokens, **tree)
+    rows = {
+        "phi": phi,
+        "tcr": tcr,
+        "accepted": lengths,
+        "steps_accepted": accepted,
+        "target": os.path.relpath(pair.target_dir),
+        "prompts": len(ids),
+    }
+    if a.save_paths:
+        listed = {k: v.tolist() if k in PATH_ARRAYS else v for k, v in rows.items()}
+        Path(a.save_paths).write_text(json.dumps(listed))
+    return rows
 
 
 if __name__ == "__main__":
