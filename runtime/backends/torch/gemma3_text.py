@@ -28,23 +28,25 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from runtime.backends.torch.llama import apply_rope, attend, rope_inv_freq
+from runtime.backends.torch.llama import (
+    MLP,
+    OffsetRMSNorm,
+    TorchLM,
+    apply_rope,
+    attend,
+    rope_inv_freq,
+)
 from runtime.config import ModelConfig
 from runtime.text_tower import text_tower
 
 
-class GemmaRMSNorm(nn.Module):
-    """x / rms(x) * (1 + weight), in float32 (weights are stored as offsets from one)."""
+class GemmaRMSNorm(OffsetRMSNorm):
+    """x / rms(x) * (1 + weight), in float32, its weights made as zeros (as transformers'
+    Gemma makes them: offsets from one)."""
 
     def __init__(self, dim: int, eps: float):
-        super().__init__()
+        super().__init__(dim, eps)
         self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * (1.0 + self.weight.float())).to(x.dtype)
 
 
 def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:
@@ -101,24 +103,12 @@ def activation(name: str):
     return lambda x: nn.functional.gelu(x, approximate="tanh")
 
 
-class Gemma3MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.act = activation(cfg.hidden_activation)
-
-    def forward(self, x):
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
 class Gemma3Layer(nn.Module):
     def __init__(self, cfg: ModelConfig, sliding: bool):
         super().__init__()
         eps, c = cfg.rms_norm_eps, cfg.hidden_size
         self.self_attn = Gemma3Attention(cfg, sliding)
-        self.mlp = Gemma3MLP(cfg)
+        self.mlp = MLP(cfg, activation(cfg.hidden_activation))
         self.input_layernorm = GemmaRMSNorm(c, eps)
         self.post_attention_layernorm = GemmaRMSNorm(c, eps)
         self.pre_feedforward_layernorm = GemmaRMSNorm(c, eps)
@@ -140,18 +130,15 @@ class Gemma3Backbone(nn.Module):
         self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class Gemma3LM(nn.Module):
+class Gemma3LM(TorchLM):
     """Gemma 3 causal LM with explicit KV tensors: past/presents are lists of (k, v) for global
     layers and (k, v, key positions) for local ones (runtime/caches/sliding.py's get/put)."""
 
+    backbone = Gemma3Backbone
+
     def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.model = Gemma3Backbone(cfg)
-        if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        super().__init__(cfg)  # inv_freq: the global layers' RoPE
         local = replace(cfg, rope_theta=cfg.rope_local_theta or cfg.rope_theta, rope_scaling=None)
-        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)  # global
         self.register_buffer("inv_freq_local", rope_inv_freq(local), persistent=False)
         self.embed_scale = math.sqrt(cfg.hidden_size)
 
@@ -160,28 +147,15 @@ class Gemma3LM(nn.Module):
         w = self.model.embed_tokens.weight
         return self.model.embed_tokens(ids) * torch.tensor(self.embed_scale, dtype=w.dtype)
 
-    def run_layers(self, h, start, stop, positions, mask, past):
-        """Layers [start, stop): h (B, T, C) or ids when start == 0; returns h and presents."""
-        if start == 0 and not torch.is_floating_point(h):
-            h = self.embed(h)
-        presents = []
-        for i, layer in enumerate(self.model.layers[start:stop]):
-            inv = self.inv_freq_local if layer.self_attn.sliding else self.inv_freq
-            h, present = layer(h, positions, mask, past[i], inv)
-            presents.append(present)
-        return h, presents
+    def run_layer(self, layer, h, positions, mask, past):
+        inv = self.inv_freq_local if layer.self_attn.sliding else self.inv_freq
+        return layer(h, positions, mask, past, inv)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head (soft-capped where the config says) on any hidden state."""
-        h = self.model.norm(h)
-        w = self.model.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
-        logits = h @ w.T
+        logits = super().head(h)
         cap = self.cfg.final_logit_softcapping
         return soft_cap(logits, cap) if cap else logits
-
-    def forward(self, input_ids, positions, mask, past):
-        h, presents = self.run_layers(input_ids, 0, self.cfg.num_layers, positions, mask, past)
-        return self.head(h), presents
 
 
 def sanitize(state: dict, path) -> dict:

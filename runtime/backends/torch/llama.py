@@ -24,10 +24,20 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def normed(self, x: torch.Tensor) -> torch.Tensor:
+        """x / rms(x), in float32."""
         xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * xf).to(x.dtype)
+        return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.weight.float() * self.normed(x)).to(x.dtype)
+
+
+class OffsetRMSNorm(RMSNorm):
+    """Gemma 3's and Qwen3.5's RMSNorm: weights stored around zero, applied as (1 + w)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.normed(x) * (1.0 + self.weight.float())).to(x.dtype)
 
 
 def rope_inv_freq(cfg: ModelConfig, dim: int | None = None) -> torch.Tensor:
@@ -125,14 +135,17 @@ def attend(q, k, v, mask: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """The gated MLP, down(act(gate(x)) * up(x)); `act` SiLU (SwiGLU) unless a family says."""
+
+    def __init__(self, cfg: ModelConfig, act=nn.functional.silu):
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.act = act
 
     def forward(self, x):
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -158,24 +171,40 @@ class Backbone(nn.Module):
 
 
 class TorchLM(nn.Module):
-    """Causal LM with explicit KV tensors: past/present are lists of (B, KV, S, D)."""
+    """Causal LM with explicit KV tensors: past/present are lists of (B, KV, S, D). The other
+    families subclass it with their own `backbone`, `rope_dim`, `embed` and `run_layer`."""
+
+    backbone = Backbone  # the family's embedding, layers and final norm (`model.*`)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.model = Backbone(cfg)
+        self.model = self.backbone(cfg)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg, self.rope_dim(cfg)), persistent=False)
+
+    @staticmethod
+    def rope_dim(cfg: ModelConfig) -> int | None:
+        """Channels per head that RoPE turns (None: all)."""
+        return None
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(ids)
+
+    def run_layer(self, layer, h, positions, mask, past):
+        """One layer over h with its past; returns h and its present."""
+        h, k, v = layer(h, positions, mask, past[0], past[1], self.inv_freq)
+        return h, (k, v)
 
     def run_layers(self, h, start, stop, positions, mask, past):
         """Layers [start, stop): h (B, T, C) or ids when start == 0; returns h and presents."""
         if start == 0 and not torch.is_floating_point(h):
-            h = self.model.embed_tokens(h)
+            h = self.embed(h)
         presents = []
         for i, layer in enumerate(self.model.layers[start:stop]):
-            h, k, v = layer(h, positions, mask, past[i][0], past[i][1], self.inv_freq)
-            presents.append((k, v))
+            h, present = self.run_layer(layer, h, positions, mask, past[i])
+            presents.append(present)
         return h, presents
 
     def head(self, h: torch.Tensor) -> torch.Tensor:

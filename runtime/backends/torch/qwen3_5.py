@@ -24,20 +24,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.backends.torch.llama import MLP, RMSNorm, apply_rope, attend, rope_inv_freq
+from runtime.backends.torch.llama import (
+    MLP,
+    OffsetRMSNorm,
+    RMSNorm,
+    TorchLM,
+    apply_rope,
+    attend,
+)
 from runtime.config import ModelConfig
 from runtime.text_tower import text_tower
 
 LINEAR, FULL = "linear_attention", "full_attention"
-
-
-class OffsetRMSNorm(RMSNorm):
-    """Qwen3.5's RMSNorm: weights stored around zero, applied as (1 + w)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * (1.0 + self.weight.float())).to(x.dtype)
 
 
 class GatedRMSNorm(RMSNorm):
@@ -218,32 +216,14 @@ def rotary_dim(cfg: ModelConfig) -> int:
     return int(cfg.head_dim * (0.25 if f is None else float(f)))
 
 
-class Qwen3_5LM(nn.Module):
+class Qwen3_5LM(TorchLM):
     """The hybrid causal LM: per-layer past/present are (k, v) or (conv, recurrent[, ...])."""
 
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.model = Backbone(cfg)
-        if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.register_buffer("inv_freq", rope_inv_freq(cfg, rotary_dim(cfg)), persistent=False)
+    backbone = Backbone
+    rope_dim = staticmethod(rotary_dim)
 
-    def run_layers(self, h, start, stop, positions, mask, past):
-        """Layers [start, stop): h (B, T, C) or ids when start == 0; returns h and presents."""
-        if start == 0 and not torch.is_floating_point(h):
-            h = self.model.embed_tokens(h)
-        presents = []
-        for i, layer in enumerate(self.model.layers[start:stop]):
-            h, present = layer(h, positions, mask, past[i], self.inv_freq)
-            presents.append(present)
-        return h, presents
-
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        """Final norm + LM head on any hidden state (Mirror-SD eq. 6)."""
-        h = self.model.norm(h)
-        w = self.model.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
-        return h @ w.T
+    def run_layer(self, layer, h, positions, mask, past):
+        return layer(h, positions, mask, past, self.inv_freq)
 
 
 def sanitize(state: dict, path) -> dict:
