@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.backends.onnx.llama import OnnxCausalLM, key_mask
+from runtime.backends.onnx.llama import OnnxCausalLM, empty_past, key_mask
 from runtime.caches.sliding import SlidingKVCache
 from runtime.model import check_tokens, default_positions
 
@@ -25,7 +25,7 @@ class OnnxGemma3LM(OnnxCausalLM):
             c.sliding,
             c.sliding_window,
             batch,
-            lambda b: np.zeros((b, c.num_kv_heads, 0, c.head_dim), self._kv_dtype),
+            empty_past(c, self._kv_dtype),
             lambda b: np.zeros((b, 0), np.int64),
         )
 

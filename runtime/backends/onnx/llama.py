@@ -45,6 +45,25 @@ def key_mask(mask, batch: int, offset: int, length: int) -> np.ndarray:
     return cols.astype(np.int64)
 
 
+def empty_past(config: ModelConfig, dtype):
+    """batch -> an empty past (B, KV, 0, D) of `dtype` for `config`'s attention layers."""
+    return lambda b: np.zeros((b, config.num_kv_heads, 0, config.head_dim), dtype)
+
+
+def run_with_past(session, outputs: list[str], feed: dict, cache, layers: int, first: int):
+    """Run `session` with the cache's past keys and values of layers [0, layers) added to
+    `feed` (past_key_values.{i}.key / .value) and put its presents (the outputs from `first`
+    on, a key and a value a layer) back into the cache; returns the outputs."""
+    for i in range(layers):
+        k, v = cache.get(i)
+        feed[f"past_key_values.{i}.key"] = np.ascontiguousarray(k)
+        feed[f"past_key_values.{i}.value"] = np.ascontiguousarray(v)
+    res = session.run(outputs, feed)
+    for i in range(layers):
+        cache.put(i, res[first + 2 * i], res[first + 2 * i + 1])
+    return res
+
+
 def open_session(path, provider: str, intra_threads: int, inter_threads: int, spin: bool = True):
     """An ONNX Runtime session on `provider` with these thread counts; bad input is a DuetError.
     `spin` False: its pool's threads sleep between runs instead of spinning (sessions run one
@@ -117,12 +136,7 @@ class OnnxCausalLM:
         return cls(p, onnx_config(p, config_dir), **kw)
 
     def new_cache(self, batch: int = 1) -> ConcatKVCache:
-        c = self.config
-        return ConcatKVCache(
-            c.num_layers,
-            batch,
-            lambda b: np.zeros((b, c.num_kv_heads, 0, c.head_dim), self._kv_dtype),
-        )
+        return ConcatKVCache(self.config.num_layers, batch, empty_past(self.config, self._kv_dtype))
 
     def forward(self, tokens, cache, *, positions=None, mask=None) -> np.ndarray:
         ids = check_tokens(tokens, self.config.vocab_size)
@@ -137,13 +151,7 @@ class OnnxCausalLM:
             if positions is None
             else np.asarray(positions, np.int64),
         }
-        for i in range(self.config.num_layers):
-            k, v = cache.get(i)
-            feed[f"past_key_values.{i}.key"] = np.ascontiguousarray(k)
-            feed[f"past_key_values.{i}.value"] = np.ascontiguousarray(v)
-        res = self.session.run(self._outputs, feed)
-        for i in range(self.config.num_layers):
-            cache.put(i, res[1 + 2 * i], res[2 + 2 * i])
+        res = run_with_past(self.session, self._outputs, feed, cache, self.config.num_layers, 1)
         return res[0].astype(np.float32, copy=False)
 
     def forward_layers(self, x, cache, start, stop, *, positions=None, mask=None):

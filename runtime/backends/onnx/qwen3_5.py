@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.backends.onnx.llama import empty_past
 from runtime.caches.step_state import LINEAR, StepStateCache
 from runtime.config import ModelConfig
 from runtime.errors import DuetError
@@ -82,7 +83,7 @@ class OnnxHybridLM:
         return StepStateCache(
             c.layer_types,
             batch,
-            lambda b: np.zeros((b, c.num_kv_heads, 0, c.head_dim), self._dtype),
+            empty_past(c, self._dtype),
             lambda i, b: (
                 np.zeros((b, *self._conv), self._dtype),
                 np.zeros((b, *self._rec), np.float32),

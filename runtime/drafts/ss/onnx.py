@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from kernels.stream_mask import multi_stream_mask, stream_positions
-from runtime.backends.onnx.llama import PROVIDERS
+from runtime.backends.onnx.llama import PROVIDERS, empty_past, run_with_past
 from runtime.caches.concat import ConcatKVCache
 from runtime.config import ModelConfig
 from runtime.drafts.ss.checkpoint import ss_streams
@@ -52,10 +52,7 @@ class OnnxSSCausalLM:
         return cls(p, **kw)
 
     def new_cache(self, batch: int = 1) -> ConcatKVCache:
-        c = self.config
-        return ConcatKVCache(
-            c.num_layers, batch, lambda b: np.zeros((b, c.num_kv_heads, 0, c.head_dim), np.float32)
-        )
+        return ConcatKVCache(self.config.num_layers, batch, empty_past(self.config, np.float32))
 
     def _run(self, ids, cache, owners, positions, mask):
         n, off = self.ss_streams, cache.offset
@@ -69,13 +66,7 @@ class OnnxSSCausalLM:
             "position_ids": stream_positions(pos, n, owners),
             "attention_mask": multi_stream_mask(m, n, owners),
         }
-        for i in range(self.config.num_layers):
-            k, v = cache.get(i)
-            feed[f"past_key_values.{i}.key"] = np.ascontiguousarray(k)
-            feed[f"past_key_values.{i}.value"] = np.ascontiguousarray(v)
-        res = self.session.run(self._outputs, feed)
-        for i in range(self.config.num_layers):
-            cache.put(i, res[2 + 2 * i], res[3 + 2 * i])
+        res = run_with_past(self.session, self._outputs, feed, cache, self.config.num_layers, 2)
         cache.trim(len(owners) * n)  # the stream columns are laid out last
         return res[0], res[1]
 
