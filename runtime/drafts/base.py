@@ -49,18 +49,12 @@ class DeltaRows:
         return q
 
 
-class ProposalCache:
-    """The draft's state over one sequence: the tokens it has read (all but the pending last
-    one) and the draft's index over them (`index`, built by the draft). Trimming forgets
-    tokens; the index is rebuilt on the next proposal."""
+class TokenCache:
+    """A one-row cache as long as the tokens it has read (`tokens`, set by the subclass):
+    `trim` forgets the last ones and tells `dropped` what the subclass keeps beside them."""
 
     is_trimmable = True
-
-    def __init__(self, draft: ModelFreeDraft):
-        self.draft = draft
-        self.tokens: list[int] = []
-        self.index = draft.new_index()
-        self.stale = False
+    tokens: list[int]
 
     @property
     def offset(self) -> int:
@@ -72,10 +66,27 @@ class ProposalCache:
 
     def trim(self, n: int) -> int:
         n = max(0, min(n, self.offset))
-        if n:
-            self.tokens = self.tokens[: self.offset - n]
-            self.stale = True
+        self.tokens = self.tokens[: self.offset - n]
+        self.dropped(n)
         return n
+
+    def dropped(self, n: int) -> None:
+        """`trim` has just forgotten the last `n` tokens (maybe none)."""
+
+
+class ProposalCache(TokenCache):
+    """The draft's state over one sequence: the tokens it has read (all but the pending last
+    one) and the draft's index over them (`index`, built by the draft). Trimming forgets
+    tokens; the index is rebuilt on the next proposal."""
+
+    def __init__(self, draft: ModelFreeDraft):
+        self.draft = draft
+        self.tokens: list[int] = []
+        self.index = draft.new_index()
+        self.stale = False
+
+    def dropped(self, n: int) -> None:
+        self.stale = self.stale or n > 0
 
     def sync(self, seq: list[int]) -> None:
         """Read seq[:-1] into the index (only what is new, unless a trim or another sequence

@@ -33,6 +33,7 @@ from runtime.backends.torch.llama import DecoderLayer, RMSNorm
 from runtime.backends.torch.qwen3_5 import FULL, HybridLayer, OffsetRMSNorm
 from runtime.caches.concat import ConcatKVCache
 from runtime.config import ModelConfig
+from runtime.drafts.base import TokenCache
 from runtime.drafts.mtp.weights import WEIGHTS, find_mtp_weights, mtp_sidecar  # noqa: F401
 from runtime.errors import DuetError
 from runtime.model import causal_mask, check_tokens
@@ -79,11 +80,9 @@ def load_mtp_head(path, cfg: ModelConfig, dtype=torch.float32) -> MTPHead:
     return head.to(dtype).eval()
 
 
-class MTPCache:
+class MTPCache(TokenCache):
     """Tokens seen, and per draft position p >= 1 the head's KV entry (RoPE position p - 1),
     its output hidden state and logits, and whether its input hidden state was the target's."""
-
-    is_trimmable = True
 
     def __init__(self, empty):
         self.tokens: list[int] = []
@@ -92,19 +91,8 @@ class MTPCache:
         self.logits: list[np.ndarray] = []  # (V,) float32 per entry
         self.exact: list[bool] = []
 
-    @property
-    def offset(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def batch(self) -> int:
-        return 1
-
-    def trim(self, n: int) -> int:
-        n = max(0, min(n, self.offset))
-        self.tokens = self.tokens[: self.offset - n]
+    def dropped(self, n: int) -> None:
         self._keep(max(0, self.offset - 1))
-        return n
 
     def _keep(self, entries: int) -> None:
         self.kv.trim(self.kv.offset - min(entries, self.kv.offset))
