@@ -28,7 +28,7 @@ from runtime.cli_parser import doc_parser
 from runtime.decoding import METHODS
 from runtime.errors import DuetError, cli_main
 
-from .args import ALONE_METHODS, BASELINES
+from .args import ALONE_METHODS, BASELINES, add_temps_arg
 from .categories import add_category_args
 from .compare import bench
 from .runners.peers import add_peer_args
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         "against draft size x γ)",
     )
     add_method_args(ap)  # --gamma and the methods' own flags (--kappa, --tree-k, ...)
-    ap.add_argument("--temps", default="0,1", help="comma-separated temperatures (default 0,1)")
+    add_temps_arg(ap, "0,1")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0 = off)")
     ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per turn (default 128)")
     ap.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i")

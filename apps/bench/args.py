@@ -1,6 +1,6 @@
 """What the comparison's list flags mean: `--methods`, `--temps` and `--gammas` as checked lists,
-and which methods run without a draft. The flags themselves are declared in __main__.py's
-build_parser; this reads their values and nothing else."""
+and which methods run without a draft. The flags are declared in __main__.py's build_parser,
+but for `--temps`, which every bench that sweeps temperatures declares through add_temps_arg."""
 
 from __future__ import annotations
 
@@ -32,6 +32,13 @@ def parse_numbers(text: str, flag: str, cast, least) -> list:
     if not xs or any(x < least for x in xs):
         raise DuetError(f"{flag} must be {kind} >= {least}, got {text!r}")
     return xs
+
+
+def add_temps_arg(ap, default: str) -> None:
+    """--temps: the temperatures a bench runs each prompt at, read by `parse_temps`."""
+    ap.add_argument(
+        "--temps", default=default, help=f"comma-separated temperatures (default {default})"
+    )
 
 
 def parse_temps(text: str) -> list[float]:

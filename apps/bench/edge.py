@@ -21,6 +21,7 @@ import json
 import sys
 from functools import partial
 
+from apps.bench.args import add_temps_arg, parse_temps
 from apps.bench.bootstrap import ci_note
 from apps.bench.edge_run import run_on_link, skip_totals
 from runtime.cli_args import add_pair_args, load_pair_from_args
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts", default=None, help="prompt set (default apps/prompts/)")
     ap.add_argument("--limit", type=int, default=3, help="first N prompts (default 3)")
     ap.add_argument("--max-tokens", type=int, default=32, help="new tokens per prompt (32)")
-    ap.add_argument("--temps", default="0", help="comma-separated temperatures (default 0)")
+    add_temps_arg(ap, "0")
     ap.add_argument(
         "--top-p",
         type=float,
@@ -89,7 +90,7 @@ def check_args(a: argparse.Namespace) -> tuple[list[str], list[float], dict | No
     for name in links:
         if name not in LINK_NAMES:
             raise DuetError(f"unknown link {name!r}; choose from {', '.join(LINK_NAMES)}")
-    temps = [float(t) for t in a.temps.split(",")]
+    temps = parse_temps(a.temps)
     from runtime.cli_args import check_decoding_args
 
     for t in temps:  # --max-tokens, each temperature and --top-p, one line each

@@ -17,7 +17,7 @@ import json
 import sys
 import time
 
-from apps.bench.args import parse_temps
+from apps.bench.args import add_temps_arg, parse_temps
 from runtime.cli_parser import doc_parser
 from runtime.errors import DuetError, cli_main
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ar-draft", default=None, help="ordinary draft (default: the embedded one)")
     ap.add_argument("--target", default=None, help="target (default: the embedded one)")
     ap.add_argument("--methods", default="sd,mirror", help="of sd, mirror (default both)")
-    ap.add_argument("--temps", default="0,1", help="temperatures (default 0,1)")
+    add_temps_arg(ap, "0,1")
     ap.add_argument("--limit", type=int, default=5, help="prompts (default 5)")
     ap.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt")
     ap.add_argument("--gamma", type=int, default=4, help="window γ (default 4)")

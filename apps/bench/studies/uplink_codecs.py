@@ -46,6 +46,7 @@ import time
 
 import numpy as np
 
+from apps.bench.args import add_temps_arg, parse_temps
 from kernels import cuhlm, payload_cuhlm, sqs
 from kernels.payloads import decode, make_codec
 from kernels.sampling import probs_from_logits, sample
@@ -167,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts", default=None, help="prompt set (default apps/prompts/)")
     ap.add_argument("--limit", type=int, default=8, help="prompts to use (default 8)")
     ap.add_argument("--max-len", type=int, default=256, help="tokens per context (default 256)")
-    ap.add_argument("--temps", default="0.2,0.5,0.8,1.0", help="comma-separated temperatures")
+    add_temps_arg(ap, "0.2,0.5,0.8,1.0")
     ap.add_argument("--gamma", type=int, default=4, help="rows per payload (default 4)")
     ap.add_argument("--budget", type=int, default=5000, help="SQS §4 bits per batch B (5000)")
     ap.add_argument("--k", type=int, default=8, help="K-SQS's K (default 8)")
@@ -218,10 +219,7 @@ def modeled_latency(row: dict, link, gamma: int) -> dict:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        temps = [float(t) for t in args.temps.split(",")]
-    except ValueError:
-        raise DuetError(f"--temps {args.temps!r}: expected comma-separated numbers") from None
+    temps = parse_temps(args.temps)
     if any(t <= 0 for t in temps) or args.gamma < 1 or args.k < 1 or args.ell < 1:
         raise DuetError("--temps must be > 0, and --gamma, --k, --ell >= 1")
     if args.cu_k is not None and args.cu_k < 1:
