@@ -46,7 +46,13 @@ from runtime.backends.onnx.residual import (
 )
 from runtime.backends.onnx.target_rows import chunk_rows, row_feed
 from runtime.backends.onnx.target_tree import tree_as_chains
-from runtime.backends.onnx.target_window import first_present, kept_rows, run_in_place, run_window
+from runtime.backends.onnx.target_window import (
+    GraphPass,
+    first_present,
+    kept_rows,
+    run_in_place,
+    run_window,
+)
 from runtime.caches.buffer import BufferKVCache
 from runtime.caches.concat import ConcatKVCache
 from runtime.caches.sliding import SlidingKVCache
@@ -342,25 +348,11 @@ class OnnxTargetLM:
         lo, hi = (keep - min(last, keep), keep) if head and last is not None else (0, keep)
         a, b = head_span(lo, hi, T)  # ONE_ROW: a one-row head on two rows, `cut` kept
         lo, hi, cut = a, b, slice(lo - a, hi - a)
+        run = GraphPass(
+            session, outs, names, x, pos, m, start, stop, head, off, (lo, hi), keep, cut, taps
+        )
         if isinstance(cache, BufferKVCache) and not rows:
-            return run_in_place(
-                self,
-                session,
-                outs,
-                names,
-                x,
-                pos,
-                m,
-                cache,
-                start,
-                stop,
-                head,
-                off,
-                (lo, hi),
-                keep,
-                cut,
-                taps,
-            )
+            return run_in_place(self, run, cache)
         past = [cache.get(i)[:2] for i in range(start, stop)]
         lm, key_pos = self._local_mask(cache, start, stop, pos, m) if self.sliding else (None,) * 2
         if rows:
@@ -378,7 +370,7 @@ class OnnxTargetLM:
                 feed[f"past.{i}.value"] = np.ascontiguousarray(v)
             res = session.run(outs, feed)
         else:
-            res = run_window(session, outs, names, x, pos, m, lm, past, start, stop, off, (lo, hi))
+            res = run_window(run, lm, past)
         first = first_present(outs)
         drop = T - keep  # a padded pass's second column is dropped
         for j, i in enumerate(range(start, stop)):

@@ -6,6 +6,8 @@ outputs take (where the presents start, which rows are kept)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from runtime.backends.onnx.residual import _carried
@@ -23,28 +25,36 @@ def kept_rows(res: list, head: bool, keep: int, cut: slice) -> list:
     return [a[:, cut] if head and j == 0 else a[:, :keep] for j, a in enumerate(res)]
 
 
-def run_in_place(
-    target,
-    session,
-    outs,
-    names,
-    x,
-    pos,
-    m,
-    cache,
-    start,
-    stop,
-    head,
-    off,
-    rows_,
-    keep,
-    cut,
-    taps=(),
-):
+@dataclass
+class GraphPass:
+    """One graph run of a pass, as OnnxTargetLM._run has laid it out: its part (session, output
+    and input names), the tokens or hidden state x (B, T[, C]), positions (B, T), mask
+    (B, T, off + T), layers [start, stop) over the cache's offset `off`, and with `head` the
+    head's rows [rows[0], rows[1]), the `keep` rows kept, the logits' `cut` and the taps."""
+
+    session: object
+    outs: list[str]
+    names: list[str]
+    x: np.ndarray
+    pos: np.ndarray
+    m: np.ndarray
+    start: int
+    stop: int
+    head: bool
+    off: int
+    rows: tuple[int, int]
+    keep: int
+    cut: slice
+    taps: tuple = ()
+
+
+def run_in_place(target, p: GraphPass, cache):
     """One graph run of `target`'s (an OnnxTargetLM) whole pass with each layer's buffer bound
     as both its past and its present: the kernel appends the pass's keys and values at `off` in
     place (runtime/caches/buffer.py); logits and hidden are written into arrays made here. The
     offsets advance by `keep` (a padded one-token pass's second column is left stale)."""
+    session, outs, names, x, pos, m = p.session, p.outs, p.names, p.x, p.pos, p.m
+    start, stop, head, off, keep, taps = p.start, p.stop, p.head, p.off, p.keep, p.taps
     B, T = x.shape[:2]
     for i in range(start, stop):
         cache.reserve(i, off + T)
@@ -57,7 +67,7 @@ def run_in_place(
     widths = {"logits": target.config.vocab_size, "hidden": C, "resid": C,
               "taps": C * len(taps)}  # fmt: skip
     got = [
-        np.empty((B, rows_[1] - rows_[0] if n == "logits" else T, widths[n]), np.float32)
+        np.empty((B, p.rows[1] - p.rows[0] if n == "logits" else T, widths[n]), np.float32)
         for n in outs[:first]
     ]
     # the CPU kernel runs a multi-token window over a past one batch row at a time
@@ -72,14 +82,14 @@ def run_in_place(
         if lm is not None and "local_mask" in names:
             io.bind_cpu_input("local_mask", np.ascontiguousarray(lm[r]))
         if head:
-            io.bind_cpu_input("head_rows", np.array(rows_, np.int64))
+            io.bind_cpu_input("head_rows", np.array(p.rows, np.int64))
         for name, arr in zip(outs[:first], got, strict=True):
             a = arr[r]
             io.bind_output(name, "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
         session.run_with_iobinding(io)
     for i in range(start, stop):
         cache.advance(i, keep)
-    return kept_rows(got, head, keep, cut)
+    return kept_rows(got, head, keep, p.cut)
 
 
 def kv_binding(bindings: dict, session, cache, start: int, stop: int, r: slice):
@@ -103,22 +113,24 @@ def kv_binding(bindings: dict, session, cache, start: int, stop: int, r: slice):
     return io
 
 
-def run_window(session, outs, names, x, pos, m, lm, past, start, stop, off, rows_):
-    """One graph run of the whole pass (recipe attention "window")."""
+def run_window(p: GraphPass, lm, past):
+    """One graph run of the whole pass (recipe attention "window"), fed `past` (the layers'
+    keys and values) and `lm` (the local layers' mask, or None)."""
+    session, outs, names, x, pos, m = p.session, p.outs, p.names, p.x, p.pos, p.m
     B, T = x.shape[:2]
     # GroupQueryAttention's CPU kernel runs a multi-token window over a past one row at a
     # time: such a batch (branch rows verified together) runs row by row
-    rows = [slice(r, r + 1) for r in range(B)] if B > 1 and T > 1 and off else [slice(None)]
+    rows = [slice(r, r + 1) for r in range(B)] if B > 1 and T > 1 and p.off else [slice(None)]
     got = []
     for r in rows:
-        feed = {**_carried(start, x[r]), "position_ids": pos[r]}
+        feed = {**_carried(p.start, x[r]), "position_ids": pos[r]}
         if "attention_mask" in names:
             feed["attention_mask"] = m[r]
         if lm is not None:
             feed["local_mask"] = lm[r]
         if "head_rows" in names:
-            feed["head_rows"] = np.array(rows_, np.int64)
-        for i, (k, v) in zip(range(start, stop), past, strict=True):
+            feed["head_rows"] = np.array(p.rows, np.int64)
+        for i, (k, v) in zip(range(p.start, p.stop), past, strict=True):
             feed[f"past.{i}.key"] = np.ascontiguousarray(k[r])
             feed[f"past.{i}.value"] = np.ascontiguousarray(v[r])
         got.append(session.run(outs, feed))
