@@ -30,7 +30,7 @@ from onnx import numpy_helper as onh
 
 from converters.gguf_state import GGUFState, Packed, Rows
 from converters.onnx_target_family import build_family_part
-from converters.onnx_target_graph import HEAD_NODE, MS, Graph
+from converters.onnx_target_graph import HEAD_NODE, MS, Graph, Span
 from converters.onnx_target_quant import quantize_graph
 from runtime.errors import DuetError
 
@@ -234,7 +234,8 @@ def build_from_gguf(model_dir: Path, out: Path, start, stop, head, rec: dict, ta
     tmp_data = data_path.with_name(data_path.name + ".tmp")
     with open(tmp_data, "wb") as data:
         g = StreamGraph(data, data_path.name, rec)
-        m = build_family_part(fam_name, cfg, state, lm, start, stop, head, rows, taps, graph=g)
+        span = Span(start, stop, head, rows, tuple(taps))
+        m = build_family_part(fam_name, cfg, state, lm, span, graph=g)
     bar.close()
     tmp_data.replace(data_path)
     del g, state, lm

@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 from converters.onnx_target_family import build_family_part
+from converters.onnx_target_graph import Span
 from converters.onnx_target_quant import quantize_graph
 from runtime.backends.onnx.target import (  # noqa: F401
     HEAD_ACCURACY_LEVEL,
@@ -106,7 +107,7 @@ def export_target_part(
     _check_range(cfg, start, stop, head)
     state = lm.state_dict()
     rows = rec.get("attention", "window").startswith("rows")
-    m = build_family_part(family, cfg, state, lm, start, stop, head, rows, taps)
+    m = build_family_part(family, cfg, state, lm, Span(start, stop, head, rows, tuple(taps)))
     del state
     if quantize != "none":
         m = quantize_graph(m, rec, gguf=_from_gguf(model_dir))

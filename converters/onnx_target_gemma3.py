@@ -28,6 +28,7 @@ from onnx import helper as oh
 from converters.onnx_target_graph import (
     MS,
     Graph,
+    Span,
     attention,
     attention_inputs,
     close_part,
@@ -43,20 +44,11 @@ from converters.onnx_target_graph import (
 )
 
 
-def build_gemma_part(
-    cfg,
-    state: dict,
-    ropes: dict,
-    start: int,
-    stop: int,
-    head: bool,
-    rows: bool = False,
-    taps: tuple[int, ...] = (),
-    graph: Graph | None = None,
-):
-    """The ModelProto of Gemma 3 layers [start, stop) (+ final norm, LM head and soft-cap
-    when `head`); ropes = {"global": inv_freq, "local": inv_freq} (D / 2,) each; `taps` and
-    `graph` as converters/onnx_target_graph.build_part's."""
+def build_gemma_part(cfg, state: dict, ropes: dict, span: Span, graph: Graph | None = None):
+    """The ModelProto of `span`'s Gemma 3 layers (+ final norm, LM head and soft-cap with the
+    head); ropes = {"global": inv_freq, "local": inv_freq} (D / 2,) each; `graph` as
+    converters/onnx_target_graph.build_part's."""
+    start, stop, head, rows, taps = span
     g = graph or Graph()
     sums: dict[int, str] = {}
     H, KV, D, C = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size

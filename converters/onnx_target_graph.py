@@ -24,6 +24,8 @@ I/O of a part [start, stop) (+ head): see converters/onnx_target_export.py.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from onnx import TensorProto as TP
 from onnx import helper as oh
@@ -35,6 +37,19 @@ from runtime.errors import DuetError
 MS = "com.microsoft"
 NEG = float(np.finfo(np.float32).min)
 HEAD_NODE = "lm_head"  # the LM head's MatMul (quantized to its own width)
+
+
+class Span(NamedTuple):
+    """Which part of the stack a graph holds: layers [start, stop), the final norm and LM head
+    when `head`; `rows`: attention as rows (converters/onnx_target_rows.py), else one window
+    over an attention_mask input; `taps` (the whole graph only): a third output, those layers'
+    outputs (`tap_output`)."""
+
+    start: int
+    stop: int
+    head: bool
+    rows: bool = False
+    taps: tuple[int, ...] = ()
 
 
 class Graph:
@@ -89,22 +104,11 @@ def matmul_weight(state, keys: list[str]):
     return np.concatenate([weight(state, k) for k in keys], 0).T
 
 
-def build_part(
-    cfg,
-    state: dict,
-    inv_freq: np.ndarray,
-    start: int,
-    stop: int,
-    head: bool,
-    rows: bool = False,
-    taps: tuple[int, ...] = (),
-    graph: Graph | None = None,
-):
-    """The ModelProto of layers [start, stop) (+ final norm and LM head when `head`);
-    start == stop with `head`: the head alone on `hidden_in`. `rows`: attention as rows
-    (converters/onnx_target_rows.py), else one window over an attention_mask input. `taps`
-    (the whole graph only): a third output, those layers' outputs (`tap_output`). `graph`:
-    the Graph to build into (converters/gguf_target.StreamGraph quantizes as it goes)."""
+def build_part(cfg, state: dict, inv_freq: np.ndarray, span: Span, graph: Graph | None = None):
+    """The ModelProto of `span`'s layers (+ final norm and LM head when it has the head);
+    start == stop with the head: the head alone on `hidden_in`. `graph`: the Graph to build
+    into (converters/gguf_target.StreamGraph quantizes as it goes)."""
+    start, stop, head, rows, taps = span
     g = graph or Graph()
     sums: dict[int, str] = {}  # layer -> the residual stream after it (a norm's added sum)
     H, KV, D, C = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size

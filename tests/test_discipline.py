@@ -29,9 +29,6 @@ LONG_FILES: dict[str, str] = {
 }
 # "path:function" -> why it may pass the function limit
 LONG_FUNCTIONS: dict[str, str] = {
-    "converters/onnx_target_gemma3.py:build_gemma_part": "one graph's layers in order; "
-    + LAID_OUT.replace("400", "100"),
-    "runtime/backends/onnx/target.py:_run": LAID_OUT.replace("400", "100"),
 }
 MARK = re.compile(r"#\s*fmt:\s*skip\s*$")
 
