@@ -5,9 +5,10 @@
     printf 'def fib(n):\\n' | python -m runtime.chat --max-tokens 64
 
 Tokens are printed as they are committed, and each answer ends with one stats
-line on stderr. The KV caches live across turns, so a turn only prefills what
-is new. The tokenizer's chat template is used when the checkpoint has one;
-otherwise each line continues the text so far (plain completion).
+line on stderr (its `prefill N new tokens`: what the turn's prompt added). The KV caches live
+across turns, and earlier answers stay the ids that were generated, so a turn only prefills
+its new message and the template's tokens around it. The tokenizer's chat template is used
+when the checkpoint has one; otherwise each line continues the text so far (plain completion).
 The method defaults to auto: the latency model's pick per answer (sd, mirror or ar), from
 the pair measured on this machine during the first answer of its first chat and kept for
 later chats (devices/probe_store.py; --reprobe measures again); /stats says what it picked
@@ -202,6 +203,12 @@ def stats_text(session: ChatSession) -> str:
     if s is None:
         return "[no answer yet]"
     lines = [plain_summary(s), "details: " + stats_line(s.extra.get("method", session.method), s)]
+    sp = session.splice  # with a template: what the turn's prompt kept of the conversation
+    if sp is not None:
+        lines.append(
+            f"prompt: {len(sp.ids)} tokens, {sp.kept} kept as the caches held them ({sp.how}), "
+            f"{s.prefill_tokens} prefilled"
+        )
     sk = s.extra.get("skip")
     if sk:
         lines.append(

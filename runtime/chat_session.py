@@ -5,7 +5,10 @@ hold), renders each new turn (the tokenizer's chat template when it has one,
 plain completion otherwise), trims the oldest turns when the history would
 outgrow the context, and drives a decoding strategy over the *full* history:
 the strategies only process the tokens the caches have not seen, so a second
-turn's prefill is just its new tokens. It knows nothing about the terminal.
+turn's prefill is just its new tokens. With a template, the earlier answers stay the ids that
+were generated (a sampled answer need not re-tokenize to them): each turn splices only what the
+template adds (runtime/chat_splice.py), and says once when the template cannot be spliced. It
+knows nothing about the terminal.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from runtime.chat_splice import MISMATCH, Splice, splice
 from runtime.chat_template import ChatTemplate  # noqa: F401 (where the session's template lives)
 from runtime.decoding import Sampling, option_names
 from runtime.decoding.events import GREEDY, common_prefix, rewind
@@ -78,6 +82,8 @@ class ChatSession:
             eos=self.eos,
         )
         self.last_stats: RunStats | None = None
+        self.said: set[str] = set()  # what the session has told once
+        self.splice: Splice | None = None  # how the last templated prompt was made
         self.reset()
 
     def reset(self) -> None:
@@ -106,7 +112,9 @@ class ChatSession:
 
     def _render(self, turns: list[Turn], user: str, user_ids: list[int]) -> list[int]:
         if self.template is not None:
-            return self.template.render(self._messages(turns, user))
+            text = self.template.render_text(self._messages(turns, user))
+            self.splice = splice(self.tokens, text, self.template)
+            return self.splice.ids
         return [t for tr in turns for t in tr.user_ids + tr.answer_ids] + user_ids
 
     def _fit(self, user: str) -> tuple[list[int], list[int]]:
@@ -126,11 +134,34 @@ class ChatSession:
                 f"[history too long for the {self.context}-token context: dropped the "
                 f"{dropped} oldest turn{'s' * (dropped > 1)}]"
             )
+        elif self.template is not None:
+            self._say_splice()
         if len(seq) > room:  # the message alone is too long: keep its end
             self.notify(f"[message is {len(seq)} tokens; keeping its last {room}]")
             seq = seq[-room:]
             user_ids = user_ids[-room:]
         return seq, user_ids
+
+    def _say_splice(self) -> None:
+        """Once per session: the template could not keep every earlier turn's ids."""
+        held, sp = self.tokens, self.splice
+        whole = len(held) - (1 if held and held[-1] in self.eos else 0)
+        if sp.how == MISMATCH:
+            self._once(
+                "[this chat template cannot be spliced onto the generated ids: each turn "
+                "re-tokenizes the conversation and prefills from the first token that differs]"
+            )
+        elif sp.kept < whole:
+            self._once(
+                "[the chat template renders an earlier answer otherwise than its generated "
+                f"tokens: the turn prefills from there ({whole - sp.kept} earlier tokens again)]"
+            )
+
+    def _once(self, msg: str) -> None:
+        key = msg.split(":")[0]
+        if key not in self.said:
+            self.said.add(key)
+            self.notify(msg)
 
     # ---- one answer ------------------------------------------------------
 

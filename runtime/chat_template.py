@@ -41,3 +41,16 @@ class ChatTemplate:
         if isinstance(out, dict) or hasattr(out, "keys"):  # BatchEncoding in newer transformers
             out = out["input_ids"]
         return [int(t) for t in out]
+
+    def render_text(self, messages: list[dict]) -> str:
+        """The text `render` tokenizes."""
+        return self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of a piece of rendered text, as `render` tokenizes it (no specials added)."""
+        return [int(t) for t in self.hf.encode(text, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of `ids`, special tokens and spaces as they are (the inverse `splice` checks
+        against: runtime/chat_splice.py)."""
+        return self.hf.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

@@ -173,7 +173,11 @@ class Server:
             await self.gate.enter()
         except APIError as e:
             return error_response(e)
-        job = self.engine.job(ids, req)
+        try:  # on the worker thread: reusing the kept ids decodes them (engine.reuse)
+            job = await anyio.to_thread.run_sync(self.engine.job, ids, req, limiter=self.worker)
+        except BaseException:
+            self.gate.leave()
+            raise
         rid = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
         if req.stream:
             pump = Pump(job, self.worker)

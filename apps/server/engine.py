@@ -7,17 +7,22 @@ generator that yields the text each decoding step adds, honours `stop` strings
 and `max_tokens`, and on exit, finished or closed early (a client that went
 away), leaves the caches holding only the committed sequence. Like mlx_lm.server
 it keeps that sequence, so a request sharing a prefix with the previous one
-(a chat's next turn) prefills only what is new. Requests must not overlap: the
-HTTP layer (app.py) serialises them. Nothing here knows about HTTP or threads.
+(a chat's next turn) prefills only what is new: when the new prompt's text starts with what the
+kept ids decode to, those ids are reused and only the rest is tokenized (runtime/chat_splice.py),
+so an answer sent back as text keeps its generated ids even where they would not re-tokenize
+to themselves. Requests must not overlap: the HTTP layer (app.py) serialises them. Nothing
+here knows about HTTP or threads.
 """
 
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Iterator
 
 from apps.server.requests import APIError, GenRequest
 from runtime.chat_session import common_prefix, strategy_kwargs
+from runtime.chat_splice import MISMATCH, SPLICED, TextCodec, splice
 from runtime.chat_template import ChatTemplate
 from runtime.decoding import Sampling
 from runtime.decoding.events import rewind
@@ -55,6 +60,17 @@ class Engine:
         self.tcache = pair.target.new_cache()
         self.dcache = pair.draft.new_cache() if pair.draft is not None else None
         self.tokens: list[int] = []  # the sequence the caches hold a prefix of
+        self.said_mismatch = False  # a template that cannot be spliced is told once
+
+    def prompt_text(self, req: GenRequest):
+        """(the request's prompt as text, what tokenizes it), or (None, None) for token ids."""
+        if req.messages is not None:
+            if self.template is not None:
+                return self.template.render_text(req.messages), self.template
+            return "\n".join(m["content"] for m in req.messages), TextCodec(self.tok)
+        if isinstance(req.prompt, str):
+            return req.prompt, TextCodec(self.tok)
+        return None, None
 
     def prompt_ids(self, req: GenRequest) -> list[int]:
         """The request's prompt as token ids; a 400 when it is empty, out of vocabulary or too
@@ -101,8 +117,27 @@ class Engine:
         self.dcache = self.pair.draft.new_cache() if self.pair.draft is not None else None
 
     def job(self, ids: list[int], req: GenRequest) -> Job:
-        """A generation of `req` after `ids`; iterate it (one step per item) or close it."""
-        return Job(self, ids, req)
+        """A generation of `req` after `ids`; iterate it (one step per item) or close it.
+
+        `ids` are the prompt's own tokenization (`prompt_ids`); when the kept sequence's text
+        starts the prompt's text, the job runs on those kept ids and the new text's tokens."""
+        return Job(self, self.reuse(ids, req), req)
+
+    def reuse(self, ids: list[int], req: GenRequest) -> list[int]:
+        """`ids`, or the kept sequence spliced with the tokens of what the request adds."""
+        text, codec = self.prompt_text(req)
+        if text is None or not self.tokens:
+            return ids
+        sp = splice(self.tokens, text, codec, plain=ids)
+        if sp.how == MISMATCH and not self.said_mismatch:
+            self.said_mismatch = True
+            print(
+                "[server: this tokenizer cannot splice a conversation onto its generated ids; "
+                "requests reuse the common prefix of their tokenization]",
+                file=sys.stderr,
+                flush=True,
+            )
+        return sp.ids if sp.how == SPLICED and len(sp.ids) < self.context else ids
 
 
 class Job:
