@@ -152,6 +152,7 @@ def load_pair(
         target_threads,
         draft_threads,
         hybrid_rollback,
+        adapter is not None,
     )
     mixed, kind = need_draft and is_mixed_spec(ddir), ddir
     if mixed:  # the head drafts, a model-free draft beside it (runtime/drafts/mixed.py)

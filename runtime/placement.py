@@ -2,7 +2,8 @@
 
 In order, the first that answers:
 1. the backend the user named (`--target-backend`, `--draft-backend`, the companion's
-   `--engine`); "auto", "" or None names none;
+   `--engine`; for the target, $DUET_TARGET_BACKEND where neither the flag nor a device
+   profile names one); "auto", "" or None names none;
 2. the device profile's backend for that role (`[target] backend`, `[draft] backend` in
    devices/profiles/*.toml), when a profile is given. The engine does not import devices/
    (STYLE 11): the command layer reads the profile and passes its roles in as a plain
@@ -15,15 +16,17 @@ In order, the first that answers:
    from its own blocks (MatMulNBits), which is the model the user has (a float32 copy of it is
    not); a float checkpoint runs in float32 on whichever of PyTorch and ONNX Runtime a probe
    measures faster for that model on this machine (devices/target_placement.py keeps it), unless
-   `--quantize int4|int8` asks for the ONNX target's quantized weights. Without a probe (a
-   library caller that passes none) a float checkpoint runs on PyTorch. A bundle's draft runs
-   on Core ML on macOS (the Neural Engine) and on ONNX Runtime elsewhere.
+   `--quantize int4|int8` asks for the ONNX target's quantized weights; a hybrid, one with an
+   adapter merged, or one over FLOAT_PROBE_MAX of weights runs on PyTorch (`_torch_only`).
+   Without a probe (a library caller that passes none) a float checkpoint runs on PyTorch. A
+   bundle's draft runs on Core ML on macOS (the Neural Engine) and on ONNX Runtime elsewhere.
 
 It picks a name and says why; loading is the caller's (runtime/loading.py, apps/companion).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 
@@ -127,12 +130,33 @@ def resolve_quantize(tdir, quantize: str | None) -> str:
     return "int4" if source_precision(tdir) is not None else "none"
 
 
+ENV = "DUET_TARGET_BACKEND"  # names the target's backend where no flag does (the tests pin it)
+FLOAT_PROBE_MAX = 2 * 2**30  # float weights above this run on PyTorch: no ONNX export to probe
+
+
+def named_target(requested: str | None) -> str | None:
+    """The target backend the user named: the flag, else $DUET_TARGET_BACKEND, else None."""
+    if requested not in NAMED_NONE:
+        return requested
+    env = os.environ.get(ENV, "").strip()
+    if env in NAMED_NONE:
+        return None
+    if env not in ("mlx", "torch", "onnx"):
+        raise DuetError(f"${ENV}={env!r}: choose from auto, mlx, torch, onnx")
+    return env
+
+
 def target_candidates(
-    tdir, quantize: str | None = "auto", device: str = "cpu", platform: str | None = None
+    tdir,
+    quantize: str | None = "auto",
+    device: str = "cpu",
+    platform: str | None = None,
+    adapter: bool = False,
 ) -> list[tuple[str, str, str]]:
     """[(backend, quantize, why)]: where the target may run on this machine when the user and
     the profile name no backend (rule 4 of the module docstring), the library's default first.
-    More than one: a probe decides (devices/target_placement.py)."""
+    More than one: a probe decides (devices/target_placement.py). `adapter`: the checkpoint is
+    a base with a LoRA adapter merged (PyTorch's, as the cloud verifier's adapter views are)."""
     q = resolve_quantize(tdir, quantize)
     if device != "cpu":
         return [("torch", "none", f"--target-device {device}: PyTorch on the {device} device")]
@@ -151,4 +175,29 @@ def target_candidates(
             )
         ]
     why = "a float checkpoint runs in float32"
+    torch_only = _torch_only(tdir, adapter)
+    if torch_only:
+        return [("torch", "none", f"{why} on PyTorch: {torch_only}")]
     return [("torch", "none", f"{why} (PyTorch)"), ("onnx", "none", f"{why} (ONNX Runtime)")]
+
+
+def _torch_only(tdir, adapter: bool) -> str | None:
+    """Why a float checkpoint is not offered to ONNX Runtime by default, or None."""
+    from pathlib import Path
+
+    from runtime.config import ModelConfig
+
+    if adapter:
+        return "a LoRA adapter is merged into it (--target-backend onnx exports the merge)"
+    if (Path(tdir) / "config.json").is_file() and ModelConfig.from_dir(tdir).is_hybrid:
+        return (
+            "a hybrid (linear-attention) checkpoint's ONNX form is a one-token graph, whose "
+            "verify window costs a pass a token"
+        )
+    size = sum(f.stat().st_size for f in Path(tdir).glob("*.safetensors"))
+    if size > FLOAT_PROBE_MAX:
+        return (
+            f"its {size / 2**30:.1f} GiB of float weights would take minutes and memory to "
+            "export for a probe (--target-backend onnx exports them)"
+        )
+    return None

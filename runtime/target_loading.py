@@ -25,8 +25,10 @@ def load_target(
     target_threads,
     draft_threads,
     hybrid_rollback,
+    adapter: bool = False,
 ) -> tuple:
-    """(the target, its part of the settings reported with a run): placed, then loaded."""
+    """(the target, its part of the settings reported with a run): placed, then loaded.
+    `adapter`: a LoRA adapter was merged into `tdir` (runtime/placement.py places it)."""
 
     def threads_for(backend: str) -> int:
         return _threads_for(backend, target_threads, alone, draft_threads)
@@ -40,6 +42,7 @@ def load_target(
         chooser,
         threads_for,
         hybrid_rollback,
+        adapter,
     )
     target_backend, quantize, target_why, announce, t = placed
     target_threads = threads_for(target_backend)
@@ -57,20 +60,30 @@ def load_target(
 
 
 def _place_target(
-    tdir, target_backend, quantize, profile_roles, device, chooser, threads_for, hybrid_rollback
+    tdir,
+    target_backend,
+    quantize,
+    profile_roles,
+    device,
+    chooser,
+    threads_for,
+    hybrid_rollback,
+    adapter: bool,
 ) -> tuple:
     """(backend, quantize, why it was chosen, whether to say so, the target when a probe
     loaded it): the user's or the profile's backend, else the machine's candidates
     (runtime/placement.py), measured by `chooser` where there are several."""
-    from runtime.placement import resolve_quantize
+    from runtime.placement import named_target, resolve_quantize
 
+    if not (profile_roles and profile_roles.get("target")):  # a profile beats the variable
+        target_backend = named_target(target_backend) or "auto"
     named = target_backend not in NAMED_NONE or (profile_roles and profile_roles.get("target"))
     if named:
         backend, why = choose_backend(
             "target", target_backend, profile_roles, choices=TARGET_BACKENDS[1:]
         )
         return backend, resolve_quantize(tdir, quantize), why, False, None
-    cands = target_candidates(tdir, quantize, device)
+    cands = target_candidates(tdir, quantize, device, adapter=adapter)
     if chooser is None:
         backend, q, why = cands[0]
         return backend, q, why, False, None

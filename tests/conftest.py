@@ -20,6 +20,11 @@ os.environ.setdefault("DUET_MODELS_DIR", str(models_dir()))
 _AUTO_CACHE = tempfile.mkdtemp(prefix="duet-test-auto-")
 os.environ["DUET_CACHE_DIR"] = _AUTO_CACHE
 atexit.register(shutil.rmtree, _AUTO_CACHE, True)
+# Where a target runs when no flag names a backend is measured on the machine (a float
+# checkpoint: PyTorch or ONNX Runtime, whichever is faster here: runtime/placement.py). A test's
+# result must not depend on that race, so the suite pins the backend the tests were written for;
+# tests/test_placement.py unpins it to test the rule itself (subprocesses inherit the pin).
+os.environ["DUET_TARGET_BACKEND"] = "torch"
 
 from tiny import ARCHS, make_checkpoint  # noqa: E402
 

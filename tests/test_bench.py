@@ -103,7 +103,7 @@ def test_subcommands_are_a_table_and_the_old_edge_flag_still_works(capsys):
     arguments is its deprecated spelling; everything else is the comparison itself."""
     from apps.bench.__main__ import SUBCOMMANDS, subcommand
 
-    assert set(SUBCOMMANDS) == {"edge", "footprint", "evolving", "scale"}
+    assert set(SUBCOMMANDS) == {"edge", "footprint", "evolving", "scale", "turns"}
     assert subcommand(["edge", "--links", "5g"]) == ("edge", ["--links", "5g"])
     assert subcommand(["--links", "5g", "--edge"]) == ("edge", ["--links", "5g"])
     assert subcommand(["footprint", "--rounds", "3"]) == ("footprint", ["--rounds", "3"])

@@ -144,11 +144,12 @@ def test_the_probe_keeps_the_faster_backend_and_says_so_once(tmp_path, monkeypat
     assert b == "torch" and announce and model is None  # the first won: the caller loads it
 
 
-def test_the_plain_command_runs_where_the_probe_put_it(tiny_dir, capsys):
+def test_the_plain_command_runs_where_the_probe_put_it(tiny_dir, capsys, monkeypatch):
     """Greedy output of the plain command equals the chosen backend's own ar, and the line that
     says where the target runs comes once."""
     from runtime.generate import main
 
+    monkeypatch.delenv("DUET_TARGET_BACKEND")  # the rule itself (tests/conftest.py pins it)
     t = str(tiny_dir("llama"))
     argv = ["--target", t, "--prompt-ids", "1,2,3,4", "--max-tokens", "12", "--json"]
     main([*argv, "--method", "ar", "--reprobe"])
@@ -160,4 +161,51 @@ def test_the_plain_command_runs_where_the_probe_put_it(tiny_dir, capsys):
     out, err = capsys.readouterr()
     assert "[target on " not in err and json.loads(out)["stats"]["target_backend"] == backend
     main([*argv, "--method", "ar", "--target-backend", backend])
+    assert json.loads(capsys.readouterr()[0])["tokens"] == plain["tokens"]
+
+
+def test_the_environment_names_the_backend_where_no_flag_does(monkeypatch, tmp_path):
+    from runtime.placement import named_target
+
+    monkeypatch.setenv("DUET_TARGET_BACKEND", "onnx")
+    assert named_target(None) == "onnx" and named_target("mlx") == "mlx"
+    monkeypatch.setenv("DUET_TARGET_BACKEND", "auto")
+    assert named_target("auto") is None
+    monkeypatch.setenv("DUET_TARGET_BACKEND", "tpu")
+    with pytest.raises(DuetError, match="choose from auto, mlx, torch, onnx"):
+        named_target(None)
+
+
+def test_a_float_checkpoint_goes_to_pytorch_where_onnx_would_not_pay(tiny_dir, tmp_path):
+    t = tiny_dir("llama")
+    assert target_candidates(t, platform="linux", adapter=True)[0][2].endswith(
+        "a LoRA adapter is merged into it (--target-backend onnx exports the merge)"
+    )
+    [(b, q, why)] = target_candidates(tiny_dir("qwen3_5_text"), platform="linux")
+    assert b == "torch" and "hybrid" in why
+    big = tmp_path / "big"
+    big.mkdir()
+    with open(big / "model.safetensors", "wb") as f:  # sparse: its size is all that is read
+        f.truncate(3 * 2**30)
+    [(b, q, why)] = target_candidates(big, platform="linux")
+    assert b == "torch" and "3.0 GiB of float weights" in why
+
+
+@pytest.mark.real
+def test_the_plain_command_runs_a_gguf_at_its_own_precision(capsys, monkeypatch):
+    """SmolLM2 (a Q4_1 GGUF): the plain command runs on ONNX Runtime from its own blocks, and
+    its greedy tokens are that target's own `ar`, token for token."""
+    from runtime.generate import main
+    from runtime.registry import models_dir
+
+    if not (models_dir() / "smollm2-135m-instruct" / "checkpoint").is_dir():
+        pytest.skip("needs the real model: python -m apps.models pull smollm2-135m-instruct")
+    monkeypatch.delenv("DUET_TARGET_BACKEND")
+    base = ["--target", "smollm2-135m-instruct", "--prompt", "Name three colours.", "--json"]
+    base += ["--max-tokens", "24"]
+    main(base)
+    plain = json.loads(capsys.readouterr()[0])
+    s = plain["stats"]
+    assert (s["target_backend"], s["target_quantize"]) == ("onnx", "int4")
+    main([*base, "--target-backend", "onnx", "--quantize", "int4", "--method", "ar"])
     assert json.loads(capsys.readouterr()[0])["tokens"] == plain["tokens"]

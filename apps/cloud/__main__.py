@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="run the verifier")
     s.add_argument("--target", help="target checkpoint directory (default: the embedded target)")
-    s.add_argument("--target-backend", choices=["auto", "mlx", "torch"], default="auto")
+    s.add_argument("--target-backend", choices=["auto", "mlx", "torch", "onnx"], default="auto")
     s.add_argument("--target-threads", type=int, default=None, help="PyTorch threads")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=0, help="port (default 0: a free one)")
