@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import types
 
 from runtime.api import context_of, eos_ids, prompt_ids
 from runtime.cli_args import (
@@ -221,6 +222,19 @@ def main(argv: list[str] | None = None) -> int:
         )
     return 0
 
+
+class _CallableModule(types.ModuleType):
+    """`import runtime.generate` binds this module as `runtime.generate`, where the Python API's
+    `from runtime import generate` means the function (runtime/api.py): calling the module calls
+    the function, so the name works in either order."""
+
+    def __call__(self, *args, **kwargs):
+        from runtime.api import generate as api_generate
+
+        return api_generate(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
     sys.exit(main())
