@@ -205,3 +205,22 @@ def test_server_conversation_reuses_the_whole_first_exchange(templated):
         assert second.ids[:whole] == exchange[:whole]
     assert engine.template.decode(second.ids) == engine.template.render_text(msgs)
     assert second.out == fresh(engine.pair.target, second.ids, 16, engine.eos)
+
+
+def test_the_turns_bench_reports_prefill_against_new_tokens(tiny_dir, tmp_path, capsys):
+    """`apps.bench turns` (Duet alone): each turn's prefill, the turn's new tokens by the
+    template, and a cold first token; turns 2.. prefill what is new (plus the last answer
+    token, never fed)."""
+    from apps.bench.turns import main
+
+    d = tmp_path / "chatml"
+    shutil.copytree(tiny_dir("qwen3", max_context=1024, eos_token_id=258), d)
+    cfg = {"chat_template": TEMPLATES["chatml"], "tokenizer_class": "PreTrainedTokenizerFast"}
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    argv = ["--target", str(d), "--no-peers", "--turns", "3", "--repeats", "1"]
+    assert main([*argv, "--max-tokens", "6", "--temp", "1", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    turns = res["duet_turns"]
+    assert len(turns) == 3 and turns[0]["prefill"] == turns[0]["new"]
+    assert all(0 < t["prefill"] <= t["new"] + 1 for t in turns[1:])
+    assert res["prefill_over_new"] <= 2 and res["duet_first_token_s"][0] > 0
