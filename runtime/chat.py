@@ -203,7 +203,7 @@ def stats_text(session: ChatSession) -> str:
     if s is None:
         return "[no answer yet]"
     lines = [plain_summary(s), "details: " + stats_line(s.extra.get("method", session.method), s)]
-    sp = session.splice  # with a template: what the turn's prompt kept of the conversation
+    sp = getattr(session, "splice", None)  # a template: what the prompt kept of the conversation
     if sp is not None:
         lines.append(
             f"prompt: {len(sp.ids)} tokens, {sp.kept} kept as the caches held them ({sp.how}), "
