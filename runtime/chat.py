@@ -40,6 +40,7 @@ from runtime.cli_args import (
     load_pair_from_args,
     method_kwargs,
 )
+from runtime.cli_parser import doc_parser
 from runtime.decoding import METHODS, Sampling
 from runtime.edge.cli_args import add_edge_args, check_edge_method, edge_session
 from runtime.errors import DuetError, cli_main
@@ -54,11 +55,7 @@ Ctrl-C while an answer streams stops that answer."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m runtime.chat",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m runtime.chat", __doc__)
     add_pair_args(ap)
     ap.add_argument(
         "--method",

@@ -33,6 +33,7 @@ from runtime.cli_args import (
     load_pair_from_args,
     method_kwargs,
 )
+from runtime.cli_parser import doc_parser
 from runtime.decoding import METHODS, Sampling, method_module
 from runtime.edge.cli_args import (
     add_edge_args,
@@ -48,11 +49,7 @@ from runtime.stats import RunStats
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m runtime.generate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = doc_parser("python -m runtime.generate", __doc__)
     add_pair_args(ap)
     ap.add_argument(
         "--method",
