@@ -34,7 +34,7 @@ def test_cuhlm_offline_k_star_follows_theta():
 
 def test_codecs_bench_bad_input(capsys):
     assert bench.main(["--temps", "hot"]) == 2
-    assert "expected comma-separated numbers" in capsys.readouterr().err
+    assert "must be comma-separated numbers" in capsys.readouterr().err
 
 
 def test_modeled_latency_per_link(tmp_path, capsys):
